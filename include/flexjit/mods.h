@@ -1,0 +1,63 @@
+// Mods: a score_mod and/or a mask_mod with the buffers and parameters they capture.
+//
+// Built from C++ lambdas (Mods::from), from `.fx` text (parse_mods), or by standard name
+// (standard_mods("alibi"), the files in dsl/ embedded in the library).
+#pragma once
+
+#include <flexjit/dsl.h>
+#include <flexjit/expr.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace flexjit {
+
+using ScoreModFn = std::function<Expr(Expr score, Expr b, Expr h, Expr q_idx, Expr kv_idx)>;
+using MaskModFn = std::function<Expr(Expr b, Expr h, Expr q_idx, Expr kv_idx)>;
+
+struct Mods {
+  Expr score_mod;               // f32; undefined means identity (score)
+  Expr mask_mod;                // bool; undefined means "attend everywhere"
+  std::vector<Buffer> buffers;  // declaration order; every captured buffer
+  std::vector<Param> params;    // declaration order; every runtime parameter
+  std::string name;             // a standard name, a file path or "<inline>"; not hashed
+
+  // Builds from C++ functions; buffers and params are collected from the expressions in order
+  // of first appearance. Either function may be empty.
+  static Mods from(const ScoreModFn& score_mod, const MaskModFn& mask_mod = {});
+  static Mods from_mask(const MaskModFn& mask_mod);
+
+  // Type checks both mods (score_mod -> f32, mask_mod -> bool); throws CompileError.
+  void check() const;
+
+  // The mods as `.fx` text; parse_mods(to_text()) gives equal Mods.
+  std::string to_text() const;
+
+  // Structural hash: ignores parameter values, buffer contents and `name`.
+  uint64_t hash() const;
+};
+
+// Structural equality (parameter default values and `name` ignored).
+bool equal(const Mods& a, const Mods& b);
+
+// Combines two mod sets: the score_mod of whichever has one (CompileError if both do), the
+// mask_mods ANDed, buffers and params united (CompileError if one name is declared twice
+// differently).
+Mods combine(const Mods& a, const Mods& b);
+
+// Parses `.fx` text. `file` names the text in diagnostics ("my.fx", "<inline>").
+Mods parse_mods(const std::string& text, const std::string& file = "<inline>");
+// Reads and parses a file; throws Error if it cannot be read.
+Mods load_mods_file(const std::string& path);
+
+// The standard mods shipped in dsl/ (embedded in the library).
+std::vector<std::string> standard_mod_names();
+const std::string& standard_mod_source(const std::string& name);  // throws Error if unknown
+Mods standard_mods(const std::string& name);                      // throws Error if unknown
+
+// Resolves what the CLI accepts: a standard name, a path to an existing file, or inline text
+// (anything containing '='). Throws Error with the list of standard names when it is none.
+Mods resolve_mods(const std::string& spec);
+
+}  // namespace flexjit

@@ -1,0 +1,70 @@
+// The ABI between flexjit's host code and its generated kernels.
+//
+// This header is compiled both by the host C++ compiler (src/runtime, src/codegen) and, embedded,
+// by NVRTC as part of every generated kernel. It uses only fixed-width scalar types and no CUDA
+// or C++ standard headers, so both sides see the same layout.
+//
+// Conventions shared by every kernel family:
+//  - Tensors are [B, H, S, D] with arbitrary element strides for B, H and S; D is contiguous.
+//  - Strides and offsets are 64-bit (fj_i64). Index products that can pass 2^31 are formed in
+//    64 bits.
+//  - A block mask may be absent (kv_num_blocks == 0): then every KV tile is visited as a partial
+//    tile (mask_mod applied, if the kernel has one).
+#ifndef FLEXJIT_ABI_H_
+#define FLEXJIT_ABI_H_
+
+typedef long long fj_i64;
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define FJ_HOST_DEVICE __host__ __device__
+#else
+#define FJ_HOST_DEVICE
+#endif
+
+// FlexAttention's BlockMask as kernels read it. Arrays are int32.
+//   kv_num_blocks      [Bm, Hm, num_q_blocks]                 partial KV blocks per Q block
+//   kv_indices         [Bm, Hm, num_q_blocks, max_kv_blocks]  their KV block indices
+//   full_kv_num_blocks [Bm, Hm, num_q_blocks]                 full KV blocks (mask_mod skipped)
+//   full_kv_indices    [Bm, Hm, num_q_blocks, max_kv_blocks]
+// Bm and Hm are 1 (broadcast: stride 0) or equal to B and Hq. full_* may be null (no full
+// blocks). The sparse block sizes are multiples of the kernel's BLOCK_M / BLOCK_N.
+struct FjBlockMaskArgs {
+  const int* kv_num_blocks;
+  const int* kv_indices;
+  const int* full_kv_num_blocks;
+  const int* full_kv_indices;
+  fj_i64 num_stride_b, num_stride_h;                // of *_num_blocks (elements; 0 broadcasts)
+  fj_i64 idx_stride_b, idx_stride_h, idx_stride_m;  // of *_indices (elements; 0 broadcasts)
+  int q_block_size;                                 // SPARSE_Q_BLOCK_SIZE
+  int kv_block_size;                                // SPARSE_KV_BLOCK_SIZE
+};
+
+// Arguments of the forward kernel `flexjit_forward(const FjFwdArgs, const FjModParams)`.
+// Launch: grid (ceil(seqlen_q / BLOCK_M), heads_q, batch), block (NUM_WARPS * 32), dynamic
+// shared memory fj_forward_smem_bytes(...).
+struct FjFwdArgs {
+  const void* q;  // [B, Hq, Sq, Dqk]
+  const void* k;  // [B, Hkv, Skv, Dqk]
+  const void* v;  // [B, Hkv, Skv, Dv]
+  void* out;      // [B, Hq, Sq, Dv], same dtype as q
+  float* lse;     // [B, Hq, Sq] natural-log logsumexp (-inf for a fully masked row); may be null
+  fj_i64 q_stride_b, q_stride_h, q_stride_s;  // in elements
+  fj_i64 k_stride_b, k_stride_h, k_stride_s;
+  fj_i64 v_stride_b, v_stride_h, v_stride_s;
+  fj_i64 o_stride_b, o_stride_h, o_stride_s;
+  fj_i64 lse_stride_b, lse_stride_h;  // lse is contiguous along S
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_kv;
+  float scale;  // multiplies q·k before score_mod (default 1/sqrt(Dqk))
+  struct FjBlockMaskArgs mask;
+};
+
+// Dynamic shared memory of the forward kernel for a configuration (bytes). The kernel's layout
+// and this formula live together in forward_sm80.cuh's description; keep them in step.
+FJ_HOST_DEVICE inline constexpr int fj_forward_smem_bytes(int block_m, int block_n, int head_dim_qk,
+                                                          int head_dim_v, int elem_bytes,
+                                                          int num_stages) {
+  // Q tile once, then num_stages buffers of a K tile and a V tile.
+  return elem_bytes * (block_m * head_dim_qk + num_stages * block_n * (head_dim_qk + head_dim_v));
+}
+
+#endif  // FLEXJIT_ABI_H_
