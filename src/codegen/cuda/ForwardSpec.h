@@ -16,6 +16,7 @@ struct Arch {
   static Arch parse(const std::string& s);
   std::string str() const;  // "sm_90a"
   int cc() const { return major * 10 + minor; }
+  bool operator==(const Arch&) const = default;
 };
 
 // The tunable block configuration (what Inductor's flex_attention autotunes).
@@ -24,6 +25,7 @@ struct ForwardConfig {
   int block_n = 64;    // keys per inner iteration
   int num_warps = 4;   // block_m / num_warps rows per warp; a multiple of 16
   int num_stages = 2;  // K/V shared-memory pipeline depth (cp.async)
+  bool operator==(const ForwardConfig&) const = default;
 };
 
 struct ForwardSpec {
@@ -39,6 +41,7 @@ struct ForwardSpec {
   // Throws UnsupportedError with a precise message for a head dim, dtype, arch or config the
   // forward template does not support.
   void validate() const;
+  bool operator==(const ForwardSpec&) const = default;
   std::string str() const;  // "bf16 d=128/128 gqa=1 sm_90a 128x64 w4 s2 ..." for logs and comments
 };
 

@@ -1,0 +1,133 @@
+// flexjit compile / inspect: compile a forward kernel through the caches and report it.
+#include "Pipeline.h"
+#include "flexjit/Commands.h"
+#include "flexjit/Options.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+namespace flexjit::cli {
+
+namespace {
+
+const char* outcome_name(jit::CacheOutcome o) {
+  switch (o) {
+    case jit::CacheOutcome::Compiled: return "compiled";
+    case jit::CacheOutcome::MemoryHit: return "memory-hit";
+    case jit::CacheOutcome::DiskHit: return "disk-hit";
+  }
+  return "?";
+}
+
+nlohmann::json to_json(const BuiltKernel& k, const cuda::ForwardSpec& spec) {
+  const auto& ck = *k.compiled.kernel;
+  const auto& u = ck.usage;
+  return {{"kernel", ck.kernel_name},
+          {"label", ck.label},
+          {"arch", ck.arch},
+          {"spec", spec.str()},
+          {"cache_key", ck.key},
+          {"source_key", k.source->source_key},
+          {"cache", outcome_name(k.compiled.outcome)},
+          {"elapsed_ms", k.compiled.elapsed_ms},
+          {"compile_ms", ck.compile_ms},
+          {"cubin_bytes", ck.cubin.size()},
+          {"registers", u.registers},
+          {"spill_store_bytes", u.spill_store_bytes},
+          {"spill_load_bytes", u.spill_load_bytes},
+          {"stack_frame_bytes", u.stack_frame_bytes},
+          {"static_shared_bytes", u.static_shared_bytes},
+          {"dynamic_shared_bytes",
+           fj_forward_smem_bytes(spec.config.block_m, spec.config.block_n, spec.head_dim_qk,
+                                 spec.head_dim_v, dtype_size(spec.dtype), spec.config.num_stages)}};
+}
+
+// Runs a disassembler on the cubin if one is on PATH; returns false if none is.
+bool disassemble(const std::vector<char>& cubin, const std::string& tool, const std::string& flag) {
+  std::string which = "command -v " + tool + " >/dev/null 2>&1";
+  if (std::system(which.c_str()) != 0) return false;
+  auto path = std::filesystem::temp_directory_path() /
+              fmt::format("flexjit-inspect-{}.cubin", static_cast<long>(::getpid()));
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(cubin.data(), static_cast<std::streamsize>(cubin.size()));
+  }
+  std::fflush(stdout);
+  int rc = std::system(fmt::format("{} {} '{}'", tool, flag, path.string()).c_str());
+  std::filesystem::remove(path);
+  return rc == 0;
+}
+
+void register_one(CLI::App& app, bool inspect) {
+  const char* desc =
+      inspect ? "Compile a forward kernel and show its resources and SASS\n\nExamples:\n"
+                "  flexjit inspect --mods causal --arch sm_90a --sass\n"
+                "  flexjit inspect --score-mod softcap --arch sm_80 --json"
+              : "Compile a forward kernel through the caches and report resources\n\nExamples:\n"
+                "  flexjit compile --score-mod alibi --mask-mod causal --arch sm_90a\n"
+                "  flexjit compile --mods my.fx --head-dim 64 --arch sm_80 --json\n"
+                "  flexjit compile --mods causal --arch sm_90a -o fwd.cubin";
+  auto* cmd = app.add_subcommand(inspect ? "inspect" : "compile", desc);
+  struct State {
+    KernelOptions opts;
+    bool json = false;
+    bool sass = false;
+    bool source = false;
+    std::string out;
+  };
+  static State states[2];
+  State& st = states[inspect ? 1 : 0];
+  add_kernel_options(*cmd, st.opts);
+  cmd->add_flag("--json", st.json, "Print JSON");
+  cmd->add_option("-o,--output", st.out, "Write the cubin here");
+  if (inspect) {
+    cmd->add_flag("--sass", st.sass, "Disassemble the cubin (needs cuobjdump or nvdisasm)");
+    cmd->add_flag("--source", st.source, "Print the generated CUDA source too");
+  }
+  cmd->callback([&st, inspect] {
+    Mods mods = resolve(st.opts);
+    cuda::ForwardSpec spec = make_spec(st.opts);
+    jit::KernelCompiler compiler;
+    BuiltKernel k = build_forward(mods, spec, compiler);
+    const auto& ck = *k.compiled.kernel;
+    if (!st.out.empty()) {
+      std::ofstream f(st.out, std::ios::binary);
+      f.write(ck.cubin.data(), static_cast<std::streamsize>(ck.cubin.size()));
+      if (!f.flush()) throw Error(fmt::format("cannot write '{}'", st.out));
+    }
+    if (inspect && st.source) std::cout << k.source->source << "\n";
+    if (st.json) {
+      std::cout << to_json(k, spec).dump(2) << "\n";
+    } else {
+      fmt::print("kernel    {} [{}]\n", ck.kernel_name, ck.label);
+      fmt::print("spec      {}\n", spec.str());
+      fmt::print("cache     {} in {:.3f} ms (cold compile took {:.1f} ms)\n",
+                 outcome_name(k.compiled.outcome), k.compiled.elapsed_ms, ck.compile_ms);
+      fmt::print("cubin     {} bytes, key {}\n", ck.cubin.size(), ck.key.substr(0, 16));
+      fmt::print("resources {}\n", ck.usage.str());
+      fmt::print("dyn smem  {} bytes\n",
+                 fj_forward_smem_bytes(spec.config.block_m, spec.config.block_n, spec.head_dim_qk,
+                                       spec.head_dim_v, dtype_size(spec.dtype),
+                                       spec.config.num_stages));
+    }
+    if (inspect && st.sass && !disassemble(ck.cubin, "cuobjdump", "--dump-sass") &&
+        !disassemble(ck.cubin, "nvdisasm", "")) {
+      fmt::print(stderr, "note: no cuobjdump or nvdisasm on PATH; SASS not shown\n");
+    }
+  });
+}
+
+}  // namespace
+
+void register_compile(CLI::App& app) {
+  register_one(app, false);
+  register_one(app, true);
+}
+
+}  // namespace flexjit::cli

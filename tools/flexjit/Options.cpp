@@ -1,0 +1,87 @@
+#include "flexjit/Options.h"
+
+#include <flexjit/error.h>
+
+#include "runtime/Device.h"
+#include "tune/Defaults.h"
+
+#include <fmt/format.h>
+
+namespace flexjit::cli {
+
+void add_kernel_options(CLI::App& app, KernelOptions& o) {
+  app.add_option("--mods", o.mods,
+                 "Mods: a standard name (see `flexjit mods list`), a .fx file, or inline text");
+  app.add_option("--score-mod", o.score_mod, "A score_mod: standard name, .fx file or text");
+  app.add_option("--mask-mod", o.mask_mod, "A mask_mod: standard name, .fx file or text");
+  app.add_option("--dtype", o.dtype, "Element type of q, k, v: bf16 | f16")->capture_default_str();
+  app.add_option("--head-dim,-d", o.head_dim, "Head dim of q and k: 64 | 128 | 256")
+      ->capture_default_str();
+  app.add_option("--head-dim-v", o.head_dim_v, "Head dim of v (default: --head-dim)");
+  app.add_option("--gqa", o.gqa, "GQA ratio Hq / Hkv")->capture_default_str();
+  app.add_option("--arch", o.arch,
+                 "Target sm_80 | sm_86 | sm_89 | sm_90 | sm_90a (required without a GPU)");
+  app.add_option("--block-m", o.block_m, "Query rows per CTA (default: tuned table)");
+  app.add_option("--block-n", o.block_n, "Keys per iteration (default: tuned table)");
+  app.add_option("--warps", o.warps, "Warps per CTA (default: tuned table)");
+  app.add_option("--stages", o.stages, "K/V pipeline stages (default: tuned table)");
+  app.add_flag("--divisible", o.divisible,
+               "Assume Sq and Skv are multiples of the block sizes (skips bounds checks)");
+  app.add_flag("--no-full-blocks", o.no_full_blocks, "Kernel for block masks without full_* blocks");
+}
+
+namespace {
+Mods resolve_role(const std::string& spec, bool want_score) {
+  Mods m = resolve_mods(spec);
+  const char* role = want_score ? "score_mod" : "mask_mod";
+  if (want_score ? !m.score_mod.defined() : !m.mask_mod.defined()) {
+    throw Error(fmt::format("--{} '{}' defines no {}", want_score ? "score-mod" : "mask-mod",
+                            spec, role));
+  }
+  return m;
+}
+}  // namespace
+
+Mods resolve(const KernelOptions& o) {
+  std::vector<Mods> parts;
+  if (!o.mods.empty()) parts.push_back(resolve_mods(o.mods));
+  if (!o.score_mod.empty()) parts.push_back(resolve_role(o.score_mod, true));
+  if (!o.mask_mod.empty()) parts.push_back(resolve_role(o.mask_mod, false));
+  if (parts.empty()) return standard_mods("noop");
+  Mods m = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) m = combine(m, parts[i]);
+  return m;
+}
+
+cuda::ForwardSpec make_spec(const KernelOptions& o) {
+  cuda::ForwardSpec s;
+  auto dt = parse_dtype(o.dtype);
+  if (!dt) throw UnsupportedError(fmt::format("unknown --dtype '{}': use bf16 or f16", o.dtype));
+  s.dtype = *dt;
+  s.head_dim_qk = o.head_dim;
+  s.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim;
+  s.gqa_ratio = o.gqa;
+  if (!o.arch.empty()) {
+    s.arch = cuda::Arch::parse(o.arch);
+  } else {
+    std::string why;
+    auto arch = runtime::current_device_arch(&why);
+    if (!arch) {
+      throw Error(fmt::format("no GPU to take the target from ({}); pass --arch sm_XY[a], "
+                              "e.g. --arch sm_90a",
+                              why));
+    }
+    s.arch = cuda::Arch::parse(*arch);
+  }
+  s.config = tune::default_forward_config(s);
+  if (o.block_m) s.config.block_m = o.block_m;
+  if (o.block_n) s.config.block_n = o.block_n;
+  if (o.warps) s.config.num_warps = o.warps;
+  if (o.stages) s.config.num_stages = o.stages;
+  s.is_divisible = o.divisible;
+  s.has_full_blocks = !o.no_full_blocks;
+  s.validate();
+  return s;
+}
+
+}  // namespace flexjit::cli
