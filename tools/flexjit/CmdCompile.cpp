@@ -6,6 +6,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <flexjit_abi.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -93,8 +96,8 @@ void register_one(CLI::App& app, bool inspect) {
   cmd->callback([&st, inspect] {
     Mods mods = resolve(st.opts);
     cuda::ForwardSpec spec = make_spec(st.opts);
-    jit::KernelCompiler compiler;
-    BuiltKernel k = build_forward(mods, spec, compiler);
+    KernelBuilder builder;
+    BuiltKernel k = builder.build_forward(mods, spec);
     const auto& ck = *k.compiled.kernel;
     if (!st.out.empty()) {
       std::ofstream f(st.out, std::ios::binary);
