@@ -75,19 +75,21 @@ ForwardTemplates embedded_forward_templates() {
 std::string generate_config(const Mods& mods, const ForwardSpec& spec) {
   SourceWriter w;
   w.line(fmt::format("// Compile-time configuration: {}", spec.str()));
-  auto s = w.block("struct FjConfig", ";");
-  w.line(fmt::format(
-      "static constexpr int kBlockM = {}, kBlockN = {}, kNumWarps = {}, "
-      "kNumStages = {};",
-      spec.config.block_m, spec.config.block_n, spec.config.num_warps, spec.config.num_stages));
-  w.line(fmt::format("static constexpr int kHeadDimQK = {}, kHeadDimV = {}, kGqaRatio = {};",
-                     spec.head_dim_qk, spec.head_dim_v, spec.gqa_ratio));
-  auto b = [](bool v) { return v ? "true" : "false"; };
-  w.line(fmt::format("static constexpr bool kIsDivisible = {}, kHasFullBlocks = {};",
-                     b(spec.is_divisible), b(spec.has_full_blocks)));
-  w.line(fmt::format("static constexpr bool kHasScoreMod = {}, kHasMaskMod = {};",
-                     b(has_score_mod(mods)), b(has_mask_mod(mods))));
-  w.line(fmt::format("using Element = {};", element_type(spec.dtype)));
+  {
+    auto s = w.block("struct FjConfig", ";");
+    w.line(fmt::format(
+        "static constexpr int kBlockM = {}, kBlockN = {}, kNumWarps = {}, "
+        "kNumStages = {};",
+        spec.config.block_m, spec.config.block_n, spec.config.num_warps, spec.config.num_stages));
+    w.line(fmt::format("static constexpr int kHeadDimQK = {}, kHeadDimV = {}, kGqaRatio = {};",
+                       spec.head_dim_qk, spec.head_dim_v, spec.gqa_ratio));
+    auto b = [](bool v) { return v ? "true" : "false"; };
+    w.line(fmt::format("static constexpr bool kIsDivisible = {}, kHasFullBlocks = {};",
+                       b(spec.is_divisible), b(spec.has_full_blocks)));
+    w.line(fmt::format("static constexpr bool kHasScoreMod = {}, kHasMaskMod = {};",
+                       b(has_score_mod(mods)), b(has_mask_mod(mods))));
+    w.line(fmt::format("using Element = {};", element_type(spec.dtype)));
+  }
   return w.str();
 }
 
@@ -101,6 +103,7 @@ GeneratedSource generate_forward(const Mods& mods, const ForwardSpec& spec,
   mods.check();
 
   SourceWriter body;
+  body.line("");
   section(body, "flexjit_abi.h", templates.abi);
   section(body, "prelude.cuh", templates.prelude);
   section(body, "config", generate_config(mods, spec));
@@ -127,7 +130,6 @@ GeneratedSource generate_forward(const Mods& mods, const ForwardSpec& spec,
   }
   if (text.empty()) head.line("//   (none)");
   head.line("// source key: " + out.source_key);
-  head.line("");
   out.source = head.str() + body.str();
   return out;
 }

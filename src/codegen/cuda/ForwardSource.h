@@ -3,7 +3,7 @@
 //
 //   1. a comment block: flexjit and NVRTC versions, arch, ForwardSpec::str(), the mods as text
 //      (parameter default values left out: they are kernel arguments, not source), and
-//      `source key: <sha256 of everything after the comment block>`;
+//      `// source key: <sha256>` as its last line: SHA-256 of all the text after that line;
 //   2. templates/flexjit_abi.h   3. templates/prelude.cuh
 //   4. struct FjConfig (generate_config)   5. the mods (generate_mod_functions)
 //   6. templates/forward_sm80.cuh, which defines
@@ -27,7 +27,7 @@ struct GeneratedSource {
   std::string source;                // the whole translation unit
   std::string kernel_name;           // "flexjit_forward" (extern "C": not mangled)
   std::vector<std::string> options;  // NVRTC options besides the arch ("-std=c++17")
-  std::string source_key;            // SHA-256 (hex) of the source after the comment block
+  std::string source_key;            // SHA-256 (hex) of the source after the "source key" line
 };
 
 // The template texts spliced around the generated parts.

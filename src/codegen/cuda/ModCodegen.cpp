@@ -226,12 +226,21 @@ void emit_struct(SourceWriter& w, const Mods& mods) {
       }
     }
   }
+  // NVRTC's front end has no __builtin_offsetof (nor <cstddef>); __INTADDR__ is its
+  // constant-folding equivalent. A host compiler (nvcc's host pass) has the builtin.
+  w.line("#ifndef FJ_OFFSETOF");
+  w.line("#if defined(__CUDACC_RTC__)");
+  w.line("#define FJ_OFFSETOF(type, member) __INTADDR__(&((type*)0)->member)");
+  w.line("#else");
+  w.line("#define FJ_OFFSETOF(type, member) __builtin_offsetof(type, member)");
+  w.line("#endif");
+  w.line("#endif");
   w.line(fmt::format(
       "static_assert(sizeof(FjModParams) == {}, \"FjModParams size differs from ModParamLayout\");",
       layout.size));
   for (const ModParamField& f : layout.fields) {
     w.line(
-        fmt::format("static_assert(__builtin_offsetof(FjModParams, {}) == {}, \"FjModParams::{} "
+        fmt::format("static_assert(FJ_OFFSETOF(FjModParams, {}) == {}, \"FjModParams::{} "
                     "offset differs from ModParamLayout\");",
                     f.name, f.offset, f.name));
   }

@@ -29,6 +29,9 @@ void SourceWriter::pop_scope() {
   FJ_ASSERT(depth_ > 0, "SourceWriter: unbalanced indentation");
   --depth_;
   std::erase_if(temps_, [&](const auto& kv) { return kv.second.depth > depth_; });
+  // With no temporary in scope (between functions) names restart at t0, so that a change to
+  // one function does not renumber the next one.
+  if (temps_.empty()) next_temp_ = 0;
 }
 
 // indent_ is constructed after the header line is written (members initialise in order).
