@@ -679,3 +679,31 @@ TEST_CASE("SourceWriter indents blocks and reuses temporaries only in scope", "[
         "  const float t3 = x + 1;\n"
         "}\n");
 }
+
+// ---- integration with the real templates ---------------------------------------------------
+
+TEST_CASE("forward kernels from the embedded templates compile for every arch",
+          "[codegen][forward][nvrtc]") {
+  bool have_templates = true;
+  for (const char* name : {"prelude.cuh", "forward_sm80.cuh"}) {
+    bool found = false;
+    for (const auto& f : embedded::templates())
+      found = found || std::string(f.name) == name;
+    have_templates = have_templates && found;
+  }
+  if (!have_templates) {
+    WARN("skipped: templates/prelude.cuh or forward_sm80.cuh is not in this build");
+    return;
+  }
+  for (const auto& m : golden_mods()) {
+    for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"}) {
+      SECTION(m.name + " " + arch) {
+        const GeneratedSource g = generate_forward(m.make(), spec_for(arch));
+        CHECK(g.source.find("#include") == std::string::npos);
+        NvrtcResult r = nvrtc_compile(g.source, arch, g.options);
+        INFO(r.log);
+        CHECK(r.ok);
+      }
+    }
+  }
+}
