@@ -32,9 +32,9 @@ struct ForwardSpec {
   DType dtype = DType::BF16;  // of q, k, v and out
   int head_dim_qk = 128;
   int head_dim_v = 128;
-  int gqa_ratio = 1;             // heads_q / heads_kv
-  bool is_divisible = false;     // seqlen_q % block_m == 0 and seqlen_kv % block_n == 0
-  bool has_full_blocks = true;   // the block mask carries full_* arrays
+  int gqa_ratio = 1;            // heads_q / heads_kv
+  bool is_divisible = false;    // seqlen_q % block_m == 0 and seqlen_kv % block_n == 0
+  bool has_full_blocks = true;  // the block mask carries full_* arrays
   Arch arch;
   ForwardConfig config;
 

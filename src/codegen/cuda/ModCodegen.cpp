@@ -1,0 +1,311 @@
+#include "codegen/cuda/ModCodegen.h"
+
+#include "codegen/cuda/ModParamLayout.h"
+#include "codegen/cuda/SourceWriter.h"
+#include "ir/IR.h"
+#include "ir/Printer.h"
+#include "ir/Visitor.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+
+namespace flexjit::cuda {
+
+namespace {
+
+using ir::Op;
+
+std::string_view c_type(ScalarType t) {
+  switch (t) {
+    case ScalarType::Bool:
+      return "bool";
+    case ScalarType::I32:
+      return "int";
+    case ScalarType::F32:
+      return "float";
+  }
+  FJ_ASSERT(false, "bad ScalarType");
+}
+
+std::string_view load_function(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+      return "fj_ld_f32";
+    case DType::F16:
+      return "fj_ld_f16";
+    case DType::BF16:
+      return "fj_ld_bf16";
+    case DType::I32:
+      return "fj_ld_i32";
+    case DType::Bool:
+      return "fj_ld_bool";
+  }
+  FJ_ASSERT(false, "bad DType");
+}
+
+// The prelude function implementing a unary op on `t`; "" where a C operator is exact.
+std::string_view unary_function(Op op, ScalarType t) {
+  const bool f = t == ScalarType::F32;
+  switch (op) {
+    case Op::Neg:
+      return f ? "" : "fj_neg_i";  // -INT_MIN wraps
+    case Op::Not:
+      return "";
+    case Op::Abs:
+      return f ? "fj_fabs" : "fj_iabs";
+    case Op::Exp:
+      return "fj_exp";
+    case Op::Exp2:
+      return "fj_exp2";
+    case Op::Log:
+      return "fj_log";
+    case Op::Log2:
+      return "fj_log2";
+    case Op::Tanh:
+      return "fj_tanh";
+    case Op::Sigmoid:
+      return "fj_sigmoid";
+    case Op::Sqrt:
+      return "fj_sqrt";
+    case Op::Rsqrt:
+      return "fj_rsqrt";
+    case Op::Floor:
+      return "fj_floor";
+    case Op::Ceil:
+      return "fj_ceil";
+    default:
+      break;
+  }
+  FJ_ASSERT(false, fmt::format("not a unary op: {}", ir::op_name(op)));
+}
+
+// The prelude function implementing a binary op whose operands have type `t`; "" where the C
+// operator has the language's semantics (f32 + - * /, comparisons, && ||).
+std::string_view binary_function(Op op, ScalarType t) {
+  const bool i = t == ScalarType::I32;
+  switch (op) {
+    case Op::Add:
+      return i ? "fj_iadd" : "";
+    case Op::Sub:
+      return i ? "fj_isub" : "";
+    case Op::Mul:
+      return i ? "fj_imul" : "";
+    case Op::Div:
+      return i ? "fj_idiv_floor" : "";
+    case Op::Mod:
+      return i ? "fj_imod_floor" : "fj_fmod_floor";
+    case Op::Min:
+      return i ? "fj_imin" : "fj_fminf";
+    case Op::Max:
+      return i ? "fj_imax" : "fj_fmaxf";
+    case Op::Pow:
+      return "fj_pow";
+    default:
+      return "";
+  }
+}
+
+// Lowers the expressions of one function body into SSA temporaries of a SourceWriter.
+class ExprLowering {
+ public:
+  explicit ExprLowering(SourceWriter& w) : w_(w) {}
+
+  // Returns the C value of `root`: a temporary, a function argument or a literal.
+  std::string lower(const Expr& root) {
+    // Children are visited before parents, each distinct node once.
+    ir::for_each_node(root, [&](const Expr& n) { values_[n.get()] = lower_node(n); });
+    return value(root);
+  }
+
+ private:
+  const std::string& value(const Expr& e) const {
+    auto it = values_.find(e.get());
+    FJ_ASSERT(it != values_.end(), "ExprLowering: child lowered after its parent");
+    return it->second;
+  }
+
+  std::string lower_node(const Expr& e) {
+    const ir::Node& n = *e.get();
+    const std::string_view type = c_type(n.type);
+    switch (n.op) {
+      case Op::IntImm:
+        return cuda_int_literal(n.ival);
+      case Op::FloatImm:
+        return cuda_float_literal(static_cast<float>(n.fval));
+      case Op::BoolImm:
+        return n.ival ? "true" : "false";
+      case Op::Var:
+        return std::string(ir::to_string(n.var));
+      case Op::Param: {
+        std::string member = "mp." + param_member(n.param->name);
+        return n.type == ScalarType::Bool ? "(" + member + " != 0)" : member;
+      }
+      case Op::Load:
+        return lower_load(e);
+      case Op::Cast: {
+        const Expr& a = n.args[0];
+        if (n.type == ScalarType::I32 && a.type() == ScalarType::F32) {
+          return w_.ssa(type, fmt::format("fj_f2i({})", value(a)));  // trunc, saturate, NaN->0
+        }
+        return w_.ssa(type, fmt::format("({}){}", type, value(a)));  // exact: i32/bool -> wider
+      }
+      case Op::Select:
+        return w_.ssa(type, fmt::format("{} ? {} : {}", value(n.args[0]), value(n.args[1]),
+                                        value(n.args[2])));
+      default:
+        break;
+    }
+    if (ir::is_unary(n.op)) {
+      const std::string& a = value(n.args[0]);
+      std::string_view fn = unary_function(n.op, n.type);
+      if (fn.empty()) return w_.ssa(type, fmt::format("{}{}", ir::op_spelling(n.op), a));
+      return w_.ssa(type, fmt::format("{}({})", fn, a));
+    }
+    FJ_ASSERT(ir::is_binary(n.op), fmt::format("codegen of {}", ir::op_name(n.op)));
+    const std::string& a = value(n.args[0]);
+    const std::string& b = value(n.args[1]);
+    std::string_view fn = binary_function(n.op, n.args[0].type());
+    if (fn.empty()) return w_.ssa(type, fmt::format("{} {} {}", a, ir::op_spelling(n.op), b));
+    return w_.ssa(type, fmt::format("{}({}, {})", fn, a, b));
+  }
+
+  // buf[i][j] -> fj_ld_<dtype>(mp.buf_<name>, (fj_i64)i * mp.stride_<name>[0] + ...): the
+  // offset is formed in 64 bits so that large buffers address correctly.
+  std::string lower_load(const Expr& e) {
+    const ir::BufferDecl& buf = *e->buffer;
+    std::string offset;
+    for (size_t d = 0; d < e->args.size(); ++d) {
+      if (d > 0) offset += " + ";
+      offset += fmt::format("(fj_i64){} * mp.{}[{}]", value(e->args[d]),
+                            buffer_stride_member(buf.name), d);
+    }
+    std::string off = w_.ssa("fj_i64", offset);
+    return w_.ssa(c_type(e->type), fmt::format("{}(mp.{}, {})", load_function(buf.dtype),
+                                               buffer_ptr_member(buf.name), off));
+  }
+
+  SourceWriter& w_;
+  std::unordered_map<const ir::Node*, std::string> values_;
+};
+
+void emit_struct(SourceWriter& w, const Mods& mods) {
+  const ModParamLayout layout = layout_of(mods);
+  w.line("// Captured buffers (pointer, strides in elements) and runtime parameters: the by-value");
+  w.line("// kernel argument. The host packs it by flexjit's ModParamLayout; the asserts below");
+  w.line("// fail the compile if the two ever disagree.");
+  {
+    auto s = w.block("struct alignas(8) FjModParams", ";");
+    if (layout.fields.empty()) w.line("int unused_;");
+    for (const ModParamField& f : layout.fields) {
+      switch (f.kind) {
+        case ModParamField::BufferPtr: {
+          const Buffer& buf = mods.buffers[static_cast<size_t>(f.buffer_index)];
+          w.line(fmt::format("const {}* {};  // {}: {}", buffer_element_type(buf.dtype()), f.name,
+                             buf.name(), to_string(buf.dtype())));
+          break;
+        }
+        case ModParamField::BufferStride: {
+          if (f.dim != 0) break;  // one array member per buffer
+          const Buffer& buf = mods.buffers[static_cast<size_t>(f.buffer_index)];
+          w.line(fmt::format("fj_i64 {}[{}];", buffer_stride_member(buf.name()), buf.rank()));
+          break;
+        }
+        case ModParamField::ParamF32:
+          w.line(fmt::format("float {};", f.name));
+          break;
+        case ModParamField::ParamI32:
+          w.line(fmt::format("int {};", f.name));
+          break;
+        case ModParamField::ParamBool:
+          w.line(fmt::format("int {};  // bool", f.name));
+          break;
+      }
+    }
+  }
+  // NVRTC's front end has no __builtin_offsetof (nor <cstddef>); __INTADDR__ is its
+  // constant-folding equivalent. A host compiler (nvcc's host pass) has the builtin.
+  w.line("#ifndef FJ_OFFSETOF");
+  w.line("#if defined(__CUDACC_RTC__)");
+  w.line("#define FJ_OFFSETOF(type, member) __INTADDR__(&((type*)0)->member)");
+  w.line("#else");
+  w.line("#define FJ_OFFSETOF(type, member) __builtin_offsetof(type, member)");
+  w.line("#endif");
+  w.line("#endif");
+  w.line(fmt::format(
+      "static_assert(sizeof(FjModParams) == {}, \"FjModParams size differs from ModParamLayout\");",
+      layout.size));
+  for (const ModParamField& f : layout.fields) {
+    w.line(
+        fmt::format("static_assert(FJ_OFFSETOF(FjModParams, {}) == {}, \"FjModParams::{} "
+                    "offset differs from ModParamLayout\");",
+                    f.name, f.offset, f.name));
+  }
+}
+
+void emit_function(SourceWriter& w, const char* signature, const Expr& body,
+                   const char* absent_value) {
+  if (body.defined()) w.line("// " + ir::to_text(body));
+  auto fn = w.block(signature);
+  if (!body.defined()) {
+    w.line(fmt::format("return {};", absent_value));
+    return;
+  }
+  ExprLowering lowering(w);
+  w.line("return " + lowering.lower(body) + ";");
+}
+
+}  // namespace
+
+std::string cuda_float_literal(float v) {
+  if (std::isnan(v) || std::isinf(v)) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    if (std::isnan(v)) bits = 0x7fffffffu;  // the canonical CUDA NaN
+    return fmt::format("__int_as_float((int)0x{:08x}u)", bits);
+  }
+  // fmt prints a float in its shortest form that reads back to the same float.
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  s += 'f';
+  return std::signbit(v) ? "(" + s + ")" : s;
+}
+
+std::string cuda_int_literal(int64_t v) {
+  FJ_ASSERT(v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max(),
+            "i32 literal out of range");
+  // -2147483648 is not a literal in C (the negation of an out-of-range int).
+  if (v == std::numeric_limits<int32_t>::min()) return "(-2147483647 - 1)";
+  return v < 0 ? fmt::format("({})", v) : fmt::format("{}", v);
+}
+
+bool has_score_mod(const Mods& mods) {
+  const Expr& e = mods.score_mod;
+  return e.defined() && !(e->op == Op::Var && e->var == ir::VarKind::Score);
+}
+
+bool has_mask_mod(const Mods& mods) {
+  const Expr& e = mods.mask_mod;
+  return e.defined() && !(e->op == Op::BoolImm && e->ival == 1);
+}
+
+std::string generate_mod_functions(const Mods& mods) {
+  SourceWriter w;
+  emit_struct(w, mods);
+  w.line("");
+  emit_function(w,
+                "__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, "
+                "int b, int h, int q_idx, int kv_idx)",
+                mods.score_mod, "score");
+  w.line("");
+  emit_function(w,
+                "__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, "
+                "int q_idx, int kv_idx)",
+                mods.mask_mod, "true");
+  return w.str();
+}
+
+}  // namespace flexjit::cuda

@@ -1,0 +1,32 @@
+// Captured buffers (pointer, strides in elements) and runtime parameters: the by-value
+// kernel argument. The host packs it by flexjit's ModParamLayout; the asserts below
+// fail the compile if the two ever disagree.
+struct alignas(8) FjModParams {
+  const float* buf_slopes;  // slopes: f32
+  fj_i64 stride_slopes[1];
+};
+#ifndef FJ_OFFSETOF
+#if defined(__CUDACC_RTC__)
+#define FJ_OFFSETOF(type, member) __INTADDR__(&((type*)0)->member)
+#else
+#define FJ_OFFSETOF(type, member) __builtin_offsetof(type, member)
+#endif
+#endif
+static_assert(sizeof(FjModParams) == 16, "FjModParams size differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, buf_slopes) == 0, "FjModParams::buf_slopes offset differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, stride_slopes[0]) == 8, "FjModParams::stride_slopes[0] offset differs from ModParamLayout");
+
+// score + slopes[h] * float(kv_idx - q_idx)
+__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx) {
+  const fj_i64 t0 = (fj_i64)h * mp.stride_slopes[0];
+  const float t1 = fj_ld_f32(mp.buf_slopes, t0);
+  const int t2 = fj_isub(kv_idx, q_idx);
+  const float t3 = (float)t2;
+  const float t4 = t1 * t3;
+  const float t5 = score + t4;
+  return t5;
+}
+
+__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, int q_idx, int kv_idx) {
+  return true;
+}

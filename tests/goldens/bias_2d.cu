@@ -1,0 +1,30 @@
+// Captured buffers (pointer, strides in elements) and runtime parameters: the by-value
+// kernel argument. The host packs it by flexjit's ModParamLayout; the asserts below
+// fail the compile if the two ever disagree.
+struct alignas(8) FjModParams {
+  const unsigned short* buf_pos_bias;  // pos_bias: bf16
+  fj_i64 stride_pos_bias[2];
+};
+#ifndef FJ_OFFSETOF
+#if defined(__CUDACC_RTC__)
+#define FJ_OFFSETOF(type, member) __INTADDR__(&((type*)0)->member)
+#else
+#define FJ_OFFSETOF(type, member) __builtin_offsetof(type, member)
+#endif
+#endif
+static_assert(sizeof(FjModParams) == 24, "FjModParams size differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, buf_pos_bias) == 0, "FjModParams::buf_pos_bias offset differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, stride_pos_bias[0]) == 8, "FjModParams::stride_pos_bias[0] offset differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, stride_pos_bias[1]) == 16, "FjModParams::stride_pos_bias[1] offset differs from ModParamLayout");
+
+// score + pos_bias[q_idx][kv_idx]
+__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx) {
+  const fj_i64 t0 = (fj_i64)q_idx * mp.stride_pos_bias[0] + (fj_i64)kv_idx * mp.stride_pos_bias[1];
+  const float t1 = fj_ld_bf16(mp.buf_pos_bias, t0);
+  const float t2 = score + t1;
+  return t2;
+}
+
+__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, int q_idx, int kv_idx) {
+  return true;
+}

@@ -1,0 +1,33 @@
+// Captured buffers (pointer, strides in elements) and runtime parameters: the by-value
+// kernel argument. The host packs it by flexjit's ModParamLayout; the asserts below
+// fail the compile if the two ever disagree.
+struct alignas(8) FjModParams {
+  const float* buf_bias;  // bias: f32
+  fj_i64 stride_bias[1];
+  int param_offset;
+};
+#ifndef FJ_OFFSETOF
+#if defined(__CUDACC_RTC__)
+#define FJ_OFFSETOF(type, member) __INTADDR__(&((type*)0)->member)
+#else
+#define FJ_OFFSETOF(type, member) __builtin_offsetof(type, member)
+#endif
+#endif
+static_assert(sizeof(FjModParams) == 24, "FjModParams size differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, buf_bias) == 0, "FjModParams::buf_bias offset differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, stride_bias[0]) == 8, "FjModParams::stride_bias[0] offset differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, param_offset) == 16, "FjModParams::param_offset offset differs from ModParamLayout");
+
+// score + bias[q_idx - kv_idx + offset]
+__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx) {
+  const int t0 = fj_isub(q_idx, kv_idx);
+  const int t1 = fj_iadd(t0, mp.param_offset);
+  const fj_i64 t2 = (fj_i64)t1 * mp.stride_bias[0];
+  const float t3 = fj_ld_f32(mp.buf_bias, t2);
+  const float t4 = score + t3;
+  return t4;
+}
+
+__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, int q_idx, int kv_idx) {
+  return true;
+}

@@ -1,0 +1,27 @@
+// Captured buffers (pointer, strides in elements) and runtime parameters: the by-value
+// kernel argument. The host packs it by flexjit's ModParamLayout; the asserts below
+// fail the compile if the two ever disagree.
+struct alignas(8) FjModParams {
+  float param_cap;
+};
+#ifndef FJ_OFFSETOF
+#if defined(__CUDACC_RTC__)
+#define FJ_OFFSETOF(type, member) __INTADDR__(&((type*)0)->member)
+#else
+#define FJ_OFFSETOF(type, member) __builtin_offsetof(type, member)
+#endif
+#endif
+static_assert(sizeof(FjModParams) == 8, "FjModParams size differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, param_cap) == 0, "FjModParams::param_cap offset differs from ModParamLayout");
+
+// cap * tanh(score / cap)
+__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx) {
+  const float t0 = score / mp.param_cap;
+  const float t1 = fj_tanh(t0);
+  const float t2 = mp.param_cap * t1;
+  return t2;
+}
+
+__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, int q_idx, int kv_idx) {
+  return true;
+}

@@ -1,0 +1,45 @@
+// Captured buffers (pointer, strides in elements) and runtime parameters: the by-value
+// kernel argument. The host packs it by flexjit's ModParamLayout; the asserts below
+// fail the compile if the two ever disagree.
+struct alignas(8) FjModParams {
+  const int* buf_doc_ids;  // doc_ids: i32
+  fj_i64 stride_doc_ids[2];
+  float param_cap;
+  int param_window;
+};
+#ifndef FJ_OFFSETOF
+#if defined(__CUDACC_RTC__)
+#define FJ_OFFSETOF(type, member) __INTADDR__(&((type*)0)->member)
+#else
+#define FJ_OFFSETOF(type, member) __builtin_offsetof(type, member)
+#endif
+#endif
+static_assert(sizeof(FjModParams) == 32, "FjModParams size differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, buf_doc_ids) == 0, "FjModParams::buf_doc_ids offset differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, stride_doc_ids[0]) == 8, "FjModParams::stride_doc_ids[0] offset differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, stride_doc_ids[1]) == 16, "FjModParams::stride_doc_ids[1] offset differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, param_cap) == 24, "FjModParams::param_cap offset differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, param_window) == 28, "FjModParams::param_window offset differs from ModParamLayout");
+
+// cap * tanh(score / cap)
+__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx) {
+  const float t0 = score / mp.param_cap;
+  const float t1 = fj_tanh(t0);
+  const float t2 = mp.param_cap * t1;
+  return t2;
+}
+
+// q_idx >= kv_idx && q_idx - kv_idx <= window && doc_ids[b][q_idx] == doc_ids[b][kv_idx]
+__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, int q_idx, int kv_idx) {
+  const bool t0 = q_idx >= kv_idx;
+  const int t1 = fj_isub(q_idx, kv_idx);
+  const bool t2 = t1 <= mp.param_window;
+  const bool t3 = t0 && t2;
+  const fj_i64 t4 = (fj_i64)b * mp.stride_doc_ids[0] + (fj_i64)q_idx * mp.stride_doc_ids[1];
+  const int t5 = fj_ld_i32(mp.buf_doc_ids, t4);
+  const fj_i64 t6 = (fj_i64)b * mp.stride_doc_ids[0] + (fj_i64)kv_idx * mp.stride_doc_ids[1];
+  const int t7 = fj_ld_i32(mp.buf_doc_ids, t6);
+  const bool t8 = t5 == t7;
+  const bool t9 = t3 && t8;
+  return t9;
+}

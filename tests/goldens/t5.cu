@@ -1,0 +1,39 @@
+// Captured buffers (pointer, strides in elements) and runtime parameters: the by-value
+// kernel argument. The host packs it by flexjit's ModParamLayout; the asserts below
+// fail the compile if the two ever disagree.
+struct alignas(8) FjModParams {
+  const float* buf_rel_table;  // rel_table: f32
+  fj_i64 stride_rel_table[2];
+};
+#ifndef FJ_OFFSETOF
+#if defined(__CUDACC_RTC__)
+#define FJ_OFFSETOF(type, member) __INTADDR__(&((type*)0)->member)
+#else
+#define FJ_OFFSETOF(type, member) __builtin_offsetof(type, member)
+#endif
+#endif
+static_assert(sizeof(FjModParams) == 24, "FjModParams size differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, buf_rel_table) == 0, "FjModParams::buf_rel_table offset differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, stride_rel_table[0]) == 8, "FjModParams::stride_rel_table[0] offset differs from ModParamLayout");
+static_assert(FJ_OFFSETOF(FjModParams, stride_rel_table[1]) == 16, "FjModParams::stride_rel_table[1] offset differs from ModParamLayout");
+
+// score + rel_table[h][min(int(floor(log(float(abs(q_idx - kv_idx)) + 1.0) * 4.0)), 31)]
+__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx) {
+  const int t0 = fj_isub(q_idx, kv_idx);
+  const int t1 = fj_iabs(t0);
+  const float t2 = (float)t1;
+  const float t3 = t2 + 1.0f;
+  const float t4 = fj_log(t3);
+  const float t5 = t4 * 4.0f;
+  const float t6 = fj_floor(t5);
+  const int t7 = fj_f2i(t6);
+  const int t8 = fj_imin(t7, 31);
+  const fj_i64 t9 = (fj_i64)h * mp.stride_rel_table[0] + (fj_i64)t8 * mp.stride_rel_table[1];
+  const float t10 = fj_ld_f32(mp.buf_rel_table, t9);
+  const float t11 = score + t10;
+  return t11;
+}
+
+__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, int q_idx, int kv_idx) {
+  return true;
+}
