@@ -126,7 +126,6 @@ std::string to_picture(const BlockMask& mask, int b = 0, int h = 0, int max_widt
 
 // Writes tile (b, h) as a binary PPM image (P6), one pixel per tile scaled by `scale`:
 // full black, partial grey, empty white. Throws Error when the file cannot be written.
-void write_ppm(const BlockMask& mask, const std::string& path, int b = 0, int h = 0,
-               int scale = 4);
+void write_ppm(const BlockMask& mask, const std::string& path, int b = 0, int h = 0, int scale = 4);
 
 }  // namespace flexjit

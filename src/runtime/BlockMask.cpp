@@ -12,7 +12,9 @@ namespace flexjit {
 
 namespace {
 
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
+int ceil_div(int a, int b) {
+  return (a + b - 1) / b;
+}
 
 void check_geometry(int batch, int heads, int seqlen_q, int seqlen_kv, int q_block_size,
                     int kv_block_size) {
@@ -70,7 +72,8 @@ void transpose(const BlockMask& m, const std::vector<int32_t>& num, const std::v
     std::vector<std::vector<bool>> sel(nkv, std::vector<bool>(nq, false));
     for (int qb = 0; qb < nq; ++qb) {
       const size_t row = static_cast<size_t>(bh) * nq + qb;
-      for (int i = 0; i < num[row]; ++i) sel[idx[row * nkv + i]][qb] = true;
+      for (int i = 0; i < num[row]; ++i)
+        sel[idx[row * nkv + i]][qb] = true;
     }
     for (int kvb = 0; kvb < nkv; ++kvb) {
       const size_t row = static_cast<size_t>(bh) * nkv + kvb;
@@ -81,7 +84,8 @@ void transpose(const BlockMask& m, const std::vector<int32_t>& num, const std::v
 
 std::string index_str(std::initializer_list<int64_t> idx) {
   std::string s;
-  for (int64_t i : idx) s += (s.empty() ? "" : ", ") + std::to_string(i);
+  for (int64_t i : idx)
+    s += (s.empty() ? "" : ", ") + std::to_string(i);
   return s;
 }
 
@@ -126,8 +130,8 @@ void validate_arrays(const BlockMask& m, const std::vector<int32_t>& num,
 
 BlockMask combine_tiles(const BlockMask& a, const BlockMask& b, const char* op,
                         TileKind (*rule)(TileKind, TileKind)) {
-  if (a.seqlen_q != b.seqlen_q || a.seqlen_kv != b.seqlen_kv ||
-      a.q_block_size != b.q_block_size || a.kv_block_size != b.kv_block_size) {
+  if (a.seqlen_q != b.seqlen_q || a.seqlen_kv != b.seqlen_kv || a.q_block_size != b.q_block_size ||
+      a.kv_block_size != b.kv_block_size) {
     throw RuntimeError(fmt::format(
         "{}: masks differ in sequence lengths or block sizes: {}x{} in {}x{} tiles vs {}x{} in "
         "{}x{} tiles",
@@ -180,8 +184,10 @@ double BlockMask::density() const {
   const double tiles = static_cast<double>(batch) * heads * num_q_blocks * num_kv_blocks;
   if (tiles == 0) return 0.0;
   int64_t computed = 0;
-  for (int32_t n : kv_num_blocks) computed += n;
-  for (int32_t n : full_kv_num_blocks) computed += n;
+  for (int32_t n : kv_num_blocks)
+    computed += n;
+  for (int32_t n : full_kv_num_blocks)
+    computed += n;
   return static_cast<double>(computed) / tiles;
 }
 
@@ -194,9 +200,9 @@ void BlockMask::validate() const {
   check_geometry(batch, heads, seqlen_q, seqlen_kv, q_block_size, kv_block_size);
   if (num_q_blocks != ceil_div(seqlen_q, q_block_size) ||
       num_kv_blocks != ceil_div(seqlen_kv, kv_block_size)) {
-    throw RuntimeError(fmt::format(
-        "block counts {}x{} do not match sequence lengths {}x{} in {}x{} tiles", num_q_blocks,
-        num_kv_blocks, seqlen_q, seqlen_kv, q_block_size, kv_block_size));
+    throw RuntimeError(
+        fmt::format("block counts {}x{} do not match sequence lengths {}x{} in {}x{} tiles",
+                    num_q_blocks, num_kv_blocks, seqlen_q, seqlen_kv, q_block_size, kv_block_size));
   }
   const int nq = num_q_blocks, nkv = num_kv_blocks;
   validate_arrays(*this, kv_num_blocks, kv_indices, nq, nkv, "kv_num_blocks", "kv_indices");
@@ -271,8 +277,7 @@ BlockMask block_mask_from_tiles(int batch, int heads, int seqlen_q, int seqlen_k
 }
 
 BlockMask block_mask_from_dense(const std::vector<uint8_t>& mask, int batch, int heads,
-                                int seqlen_q, int seqlen_kv, int q_block_size,
-                                int kv_block_size) {
+                                int seqlen_q, int seqlen_kv, int q_block_size, int kv_block_size) {
   check_geometry(batch, heads, seqlen_q, seqlen_kv, q_block_size, kv_block_size);
   const size_t want = static_cast<size_t>(batch) * heads * seqlen_q * seqlen_kv;
   if (mask.size() != want) {
@@ -286,9 +291,9 @@ BlockMask block_mask_from_dense(const std::vector<uint8_t>& mask, int batch, int
       batch, heads, seqlen_q, seqlen_kv, q_block_size, kv_block_size);
 }
 
-BlockMask block_mask_from_predicate(const std::function<bool(int, int, int, int)>& pred,
-                                    int batch, int heads, int seqlen_q, int seqlen_kv,
-                                    int q_block_size, int kv_block_size) {
+BlockMask block_mask_from_predicate(const std::function<bool(int, int, int, int)>& pred, int batch,
+                                    int heads, int seqlen_q, int seqlen_kv, int q_block_size,
+                                    int kv_block_size) {
   check_geometry(batch, heads, seqlen_q, seqlen_kv, q_block_size, kv_block_size);
   return block_mask_from_tiles(
       batch, heads, seqlen_q, seqlen_kv,
@@ -317,8 +322,8 @@ BlockMask block_mask_from_document_ids(const std::vector<int32_t>& doc_ids, bool
                                        int q_block_size, int kv_block_size) {
   const int s = static_cast<int>(doc_ids.size());
   BlockMask m = block_mask_from_predicate(
-      [&](int, int, int q, int kv) { return doc_ids[q] == doc_ids[kv] && (!causal || q >= kv); },
-      1, 1, s, s, q_block_size, kv_block_size);
+      [&](int, int, int q, int kv) { return doc_ids[q] == doc_ids[kv] && (!causal || q >= kv); }, 1,
+      1, s, s, q_block_size, kv_block_size);
   Buffer ids("doc_ids", DType::I32, {"S"});
   m.mods = Mods::from_mask([&](Expr, Expr, Expr q, Expr kv) {
     Expr same = ids[q] == ids[kv];

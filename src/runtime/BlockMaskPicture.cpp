@@ -20,9 +20,10 @@ constexpr const char* kEmptyGlyph = "·";
 
 void check_head(const BlockMask& m, int b, int h) {
   if (b < 0 || h < 0 || (m.batch > 1 && b >= m.batch) || (m.heads > 1 && h >= m.heads)) {
-    throw RuntimeError(fmt::format("tile ({}, {}) requested from a block mask of batch {} and "
-                                   "heads {}",
-                                   b, h, m.batch, m.heads));
+    throw RuntimeError(
+        fmt::format("tile ({}, {}) requested from a block mask of batch {} and "
+                    "heads {}",
+                    b, h, m.batch, m.heads));
   }
 }
 
@@ -46,18 +47,20 @@ std::string to_picture(const BlockMask& m, int b, int h, int max_width) {
   check_head(m, b, h);
   if (max_width < 1) throw RuntimeError(fmt::format("picture width {} is below 1", max_width));
   // One factor for both axes keeps the picture's aspect ratio.
-  const int step = std::max(1, (std::max(m.num_q_blocks, m.num_kv_blocks) + max_width - 1) /
-                                   max_width);
+  const int step =
+      std::max(1, (std::max(m.num_q_blocks, m.num_kv_blocks) + max_width - 1) / max_width);
   std::string out = fmt::format("block mask b={} h={}: {} x {} tiles of {}x{} (Sq={}, Skv={})", b,
-                                h, m.num_q_blocks, m.num_kv_blocks, m.q_block_size,
-                                m.kv_block_size, m.seqlen_q, m.seqlen_kv);
+                                h, m.num_q_blocks, m.num_kv_blocks, m.q_block_size, m.kv_block_size,
+                                m.seqlen_q, m.seqlen_kv);
   if (step > 1) out += fmt::format(", one cell per {}x{} tiles", step, step);
   out += "\n";
   for (int q0 = 0; q0 < m.num_q_blocks; q0 += step) {
     for (int kv0 = 0; kv0 < m.num_kv_blocks; kv0 += step) {
       const TileKind k = cell(m, b, h, q0, std::min(q0 + step, m.num_q_blocks), kv0,
                               std::min(kv0 + step, m.num_kv_blocks));
-      out += k == TileKind::Full ? kFullGlyph : k == TileKind::Partial ? kPartialGlyph : kEmptyGlyph;
+      out += k == TileKind::Full      ? kFullGlyph
+             : k == TileKind::Partial ? kPartialGlyph
+                                      : kEmptyGlyph;
     }
     out += "\n";
   }
@@ -75,7 +78,9 @@ void write_ppm(const BlockMask& m, const std::string& path, int b, int h, int sc
   for (int y = 0; y < height; ++y) {
     for (int x = 0; x < width; ++x) {
       const TileKind k = m.tile(b, h, y / scale, x / scale);
-      const char v = static_cast<char>(k == TileKind::Full ? 0 : k == TileKind::Partial ? 160 : 255);
+      const char v = static_cast<char>(k == TileKind::Full      ? 0
+                                       : k == TileKind::Partial ? 160
+                                                                : 255);
       pixels.append(3, v);
     }
   }

@@ -17,7 +17,9 @@ const Driver& Driver::get() {
   return driver;
 }
 
-Driver::Driver() { load(); }
+Driver::Driver() {
+  load();
+}
 
 void Driver::load() {
   // RTLD_LOCAL keeps libcuda's symbols out of the global namespace; the handle is never closed
@@ -28,12 +30,12 @@ void Driver::load() {
     reason_ = fmt::format("cannot load libcuda.so.1 ({})", err ? err : "unknown dlopen error");
     return;
   }
-#define FLEXJIT_DRIVER_RESOLVE(name)                                                        \
-  name##_ = reinterpret_cast<decltype(&name)>(dlsym(lib, FLEXJIT_SYMBOL(name)));            \
-  if (name##_ == nullptr) {                                                                 \
-    reason_ = fmt::format("libcuda.so.1 does not export {} (driver older than CUDA {}.{}?)", \
+#define FLEXJIT_DRIVER_RESOLVE(name)                                                            \
+  name##_ = reinterpret_cast<decltype(&name)>(dlsym(lib, FLEXJIT_SYMBOL(name)));                \
+  if (name##_ == nullptr) {                                                                     \
+    reason_ = fmt::format("libcuda.so.1 does not export {} (driver older than CUDA {}.{}?)",    \
                           FLEXJIT_SYMBOL(name), CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10); \
-    return;                                                                                 \
+    return;                                                                                     \
   }
   FLEXJIT_DRIVER_FUNCTIONS(FLEXJIT_DRIVER_RESOLVE)
 #undef FLEXJIT_DRIVER_RESOLVE

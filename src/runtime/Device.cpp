@@ -38,8 +38,8 @@ Device::Device(int index) : index_(index) {
   const Driver& d = Driver::get();
   d.require();
   if (index < 0 || index >= d.device_count()) {
-    throw RuntimeError(fmt::format("device {} requested but only {} present", index,
-                                   d.device_count()));
+    throw RuntimeError(
+        fmt::format("device {} requested but only {} present", index, d.device_count()));
   }
   const std::string what = fmt::format("device {}", index);
   CUdevice dev = 0;
@@ -76,7 +76,9 @@ DeviceBuffer::DeviceBuffer(Device& device, size_t bytes) : bytes_(bytes) {
   ptr_ = p;
 }
 
-DeviceBuffer::~DeviceBuffer() { release(); }
+DeviceBuffer::~DeviceBuffer() {
+  release();
+}
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
   o.ptr_ = 0;

@@ -43,8 +43,8 @@ Kernel ModuleCache::get(const std::string& key, const std::vector<char>& cubin,
     if (cubin.empty()) {
       throw RuntimeError(fmt::format("empty cubin for {} (cache key {})", kernel.describe(), key));
     }
-    FJ_CU(cuModuleLoadData, fmt::format("{} (cache key {})", kernel.describe(), key),
-          &entry.module, cubin.data());
+    FJ_CU(cuModuleLoadData, fmt::format("{} (cache key {})", kernel.describe(), key), &entry.module,
+          cubin.data());
   }
   auto it = entry.functions.find(name);
   if (it == entry.functions.end()) {

@@ -23,8 +23,8 @@ std::vector<int64_t> c_order_strides(const std::vector<int64_t>& shape) {
 }
 }  // namespace
 
-TensorRef TensorRef::contiguous(void* data, DType dtype, std::vector<int64_t> shape,
-                                Device device, int device_index) {
+TensorRef TensorRef::contiguous(void* data, DType dtype, std::vector<int64_t> shape, Device device,
+                                int device_index) {
   TensorRef t;
   t.data = data;
   t.dtype = dtype;
@@ -37,7 +37,8 @@ TensorRef TensorRef::contiguous(void* data, DType dtype, std::vector<int64_t> sh
 
 int64_t TensorRef::numel() const {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    n *= d;
   return n;
 }
 
@@ -96,9 +97,9 @@ TensorRef from_dlpack(const DLTensor& t) {
       r.device = TensorRef::Device::CUDA;
       break;
     default:
-      throw RuntimeError(fmt::format(
-          "unsupported DLPack device type {}; flexjit takes CPU and CUDA tensors",
-          static_cast<int>(t.device.device_type)));
+      throw RuntimeError(
+          fmt::format("unsupported DLPack device type {}; flexjit takes CPU and CUDA tensors",
+                      static_cast<int>(t.device.device_type)));
   }
   r.device_index = t.device.device_id;
   if (t.ndim < 0) throw RuntimeError(fmt::format("DLPack tensor has ndim {}", t.ndim));
@@ -106,8 +107,8 @@ TensorRef from_dlpack(const DLTensor& t) {
   r.shape.assign(t.shape, t.shape + t.ndim);
   for (int i = 0; i < t.ndim; ++i) {
     if (r.shape[i] < 0) {
-      throw RuntimeError(fmt::format("DLPack tensor has negative extent {} in dim {}",
-                                     r.shape[i], i));
+      throw RuntimeError(
+          fmt::format("DLPack tensor has negative extent {} in dim {}", r.shape[i], i));
     }
   }
   if (t.strides == nullptr) {
@@ -153,8 +154,8 @@ void check_alignment(const TensorRef& t, const char* name, QkvShape& s) {
   const auto addr = reinterpret_cast<uintptr_t>(t.data);
   if (addr % kFastPathAlignment != 0) {
     s.fast_path = false;
-    s.fast_path_blocker = fmt::format("data pointer of {} is not {}-byte aligned", name,
-                                      kFastPathAlignment);
+    s.fast_path_blocker =
+        fmt::format("data pointer of {} is not {}-byte aligned", name, kFastPathAlignment);
     return;
   }
   const int64_t elem = dtype_size(t.dtype);
@@ -215,8 +216,7 @@ QkvShape validate_qkv(const TensorRef& q, const TensorRef& k, const TensorRef& v
   s.head_dim_qk = q.shape[3];
   s.head_dim_v = v.shape[3];
   if (s.heads_kv <= 0 || s.heads_q % s.heads_kv != 0) {
-    throw RuntimeError(
-        fmt::format("Hq={} is not a multiple of Hkv={}", s.heads_q, s.heads_kv));
+    throw RuntimeError(fmt::format("Hq={} is not a multiple of Hkv={}", s.heads_q, s.heads_kv));
   }
   check_layout(q, "q");
   check_layout(k, "k");

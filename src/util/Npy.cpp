@@ -43,9 +43,10 @@ Header parse_header(std::string_view dict, const std::string& name) {
   Header h;
   std::string_view d = find_value(dict, "descr", name);
   if (d.empty() || (d[0] != '\'' && d[0] != '"')) {
-    throw Error(fmt::format("{}: malformed .npy header: descr is not a string "
-                            "(structured dtypes are not supported)",
-                            name));
+    throw Error(
+        fmt::format("{}: malformed .npy header: descr is not a string "
+                    "(structured dtypes are not supported)",
+                    name));
   }
   size_t end = d.find(d[0], 1);
   if (end == std::string_view::npos) throw Error(fmt::format("{}: malformed .npy header", name));
@@ -69,10 +70,12 @@ Header parse_header(std::string_view dict, const std::string& name) {
   std::string_view items = s.substr(1, close - 1);
   size_t i = 0;
   while (i < items.size()) {
-    while (i < items.size() && (items[i] == ' ' || items[i] == ',')) ++i;
+    while (i < items.size() && (items[i] == ' ' || items[i] == ','))
+      ++i;
     if (i == items.size()) break;
     size_t j = i;
-    while (j < items.size() && items[j] >= '0' && items[j] <= '9') ++j;
+    while (j < items.size() && items[j] >= '0' && items[j] <= '9')
+      ++j;
     if (j == i) {
       throw Error(fmt::format("{}: malformed .npy header: bad shape ({})", name, items));
     }
@@ -108,7 +111,8 @@ std::vector<char> fortran_to_c(const char* src, const std::vector<int64_t>& shap
   std::vector<int64_t> idx(nd, 0);
   for (int64_t c = 0; c < numel; ++c) {
     int64_t f = 0;
-    for (size_t d = 0; d < nd; ++d) f += idx[d] * fstride[d];
+    for (size_t d = 0; d < nd; ++d)
+      f += idx[d] * fstride[d];
     std::memcpy(out.data() + c * elem, src + f * elem, elem);
     for (size_t d = nd; d-- > 0;) {  // C order: last index fastest
       if (++idx[d] < shape[d]) break;
@@ -122,7 +126,8 @@ std::vector<char> fortran_to_c(const char* src, const std::vector<int64_t>& shap
 
 int64_t Array::numel() const {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    n *= d;
   return n;
 }
 
@@ -136,11 +141,16 @@ Array make_array(DType dtype, std::vector<int64_t> shape) {
 
 std::string_view descr(DType t) {
   switch (t) {
-    case DType::F32: return "<f4";
-    case DType::F16: return "<f2";
-    case DType::BF16: return "<u2";
-    case DType::I32: return "<i4";
-    case DType::Bool: return "|b1";
+    case DType::F32:
+      return "<f4";
+    case DType::F16:
+      return "<f2";
+    case DType::BF16:
+      return "<u2";
+    case DType::I32:
+      return "<i4";
+    case DType::Bool:
+      return "|b1";
   }
   FJ_ASSERT(false, "unknown DType");
 }
@@ -162,8 +172,8 @@ Array parse(std::string_view file, const std::string& name) {
     header_len = byte(pos) | byte(pos + 1) << 8 | byte(pos + 2) << 16 | byte(pos + 3) << 24;
     pos += 4;
   } else {
-    throw Error(fmt::format("{}: unsupported .npy format version {}.{}", name, major,
-                            byte(kMagicLen + 1)));
+    throw Error(
+        fmt::format("{}: unsupported .npy format version {}.{}", name, major, byte(kMagicLen + 1)));
   }
   if (file.size() < pos + header_len) {
     throw Error(fmt::format("{}: truncated .npy header: needs {} bytes, file has {}", name,
@@ -189,7 +199,8 @@ Array parse(std::string_view file, const std::string& name) {
     a.bytes.assign(data, data + want);
   }
   if (h.descr == "|u1") {
-    for (char& c : a.bytes) c = c != 0 ? 1 : 0;  // kernels read bool bytes as 0 / 1
+    for (char& c : a.bytes)
+      c = c != 0 ? 1 : 0;  // kernels read bool bytes as 0 / 1
   }
   return a;
 }

@@ -27,9 +27,13 @@ struct Array {
 
   int64_t numel() const;
   template <typename T>
-  const T* as() const { return reinterpret_cast<const T*>(bytes.data()); }
+  const T* as() const {
+    return reinterpret_cast<const T*>(bytes.data());
+  }
   template <typename T>
-  T* as() { return reinterpret_cast<T*>(bytes.data()); }
+  T* as() {
+    return reinterpret_cast<T*>(bytes.data());
+  }
 };
 
 // An array of zero-initialized elements.

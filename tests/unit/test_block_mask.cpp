@@ -33,8 +33,8 @@ using namespace flexjit;
 namespace {
 
 // The brute-force class of a tile, with positions past the sequence end masked.
-TileKind brute_tile(const std::function<bool(int, int, int, int)>& pred, const BlockMask& m,
-                    int b, int h, int qb, int kvb) {
+TileKind brute_tile(const std::function<bool(int, int, int, int)>& pred, const BlockMask& m, int b,
+                    int h, int qb, int kvb) {
   int hits = 0;
   for (int i = 0; i < m.q_block_size; ++i) {
     for (int j = 0; j < m.kv_block_size; ++j) {
@@ -61,7 +61,9 @@ void check_against_brute_force(const std::function<bool(int, int, int, int)>& pr
   }
 }
 
-bool causal(int, int, int q, int kv) { return q >= kv; }
+bool causal(int, int, int q, int kv) {
+  return q >= kv;
+}
 
 }  // namespace
 
@@ -87,7 +89,8 @@ TEST_CASE("sliding-window and random dense masks match brute force", "[blockmask
   const int B = 2, H = 3, S = 96, bs = 16;
   std::mt19937 rng(7);
   std::vector<uint8_t> dense(static_cast<size_t>(B) * H * S * S);
-  for (auto& v : dense) v = static_cast<uint8_t>(rng() % 7 == 0);
+  for (auto& v : dense)
+    v = static_cast<uint8_t>(rng() % 7 == 0);
   auto at = [&](int b, int h, int q, int kv) -> uint8_t& {
     return dense[((static_cast<size_t>(b) * H + h) * S + q) * S + kv];
   };
@@ -98,7 +101,8 @@ TEST_CASE("sliding-window and random dense masks match brute force", "[blockmask
           const int r = static_cast<int>(rng() % 3);
           if (r == 2) continue;
           for (int i = 0; i < bs; ++i) {
-            for (int j = 0; j < bs; ++j) at(b, h, qb * bs + i, kvb * bs + j) = r;
+            for (int j = 0; j < bs; ++j)
+              at(b, h, qb * bs + i, kvb * bs + j) = r;
           }
         }
       }
@@ -112,10 +116,11 @@ TEST_CASE("sliding-window and random dense masks match brute force", "[blockmask
 
 TEST_CASE("document-id block mask matches brute force and carries its mask_mod", "[blockmask]") {
   std::vector<int32_t> doc(200);
-  for (size_t i = 0; i < doc.size(); ++i) doc[i] = i < 50 ? 0 : i < 130 ? 1 : 2;
+  for (size_t i = 0; i < doc.size(); ++i)
+    doc[i] = i < 50 ? 0 : i < 130 ? 1 : 2;
   BlockMask m = block_mask_from_document_ids(doc, true, 32, 32);
-  check_against_brute_force(
-      [&](int, int, int q, int kv) { return doc[q] == doc[kv] && q >= kv; }, m);
+  check_against_brute_force([&](int, int, int q, int kv) { return doc[q] == doc[kv] && q >= kv; },
+                            m);
   REQUIRE(m.mods.mask_mod.defined());
   CHECK(m.mods.mask_mod.str() == "doc_ids[q_idx] == doc_ids[kv_idx] && q_idx >= kv_idx");
   REQUIRE(m.mods.buffers.size() == 1);
@@ -129,7 +134,8 @@ TEST_CASE("and_masks / or_masks combine tiles and mask_mods", "[blockmask]") {
   c.mods = Mods::from_mask([](Expr, Expr, Expr q, Expr kv) { return q >= kv; });
   auto window = [](int, int, int q, int kv) { return q - kv <= 40 && kv - q <= 40; };
   BlockMask w = block_mask_from_predicate(window, 2, 1, 256, 256, 32, 32);  // Bm=2 broadcasts c
-  w.mods = Mods::from_mask([](Expr, Expr, Expr q, Expr kv) { return q - kv <= 40 && kv - q <= 40; });
+  w.mods =
+      Mods::from_mask([](Expr, Expr, Expr q, Expr kv) { return q - kv <= 40 && kv - q <= 40; });
 
   BlockMask a = and_masks(c, w);
   BlockMask o = or_masks(c, w);
@@ -141,31 +147,37 @@ TEST_CASE("and_masks / or_masks combine tiles and mask_mods", "[blockmask]") {
       for (int kvb = 0; kvb < 8; ++kvb) {
         const TileKind x = c.tile(0, 0, qb, kvb), y = w.tile(b, 0, qb, kvb);
         const TileKind want_and = (x == TileKind::Empty || y == TileKind::Empty) ? TileKind::Empty
-                                  : (x == TileKind::Full && y == TileKind::Full) ? TileKind::Full
-                                                                                 : TileKind::Partial;
-        const TileKind want_or = (x == TileKind::Full || y == TileKind::Full)    ? TileKind::Full
-                                 : (x == TileKind::Empty && y == TileKind::Empty) ? TileKind::Empty
-                                                                                  : TileKind::Partial;
+                                  : (x == TileKind::Full && y == TileKind::Full)
+                                      ? TileKind::Full
+                                      : TileKind::Partial;
+        const TileKind want_or = (x == TileKind::Full || y == TileKind::Full) ? TileKind::Full
+                                 : (x == TileKind::Empty && y == TileKind::Empty)
+                                     ? TileKind::Empty
+                                     : TileKind::Partial;
         CHECK(a.tile(b, 0, qb, kvb) == want_and);
         CHECK(o.tile(b, 0, qb, kvb) == want_or);
       }
     }
   }
-  CHECK(a.mods.mask_mod.str() == "q_idx >= kv_idx && (q_idx - kv_idx <= 40 && kv_idx - q_idx <= 40)");
+  CHECK(a.mods.mask_mod.str() ==
+        "q_idx >= kv_idx && (q_idx - kv_idx <= 40 && kv_idx - q_idx <= 40)");
   CHECK(o.mods.mask_mod.str() == "q_idx >= kv_idx || q_idx - kv_idx <= 40 && kv_idx - q_idx <= 40");
   // A mask built from dense data has no known mask_mod; neither has its combination.
   BlockMask d = block_mask_from_predicate(causal, 1, 1, 256, 256, 32, 32);
   CHECK_FALSE(and_masks(d, w).mods.mask_mod.defined());
 
   BlockMask other = block_mask_from_predicate(causal, 1, 1, 256, 256, 64, 64);
-  CHECK_THROWS_WITH(and_masks(c, other), Catch::Contains("differ in sequence lengths or block sizes"));
+  CHECK_THROWS_WITH(and_masks(c, other),
+                    Catch::Contains("differ in sequence lengths or block sizes"));
   BlockMask h3 = block_mask_from_predicate(causal, 1, 3, 256, 256, 32, 32);
   BlockMask h2 = block_mask_from_predicate(causal, 1, 2, 256, 256, 32, 32);
   CHECK_THROWS_WITH(or_masks(h3, h2), Catch::Contains("masks differ in heads (3 vs 2)"));
 }
 
 TEST_CASE("q_* arrays are the transpose of kv_*; validate() names corruption", "[blockmask]") {
-  auto pred = [](int, int h, int q, int kv) { return (q / 7 + kv / 5 + h) % 3 != 0 && q >= kv - 30; };
+  auto pred = [](int, int h, int q, int kv) {
+    return (q / 7 + kv / 5 + h) % 3 != 0 && q >= kv - 30;
+  };
   BlockMask m = block_mask_from_predicate(pred, 1, 2, 160, 224, 16, 32);
   REQUIRE_NOTHROW(m.validate());
   for (int h = 0; h < 2; ++h) {
@@ -186,11 +198,14 @@ TEST_CASE("q_* arrays are the transpose of kv_*; validate() names corruption", "
   bad.kv_num_blocks[0] = 2;
   bad.kv_indices[0] = 3;
   bad.kv_indices[1] = 1;
-  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("kv_indices[0, 0, 0, 1] = 1 is not above the previous index 3"));
+  CHECK_THROWS_WITH(
+      bad.validate(),
+      Catch::Contains("kv_indices[0, 0, 0, 1] = 1 is not above the previous index 3"));
   bad = m;
   bad.kv_num_blocks[1] = 1;
   bad.kv_indices[m.num_kv_blocks] = 9;
-  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("kv_indices[0, 0, 1, 0] = 9 is out of range [0, 7)"));
+  CHECK_THROWS_WITH(bad.validate(),
+                    Catch::Contains("kv_indices[0, 0, 1, 0] = 9 is out of range [0, 7)"));
   bad = m;
   const auto row = std::find_if(bad.q_num_blocks.begin(), bad.q_num_blocks.end(),
                                 [](int32_t n) { return n > 0; });
@@ -278,7 +293,8 @@ __device__ inline float fj_score_mod(const FjModParams&, float score, int b, int
 std::string splice(const std::string& template_name) {
   std::string src(embedded::template_text("flexjit_abi.h"));
   bool has_prelude = false;
-  for (const auto& f : embedded::templates()) has_prelude |= std::string(f.name) == "prelude.cuh";
+  for (const auto& f : embedded::templates())
+    has_prelude |= std::string(f.name) == "prelude.cuh";
   src += has_prelude ? std::string(embedded::template_text("prelude.cuh")) : kStandInPrelude;
   src += kStandInGenerated;
   src += embedded::template_text(template_name);
