@@ -13,13 +13,6 @@ namespace flexjit {
 
 namespace {
 
-Mods map_exprs(const Mods& m, Expr (*f)(const Expr&)) {
-  Mods out = m;
-  if (out.score_mod.defined()) out.score_mod = f(out.score_mod);
-  if (out.mask_mod.defined()) out.mask_mod = f(out.mask_mod);
-  return out;
-}
-
 uint64_t spec_hash(const cuda::ForwardSpec& s) {
   const int64_t fields[] = {static_cast<int64_t>(s.dtype), s.head_dim_qk, s.head_dim_v,
                             s.gqa_ratio, s.is_divisible, s.has_full_blocks, s.arch.major,
@@ -37,7 +30,7 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 Mods lower_mods(const Mods& mods) {
   passes::type_check(mods);
   FJ_LOG(pipeline, "typecheck: ok ({})", mods.name);
-  Mods m = map_exprs(mods, &passes::simplify);
+  Mods m = passes::simplify(mods);
   FJ_LOG(pipeline, "simplify:\n{}", m.to_text());
   m = passes::cse(m);
   FJ_LOG(pipeline, "cse: done");
