@@ -99,6 +99,8 @@ std::string suggestion(std::string_view name, const std::vector<std::string>& ca
   int best_d = std::max<int>(1, static_cast<int>(name.size()) / 3);
   for (const auto& c : candidates) {
     int d = edit_distance(name, c, best_d);
+    // Replacing every letter ("q" -> "b") is no suggestion at all.
+    if (d >= static_cast<int>(name.size())) continue;
     if (d <= best_d && (best == nullptr || d < best_d)) {
       best = &c;
       best_d = d;
