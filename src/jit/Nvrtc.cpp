@@ -63,7 +63,7 @@ std::string error_context(const std::string& source, const std::string& log) {
     error_lines.insert(std::stoi((*it)[1].str()));
   }
   std::string out;
-  int width = static_cast<int>(std::to_string(lines.size()).size());
+  int width = std::max<int>(4, static_cast<int>(std::to_string(lines.size()).size()));
   for (int line : error_lines) {
     if (line < 1 || line > static_cast<int>(lines.size())) continue;
     out += fmt::format("\nsource around line {}:\n", line);
