@@ -81,14 +81,32 @@ CompileResult KernelCompiler::compile(const CompileRequest& req) {
   try {
     k = std::make_shared<CompiledKernel>(nvrtc_compile(req));
   } catch (const JitError& e) {
-    if (!settings_.dump_dir.empty()) dump(req, key, nullptr, e.what());
+    if (!settings_.dump_dir.empty()) {
+      try {
+        dump(req, key, nullptr, e.what());
+      } catch (const CacheError& dump_error) {
+        log::write("jit", fmt::format("warning: {}", dump_error.what()));
+      }
+    }
     throw;
   }
   k->key = key;
-  if (!settings_.dump_dir.empty()) dump(req, key, k.get(), {});
+  if (!settings_.dump_dir.empty()) {
+    try {
+      dump(req, key, k.get(), {});
+    } catch (const CacheError& e) {
+      log::write("jit", fmt::format("warning: {}", e.what()));
+    }
+  }
   if (settings_.enabled) {
-    disk_->store(*k);
     memory_.put(key, k);
+    // The kernel is good; a full or read-only disk must not cost the caller it. Say so always:
+    // every later process will recompile.
+    try {
+      disk_->store(*k);
+    } catch (const CacheError& e) {
+      log::write("cache", fmt::format("warning: {}", e.what()));
+    }
   }
   double ms = ms_since(start);
   FJ_LOG("jit", "compiled {} for {} in {:.0f} ms (cache {}): {}", req.label, req.arch, ms,

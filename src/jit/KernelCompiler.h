@@ -28,9 +28,10 @@ class KernelCompiler {
   // directory cannot be created or written.
   explicit KernelCompiler(CacheSettings s = CacheSettings::from_env());
 
-  // Throws JitError when NVRTC rejects the source and CacheError when a new entry cannot be
-  // written. With s.dump_dir set, every real compile (failed ones too) writes
-  // <label>-<key12>.cu, .log and .json there. Thread-safe; two threads asking for the same new
+  // Throws JitError when NVRTC rejects the source. A new entry that cannot be written to disk,
+  // or a dump that cannot be written, is a warning on stderr, not an error: the kernel is good.
+  // With s.dump_dir set, every real compile (failed ones too) writes <label>-<key12>.cu, .log
+  // and .json there. Thread-safe; two threads asking for the same new
   // key at once may both compile it (the results are identical).
   CompileResult compile(const CompileRequest& req);
 

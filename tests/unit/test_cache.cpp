@@ -444,3 +444,16 @@ TEST_CASE("FLEXJIT_LOG enables the named stages", "[cache]") {
   log::reload();
   CHECK_FALSE(log::enabled("jit"));
 }
+
+TEST_CASE("a cache directory that breaks after start-up costs a warning, not the kernel",
+          "[cache]") {
+  TempDir dir;
+  fs::path cache = dir.path() / "cache";
+  KernelCompiler c(settings_in(cache));
+  fs::remove_all(cache);
+  write_all(cache, "now a file");
+  CompileResult r = c.compile(small_request());
+  CHECK(r.outcome == CacheOutcome::Compiled);
+  CHECK_FALSE(r.kernel->cubin.empty());
+  CHECK(c.compile(small_request()).outcome == CacheOutcome::MemoryHit);
+}
