@@ -29,11 +29,11 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 Mods lower_mods(const Mods& mods) {
   passes::type_check(mods);
-  FJ_LOG(pipeline, "typecheck: ok ({})", mods.name);
+  FJ_LOG("pipeline", "typecheck: ok ({})", mods.name);
   Mods m = passes::simplify(mods);
-  FJ_LOG(pipeline, "simplify:\n{}", m.to_text());
+  FJ_LOG("pipeline", "simplify:\n{}", m.to_text());
   m = passes::cse(m);
-  FJ_LOG(pipeline, "cse: done");
+  FJ_LOG("pipeline", "cse: done");
   return m;
 }
 
@@ -41,7 +41,7 @@ cuda::GeneratedSource emit_forward(const Mods& mods, const cuda::ForwardSpec& sp
   spec.validate();
   Mods lowered = lower_mods(mods);
   cuda::GeneratedSource src = cuda::generate_forward(lowered, spec);
-  FJ_LOG(pipeline, "codegen: {} bytes of CUDA, source key {}", src.source.size(),
+  FJ_LOG("pipeline", "codegen: {} bytes of CUDA, source key {}", src.source.size(),
          src.source_key.substr(0, 16));
   return src;
 }
@@ -76,7 +76,7 @@ BuiltKernel KernelBuilder::build_forward(const Mods& mods, const cuda::ForwardSp
               spec.str();
   k.compiled = compiler_.compile(req);
   k.compiled.elapsed_ms = ms_since(t0);
-  FJ_LOG(pipeline, "compile: {} in {:.1f} ms", req.label, k.compiled.elapsed_ms);
+  FJ_LOG("pipeline", "compile: {} in {:.1f} ms", req.label, k.compiled.elapsed_ms);
   std::lock_guard<std::mutex> lock(mu_);
   memo_[key].push_back(Entry{mods, spec, k});
   return k;

@@ -85,7 +85,7 @@ CompileResult KernelCompiler::compile(const CompileRequest& req) {
       try {
         dump(req, key, nullptr, e.what());
       } catch (const CacheError& dump_error) {
-        log::write("jit", fmt::format("warning: {}", dump_error.what()));
+        logging::write("jit", fmt::format("warning: {}", dump_error.what()));
       }
     }
     throw;
@@ -95,7 +95,7 @@ CompileResult KernelCompiler::compile(const CompileRequest& req) {
     try {
       dump(req, key, k.get(), {});
     } catch (const CacheError& e) {
-      log::write("jit", fmt::format("warning: {}", e.what()));
+      logging::write("jit", fmt::format("warning: {}", e.what()));
     }
   }
   if (settings_.enabled) {
@@ -105,7 +105,7 @@ CompileResult KernelCompiler::compile(const CompileRequest& req) {
     try {
       disk_->store(*k);
     } catch (const CacheError& e) {
-      log::write("cache", fmt::format("warning: {}", e.what()));
+      logging::write("cache", fmt::format("warning: {}", e.what()));
     }
   }
   double ms = ms_since(start);

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace flexjit::log {
+namespace flexjit::logging {
 
 namespace {
 struct Stages {
@@ -49,4 +49,4 @@ void write(std::string_view stage, std::string_view message) {
   std::fputs(line.c_str(), stderr);
 }
 
-}  // namespace flexjit::log
+}  // namespace flexjit::logging

@@ -7,7 +7,7 @@
 
 #include <string_view>
 
-namespace flexjit::log {
+namespace flexjit::logging {
 
 // Whether lines of `stage` are printed. FLEXJIT_LOG is read once, on first use.
 bool enabled(std::string_view stage);
@@ -18,10 +18,10 @@ void reload();
 // Prints "flexjit[stage] message" as one line on stderr.
 void write(std::string_view stage, std::string_view message);
 
-}  // namespace flexjit::log
+}  // namespace flexjit::logging
 
 // FJ_LOG("jit", "compiled {} in {:.0f} ms", label, ms): formats only when the stage is enabled.
 #define FJ_LOG(stage, ...)                                                                      \
   do {                                                                                          \
-    if (::flexjit::log::enabled(stage)) ::flexjit::log::write(stage, fmt::format(__VA_ARGS__)); \
+    if (::flexjit::logging::enabled(stage)) ::flexjit::logging::write(stage, fmt::format(__VA_ARGS__)); \
   } while (0)

@@ -431,18 +431,18 @@ TEST_CASE("FLEXJIT_DUMP_DIR writes source, log and usage of every compile", "[ca
 TEST_CASE("FLEXJIT_LOG enables the named stages", "[cache]") {
   {
     ScopedEnv e("FLEXJIT_LOG", "jit, cache");
-    log::reload();
-    CHECK(log::enabled("jit"));
-    CHECK(log::enabled("cache"));
-    CHECK_FALSE(log::enabled("tune"));
+    logging::reload();
+    CHECK(logging::enabled("jit"));
+    CHECK(logging::enabled("cache"));
+    CHECK_FALSE(logging::enabled("tune"));
   }
   {
     ScopedEnv e("FLEXJIT_LOG", "all");
-    log::reload();
-    CHECK(log::enabled("tune"));
+    logging::reload();
+    CHECK(logging::enabled("tune"));
   }
-  log::reload();
-  CHECK_FALSE(log::enabled("jit"));
+  logging::reload();
+  CHECK_FALSE(logging::enabled("jit"));
 }
 
 TEST_CASE("a cache directory that breaks after start-up costs a warning, not the kernel",

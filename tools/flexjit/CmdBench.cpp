@@ -1,5 +1,6 @@
 // flexjit bench --compile: cold NVRTC compile, disk-cache hit and memory-cache hit of forward
 // kernels, each through the whole pipeline (codegen included).
+#include <flexjit/error.h>
 #include "Pipeline.h"
 #include "flexjit/Commands.h"
 #include "flexjit/Options.h"
