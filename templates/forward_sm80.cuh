@@ -64,8 +64,7 @@ struct FjFwdTraits {
 // a fixed step, and one shared address plus immediates (kRowStep % 8 == 0 keeps the swizzle
 // phase of the row fixed), so the copy costs few registers in the main loop.
 template <class Tile, int kRows, int kThreads, bool kCheck>
-FJ_DEVICE void fj_load_tile(fj_u32 smem, const void* gmem, fj_i64 stride, int rows_valid,
-                            int tid) {
+FJ_DEVICE void fj_load_tile(fj_u32 smem, const void* gmem, fj_i64 stride, int rows_valid, int tid) {
   static_assert(kThreads % Tile::kChunks == 0, "flexjit: a thread must keep its chunk column");
   constexpr int kRowStep = kThreads / Tile::kChunks;
   constexpr int kPerThread = kRows / kRowStep;
@@ -136,23 +135,23 @@ FJ_DEVICE FjKvSchedule fj_kv_schedule(const FjFwdArgs& args, int b, int h, int m
 // S = Q K^T for this warp's rows and one KV tile: s[mt][nt] is the C fragment of rows
 // mt*16.. and keys nt*8.. of the tile.
 template <class T>
-FJ_DEVICE void fj_qk(float (&s)[T::kMTiles][T::kNTiles][4],
-                     const fj_u32 (&q_regs)[T::kQInRegs ? T::kMTiles : 1]
-                                           [T::kQInRegs ? T::kKSteps : 1][4],
-                     fj_u32 sq_warp, fj_u32 sk, int lane) {
+FJ_DEVICE void fj_qk(
+    float (&s)[T::kMTiles][T::kNTiles][4],
+    const fj_u32 (&q_regs)[T::kQInRegs ? T::kMTiles : 1][T::kQInRegs ? T::kKSteps : 1][4],
+    fj_u32 sq_warp, fj_u32 sk, int lane) {
 #pragma unroll
   for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
     for (int nt = 0; nt < T::kNTiles; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+      for (int e = 0; e < 4; ++e)
+        s[mt][nt][e] = 0.0f;
   // ldmatrix lane roles: lanes 8i..8i+7 address matrix i.
   //   Q (A operand): matrix i = rows (i%2)*8.., k chunk i/2.
   //   K (B operand of two n8 tiles): matrix i = keys (i/2)*8.., k chunk i%2.
   const FjLdsmAddr<typename T::TileQK> qa_addr(sq_warp, ((lane >> 3) & 1) * 8 + (lane & 7),
-                                                lane >> 4);
-  const FjLdsmAddr<typename T::TileQK> kb_addr(sk, (lane >> 4) * 8 + (lane & 7),
-                                                (lane >> 3) & 1);
+                                               lane >> 4);
+  const FjLdsmAddr<typename T::TileQK> kb_addr(sk, (lane >> 4) * 8 + (lane & 7), (lane >> 3) & 1);
 #pragma unroll
   for (int kk = 0; kk < T::kKSteps; ++kk) {
     fj_u32 qa[T::kMTiles][4];
@@ -160,7 +159,8 @@ FJ_DEVICE void fj_qk(float (&s)[T::kMTiles][T::kNTiles][4],
     for (int mt = 0; mt < T::kMTiles; ++mt) {
       if constexpr (T::kQInRegs) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) qa[mt][e] = q_regs[mt][kk][e];
+        for (int e = 0; e < 4; ++e)
+          qa[mt][e] = q_regs[mt][kk][e];
       } else {
         fj_ldsm_x4(qa[mt], qa_addr.at(mt, kk));
       }
@@ -224,7 +224,8 @@ FJ_DEVICE void fj_scores(float (&s)[T::kMTiles][T::kNTiles][4], const FjFwdArgs&
 #pragma unroll
       for (int nt = 0; nt < T::kNTiles; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= scale_log2;
+        for (int e = 0; e < 4; ++e)
+          s[mt][nt][e] *= scale_log2;
   } else {
     const float scale = args.scale;
 #pragma unroll
@@ -356,8 +357,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
 
   // Q, then the first kNumStages - 1 KV tiles; one commit group each (empty groups keep the
   // group count uniform so wait_group arithmetic holds).
-  fj_load_tile<typename T::TileQK, T::kBlockM, T::kThreads, kCheck>(
-      sq, q_tile, args.q_stride_s, args.seqlen_q - m_start, tid);
+  fj_load_tile<typename T::TileQK, T::kBlockM, T::kThreads, kCheck>(sq, q_tile, args.q_stride_s,
+                                                                    args.seqlen_q - m_start, tid);
   fj_cp_async_commit();
 #pragma unroll
   for (int st = 0; st < T::kNumStages - 1; ++st) {
@@ -370,11 +371,12 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     fj_cp_async_wait<T::kNumStages - 1>();  // the Q group
     __syncthreads();
     const FjLdsmAddr<typename T::TileQK> qa_addr(sq_warp, ((lane >> 3) & 1) * 8 + (lane & 7),
-                                                  lane >> 4);
+                                                 lane >> 4);
 #pragma unroll
     for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
-      for (int kk = 0; kk < T::kKSteps; ++kk) fj_ldsm_x4(q_regs[mt][kk], qa_addr.at(mt, kk));
+      for (int kk = 0; kk < T::kKSteps; ++kk)
+        fj_ldsm_x4(q_regs[mt][kk], qa_addr.at(mt, kk));
   }
 
   float o[T::kMTiles][T::kDTiles][4];
@@ -385,7 +387,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
 #pragma unroll
     for (int dt = 0; dt < T::kDTiles; ++dt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.0f;
+      for (int e = 0; e < 4; ++e)
+        o[mt][dt][e] = 0.0f;
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       row_max[mt][hr] = fj_neg_inf();
@@ -448,10 +451,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       const int tile_row = warp * T::kWarpRows + mt * 16 + hr * 8 + (lane >> 2);
 #pragma unroll
       for (int dt = 0; dt < T::kDTiles; ++dt) {
-        const fj_u32 packed =
-            T::Mma::pack(o[mt][dt][hr * 2] * inv, o[mt][dt][hr * 2 + 1] * inv);
-        *reinterpret_cast<fj_u32*>(so + T::TileV::offset(tile_row, dt) + (lane & 3) * 4) =
-            packed;
+        const fj_u32 packed = T::Mma::pack(o[mt][dt][hr * 2] * inv, o[mt][dt][hr * 2 + 1] * inv);
+        *reinterpret_cast<fj_u32*>(so + T::TileV::offset(tile_row, dt) + (lane & 3) * 4) = packed;
       }
     }
   }

@@ -4,8 +4,8 @@
 // Spliced after the generated mods and before forward_sm80.cuh; needs only prelude.cuh.
 // Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16", 16-bit A/B, f32 C/D), with
 // g = lane / 4 (group) and t = lane % 4 (thread in group):
-//   A (16x16, row-major)  reg0: (g, 2t..2t+1)   reg1: (g+8, 2t..)   reg2: (g, 2t+8..)  reg3: (g+8, 2t+8..)
-//   B (16x8, k x n)       reg0: (k=2t..2t+1, n=g)                   reg1: (k=2t+8.., n=g)
+//   A (16x16, row-major)  reg0: (g, 2t..2t+1)   reg1: (g+8, 2t..)   reg2: (g, 2t+8..)  reg3: (g+8,
+//   2t+8..) B (16x8, k x n)       reg0: (k=2t..2t+1, n=g)                   reg1: (k=2t+8.., n=g)
 //   C (16x8, f32)         c0,c1: (g, 2t..2t+1)                     c2,c3: (g+8, 2t..2t+1)
 // ldmatrix.x4: lanes 8i..8i+7 give the row addresses of 8x8 matrix i; register i of every lane
 // receives matrix i with lane holding (row g, cols 2t..2t+1) — or, with .trans, (rows 2t..2t+1,
@@ -20,7 +20,9 @@ FJ_DEVICE fj_u32 fj_smem_addr(const void* p) {
   return r;
 }
 
-FJ_DEVICE float fj_neg_inf() { return __int_as_float(0xff800000u); }
+FJ_DEVICE float fj_neg_inf() {
+  return __int_as_float(0xff800000u);
+}
 
 // 2^x, approximate (2 ulp): only the kernel's own softmax uses it, never mod code.
 FJ_DEVICE float fj_ex2_approx(float x) {
@@ -36,7 +38,9 @@ FJ_DEVICE void fj_cp_async_16(fj_u32 dst, const void* src, bool valid) {
                "r"(valid ? 16 : 0)
                : "memory");
 }
-FJ_DEVICE void fj_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+FJ_DEVICE void fj_cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 // Waits until at most N of this thread's committed groups are still pending.
 template <int N>
 FJ_DEVICE void fj_cp_async_wait() {

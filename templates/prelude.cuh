@@ -25,32 +25,76 @@ typedef unsigned int fj_u32;
 #define FJ_DEVICE __device__ __forceinline__
 
 // ---- float math ----------------------------------------------------------------------------
-FJ_DEVICE float fj_exp(float x) { return expf(x); }
-FJ_DEVICE float fj_exp2(float x) { return exp2f(x); }
-FJ_DEVICE float fj_log(float x) { return logf(x); }
-FJ_DEVICE float fj_log2(float x) { return log2f(x); }
-FJ_DEVICE float fj_tanh(float x) { return tanhf(x); }
-FJ_DEVICE float fj_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-FJ_DEVICE float fj_sqrt(float x) { return sqrtf(x); }
+FJ_DEVICE float fj_exp(float x) {
+  return expf(x);
+}
+FJ_DEVICE float fj_exp2(float x) {
+  return exp2f(x);
+}
+FJ_DEVICE float fj_log(float x) {
+  return logf(x);
+}
+FJ_DEVICE float fj_log2(float x) {
+  return log2f(x);
+}
+FJ_DEVICE float fj_tanh(float x) {
+  return tanhf(x);
+}
+FJ_DEVICE float fj_sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+FJ_DEVICE float fj_sqrt(float x) {
+  return sqrtf(x);
+}
 // 1/sqrtf (both IEEE-rounded) is within 1 ulp; rsqrtf's 2 ulp would not match a reference.
-FJ_DEVICE float fj_rsqrt(float x) { return 1.0f / sqrtf(x); }
-FJ_DEVICE float fj_floor(float x) { return floorf(x); }
-FJ_DEVICE float fj_ceil(float x) { return ceilf(x); }
-FJ_DEVICE float fj_pow(float a, float b) { return powf(a, b); }
-FJ_DEVICE float fj_fabs(float x) { return fabsf(x); }
-FJ_DEVICE float fj_fminf(float a, float b) { return fminf(a, b); }
-FJ_DEVICE float fj_fmaxf(float a, float b) { return fmaxf(a, b); }
+FJ_DEVICE float fj_rsqrt(float x) {
+  return 1.0f / sqrtf(x);
+}
+FJ_DEVICE float fj_floor(float x) {
+  return floorf(x);
+}
+FJ_DEVICE float fj_ceil(float x) {
+  return ceilf(x);
+}
+FJ_DEVICE float fj_pow(float a, float b) {
+  return powf(a, b);
+}
+FJ_DEVICE float fj_fabs(float x) {
+  return fabsf(x);
+}
+FJ_DEVICE float fj_fminf(float a, float b) {
+  return fminf(a, b);
+}
+FJ_DEVICE float fj_fmaxf(float a, float b) {
+  return fmaxf(a, b);
+}
 // Floor modulo: the result has the divisor's sign (Python's %, torch.remainder).
-FJ_DEVICE float fj_fmod_floor(float a, float b) { return a - b * floorf(a / b); }
+FJ_DEVICE float fj_fmod_floor(float a, float b) {
+  return a - b * floorf(a / b);
+}
 
 // ---- int math (wrapping, floor division) ------------------------------------------------------
-FJ_DEVICE int fj_iadd(int a, int b) { return (int)((fj_u32)a + (fj_u32)b); }
-FJ_DEVICE int fj_isub(int a, int b) { return (int)((fj_u32)a - (fj_u32)b); }
-FJ_DEVICE int fj_imul(int a, int b) { return (int)((fj_u32)a * (fj_u32)b); }
-FJ_DEVICE int fj_neg_i(int a) { return (int)(0u - (fj_u32)a); }
-FJ_DEVICE int fj_iabs(int a) { return a < 0 ? fj_neg_i(a) : a; }  // INT_MIN stays INT_MIN
-FJ_DEVICE int fj_imin(int a, int b) { return a < b ? a : b; }
-FJ_DEVICE int fj_imax(int a, int b) { return a > b ? a : b; }
+FJ_DEVICE int fj_iadd(int a, int b) {
+  return (int)((fj_u32)a + (fj_u32)b);
+}
+FJ_DEVICE int fj_isub(int a, int b) {
+  return (int)((fj_u32)a - (fj_u32)b);
+}
+FJ_DEVICE int fj_imul(int a, int b) {
+  return (int)((fj_u32)a * (fj_u32)b);
+}
+FJ_DEVICE int fj_neg_i(int a) {
+  return (int)(0u - (fj_u32)a);
+}
+FJ_DEVICE int fj_iabs(int a) {
+  return a < 0 ? fj_neg_i(a) : a;
+}  // INT_MIN stays INT_MIN
+FJ_DEVICE int fj_imin(int a, int b) {
+  return a < b ? a : b;
+}
+FJ_DEVICE int fj_imax(int a, int b) {
+  return a > b ? a : b;
+}
 FJ_DEVICE int fj_idiv_floor(int a, int b) {
   if (b == 0) return 0;
   if (b == -1) return fj_neg_i(a);  // INT_MIN / -1 wraps to INT_MIN instead of trapping
@@ -72,7 +116,9 @@ FJ_DEVICE int fj_f2i(float x) {
 }
 
 // ---- captured buffer loads (64-bit offsets, element units) ------------------------------------
-FJ_DEVICE float fj_ld_f32(const float* p, fj_i64 off) { return p[off]; }
+FJ_DEVICE float fj_ld_f32(const float* p, fj_i64 off) {
+  return p[off];
+}
 FJ_DEVICE float fj_ld_bf16(const unsigned short* p, fj_i64 off) {
   return __int_as_float((int)((fj_u32)p[off] << 16));
 }
@@ -81,7 +127,11 @@ FJ_DEVICE float fj_ld_f16(const unsigned short* p, fj_i64 off) {
   asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(p[off]));
   return r;
 }
-FJ_DEVICE int fj_ld_i32(const int* p, fj_i64 off) { return p[off]; }
-FJ_DEVICE bool fj_ld_bool(const unsigned char* p, fj_i64 off) { return p[off] != 0; }
+FJ_DEVICE int fj_ld_i32(const int* p, fj_i64 off) {
+  return p[off];
+}
+FJ_DEVICE bool fj_ld_bool(const unsigned char* p, fj_i64 off) {
+  return p[off] != 0;
+}
 
 #endif  // FLEXJIT_PRELUDE_CUH_
