@@ -47,8 +47,9 @@ struct FjFwdTraits {
   static_assert(kWarpRows % 16 == 0 && kMTiles >= 1 && kMTiles <= 2,
                 "flexjit forward_sm80: kBlockM / kNumWarps must be 16 or 32");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16, "flexjit forward_sm80: kBlockN % 16 != 0");
-  static_assert(kDimQK % 64 == 0 && kDimQK <= 256 && kDimV % 64 == 0 && kDimV <= 256,
-                "flexjit forward_sm80: head dims must be 64, 128, 192 or 256");
+  static_assert((kDimQK == 64 || kDimQK == 128 || kDimQK == 256) &&
+                    (kDimV == 64 || kDimV == 128 || kDimV == 256),
+                "flexjit forward_sm80: head dims must be 64, 128 or 256");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm80: 1..4 stages");
   static_assert(kBlockM * kDimQK / 8 % kThreads == 0 && kBlockN * kDimQK / 8 % kThreads == 0 &&
                     kBlockN * kDimV / 8 % kThreads == 0 && kBlockM * kDimV / 8 % kThreads == 0,

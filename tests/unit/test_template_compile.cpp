@@ -146,7 +146,7 @@ TEST_CASE("forward template compiles with every stand-in mod and shape variant",
     c.dim_qk = c.dim_v = 64, c.block_m = 64, c.block_n = 64, c.num_warps = 4, c.num_stages = 3;
   });
   add([](TestConfig& c) {
-    c.dim_qk = 192, c.block_m = 64, c.block_n = 64, c.num_warps = 4, c.divisible = true;
+    c.dim_qk = 256, c.block_m = 64, c.block_n = 64, c.num_warps = 4, c.divisible = true;
   });
   for (const TestConfig& c : cases)
     require_compiles(c);
@@ -167,7 +167,7 @@ TEST_CASE("forward template rejects unsupported configurations with a clear mess
   CHECK_THAT(r.log, Catch::Contains("kBlockM / kNumWarps must be 16 or 32"));
 
   TestConfig dim = default_config(128);
-  dim.dim_qk = 96;
+  dim.dim_qk = 192;
   r = compile(dim);
   CHECK_FALSE(r.ok);
   CHECK_THAT(r.log, Catch::Contains("head dims must be"));
