@@ -63,8 +63,10 @@ struct FjFwdArgs {
 FJ_HOST_DEVICE inline constexpr int fj_forward_smem_bytes(int block_m, int block_n, int head_dim_qk,
                                                           int head_dim_v, int elem_bytes,
                                                           int num_stages) {
-  // Q tile once, then num_stages buffers of a K tile and a V tile.
-  return elem_bytes * (block_m * head_dim_qk + num_stages * block_n * (head_dim_qk + head_dim_v));
+  // The Q tile (reused as the O tile in the epilogue, hence the wider of the two head dims),
+  // then num_stages buffers of a K tile and a V tile (forward_sm80.cuh).
+  return elem_bytes * (block_m * (head_dim_qk > head_dim_v ? head_dim_qk : head_dim_v) +
+                       num_stages * block_n * (head_dim_qk + head_dim_v));
 }
 
 // Arguments of the block-mask builder (templates/block_mask.cuh), two kernels:
