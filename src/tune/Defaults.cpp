@@ -11,9 +11,10 @@ cuda::ForwardConfig default_forward_config(const cuda::ForwardSpec& spec) {
   bool small_smem = spec.arch.cc() == 86 || spec.arch.cc() == 89;
   cuda::ForwardConfig c;
   if (d <= 64) {
-    c = {128, 128, 4, 2};
-  } else if (d <= 128) {
     c = {128, 64, 4, 2};
+  } else if (d <= 128) {
+    // 128x128 with 8 warps needs 160 KiB of shared memory; sm_86/89 have 99 KiB.
+    c = small_smem ? cuda::ForwardConfig{128, 64, 4, 2} : cuda::ForwardConfig{128, 128, 8, 2};
   } else {
     c = {64, 64, 4, small_smem ? 1 : 2};
   }
