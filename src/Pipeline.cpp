@@ -67,19 +67,26 @@ BuiltKernel KernelBuilder::build_forward(const Mods& mods, const cuda::ForwardSp
   }
   BuiltKernel k;
   k.source = std::make_shared<const cuda::GeneratedSource>(emit_forward(mods, spec));
-  jit::CompileRequest req;
-  req.source = k.source->source;
-  req.kernel_name = k.source->kernel_name;
-  req.arch = spec.arch.str();
-  req.options = k.source->options;
-  req.label = "forward " + (mods.name.empty() ? std::string("<mods>") : mods.name) + " " +
-              spec.str();
-  k.compiled = compiler_.compile(req);
+  std::string label = "forward " + (mods.name.empty() ? std::string("<mods>") : mods.name) +
+                      " " + spec.str();
+  k.compiled = compile(*k.source, spec.arch.str(), label);
   k.compiled.elapsed_ms = ms_since(t0);
-  FJ_LOG("pipeline", "compile: {} in {:.1f} ms", req.label, k.compiled.elapsed_ms);
   std::lock_guard<std::mutex> lock(mu_);
   memo_[key].push_back(Entry{mods, spec, k});
   return k;
+}
+
+jit::CompileResult KernelBuilder::compile(const cuda::GeneratedSource& source,
+                                          const std::string& arch, const std::string& label) {
+  jit::CompileRequest req;
+  req.source = source.source;
+  req.kernel_name = source.kernel_name;
+  req.arch = arch;
+  req.options = source.options;
+  req.label = label;
+  jit::CompileResult r = compiler_.compile(req);
+  FJ_LOG("pipeline", "compile: {} in {:.1f} ms", label, r.elapsed_ms);
+  return r;
 }
 
 }  // namespace flexjit
