@@ -145,11 +145,10 @@ class Parser {
         ++pos_;
         continue;
       }
-      statement();
+      bool ends_with_expr = statement();
       if (peek().kind != TokenKind::EndOfStmt && !at_end()) {
-        fail(peek(), fmt::format("expected an operator or the end of the statement (a newline or "
-                                 "';'), found {}",
-                                 describe(peek())));
+        fail(peek(), fmt::format("expected {}the end of the statement (a newline or ';'), found {}",
+                                 ends_with_expr ? "an operator or " : "", describe(peek())));
       }
     }
     if (!mods_.score_mod.defined() && !mods_.mask_mod.defined()) {
@@ -193,12 +192,21 @@ class Parser {
   [[noreturn]] void fail(const Token& t, const std::string& msg) const { src_.error_at(t, msg); }
 
   // --- statements ---------------------------------------------------------------------------
-  void statement() {
+  // Parses one statement; returns whether it ends with an expression.
+  bool statement() {
     const Token& t = peek();
-    if (t.is_ident("buffer")) return buffer_decl();
-    if (t.is_ident("param")) return param_decl();
-    if (t.is_ident("let")) return let_decl();
-    if (t.is_ident("score_mod") || t.is_ident("mask_mod")) return mod_def();
+    if (t.is_ident("buffer") || t.is_ident("param")) {
+      t.is_ident("buffer") ? buffer_decl() : param_decl();
+      return false;
+    }
+    if (t.is_ident("let")) {
+      let_decl();
+      return true;
+    }
+    if (t.is_ident("score_mod") || t.is_ident("mask_mod")) {
+      mod_def();
+      return true;
+    }
     std::string hint;
     if (t.kind == TokenKind::Ident) {
       hint =

@@ -110,6 +110,10 @@ TEST_CASE("unexpected tokens say what was expected", "[dsl][parser][errors]") {
   check_diag("buffer x: f32[S T]", 1, 17,
              "expected ',' or ']' in the dims of buffer 'x' (opened at column 14), found "
              "identifier 'T'");
+  check_diag("param w: i32 = 3 + 1", 1, 18,
+             "expected the end of the statement (a newline or ';'), found '+'");
+  check_diag("buffer t: f32[H] x", 1, 18,
+             "expected the end of the statement (a newline or ';'), found identifier 'x'");
   check_diag("param 3: f32", 1, 7, "expected a param name, found number '3'");
   check_diag("let = 3", 1, 5, "expected a name after 'let', found '='");
   check_diag("mask_mod = q_idx @ kv_idx", 1, 18, "unexpected character '@'");
