@@ -182,7 +182,10 @@ Expr make_int(int64_t v) {
 
 Expr make_float(double v) {
   Node n = node(Op::FloatImm, ScalarType::F32);
-  n.fval = static_cast<double>(static_cast<float>(v));
+  // One NaN: its sign and payload are not part of the language, and a canonical NaN prints,
+  // parses, compares and hashes the same everywhere.
+  n.fval = std::isnan(v) ? std::numeric_limits<double>::quiet_NaN()
+                         : static_cast<double>(static_cast<float>(v));
   return finish(std::move(n));
 }
 
