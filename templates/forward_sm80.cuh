@@ -320,7 +320,9 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   constexpr bool kCheck = !Cfg::kIsDivisible;
   extern __shared__ unsigned char fj_smem[];  // 16-byte aligned at least
 
-  const int m_block = blockIdx.x;
+  // Heaviest query tiles first: under a causal-like mask the last tiles visit the most keys, and
+  // starting them early keeps the tail of the grid short (FlashAttention-2 does the same).
+  const int m_block = gridDim.x - 1 - blockIdx.x;
   const int h = blockIdx.y;
   const int b = blockIdx.z;
   const int tid = threadIdx.x;

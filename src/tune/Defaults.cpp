@@ -13,8 +13,9 @@ cuda::ForwardConfig default_forward_config(const cuda::ForwardSpec& spec) {
   if (d <= 64) {
     c = {128, 64, 4, 2};
   } else if (d <= 128) {
-    // 128x128 with 8 warps needs 160 KiB of shared memory; sm_86/89 have 99 KiB.
-    c = small_smem ? cuda::ForwardConfig{128, 64, 4, 2} : cuda::ForwardConfig{128, 128, 8, 2};
+    // Measured on an H200 (docs/perf/NOTES.md, v1): 128x64 w4 343 TFLOP/s noop against 325 for
+    // 128x128 w8; causal 281 against 285. 96 KiB of shared memory also fits sm_86/89.
+    c = {128, 64, 4, 2};
   } else {
     c = {64, 64, 4, small_smem ? 1 : 2};
   }
