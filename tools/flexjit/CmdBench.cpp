@@ -15,6 +15,7 @@
 #include "runtime/Timer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -249,13 +250,6 @@ bool selected(const BenchCase& c, const std::set<std::string>& names) {
 }
 
 void run_attention_bench(const AttentionBenchOptions& o) {
-  std::string why;
-  if (!runtime::cuda_available(&why)) {
-    throw RuntimeError(fmt::format(
-        "the attention benchmark needs a GPU ({}); `flexjit bench --compile --arch sm_90a` "
-        "times kernel builds without one",
-        why));
-  }
   std::set<std::string> names;
   for (size_t pos = 0, next = 0; pos <= o.cases.size(); pos = next + 1) {
     next = std::min(o.cases.find(',', pos), o.cases.size());
@@ -266,16 +260,23 @@ void run_attention_bench(const AttentionBenchOptions& o) {
     if (selected(c, names)) cases.push_back(c);
   }
   if (cases.empty()) {
-    std::string all;
+    std::vector<std::string> all;
     for (const BenchCase& c : standard_cases({true, true, false, false})) {
-      if (all.find(c.name) == std::string::npos) all += (all.empty() ? "" : ", ") + c.name;
+      if (std::find(all.begin(), all.end(), c.name) == all.end()) all.push_back(c.name);
     }
     throw Error(
         fmt::format("--case '{}' selects no case; cases: {}; groups: main, gqa, d64, "
                     "long, decode (with --extra), small (with --small)",
-                    o.cases, all));
+                    o.cases, fmt::join(all, ", ")));
   }
 
+  std::string why;
+  if (!runtime::cuda_available(&why)) {
+    throw RuntimeError(fmt::format(
+        "the attention benchmark needs a GPU ({}); `flexjit bench --compile --arch sm_90a` "
+        "times kernel builds without one",
+        why));
+  }
   std::optional<TempDir> cache_dir;
   ContextOptions copts;
   copts.device = o.device;
