@@ -78,7 +78,7 @@ done
 # 2) The GPU tests.
 if [ "$SKIP_TESTS" = 1 ]; then skip tests SKIP_TESTS; else
   step tests "$T_TESTS" "$TESTS" "[gpu]" > "$OUT/tests.log" 2>&1
-  echo "tests: $(grep -E '^(All tests passed|test cases:)' "$OUT/tests.log" | tail -1)" >> "$STEPS"
+  echo "tests: $(grep -E '^(All tests passed|test cases:)' "$OUT/tests.log" | tail -1 || tail -n 1 "$OUT/tests.log")" >> "$STEPS"
   grep -c 'skipped: no GPU' "$OUT/tests.log" > /dev/null && echo "tests: some report 'skipped: no GPU'" >> "$STEPS"
 fi
 
@@ -166,7 +166,8 @@ for r in anch:
 
 print()
 print(f"== attention forward, TFLOP/s (flexjit vs anchors from {source})")
-hdr = f"{'case':<17} {'shape':<22} {'dens':>6} {'flexjit':>8} {'torch':>8} {'ratio':>6} {'FA2':>7} {'cuDNN':>7} {'fj 1st s':>8} {'tf 1st s':>8}"
+hdr = (f"{'case':<17} {'shape':<24} {'dens':>6} {'flexjit':>8} {'torch':>8} {'ratio':>6} {'FA2':>7} "
+       f"{'cuDNN':>7} {'fj ms':>8} {'tf ms':>8} {'fj 1st s':>8} {'tf 1st s':>8}")
 print(hdr)
 def cell(v, w, p=1):
     return f"{v:>{w}.{p}f}" if v is not None else f"{'-':>{w}}"
@@ -181,8 +182,9 @@ for r in flex:
     shape = f"{r['B']}x{r['Hq']}/{r['Hkv']}x{r['Sq']}x{r['Skv']}x{r['D']}"
     if ratio is not None:
         ratios.setdefault(shape, []).append(ratio)
-    print(f"{r['case']:<17} {shape:<22} {cell(fnum(r.get('density')), 6, 3)} {cell(f, 8)} {cell(tt, 8)} "
+    print(f"{r['case']:<17} {shape:<24} {cell(fnum(r.get('density')), 6, 3)} {cell(f, 8)} {cell(tt, 8)} "
           f"{cell(ratio, 6, 2)} {cell(fnum(fa.get('fwd_tflops')), 7)} {cell(fnum(cu.get('fwd_tflops')), 7)} "
+          f"{cell(fnum(r.get('fwd_ms')), 8, 3)} {cell(fnum(t.get('fwd_ms')), 8, 3)} "
           f"{cell(fnum(r.get('first_call_s')), 8, 2)} {cell(fnum(t.get('first_call_s')), 8, 2)}"
           + ("" if f is not None else "   FAILED (see bench.log)"))
 if not flex:
