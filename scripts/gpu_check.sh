@@ -78,7 +78,9 @@ done
 # 2) The GPU tests.
 if [ "$SKIP_TESTS" = 1 ]; then skip tests SKIP_TESTS; else
   step tests "$T_TESTS" "$TESTS" "[gpu]" > "$OUT/tests.log" 2>&1
-  echo "tests: $(grep -E '^(All tests passed|test cases:)' "$OUT/tests.log" | tail -1 || tail -n 1 "$OUT/tests.log")" >> "$STEPS"
+  summary=$(grep -E '^(All tests passed|test cases:)' "$OUT/tests.log" | tail -n 1)
+  [ -z "$summary" ] && summary="no Catch2 summary; last line: $(tail -n 1 "$OUT/tests.log")"
+  echo "tests: $summary" >> "$STEPS"
   grep -c 'skipped: no GPU' "$OUT/tests.log" > /dev/null && echo "tests: some report 'skipped: no GPU'" >> "$STEPS"
 fi
 
