@@ -46,7 +46,13 @@ namespace flexjit::runtime {
   X(cuMemcpyHtoD)                   \
   X(cuMemcpyDtoH)                   \
   X(cuMemsetD8)                     \
-  X(cuStreamSynchronize)
+  X(cuMemsetD8Async)                \
+  X(cuStreamSynchronize)            \
+  X(cuEventCreate)                  \
+  X(cuEventDestroy)                 \
+  X(cuEventRecord)                  \
+  X(cuEventSynchronize)             \
+  X(cuEventElapsedTime)
 
 // The loaded driver. Obtain it with Driver::get(); check available() before calling anything.
 class Driver {
