@@ -22,7 +22,9 @@ void check_sizes(int batch, int heads, int seqlen_q, int seqlen_kv, int block_si
   }
 }
 
-int ceil_div(int a, int b) { return static_cast<int>((static_cast<int64_t>(a) + b - 1) / b); }
+int ceil_div(int a, int b) {
+  return static_cast<int>((static_cast<int64_t>(a) + b - 1) / b);
+}
 
 // Tiles [q0, q1) x [k0, k1) of the grid.
 struct Region {
@@ -75,8 +77,8 @@ TileHints analyze_tiles(const Mods& mask, int batch, int heads, int seqlen_q, in
       const int km = r.k1 - r.k0 > 1 ? (r.k0 + r.k1) / 2 : r.k1;
       for (const Region c : {Region{r.q0, qm, r.k0, km}, Region{r.q0, qm, km, r.k1},
                              Region{qm, r.q1, r.k0, km}, Region{qm, r.q1, km, r.k1}}) {
-        if (c.q0 < c.q1 && c.k0 < c.k1 && !(c.q0 == r.q0 && c.q1 == r.q1 && c.k0 == r.k0 &&
-                                             c.k1 == r.k1)) {
+        if (c.q0 < c.q1 && c.k0 < c.k1 &&
+            !(c.q0 == r.q0 && c.q1 == r.q1 && c.k0 == r.k0 && c.k1 == r.k1)) {
           todo.push_back(c);
         }
       }
@@ -100,8 +102,8 @@ TileHints analyze_tiles(const Mods& mask, int batch, int heads, int seqlen_q, in
   return out;
 }
 
-BlockMask build_block_mask_cpu(const Mods& mods, int batch, int heads, int seqlen_q,
-                               int seqlen_kv, int block_size, const ir::EvalEnv& bindings) {
+BlockMask build_block_mask_cpu(const Mods& mods, int batch, int heads, int seqlen_q, int seqlen_kv,
+                               int block_size, const ir::EvalEnv& bindings) {
   if (!mods.mask_mod.defined()) {
     throw CompileError("a block mask needs a mask_mod; these mods have none");
   }
@@ -148,9 +150,8 @@ BlockMask build_block_mask_cpu(const Mods& mods, int batch, int heads, int seqle
   BlockMask m = block_mask_from_tiles(
       batch, heads, seqlen_q, seqlen_kv,
       [&](int b, int h, int qb, int kvb) {
-        return static_cast<TileKind>(
-            kinds[(static_cast<size_t>(b) * heads + h) * tiles + static_cast<size_t>(qb) * nkv +
-                  kvb]);
+        return static_cast<TileKind>(kinds[(static_cast<size_t>(b) * heads + h) * tiles +
+                                           static_cast<size_t>(qb) * nkv + kvb]);
       },
       block_size, block_size);
   m.mods = mods;

@@ -23,7 +23,7 @@ inline constexpr uint8_t kTileUnknown = 3;
 // h < heads.
 struct TileHints {
   int num_q_blocks = 0, num_kv_blocks = 0;
-  std::vector<uint8_t> kinds;  // [num_q_blocks * num_kv_blocks]: TileKind or kTileUnknown
+  std::vector<uint8_t> kinds;    // [num_q_blocks * num_kv_blocks]: TileKind or kTileUnknown
   std::vector<int32_t> unknown;  // tile numbers (qb * num_kv_blocks + kvb) of kTileUnknown
   int analyze_calls = 0;         // how many regions were analysed
 };
@@ -45,7 +45,7 @@ int default_analysis_budget(int num_q_blocks, int num_kv_blocks);
 // with square tiles of `block_size`; `bindings` supplies parameter values and host buffers (its
 // b / h / q_idx / kv_idx / score are ignored). Same result as block_mask_from_predicate of the
 // interpreted mask_mod. RuntimeError for non-positive sizes or bad bindings.
-BlockMask build_block_mask_cpu(const Mods& mods, int batch, int heads, int seqlen_q,
-                               int seqlen_kv, int block_size, const ir::EvalEnv& bindings);
+BlockMask build_block_mask_cpu(const Mods& mods, int batch, int heads, int seqlen_q, int seqlen_kv,
+                               int block_size, const ir::EvalEnv& bindings);
 
 }  // namespace flexjit::cpu

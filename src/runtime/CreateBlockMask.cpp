@@ -76,8 +76,8 @@ std::shared_ptr<MaskKernels> kernels_for(Context& ctx, const Mods& mask, int blo
   const std::string label = fmt::format("block mask {} b{}", mask.name, block_size);
   jit::CompileResult r = ctx.impl().builder.compile(src, ctx.arch(), label);
   k->classify = ctx.impl().load(r);
-  k->index = ctx.impl().modules->get(r.kernel->key, r.kernel->cubin, cuda::kBlockMaskIndexKernel,
-                                     label);
+  k->index =
+      ctx.impl().modules->get(r.kernel->key, r.kernel->cubin, cuda::kBlockMaskIndexKernel, label);
   std::lock_guard<std::mutex> lock(c.mu);
   c.kernels[key].push_back(k);
   return k;
@@ -94,12 +94,14 @@ const TensorRef* find_buffer(const ModBindings& b, const std::string& name) {
 void check_binding_names(const Mods& mask, const ModBindings& bindings) {
   for (const auto& [name, t] : bindings.buffers) {
     bool found = false;
-    for (const Buffer& b : mask.buffers) found |= b.decl()->name == name;
+    for (const Buffer& b : mask.buffers)
+      found |= b.decl()->name == name;
     if (!found) throw RuntimeError(fmt::format("binding for unknown buffer '{}'", name));
   }
   for (const auto& [name, v] : bindings.params) {
     bool found = false;
-    for (const Param& p : mask.params) found |= p.decl()->name == name;
+    for (const Param& p : mask.params)
+      found |= p.decl()->name == name;
     if (!found) throw RuntimeError(fmt::format("binding for unknown parameter '{}'", name));
   }
 }
@@ -141,8 +143,8 @@ std::vector<uint64_t> pack_params(const MaskKernels& k, const ModBindings& bindi
       }
       if (f.kind == cuda::ModParamField::BufferPtr) {
         if (t->device != TensorRef::Device::CUDA || t->device_index != device) {
-          throw RuntimeError(fmt::format("buffer '{}' is on {} but the context is cuda:{}",
-                                         d.name, to_string(t->device, t->device_index), device));
+          throw RuntimeError(fmt::format("buffer '{}' is on {} but the context is cuda:{}", d.name,
+                                         to_string(t->device, t->device_index), device));
         }
         if (t->dtype != d.dtype) {
           throw RuntimeError(fmt::format("buffer '{}' is declared {} but bound to {}", d.name,
@@ -185,11 +187,11 @@ std::vector<uint64_t> pack_params(const MaskKernels& k, const ModBindings& bindi
 
 std::shared_ptr<HintEntry> hints_for(Context& ctx, const MaskKernels& k, int batch, int heads,
                                      int seqlen_q, int seqlen_kv, int block_size,
-                                     const std::map<std::string, double>& values,
-                                     bool analysis) {
+                                     const std::map<std::string, double>& values, bool analysis) {
   std::string key = fmt::format("{}:{:x}:{}:{}:{}:{}:{}:{}", k.device, k.original.hash(), batch,
                                 heads, seqlen_q, seqlen_kv, block_size, analysis);
-  for (const auto& [n, v] : values) key += fmt::format(":{}={}", n, v);
+  for (const auto& [n, v] : values)
+    key += fmt::format(":{}={}", n, v);
   Caches& c = caches();
   {
     std::lock_guard<std::mutex> lock(c.mu);
@@ -211,7 +213,8 @@ std::shared_ptr<HintEntry> hints_for(Context& ctx, const MaskKernels& k, int bat
                            cpu::default_analysis_budget(nq, nkv));
     if (h.unknown.size() < e->num_tiles) {
       e->num_unknown = h.unknown.size();
-      e->hints = std::make_unique<runtime::DeviceBuffer>(runtime::DeviceBuffer::from_host(dev, h.kinds));
+      e->hints =
+          std::make_unique<runtime::DeviceBuffer>(runtime::DeviceBuffer::from_host(dev, h.kinds));
       if (!h.unknown.empty()) {
         e->tiles = std::make_unique<runtime::DeviceBuffer>(
             runtime::DeviceBuffer::from_host(dev, h.unknown));
@@ -259,10 +262,10 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
                                   const ModBindings& bindings) {
   const runtime::BlockMaskBuildOptions& options = t_options;
   if (batch < 1 || heads < 1 || seqlen_q < 1 || seqlen_kv < 1 || block_size < 1) {
-    throw RuntimeError(fmt::format(
-        "create_block_mask sizes must be positive: batch {}, heads {}, seqlen_q {}, "
-        "seqlen_kv {}, block size {}",
-        batch, heads, seqlen_q, seqlen_kv, block_size));
+    throw RuntimeError(
+        fmt::format("create_block_mask sizes must be positive: batch {}, heads {}, seqlen_q {}, "
+                    "seqlen_kv {}, block size {}",
+                    batch, heads, seqlen_q, seqlen_kv, block_size));
   }
   if (!mask.mask_mod.defined()) {
     throw CompileError("create_block_mask needs a mask_mod; these mods have none");
@@ -270,8 +273,8 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
   const int64_t nq = (static_cast<int64_t>(seqlen_q) + block_size - 1) / block_size;
   const int64_t nkv = (static_cast<int64_t>(seqlen_kv) + block_size - 1) / block_size;
   if (static_cast<int64_t>(batch) * heads * nq * nkv > (int64_t{1} << 31)) {
-    throw RuntimeError(fmt::format("create_block_mask: {} x {} x {} x {} tiles is too many",
-                                   batch, heads, nq, nkv));
+    throw RuntimeError(fmt::format("create_block_mask: {} x {} x {} x {} tiles is too many", batch,
+                                   heads, nq, nkv));
   }
   check_binding_names(mask, bindings);
   const std::shared_ptr<MaskKernels> k = kernels_for(ctx, mask, block_size);
@@ -329,8 +332,9 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
     int num_tiles = static_cast<int>(hints->num_unknown);
     const int64_t warps = B * H * num_tiles;
     const auto blocks = static_cast<unsigned>((warps + kClassifyWarps - 1) / kClassifyWarps);
-    void* a[] = {&args, const_cast<uint64_t*>(params.data()), &tiles_ptr, &num_tiles, &hints_ptr,
-                 &kinds_ptr};
+    void* a[] = {&args,      const_cast<uint64_t*>(params.data()),
+                 &tiles_ptr, &num_tiles,
+                 &hints_ptr, &kinds_ptr};
     runtime::launch(k->classify, {blocks, 1, 1}, {kClassifyWarps * 32, 1, 1}, 0, nullptr, a);
   }
   {

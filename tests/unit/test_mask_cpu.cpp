@@ -89,16 +89,18 @@ TEST_CASE("CPU block mask builder equals brute force for the standard masks", "[
       {"document", {}},
       {"document_causal", {}},
   };
-  const std::vector<std::array<int, 3>> shapes = {{1024, 1024, 128}, {1000, 900, 128},
-                                                 {777, 1500, 64}, {300, 300, 512}};
+  const std::vector<std::array<int, 3>> shapes = {
+      {1024, 1024, 128}, {1000, 900, 128}, {777, 1500, 64}, {300, 300, 512}};
   for (const Case& c : cases) {
     for (const auto& [sq, skv, block] : shapes) {
       const Mods m = standard_mods(c.mods);
       const int S = std::max(sq, skv);
       const std::vector<int32_t> ids = uneven_doc_ids(S);
       ir::EvalEnv env;
-      for (const auto& [n, v] : c.params) env.params[n] = v;
-      if (!m.buffers.empty()) env.buffers["doc_id"] = ir::BufferView{ids.data(), DType::I32, {S}, {}};
+      for (const auto& [n, v] : c.params)
+        env.params[n] = v;
+      if (!m.buffers.empty())
+        env.buffers["doc_id"] = ir::BufferView{ids.data(), DType::I32, {S}, {}};
       INFO(c.mods << " Sq=" << sq << " Skv=" << skv << " block=" << block);
       const BlockMask got = cpu::build_block_mask_cpu(m, 1, 1, sq, skv, block, env);
       got.validate();
@@ -123,7 +125,8 @@ TEST_CASE("Mask analysis decides every causal tile but the diagonal", "[mask][cp
   const cpu::TileHints h = cpu::analyze_tiles(causal, 1, 1, 65536, 65536, 128, {},
                                               cpu::default_analysis_budget(512, 512));
   CHECK(h.unknown.size() == 512);  // the diagonal tiles, which are partial
-  for (int32_t t : h.unknown) CHECK(t / 512 == t % 512);
+  for (int32_t t : h.unknown)
+    CHECK(t / 512 == t % 512);
   CHECK(h.kinds[1] == static_cast<uint8_t>(TileKind::Empty));
   CHECK(h.kinds[512] == static_cast<uint8_t>(TileKind::Full));
   CHECK(h.analyze_calls <= cpu::default_analysis_budget(512, 512));
@@ -133,8 +136,8 @@ TEST_CASE("Mask analysis decides every causal tile but the diagonal", "[mask][cp
   CHECK(cut.kinds[7 * 8 + 0] == static_cast<uint8_t>(TileKind::Partial));
 
   // document_causal: loads are unknown, but `&& q_idx >= kv_idx` proves the upper triangle.
-  const cpu::TileHints doc = cpu::analyze_tiles(standard_mods("document_causal"), 1, 1, 4096,
-                                                4096, 128, {}, 100000);
+  const cpu::TileHints doc =
+      cpu::analyze_tiles(standard_mods("document_causal"), 1, 1, 4096, 4096, 128, {}, 100000);
   CHECK(doc.unknown.size() == 32 * 33 / 2);
   // document alone: nothing provable; the analysis gives up early instead of spending its budget.
   const cpu::TileHints none =

@@ -78,8 +78,8 @@ void show(const ShowOptions& o) {
   }
   const int skv = o.seqlen_kv > 0 ? o.seqlen_kv : o.seqlen;
   if (o.b < 0 || o.b >= o.batch || o.h < 0 || o.h >= o.heads) {
-    throw Error(fmt::format("--b {} / --h {} outside batch {} / heads {}", o.b, o.h, o.batch,
-                            o.heads));
+    throw Error(
+        fmt::format("--b {} / --h {} outside batch {} / heads {}", o.b, o.h, o.batch, o.heads));
   }
   std::vector<std::pair<std::string, npy::Array>> arrays;
   for (const std::string& s : o.buffers) {
@@ -167,13 +167,15 @@ void bench(const BenchOptions& o) {
     throw RuntimeError("flexjit mask bench needs a GPU: " + reason);
   }
   Context ctx;
-  std::cerr << fmt::format("# flexjit mask bench on {} ({}), median of {} calls, B=H=1, block "
-                           "128, synchronize + steady_clock around each call\n",
-                           ctx.device_name(), ctx.arch(), o.repeats);
+  std::cerr << fmt::format(
+      "# flexjit mask bench on {} ({}), median of {} calls, B=H=1, block "
+      "128, synchronize + steady_clock around each call\n",
+      ctx.device_name(), ctx.arch(), o.repeats);
   std::cout << "impl,mask,S,ms\n";
   for (int S : o.sizes) {
     std::vector<int32_t> ids(static_cast<size_t>(S));
-    for (int i = 0; i < S; ++i) ids[static_cast<size_t>(i)] = i / o.doc_len;
+    for (int i = 0; i < S; ++i)
+      ids[static_cast<size_t>(i)] = i / o.doc_len;
     DeviceTensor doc = DeviceTensor::from_host(ctx, DType::I32, {S}, ids.data());
     struct Case {
       const char* name;
@@ -193,7 +195,10 @@ void bench(const BenchOptions& o) {
           return runtime::create_block_mask_with(ctx, c.mods, 1, 1, S, S, 128, c.bindings, opt);
         };
         auto t0 = std::chrono::steady_clock::now();
-        { DeviceBlockMask first = call(); ctx.synchronize(); }
+        {
+          DeviceBlockMask first = call();
+          ctx.synchronize();
+        }
         const double first_ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
@@ -212,8 +217,7 @@ void bench(const BenchOptions& o) {
         }
         const char* impl =
             analysis ? "flexjit-create_block_mask" : "flexjit-create_block_mask-noanalysis";
-        std::cout << fmt::format("{},{},{},{:.3f}\n", impl, c.name, S, median(times))
-                  << std::flush;
+        std::cout << fmt::format("{},{},{},{:.3f}\n", impl, c.name, S, median(times)) << std::flush;
         std::cerr << fmt::format("# {} {} S={}: first call {:.1f} ms (compile or cache hit)\n",
                                  impl, c.name, S, first_ms);
       }
@@ -241,8 +245,9 @@ void register_mask(CLI::App& app) {
       ->required()
       ->check(CLI::PositiveNumber);
   s->add_option("--seqlen-kv", so.seqlen_kv, "KV length")->check(CLI::PositiveNumber);
-  s->add_option("--block-size", so.block_size, "Tile size")->capture_default_str()->check(
-      CLI::PositiveNumber);
+  s->add_option("--block-size", so.block_size, "Tile size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   s->add_option("--batch", so.batch, "Batch of the mask (b ranges over it)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -76,10 +76,10 @@ GeneratedSource generate_block_mask(const Mods& mods, const BlockMaskSpec& spec)
 
   SourceWriter config;
   config.line(fmt::format("// Compile-time configuration: {}", spec.str()));
-  config.line(fmt::format(
-      "struct FjBlockMaskConfig {{ static constexpr int kQBlock = {}, kKvBlock = {}, "
-      "kNumWarps = {}; }};",
-      spec.q_block, spec.kv_block, spec.num_warps));
+  config.line(
+      fmt::format("struct FjBlockMaskConfig {{ static constexpr int kQBlock = {}, kKvBlock = {}, "
+                  "kNumWarps = {}; }};",
+                  spec.q_block, spec.kv_block, spec.num_warps));
 
   SourceWriter body;
   body.line("");

@@ -26,7 +26,7 @@ inline constexpr const char* kBlockMaskIndexKernel = "flexjit_block_mask_index";
 struct BlockMaskSpec {
   int q_block = 128;
   int kv_block = 128;
-  int num_warps = 8;  // warps per block of the classify kernel (one tile each)
+  int num_warps = 8;        // warps per block of the classify kernel (one tile each)
   std::string str() const;  // "blocks 128x128, 8 warps"
 };
 
