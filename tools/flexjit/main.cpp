@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
       "  flexjit emit --score-mod alibi --mask-mod causal --arch sm_90a -o fwd.cu\n"
       "  flexjit compile --mods softcap_causal --dtype f16 --head-dim 64 --arch sm_80\n"
       "  flexjit cache stats --json\n"
-      "  flexjit bench --compile --arch sm_90a\n",
+      "  flexjit bench --compile --arch sm_90a\n"
+      "  flexjit mask show --mask-mod causal --seqlen 4096\n",
       "flexjit"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("flexjit ") + FLEXJIT_VERSION_STRING);
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   flexjit::cli::register_compile(app);
   flexjit::cli::register_cache(app);
   flexjit::cli::register_bench(app);
+  flexjit::cli::register_mask(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

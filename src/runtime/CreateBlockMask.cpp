@@ -1,0 +1,350 @@
+// create_block_mask: one JIT-compiled module per mask structure and block size (classify +
+// index kernels, templates/block_mask.cuh), tiles proven by host analysis skipped.
+#include "runtime/CreateBlockMask.h"
+
+#include <flexjit/error.h>
+
+#include "Pipeline.h"
+#include "codegen/cuda/BlockMaskSource.h"
+#include "codegen/cuda/ModParamLayout.h"
+#include "cpu/HostBlockMask.h"
+#include "flexjit_abi.h"
+#include "runtime/ContextImpl.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+
+namespace flexjit {
+
+namespace {
+
+constexpr int kClassifyWarps = 8;
+constexpr int kIndexWarpsPerBlock = 4;
+constexpr size_t kMaxHintEntries = 32;
+
+// The compiled module of one mask structure (the original Mods, compared with equal()).
+struct MaskKernels {
+  Mods original;
+  int device = 0, block_size = 0;
+  Mods lowered;  // mask_only + lower_mods: what the kernel was generated from
+  cuda::ModParamLayout layout;
+  runtime::Kernel classify, index;
+};
+
+// Host-analysis results on the device, per (device, mask structure, parameter values, shape).
+struct HintEntry {
+  std::string key;
+  size_t num_unknown = 0;
+  size_t num_tiles = 0;
+  std::unique_ptr<runtime::DeviceBuffer> hints, tiles, kinds;
+};
+
+// Process-wide and never destroyed: device memory must not be freed after the driver is gone.
+struct Caches {
+  std::mutex mu;
+  std::map<std::pair<uint64_t, int>, std::vector<std::shared_ptr<MaskKernels>>> kernels;
+  std::deque<std::shared_ptr<HintEntry>> hints;  // most recent last
+};
+Caches& caches() {
+  static Caches* c = new Caches();
+  return *c;
+}
+
+std::shared_ptr<MaskKernels> kernels_for(Context& ctx, const Mods& mask, int block_size) {
+  Caches& c = caches();
+  const int dev = ctx.impl().device->index();
+  const auto key = std::make_pair(mask.hash() ^ (static_cast<uint64_t>(block_size) << 1), dev);
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (const auto& k : c.kernels[key]) {
+      if (k->device == dev && k->block_size == block_size && equal(k->original, mask)) return k;
+    }
+  }
+  auto k = std::make_shared<MaskKernels>();
+  k->original = mask;
+  k->device = dev;
+  k->block_size = block_size;
+  k->lowered = lower_mods(cuda::mask_only(mask));
+  k->layout = cuda::layout_of(k->lowered);
+  cuda::BlockMaskSpec spec{block_size, block_size, kClassifyWarps};
+  const cuda::GeneratedSource src = cuda::generate_block_mask(k->lowered, spec);
+  const std::string label = fmt::format("block mask {} b{}", mask.name, block_size);
+  jit::CompileResult r = ctx.impl().builder.compile(src, ctx.arch(), label);
+  k->classify = ctx.impl().load(r);
+  k->index =
+      ctx.impl().modules->get(r.kernel->key, r.kernel->cubin, cuda::kBlockMaskIndexKernel, label);
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.kernels[key].push_back(k);
+  return k;
+}
+
+const TensorRef* find_buffer(const ModBindings& b, const std::string& name) {
+  for (const auto& [n, t] : b.buffers) {
+    if (n == name) return &t;
+  }
+  return nullptr;
+}
+
+// Every bound name must be one of the mask's buffers / params (catches typos).
+void check_binding_names(const Mods& mask, const ModBindings& bindings) {
+  for (const auto& [name, t] : bindings.buffers) {
+    bool found = false;
+    for (const Buffer& b : mask.buffers)
+      found |= b.decl()->name == name;
+    if (!found) throw RuntimeError(fmt::format("binding for unknown buffer '{}'", name));
+  }
+  for (const auto& [name, v] : bindings.params) {
+    bool found = false;
+    for (const Param& p : mask.params)
+      found |= p.decl()->name == name;
+    if (!found) throw RuntimeError(fmt::format("binding for unknown parameter '{}'", name));
+  }
+}
+
+// Parameter values: bindings over declared defaults; RuntimeError when one has neither or a
+// value does not fit its type.
+std::map<std::string, double> param_values(const Mods& m, const ModBindings& bindings) {
+  std::map<std::string, double> out;
+  for (const Param& p : m.params) {
+    const ir::ParamDecl& d = *p.decl();
+    std::optional<double> v = d.default_value;
+    for (const auto& [n, x] : bindings.params) {
+      if (n == d.name) v = x;
+    }
+    if (!v) throw RuntimeError(fmt::format("parameter '{}' has no value and no default", d.name));
+    if (d.type == ScalarType::I32 && (std::floor(*v) != *v || std::fabs(*v) > 2147483647.0)) {
+      throw RuntimeError(fmt::format("parameter '{}' is i32 but bound to {}", d.name, *v));
+    }
+    if (d.type == ScalarType::Bool && *v != 0.0 && *v != 1.0) {
+      throw RuntimeError(fmt::format("parameter '{}' is bool but bound to {}", d.name, *v));
+    }
+    out[d.name] = *v;
+  }
+  return out;
+}
+
+// The FjModParams bytes for the lowered mask. (The attention branch has the general packer,
+// src/runtime/ModArgs; this one covers the same rules for create_block_mask.)
+std::vector<uint64_t> pack_params(const MaskKernels& k, const ModBindings& bindings,
+                                  const std::map<std::string, double>& values, int device) {
+  std::vector<uint64_t> words(static_cast<size_t>(k.layout.size) / 8 + 1, 0);
+  auto* bytes = reinterpret_cast<unsigned char*>(words.data());
+  for (const cuda::ModParamField& f : k.layout.fields) {
+    if (f.kind == cuda::ModParamField::BufferPtr || f.kind == cuda::ModParamField::BufferStride) {
+      const ir::BufferDecl& d = *k.lowered.buffers[static_cast<size_t>(f.buffer_index)].decl();
+      const TensorRef* t = find_buffer(bindings, d.name);
+      if (t == nullptr) {
+        throw RuntimeError(fmt::format("buffer '{}' of the mask_mod is not bound", d.name));
+      }
+      if (f.kind == cuda::ModParamField::BufferPtr) {
+        if (t->device != TensorRef::Device::CUDA || t->device_index != device) {
+          throw RuntimeError(fmt::format("buffer '{}' is on {} but the context is cuda:{}", d.name,
+                                         to_string(t->device, t->device_index), device));
+        }
+        if (t->dtype != d.dtype) {
+          throw RuntimeError(fmt::format("buffer '{}' is declared {} but bound to {}", d.name,
+                                         to_string(d.dtype), to_string(t->dtype)));
+        }
+        if (t->ndim() != d.rank()) {
+          throw RuntimeError(fmt::format("buffer '{}' is declared with {} dims but bound to {}",
+                                         d.name, d.rank(), t->str()));
+        }
+        for (int i = 0; i < d.rank(); ++i) {
+          const std::string& dim = d.dims[static_cast<size_t>(i)];
+          if (!dim.empty() && dim[0] >= '0' && dim[0] <= '9' &&
+              std::stoll(dim) != t->shape[static_cast<size_t>(i)]) {
+            throw RuntimeError(fmt::format("buffer '{}' dim {} is declared {} but bound to {}",
+                                           d.name, i, dim, t->str()));
+          }
+        }
+        if (t->data == nullptr) {
+          throw RuntimeError(fmt::format("buffer '{}' has a null data pointer", d.name));
+        }
+        std::memcpy(bytes + f.offset, &t->data, 8);
+      } else {
+        const int64_t s = t->strides[static_cast<size_t>(f.dim)];
+        std::memcpy(bytes + f.offset, &s, 8);
+      }
+      continue;
+    }
+    const ir::ParamDecl& d = *k.lowered.params[static_cast<size_t>(f.param_index)].decl();
+    const double v = values.at(d.name);
+    if (f.kind == cuda::ModParamField::ParamF32) {
+      const float x = static_cast<float>(v);
+      std::memcpy(bytes + f.offset, &x, 4);
+    } else {
+      const int32_t x = static_cast<int32_t>(v);
+      std::memcpy(bytes + f.offset, &x, 4);
+    }
+  }
+  return words;
+}
+
+std::shared_ptr<HintEntry> hints_for(Context& ctx, const MaskKernels& k, int batch, int heads,
+                                     int seqlen_q, int seqlen_kv, int block_size,
+                                     const std::map<std::string, double>& values, bool analysis) {
+  std::string key = fmt::format("{}:{:x}:{}:{}:{}:{}:{}:{}", k.device, k.original.hash(), batch,
+                                heads, seqlen_q, seqlen_kv, block_size, analysis);
+  for (const auto& [n, v] : values)
+    key += fmt::format(":{}={}", n, v);
+  Caches& c = caches();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (const auto& e : c.hints) {
+      if (e->key == key) return e;
+    }
+  }
+  runtime::Device& dev = *ctx.impl().device;
+  auto e = std::make_shared<HintEntry>();
+  e->key = key;
+  const int nq = (seqlen_q + block_size - 1) / block_size;
+  const int nkv = (seqlen_kv + block_size - 1) / block_size;
+  e->num_tiles = static_cast<size_t>(nq) * nkv;
+  e->num_unknown = e->num_tiles;
+  if (analysis) {
+    std::unordered_map<std::string, double> params(values.begin(), values.end());
+    const cpu::TileHints h =
+        cpu::analyze_tiles(k.lowered, batch, heads, seqlen_q, seqlen_kv, block_size, params,
+                           cpu::default_analysis_budget(nq, nkv));
+    if (h.unknown.size() < e->num_tiles) {
+      e->num_unknown = h.unknown.size();
+      e->hints =
+          std::make_unique<runtime::DeviceBuffer>(runtime::DeviceBuffer::from_host(dev, h.kinds));
+      if (!h.unknown.empty()) {
+        e->tiles = std::make_unique<runtime::DeviceBuffer>(
+            runtime::DeviceBuffer::from_host(dev, h.unknown));
+      }
+    }
+  }
+  if (e->num_unknown > 0) {
+    e->kinds = std::make_unique<runtime::DeviceBuffer>(
+        dev, static_cast<size_t>(batch) * heads * e->num_tiles);
+  }
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.hints.push_back(e);
+  if (c.hints.size() > kMaxHintEntries) c.hints.pop_front();
+  return e;
+}
+
+void* ptr_of(const std::unique_ptr<runtime::DeviceBuffer>& b) {
+  return b ? b->data() : nullptr;
+}
+
+// The options of the current create_block_mask_with call on this thread (create_block_mask,
+// the friend of DeviceBlockMask, does the work; its public signature has no options).
+thread_local runtime::BlockMaskBuildOptions t_options;
+
+}  // namespace
+
+namespace runtime {
+
+DeviceBlockMask create_block_mask_with(Context& ctx, const Mods& mask, int batch, int heads,
+                                       int seqlen_q, int seqlen_kv, int block_size,
+                                       const ModBindings& bindings,
+                                       const BlockMaskBuildOptions& options) {
+  struct Restore {
+    BlockMaskBuildOptions saved = t_options;
+    ~Restore() { t_options = saved; }
+  } restore;
+  t_options = options;
+  return create_block_mask(ctx, mask, batch, heads, seqlen_q, seqlen_kv, block_size, bindings);
+}
+
+}  // namespace runtime
+
+DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int heads,
+                                  int seqlen_q, int seqlen_kv, int block_size,
+                                  const ModBindings& bindings) {
+  const runtime::BlockMaskBuildOptions& options = t_options;
+  if (batch < 1 || heads < 1 || seqlen_q < 1 || seqlen_kv < 1 || block_size < 1) {
+    throw RuntimeError(
+        fmt::format("create_block_mask sizes must be positive: batch {}, heads {}, seqlen_q {}, "
+                    "seqlen_kv {}, block size {}",
+                    batch, heads, seqlen_q, seqlen_kv, block_size));
+  }
+  if (!mask.mask_mod.defined()) {
+    throw CompileError("create_block_mask needs a mask_mod; these mods have none");
+  }
+  const int64_t nq = (static_cast<int64_t>(seqlen_q) + block_size - 1) / block_size;
+  const int64_t nkv = (static_cast<int64_t>(seqlen_kv) + block_size - 1) / block_size;
+  if (static_cast<int64_t>(batch) * heads * nq * nkv > (int64_t{1} << 31)) {
+    throw RuntimeError(fmt::format("create_block_mask: {} x {} x {} x {} tiles is too many", batch,
+                                   heads, nq, nkv));
+  }
+  check_binding_names(mask, bindings);
+  const std::shared_ptr<MaskKernels> k = kernels_for(ctx, mask, block_size);
+  const std::map<std::string, double> values = param_values(k->lowered, bindings);
+  const std::vector<uint64_t> params =
+      pack_params(*k, bindings, values, ctx.impl().device->index());
+  const std::shared_ptr<HintEntry> hints = hints_for(ctx, *k, batch, heads, seqlen_q, seqlen_kv,
+                                                     block_size, values, options.host_analysis);
+
+  DeviceBlockMask out;
+  BlockMask& m = out.meta_;
+  m.batch = batch;
+  m.heads = heads;
+  m.seqlen_q = seqlen_q;
+  m.seqlen_kv = seqlen_kv;
+  m.q_block_size = m.kv_block_size = block_size;
+  m.num_q_blocks = static_cast<int>(nq);
+  m.num_kv_blocks = static_cast<int>(nkv);
+  m.mods = mask;
+  const int64_t B = batch, H = heads;
+  for (DeviceTensor* t : {&out.kv_num_blocks, &out.full_kv_num_blocks}) {
+    *t = DeviceTensor::empty(ctx, DType::I32, {B, H, nq});
+  }
+  for (DeviceTensor* t : {&out.kv_indices, &out.full_kv_indices}) {
+    *t = DeviceTensor::empty(ctx, DType::I32, {B, H, nq, nkv});
+  }
+  for (DeviceTensor* t : {&out.q_num_blocks, &out.full_q_num_blocks}) {
+    *t = DeviceTensor::empty(ctx, DType::I32, {B, H, nkv});
+  }
+  for (DeviceTensor* t : {&out.q_indices, &out.full_q_indices}) {
+    *t = DeviceTensor::empty(ctx, DType::I32, {B, H, nkv, nq});
+  }
+  auto i32 = [](const DeviceTensor& t) { return static_cast<int*>(t.ref().data); };
+  FjBlockMaskBuildArgs args{};
+  args.kv_num_blocks = i32(out.kv_num_blocks);
+  args.kv_indices = i32(out.kv_indices);
+  args.full_kv_num_blocks = i32(out.full_kv_num_blocks);
+  args.full_kv_indices = i32(out.full_kv_indices);
+  args.q_num_blocks = i32(out.q_num_blocks);
+  args.q_indices = i32(out.q_indices);
+  args.full_q_num_blocks = i32(out.full_q_num_blocks);
+  args.full_q_indices = i32(out.full_q_indices);
+  args.batch = batch;
+  args.heads = heads;
+  args.seqlen_q = seqlen_q;
+  args.seqlen_kv = seqlen_kv;
+  args.num_q_blocks = static_cast<int>(nq);
+  args.num_kv_blocks = static_cast<int>(nkv);
+
+  void* hints_ptr = ptr_of(hints->hints);
+  void* tiles_ptr = ptr_of(hints->tiles);
+  void* kinds_ptr = ptr_of(hints->kinds);
+  ctx.impl().device->make_current();
+  if (hints->num_unknown > 0) {
+    int num_tiles = static_cast<int>(hints->num_unknown);
+    const int64_t warps = B * H * num_tiles;
+    const auto blocks = static_cast<unsigned>((warps + kClassifyWarps - 1) / kClassifyWarps);
+    void* a[] = {&args,      const_cast<uint64_t*>(params.data()),
+                 &tiles_ptr, &num_tiles,
+                 &hints_ptr, &kinds_ptr};
+    runtime::launch(k->classify, {blocks, 1, 1}, {kClassifyWarps * 32, 1, 1}, 0, nullptr, a);
+  }
+  {
+    const int64_t warps = B * H * (nq + nkv);
+    const auto blocks =
+        static_cast<unsigned>((warps + kIndexWarpsPerBlock - 1) / kIndexWarpsPerBlock);
+    void* a[] = {&args, &hints_ptr, &kinds_ptr};
+    runtime::launch(k->index, {blocks, 1, 1}, {kIndexWarpsPerBlock * 32, 1, 1}, 0, nullptr, a);
+  }
+  return out;
+}
+
+}  // namespace flexjit
