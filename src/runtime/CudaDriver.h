@@ -46,6 +46,10 @@ namespace flexjit::runtime {
   X(cuMemcpyHtoD)                   \
   X(cuMemcpyDtoH)                   \
   X(cuMemsetD8)                     \
+  X(cuMemsetD8Async)                \
+  X(cuMemsetD32Async)               \
+  X(cuMemsetD2D8Async)              \
+  X(cuMemsetD2D32Async)             \
   X(cuStreamSynchronize)
 
 // The loaded driver. Obtain it with Driver::get(); check available() before calling anything.

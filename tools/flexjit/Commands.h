@@ -11,5 +11,6 @@ void register_compile(CLI::App& app);  // compile and inspect
 void register_cache(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_mods(CLI::App& app);
+void register_run(CLI::App& app);
 
 }  // namespace flexjit::cli
