@@ -6,6 +6,8 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
 
+#include "Pipeline.h"
+#include "codegen/cuda/ReferenceSource.h"
 #include "gpu/GpuTestUtil.h"
 #include "runtime/Device.h"
 #include "runtime/ModuleCache.h"
@@ -647,4 +649,33 @@ TEST_CASE("flexjit run matches the reference on .npy files", "[gpu][cli][run]") 
   CHECK(compare(got_lse, ref.lse).max_abs <= 1e-2);
   for (const auto& p : {pq, pk, pv, ps, po, pl})
     std::filesystem::remove(p);
+}
+
+TEST_CASE("the reference kernel compiles through NVRTC for the standard mods",
+          "[reference][nvrtc]") {
+  jit::CacheSettings settings;
+  settings.enabled = false;
+  KernelBuilder builder(settings);
+  struct Item {
+    const char* mods;
+    DType dtype;
+    int dqk, dv, gqa;
+  };
+  const Item items[] = {{"noop", DType::F32, 64, 64, 1},
+                        {"alibi_causal", DType::BF16, 128, 64, 2},
+                        {"t5_bucketed_bias", DType::F16, 256, 256, 4},
+                        {"document_causal", DType::BF16, 96, 32, 3}};
+  for (const Item& it : items) {
+    INFO(it.mods << " " << to_string(it.dtype));
+    cuda::ReferenceSpec spec{it.dtype, it.dqk, it.dv, it.gqa};
+    const cuda::GeneratedSource src =
+        cuda::generate_reference(lower_mods(standard_mods(it.mods)), spec, "sm_80");
+    CHECK(src.kernel_name == "flexjit_reference_forward");
+    CHECK_THAT(src.source, Catch::Contains("kHeadDimQk = " + std::to_string(it.dqk)));
+    const jit::CompileResult r = builder.compile(src, "sm_80", std::string("reference ") + it.mods);
+    REQUIRE(r.kernel);
+    CHECK(!r.kernel->cubin.empty());
+  }
+  CHECK_THROWS_AS(cuda::generate_reference(standard_mods("noop"), {DType::I32, 64, 64, 1}, "sm_80"),
+                  UnsupportedError);
 }
