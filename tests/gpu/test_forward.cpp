@@ -7,9 +7,11 @@
 #include <flexjit/error.h>
 
 #include "Pipeline.h"
+#include "codegen/cuda/ModParamLayout.h"
 #include "codegen/cuda/ReferenceSource.h"
 #include "gpu/GpuTestUtil.h"
 #include "runtime/Device.h"
+#include "runtime/ModArgs.h"
 #include "runtime/ModuleCache.h"
 #include "runtime/ReferenceAttention.h"
 #include "support/RandomExpr.h"
@@ -678,4 +680,57 @@ TEST_CASE("the reference kernel compiles through NVRTC for the standard mods",
   }
   CHECK_THROWS_AS(cuda::generate_reference(standard_mods("noop"), {DType::I32, 64, 64, 1}, "sm_80"),
                   UnsupportedError);
+}
+
+TEST_CASE("FjModParams packing follows the layout and checks bindings", "[modargs]") {
+  const Mods mods = parse_mods(
+      "buffer bias: f32[H, 32]\nparam cap: f32 = 30.0\nparam window: i32\n"
+      "score_mod = cap * tanh(score / cap) + bias[h, 3]\nmask_mod = q_idx - kv_idx <= window");
+  alignas(16) static char fake[64];  // never dereferenced: the packer copies pointers only
+  TensorRef bias = TensorRef::contiguous(fake, DType::F32, {4, 32}, TensorRef::Device::CUDA, 0);
+  bias.strides = {40, 1};  // a padded row: strides are passed through
+  ModBindings b;
+  b.buffers = {{"bias", bias}};
+  b.params = {{"window", 7}};
+  const std::vector<uint64_t> words = runtime::pack_mod_params(mods, b, 0);
+  const cuda::ModParamLayout layout = cuda::layout_of(mods);
+  REQUIRE(words.size() * 8 == static_cast<size_t>(layout.size));
+  const auto* bytes = reinterpret_cast<const char*>(words.data());
+  for (const cuda::ModParamField& f : layout.fields) {
+    INFO(f.name);
+    if (f.kind == cuda::ModParamField::BufferPtr) {
+      void* p = nullptr;
+      std::memcpy(&p, bytes + f.offset, 8);
+      CHECK(p == fake);
+    } else if (f.kind == cuda::ModParamField::BufferStride) {
+      int64_t st = 0;
+      std::memcpy(&st, bytes + f.offset, 8);
+      CHECK(st == (f.dim == 0 ? 40 : 1));
+    } else if (f.kind == cuda::ModParamField::ParamF32) {
+      float v = 0;
+      std::memcpy(&v, bytes + f.offset, 4);
+      CHECK(v == 30.0f);  // the declared default
+    } else {
+      int32_t v = 0;
+      std::memcpy(&v, bytes + f.offset, 4);
+      CHECK(v == 7);
+    }
+  }
+  auto fails_with = [&](ModBindings mb, const std::string& text, int device = 0) {
+    INFO("expecting: " << text);
+    CHECK_THROWS_WITH(runtime::pack_mod_params(mods, mb, device), Catch::Contains(text));
+  };
+  fails_with({{}, {{"window", 7}}}, "buffer 'bias' (f32[H, 32]) is not bound");
+  fails_with({{{"bias", bias}}, {}}, "param 'window' (i32) has no default");
+  fails_with({{{"bias", bias}}, {{"window", 1.5}}}, "not an integer");
+  fails_with({{{"bias", bias}}, {{"window", 7}, {"windw", 1}}}, "'windw', which the mods");
+  fails_with({{{"bias", bias}, {"bias", bias}}, {{"window", 7}}}, "bound twice");
+  TensorRef wrong = bias;
+  wrong.dtype = DType::F16;
+  fails_with({{{"bias", wrong}}, {{"window", 7}}}, "bound to a f16 tensor; expected f32");
+  wrong = TensorRef::contiguous(fake, DType::F32, {4, 31}, TensorRef::Device::CUDA, 0);
+  fails_with({{{"bias", wrong}}, {{"window", 7}}}, "dim 1 has extent 31; the declaration says 32");
+  wrong = TensorRef::contiguous(fake, DType::F32, {128}, TensorRef::Device::CUDA, 0);
+  fails_with({{{"bias", wrong}}, {{"window", 7}}}, "tensor of 1 dims; expected 2");
+  fails_with(b, "is on cuda:0; the kernel runs on cuda:1", 1);
 }
