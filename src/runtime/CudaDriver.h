@@ -47,6 +47,9 @@ namespace flexjit::runtime {
   X(cuMemcpyDtoH)                   \
   X(cuMemsetD8)                     \
   X(cuMemsetD8Async)                \
+  X(cuMemsetD32Async)               \
+  X(cuMemsetD2D8Async)              \
+  X(cuMemsetD2D32Async)             \
   X(cuStreamSynchronize)            \
   X(cuEventCreate)                  \
   X(cuEventDestroy)                 \

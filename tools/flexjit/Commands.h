@@ -12,5 +12,6 @@ void register_cache(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_mods(CLI::App& app);
 void register_mask(CLI::App& app);  // mask show | bench
+void register_run(CLI::App& app);
 
 }  // namespace flexjit::cli

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   flexjit::cli::register_cache(app);
   flexjit::cli::register_bench(app);
   flexjit::cli::register_mask(app);
+  flexjit::cli::register_run(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

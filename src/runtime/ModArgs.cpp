@@ -1,0 +1,183 @@
+#include "runtime/ModArgs.h"
+
+#include <flexjit/error.h>
+
+#include "codegen/cuda/ModParamLayout.h"
+#include "ir/IR.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <set>
+#include <string>
+
+namespace flexjit::runtime {
+
+namespace {
+
+std::string declaration(const Buffer& b) {
+  return fmt::format("{}[{}]", to_string(b.dtype()), fmt::join(b.decl()->dims, ", "));
+}
+
+template <typename Named>
+std::string names_of(const std::vector<Named>& v) {
+  if (v.empty()) return "none";
+  std::vector<std::string> n;
+  for (const auto& x : v)
+    n.push_back(x.name());
+  return fmt::format("{}", fmt::join(n, ", "));
+}
+
+// Checks one bound tensor against its declaration.
+void check_buffer(const Buffer& decl, const TensorRef& t, int device_index) {
+  const std::string what = fmt::format("buffer '{}' (declared {})", decl.name(), declaration(decl));
+  if (t.dtype != decl.dtype()) {
+    throw RuntimeError(fmt::format("{} is bound to a {} tensor; expected {}", what,
+                                   to_string(t.dtype), to_string(decl.dtype())));
+  }
+  if (t.ndim() != decl.rank()) {
+    throw RuntimeError(fmt::format("{} is bound to a tensor of {} dims; expected {}", what,
+                                   t.ndim(), decl.rank()));
+  }
+  if (static_cast<int>(t.strides.size()) != t.ndim()) {
+    throw RuntimeError(
+        fmt::format("{}: the tensor has {} strides for {} dims", what, t.strides.size(), t.ndim()));
+  }
+  for (int d = 0; d < t.ndim(); ++d) {
+    const std::string& dim = decl.decl()->dims[d];
+    char* end = nullptr;
+    const long long n = std::strtoll(dim.c_str(), &end, 10);
+    const bool numeric = !dim.empty() && end != nullptr && *end == '\0';
+    if (numeric && t.shape[d] != n) {
+      throw RuntimeError(
+          fmt::format("{}: dim {} has extent {}; the declaration says {}", what, d, t.shape[d], n));
+    }
+    if (t.shape[d] < 0) {
+      throw RuntimeError(fmt::format("{}: dim {} has negative extent {}", what, d, t.shape[d]));
+    }
+  }
+  if (t.device != TensorRef::Device::CUDA || t.device_index != device_index) {
+    throw RuntimeError(fmt::format("{} is on {}; the kernel runs on {}", what,
+                                   to_string(t.device, t.device_index),
+                                   to_string(TensorRef::Device::CUDA, device_index)));
+  }
+  if (t.data == nullptr && t.numel() > 0) {
+    throw RuntimeError(fmt::format("{} has a null data pointer", what));
+  }
+}
+
+int32_t param_i32(const Param& p, double v) {
+  if (!std::isfinite(v) || v != std::floor(v) || v < std::numeric_limits<int32_t>::min() ||
+      v > std::numeric_limits<int32_t>::max()) {
+    throw RuntimeError(
+        fmt::format("param '{}' is i32, but its value {} is not an integer in the "
+                    "i32 range",
+                    p.name(), v));
+  }
+  return static_cast<int32_t>(v);
+}
+
+int32_t param_bool(const Param& p, double v) {
+  if (v != 0.0 && v != 1.0) {
+    throw RuntimeError(
+        fmt::format("param '{}' is bool, but its value {} is not 0 or 1", p.name(), v));
+  }
+  return v != 0.0 ? 1 : 0;
+}
+
+}  // namespace
+
+std::vector<uint64_t> pack_mod_params(const Mods& mods, const ModBindings& bindings,
+                                      int device_index) {
+  // Bindings by declaration index; unknown and repeated names are errors.
+  std::vector<const TensorRef*> buffers(mods.buffers.size(), nullptr);
+  std::vector<std::optional<double>> params(mods.params.size());
+  for (const auto& [name, tensor] : bindings.buffers) {
+    size_t i = 0;
+    while (i < mods.buffers.size() && mods.buffers[i].name() != name)
+      ++i;
+    if (i == mods.buffers.size()) {
+      throw RuntimeError(
+          fmt::format("a tensor is bound to buffer '{}', which the mods '{}' do not "
+                      "declare (their buffers: {})",
+                      name, mods.name, names_of(mods.buffers)));
+    }
+    if (buffers[i] != nullptr) {
+      throw RuntimeError(fmt::format("buffer '{}' is bound twice", name));
+    }
+    buffers[i] = &tensor;
+  }
+  for (const auto& [name, value] : bindings.params) {
+    size_t i = 0;
+    while (i < mods.params.size() && mods.params[i].name() != name)
+      ++i;
+    if (i == mods.params.size()) {
+      throw RuntimeError(
+          fmt::format("a value is given for param '{}', which the mods '{}' do not "
+                      "declare (their params: {})",
+                      name, mods.name, names_of(mods.params)));
+    }
+    if (params[i]) throw RuntimeError(fmt::format("param '{}' is given twice", name));
+    params[i] = value;
+  }
+  for (size_t i = 0; i < mods.buffers.size(); ++i) {
+    if (buffers[i] == nullptr) {
+      throw RuntimeError(
+          fmt::format("buffer '{}' ({}) is not bound; pass a device tensor for it "
+                      "in bindings.buffers",
+                      mods.buffers[i].name(), declaration(mods.buffers[i])));
+    }
+    check_buffer(mods.buffers[i], *buffers[i], device_index);
+  }
+  for (size_t i = 0; i < mods.params.size(); ++i) {
+    if (!params[i]) params[i] = mods.params[i].decl()->default_value;
+    if (!params[i]) {
+      throw RuntimeError(
+          fmt::format("param '{}' ({}) has no default value; give one in "
+                      "bindings.params",
+                      mods.params[i].name(), to_string(mods.params[i].type())));
+    }
+  }
+
+  const cuda::ModParamLayout layout = cuda::layout_of(mods);
+  FJ_ASSERT(layout.size % 8 == 0 && layout.size >= 8, "FjModParams size is not a multiple of 8");
+  std::vector<uint64_t> words(static_cast<size_t>(layout.size) / 8, 0);
+  auto* bytes = reinterpret_cast<unsigned char*>(words.data());
+  for (const cuda::ModParamField& f : layout.fields) {
+    FJ_ASSERT(f.offset >= 0 && f.offset + f.size <= layout.size, "field outside FjModParams");
+    switch (f.kind) {
+      case cuda::ModParamField::BufferPtr: {
+        const uint64_t ptr = reinterpret_cast<uintptr_t>(buffers[f.buffer_index]->data);
+        std::memcpy(bytes + f.offset, &ptr, 8);
+        break;
+      }
+      case cuda::ModParamField::BufferStride: {
+        const int64_t stride = buffers[f.buffer_index]->strides[f.dim];
+        std::memcpy(bytes + f.offset, &stride, 8);
+        break;
+      }
+      case cuda::ModParamField::ParamF32: {
+        const float v = static_cast<float>(*params[f.param_index]);
+        std::memcpy(bytes + f.offset, &v, 4);
+        break;
+      }
+      case cuda::ModParamField::ParamI32: {
+        const int32_t v = param_i32(mods.params[f.param_index], *params[f.param_index]);
+        std::memcpy(bytes + f.offset, &v, 4);
+        break;
+      }
+      case cuda::ModParamField::ParamBool: {
+        const int32_t v = param_bool(mods.params[f.param_index], *params[f.param_index]);
+        std::memcpy(bytes + f.offset, &v, 4);
+        break;
+      }
+    }
+  }
+  return words;
+}
+
+}  // namespace flexjit::runtime

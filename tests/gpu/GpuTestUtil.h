@@ -1,0 +1,63 @@
+// Helpers for the GPU tests: a shared Context, skipping without a GPU, random inputs rounded
+// to their dtype, poisoned outputs and error statistics against a reference.
+#pragma once
+
+#include <flexjit/context.h>
+#include <flexjit/device_tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace flexjit::test {
+
+// The process-wide test context, or null when there is no GPU (then *reason says why).
+Context* gpu_context(std::string* reason);
+
+// Returns from the test case with "skipped: no GPU (...)" when there is no GPU.
+#define FJ_REQUIRE_GPU_OR_SKIP(ctx_var)                                         \
+  std::string fj_skip_reason_;                                                  \
+  ::flexjit::Context* ctx_var = ::flexjit::test::gpu_context(&fj_skip_reason_); \
+  if (ctx_var == nullptr) {                                                     \
+    WARN("skipped: no GPU (" << fj_skip_reason_ << ")");                        \
+    return;                                                                     \
+  }
+
+// A fresh seed per run (std::random_device); print it on failure with INFO / CAPTURE.
+uint64_t fresh_seed();
+
+// Values of a tensor as f32, already rounded to `dtype` (so the reference sees exactly what the
+// GPU reads), and the raw element bytes for upload.
+struct HostTensor {
+  DType dtype = DType::BF16;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+  std::vector<char> bytes() const;
+};
+
+HostTensor random_tensor(std::mt19937_64& rng, DType dtype, std::vector<int64_t> shape,
+                         float stddev = 1.0f);
+DeviceTensor upload(Context& ctx, const HostTensor& t);
+// The same values as an f32 device tensor (input of the fp32 GPU reference).
+DeviceTensor upload_f32(Context& ctx, const HostTensor& t);
+// All elements of a device tensor as float (f16 / bf16 converted).
+std::vector<float> download(const DeviceTensor& t);
+
+// How far `out` is from `ref`: ‖out − ref‖ / ‖ref‖ over finite reference elements, the worst
+// element, and the number of positions where out is NaN / Inf but ref is finite.
+struct ErrorStats {
+  double rel = 0, max_abs = 0;
+  int64_t max_index = -1;
+  int64_t nonfinite = 0;
+  double ref_norm = 0, out_norm = 0;
+  std::string str() const;
+};
+template <typename R>
+ErrorStats compare(const std::vector<float>& out, const std::vector<R>& ref);
+
+// The tolerance on ErrorStats::rel for a dtype: 1e-2 bf16, 3e-3 f16.
+double tolerance(DType dtype);
+
+}  // namespace flexjit::test

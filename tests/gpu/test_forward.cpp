@@ -1,0 +1,736 @@
+// flex_attention on the GPU against the CPU fp64 reference (small shapes) and the naive fp32
+// GPU reference (large shapes), on fresh random inputs every run (the seed is printed on
+// failure). Skips with "skipped: no GPU (...)" on machines without one.
+#include <flexjit/attention.h>
+#include <flexjit/block_mask.h>
+#include <flexjit/device_block_mask.h>
+#include <flexjit/error.h>
+
+#include "Pipeline.h"
+#include "codegen/cuda/ModParamLayout.h"
+#include "codegen/cuda/ReferenceSource.h"
+#include "gpu/GpuTestUtil.h"
+#include "runtime/Device.h"
+#include "runtime/ModArgs.h"
+#include "runtime/ModuleCache.h"
+#include "runtime/ReferenceAttention.h"
+#include "support/RandomExpr.h"
+#include "support/ReferenceAttention.h"
+#include "util/Npy.h"
+
+#include <fmt/format.h>
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+
+using namespace flexjit;
+using namespace flexjit::test;
+
+namespace {
+
+// A host copy of a captured buffer (f32 or i32 here) and its device twin.
+struct HostBuffer {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::vector<char> bytes;
+};
+
+enum class Layout { Contiguous, SlicedTransposed };
+
+struct Case {
+  std::string label;
+  DType dtype = DType::BF16;
+  AttentionShape shape;
+  Mods mods;
+  std::map<std::string, HostBuffer> buffers;
+  std::vector<std::pair<std::string, double>> params;
+  std::optional<float> scale;
+  const DeviceBlockMask* block_mask = nullptr;
+  Layout layout = Layout::Contiguous;
+  bool force_gpu_reference = false;
+};
+
+struct CaseResult {
+  std::vector<float> out, lse;
+  ErrorStats out_err;
+  double lse_max_err = 0;
+  int64_t lse_mismatched_inf = 0;
+  bool ref_finite = true;
+};
+
+template <typename T>
+HostBuffer host_buffer(DType dtype, std::vector<int64_t> shape, const std::vector<T>& v) {
+  HostBuffer b{dtype, std::move(shape), {}};
+  b.bytes.resize(v.size() * sizeof(T));
+  std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
+  return b;
+}
+
+// Buffers and params for the standard mods (and the block-mask builders' doc_ids), sized so that
+// every index the mods form is in range for the case's shape.
+void bind_standard(Case& c, std::mt19937_64& rng) {
+  const AttentionShape& s = c.shape;
+  const int S = std::max(s.seqlen_q, s.seqlen_kv);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const Buffer& b : c.mods.buffers) {
+    if (c.buffers.count(b.name())) continue;
+    if (b.name() == "slopes") {
+      std::vector<float> v(s.heads_q);
+      for (int h = 0; h < s.heads_q; ++h)
+        v[h] = std::exp2(-8.0f * (h + 1) / s.heads_q);
+      c.buffers[b.name()] = host_buffer(DType::F32, {s.heads_q}, v);
+    } else if (b.name() == "doc_id" || b.name() == "doc_ids") {
+      std::vector<int32_t> v(std::max(S, 1));
+      int doc = 0;
+      for (int i = 0; i < S; ++i) {
+        if (i > 0 && rng() % std::max(2, S / 3) == 0) ++doc;  // a few documents
+        v[i] = doc;
+      }
+      c.buffers[b.name()] = host_buffer(DType::I32, {static_cast<int64_t>(v.size())}, v);
+    } else if (b.name() == "bias" && b.rank() == 1) {
+      std::vector<float> v(s.seqlen_q + s.seqlen_kv + 1);
+      for (float& x : v)
+        x = 0.5f * u(rng);
+      c.buffers[b.name()] = host_buffer(DType::F32, {static_cast<int64_t>(v.size())}, v);
+      c.params.emplace_back("offset", s.seqlen_kv);  // q - kv + Skv in [1, Sq + Skv - 1]
+    } else if (b.name() == "bias" && b.rank() == 2) {
+      std::vector<float> v(static_cast<size_t>(s.heads_q) * 32);
+      for (float& x : v)
+        x = 0.5f * u(rng);
+      c.buffers[b.name()] = host_buffer(DType::F32, {s.heads_q, 32}, v);
+    } else {
+      FAIL("no binding rule for buffer " << b.name());
+    }
+  }
+  for (const Param& p : c.mods.params) {
+    bool given = false;
+    for (auto& [n, v] : c.params)
+      given |= n == p.name();
+    if (given) continue;
+    const int skv = std::max(s.seqlen_kv, 1);
+    if (p.name() == "window") c.params.emplace_back("window", 1 + rng() % skv);
+    if (p.name() == "chunk") c.params.emplace_back("chunk", 16 + rng() % 240);
+    if (p.name() == "prefix") c.params.emplace_back("prefix", rng() % skv);
+    if (p.name() == "dilation") c.params.emplace_back("dilation", 1 + rng() % 3);
+    if (p.name() == "cap") c.params.emplace_back("cap", 5.0 + (rng() % 45));
+  }
+}
+
+// q / k / v on the device in the case's layout. SlicedTransposed stores [B, S, H + 2, D] and
+// views heads 1..H as [B, H, S, D] (strides [S·(H+2)·D, D, (H+2)·D, 1]); the unused heads hold
+// NaN so that a read outside the view poisons the result.
+struct DeviceInput {
+  DeviceTensor storage;
+  TensorRef view;
+};
+
+DeviceInput place(Context& ctx, const HostTensor& t, Layout layout) {
+  DeviceInput d;
+  if (layout == Layout::Contiguous) {
+    d.storage = upload(ctx, t);
+    d.view = d.storage.ref();
+    return d;
+  }
+  const int64_t B = t.shape[0], H = t.shape[1], S = t.shape[2], D = t.shape[3], Hb = H + 2;
+  HostTensor big;
+  big.dtype = t.dtype;
+  big.shape = {B, S, Hb, D};
+  big.values.assign(static_cast<size_t>(B * S * Hb * D), std::numeric_limits<float>::quiet_NaN());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t x = 0; x < D; ++x)
+          big.values[((b * S + s) * Hb + h + 1) * D + x] = t.values[((b * H + h) * S + s) * D + x];
+  d.storage = upload(ctx, big);
+  d.view = d.storage.ref();
+  d.view.data = static_cast<char*>(d.view.data) + D * dtype_size(t.dtype);
+  d.view.shape = t.shape;
+  d.view.strides = {S * Hb * D, D, Hb * D, 1};
+  return d;
+}
+
+CaseResult run_case(Context& ctx, Case& c, std::mt19937_64& rng) {
+  const AttentionShape& s = c.shape;
+  INFO("case: " << c.label << " (" << to_string(c.dtype) << " B=" << s.batch << " Hq=" << s.heads_q
+                << " Hkv=" << s.heads_kv << " Sq=" << s.seqlen_q << " Skv=" << s.seqlen_kv
+                << " D=" << s.head_dim_qk << "/" << s.head_dim_v << " mods " << c.mods.name << ")");
+  const HostTensor q = random_tensor(rng, c.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_qk});
+  const HostTensor k =
+      random_tensor(rng, c.dtype, {s.batch, s.heads_kv, s.seqlen_kv, s.head_dim_qk});
+  const HostTensor v =
+      random_tensor(rng, c.dtype, {s.batch, s.heads_kv, s.seqlen_kv, s.head_dim_v});
+  const DeviceInput dq = place(ctx, q, c.layout), dk = place(ctx, k, c.layout),
+                    dv = place(ctx, v, c.layout);
+
+  std::vector<DeviceTensor> keep;
+  ModBindings bindings;
+  ir::EvalEnv env;
+  for (auto& [name, hb] : c.buffers) {
+    keep.push_back(DeviceTensor::from_host(ctx, hb.dtype, hb.shape, hb.bytes.data()));
+    bindings.buffers.emplace_back(name, keep.back().ref());
+    env.buffers[name] = ir::BufferView{hb.bytes.data(), hb.dtype, hb.shape, {}};
+  }
+  bindings.params = c.params;
+  for (auto& [n, val] : c.params)
+    env.params[n] = val;
+
+  DeviceTensor out =
+      DeviceTensor::empty(ctx, c.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
+  DeviceTensor lse = DeviceTensor::empty(ctx, DType::F32, {s.batch, s.heads_q, s.seqlen_q});
+  out.fill_bytes(0xFF);  // NaN everywhere: an element the kernel does not write fails
+  lse.fill_bytes(0xFF);
+  AttentionOptions o;
+  o.mods = c.mods;
+  o.block_mask = c.block_mask;
+  o.bindings = bindings;
+  o.scale = c.scale;
+  flex_attention_into(ctx, dq.view, dk.view, dv.view, out, &lse.ref(), o);
+  ctx.synchronize();
+
+  CaseResult r;
+  r.out = download(out);
+  r.lse = download(lse);
+  std::vector<double> ref_out, ref_lse;
+  const double work = static_cast<double>(s.batch) * s.heads_q * s.seqlen_q * s.seqlen_kv;
+  if (!c.force_gpu_reference && work <= (1 << 20)) {
+    const float scale = c.scale ? *c.scale : static_cast<float>(1.0 / std::sqrt(s.head_dim_qk));
+    // The block mask's mask_mod applies when the mods have none (as flex_attention does).
+    Mods ref_mods = c.mods;
+    if (!ref_mods.mask_mod.defined() && c.block_mask &&
+        c.block_mask->meta().mods.mask_mod.defined())
+      ref_mods = combine(c.mods, c.block_mask->meta().mods);
+    ReferenceResult rr = reference_attention(ref_mods, s, q.values, k.values, v.values, scale, env);
+    ref_out = std::move(rr.out);
+    ref_lse = std::move(rr.lse);
+  } else {
+    const DeviceTensor fq = upload_f32(ctx, q), fk = upload_f32(ctx, k), fv = upload_f32(ctx, v);
+    DeviceTensor ro = DeviceTensor::empty(ctx, DType::F32, out.ref().shape);
+    DeviceTensor rl = DeviceTensor::empty(ctx, DType::F32, lse.ref().shape);
+    Mods ref_mods = c.mods;
+    if (!ref_mods.mask_mod.defined() && c.block_mask &&
+        c.block_mask->meta().mods.mask_mod.defined())
+      ref_mods = combine(c.mods, c.block_mask->meta().mods);
+    runtime::reference_attention_into(ctx, fq, fk, fv, ro, &rl.ref(), ref_mods, bindings, c.scale);
+    for (float x : download(ro))
+      ref_out.push_back(x);
+    for (float x : download(rl))
+      ref_lse.push_back(x);
+  }
+  for (double x : ref_out)
+    r.ref_finite &= std::isfinite(x);
+  r.out_err = compare(r.out, ref_out);
+  for (size_t i = 0; i < ref_lse.size(); ++i) {
+    const bool ref_inf = std::isinf(ref_lse[i]) && ref_lse[i] < 0;
+    const bool out_inf = std::isinf(r.lse[i]) && r.lse[i] < 0;
+    if (ref_inf != out_inf || std::isnan(r.lse[i])) {
+      ++r.lse_mismatched_inf;
+    } else if (!ref_inf && std::isfinite(ref_lse[i])) {
+      r.lse_max_err = std::max(
+          r.lse_max_err, std::abs(r.lse[i] - ref_lse[i]) / std::max(1.0, std::abs(ref_lse[i])));
+    }
+  }
+  return r;
+}
+
+void check_case(Context& ctx, Case& c, std::mt19937_64& rng, uint64_t seed) {
+  const CaseResult r = run_case(ctx, c, rng);
+  const AttentionShape& s = c.shape;
+  const std::string summary = fmt::format(
+      "{} {} B={} Hq={} Hkv={} Sq={} Skv={} D={}/{}: out {}; lse max rel err {:.3e}, "
+      "{} -inf mismatches (seed {})",
+      c.label, to_string(c.dtype), s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_kv,
+      s.head_dim_qk, s.head_dim_v, r.out_err.str(), r.lse_max_err, r.lse_mismatched_inf, seed);
+  INFO(summary);
+  if (!r.ref_finite) {
+    WARN("reference has NaN/Inf; compared only finite elements: " << summary);
+  }
+  CHECK(r.out_err.nonfinite == 0);
+  CHECK(r.out_err.rel <= tolerance(c.dtype));
+  CHECK(r.lse_mismatched_inf == 0);
+  CHECK(r.lse_max_err <= 1e-2);
+  std::printf("  %s\n", summary.c_str());
+}
+
+AttentionShape make_shape(int B, int Hq, int Hkv, int Sq, int Skv, int Dqk, int Dv) {
+  AttentionShape s;
+  s.batch = B, s.heads_q = Hq, s.heads_kv = Hkv, s.seqlen_q = Sq, s.seqlen_kv = Skv;
+  s.head_dim_qk = Dqk, s.head_dim_v = Dv;
+  return s;
+}
+
+template <typename T>
+const T& pick(std::mt19937_64& rng, const std::vector<T>& v) {
+  return v[rng() % v.size()];
+}
+
+}  // namespace
+
+TEST_CASE("forward: every standard mod matches the reference", "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (const std::string& name : standard_mod_names()) {
+    for (int big = 0; big < 2; ++big) {
+      Case c;
+      c.label = name + (big ? " (GPU reference)" : " (CPU reference)");
+      c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+      c.mods = standard_mods(name);
+      c.shape = big ? make_shape(2, 4, 2, 1000, 1000, 128, 128)
+                    : make_shape(1, 2, 1, 129, 200, pick(rng, std::vector<int>{64, 128}), 64);
+      c.force_gpu_reference = big;
+      bind_standard(c, rng);
+      check_case(*ctx, c, rng, seed);
+    }
+  }
+}
+
+TEST_CASE("forward: random shapes, GQA, head dims, dtypes and layouts", "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const std::vector<int> lengths = {1, 17, 127, 128, 129, 1000, 4096};
+  const std::vector<int> ratios = {1, 2, 3, 4, 8};
+  const std::vector<std::pair<int, int>> dims = {{64, 64}, {128, 128}, {256, 256}, {128, 64}};
+  const std::vector<std::string> mods = {"noop", "causal", "alibi_causal", "softcap",
+                                         "sliding_window"};
+  for (int i = 0; i < 16; ++i) {
+    Case c;
+    const int ratio = pick(rng, ratios);
+    const int hkv = 1 + rng() % 2;
+    const int sq = pick(rng, lengths), skv = rng() % 3 == 0 ? sq : pick(rng, lengths);
+    const auto [dqk, dv] = pick(rng, dims);
+    const int batch = sq * skv >= 1000 * 1000 ? 1 : 1 + rng() % 2;
+    c.shape = make_shape(batch, hkv * ratio, hkv, sq, skv, dqk, dv);
+    c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+    c.mods = standard_mods(pick(rng, mods));
+    c.layout = rng() % 2 ? Layout::SlicedTransposed : Layout::Contiguous;
+    if (rng() % 4 == 0) c.scale = 0.5f / std::sqrt(static_cast<float>(dqk));
+    c.label = fmt::format("random shape {} ({})", i,
+                          c.layout == Layout::Contiguous ? "contiguous" : "sliced+transposed");
+    bind_standard(c, rng);
+    check_case(*ctx, c, rng, seed);
+  }
+}
+
+TEST_CASE("forward: random mods", "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  RandomExprGen::Options go;
+  go.allow_buffers = false;  // random indices would read out of range; params only
+  go.allow_special_floats = false;
+  go.allow_score = false;
+  RandomExprGen gen(seed, go);
+  for (int i = 0; i < 8; ++i) {
+    // score + f(b, h, q, kv): continuous in the score, so f32-vs-f64 rounding of q·k cannot
+    // flip a discontinuity; the mask is any random predicate.
+    // Clamped so that a huge bias cannot turn a one-ulp difference in q·k into a visible
+    // change of the softmax weights.
+    const Expr bias = min(max(gen.expr(ScalarType::F32, 3), Expr(-8.0f)), Expr(8.0f));
+    const Expr mask = gen.expr(ScalarType::Bool, 3);
+    Case c;
+    c.mods = Mods::from([&](Expr s, Expr, Expr, Expr, Expr) { return s + bias; },
+                        [&](Expr, Expr, Expr, Expr) { return mask; });
+    c.mods.name = fmt::format("random mods {}", i);
+    c.label = c.mods.to_text();
+    for (const Param& p : c.mods.params) {
+      if (p.decl()->default_value) continue;
+      c.params.emplace_back(p.name(), p.type() == ScalarType::F32
+                                          ? std::uniform_real_distribution<double>(-2, 2)(rng)
+                                          : static_cast<double>(1 + rng() % 7));
+    }
+    c.shape = make_shape(1, 2, 1, 1 + rng() % 200, 1 + rng() % 300, 64, 64);
+    c.dtype = DType::F16;
+    check_case(*ctx, c, rng, seed);
+  }
+}
+
+TEST_CASE("forward: fully masked rows give 0 and lse -inf", "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  Case c;
+  c.label = "rows q % 3 == 1 masked";
+  c.mods = parse_mods("mask_mod = q_idx % 3 != 1 && kv_idx <= q_idx");
+  c.shape = make_shape(1, 2, 2, 300, 300, 128, 128);
+  const CaseResult r = run_case(*ctx, c, rng);
+  for (int h = 0; h < 2; ++h) {
+    for (int qi = 1; qi < 300; qi += 3) {
+      CHECK(std::isinf(r.lse[h * 300 + qi]));
+      CHECK(r.lse[h * 300 + qi] < 0);
+      for (int d = 0; d < 128; ++d) {
+        if (r.out[(h * 300 + qi) * 128 + d] != 0.0f) {
+          FAIL("row " << qi << " of head " << h
+                      << " is not zero: " << r.out[(h * 300 + qi) * 128 + d]);
+        }
+      }
+    }
+  }
+  CHECK(r.out_err.nonfinite == 0);
+  CHECK(r.out_err.rel <= tolerance(c.dtype));
+}
+
+TEST_CASE("forward: zero-length Q and KV", "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  std::mt19937_64 rng(fresh_seed());
+  for (DType dt : {DType::BF16, DType::F16}) {
+    const HostTensor q = random_tensor(rng, dt, {2, 4, 33, 64});
+    const HostTensor k0 = random_tensor(rng, dt, {2, 2, 0, 64});
+    const DeviceTensor dq = upload(*ctx, q), dk = upload(*ctx, k0);
+    // Zero-length KV: out = 0, lse = -inf everywhere.
+    AttentionOptions o;
+    o.mods = standard_mods("causal");
+    o.return_lse = true;
+    AttentionResult r = flex_attention(*ctx, dq, dk, dk, o);
+    ctx->synchronize();
+    for (float x : download(r.out))
+      REQUIRE(x == 0.0f);
+    for (float x : download(r.lse))
+      REQUIRE((std::isinf(x) && x < 0));
+    // Zero-length Q: nothing to compute, no error, empty outputs.
+    const HostTensor q0 = random_tensor(rng, dt, {2, 4, 0, 64});
+    const HostTensor k = random_tensor(rng, dt, {2, 2, 50, 64});
+    const DeviceTensor dq0 = upload(*ctx, q0), dk1 = upload(*ctx, k);
+    AttentionResult r0 = flex_attention(*ctx, dq0, dk1, dk1, o);
+    ctx->synchronize();
+    CHECK(r0.out.ref().shape == std::vector<int64_t>{2, 4, 0, 64});
+    CHECK(r0.lse.ref().numel() == 0);
+  }
+}
+
+TEST_CASE("forward: a new param value does not recompile and changes the answer",
+          "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  Case c;
+  c.label = "softcap cap=30";
+  c.mods = standard_mods("softcap_causal");
+  c.shape = make_shape(1, 2, 2, 200, 200, 64, 64);
+  c.params = {{"cap", 30.0}};
+  c.scale = 4.0f;  // large scores, so that the cap matters
+  check_case(*ctx, c, rng, seed);
+  const size_t modules = runtime::ModuleCache::global().num_modules();
+  c.label = "softcap cap=2";
+  c.params = {{"cap", 2.0}};
+  check_case(*ctx, c, rng, seed);
+  CHECK(runtime::ModuleCache::global().num_modules() == modules);
+}
+
+TEST_CASE("forward: uploaded block masks give the dense-mask result", "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int S = 700, window = 150;
+  std::vector<int32_t> docs(S);
+  for (int i = 0, d = 0; i < S; ++i)
+    docs[i] = (i > 0 && rng() % 200 == 0) ? ++d : d;
+  struct MaskCase {
+    std::string name;
+    BlockMask mask;
+    Mods mods;  // the dense mask_mod
+  };
+  std::vector<MaskCase> cases;
+  cases.push_back(
+      {"causal",
+       block_mask_from_predicate([](int, int, int q, int kv) { return q >= kv; }, 1, 1, S, S),
+       standard_mods("causal")});
+  cases.push_back(
+      {"sliding",
+       block_mask_from_predicate(
+           [&](int, int, int q, int kv) { return q >= kv && q - kv <= window; }, 1, 1, S, S),
+       standard_mods("sliding_window")});
+  cases.push_back({"document", block_mask_from_document_ids(docs, true), Mods{}});
+  for (MaskCase& mc : cases) {
+    const DeviceBlockMask dbm = DeviceBlockMask::upload(*ctx, mc.mask);
+    Case sparse;
+    sparse.label = "block mask " + mc.name;
+    sparse.shape = make_shape(2, 4, 2, S, S, 128, 128);
+    sparse.mods = mc.mods;
+    if (mc.name == "sliding") sparse.params = {{"window", window}};
+    if (mc.name == "document") {
+      sparse.buffers["doc_ids"] = host_buffer(DType::I32, {S}, docs);
+    }
+    sparse.block_mask = &dbm;
+    std::mt19937_64 rng_a(seed + 1), rng_b(seed + 1);  // the same inputs for both runs
+    const CaseResult a = run_case(*ctx, sparse, rng_a);
+    Case dense = sparse;
+    dense.block_mask = nullptr;
+    dense.label = "dense " + mc.name;
+    if (mc.name == "document") dense.mods = mc.mask.mods;
+    const CaseResult b = run_case(*ctx, dense, rng_b);
+    INFO(mc.name << ": sparse vs ref " << a.out_err.str() << "; dense vs ref " << b.out_err.str());
+    CHECK(a.out_err.nonfinite == 0);
+    CHECK(a.out_err.rel <= tolerance(sparse.dtype));
+    const ErrorStats diff = compare(a.out, b.out);
+    INFO("sparse vs dense: " << diff.str());
+    CHECK(diff.rel <= tolerance(sparse.dtype) / 4);
+    CHECK(a.lse_mismatched_inf == 0);
+  }
+}
+
+TEST_CASE("forward: invalid inputs are precise errors", "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  std::mt19937_64 rng(fresh_seed());
+  const DeviceTensor q = upload(*ctx, random_tensor(rng, DType::BF16, {1, 2, 64, 64}));
+  const DeviceTensor k = upload(*ctx, random_tensor(rng, DType::BF16, {1, 2, 64, 64}));
+  // Misaligned: a view starting one element in.
+  TensorRef qm = q.ref();
+  qm.data = static_cast<char*>(qm.data) + 2;
+  qm.shape = {1, 2, 63, 64};
+  CHECK_THROWS_WITH(flex_attention(*ctx, qm, k, k),
+                    Catch::Contains("16-byte aligned") && Catch::Contains("q"));
+  // f32 is not supported yet.
+  const DeviceTensor qf = upload(*ctx, random_tensor(rng, DType::F32, {1, 2, 64, 64}));
+  CHECK_THROWS_AS(flex_attention(*ctx, qf, qf, qf), UnsupportedError);
+  // Unbound buffer, unknown param, wrong buffer dtype.
+  AttentionOptions o;
+  o.mods = standard_mods("alibi");
+  CHECK_THROWS_WITH(flex_attention(*ctx, q, k, k, o),
+                    Catch::Contains("buffer 'slopes'") && Catch::Contains("not bound"));
+  const DeviceTensor wrong = upload(*ctx, random_tensor(rng, DType::F16, {2}));
+  o.bindings.buffers = {{"slopes", wrong.ref()}};
+  CHECK_THROWS_WITH(flex_attention(*ctx, q, k, k, o),
+                    Catch::Contains("f16") && Catch::Contains("slopes"));
+  AttentionOptions p;
+  p.mods = standard_mods("sliding_window");
+  p.bindings.params = {{"window", 2.5}};
+  CHECK_THROWS_WITH(flex_attention(*ctx, q, k, k, p),
+                    Catch::Contains("window") && Catch::Contains("integer"));
+  p.bindings.params = {{"windw", 2}};
+  CHECK_THROWS_WITH(flex_attention(*ctx, q, k, k, p), Catch::Contains("windw"));
+  // Wrong out shape.
+  DeviceTensor out = DeviceTensor::empty(*ctx, DType::BF16, {1, 2, 64, 32});
+  CHECK_THROWS_WITH(flex_attention_into(*ctx, q, k, k, out, nullptr),
+                    Catch::Contains("out has shape [1, 2, 64, 32]"));
+}
+
+TEST_CASE("forward: K/V beyond 2^31 elements", "[gpu][big]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int64_t skv = (int64_t{1} << 24) + 64, D = 128;  // 2^31 + 8192 elements
+  std::vector<uint16_t> bits(static_cast<size_t>(skv * D));
+  uint64_t x = seed | 1;
+  for (uint16_t& b : bits) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = ir::float_to_bf16_bits(static_cast<float>(static_cast<int64_t>(x % 2001) - 1000) / 1000.0f);
+  }
+  const DeviceTensor kv = DeviceTensor::from_host(*ctx, DType::BF16, {1, 1, skv, D}, bits.data());
+  bits.clear();
+  bits.shrink_to_fit();
+  const DeviceTensor q = upload(*ctx, random_tensor(rng, DType::BF16, {1, 2, 64, D}));
+  AttentionOptions o;
+  // Only the last 128 keys (offsets past 2^31 elements) are visible.
+  o.mods = parse_mods(fmt::format("mask_mod = kv_idx >= {}", skv - 128));
+  o.return_lse = true;
+  AttentionResult r = flex_attention(*ctx, q, kv, kv, o);
+  DeviceTensor ro = DeviceTensor::empty(*ctx, DType::BF16, r.out.ref().shape);
+  DeviceTensor rl = DeviceTensor::empty(*ctx, DType::F32, r.lse.ref().shape);
+  runtime::reference_attention_into(*ctx, q, kv, kv, ro, &rl.ref(), o.mods);
+  const ErrorStats e = compare(download(r.out), download(ro));
+  const ErrorStats el = compare(download(r.lse), download(rl));
+  INFO("out " << e.str() << "; lse " << el.str());
+  std::printf("  big K/V: out %s; lse %s\n", e.str().c_str(), el.str().c_str());
+  CHECK(e.nonfinite == 0);
+  CHECK(e.rel <= 2e-2);  // both outputs rounded to bf16
+  CHECK(el.max_abs <= 1e-2);
+}
+
+namespace {
+
+// Runs the CLI with `args`, returning the exit status and stdout + stderr.
+int run_cli(const std::string& args, std::string* output) {
+  const std::string cmd = std::string(FLEXJIT_CLI_PATH) + " " + args + " 2>&1";
+  output->clear();
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p))
+    output->append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          fmt::format("flexjit-run-{}-{}", static_cast<long>(::getpid()), name))
+      .string();
+}
+
+void save(const std::string& path, const HostTensor& t) {
+  npy::Array a;
+  a.dtype = t.dtype;
+  a.shape = t.shape;
+  const std::vector<char> b = t.bytes();
+  a.bytes.assign(b.begin(), b.end());
+  npy::write(path, a);
+}
+
+}  // namespace
+
+TEST_CASE("flexjit run: user errors exit 1 with a message", "[cli][run]") {
+  std::mt19937_64 rng(fresh_seed());
+  const std::string q = temp_path("q.npy"), k3 = temp_path("k3.npy");
+  save(q, random_tensor(rng, DType::BF16, {1, 2, 16, 64}));
+  save(k3, random_tensor(rng, DType::BF16, {2, 16, 64}));
+  std::string out;
+  CHECK(run_cli("run --mods causal --q " + q + " --k " + q + " --v " + q, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("--out"));
+  std::string why;
+  const int rc = run_cli(
+      fmt::format("run --mods causal --q {} --k {} --v {} --out {}", q, k3, q, temp_path("o.npy")),
+      &out);
+  CHECK(rc == 1);
+  if (!runtime::cuda_available(&why)) {
+    CHECK_THAT(out, Catch::Contains("needs a CUDA GPU"));
+  } else {
+    CHECK_THAT(out, Catch::Contains("has 3 dims"));
+  }
+  std::filesystem::remove(q);
+  std::filesystem::remove(k3);
+}
+
+TEST_CASE("flexjit run matches the reference on .npy files", "[gpu][cli][run]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const AttentionShape s = make_shape(1, 4, 2, 300, 300, 64, 64);
+  const HostTensor q = random_tensor(rng, DType::F16, {1, 4, 300, 64});
+  const HostTensor k = random_tensor(rng, DType::F16, {1, 2, 300, 64});
+  const HostTensor v = random_tensor(rng, DType::F16, {1, 2, 300, 64});
+  std::vector<float> slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+  npy::Array sl = npy::make_array(DType::F32, {4});
+  std::memcpy(sl.bytes.data(), slopes.data(), 16);
+  const std::string pq = temp_path("q.npy"), pk = temp_path("k.npy"), pv = temp_path("v.npy"),
+                    ps = temp_path("slopes.npy"), po = temp_path("out.npy"),
+                    pl = temp_path("lse.npy");
+  save(pq, q), save(pk, k), save(pv, v);
+  npy::write(ps, sl);
+  std::string output;
+  const int rc = run_cli(fmt::format("run --score-mod alibi --mask-mod causal --buffer slopes={} "
+                                     "--q {} --k {} --v {} --out {} --lse {} --json",
+                                     ps, pq, pk, pv, po, pl),
+                         &output);
+  INFO(output);
+  REQUIRE(rc == 0);
+  CHECK_THAT(output, Catch::Contains("median_ms"));
+  const npy::Array out = npy::read(po), lse = npy::read(pl);
+  REQUIRE(out.dtype == DType::F16);
+  REQUIRE(out.shape == std::vector<int64_t>{1, 4, 300, 64});
+  std::vector<float> got(static_cast<size_t>(out.numel()));
+  for (size_t i = 0; i < got.size(); ++i)
+    got[i] = ir::f16_bits_to_float(out.as<uint16_t>()[i]);
+  ir::EvalEnv env;
+  env.buffers["slopes"] = ir::BufferView{slopes.data(), DType::F32, {4}, {}};
+  const Mods mods = combine(standard_mods("alibi"), standard_mods("causal"));
+  const ReferenceResult ref =
+      reference_attention(mods, s, q.values, k.values, v.values, 0.125f, env);
+  const ErrorStats e = compare(got, ref.out);
+  INFO(e.str());
+  CHECK(e.nonfinite == 0);
+  CHECK(e.rel <= tolerance(DType::F16));
+  std::vector<float> got_lse(lse.as<float>(), lse.as<float>() + lse.numel());
+  CHECK(compare(got_lse, ref.lse).max_abs <= 1e-2);
+  for (const auto& p : {pq, pk, pv, ps, po, pl})
+    std::filesystem::remove(p);
+}
+
+TEST_CASE("the reference kernel compiles through NVRTC for the standard mods",
+          "[reference][nvrtc]") {
+  jit::CacheSettings settings;
+  settings.enabled = false;
+  KernelBuilder builder(settings);
+  struct Item {
+    const char* mods;
+    DType dtype;
+    int dqk, dv, gqa;
+  };
+  const Item items[] = {{"noop", DType::F32, 64, 64, 1},
+                        {"alibi_causal", DType::BF16, 128, 64, 2},
+                        {"t5_bucketed_bias", DType::F16, 256, 256, 4},
+                        {"document_causal", DType::BF16, 96, 32, 3}};
+  for (const Item& it : items) {
+    INFO(it.mods << " " << to_string(it.dtype));
+    cuda::ReferenceSpec spec{it.dtype, it.dqk, it.dv, it.gqa};
+    const cuda::GeneratedSource src =
+        cuda::generate_reference(lower_mods(standard_mods(it.mods)), spec, "sm_80");
+    CHECK(src.kernel_name == "flexjit_reference_forward");
+    CHECK_THAT(src.source, Catch::Contains("kHeadDimQk = " + std::to_string(it.dqk)));
+    const jit::CompileResult r = builder.compile(src, "sm_80", std::string("reference ") + it.mods);
+    REQUIRE(r.kernel);
+    CHECK(!r.kernel->cubin.empty());
+  }
+  CHECK_THROWS_AS(cuda::generate_reference(standard_mods("noop"), {DType::I32, 64, 64, 1}, "sm_80"),
+                  UnsupportedError);
+}
+
+TEST_CASE("FjModParams packing follows the layout and checks bindings", "[modargs]") {
+  const Mods mods = parse_mods(
+      "buffer bias: f32[H, 32]\nparam cap: f32 = 30.0\nparam window: i32\n"
+      "score_mod = cap * tanh(score / cap) + bias[h, 3]\nmask_mod = q_idx - kv_idx <= window");
+  alignas(16) static char fake[64];  // never dereferenced: the packer copies pointers only
+  TensorRef bias = TensorRef::contiguous(fake, DType::F32, {4, 32}, TensorRef::Device::CUDA, 0);
+  bias.strides = {40, 1};  // a padded row: strides are passed through
+  ModBindings b;
+  b.buffers = {{"bias", bias}};
+  b.params = {{"window", 7}};
+  const std::vector<uint64_t> words = runtime::pack_mod_params(mods, b, 0);
+  const cuda::ModParamLayout layout = cuda::layout_of(mods);
+  REQUIRE(words.size() * 8 == static_cast<size_t>(layout.size));
+  const auto* bytes = reinterpret_cast<const char*>(words.data());
+  for (const cuda::ModParamField& f : layout.fields) {
+    INFO(f.name);
+    if (f.kind == cuda::ModParamField::BufferPtr) {
+      void* p = nullptr;
+      std::memcpy(&p, bytes + f.offset, 8);
+      CHECK(p == fake);
+    } else if (f.kind == cuda::ModParamField::BufferStride) {
+      int64_t st = 0;
+      std::memcpy(&st, bytes + f.offset, 8);
+      CHECK(st == (f.dim == 0 ? 40 : 1));
+    } else if (f.kind == cuda::ModParamField::ParamF32) {
+      float v = 0;
+      std::memcpy(&v, bytes + f.offset, 4);
+      CHECK(v == 30.0f);  // the declared default
+    } else {
+      int32_t v = 0;
+      std::memcpy(&v, bytes + f.offset, 4);
+      CHECK(v == 7);
+    }
+  }
+  auto fails_with = [&](ModBindings mb, const std::string& text, int device = 0) {
+    INFO("expecting: " << text);
+    CHECK_THROWS_WITH(runtime::pack_mod_params(mods, mb, device), Catch::Contains(text));
+  };
+  fails_with({{}, {{"window", 7}}}, "buffer 'bias' (f32[H, 32]) is not bound");
+  fails_with({{{"bias", bias}}, {}}, "param 'window' (i32) has no default");
+  fails_with({{{"bias", bias}}, {{"window", 1.5}}}, "not an integer");
+  fails_with({{{"bias", bias}}, {{"window", 7}, {"windw", 1}}}, "'windw', which the mods");
+  fails_with({{{"bias", bias}, {"bias", bias}}, {{"window", 7}}}, "bound twice");
+  TensorRef wrong = bias;
+  wrong.dtype = DType::F16;
+  fails_with({{{"bias", wrong}}, {{"window", 7}}}, "bound to a f16 tensor; expected f32");
+  wrong = TensorRef::contiguous(fake, DType::F32, {4, 31}, TensorRef::Device::CUDA, 0);
+  fails_with({{{"bias", wrong}}, {{"window", 7}}}, "dim 1 has extent 31; the declaration says 32");
+  wrong = TensorRef::contiguous(fake, DType::F32, {128}, TensorRef::Device::CUDA, 0);
+  fails_with({{{"bias", wrong}}, {{"window", 7}}}, "tensor of 1 dims; expected 2");
+  fails_with(b, "is on cuda:0; the kernel runs on cuda:1", 1);
+}
