@@ -21,6 +21,8 @@
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
+#include "support/CliPath.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -557,7 +559,7 @@ namespace {
 
 // Runs the CLI with `args`, returning the exit status and stdout + stderr.
 int run_cli(const std::string& args, std::string* output) {
-  const std::string cmd = std::string(FLEXJIT_CLI_PATH) + " " + args + " 2>&1";
+  const std::string cmd = flexjit::test::cli_path() + " " + args + " 2>&1";
   output->clear();
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return -1;

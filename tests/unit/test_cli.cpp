@@ -1,6 +1,8 @@
 // The CLI as users meet it: exit codes and messages for good and bad input.
 #include <catch2/catch.hpp>
 
+#include "support/CliPath.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,7 +20,7 @@ struct Result {
 };
 
 Result run_cli(const std::string& args, const std::string& env = "") {
-  std::string cmd = env + " '" FLEXJIT_CLI_PATH "' " + args + " 2>&1";
+  std::string cmd = env + " '" + flexjit::test::cli_path() + "' " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   std::string out;

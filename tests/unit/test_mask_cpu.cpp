@@ -12,6 +12,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "support/CliPath.h"
+
 #include <array>
 #include <cstdio>
 #include <string>
@@ -61,7 +63,7 @@ std::vector<int32_t> uneven_doc_ids(int S) {
 
 std::string run(const std::string& args) {
   std::string out;
-  const std::string cmd = std::string(FLEXJIT_CLI_PATH) + " " + args + " 2>/dev/null";
+  const std::string cmd = flexjit::test::cli_path() + " " + args + " 2>/dev/null";
   if (FILE* p = popen(cmd.c_str(), "r")) {
     std::array<char, 4096> buf;
     while (size_t n = fread(buf.data(), 1, buf.size(), p))
