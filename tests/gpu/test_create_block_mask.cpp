@@ -92,7 +92,7 @@ TEST_CASE("create_block_mask equals the CPU builder for every standard mask", "[
   }
 }
 
-TEST_CASE("create_block_mask follows b and h and broadcasts 1", "[gpu][mask]") {
+TEST_CASE("create_block_mask follows b and h and broadcasts 1", "[gpu][mask][small]") {
   if (!have_gpu()) return;
   Context ctx;
   const Mods m =

@@ -76,7 +76,7 @@ TEST_CASE("without a driver, device calls fail with the reason", "[runtime]") {
   CHECK_THROWS_WITH(Device::get(0), "CUDA driver unavailable: " + reason);
 }
 
-TEST_CASE("driver: allocate, copy, load an NVRTC kernel, launch", "[gpu][runtime]") {
+TEST_CASE("driver: allocate, copy, load an NVRTC kernel, launch", "[gpu][runtime][small]") {
   std::string reason;
   if (!cuda_available(&reason)) {
     WARN("skipped: no GPU (" << reason << ")");

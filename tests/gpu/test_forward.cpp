@@ -359,7 +359,7 @@ TEST_CASE("forward: random mods", "[gpu][forward]") {
   }
 }
 
-TEST_CASE("forward: fully masked rows give 0 and lse -inf", "[gpu][forward]") {
+TEST_CASE("forward: fully masked rows give 0 and lse -inf", "[gpu][forward][small]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
@@ -385,7 +385,7 @@ TEST_CASE("forward: fully masked rows give 0 and lse -inf", "[gpu][forward]") {
   CHECK(r.out_err.rel <= tolerance(c.dtype));
 }
 
-TEST_CASE("forward: zero-length Q and KV", "[gpu][forward]") {
+TEST_CASE("forward: zero-length Q and KV", "[gpu][forward][small]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
   std::mt19937_64 rng(fresh_seed());
   for (DType dt : {DType::BF16, DType::F16}) {
@@ -433,7 +433,7 @@ TEST_CASE("forward: a new param value does not recompile and changes the answer"
   CHECK(runtime::ModuleCache::global().num_modules() == modules);
 }
 
-TEST_CASE("forward: uploaded block masks give the dense-mask result", "[gpu][forward]") {
+TEST_CASE("forward: uploaded block masks give the dense-mask result", "[gpu][forward][small]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
