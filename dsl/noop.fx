@@ -1,0 +1,2 @@
+// noop: the identity score_mod; plain softmax attention.
+score_mod = score
