@@ -22,25 +22,145 @@ constexpr int kKvTile = 64;   // kv columns per inner tile (the K^T tile's row l
 constexpr int kQTile = 64;    // query rows per work item without a block mask
 constexpr int kRowGroup = 4;  // query rows sharing each K^T load in the inner product
 
-// exp(x) for x <= 0 in float, branch-free so that the softmax loops vectorise (libm's expf is a
-// call per element). Cody-Waite range reduction and Cephes' degree-6 polynomial: within 2 ulp.
-inline float exp_nonpositive(float x) {
-  const bool underflow = !(x >= -87.0f);  // also -inf
-  x = underflow ? -87.0f : x;
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const float two_n = std::bit_cast<float>(static_cast<int32_t>(n + 127.0f) << 23);
-  return underflow ? 0.0f : y * two_n;
-}
-inline double exp_nonpositive(double x) {
+inline double exp_nonpositive(double x) {  // the fp64 reference mode: libm
   return std::exp(x);
+}
+
+// The fp64 reference mode's loops (portable C++; speed is secondary there).
+// s[r * kKvTile + j] = scale * sum_d q[r * D + d] * kt[d * kKvTile + j] for r < nr, j < kKvTile.
+// Register-blocked: 4 rows x 16 columns of accumulators, each K^T row load feeding 4 rows.
+template <typename Acc>
+inline __attribute__((always_inline)) void qk_tile(const Acc* q, int64_t D, int64_t nr,
+                                                   const Acc* kt, Acc scale, Acc* s) {
+  constexpr int kCols = 16;
+  for (int64_t r0 = 0; r0 < nr; r0 += kRowGroup) {
+    const Acc* rows[kRowGroup];
+    for (int rr = 0; rr < kRowGroup; ++rr)
+      rows[rr] = q + std::min<int64_t>(r0 + rr, nr - 1) * D;  // past the end: recompute the last
+    for (int j0 = 0; j0 < kKvTile; j0 += kCols) {
+      Acc acc[kRowGroup][kCols] = {};
+      for (int64_t d = 0; d < D; ++d) {
+        const Acc* k = kt + d * kKvTile + j0;
+        for (int rr = 0; rr < kRowGroup; ++rr) {
+          const Acc qv = rows[rr][d];
+          for (int jj = 0; jj < kCols; ++jj)
+            acc[rr][jj] = acc[rr][jj] + qv * k[jj];
+        }
+      }
+      for (int rr = 0; rr < kRowGroup && r0 + rr < nr; ++rr) {
+        for (int jj = 0; jj < kCols; ++jj)
+          s[(r0 + rr) * kKvTile + j0 + jj] = acc[rr][jj] * scale;
+      }
+    }
+  }
+}
+
+// a[d] = a[d] * alpha + sum_j p[j] * v[j * Dv + d]: 16 accumulators per block of d, kept in
+// registers across j.
+template <typename Acc>
+inline __attribute__((always_inline)) void pv_row(const Acc* p, int n, const Acc* v, int64_t Dv,
+                                                  Acc alpha, Acc* a) {
+  constexpr int kCols = 16;
+  int64_t d0 = 0;
+  for (; d0 + kCols <= Dv; d0 += kCols) {
+    Acc t[kCols];
+    for (int dd = 0; dd < kCols; ++dd)
+      t[dd] = a[d0 + dd] * alpha;
+    for (int j = 0; j < n; ++j) {
+      const Acc pj = p[j];
+      const Acc* vj = v + j * Dv + d0;
+      for (int dd = 0; dd < kCols; ++dd)
+        t[dd] = t[dd] + pj * vj[dd];
+    }
+    for (int dd = 0; dd < kCols; ++dd)
+      a[d0 + dd] = t[dd];
+  }
+  for (int64_t d = d0; d < Dv; ++d) {
+    Acc t = a[d] * alpha;
+    for (int j = 0; j < n; ++j)
+      t += p[j] * v[j * Dv + d];
+    a[d] = t;
+  }
+}
+
+// s[j] = exp(s[j] - m) for j < n; returns their sum.
+template <typename Acc>
+inline __attribute__((always_inline)) Acc exp_row(Acc* s, int n, Acc m) {
+  for (int j = 0; j < n; ++j)
+    s[j] = exp_nonpositive(s[j] - m);
+  Acc sum = 0;
+  for (int j = 0; j < n; ++j)
+    sum += s[j];
+  return sum;
+}
+
+}  // namespace
+
+// The fp32 kernels, twice (see AttentionKernels.h).
+// no-trapping-math lets GCC if-convert the exp's range checks, so that its loop vectorises.
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+namespace base {
+#include "cpu/AttentionKernels.h"
+}  // namespace base
+#pragma GCC pop_options
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FJ_HAVE_AVX2_PATH 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#pragma GCC optimize("fp-contract=fast", "no-trapping-math")
+namespace avx2 {
+#include "cpu/AttentionKernels.h"
+}  // namespace avx2
+#pragma GCC pop_options
+#else
+#define FJ_HAVE_AVX2_PATH 0
+#endif
+
+namespace {
+
+inline float exp_nonpositive(float x) {
+  return base::exp_nonpositive(x);
+}
+
+bool use_avx2() {
+#if FJ_HAVE_AVX2_PATH
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+#else
+  return false;
+#endif
+}
+
+inline void qk_tile_any(const float* q, int64_t D, int64_t nr, const float* kt, float scale,
+                        float* s) {
+#if FJ_HAVE_AVX2_PATH
+  if (use_avx2()) return avx2::qk_tile_f32(q, D, nr, kt, scale, s);
+#endif
+  base::qk_tile_f32(q, D, nr, kt, scale, s);
+}
+inline void pv_row_any(const float* p, int n, const float* v, int64_t Dv, float alpha, float* a) {
+#if FJ_HAVE_AVX2_PATH
+  if (use_avx2()) return avx2::pv_row_f32(p, n, v, Dv, alpha, a);
+#endif
+  base::pv_row_f32(p, n, v, Dv, alpha, a);
+}
+inline float exp_row_any(float* s, int n, float m) {
+#if FJ_HAVE_AVX2_PATH
+  if (use_avx2()) return avx2::exp_row_f32(s, n, m);
+#endif
+  return base::exp_row_f32(s, n, m);
+}
+inline void qk_tile_any(const double* q, int64_t D, int64_t nr, const double* kt, double scale,
+                        double* s) {
+  qk_tile(q, D, nr, kt, scale, s);
+}
+inline void pv_row_any(const double* p, int n, const double* v, int64_t Dv, double alpha,
+                       double* a) {
+  pv_row(p, n, v, Dv, alpha, a);
+}
+inline double exp_row_any(double* s, int n, double m) {
+  return exp_row(s, n, m);
 }
 
 template <typename Acc>
@@ -80,8 +200,8 @@ void check_tensor(const char* name, const CpuTensor& t) {
   int64_t elements = 1;
   for (int i = 0; i < 4; ++i) {
     if (t.shape[i] < 0) {
-      throw RuntimeError(fmt::format("CPU attention: {} has negative extent {} in dim {}", name,
-                                     t.shape[i], i));
+      throw RuntimeError(
+          fmt::format("CPU attention: {} has negative extent {} in dim {}", name, t.shape[i], i));
     }
     elements *= t.shape[i];
   }
@@ -95,7 +215,8 @@ void check_tensor(const char* name, const CpuTensor& t) {
   if (t.shape[2] > std::numeric_limits<int32_t>::max() ||
       t.shape[1] > std::numeric_limits<int32_t>::max() ||
       t.shape[0] > std::numeric_limits<int32_t>::max()) {
-    throw RuntimeError(fmt::format("CPU attention: {} extents must fit the mods' i32 indices", name));
+    throw RuntimeError(
+        fmt::format("CPU attention: {} extents must fit the mods' i32 indices", name));
   }
 }
 
@@ -140,8 +261,8 @@ Problem check_problem(const CpuTensor& q, const CpuTensor& k, const CpuTensor& v
 template <typename Acc>
 struct Scratch {
   std::vector<Acc> q, kt, v, s, acc, m, l;
-  std::vector<float> s32;       // f64 mode: scores rounded for the score_mod
-  std::vector<uint8_t> keep;    // f64 mode: mask_mod results
+  std::vector<float> s32;     // f64 mode: scores rounded for the score_mod
+  std::vector<uint8_t> keep;  // f64 mode: mask_mod results
 };
 
 template <typename Acc>
@@ -205,24 +326,7 @@ void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor&
         for (int64_t d = 0; d < D; ++d)
           kt[d * kKvTile + j] = Acc(0);
       }
-      // s = q k^T for the tile, kRowGroup rows at a time (each K^T row load feeds 4 rows).
-      for (int64_t r = 0; r < nr; r += kRowGroup) {
-        const int g = static_cast<int>(std::min<int64_t>(kRowGroup, nr - r));
-        Acc acc4[kRowGroup][kKvTile] = {};
-        for (int64_t d = 0; d < D; ++d) {
-          const Acc* ktd = kt + d * kKvTile;
-          for (int rr = 0; rr < kRowGroup; ++rr) {
-            const Acc qv = rr < g ? sc.q[static_cast<size_t>((r + rr) * D + d)] : Acc(0);
-            for (int j = 0; j < kKvTile; ++j)
-              acc4[rr][j] += qv * ktd[j];
-          }
-        }
-        for (int rr = 0; rr < g; ++rr) {
-          Acc* srow = sc.s.data() + (r + rr) * kKvTile;
-          for (int j = 0; j < kKvTile; ++j)
-            srow[j] = acc4[rr][j] * scale;
-        }
-      }
+      qk_tile_any(sc.q.data(), D, nr, kt, scale, sc.s.data());
       const auto bi = static_cast<int32_t>(b), hi = static_cast<int32_t>(h),
                  kv0 = static_cast<int32_t>(c0);
       for (int64_t r = 0; r < nr; ++r) {
@@ -256,25 +360,10 @@ void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor&
         const Acc m_new = mx > m_old ? mx : m_old;
         if (m_new == -std::numeric_limits<Acc>::infinity()) continue;  // all masked so far
         const Acc alpha = exp_nonpositive(m_old - m_new);
-        Acc sum = 0;
-        for (int j = 0; j < n; ++j) {
-          s[j] = exp_nonpositive(s[j] - m_new);
-          sum += s[j];
-        }
+        const Acc sum = exp_row_any(s, n, m_new);
         sc.m[static_cast<size_t>(r)] = m_new;
         sc.l[static_cast<size_t>(r)] = sc.l[static_cast<size_t>(r)] * alpha + sum;
-        Acc* a = sc.acc.data() + r * Dv;
-        if (alpha != Acc(1)) {
-          for (int64_t d = 0; d < Dv; ++d)
-            a[d] *= alpha;
-        }
-        for (int j = 0; j < n; ++j) {
-          const Acc pj = s[j];
-          if (pj == Acc(0)) continue;
-          const Acc* vj = sc.v.data() + j * Dv;
-          for (int64_t d = 0; d < Dv; ++d)
-            a[d] += pj * vj[d];
-        }
+        pv_row_any(s, n, sc.v.data(), Dv, alpha, sc.acc.data() + r * Dv);
       }
     };
 

@@ -34,16 +34,15 @@ void CpuBlockMask::validate() const {
     }
     for (size_t r = 0; r < rows; ++r) {
       if (counts[r] < 0 || counts[r] > nkv) {
-        throw RuntimeError(
-            fmt::format("block mask {}num_blocks[{}] = {} is outside [0, {}]", what, r, counts[r],
-                        nkv));
+        throw RuntimeError(fmt::format("block mask {}num_blocks[{}] = {} is outside [0, {}]", what,
+                                       r, counts[r], nkv));
       }
       for (int32_t k = 0; k < counts[r]; ++k) {
         const int32_t i = indices[r * nkv + k];
         if (i < 0 || i >= nkv || (k > 0 && i <= indices[r * nkv + k - 1])) {
           throw RuntimeError(fmt::format(
-              "block mask {}indices row {} entry {} = {} is out of range or not ascending", what,
-              r, k, i));
+              "block mask {}indices row {} entry {} = {} is out of range or not ascending", what, r,
+              k, i));
         }
       }
     }
@@ -58,8 +57,8 @@ CpuBlockMask cpu_create_block_mask(const Mods& mods, const ir::EvalEnv& bindings
   constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
   if (batch < 1 || heads < 1 || q_len < 0 || kv_len < 0) {
     throw RuntimeError(fmt::format(
-        "create_block_mask: batch {} and heads {} must be >= 1, q_len {} and kv_len {} >= 0",
-        batch, heads, q_len, kv_len));
+        "create_block_mask: batch {} and heads {} must be >= 1, q_len {} and kv_len {} >= 0", batch,
+        heads, q_len, kv_len));
   }
   if (batch > kMaxIndex || heads > kMaxIndex || q_len > kMaxIndex || kv_len > kMaxIndex) {
     throw RuntimeError("create_block_mask: sizes must fit the mods' i32 indices");

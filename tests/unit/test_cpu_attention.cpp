@@ -20,7 +20,7 @@ namespace {
 
 struct Case {
   int B = 1, Hq = 1, Hkv = 1, Sq = 1, Skv = 1, D = 16, Dv = 16;
-  bool strided = false;   // inputs are slices of larger tensors with padded strides
+  bool strided = false;  // inputs are slices of larger tensors with padded strides
   bool block_mask = false;
 };
 
@@ -87,7 +87,8 @@ int check_case(const Mods& mods, const ir::EvalEnv& env, const Case& c, uint32_t
   std::vector<float> out(ref.out.size(), 123.0f), lse(ref.lse.size(), 123.0f);
   cpu::cpu_attention_forward(mods, env, q.view, k.view, v.view, out.data(), lse.data(), opt);
   std::vector<double> out64(ref.out.size(), 123.0), lse64(ref.lse.size(), 123.0);
-  cpu::cpu_attention_forward_f64(mods, env, q.view, k.view, v.view, out64.data(), lse64.data(), opt);
+  cpu::cpu_attention_forward_f64(mods, env, q.view, k.view, v.view, out64.data(), lse64.data(),
+                                 opt);
 
   INFO(mods.name << " B=" << c.B << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " Sq=" << c.Sq
                  << " Skv=" << c.Skv << " D=" << c.D << " Dv=" << c.Dv << " strided=" << c.strided
@@ -137,8 +138,8 @@ struct StandardBindings {
 }  // namespace
 
 TEST_CASE("CPU forward matches the fp64 reference across mods, shapes, GQA and strides", "[cpu]") {
-  const char* names[] = {"noop", "causal", "alibi", "softcap", "document", "sliding_window",
-                         "relative_bias", "softcap_causal"};
+  const char* names[] = {"noop",     "causal",         "alibi",         "softcap",
+                         "document", "sliding_window", "relative_bias", "softcap_causal"};
   StandardBindings sb(6, 300);
   uint32_t seed = 1;
   int cases = 0;
@@ -215,22 +216,25 @@ TEST_CASE("CPU forward reads bf16 and f16 inputs", "[cpu]") {
     for (int t = 0; t < 3; ++t) {
       for (int i = 0; i < 2 * S * D; ++i) {
         const float x = dist(rng);
-        const uint16_t b16 = dt == DType::BF16 ? ir::float_to_bf16_bits(x) : ir::float_to_f16_bits(x);
+        const uint16_t b16 =
+            dt == DType::BF16 ? ir::float_to_bf16_bits(x) : ir::float_to_f16_bits(x);
         bits[t].push_back(b16);
-        widened[t].push_back(dt == DType::BF16 ? ir::bf16_bits_to_float(b16) : ir::f16_bits_to_float(b16));
+        widened[t].push_back(dt == DType::BF16 ? ir::bf16_bits_to_float(b16)
+                                               : ir::f16_bits_to_float(b16));
       }
     }
     Mods mods = standard_mods("causal");
     test::AttentionShape shape{1, 2, 2, S, S, D, D};
     const float scale = 0.25f;
-    auto ref = test::reference_attention(mods, shape, widened[0], widened[1], widened[2], scale, sb.env);
+    auto ref =
+        test::reference_attention(mods, shape, widened[0], widened[1], widened[2], scale, sb.env);
     std::vector<float> out(ref.out.size()), lse(ref.lse.size());
     cpu::CpuForwardOptions opt;
     opt.scale = scale;
-    cpu::cpu_attention_forward(mods, sb.env, cpu::CpuTensor::contiguous(bits[0].data(), dt, 1, 2, S, D),
-                               cpu::CpuTensor::contiguous(bits[1].data(), dt, 1, 2, S, D),
-                               cpu::CpuTensor::contiguous(bits[2].data(), dt, 1, 2, S, D), out.data(),
-                               lse.data(), opt);
+    cpu::cpu_attention_forward(
+        mods, sb.env, cpu::CpuTensor::contiguous(bits[0].data(), dt, 1, 2, S, D),
+        cpu::CpuTensor::contiguous(bits[1].data(), dt, 1, 2, S, D),
+        cpu::CpuTensor::contiguous(bits[2].data(), dt, 1, 2, S, D), out.data(), lse.data(), opt);
     REQUIRE(rel_error(out, ref.out) <= 1e-5);
   }
 }

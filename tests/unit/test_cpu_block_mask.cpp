@@ -70,11 +70,12 @@ TEST_CASE("block masks of standard mods equal brute-force classification", "[cpu
   env.buffers["doc_id"] = ir::BufferView{doc.data(), DType::I32, {300}, {}};
   env.params["window"] = 50;
   for (const char* name : {"causal", "sliding_window", "document", "document_causal", "noop"}) {
-    for (auto [q_len, kv_len, qb, kb] : {std::tuple{300, 300, 128, 128}, std::tuple{129, 300, 64, 17},
-                                        std::tuple{1, 127, 16, 32}, std::tuple{300, 129, 17, 128}}) {
+    for (auto [q_len, kv_len, qb, kb] :
+         {std::tuple{300, 300, 128, 128}, std::tuple{129, 300, 64, 17}, std::tuple{1, 127, 16, 32},
+          std::tuple{300, 129, 17, 128}}) {
       Mods mods = standard_mods(name);
-      cpu::CpuBlockMask m = cpu::cpu_create_block_mask(
-          mods, env, 1, 2, q_len, kv_len, cpu::CpuBlockMaskOptions{qb, kb, 2});
+      cpu::CpuBlockMask m = cpu::cpu_create_block_mask(mods, env, 1, 2, q_len, kv_len,
+                                                       cpu::CpuBlockMaskOptions{qb, kb, 2});
       INFO(name << " " << q_len << "x" << kv_len << " blocks " << qb << "x" << kb);
       REQUIRE_NOTHROW(m.validate());
       REQUIRE(m.num_q_blocks == (q_len + qb - 1) / qb);
@@ -92,8 +93,8 @@ TEST_CASE("block masks of random mask_mods equal brute-force classification", "[
     Mods mods = gen.mods(4);
     test::PassesEnv envs(gen, seed);
     ir::EvalEnv env = envs.next();
-    cpu::CpuBlockMask m = cpu::cpu_create_block_mask(mods, env, 2, 3, 45, 70,
-                                                     cpu::CpuBlockMaskOptions{16, 8, 2});
+    cpu::CpuBlockMask m =
+        cpu::cpu_create_block_mask(mods, env, 2, 3, 45, 70, cpu::CpuBlockMaskOptions{16, 8, 2});
     INFO(mods.to_text());
     const std::vector<int> want = brute_force(mods, env, m);
     REQUIRE(decode(m) == want);

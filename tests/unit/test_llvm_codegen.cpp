@@ -68,9 +68,10 @@ TEST_CASE("JIT'ed mods equal the interpreter bit for bit on random mods", "[llvm
       if (score_ev) {
         auto want = interpret(*score_ev, env);
         if (want) {
-          const float got = fns.score(params.data(), env.score, env.b, env.h, env.q_idx, env.kv_idx);
-          INFO(describe(mods, env) << "\ninterpreter " << want->str() << " jit "
-                                   << ir::Value::of_f32(got).str());
+          const float got =
+              fns.score(params.data(), env.score, env.b, env.h, env.q_idx, env.kv_idx);
+          INFO(describe(mods, env)
+               << "\ninterpreter " << want->str() << " jit " << ir::Value::of_f32(got).str());
           REQUIRE(ir::identical(*want, ir::Value::of_f32(got)));
           ++compared;
           any = true;
@@ -95,25 +96,25 @@ TEST_CASE("JIT'ed mods equal the interpreter bit for bit on random mods", "[llvm
     }
     if (any) {
       for (const Expr& root : {mods.score_mod, mods.mask_mod}) {
-        if (root.defined()) ir::for_each_node(root, [&](const Expr& n) { covered.insert(coverage_key(n)); });
+        if (root.defined())
+          ir::for_each_node(root, [&](const Expr& n) { covered.insert(coverage_key(n)); });
       }
     }
   }
   INFO("compared " << compared << " evaluations");
   REQUIRE(compared >= 3000);
   // Every node kind, and the arithmetic ops on both i32 and f32, was compared at least once.
-  std::vector<std::string> required = {"IntImm:i32", "FloatImm:f32", "BoolImm:bool", "Var:f32",
-                                       "Var:i32",    "Param:f32",    "Param:i32",    "Param:bool",
-                                       "Load:i32",   "Cast:i32",     "Cast:f32",     "Cast:bool",
-                                       "Select:bool", "Not:bool",    "And:bool",     "Or:bool",
-                                       "EQ:bool",    "NE:bool"};
+  std::vector<std::string> required = {
+      "IntImm:i32",  "FloatImm:f32", "BoolImm:bool", "Var:f32",  "Var:i32",  "Param:f32",
+      "Param:i32",   "Param:bool",   "Load:i32",     "Cast:i32", "Cast:f32", "Cast:bool",
+      "Select:bool", "Not:bool",     "And:bool",     "Or:bool",  "EQ:bool",  "NE:bool"};
   for (const char* op : {"Neg", "Abs", "Add", "Sub", "Mul", "Div", "Mod", "Min", "Max", "EQ", "NE",
                          "LT", "LE", "GT", "GE"}) {
     required.push_back(fmt::format("{}:i32", op));
     required.push_back(fmt::format("{}:f32", op));
   }
-  for (const char* op : {"Exp", "Exp2", "Log", "Log2", "Tanh", "Sigmoid", "Sqrt", "Rsqrt", "Floor",
-                         "Ceil", "Pow"}) {
+  for (const char* op :
+       {"Exp", "Exp2", "Log", "Log2", "Tanh", "Sigmoid", "Sqrt", "Rsqrt", "Floor", "Ceil", "Pow"}) {
     required.push_back(fmt::format("{}:f32", op));
   }
   for (const std::string& k : required) {
@@ -153,7 +154,8 @@ TEST_CASE("JIT'ed row and tile functions equal per-element interpretation", "[ll
       }
       INFO(describe(mods, e));
       const float masked = want.keep ? want.score : -std::numeric_limits<float>::infinity();
-      REQUIRE(ir::identical(ir::Value::of_f32(masked), ir::Value::of_f32(row[static_cast<size_t>(i)])));
+      REQUIRE(
+          ir::identical(ir::Value::of_f32(masked), ir::Value::of_f32(row[static_cast<size_t>(i)])));
       REQUIRE(ir::identical(ir::Value::of_f32(want.score),
                             ir::Value::of_f32(row_nomask[static_cast<size_t>(i)])));
       REQUIRE((keep[static_cast<size_t>(i)] != 0) == want.keep);
@@ -166,7 +168,8 @@ TEST_CASE("integer division and modulo edge cases match the interpreter", "[llvm
       "param a: i32 = 0\nparam d: i32 = 0\n"
       "score_mod = float(a / d) * 1000.0 + float(a % d) + float(-a) + float(abs(a))");
   const CpuModFunctions fns = llvmjit::compile_cpu_mods(mods);
-  const int32_t kMin = std::numeric_limits<int32_t>::min(), kMax = std::numeric_limits<int32_t>::max();
+  const int32_t kMin = std::numeric_limits<int32_t>::min(),
+                kMax = std::numeric_limits<int32_t>::max();
   const std::vector<int32_t> values = {kMin, kMin + 1, -7, -3, -1, 0, 1, 3, 7, kMax - 1, kMax};
   ir::Evaluator ev(mods.score_mod);
   for (int32_t a : values) {
@@ -189,8 +192,9 @@ TEST_CASE("float min/max, casts and comparisons match on special values", "[llvm
   const CpuModFunctions fns = llvmjit::compile_cpu_mods(mods);
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  const std::vector<float> values = {0.0f, -0.0f, 1.0f, -1.5f, 3e9f, -3e9f, inf, -inf, nan,
-                                     std::numeric_limits<float>::denorm_min()};
+  const std::vector<float> values = {
+      0.0f,  -0.0f, 1.0f, -1.5f, 3e9f,
+      -3e9f, inf,   -inf, nan,   std::numeric_limits<float>::denorm_min()};
   ir::Evaluator ev(mods.score_mod);
   for (float x : values) {
     for (float y : values) {
@@ -219,7 +223,8 @@ TEST_CASE("an out-of-bounds load in an unselected branch does not fault", "[llvm
     env.kv_idx = kv;
     env.score = 0.5f;
     INFO("kv=" << kv);
-    REQUIRE(ir::identical(ev.run(env), ir::Value::of_f32(fns.score(params.data(), 0.5f, 0, 0, 0, kv))));
+    REQUIRE(
+        ir::identical(ev.run(env), ir::Value::of_f32(fns.score(params.data(), 0.5f, 0, 0, 0, kv))));
   }
   REQUIRE(fns.mask(params.data(), 0, 0, 0, 2) == 1);
   // kv_idx >= 4 selects the load at kv_idx - 1000000: out of bounds, clamped to bias[0] = 1 > 0.
@@ -253,7 +258,8 @@ TEST_CASE("f16, bf16, bool and strided buffers load as the interpreter's", "[llv
       env.kv_idx = kv;
       env.score = 0.25f;
       INFO("q=" << q << " kv=" << kv);
-      REQUIRE(ir::identical(ev.run(env), ir::Value::of_f32(fns.score(params.data(), 0.25f, 0, 0, q, kv))));
+      REQUIRE(ir::identical(ev.run(env),
+                            ir::Value::of_f32(fns.score(params.data(), 0.25f, 0, 0, q, kv))));
     }
   }
 }
@@ -261,8 +267,7 @@ TEST_CASE("f16, bf16, bool and strided buffers load as the interpreter's", "[llv
 TEST_CASE("bad bindings are RuntimeErrors naming the buffer or param", "[llvm]") {
   Mods mods = standard_mods("alibi");
   ir::EvalEnv env;
-  REQUIRE_THROWS_WITH(llvmjit::pack_cpu_mod_params(mods, env),
-                      Catch::Contains("slopes"));
+  REQUIRE_THROWS_WITH(llvmjit::pack_cpu_mod_params(mods, env), Catch::Contains("slopes"));
   std::vector<int32_t> wrong(8);
   env.buffers["slopes"] = ir::BufferView{wrong.data(), DType::I32, {8}, {}};
   REQUIRE_THROWS_WITH(llvmjit::pack_cpu_mod_params(mods, env), Catch::Contains("slopes"));

@@ -60,8 +60,8 @@ std::vector<uint64_t> pack_cpu_mod_params(const Mods& mods, const ir::EvalEnv& b
     int64_t elements = 1;
     for (int d = 0; d < rank; ++d) {
       if (view.shape[d] < 0) {
-        throw RuntimeError(fmt::format("buffer '{}' dim {} has negative extent {}", decl.name, d,
-                                       view.shape[d]));
+        throw RuntimeError(
+            fmt::format("buffer '{}' dim {} has negative extent {}", decl.name, d, view.shape[d]));
       }
       if (is_number(decl.dims[d]) && std::to_string(view.shape[d]) != decl.dims[d]) {
         throw RuntimeError(fmt::format("buffer '{}' dim {} is declared {} but bound with extent {}",

@@ -241,15 +241,15 @@ class ModLowering {
         // Floor division; x / 0 == 0. A divisor of 1 stands in for 0 and for -1 with
         // x == INT_MIN (where sdiv traps), which gives INT_MIN, the wrapped result.
         llvm::Value* y0 = b.CreateICmpEQ(y, zero);
-        llvm::Value* overflow = b.CreateAnd(
-            b.CreateICmpEQ(x, b.getInt32(std::numeric_limits<int32_t>::min())),
-            b.CreateICmpEQ(y, b.getInt32(-1)));
+        llvm::Value* overflow =
+            b.CreateAnd(b.CreateICmpEQ(x, b.getInt32(std::numeric_limits<int32_t>::min())),
+                        b.CreateICmpEQ(y, b.getInt32(-1)));
         llvm::Value* d = b.CreateSelect(b.CreateOr(y0, overflow), one, y);
         llvm::Value* q = b.CreateSDiv(x, d);
         llvm::Value* r = b.CreateSRem(x, d);
         // Round toward -inf: step down when the remainder is non-zero and signs differ.
-        llvm::Value* adjust = b.CreateAnd(b.CreateICmpNE(r, zero),
-                                          b.CreateICmpSLT(b.CreateXor(r, d), zero));
+        llvm::Value* adjust =
+            b.CreateAnd(b.CreateICmpNE(r, zero), b.CreateICmpSLT(b.CreateXor(r, d), zero));
         q = b.CreateSub(q, b.CreateZExt(adjust, i32()));
         return b.CreateSelect(y0, zero, q);
       }
@@ -258,8 +258,8 @@ class ModLowering {
         llvm::Value* d = b.CreateSelect(
             b.CreateOr(b.CreateICmpEQ(y, zero), b.CreateICmpEQ(y, b.getInt32(-1))), one, y);
         llvm::Value* r = b.CreateSRem(x, d);
-        llvm::Value* adjust = b.CreateAnd(b.CreateICmpNE(r, zero),
-                                          b.CreateICmpSLT(b.CreateXor(r, d), zero));
+        llvm::Value* adjust =
+            b.CreateAnd(b.CreateICmpNE(r, zero), b.CreateICmpSLT(b.CreateXor(r, d), zero));
         return b.CreateSelect(adjust, b.CreateAdd(r, d), r);
       }
       case Op::Min:
@@ -487,8 +487,7 @@ class ModuleEmitter {
       Leaves l{s, fn->getArg(2), fn->getArg(3), fn->getArg(4), kv};
       llvm::Value* r = score_of(b, s, l);
       if (masked && mods_.mask_mod.defined()) {
-        llvm::Value* minus_inf =
-            llvm::ConstantFP::getInfinity(lower_.f32(), /*Negative=*/true);
+        llvm::Value* minus_inf = llvm::ConstantFP::getInfinity(lower_.f32(), /*Negative=*/true);
         r = b.CreateSelect(keep_of(b, l), r, minus_inf);
       }
       lower_.mark_row_access(b.CreateStore(r, at));
@@ -514,7 +513,8 @@ class ModuleEmitter {
   void emit_mask_tile() {
     auto& ctx = m_.getContext();
     auto* i32 = lower_.i32();
-    llvm::Function* fn = function("fj_mask_tile", i32, {lower_.ptr(), i32, i32, i32, i32, i32, i32});
+    llvm::Function* fn =
+        function("fj_mask_tile", i32, {lower_.ptr(), i32, i32, i32, i32, i32, i32});
     llvm::Value *bb = fn->getArg(1), *hh = fn->getArg(2), *q0 = fn->getArg(3), *q1 = fn->getArg(4),
                 *kv0 = fn->getArg(5), *kv1 = fn->getArg(6);
     auto* entry = llvm::BasicBlock::Create(ctx, "entry", fn);
@@ -602,9 +602,8 @@ std::unique_ptr<llvm::Module> emit_mod_module(const Mods& mods, llvm::LLVMContex
 CpuModFunctions compile_cpu_mods(const Mods& mods) {
   mods.check();
   CpuModFunctions f;
-  f.module = OrcJit::instance().get(kModsKind, mods, [&](llvm::LLVMContext& ctx) {
-    return emit_mod_module(mods, ctx);
-  });
+  f.module = OrcJit::instance().get(
+      kModsKind, mods, [&](llvm::LLVMContext& ctx) { return emit_mod_module(mods, ctx); });
   auto get = [&](const char* name) {
     void* p = f.module->lookup(name);
     FJ_ASSERT(p != nullptr, fmt::format("compiled CPU mods lack {}", name));

@@ -94,8 +94,9 @@ OrcJit::OrcJit() : impl_(std::make_unique<Impl>()) {
   impl_->cpu = jtmb.getCPU();
   impl_->features = jtmb.getFeatures().getString();
   impl_->tm = unwrap(jtmb.createTargetMachine(), "target machine");
-  impl_->jit = unwrap(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(jtmb)).create(),
-                      "LLJIT creation");
+  impl_->jit =
+      unwrap(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(jtmb)).create(),
+             "LLJIT creation");
 }
 
 OrcJit::~OrcJit() = default;
@@ -169,8 +170,8 @@ std::shared_ptr<const CpuModule> OrcJit::get(std::string_view kind, const Mods& 
   if (auto err = jd.define(llvm::orc::absoluteSymbols(std::move(math)))) {
     throw JitError("LLVM math symbols: " + to_message(std::move(err)));
   }
-  if (auto err = impl_->jit->addIRModule(
-          jd, llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx)))) {
+  if (auto err =
+          impl_->jit->addIRModule(jd, llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx)))) {
     throw JitError("LLVM addIRModule: " + to_message(std::move(err)));
   }
   auto module = std::make_shared<CpuModule>();

@@ -60,7 +60,7 @@ class OrcJit {
 
   struct Stats {
     int64_t hits = 0;
-    int64_t misses = 0;  // = modules compiled
+    int64_t misses = 0;       // = modules compiled
     double compile_ms = 0.0;  // total over all misses
   };
   Stats stats() const;
