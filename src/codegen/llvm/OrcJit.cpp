@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
@@ -150,6 +151,9 @@ std::shared_ptr<const CpuModule> OrcJit::get(std::string_view kind, const Mods& 
     pb.crossRegisterProxies(lam, fam, cgam, mam);
     llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O2);
     mpm.run(*m, mam);
+  }
+  if (const char* dump = std::getenv("FLEXJIT_DUMP_LLVM"); dump != nullptr && *dump != '\0') {
+    llvm::errs() << "; flexjit: optimised CPU module, kind " << kind << "\n" << *m;
   }
   std::vector<std::string> names;
   for (const llvm::Function& f : *m) {

@@ -11,6 +11,8 @@
 // contents are not part of the key: they are arguments of the generated functions. Entries live
 // as long as the process (compiled mods are a few KiB each).
 //
+// FLEXJIT_DUMP_LLVM=1 prints each optimised module to stderr before it is compiled.
+//
 // This header exposes no LLVM types beyond forward declarations: only src/codegen/llvm/*.cpp
 // include LLVM headers.
 #pragma once
