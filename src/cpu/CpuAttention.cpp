@@ -98,12 +98,16 @@ inline __attribute__((always_inline)) Acc exp_row(Acc* s, int n, Acc m) {
 
 // The fp32 kernels, twice (see AttentionKernels.h).
 // no-trapping-math lets GCC if-convert the exp's range checks, so that its loop vectorises.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("no-trapping-math")
+#endif
 namespace base {
 #include "cpu/AttentionKernels.h"
 }  // namespace base
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
+#endif
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FJ_HAVE_AVX2_PATH 1
 #pragma GCC push_options
@@ -123,14 +127,12 @@ inline float exp_nonpositive(float x) {
   return base::exp_nonpositive(x);
 }
 
-bool use_avx2() {
 #if FJ_HAVE_AVX2_PATH
+bool use_avx2() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
-#else
-  return false;
-#endif
 }
+#endif
 
 inline void qk_tile_any(const float* q, int64_t D, int64_t nr, const float* kt, float scale,
                         float* s) {
