@@ -134,34 +134,35 @@ bool use_avx2() {
 }
 #endif
 
-inline void qk_tile_any(const float* q, int64_t D, int64_t nr, const float* kt, float scale,
-                        float* s) {
+inline void qk_tile_any(bool wide, const float* q, int64_t D, int64_t nr, const float* kt,
+                        float scale, float* s) {
 #if FJ_HAVE_AVX2_PATH
-  if (use_avx2()) return avx2::qk_tile_f32(q, D, nr, kt, scale, s);
+  if (wide) return avx2::qk_tile_f32(q, D, nr, kt, scale, s);
 #endif
   base::qk_tile_f32(q, D, nr, kt, scale, s);
 }
-inline void pv_row_any(const float* p, int n, const float* v, int64_t Dv, float alpha, float* a) {
+inline void pv_row_any(bool wide, const float* p, int n, const float* v, int64_t Dv, float alpha,
+                       float* a) {
 #if FJ_HAVE_AVX2_PATH
-  if (use_avx2()) return avx2::pv_row_f32(p, n, v, Dv, alpha, a);
+  if (wide) return avx2::pv_row_f32(p, n, v, Dv, alpha, a);
 #endif
   base::pv_row_f32(p, n, v, Dv, alpha, a);
 }
-inline float exp_row_any(float* s, int n, float m) {
+inline float exp_row_any(bool wide, float* s, int n, float m) {
 #if FJ_HAVE_AVX2_PATH
-  if (use_avx2()) return avx2::exp_row_f32(s, n, m);
+  if (wide) return avx2::exp_row_f32(s, n, m);
 #endif
   return base::exp_row_f32(s, n, m);
 }
-inline void qk_tile_any(const double* q, int64_t D, int64_t nr, const double* kt, double scale,
-                        double* s) {
+inline void qk_tile_any(bool, const double* q, int64_t D, int64_t nr, const double* kt,
+                        double scale, double* s) {
   qk_tile(q, D, nr, kt, scale, s);
 }
-inline void pv_row_any(const double* p, int n, const double* v, int64_t Dv, double alpha,
+inline void pv_row_any(bool, const double* p, int n, const double* v, int64_t Dv, double alpha,
                        double* a) {
   pv_row(p, n, v, Dv, alpha, a);
 }
-inline double exp_row_any(double* s, int n, double m) {
+inline double exp_row_any(bool, double* s, int n, double m) {
   return exp_row(s, n, m);
 }
 
@@ -287,6 +288,11 @@ void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor&
   const int64_t nq = (p.Sq + q_tile - 1) / q_tile;
   const int64_t D = p.D, Dv = p.Dv;
   const int threads = resolve_threads(options.num_threads);
+#if FJ_HAVE_AVX2_PATH
+  const bool wide = options.allow_avx2 && use_avx2();
+#else
+  const bool wide = false;
+#endif
   std::vector<Scratch<Acc>> scratch(static_cast<size_t>(threads));
 
   auto item = [&](int64_t idx, Scratch<Acc>& sc) {
@@ -328,7 +334,7 @@ void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor&
         for (int64_t d = 0; d < D; ++d)
           kt[d * kKvTile + j] = Acc(0);
       }
-      qk_tile_any(sc.q.data(), D, nr, kt, scale, sc.s.data());
+      qk_tile_any(wide, sc.q.data(), D, nr, kt, scale, sc.s.data());
       const auto bi = static_cast<int32_t>(b), hi = static_cast<int32_t>(h),
                  kv0 = static_cast<int32_t>(c0);
       for (int64_t r = 0; r < nr; ++r) {
@@ -362,10 +368,10 @@ void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor&
         const Acc m_new = mx > m_old ? mx : m_old;
         if (m_new == -std::numeric_limits<Acc>::infinity()) continue;  // all masked so far
         const Acc alpha = exp_nonpositive(m_old - m_new);
-        const Acc sum = exp_row_any(s, n, m_new);
+        const Acc sum = exp_row_any(wide, s, n, m_new);
         sc.m[static_cast<size_t>(r)] = m_new;
         sc.l[static_cast<size_t>(r)] = sc.l[static_cast<size_t>(r)] * alpha + sum;
-        pv_row_any(s, n, sc.v.data(), Dv, alpha, sc.acc.data() + r * Dv);
+        pv_row_any(wide, s, n, sc.v.data(), Dv, alpha, sc.acc.data() + r * Dv);
       }
     };
 

@@ -46,6 +46,9 @@ struct CpuForwardOptions {
   // Optional tile sparsity. Its q_len / kv_len must equal the call's, its batch / heads be 1 or
   // equal to B / Hq. Without one, the mask_mod (if any) is evaluated everywhere.
   const CpuBlockMask* block_mask = nullptr;
+  // Use the AVX2 + FMA fp32 kernels where the CPU has them; false forces the baseline x86-64
+  // kernels (for tests: both must agree with the reference).
+  bool allow_avx2 = true;
 };
 
 // fp32 forward. q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]; writes out

@@ -22,6 +22,7 @@ struct Case {
   int B = 1, Hq = 1, Hkv = 1, Sq = 1, Skv = 1, D = 16, Dv = 16;
   bool strided = false;  // inputs are slices of larger tensors with padded strides
   bool block_mask = false;
+  bool allow_avx2 = true;
 };
 
 // A [B, H, S, D] tensor of random values, optionally a slice (of dims 1 and 2, with padding in
@@ -78,6 +79,7 @@ int check_case(const Mods& mods, const ir::EvalEnv& env, const Case& c, uint32_t
   cpu::CpuForwardOptions opt;
   opt.scale = scale;
   opt.num_threads = 2;
+  opt.allow_avx2 = c.allow_avx2;
   cpu::CpuBlockMask bm;
   if (c.block_mask) {
     bm = cpu::cpu_create_block_mask(mods, env, 1, c.Hq, c.Sq, c.Skv,
@@ -162,6 +164,15 @@ TEST_CASE("CPU forward matches the fp64 reference across mods, shapes, GQA and s
     }
   }
   REQUIRE(cases == 48);
+}
+
+TEST_CASE("the baseline (non-AVX2) fp32 kernels match the reference too", "[cpu]") {
+  StandardBindings sb(4, 300);
+  for (const char* name : {"causal", "alibi", "softcap"}) {
+    Case c{2, 4, 2, 129, 300, 64, 48, true, true};
+    c.allow_avx2 = false;
+    check_case(standard_mods(name), sb.env, c, 91);
+  }
 }
 
 TEST_CASE("CPU forward with a block mask equals the forward without one", "[cpu]") {
