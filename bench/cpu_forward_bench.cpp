@@ -149,5 +149,15 @@ int main(int argc, char** argv) {
         ms_naive, ms_naive / ms_sparse, max_abs_diff(out, ref_out));
     (void)fns;
   }
+  // LLVM compile time per mod (generation + O2 + codegen of the six functions), warm JIT.
+  std::vector<double> compile;
+  fmt::print("mod compile times (ms):");
+  for (const std::string& name : standard_mod_names()) {
+    const double ms = llvmjit::compile_cpu_mods(standard_mods(name)).module->compile_ms();
+    compile.push_back(ms);
+    fmt::print(" {} {:.1f}", name, ms);
+  }
+  std::sort(compile.begin(), compile.end());
+  fmt::print("\nmedian {:.1f} ms, max {:.1f} ms\n", compile[compile.size() / 2], compile.back());
   return 0;
 }
