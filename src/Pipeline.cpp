@@ -13,13 +13,6 @@ namespace flexjit {
 
 namespace {
 
-Mods map_exprs(const Mods& m, Expr (*f)(const Expr&)) {
-  Mods out = m;
-  if (out.score_mod.defined()) out.score_mod = f(out.score_mod);
-  if (out.mask_mod.defined()) out.mask_mod = f(out.mask_mod);
-  return out;
-}
-
 uint64_t spec_hash(const cuda::ForwardSpec& s) {
   const int64_t fields[] = {static_cast<int64_t>(s.dtype), s.head_dim_qk, s.head_dim_v,
                             s.gqa_ratio, s.is_divisible, s.has_full_blocks, s.arch.major,
@@ -36,11 +29,11 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 Mods lower_mods(const Mods& mods) {
   passes::type_check(mods);
-  FJ_LOG(pipeline, "typecheck: ok ({})", mods.name);
-  Mods m = map_exprs(mods, &passes::simplify);
-  FJ_LOG(pipeline, "simplify:\n{}", m.to_text());
+  FJ_LOG("pipeline", "typecheck: ok ({})", mods.name);
+  Mods m = passes::simplify(mods);
+  FJ_LOG("pipeline", "simplify:\n{}", m.to_text());
   m = passes::cse(m);
-  FJ_LOG(pipeline, "cse: done");
+  FJ_LOG("pipeline", "cse: done");
   return m;
 }
 
@@ -48,7 +41,7 @@ cuda::GeneratedSource emit_forward(const Mods& mods, const cuda::ForwardSpec& sp
   spec.validate();
   Mods lowered = lower_mods(mods);
   cuda::GeneratedSource src = cuda::generate_forward(lowered, spec);
-  FJ_LOG(pipeline, "codegen: {} bytes of CUDA, source key {}", src.source.size(),
+  FJ_LOG("pipeline", "codegen: {} bytes of CUDA, source key {}", src.source.size(),
          src.source_key.substr(0, 16));
   return src;
 }
@@ -74,19 +67,26 @@ BuiltKernel KernelBuilder::build_forward(const Mods& mods, const cuda::ForwardSp
   }
   BuiltKernel k;
   k.source = std::make_shared<const cuda::GeneratedSource>(emit_forward(mods, spec));
-  jit::CompileRequest req;
-  req.source = k.source->source;
-  req.kernel_name = k.source->kernel_name;
-  req.arch = spec.arch.str();
-  req.options = k.source->options;
-  req.label = "forward " + (mods.name.empty() ? std::string("<mods>") : mods.name) + " " +
-              spec.str();
-  k.compiled = compiler_.compile(req);
+  std::string label = "forward " + (mods.name.empty() ? std::string("<mods>") : mods.name) +
+                      " " + spec.str();
+  k.compiled = compile(*k.source, spec.arch.str(), label);
   k.compiled.elapsed_ms = ms_since(t0);
-  FJ_LOG(pipeline, "compile: {} in {:.1f} ms", req.label, k.compiled.elapsed_ms);
   std::lock_guard<std::mutex> lock(mu_);
   memo_[key].push_back(Entry{mods, spec, k});
   return k;
+}
+
+jit::CompileResult KernelBuilder::compile(const cuda::GeneratedSource& source,
+                                          const std::string& arch, const std::string& label) {
+  jit::CompileRequest req;
+  req.source = source.source;
+  req.kernel_name = source.kernel_name;
+  req.arch = arch;
+  req.options = source.options;
+  req.label = label;
+  jit::CompileResult r = compiler_.compile(req);
+  FJ_LOG("pipeline", "compile: {} in {:.1f} ms", label, r.elapsed_ms);
+  return r;
 }
 
 }  // namespace flexjit

@@ -37,6 +37,10 @@ class KernelBuilder {
  public:
   explicit KernelBuilder(jit::CacheSettings settings = jit::CacheSettings::from_env());
   BuiltKernel build_forward(const Mods& mods, const cuda::ForwardSpec& spec);
+  // Compiles any generated source (block-mask, reference kernels) through the compiler's
+  // caches; no structural memo.
+  jit::CompileResult compile(const cuda::GeneratedSource& source, const std::string& arch,
+                             const std::string& label);
   jit::KernelCompiler& compiler() { return compiler_; }
 
  private:

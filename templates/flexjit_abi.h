@@ -63,8 +63,33 @@ struct FjFwdArgs {
 FJ_HOST_DEVICE inline constexpr int fj_forward_smem_bytes(int block_m, int block_n, int head_dim_qk,
                                                           int head_dim_v, int elem_bytes,
                                                           int num_stages) {
-  // Q tile once, then num_stages buffers of a K tile and a V tile.
-  return elem_bytes * (block_m * head_dim_qk + num_stages * block_n * (head_dim_qk + head_dim_v));
+  // The Q tile (reused as the O tile in the epilogue, hence the wider of the two head dims),
+  // then num_stages buffers of a K tile and a V tile (forward_sm80.cuh).
+  return elem_bytes * (block_m * (head_dim_qk > head_dim_v ? head_dim_qk : head_dim_v) +
+                       num_stages * block_n * (head_dim_qk + head_dim_v));
 }
+
+// Arguments of the block-mask builder (templates/block_mask.cuh), two kernels:
+//   flexjit_block_mask(const FjBlockMaskBuildArgs, const FjModParams)
+//     grid (num_q_blocks, heads, batch), block (FjBlockMaskConfig::kNumWarps * 32), dynamic
+//     shared memory num_kv_blocks bytes; writes kv_num_blocks / kv_indices / full_kv_*.
+//   flexjit_block_mask_transpose(const FjBlockMaskBuildArgs)
+//     grid (ceil(num_kv_blocks / 128), heads, batch), block 128; after the first, on the same
+//     stream; writes q_num_blocks / q_indices / full_q_*.
+// Arrays are dense int32 in the layout of FjBlockMaskArgs ([batch, heads, num_q_blocks] and
+// [batch, heads, num_q_blocks, num_kv_blocks]; transposed: [.., num_kv_blocks(, num_q_blocks)]).
+struct FjBlockMaskBuildArgs {
+  int* kv_num_blocks;
+  int* kv_indices;
+  int* full_kv_num_blocks;
+  int* full_kv_indices;
+  int* q_num_blocks;
+  int* q_indices;
+  int* full_q_num_blocks;
+  int* full_q_indices;
+  int batch, heads;  // Bm, Hm of the mask (the b and h passed to mask_mod)
+  int seqlen_q, seqlen_kv;
+  int num_q_blocks, num_kv_blocks;
+};
 
 #endif  // FLEXJIT_ABI_H_

@@ -99,6 +99,8 @@ std::string suggestion(std::string_view name, const std::vector<std::string>& ca
   int best_d = std::max<int>(1, static_cast<int>(name.size()) / 3);
   for (const auto& c : candidates) {
     int d = edit_distance(name, c, best_d);
+    // Replacing every letter ("q" -> "b") is no suggestion at all.
+    if (d >= static_cast<int>(name.size())) continue;
     if (d <= best_d && (best == nullptr || d < best_d)) {
       best = &c;
       best_d = d;
@@ -143,11 +145,10 @@ class Parser {
         ++pos_;
         continue;
       }
-      statement();
+      bool ends_with_expr = statement();
       if (peek().kind != TokenKind::EndOfStmt && !at_end()) {
-        fail(peek(), fmt::format("expected an operator or the end of the statement (a newline or "
-                                 "';'), found {}",
-                                 describe(peek())));
+        fail(peek(), fmt::format("expected {}the end of the statement (a newline or ';'), found {}",
+                                 ends_with_expr ? "an operator or " : "", describe(peek())));
       }
     }
     if (!mods_.score_mod.defined() && !mods_.mask_mod.defined()) {
@@ -191,12 +192,21 @@ class Parser {
   [[noreturn]] void fail(const Token& t, const std::string& msg) const { src_.error_at(t, msg); }
 
   // --- statements ---------------------------------------------------------------------------
-  void statement() {
+  // Parses one statement; returns whether it ends with an expression.
+  bool statement() {
     const Token& t = peek();
-    if (t.is_ident("buffer")) return buffer_decl();
-    if (t.is_ident("param")) return param_decl();
-    if (t.is_ident("let")) return let_decl();
-    if (t.is_ident("score_mod") || t.is_ident("mask_mod")) return mod_def();
+    if (t.is_ident("buffer") || t.is_ident("param")) {
+      t.is_ident("buffer") ? buffer_decl() : param_decl();
+      return false;
+    }
+    if (t.is_ident("let")) {
+      let_decl();
+      return true;
+    }
+    if (t.is_ident("score_mod") || t.is_ident("mask_mod")) {
+      mod_def();
+      return true;
+    }
     std::string hint;
     if (t.kind == TokenKind::Ident) {
       hint =

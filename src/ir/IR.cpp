@@ -92,6 +92,20 @@ int op_arity(Op op) {
   }
 }
 
+Node::~Node() {
+  std::vector<Expr> pending = std::move(args);
+  while (!pending.empty()) {
+    Expr e = std::move(pending.back());
+    pending.pop_back();
+    if (e.ptr().use_count() == 1) {
+      // We hold the last reference: take its children so that destroying it recurses no deeper.
+      auto& child_args = const_cast<Node*>(e.get())->args;
+      for (auto& a : child_args) pending.push_back(std::move(a));
+      child_args.clear();
+    }
+  }
+}
+
 bool equal(const BufferDecl& a, const BufferDecl& b) {
   return a.name == b.name && a.dtype == b.dtype && a.dims == b.dims;
 }
@@ -143,7 +157,8 @@ uint64_t compute_hash(const Node& n) {
 
 Expr finish(Node n) {
   n.hash = compute_hash(n);
-  return Expr(std::make_shared<const Node>(std::move(n)));
+  // Created non-const so that ~Node may detach the args of sole-owned children.
+  return Expr(std::shared_ptr<const Node>(std::make_shared<Node>(std::move(n))));
 }
 
 Node node(Op op, ScalarType t, std::vector<Expr> args = {}) {
@@ -167,7 +182,10 @@ Expr make_int(int64_t v) {
 
 Expr make_float(double v) {
   Node n = node(Op::FloatImm, ScalarType::F32);
-  n.fval = static_cast<double>(static_cast<float>(v));
+  // One NaN: its sign and payload are not part of the language, and a canonical NaN prints,
+  // parses, compares and hashes the same everywhere.
+  n.fval = std::isnan(v) ? std::numeric_limits<double>::quiet_NaN()
+                         : static_cast<double>(static_cast<float>(v));
   return finish(std::move(n));
 }
 

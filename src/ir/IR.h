@@ -128,6 +128,15 @@ struct Node {
   std::shared_ptr<const ParamDecl> param;    // Param
   std::vector<Expr> args;
   uint64_t hash = 0;   // structural hash, computed at construction
+
+  Node() = default;
+  Node(Node&&) = default;
+  Node& operator=(Node&&) = default;
+  Node(const Node&) = default;
+  Node& operator=(const Node&) = default;
+  // Releases a long chain of sole-owned children iteratively: a recursive destructor would
+  // overflow the stack on expressions hundreds of thousands of nodes deep.
+  ~Node();
 };
 
 // Constructors. All check their invariants; none does type promotion (see passes/TypeCheck).

@@ -6,6 +6,7 @@
 #include "passes/SimplifyRules.h"
 
 #include "ir/Evaluate.h"
+#include "passes/Interval.h"
 
 #include <cmath>
 #include <limits>
@@ -16,6 +17,7 @@ namespace {
 
 using ir::Op;
 using ir::Value;
+using passes::Interval;
 
 constexpr int32_t kIntMin = std::numeric_limits<int32_t>::min();
 constexpr int32_t kIntMax = std::numeric_limits<int32_t>::max();
@@ -80,6 +82,12 @@ bool complements(const Expr& x, const Expr& y) {
   if (!ordered && !eq_ne) return false;
   return y->op == negate(x->op) && ir::equal(arg(x, 0), arg(y, 0)) &&
          ir::equal(arg(x, 1), arg(y, 1));
+}
+
+// Every value of the i32 expression x converts to float exactly (|x| <= 2^24, by intervals).
+bool fits_float_exactly(const Expr& x) {
+  Interval r = bounds_of(x);
+  return r.lo >= -(int64_t{1} << 24) && r.hi <= (int64_t{1} << 24);
 }
 
 // ---- builders -------------------------------------------------------------------------------
@@ -369,6 +377,9 @@ Expr rewrite_cast(const Expr& e, const Expr& a) {
   if (is_op(a, Op::Cast) && arg(a, 0).type() == ScalarType::Bool)
     return ir::make_cast(
         e.type(), arg(a, 0));  // int(float(bool x)) -> int(x); float(int(bool x)) -> float(x)
+  if (e.type() == ScalarType::I32 && is_op(a, Op::Cast) && is_i32(arg(a, 0)) &&
+      fits_float_exactly(arg(a, 0)))
+    return arg(a, 0);  // int(float(x)) -> x when |x| <= 2^24 (float holds it exactly)
   return e;
 }
 

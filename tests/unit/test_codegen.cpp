@@ -167,7 +167,7 @@ std::string abi_text() {
 
 ForwardTemplates test_templates() {
   static const std::string abi = abi_text();
-  return {abi, kTestPrelude, kTestForwardKernel};
+  return {abi, kTestPrelude, kTestForwardKernel, {}};
 }
 
 std::string mods_translation_unit(const Mods& mods, const ForwardSpec& spec) {

@@ -166,6 +166,10 @@ TEST_CASE("simplify: booleans, comparisons and selects", "[passes]") {
   check(where(c, d, Expr(false)), c && d);
   check(where(c, Expr(true), d), c || d);
   check(to_int(to_float(c)), to_int(c));
+  check(to_int(to_float(where(c, 3, 16777216))), where(c, 3, 16777216));
+  check(to_int(to_float(q_idx() % 1024)), q_idx() % 1024);
+  check_unchanged(to_int(to_float(q_idx())));  // 2^24 + 1 does not survive the round trip
+  check_unchanged(to_int(to_float(where(c, 3, 16777217))));
 }
 
 TEST_CASE("simplify never changes a result and is idempotent (random expressions)",

@@ -1,26 +1,40 @@
+// flexjit bench: the attention forward on the anchors' standard cases (default), and
 // flexjit bench --compile: cold NVRTC compile, disk-cache hit and memory-cache hit of forward
-// kernels, each through the whole pipeline (codegen included).
+// kernels through the whole pipeline. docs/benchmarks.md says how to run and read both.
+#include <flexjit/attention.h>
+#include <flexjit/context.h>
+#include <flexjit/device_block_mask.h>
+#include <flexjit/device_tensor.h>
+#include <flexjit/error.h>
+
 #include "Pipeline.h"
+#include "flexjit/BenchCases.h"
 #include "flexjit/Commands.h"
 #include "flexjit/Options.h"
+#include "runtime/Device.h"
+#include "runtime/Timer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <random>
+#include <set>
 
 namespace flexjit::cli {
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using runtime::median;
 
 template <typename F>
 double time_ms(F&& f) {
@@ -29,97 +43,456 @@ double time_ms(F&& f) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A fresh directory under the system temp dir, removed on destruction.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const char* prefix) {
+    std::mt19937_64 rng(std::random_device{}());
+    path = std::filesystem::temp_directory_path() / fmt::format("{}-{:016x}", prefix, rng());
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// ---- bench --compile -------------------------------------------------------------------------
+
 struct CompileBenchRow {
   std::string mods;
   double cold_ms, disk_hit_ms, memory_hit_us;
 };
+
+void run_compile_bench(const KernelOptions& opts, const std::string& mods_list, int repeats,
+                       bool json) {
+  cuda::ForwardSpec spec = make_spec(opts);
+  // A private cache directory, so that "cold" really is cold and nothing of the user's
+  // cache is touched.
+  TempDir dir("flexjit-bench");
+  jit::CacheSettings settings = jit::CacheSettings::from_env();
+  settings.enabled = true;
+  settings.dir = dir.path;
+  settings.dump_dir.clear();
+  std::vector<CompileBenchRow> rows;
+  std::string spec_list = mods_list + ",";
+  for (size_t pos = 0, next; (next = spec_list.find(',', pos)) != std::string::npos;
+       pos = next + 1) {
+    std::string name = spec_list.substr(pos, next - pos);
+    if (name.empty()) continue;
+    Mods mods = resolve_mods(name);
+    CompileBenchRow row{name, 0, 0, 0};
+    {
+      KernelBuilder cold(settings);
+      row.cold_ms = time_ms([&] { cold.build_forward(mods, spec); });
+      std::vector<double> mem;
+      for (int i = 0; i < repeats; ++i) {
+        mem.push_back(1e3 * time_ms([&] { cold.build_forward(mods, spec); }));
+      }
+      row.memory_hit_us = median(mem);
+    }
+    std::vector<double> disk;
+    for (int i = 0; i < std::max(5, repeats / 10); ++i) {
+      KernelBuilder warm(settings);  // empty memory: served from disk
+      disk.push_back(time_ms([&] {
+        auto k = warm.build_forward(mods, spec);
+        if (k.compiled.outcome != jit::CacheOutcome::DiskHit) {
+          throw InternalError("bench: expected a disk-cache hit");
+        }
+      }));
+    }
+    row.disk_hit_ms = median(disk);
+    rows.push_back(row);
+  }
+  if (json) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& r : rows) {
+      j.push_back({{"mods", r.mods},
+                   {"spec", spec.str()},
+                   {"cold_ms", r.cold_ms},
+                   {"disk_hit_ms", r.disk_hit_ms},
+                   {"memory_hit_us", r.memory_hit_us}});
+    }
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  fmt::print(
+      "forward kernel build time, {} (targets: cold <= 1000 ms, disk hit <= 5 ms, "
+      "memory hit <= 20 us)\n",
+      spec.str());
+  fmt::print("{:<22} {:>12} {:>14} {:>16}\n", "mods", "cold (ms)", "disk hit (ms)",
+             "memory hit (us)");
+  for (const auto& r : rows) {
+    fmt::print("{:<22} {:>12.1f} {:>14.3f} {:>16.2f}\n", r.mods, r.cold_ms, r.disk_hit_ms,
+               r.memory_hit_us);
+  }
+}
+
+// ---- bench (attention) -----------------------------------------------------------------------
+
+struct AttentionBenchOptions {
+  CaseSelection selection;
+  std::string cases;  // comma-separated case or group names; empty: all
+  std::string csv;
+  bool json = false;
+  int repeats = 0;  // > 0: fixed repeats; else time-based (the anchors' do_bench budget)
+  bool no_flush = false;
+  bool use_cache = false;  // the user's kernel cache instead of a fresh one
+  int device = 0;
+};
+
+struct AttentionRow {
+  BenchCase c;
+  double density = 1, fwd_ms = 0, fwd_tflops = 0, first_call_s = 0, mask_ms = 0;
+  double min_ms = 0, max_ms = 0;
+  int repeats = 0;
+  int64_t nonfinite = 0;  // non-finite outputs after the first call (must be 0)
+  std::string error;      // the case failed: the message; the numbers are meaningless
+};
+
+// The anchors' CSV columns (torch_flex_bench.py); bwd_* and first_bwd_s stay empty.
+constexpr const char* kCsvHeader =
+    "impl,case,B,Hq,Hkv,Sq,Skv,D,dtype,density,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops,first_call_s,"
+    "first_bwd_s";
+
+std::string csv_line(const AttentionRow& r) {
+  const BenchShape& s = r.c.shape;
+  if (!r.error.empty()) {
+    return fmt::format("flexjit,{},{},{},{},{},{},{},bfloat16,,,,,,,", r.c.name, s.batch, s.heads_q,
+                       s.heads_kv, s.seqlen_q, s.seqlen_kv, s.head_dim);
+  }
+  return fmt::format("flexjit,{},{},{},{},{},{},{},bfloat16,{:.4f},{:.4f},{:.1f},,,{:.2f},",
+                     r.c.name, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_kv, s.head_dim,
+                     r.density, r.fwd_ms, r.fwd_tflops, r.first_call_s);
+}
+
+nlohmann::json json_row(const AttentionRow& r) {
+  const BenchShape& s = r.c.shape;
+  nlohmann::json j = {{"case", r.c.name},   {"group", r.c.group}, {"mods", r.c.mods},
+                      {"B", s.batch},       {"Hq", s.heads_q},    {"Hkv", s.heads_kv},
+                      {"Sq", s.seqlen_q},   {"Skv", s.seqlen_kv}, {"D", s.head_dim},
+                      {"dtype", "bfloat16"}};
+  if (!r.error.empty()) {
+    j["error"] = r.error;
+    return j;
+  }
+  j.update({{"density", r.density},
+            {"fwd_ms", r.fwd_ms},
+            {"fwd_min_ms", r.min_ms},
+            {"fwd_max_ms", r.max_ms},
+            {"repeats", r.repeats},
+            {"fwd_tflops", r.fwd_tflops},
+            {"first_call_s", r.first_call_s},
+            {"block_mask_first_call_ms", r.mask_ms},
+            {"nonfinite_outputs", r.nonfinite}});
+  return j;
+}
+
+constexpr const char* kTableHeaderFormat =
+    "{:<18} {:>6} {:>3} {:>4} {:>4} {:>6} {:>6} {:>4} {:>8} {:>9} {:>10} {:>12}\n";
+
+void print_table_row(const AttentionRow& r) {
+  const BenchShape& s = r.c.shape;
+  if (!r.error.empty()) {
+    fmt::print("{:<18} {:>6} {:>3} {:>4} {:>4} {:>6} {:>6} {:>4}  FAILED: {}\n", r.c.name,
+               r.c.group, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_kv, s.head_dim,
+               r.error);
+  } else {
+    fmt::print(
+        "{:<18} {:>6} {:>3} {:>4} {:>4} {:>6} {:>6} {:>4} {:>8.4f} {:>9.4f} {:>10.1f} "
+        "{:>12.2f}{}\n",
+        r.c.name, r.c.group, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_kv, s.head_dim,
+        r.density, r.fwd_ms, r.fwd_tflops, r.first_call_s,
+        r.nonfinite ? fmt::format("  ({} non-finite outputs!)", r.nonfinite) : "");
+  }
+  std::fflush(stdout);
+}
+
+// Host bf16 data for q, k, v: a pool of normal values, copied out cyclically from a different
+// offset per tensor. Drawing 10^8 fresh normals per shape would cost seconds; the pool's length
+// is odd, so no two tiles of a tensor see the same values at the same positions.
+class InputPool {
+ public:
+  InputPool() : pool_(random_bf16((size_t{1} << 24) + 4099, 0x5eed)) {}
+  std::vector<uint16_t> take(size_t n) {
+    std::vector<uint16_t> v(n);
+    for (size_t i = 0; i < n; ++i)
+      v[i] = pool_[(offset_ + i) % pool_.size()];
+    offset_ = (offset_ + 7919 * 131) % pool_.size();
+    return v;
+  }
+
+ private:
+  std::vector<uint16_t> pool_;
+  size_t offset_ = 0;
+};
+
+struct InputSet {
+  DeviceTensor q, k, v;
+};
+
+bool same_shape(const BenchShape& a, const BenchShape& b) {
+  return a.batch == b.batch && a.heads_q == b.heads_q && a.heads_kv == b.heads_kv &&
+         a.seqlen_q == b.seqlen_q && a.seqlen_kv == b.seqlen_kv && a.head_dim == b.head_dim;
+}
+
+int64_t count_nonfinite_bf16(const DeviceTensor& t) {
+  const std::vector<uint16_t> h = t.to_host<uint16_t>();
+  int64_t n = 0;
+  for (uint16_t x : h)
+    n += (x & 0x7f80u) == 0x7f80u;  // exponent all ones: inf or NaN
+  return n;
+}
+
+bool selected(const BenchCase& c, const std::set<std::string>& names) {
+  return names.empty() || names.count(c.name) || names.count(c.group) ||
+         names.count(c.group + ":" + c.name);
+}
+
+void run_attention_bench(const AttentionBenchOptions& o) {
+  std::set<std::string> names;
+  for (size_t pos = 0, next = 0; pos <= o.cases.size(); pos = next + 1) {
+    next = std::min(o.cases.find(',', pos), o.cases.size());
+    if (next > pos) names.insert(o.cases.substr(pos, next - pos));
+  }
+  std::vector<BenchCase> cases;
+  for (const BenchCase& c : standard_cases(o.selection)) {
+    if (selected(c, names)) cases.push_back(c);
+  }
+  if (cases.empty()) {
+    std::vector<std::string> all;
+    for (const BenchCase& c : standard_cases({true, true, false, false})) {
+      if (std::find(all.begin(), all.end(), c.name) == all.end()) all.push_back(c.name);
+    }
+    throw Error(
+        fmt::format("--case '{}' selects no case; cases: {}; groups: main, gqa, d64, "
+                    "long, decode (with --extra), small (with --small)",
+                    o.cases, fmt::join(all, ", ")));
+  }
+
+  std::string why;
+  if (!runtime::cuda_available(&why)) {
+    throw RuntimeError(fmt::format(
+        "the attention benchmark needs a GPU ({}); `flexjit bench --compile --arch sm_90a` "
+        "times kernel builds without one",
+        why));
+  }
+  std::optional<TempDir> cache_dir;
+  ContextOptions copts;
+  copts.device = o.device;
+  if (!o.use_cache) {
+    // A fresh kernel cache, so first_call_s is a cold compile (torch's first call compiles too).
+    cache_dir.emplace("flexjit-bench-cache");
+    copts.cache_dir = cache_dir->path.string();
+  }
+  Context ctx(copts);
+  runtime::Device& device = runtime::Device::get(o.device);
+  runtime::DeviceTimer timer(device);
+  runtime::TimingOptions topts;
+  topts.flush_l2 = !o.no_flush;
+  if (o.repeats > 0) topts.fixed_repeats = o.repeats;
+
+  std::ofstream csv;
+  if (!o.csv.empty()) {
+    csv.open(o.csv);
+    if (!csv) throw Error(fmt::format("cannot write --csv file '{}'", o.csv));
+    csv << kCsvHeader << "\n" << std::flush;
+  }
+  const bool table = !o.json;
+  if (table) {
+    fmt::print(
+        "# flexjit bench: {} ({}, {} SMs, L2 {} MiB); forward, bf16, median of CUDA-event "
+        "timings{}; TFLOP/s = 4·B·Hq·Sq·Skv·D·density / time\n",
+        ctx.device_name(), ctx.arch(), ctx.sm_count(), timer.l2_bytes() >> 20,
+        o.no_flush ? "" : ", L2 flushed before each repeat");
+    fmt::print(kTableHeaderFormat, "case", "group", "B", "Hq", "Hkv", "Sq", "Skv", "D", "density",
+               "fwd_ms", "fwd_tflops", "first_call_s");
+    std::fflush(stdout);
+  }
+
+  InputPool pool;
+  std::vector<AttentionRow> rows;
+  std::vector<InputSet> sets;
+  DeviceTensor out;
+  std::optional<BenchShape> current;
+  for (const BenchCase& c : cases) {
+    AttentionRow row;
+    row.c = c;
+    try {
+      const BenchShape& s = c.shape;
+      if (!current || !same_shape(*current, s)) {
+        sets.clear();
+        out = DeviceTensor();
+        const std::vector<int64_t> qshape{s.batch, s.heads_q, s.seqlen_q, s.head_dim};
+        const std::vector<int64_t> kvshape{s.batch, s.heads_kv, s.seqlen_kv, s.head_dim};
+        const size_t qn = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q * s.head_dim;
+        const size_t kvn = static_cast<size_t>(s.batch) * s.heads_kv * s.seqlen_kv * s.head_dim;
+        // Rotate among input sets when one set fits in the L2 twice over, so the timings are
+        // not of L2-resident inputs. The standard shapes are far larger (the main shape's q, k
+        // and v are 192 MiB against the H100's 50 MiB): one set, and the flush does the rest.
+        const size_t set_bytes = 2 * (qn + 2 * kvn);
+        const size_t nsets =
+            set_bytes >= 2 * timer.l2_bytes()
+                ? 1
+                : std::min<size_t>(8, 2 * timer.l2_bytes() / std::max<size_t>(set_bytes, 1) + 1);
+        for (size_t i = 0; i < nsets; ++i) {
+          InputSet in;
+          in.q = DeviceTensor::from_host(ctx, DType::BF16, qshape, pool.take(qn).data());
+          in.k = DeviceTensor::from_host(ctx, DType::BF16, kvshape, pool.take(kvn).data());
+          in.v = DeviceTensor::from_host(ctx, DType::BF16, kvshape, pool.take(kvn).data());
+          sets.push_back(std::move(in));
+        }
+        out = DeviceTensor::empty(ctx, DType::BF16, qshape);
+        current = s;
+      }
+
+      AttentionOptions aopts;
+      aopts.mods = case_mods(c);
+      aopts.bindings.params = c.params;
+      std::vector<DeviceTensor> buffers;
+      for (const HostBuffer& b : case_buffers(c, 0xb1a5)) {
+        buffers.push_back(DeviceTensor::from_host(ctx, b.dtype, b.shape, b.bytes.data()));
+        aopts.bindings.buffers.emplace_back(b.name, buffers.back().ref());
+      }
+      DeviceBlockMask mask;
+      if (c.block_mask) {
+        row.mask_ms = time_ms([&] {
+          mask = create_block_mask(ctx, aopts.mods, 1, 1, s.seqlen_q, s.seqlen_kv, 128,
+                                   aopts.bindings);
+          ctx.synchronize();
+        });
+        row.density = mask.to_host().density();
+        aopts.block_mask = &mask;
+      }
+
+      // First call: compile (cold unless --use-cache) and run, output poisoned with NaN
+      // (0xffff) first so that an element the kernel never writes is counted.
+      out.fill_bytes(0xff);
+      row.first_call_s =
+          1e-3 * time_ms([&] {
+            flex_attention_into(ctx, sets[0].q, sets[0].k, sets[0].v, out, nullptr, aopts);
+            ctx.synchronize();
+          });
+      row.nonfinite = count_nonfinite_bf16(out);
+
+      size_t next = 0;
+      const runtime::Timing t = timer.time(
+          [&] {
+            const InputSet& in = sets[next++ % sets.size()];
+            flex_attention_into(ctx, in.q, in.k, in.v, out, nullptr, aopts);
+          },
+          topts);
+      ctx.synchronize();
+      row.fwd_ms = t.median_ms;
+      row.min_ms = t.min_ms;
+      row.max_ms = t.max_ms;
+      row.repeats = t.repeats;
+      row.fwd_tflops = forward_flops(s, row.density) / (t.median_ms * 1e-3) / 1e12;
+    } catch (const std::exception& e) {
+      // One failing case must not hide the others' numbers.
+      row.error = e.what();
+      std::string line = row.error;
+      std::replace(line.begin(), line.end(), '\n', ' ');
+      row.error = line;
+      try {
+        ctx.synchronize();
+      } catch (const std::exception&) {
+        // A faulted context stays faulted; the next case reports it too.
+      }
+    }
+    rows.push_back(row);
+    if (table) print_table_row(row);
+    if (csv.is_open()) csv << csv_line(row) << "\n" << std::flush;
+  }
+
+  if (o.json) {
+    nlohmann::json j = {{"device", ctx.device_name()},
+                        {"arch", ctx.arch()},
+                        {"l2_flush", !o.no_flush},
+                        {"rows", nlohmann::json::array()}};
+    for (const AttentionRow& r : rows)
+      j["rows"].push_back(json_row(r));
+    std::cout << j.dump(2) << "\n";
+  }
+
+  // The verdict against the targets (docs/perf/NOTES.md), main shape only.
+  auto main_tflops = [&](const char* name) -> std::optional<double> {
+    for (const AttentionRow& r : rows) {
+      if (r.c.group == "main" && r.c.name == name && r.error.empty()) return r.fwd_tflops;
+    }
+    return std::nullopt;
+  };
+  auto verdict = [](std::optional<double> v, double target) {
+    if (!v) return std::string("not run");
+    return fmt::format("{:.1f} ({} {})", *v, *v >= target ? "meets" : "below", target);
+  };
+  int failed = 0, nonfinite = 0;
+  for (const AttentionRow& r : rows) {
+    failed += !r.error.empty();
+    nonfinite += r.error.empty() && r.nonfinite != 0;
+  }
+  fmt::print("targets (H100, TFLOP/s): noop {}, causal {}; {} of {} cases ran{}{}\n",
+             verdict(main_tflops("noop"), 330), verdict(main_tflops("causal"), 300),
+             rows.size() - failed, rows.size(), failed ? fmt::format(", {} FAILED", failed) : "",
+             nonfinite ? fmt::format(", {} with non-finite outputs", nonfinite) : "");
+  if (failed) throw RuntimeError(fmt::format("{} benchmark case(s) failed", failed));
+}
 
 }  // namespace
 
 void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "bench",
-      "Benchmarks\n\nExamples:\n"
+      "Benchmarks: the attention forward on the anchors' standard cases (needs a GPU), or "
+      "kernel build times (--compile)\n\nExamples:\n"
+      "  flexjit bench                                # main shape B=4 H=16 S=4096 D=128, 8 cases\n"
+      "  flexjit bench --extra --csv flexjit.csv      # + GQA, D=64, 16k, decode\n"
+      "  flexjit bench --case causal,alibi+causal --json\n"
+      "  flexjit bench --small --repeats 2            # tiny shapes (compute-sanitizer)\n"
       "  flexjit bench --compile --arch sm_90a\n"
       "  flexjit bench --compile --arch sm_80 --compile-mods causal,alibi_causal --json");
   static KernelOptions opts;
   static bool compile = false;
-  static bool json = false;
   static std::string mods_list = "noop,causal,alibi_causal,softcap_causal,document_causal";
-  static int repeats = 200;
+  static int repeats = 0;
+  static AttentionBenchOptions a;
+  static bool only_extra = false;
   add_kernel_options(*cmd, opts);
   cmd->add_flag("--compile", compile,
                 "Time cold NVRTC compile, disk-cache hit and memory-cache hit of forward kernels");
-  cmd->add_option("--compile-mods", mods_list, "Comma-separated mods to time")
+  cmd->add_option("--compile-mods", mods_list, "--compile: comma-separated mods to time")
       ->capture_default_str();
-  cmd->add_option("--repeats", repeats, "Repeats for the hit timings (median)")
-      ->capture_default_str();
-  cmd->add_flag("--json", json, "Print JSON");
+  cmd->add_option("--repeats", repeats,
+                  "Timed repeats (median); default: --compile 200, attention as many as fit in "
+                  "100 ms of device time (min 10), as triton's do_bench");
+  cmd->add_flag("--extra", a.selection.extra,
+                "Also the extra shapes: GQA 4:1, D=64, S=16384 (noop, causal, alibi+causal, "
+                "document+causal) and decode (noop, alibi)");
+  cmd->add_flag("--only-extra", only_extra, "Only the extra shapes");
+  cmd->add_flag("--quick", a.selection.quick,
+                "Main shape: only noop, causal, alibi+causal, document+causal");
+  cmd->add_flag("--small", a.selection.small,
+                "Only tiny shapes of every case (for compute-sanitizer and smoke tests)");
+  cmd->add_option("--case", a.cases,
+                  "Comma-separated case names (causal, alibi+causal, ...) or groups (main, gqa, "
+                  "d64, long, decode, small)");
+  cmd->add_option("--csv", a.csv, "Also write the rows as CSV (the anchors' columns) to FILE");
+  cmd->add_flag("--json", a.json, "Print JSON instead of the table");
+  cmd->add_flag("--no-flush", a.no_flush, "Do not flush the L2 between repeats");
+  cmd->add_flag("--use-cache", a.use_cache,
+                "Use the kernel cache (default: a fresh one, so first_call_s is a cold compile)");
+  cmd->add_option("--device", a.device, "CUDA device ordinal")->capture_default_str();
   cmd->callback([] {
-    if (!compile) {
-      throw Error("choose a benchmark: --compile (the attention benchmark needs the GPU runtime)");
-    }
-    cuda::ForwardSpec spec = make_spec(opts);
-    // A private cache directory, so that "cold" really is cold and nothing of the user's
-    // cache is touched.
-    std::mt19937_64 rng(std::random_device{}());
-    auto dir = std::filesystem::temp_directory_path() / fmt::format("flexjit-bench-{:016x}", rng());
-    jit::CacheSettings settings = jit::CacheSettings::from_env();
-    settings.enabled = true;
-    settings.dir = dir;
-    settings.dump_dir.clear();
-    std::vector<CompileBenchRow> rows;
-    std::string spec_list = mods_list + ",";
-    for (size_t pos = 0, next; (next = spec_list.find(',', pos)) != std::string::npos;
-         pos = next + 1) {
-      std::string name = spec_list.substr(pos, next - pos);
-      if (name.empty()) continue;
-      Mods mods = resolve_mods(name);
-      CompileBenchRow row{name, 0, 0, 0};
-      {
-        KernelBuilder cold(settings);
-        row.cold_ms = time_ms([&] { cold.build_forward(mods, spec); });
-        std::vector<double> mem;
-        for (int i = 0; i < repeats; ++i) {
-          mem.push_back(1e3 * time_ms([&] { cold.build_forward(mods, spec); }));
-        }
-        row.memory_hit_us = median(mem);
-      }
-      std::vector<double> disk;
-      for (int i = 0; i < std::max(5, repeats / 10); ++i) {
-        KernelBuilder warm(settings);  // empty memory: served from disk
-        disk.push_back(time_ms([&] {
-          auto k = warm.build_forward(mods, spec);
-          if (k.compiled.outcome != jit::CacheOutcome::DiskHit) {
-            throw InternalError("bench: expected a disk-cache hit");
-          }
-        }));
-      }
-      row.disk_hit_ms = median(disk);
-      rows.push_back(row);
-    }
-    std::filesystem::remove_all(dir);
-    if (json) {
-      nlohmann::json j = nlohmann::json::array();
-      for (const auto& r : rows) {
-        j.push_back({{"mods", r.mods},
-                     {"spec", spec.str()},
-                     {"cold_ms", r.cold_ms},
-                     {"disk_hit_ms", r.disk_hit_ms},
-                     {"memory_hit_us", r.memory_hit_us}});
-      }
-      std::cout << j.dump(2) << "\n";
+    if (compile) {
+      run_compile_bench(opts, mods_list, repeats > 0 ? repeats : 200, a.json);
       return;
     }
-    fmt::print("forward kernel build time, {} (targets: cold <= 1000 ms, disk hit <= 5 ms, "
-               "memory hit <= 20 us)\n",
-               spec.str());
-    fmt::print("{:<22} {:>12} {:>14} {:>16}\n", "mods", "cold (ms)", "disk hit (ms)",
-               "memory hit (us)");
-    for (const auto& r : rows) {
-      fmt::print("{:<22} {:>12.1f} {:>14.3f} {:>16.2f}\n", r.mods, r.cold_ms, r.disk_hit_ms,
-                 r.memory_hit_us);
+    if (only_extra) {
+      a.selection.main = false;
+      a.selection.extra = true;
     }
+    a.repeats = repeats;
+    run_attention_bench(a);
   });
 }
 

@@ -1,4 +1,5 @@
 // flexjit cache ls | stats | clear | prune
+#include <flexjit/error.h>
 #include "flexjit/Commands.h"
 #include "jit/KernelCompiler.h"
 

@@ -1,4 +1,5 @@
 // flexjit compile / inspect: compile a forward kernel through the caches and report it.
+#include <flexjit/error.h>
 #include "Pipeline.h"
 #include "flexjit/Commands.h"
 #include "flexjit/Options.h"

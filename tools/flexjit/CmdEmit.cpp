@@ -1,4 +1,5 @@
 // flexjit emit: print or write the CUDA source of a forward kernel.
+#include <flexjit/error.h>
 #include "Pipeline.h"
 #include "flexjit/Commands.h"
 #include "flexjit/Options.h"

@@ -1,4 +1,5 @@
 // flexjit mods list | show NAME | check SPEC
+#include <flexjit/error.h>
 #include <flexjit/mods.h>
 
 #include "flexjit/Commands.h"

@@ -65,13 +65,12 @@ cuda::ForwardSpec make_spec(const KernelOptions& o) {
     s.arch = cuda::Arch::parse(o.arch);
   } else {
     std::string why;
-    auto arch = runtime::current_device_arch(&why);
-    if (!arch) {
+    if (!runtime::cuda_available(&why)) {
       throw Error(fmt::format("no GPU to take the target from ({}); pass --arch sm_XY[a], "
                               "e.g. --arch sm_90a",
                               why));
     }
-    s.arch = cuda::Arch::parse(*arch);
+    s.arch = cuda::Arch::parse(runtime::Device::get(0).arch());
   }
   s.config = tune::default_forward_config(s);
   if (o.block_m) s.config.block_m = o.block_m;

@@ -69,7 +69,7 @@ std::string nvrtc_version_string() {
 
 ForwardTemplates embedded_forward_templates() {
   return {embedded::template_text("flexjit_abi.h"), embedded::template_text("prelude.cuh"),
-          embedded::template_text("forward_sm80.cuh")};
+          embedded::template_text("forward_sm80.cuh"), embedded::template_text("mma_sm80.cuh")};
 }
 
 std::string generate_config(const Mods& mods, const ForwardSpec& spec) {
@@ -108,6 +108,7 @@ GeneratedSource generate_forward(const Mods& mods, const ForwardSpec& spec,
   section(body, "prelude.cuh", templates.prelude);
   section(body, "config", generate_config(mods, spec));
   section(body, "mods", generate_mod_functions(mods));
+  if (!templates.mma.empty()) section(body, "mma_sm80.cuh", templates.mma);
   section(body, "forward_sm80.cuh", templates.kernel);
 
   GeneratedSource out;

@@ -35,6 +35,7 @@ struct ForwardTemplates {
   std::string_view abi;      // templates/flexjit_abi.h
   std::string_view prelude;  // templates/prelude.cuh
   std::string_view kernel;   // templates/forward_sm80.cuh
+  std::string_view mma;      // templates/mma_sm80.cuh: tile helpers, spliced before `kernel`
 };
 
 // The embedded templates (throws InternalError if one is not embedded in this build).

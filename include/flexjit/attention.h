@@ -1,0 +1,71 @@
+// flex_attention on the GPU: out = softmax(score_mod(scale · Q Kᵀ) masked by mask_mod) · V,
+// per (batch, head), with GQA, an optional block mask and an optional logsumexp output.
+// Semantics: PyTorch's torch.nn.attention.flex_attention (see docs/runtime.md).
+//
+//   Context ctx;
+//   BlockMask bm = ...;  DeviceBlockMask dbm = create_block_mask(ctx, standard_mods("causal"),
+//                                                               B, 1, S, S);
+//   auto [out, lse] = flex_attention(ctx, q, k, v, {.mods = standard_mods("alibi"),
+//                                                   .block_mask = &dbm,
+//                                                   .bindings = {.buffers = {{"slopes", s}}},
+//                                                   .return_lse = true});
+#pragma once
+
+#include <flexjit/context.h>
+#include <flexjit/device_tensor.h>
+#include <flexjit/mods.h>
+#include <flexjit/tensor.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flexjit {
+
+class DeviceBlockMask;
+
+// Values for the captured buffers (device tensors) and runtime parameters of a Mods, by name.
+// A parameter left out takes its declared default; a buffer left out is an error.
+struct ModBindings {
+  std::vector<std::pair<std::string, TensorRef>> buffers;
+  std::vector<std::pair<std::string, double>> params;
+};
+
+// A block configuration; zeros take the default for the arch, dtype and head dims.
+struct BlockConfig {
+  int block_m = 0, block_n = 0, num_warps = 0, num_stages = 0;
+};
+
+struct AttentionOptions {
+  Mods mods;  // score_mod and/or mask_mod; none means plain softmax attention
+  // Tiles to visit. With a block mask, its partial tiles apply `mods.mask_mod` (or, when
+  // `mods` has none, the mask_mod the block mask was built from). Without one, every tile is
+  // visited and the mask_mod applied everywhere.
+  const DeviceBlockMask* block_mask = nullptr;
+  ModBindings bindings;
+  std::optional<float> scale;  // default 1 / sqrt(head_dim_qk)
+  bool return_lse = false;
+  void* stream = nullptr;  // a CUstream; null is the default stream
+  BlockConfig config;
+};
+
+struct AttentionResult {
+  DeviceTensor out;  // [B, Hq, Sq, Dv], dtype of q
+  DeviceTensor lse;  // [B, Hq, Sq] f32, natural log; undefined unless return_lse
+};
+
+// q [B, Hq, Sq, Dqk], k [B, Hkv, Skv, Dqk], v [B, Hkv, Skv, Dv] on the context's device, any
+// strides with the last dim contiguous. Asynchronous on `options.stream`. Throws RuntimeError
+// for invalid inputs (with the precise problem), CompileError / UnsupportedError for mods or
+// shapes flexjit cannot compile.
+AttentionResult flex_attention(Context& ctx, const TensorRef& q, const TensorRef& k,
+                               const TensorRef& v, const AttentionOptions& options = {});
+
+// The same into caller-owned tensors: out [B, Hq, Sq, Dv] (dtype of q, last dim contiguous) and
+// lse [B, Hq, Sq] f32 (may be null).
+void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                         const TensorRef& out, const TensorRef* lse,
+                         const AttentionOptions& options = {});
+
+}  // namespace flexjit

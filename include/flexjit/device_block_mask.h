@@ -1,0 +1,40 @@
+// Block masks on the device: built there by create_block_mask (a JIT-compiled kernel that
+// evaluates the mask_mod per tile) or uploaded from a host BlockMask.
+#pragma once
+
+#include <flexjit/attention.h>
+#include <flexjit/block_mask.h>
+#include <flexjit/context.h>
+#include <flexjit/device_tensor.h>
+
+namespace flexjit {
+
+class DeviceBlockMask {
+ public:
+  DeviceBlockMask() = default;
+  // Copies a host mask's arrays to the device.
+  static DeviceBlockMask upload(Context& ctx, const BlockMask& mask);
+
+  // The mask's shape, block sizes and mods (array fields of the result are empty).
+  const BlockMask& meta() const { return meta_; }
+  // Downloads every array (synchronous).
+  BlockMask to_host() const;
+
+  // Device arrays, int32, the layouts of include/flexjit/block_mask.h.
+  DeviceTensor kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices;
+  DeviceTensor q_num_blocks, q_indices, full_q_num_blocks, full_q_indices;
+
+ private:
+  friend DeviceBlockMask create_block_mask(Context&, const Mods&, int, int, int, int, int,
+                                           const ModBindings&);
+  BlockMask meta_;
+};
+
+// Evaluates `mask.mask_mod` over every (b, h, q tile, kv tile) on the GPU and returns the block
+// mask, with the transposed q_* arrays. batch or heads of 1 broadcast. Throws CompileError if
+// `mask` has no mask_mod, RuntimeError for bad sizes or bindings.
+DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int heads,
+                                  int seqlen_q, int seqlen_kv, int block_size = 128,
+                                  const ModBindings& bindings = {});
+
+}  // namespace flexjit

@@ -1,0 +1,14 @@
+// flexjit: everything a user includes.
+#pragma once
+
+#include <flexjit/attention.h>
+#include <flexjit/block_mask.h>
+#include <flexjit/context.h>
+#include <flexjit/device_block_mask.h>
+#include <flexjit/device_tensor.h>
+#include <flexjit/dsl.h>
+#include <flexjit/error.h>
+#include <flexjit/expr.h>
+#include <flexjit/mods.h>
+#include <flexjit/tensor.h>
+#include <flexjit/types.h>

@@ -1,0 +1,23 @@
+#include "jit/CacheSettings.h"
+
+#include "util/Env.h"
+
+namespace flexjit::jit {
+
+CacheSettings CacheSettings::from_env() {
+  CacheSettings s;
+  s.enabled = !env::flag("FLEXJIT_DISABLE_CACHE");
+  if (auto dir = env::get("FLEXJIT_CACHE_DIR")) {
+    s.dir = *dir;
+  } else if (auto xdg = env::get("XDG_CACHE_HOME")) {
+    s.dir = std::filesystem::path(*xdg) / "flexjit";
+  } else if (auto home = env::get("HOME")) {
+    s.dir = std::filesystem::path(*home) / ".cache" / "flexjit";
+  } else {
+    s.dir = std::filesystem::temp_directory_path() / "flexjit-cache";
+  }
+  if (auto dump = env::get("FLEXJIT_DUMP_DIR")) s.dump_dir = *dump;
+  return s;
+}
+
+}  // namespace flexjit::jit

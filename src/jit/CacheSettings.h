@@ -1,0 +1,23 @@
+// Where and how much flexjit caches compiled kernels; read from the environment.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+
+namespace flexjit::jit {
+
+struct CacheSettings {
+  bool enabled = true;                   // false: neither the memory nor the disk cache is used
+  std::filesystem::path dir;             // the disk cache directory
+  uint64_t max_disk_bytes = 2ull << 30;  // the disk cache is pruned (LRU) to this size
+  size_t max_memory_entries = 512;       // in-process LRU capacity
+  std::filesystem::path dump_dir;        // empty = no dumps; else source, log and usage per compile
+
+  // FLEXJIT_CACHE_DIR, else $XDG_CACHE_HOME/flexjit, else ~/.cache/flexjit (else
+  // /tmp/flexjit-cache when HOME is unset); FLEXJIT_DISABLE_CACHE=1 turns both caches off;
+  // FLEXJIT_DUMP_DIR sets dump_dir.
+  static CacheSettings from_env();
+};
+
+}  // namespace flexjit::jit

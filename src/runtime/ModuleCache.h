@@ -1,0 +1,77 @@
+// Loaded kernels: cubins become CUmodules once per (context, cache key), and launches go
+// through one checked helper whose errors name the kernel.
+//
+// cuda.h-free (see Device.h): handles are pointers to the driver's opaque structs.
+#pragma once
+
+#include "runtime/Device.h"
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+struct CUmod_st;
+struct CUfunc_st;
+
+namespace flexjit::runtime {
+
+using CuModule = ::CUmod_st*;
+using CuFunction = ::CUfunc_st*;
+
+// A kernel ready to launch: the function and the names its error messages use.
+struct Kernel {
+  CuFunction function = nullptr;
+  std::string name;   // the entry point: "flexjit_forward"
+  std::string label;  // what it computes: "forward alibi bf16 d128" (may be empty)
+  // "kernel 'flexjit_forward' (forward alibi bf16 d128)"
+  std::string describe() const;
+};
+
+struct Dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+// Loaded modules keyed by (context, cache key). The cache key is the caller's identity for the
+// cubin (the JIT cache key: a hash of the spliced source, options and arch), so a cubin is
+// loaded once per context however many times it is asked for. Thread-safe.
+class ModuleCache {
+ public:
+  // The process-wide cache.
+  static ModuleCache& global();
+
+  // The kernel `name` of the cubin identified by `key`, loaded into the current context (make a
+  // Device current first) on the first request. Throws RuntimeError naming the key or kernel
+  // when the driver rejects the image (wrong arch, corrupt) or the entry point is missing.
+  Kernel get(const std::string& key, const std::vector<char>& cubin, const std::string& name,
+             std::string label = {});
+
+  size_t num_modules() const;
+  // Unloads every module (in each module's own context). Kernels obtained earlier dangle.
+  void clear();
+
+  ModuleCache() = default;
+  ~ModuleCache();
+  ModuleCache(const ModuleCache&) = delete;
+  ModuleCache& operator=(const ModuleCache&) = delete;
+
+ private:
+  struct Entry {
+    CuModule module = nullptr;
+    std::map<std::string, CuFunction> functions;
+  };
+  mutable std::mutex mutex_;
+  std::map<std::pair<CuContext, std::string>, Entry> modules_;
+};
+
+// Launches `kernel` with `args` (one pointer per kernel parameter, as cuLaunchKernel takes).
+// Dynamic shared memory above the 48 KiB default first raises the function's
+// MAX_DYNAMIC_SHARED_SIZE_BYTES. Errors: RuntimeError "cuLaunchKernel failed for kernel
+// 'flexjit_forward' (forward alibi bf16 d128): CUDA_ERROR_INVALID_VALUE: invalid argument".
+void launch(const Kernel& kernel, Dim3 grid, Dim3 block, unsigned dynamic_smem_bytes,
+            CuStream stream, void** args);
+
+}  // namespace flexjit::runtime

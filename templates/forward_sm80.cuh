@@ -1,0 +1,478 @@
+// flexjit forward attention kernel for sm_80 and newer (FlashAttention-2 structure).
+//
+// Spliced last, after flexjit_abi.h, prelude.cuh, the generated FjConfig and mods, and
+// mma_sm80.cuh. docs/kernels/forward_sm80.md describes the design, the fragment ownership and the
+// register / shared-memory budget of each default configuration.
+//
+// One CTA computes kBlockM query rows of one (batch, query head); warp w owns rows
+// [w * kWarpRows, (w + 1) * kWarpRows) of the tile, as kMTiles m16 fragments. Per KV tile:
+//   S = Q K^T (mma.sync m16n8k16, fp32), score_mod / mask_mod / bounds, online softmax in the log2
+//   domain, P packed to 16 bits in registers and used directly as the A operand of O += P V.
+// Shared memory (dynamic, bytes, all tiles swizzled per FjSwizzledTile):
+//   [0, Q)                          Q tile, kBlockM x kHeadDimQK; reused for the O tile
+//                                   (kBlockM x kHeadDimV) in the epilogue, so Q = kBlockM *
+//                                   max(kHeadDimQK, kHeadDimV) * 2
+//   then kNumStages x { K tile kBlockN x kHeadDimQK, V tile kBlockN x kHeadDimV }
+// which is fj_forward_smem_bytes() in flexjit_abi.h.
+#ifndef FLEXJIT_FORWARD_SM80_CUH_
+#define FLEXJIT_FORWARD_SM80_CUH_
+
+template <class Cfg>
+struct FjFwdTraits {
+  using Element = typename Cfg::Element;
+  using Mma = FjMma<Element>;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kNumWarps = Cfg::kNumWarps;
+  static constexpr int kNumStages = Cfg::kNumStages;
+  static constexpr int kDimQK = Cfg::kHeadDimQK;
+  static constexpr int kDimV = Cfg::kHeadDimV;
+  static constexpr int kThreads = kNumWarps * 32;
+  static constexpr int kWarpRows = kBlockM / kNumWarps;
+  static constexpr int kMTiles = kWarpRows / 16;  // m16 fragments per warp
+  static constexpr int kNTiles = kBlockN / 8;     // n8 fragments of S per m16 row block
+  static constexpr int kDTiles = kDimV / 8;       // n8 fragments of O per m16 row block
+  static constexpr int kKSteps = kDimQK / 16;     // k16 steps of Q K^T
+  // Q fragments stay in registers when they are few; otherwise they are re-read from shared
+  // memory (ldmatrix) at every k step, as FlashAttention-2 does for d >= 128.
+  static constexpr bool kQInRegs = kMTiles * kKSteps * 4 <= 32;
+  static constexpr int kQBytes = kBlockM * (kDimQK > kDimV ? kDimQK : kDimV) * 2;
+  static constexpr int kKBytes = kBlockN * kDimQK * 2;
+  static constexpr int kVBytes = kBlockN * kDimV * 2;
+  static constexpr int kStageBytes = kKBytes + kVBytes;
+  using TileQK = FjSwizzledTile<kDimQK>;
+  using TileV = FjSwizzledTile<kDimV>;
+
+  static_assert(sizeof(Element) == 2, "flexjit forward_sm80: Element must be fj_bf16 or fj_f16");
+  static_assert(kWarpRows % 16 == 0 && kMTiles >= 1 && kMTiles <= 2,
+                "flexjit forward_sm80: kBlockM / kNumWarps must be 16 or 32");
+  static_assert(kBlockN % 16 == 0 && kBlockN >= 16, "flexjit forward_sm80: kBlockN % 16 != 0");
+  static_assert((kDimQK == 64 || kDimQK == 128 || kDimQK == 256) &&
+                    (kDimV == 64 || kDimV == 128 || kDimV == 256),
+                "flexjit forward_sm80: head dims must be 64, 128 or 256");
+  static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm80: 1..4 stages");
+  static_assert(kBlockM * kDimQK / 8 % kThreads == 0 && kBlockN * kDimQK / 8 % kThreads == 0 &&
+                    kBlockN * kDimV / 8 % kThreads == 0 && kBlockM * kDimV / 8 % kThreads == 0,
+                "flexjit forward_sm80: tiles must split evenly into 16-byte copies per thread");
+  static_assert(kQBytes + kNumStages * kStageBytes ==
+                    fj_forward_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV, 2, kNumStages),
+                "flexjit forward_sm80: shared-memory layout and fj_forward_smem_bytes disagree");
+};
+
+// Copies a kRows x kDim tile (row stride `stride` elements) into swizzled shared memory with
+// cp.async; rows >= rows_valid are zero-filled (checked only when kCheck). Thread tid copies
+// chunk tid % kChunks of rows tid / kChunks + i * kRowStep: one 64-bit pointer that advances by
+// a fixed step, and one shared address plus immediates (kRowStep % 8 == 0 keeps the swizzle
+// phase of the row fixed), so the copy costs few registers in the main loop.
+template <class Tile, int kRows, int kThreads, bool kCheck>
+FJ_DEVICE void fj_load_tile(fj_u32 smem, const void* gmem, fj_i64 stride, int rows_valid, int tid) {
+  static_assert(kThreads % Tile::kChunks == 0, "flexjit: a thread must keep its chunk column");
+  constexpr int kRowStep = kThreads / Tile::kChunks;
+  constexpr int kPerThread = kRows / kRowStep;
+  static_assert(kRows % kRowStep == 0, "flexjit: tile rows must split evenly over threads");
+  const int r0 = tid / Tile::kChunks;
+  const int c = tid % Tile::kChunks;
+  const unsigned short* g = static_cast<const unsigned short*>(gmem);
+  const unsigned short* src = g + (fj_i64)r0 * stride + c * 8;
+  const fj_i64 step = (fj_i64)kRowStep * stride;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int r = r0 + i * kRowStep;
+    const bool valid = !kCheck || r < rows_valid;
+    // An invalid row reads nothing; point it at row 0 of the tile, which is always in bounds.
+    const fj_u32 dst = kRowStep % 8 == 0
+                           ? smem + Tile::offset(r0, c) + i * kRowStep * Tile::kRowBytes
+                           : smem + Tile::offset(r, c);
+    fj_cp_async_16(dst, valid ? src : g, valid);
+    src += step;
+  }
+}
+
+// The KV tiles one CTA visits, in order: partial tiles (mask_mod applied) then full tiles.
+struct FjKvSchedule {
+  const int* partial_idx;  // sparse KV block indices of this q block, or null: tile i is tile i
+  const int* full_idx;
+  int num_partial;  // in kernel tiles
+  int num_total;
+  int tiles_per_block;  // kernel tiles per sparse KV block
+
+  FJ_DEVICE int tile(int i) const {
+    if (partial_idx == nullptr) return i;
+    const int* list = i < num_partial ? partial_idx : full_idx;
+    const int j = i < num_partial ? i : i - num_partial;
+    return list[j / tiles_per_block] * tiles_per_block + j % tiles_per_block;
+  }
+};
+
+template <class Cfg>
+FJ_DEVICE FjKvSchedule fj_kv_schedule(const FjFwdArgs& args, int b, int h, int m_block) {
+  constexpr int kBlockN = Cfg::kBlockN;
+  FjKvSchedule s;
+  const FjBlockMaskArgs& bm = args.mask;
+  if (bm.kv_num_blocks == nullptr) {
+    s.partial_idx = nullptr;
+    s.full_idx = nullptr;
+    s.tiles_per_block = 1;
+    s.num_partial = (args.seqlen_kv + kBlockN - 1) / kBlockN;
+    s.num_total = s.num_partial;
+    return s;
+  }
+  const int qb = m_block * Cfg::kBlockM / bm.q_block_size;
+  const fj_i64 num_off = (fj_i64)b * bm.num_stride_b + (fj_i64)h * bm.num_stride_h + qb;
+  const fj_i64 idx_off =
+      (fj_i64)b * bm.idx_stride_b + (fj_i64)h * bm.idx_stride_h + (fj_i64)qb * bm.idx_stride_m;
+  s.tiles_per_block = bm.kv_block_size / kBlockN;
+  s.partial_idx = bm.kv_indices + idx_off;
+  s.num_partial = bm.kv_num_blocks[num_off] * s.tiles_per_block;
+  s.full_idx = nullptr;
+  s.num_total = s.num_partial;
+  if (Cfg::kHasFullBlocks && bm.full_kv_num_blocks != nullptr) {
+    s.full_idx = bm.full_kv_indices + idx_off;
+    s.num_total += bm.full_kv_num_blocks[num_off] * s.tiles_per_block;
+  }
+  return s;
+}
+
+// S = Q K^T for this warp's rows and one KV tile: s[mt][nt] is the C fragment of rows
+// mt*16.. and keys nt*8.. of the tile.
+template <class T>
+FJ_DEVICE void fj_qk(
+    float (&s)[T::kMTiles][T::kNTiles][4],
+    const fj_u32 (&q_regs)[T::kQInRegs ? T::kMTiles : 1][T::kQInRegs ? T::kKSteps : 1][4],
+    fj_u32 sq_warp, fj_u32 sk, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[mt][nt][e] = 0.0f;
+  // ldmatrix lane roles: lanes 8i..8i+7 address matrix i.
+  //   Q (A operand): matrix i = rows (i%2)*8.., k chunk i/2.
+  //   K (B operand of two n8 tiles): matrix i = keys (i/2)*8.., k chunk i%2.
+  const FjLdsmAddr<typename T::TileQK> qa_addr(sq_warp, ((lane >> 3) & 1) * 8 + (lane & 7),
+                                               lane >> 4);
+  const FjLdsmAddr<typename T::TileQK> kb_addr(sk, (lane >> 4) * 8 + (lane & 7), (lane >> 3) & 1);
+#pragma unroll
+  for (int kk = 0; kk < T::kKSteps; ++kk) {
+    fj_u32 qa[T::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt) {
+      if constexpr (T::kQInRegs) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          qa[mt][e] = q_regs[mt][kk][e];
+      } else {
+        fj_ldsm_x4(qa[mt], qa_addr.at(mt, kk));
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < T::kNTiles / 2; ++np) {
+      fj_u32 kb[4];
+      fj_ldsm_x4(kb, kb_addr.at(np, kk));
+#pragma unroll
+      for (int mt = 0; mt < T::kMTiles; ++mt) {
+        T::Mma::mma(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+        T::Mma::mma(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+      }
+    }
+  }
+}
+
+// O += P V with P (probabilities, fp32 C fragments) packed to 16 bits in registers: the C
+// fragments of n8 tiles 2j and 2j+1 are exactly the A fragment of k16 step j.
+template <class T>
+FJ_DEVICE void fj_pv(float (&o)[T::kMTiles][T::kDTiles][4],
+                     const float (&p)[T::kMTiles][T::kNTiles][4], fj_u32 sv, int lane) {
+  // V (B operand via .trans, two n8 tiles of head dim): matrix i = keys (i%2)*8.., d chunk i/2.
+  const FjLdsmAddr<typename T::TileV> vb_addr(sv, ((lane >> 3) & 1) * 8 + (lane & 7), lane >> 4);
+#pragma unroll
+  for (int j = 0; j < T::kNTiles / 2; ++j) {
+    fj_u32 pa[T::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt) {
+      pa[mt][0] = T::Mma::pack(p[mt][2 * j][0], p[mt][2 * j][1]);
+      pa[mt][1] = T::Mma::pack(p[mt][2 * j][2], p[mt][2 * j][3]);
+      pa[mt][2] = T::Mma::pack(p[mt][2 * j + 1][0], p[mt][2 * j + 1][1]);
+      pa[mt][3] = T::Mma::pack(p[mt][2 * j + 1][2], p[mt][2 * j + 1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < T::kDTiles / 2; ++dp) {
+      fj_u32 vb[4];
+      fj_ldsm_x4_trans(vb, vb_addr.at(j, dp));
+#pragma unroll
+      for (int mt = 0; mt < T::kMTiles; ++mt) {
+        T::Mma::mma(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+        T::Mma::mma(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+      }
+    }
+  }
+}
+
+// Turns raw q·k into log2-domain scores: scale, score_mod, mask_mod (partial tiles) and the
+// key bound (ragged last tile). Thread (g, t) holds rows g, g+8 and keys 2t, 2t+1 of each
+// fragment: s[mt][nt][hr*2 + c] is (row q_row0 + mt*16 + hr*8, key kv_col0 + nt*8 + c).
+template <class Cfg, class T, bool kApplyMask>
+FJ_DEVICE void fj_scores(float (&s)[T::kMTiles][T::kNTiles][4], const FjFwdArgs& args,
+                         const FjModParams& mods, int b, int h, int q_row0, int n_start,
+                         int kv_col0) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr bool kCallMods = Cfg::kHasScoreMod || (kApplyMask && Cfg::kHasMaskMod);
+  if constexpr (!kCallMods) {
+    const float scale_log2 = args.scale * kLog2e;
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[mt][nt][e] *= scale_log2;
+  } else {
+    const float scale = args.scale;
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        int q_idx = q_row0 + mt * 16 + hr * 8;
+        // Mods only ever see in-range indices (their buffer loads stay in bounds); rows past
+        // seqlen_q are computed on a clamped index and never written.
+        if constexpr (!Cfg::kIsDivisible) q_idx = fj_imin(q_idx, args.seqlen_q - 1);
+#pragma unroll
+        for (int nt = 0; nt < T::kNTiles; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            int kv_idx = kv_col0 + nt * 8 + c;
+            if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+            float x = s[mt][nt][hr * 2 + c];
+            if constexpr (Cfg::kHasScoreMod) {
+              x = fj_score_mod(mods, x * scale, b, h, q_idx, kv_idx) * kLog2e;
+            } else {
+              x *= scale * kLog2e;
+            }
+            if constexpr (kApplyMask && Cfg::kHasMaskMod) {
+              if (!fj_mask_mod(mods, b, h, q_idx, kv_idx)) x = fj_neg_inf();
+            }
+            s[mt][nt][hr * 2 + c] = x;
+          }
+        }
+      }
+    }
+  }
+  if constexpr (!Cfg::kIsDivisible) {
+    // Keys past seqlen_kv (zero-filled in shared memory) must not take part.
+    if (n_start + T::kBlockN > args.seqlen_kv) {
+#pragma unroll
+      for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (kv_col0 + nt * 8 + (e & 1) >= args.seqlen_kv) s[mt][nt][e] = fj_neg_inf();
+    }
+  }
+}
+
+// Online softmax update (log2 domain) for one tile: new row max, rescale of O and of the
+// running (per-thread partial) row sums, and s <- 2^(s - max). A row whose max is still -inf
+// (everything masked so far) uses 0 as its reference so that no -inf - -inf = NaN appears.
+template <class T>
+FJ_DEVICE void fj_softmax_update(float (&s)[T::kMTiles][T::kNTiles][4],
+                                 float (&o)[T::kMTiles][T::kDTiles][4],
+                                 float (&row_max)[T::kMTiles][2], float (&row_sum)[T::kMTiles][2]) {
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float mx = row_max[mt][hr];
+#pragma unroll
+      for (int nt = 0; nt < T::kNTiles; ++nt)
+        mx = fmaxf(mx, fmaxf(s[mt][nt][hr * 2], s[mt][nt][hr * 2 + 1]));
+      // The 4 threads of a quad hold the same row.
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float ref = mx == fj_neg_inf() ? 0.0f : mx;
+      const float alpha = fj_ex2_approx(row_max[mt][hr] - ref);  // 0 while the old max is -inf
+      row_max[mt][hr] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < T::kNTiles; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float p = fj_ex2_approx(s[mt][nt][hr * 2 + c] - ref);
+          s[mt][nt][hr * 2 + c] = p;
+          sum += p;
+        }
+      }
+      row_sum[mt][hr] = row_sum[mt][hr] * alpha + sum;
+#pragma unroll
+      for (int dt = 0; dt < T::kDTiles; ++dt) {
+        o[mt][dt][hr * 2] *= alpha;
+        o[mt][dt][hr * 2 + 1] *= alpha;
+      }
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
+    flexjit_forward(const FjFwdArgs args, const FjModParams mods) {
+  using T = FjFwdTraits<FjConfig>;
+  using Cfg = FjConfig;
+  constexpr bool kCheck = !Cfg::kIsDivisible;
+  extern __shared__ unsigned char fj_smem[];  // 16-byte aligned at least
+
+  // Heaviest query tiles first: under a causal-like mask the last tiles visit the most keys, and
+  // starting them early keeps the tail of the grid short (FlashAttention-2 does the same).
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int h_kv = h / Cfg::kGqaRatio;
+  const int m_start = m_block * T::kBlockM;
+
+  const char* q_tile = static_cast<const char*>(args.q) +
+                       2 * ((fj_i64)b * args.q_stride_b + (fj_i64)h * args.q_stride_h +
+                            (fj_i64)m_start * args.q_stride_s);
+  const char* k_head = static_cast<const char*>(args.k) +
+                       2 * ((fj_i64)b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h);
+  const char* v_head = static_cast<const char*>(args.v) +
+                       2 * ((fj_i64)b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h);
+
+  const fj_u32 sq = fj_smem_addr(fj_smem);
+  const fj_u32 skv = sq + T::kQBytes;
+  const fj_u32 sq_warp = sq + warp * T::kWarpRows * T::TileQK::kRowBytes;
+
+  const FjKvSchedule sched = fj_kv_schedule<Cfg>(args, b, h, m_block);
+
+  // Issues the K and V copies of schedule step i into pipeline stage `stage`.
+  auto load_kv = [&](int i, int stage) {
+    const int n_start = sched.tile(i) * T::kBlockN;
+    if (n_start >= args.seqlen_kv) return;  // past the end of a ragged sparse block: skipped
+    const fj_u32 sk = skv + stage * T::kStageBytes;
+    const int rows = args.seqlen_kv - n_start;
+    fj_load_tile<typename T::TileQK, T::kBlockN, T::kThreads, kCheck>(
+        sk, k_head + 2 * (fj_i64)n_start * args.k_stride_s, args.k_stride_s, rows, tid);
+    fj_load_tile<typename T::TileV, T::kBlockN, T::kThreads, kCheck>(
+        sk + T::kKBytes, v_head + 2 * (fj_i64)n_start * args.v_stride_s, args.v_stride_s, rows,
+        tid);
+  };
+
+  // Q, then the first kNumStages - 1 KV tiles; one commit group each (empty groups keep the
+  // group count uniform so wait_group arithmetic holds).
+  fj_load_tile<typename T::TileQK, T::kBlockM, T::kThreads, kCheck>(sq, q_tile, args.q_stride_s,
+                                                                    args.seqlen_q - m_start, tid);
+  fj_cp_async_commit();
+#pragma unroll
+  for (int st = 0; st < T::kNumStages - 1; ++st) {
+    if (st < sched.num_total) load_kv(st, st);
+    fj_cp_async_commit();
+  }
+
+  fj_u32 q_regs[T::kQInRegs ? T::kMTiles : 1][T::kQInRegs ? T::kKSteps : 1][4];
+  if constexpr (T::kQInRegs) {
+    fj_cp_async_wait<T::kNumStages - 1>();  // the Q group
+    __syncthreads();
+    const FjLdsmAddr<typename T::TileQK> qa_addr(sq_warp, ((lane >> 3) & 1) * 8 + (lane & 7),
+                                                 lane >> 4);
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < T::kKSteps; ++kk)
+        fj_ldsm_x4(q_regs[mt][kk], qa_addr.at(mt, kk));
+  }
+
+  float o[T::kMTiles][T::kDTiles][4];
+  float row_max[T::kMTiles][2];
+  float row_sum[T::kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < T::kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        o[mt][dt][e] = 0.0f;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      row_max[mt][hr] = fj_neg_inf();
+      row_sum[mt][hr] = 0.0f;
+    }
+  }
+
+  const int q_row0 = m_start + warp * T::kWarpRows + (lane >> 2);
+  for (int i = 0; i < sched.num_total; ++i) {
+    if constexpr (T::kNumStages == 1) {
+      load_kv(i, 0);
+      fj_cp_async_commit();
+      fj_cp_async_wait<0>();
+    } else {
+      fj_cp_async_wait<T::kNumStages - 2>();  // step i's group has landed (for this thread)
+    }
+    // Everyone's copies of step i are visible, and everyone is done with step i - 1's stage,
+    // which the prefetch below overwrites.
+    __syncthreads();
+    if constexpr (T::kNumStages > 1) {
+      const int next = i + T::kNumStages - 1;
+      if (next < sched.num_total) load_kv(next, next % T::kNumStages);
+      fj_cp_async_commit();
+    }
+    const int n_start = sched.tile(i) * T::kBlockN;
+    if (n_start < args.seqlen_kv) {
+      const fj_u32 sk = skv + (i % T::kNumStages) * T::kStageBytes;
+      float s[T::kMTiles][T::kNTiles][4];
+      fj_qk<T>(s, q_regs, sq_warp, sk, lane);
+      const int kv_col0 = n_start + (lane & 3) * 2;
+      if (i < sched.num_partial)
+        fj_scores<Cfg, T, true>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+      else
+        fj_scores<Cfg, T, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+      fj_softmax_update<T>(s, o, row_max, row_sum);
+      fj_pv<T>(o, s, sk + T::kKBytes, lane);
+    }
+    if constexpr (T::kNumStages == 1) __syncthreads();
+  }
+  fj_cp_async_wait<0>();
+
+  // Epilogue: normalize, write LSE, stage O (16-bit) in shared memory, then 16-byte stores.
+  constexpr float kLn2 = 0.6931471805599453f;
+  __syncthreads();  // all warps are done reading Q / K / V from shared memory
+  unsigned char* so = fj_smem;
+#pragma unroll
+  for (int mt = 0; mt < T::kMTiles; ++mt) {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float sum = row_sum[mt][hr];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      // A fully masked row has sum 0: output 0 and LSE -inf, never NaN.
+      const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+      const int row = q_row0 + mt * 16 + hr * 8;
+      if (args.lse != nullptr && (lane & 3) == 0 && (!kCheck || row < args.seqlen_q)) {
+        const float lse = sum == 0.0f ? fj_neg_inf() : row_max[mt][hr] * kLn2 + logf(sum);
+        args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + row] = lse;
+      }
+      const int tile_row = warp * T::kWarpRows + mt * 16 + hr * 8 + (lane >> 2);
+#pragma unroll
+      for (int dt = 0; dt < T::kDTiles; ++dt) {
+        const fj_u32 packed = T::Mma::pack(o[mt][dt][hr * 2] * inv, o[mt][dt][hr * 2 + 1] * inv);
+        *reinterpret_cast<fj_u32*>(so + T::TileV::offset(tile_row, dt) + (lane & 3) * 4) = packed;
+      }
+    }
+  }
+  __syncthreads();
+  char* out_tile = static_cast<char*>(args.out) +
+                   2 * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
+                        (fj_i64)m_start * args.o_stride_s);
+  constexpr int kOutPerThread = T::kBlockM * T::TileV::kChunks / T::kThreads;
+#pragma unroll
+  for (int it = 0; it < kOutPerThread; ++it) {
+    const int idx = it * T::kThreads + tid;
+    const int r = idx / T::TileV::kChunks;
+    const int c = idx % T::TileV::kChunks;
+    if (kCheck && m_start + r >= args.seqlen_q) continue;
+    *reinterpret_cast<fj_u32x4*>(out_tile + 2 * ((fj_i64)r * args.o_stride_s + c * 8)) =
+        *reinterpret_cast<const fj_u32x4*>(so + T::TileV::offset(r, c));
+  }
+}
+
+#endif  // FLEXJIT_FORWARD_SM80_CUH_

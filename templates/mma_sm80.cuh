@@ -1,0 +1,141 @@
+// flexjit sm_80+ building blocks: thin inline-PTX wrappers for cp.async, ldmatrix, mma.sync and
+// 16-bit conversions, plus the swizzled shared-memory tile layout the forward kernel uses.
+//
+// Spliced after the generated mods and before forward_sm80.cuh; needs only prelude.cuh.
+// Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16", 16-bit A/B, f32 C/D), with
+// g = lane / 4 (group) and t = lane % 4 (thread in group):
+//   A (16x16, row-major)  reg0: (g, 2t..2t+1)   reg1: (g+8, 2t..)   reg2: (g, 2t+8..)  reg3: (g+8,
+//   2t+8..) B (16x8, k x n)       reg0: (k=2t..2t+1, n=g)                   reg1: (k=2t+8.., n=g)
+//   C (16x8, f32)         c0,c1: (g, 2t..2t+1)                     c2,c3: (g+8, 2t..2t+1)
+// ldmatrix.x4: lanes 8i..8i+7 give the row addresses of 8x8 matrix i; register i of every lane
+// receives matrix i with lane holding (row g, cols 2t..2t+1) — or, with .trans, (rows 2t..2t+1,
+// col g) of the stored matrix.
+#ifndef FLEXJIT_MMA_SM80_CUH_
+#define FLEXJIT_MMA_SM80_CUH_
+
+// Shared-state-space address of a generic pointer into shared memory.
+FJ_DEVICE fj_u32 fj_smem_addr(const void* p) {
+  fj_u32 r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+
+FJ_DEVICE float fj_neg_inf() {
+  return __int_as_float(0xff800000u);
+}
+
+// 2^x, approximate (2 ulp): only the kernel's own softmax uses it, never mod code.
+FJ_DEVICE float fj_ex2_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// 16-byte global -> shared copy; when !valid nothing is read and the 16 bytes are zero-filled
+// (src-size 0). `src` must still be a mapped address; callers pass a known-valid one.
+FJ_DEVICE void fj_cp_async_16(fj_u32 dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+FJ_DEVICE void fj_cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are still pending.
+template <int N>
+FJ_DEVICE void fj_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+FJ_DEVICE void fj_ldsm_x4(fj_u32 (&r)[4], fj_u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+FJ_DEVICE void fj_ldsm_x4_trans(fj_u32 (&r)[4], fj_u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Per-element-type operations: D += A * B (m16n8k16, f32 accumulate) and packing two f32 into
+// one 32-bit register of two 16-bit values (lo in bits 0..15, round to nearest even).
+template <class E>
+struct FjMma {
+  static_assert(sizeof(E) == 0,
+                "flexjit forward_sm80: Element must be fj_bf16 or fj_f16 (fp32 / tf32 inputs are "
+                "not supported by this template yet)");
+};
+template <>
+struct FjMma<fj_bf16> {
+  static FJ_DEVICE void mma(float (&d)[4], const fj_u32 (&a)[4], fj_u32 b0, fj_u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static FJ_DEVICE fj_u32 pack(float lo, float hi) {
+    fj_u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // d = {hi, lo}
+    return r;
+  }
+};
+template <>
+struct FjMma<fj_f16> {
+  static FJ_DEVICE void mma(float (&d)[4], const fj_u32 (&a)[4], fj_u32 b0, fj_u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static FJ_DEVICE fj_u32 pack(float lo, float hi) {
+    fj_u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+};
+
+// Swizzled row-major tile of 16-bit elements, kDim (a multiple of 64) per row. A row is kDim/8
+// 16-byte chunks; chunk c of row r is stored at chunk c ^ (r % 8). Any 8 consecutive rows read
+// at one logical chunk (what an ldmatrix 8x8 matrix or a fragment store touches) then cover 8
+// distinct chunk slots mod 8, i.e. all 32 banks once: no bank conflicts.
+template <int kDim>
+struct FjSwizzledTile {
+  static_assert(kDim % 64 == 0, "flexjit: head dims must be multiples of 64");
+  static constexpr int kChunks = kDim / 8;
+  static constexpr int kRowBytes = kDim * 2;
+  // Byte offset of (row, 16-byte chunk).
+  static FJ_DEVICE int offset(int row, int chunk) {
+    return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
+  }
+};
+
+// Addresses of the ldmatrix operands a lane reads in an unrolled loop: rows row0 + 16*i (row0 %
+// 8 fixed per lane) and chunks 2*j + c (c = 0 or 1 fixed per lane). Since 2j + c = 2j ^ c, the
+// stored chunk is 2j ^ z with z = c ^ (row0 % 8) < 8, i.e. (2j & ~7) + ((2j & 7) ^ z): only
+// j % 4 needs a register, the rest is an immediate. (Letting the compiler form offset() for
+// every unrolled (i, j) costs one live register per pair: that alone spilled d=128.)
+template <class Tile>
+struct FjLdsmAddr {
+  fj_u32 base[4];  // row0 and (2*(j%4)) ^ z folded in, for j % 4 = 0..3
+  FJ_DEVICE FjLdsmAddr(fj_u32 smem, int row0, int c) {
+    const int z = c ^ (row0 & 7);
+#pragma unroll
+    for (int jm = 0; jm < 4; ++jm)
+      base[jm] = smem + row0 * Tile::kRowBytes + (((2 * jm) ^ z) << 4);
+  }
+  // Shared address of row row0 + 16*i, logical chunk 2*j + c (i and j compile-time after
+  // unrolling; Tile::kChunks >= 8 so chunk 2j stays inside the row).
+  FJ_DEVICE fj_u32 at(int i, int j) const {
+    return base[j & 3] + i * 16 * Tile::kRowBytes + (j >> 2) * 128;
+  }
+};
+
+// 16-byte vector for epilogue copies (no vector_types.h).
+struct alignas(16) fj_u32x4 {
+  fj_u32 x, y, z, w;
+};
+
+#endif  // FLEXJIT_MMA_SM80_CUH_

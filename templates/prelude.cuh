@@ -1,0 +1,137 @@
+// flexjit kernel prelude: scalar types and the device functions that generated mod code calls.
+//
+// Spliced after flexjit_abi.h and before the generated FjConfig / mods. NVRTC compiles the
+// translation unit without any header, so everything here is built from NVRTC's built-in math
+// functions (expf, tanhf, ... are declared by NVRTC itself) and inline PTX.
+//
+// Every fj_* function has the semantics of the flexjit language (DESIGN.md), not of C:
+//  - float functions are the accurate CUDA ones (no fast-math intrinsics): mods must match an fp64
+//    reference to fp32 accuracy. Compile without --use_fast_math.
+//  - integer arithmetic wraps modulo 2^32 (computed in unsigned, so no undefined behaviour);
+//    division and modulo floor (Python semantics); x / 0 == 0 and x % 0 == 0.
+#ifndef FLEXJIT_PRELUDE_CUH_
+#define FLEXJIT_PRELUDE_CUH_
+
+// 16-bit floating point elements, as raw bits (no cuda_bf16.h / cuda_fp16.h).
+struct fj_bf16 {
+  unsigned short bits;
+};
+struct fj_f16 {
+  unsigned short bits;
+};
+
+typedef unsigned int fj_u32;
+
+#define FJ_DEVICE __device__ __forceinline__
+
+// ---- float math ----------------------------------------------------------------------------
+FJ_DEVICE float fj_exp(float x) {
+  return expf(x);
+}
+FJ_DEVICE float fj_exp2(float x) {
+  return exp2f(x);
+}
+FJ_DEVICE float fj_log(float x) {
+  return logf(x);
+}
+FJ_DEVICE float fj_log2(float x) {
+  return log2f(x);
+}
+FJ_DEVICE float fj_tanh(float x) {
+  return tanhf(x);
+}
+FJ_DEVICE float fj_sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+FJ_DEVICE float fj_sqrt(float x) {
+  return sqrtf(x);
+}
+// 1/sqrtf (both IEEE-rounded) is within 1 ulp; rsqrtf's 2 ulp would not match a reference.
+FJ_DEVICE float fj_rsqrt(float x) {
+  return 1.0f / sqrtf(x);
+}
+FJ_DEVICE float fj_floor(float x) {
+  return floorf(x);
+}
+FJ_DEVICE float fj_ceil(float x) {
+  return ceilf(x);
+}
+FJ_DEVICE float fj_pow(float a, float b) {
+  return powf(a, b);
+}
+FJ_DEVICE float fj_fabs(float x) {
+  return fabsf(x);
+}
+FJ_DEVICE float fj_fminf(float a, float b) {
+  return fminf(a, b);
+}
+FJ_DEVICE float fj_fmaxf(float a, float b) {
+  return fmaxf(a, b);
+}
+// Floor modulo: the result has the divisor's sign (Python's %, torch.remainder).
+FJ_DEVICE float fj_fmod_floor(float a, float b) {
+  return a - b * floorf(a / b);
+}
+
+// ---- int math (wrapping, floor division) ------------------------------------------------------
+FJ_DEVICE int fj_iadd(int a, int b) {
+  return (int)((fj_u32)a + (fj_u32)b);
+}
+FJ_DEVICE int fj_isub(int a, int b) {
+  return (int)((fj_u32)a - (fj_u32)b);
+}
+FJ_DEVICE int fj_imul(int a, int b) {
+  return (int)((fj_u32)a * (fj_u32)b);
+}
+FJ_DEVICE int fj_neg_i(int a) {
+  return (int)(0u - (fj_u32)a);
+}
+FJ_DEVICE int fj_iabs(int a) {
+  return a < 0 ? fj_neg_i(a) : a;
+}  // INT_MIN stays INT_MIN
+FJ_DEVICE int fj_imin(int a, int b) {
+  return a < b ? a : b;
+}
+FJ_DEVICE int fj_imax(int a, int b) {
+  return a > b ? a : b;
+}
+FJ_DEVICE int fj_idiv_floor(int a, int b) {
+  if (b == 0) return 0;
+  if (b == -1) return fj_neg_i(a);  // INT_MIN / -1 wraps to INT_MIN instead of trapping
+  int q = a / b;
+  int r = a - q * b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;
+}
+FJ_DEVICE int fj_imod_floor(int a, int b) {
+  if (b == 0 || b == -1) return 0;
+  int r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+// float -> int: truncates toward zero, saturates to [INT_MIN, INT_MAX], NaN -> 0 (PTX cvt
+// float-to-integer conversions always saturate and map NaN to 0).
+FJ_DEVICE int fj_f2i(float x) {
+  int r;
+  asm("cvt.rzi.s32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// ---- captured buffer loads (64-bit offsets, element units) ------------------------------------
+FJ_DEVICE float fj_ld_f32(const float* p, fj_i64 off) {
+  return p[off];
+}
+FJ_DEVICE float fj_ld_bf16(const unsigned short* p, fj_i64 off) {
+  return __int_as_float((int)((fj_u32)p[off] << 16));
+}
+FJ_DEVICE float fj_ld_f16(const unsigned short* p, fj_i64 off) {
+  float r;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(p[off]));
+  return r;
+}
+FJ_DEVICE int fj_ld_i32(const int* p, fj_i64 off) {
+  return p[off];
+}
+FJ_DEVICE bool fj_ld_bool(const unsigned char* p, fj_i64 off) {
+  return p[off] != 0;
+}
+
+#endif  // FLEXJIT_PRELUDE_CUH_

@@ -1,0 +1,12 @@
+// Stand-in for generated mods: mask_mod = q_idx >= kv_idx (kHasMaskMod = true).
+struct FjModParams {
+  int unused;
+};
+__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h,
+                                              int q_idx, int kv_idx) {
+  return score;
+}
+__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, int q_idx,
+                                            int kv_idx) {
+  return q_idx >= kv_idx;
+}

@@ -1,0 +1,14 @@
+// Stand-in for generated mods: param cap: f32, param window: i32;
+// score_mod = cap * tanh(score / cap); mask_mod = q_idx >= kv_idx && q_idx - kv_idx <= window.
+struct FjModParams {
+  float cap;
+  int window;
+};
+__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h,
+                                              int q_idx, int kv_idx) {
+  return mp.cap * fj_tanh(score / mp.cap);
+}
+__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, int q_idx,
+                                            int kv_idx) {
+  return q_idx >= kv_idx && fj_isub(q_idx, kv_idx) <= mp.window;
+}

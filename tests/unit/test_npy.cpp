@@ -1,0 +1,114 @@
+#include "util/Npy.h"
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <cstring>
+
+using namespace flexjit;
+
+namespace {
+
+// A hand-built .npy file (format 1.0) with the given header dict and payload.
+std::string npy_file(const std::string& dict, const std::string& payload, char major = 1) {
+  std::string header = dict;
+  while ((10 + header.size() + 1) % 64 != 0)
+    header += ' ';
+  header += '\n';
+  std::string out("\x93NUMPY", 6);
+  out += major;
+  out += '\0';
+  out += static_cast<char>(header.size() & 0xff);
+  out += static_cast<char>(header.size() >> 8);
+  return out + header + payload;
+}
+
+}  // namespace
+
+TEST_CASE("npy round trips every dtype", "[npy]") {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I32, DType::Bool}) {
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{}, {5}, {2, 3, 4}, {0, 3}}) {
+      npy::Array a = npy::make_array(t, shape);
+      for (size_t i = 0; i < a.bytes.size(); ++i) {
+        a.bytes[i] = static_cast<char>(t == DType::Bool ? i % 2 : i * 37 + 1);
+      }
+      const std::string bytes = npy::serialize(a);
+      // numpy's alignment rule: the data starts at a multiple of 64.
+      CHECK((bytes.size() - a.bytes.size()) % 64 == 0);
+      CHECK(bytes.find(std::string(npy::descr(t))) != std::string::npos);
+      npy::Array b = npy::parse(bytes, "x.npy");
+      CHECK(b.dtype == t);
+      CHECK(b.shape == a.shape);
+      CHECK(b.bytes == a.bytes);
+    }
+  }
+  // Through a file.
+  npy::Array a = npy::make_array(DType::F32, {3});
+  a.as<float>()[2] = 1.5f;
+  const std::string path = "/tmp/flexjit_test_npy.npy";
+  npy::write(path, a);
+  npy::Array b = npy::read(path);
+  CHECK(b.as<float>()[2] == 1.5f);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("npy writes bf16 as <u2 and reads bf16 as <u2 or <V2", "[npy]") {
+  npy::Array a = npy::make_array(DType::BF16, {2});
+  const std::string bytes = npy::serialize(a);
+  CHECK(bytes.find("{'descr': '<u2', 'fortran_order': False, 'shape': (2,), }") !=
+        std::string::npos);
+  const std::string payload("\x80\x3f\x00\x40", 4);  // bf16 1.0, 2.0
+  npy::Array v =
+      npy::parse(npy_file("{'descr': '<V2', 'fortran_order': False, 'shape': (2,), }", payload));
+  CHECK(v.dtype == DType::BF16);
+  CHECK(v.as<uint16_t>()[0] == 0x3f80);
+  npy::Array u = npy::parse(npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }",
+                                     std::string("\x00\x05\x01", 3)));
+  CHECK(u.dtype == DType::Bool);
+  CHECK(u.bytes == std::vector<char>{0, 1, 1});
+}
+
+TEST_CASE("npy transposes Fortran-order arrays and reads format 2.0", "[npy]") {
+  // [[0, 1, 2], [3, 4, 5]] stored column-major: 0 3 1 4 2 5.
+  std::vector<int32_t> f = {0, 3, 1, 4, 2, 5};
+  std::string payload(reinterpret_cast<const char*>(f.data()), f.size() * 4);
+  npy::Array a =
+      npy::parse(npy_file("{'descr': '<i4', 'fortran_order': True, 'shape': (2, 3), }", payload));
+  for (int i = 0; i < 6; ++i)
+    CHECK(a.as<int32_t>()[i] == i);
+
+  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }";
+  std::string v2("\x93NUMPY\x02\x00", 8);
+  std::string header = dict + "\n";
+  v2 += static_cast<char>(header.size());
+  v2 += std::string(3, '\0');
+  float one = 1.0f;
+  v2 += header + std::string(reinterpret_cast<const char*>(&one), 4);
+  CHECK(npy::parse(v2).as<float>()[0] == 1.0f);
+}
+
+TEST_CASE("npy errors are precise", "[npy]") {
+  CHECK_THROWS_WITH(npy::parse("PK\x03\x04 not npy", "a.npy"),
+                    "a.npy: not a .npy file (bad magic)");
+  CHECK_THROWS_WITH(npy::parse(npy_file("{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }",
+                                        std::string(16, '\0')),
+                               "d.npy"),
+                    Catch::StartsWith("d.npy: unsupported dtype '<f8'"));
+  CHECK_THROWS_WITH(npy::parse(npy_file("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }",
+                                        std::string(8, '\0')),
+                               "e.npy"),
+                    Catch::StartsWith("e.npy: unsupported dtype '>f4'"));
+  CHECK_THROWS_WITH(
+      npy::parse(npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+                          std::string(12, '\0')),
+                 "t.npy"),
+      Catch::Contains("t.npy: truncated: header says 24 bytes of data") &&
+          Catch::Contains("file has 12"));
+  std::string cut = npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", "");
+  CHECK_THROWS_WITH(npy::parse(cut.substr(0, 30), "h.npy"),
+                    Catch::StartsWith("h.npy: truncated .npy header"));
+  CHECK_THROWS_WITH(npy::parse(npy_file("{'descr': '<f4', 'shape': (2,), }", ""), "k.npy"),
+                    Catch::Contains("no 'fortran_order'"));
+  CHECK_THROWS_WITH(npy::read("/nonexistent/x.npy"),
+                    Catch::StartsWith("/nonexistent/x.npy: cannot open for reading"));
+}

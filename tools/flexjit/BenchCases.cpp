@@ -1,0 +1,165 @@
+#include "flexjit/BenchCases.h"
+
+#include <flexjit/error.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace flexjit::cli {
+
+namespace {
+
+// The anchors' eight cases at one shape; `quick` keeps noop, causal, alibi+causal and
+// document+causal (the anchors' quick subset, also used for every extra shape).
+void add_shape(std::vector<BenchCase>& out, const std::string& group, BenchShape s, bool quick) {
+  const bool decode = s.seqlen_q != s.seqlen_kv;
+  auto add = [&](const char* name, const char* mods, bool mask,
+                 std::vector<std::pair<std::string, double>> params = {}) {
+    const bool in_quick = std::strcmp(name, "noop") == 0 || std::strcmp(name, "causal") == 0 ||
+                          std::strcmp(name, "alibi+causal") == 0 ||
+                          std::strcmp(name, "document+causal") == 0;
+    if (quick && !in_quick) return;
+    out.push_back({name, group, s, mods, mask, std::move(params)});
+  };
+  const int S = s.seqlen_kv;
+  if (decode) {
+    // Decoding: the one query sits at the end, so the anchors drop the mask and keep only the
+    // cases with a score_mod (noop and alibi+causal, under its name, without the causal mask).
+    add("noop", "noop", false);
+    add("alibi+causal", "alibi", false);
+    return;
+  }
+  add("noop", "noop", false);
+  add("causal", "causal", true);
+  add("alibi+causal", "alibi_causal", true);
+  add("sliding1024", "sliding_window", true, {{"window", 1024}});
+  add("prefix_lm", "prefix_lm", true, {{"prefix", S / 4}});
+  add("document+causal", "document_causal", true);
+  add("softcap30+causal", "softcap_causal", true, {{"cap", 30.0}});
+  add("relbias+causal", "relative_bias_causal", true, {{"offset", S}});
+}
+
+// splitmix64: a fast, well-mixed stream for benchmark inputs.
+uint64_t next_u64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// A standard normal value by Box-Muller (one of the pair; speed is not critical at 10^8).
+float next_normal(uint64_t& state) {
+  const double u1 = (static_cast<double>(next_u64(state) >> 11) + 0.5) * 0x1.0p-53;
+  const double u2 = static_cast<double>(next_u64(state) >> 11) * 0x1.0p-53;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+
+uint16_t to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (inputs are finite)
+  return static_cast<uint16_t>(u >> 16);
+}
+
+template <typename T>
+HostBuffer make_buffer(std::string name, DType dtype, const std::vector<T>& v) {
+  HostBuffer b{std::move(name), dtype, {static_cast<int64_t>(v.size())}, {}};
+  b.bytes.resize(v.size() * sizeof(T));
+  std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
+  return b;
+}
+
+}  // namespace
+
+std::vector<BenchCase> standard_cases(const CaseSelection& sel) {
+  std::vector<BenchCase> out;
+  if (sel.small) {
+    // Tiny shapes of every case, with a partial last tile (S not a multiple of 128) and GQA,
+    // for compute-sanitizer runs and smoke tests.
+    add_shape(out, "small", {1, 2, 2, 384, 384, 128}, false);
+    add_shape(out, "small", {2, 4, 2, 200, 200, 64}, true);
+    add_shape(out, "small", {1, 4, 1, 1, 300, 128}, false);
+    return out;
+  }
+  if (sel.main) add_shape(out, "main", {4, 16, 16, 4096, 4096, 128}, sel.quick);
+  if (sel.extra) {
+    add_shape(out, "gqa", {4, 32, 8, 4096, 4096, 128}, true);
+    add_shape(out, "d64", {8, 16, 16, 2048, 2048, 64}, true);
+    add_shape(out, "long", {2, 16, 16, 16384, 16384, 128}, true);
+    add_shape(out, "decode", {8, 32, 8, 1, 8192, 128}, true);
+  }
+  return out;
+}
+
+Mods case_mods(const BenchCase& c) {
+  Mods m = standard_mods(c.mods);
+  for (const auto& [name, value] : c.params) {
+    bool found = false;
+    for (Param& p : m.params) {
+      if (p.name() == name) found = true;
+    }
+    if (!found) {
+      throw InternalError(
+          fmt::format("bench case {}: mods '{}' have no parameter '{}'", c.name, c.mods, name));
+    }
+  }
+  return m;
+}
+
+std::vector<HostBuffer> case_buffers(const BenchCase& c, uint64_t seed) {
+  std::vector<HostBuffer> out;
+  const Mods m = standard_mods(c.mods);
+  for (const Buffer& b : m.buffers) {
+    const std::string& name = b.name();
+    if (name == "slopes") {
+      const int H = c.shape.heads_q;
+      std::vector<float> slopes(H);
+      for (int h = 0; h < H; ++h)
+        slopes[h] = std::exp2(-static_cast<float>(h + 1) * 8.0f / H);
+      out.push_back(make_buffer(name, DType::F32, slopes));
+    } else if (name == "doc_id") {
+      out.push_back(make_buffer(name, DType::I32, anchor_document_ids(c.shape.seqlen_kv)));
+    } else if (name == "bias") {
+      uint64_t state = seed ^ 0xb1a5ULL;
+      std::vector<float> bias(2 * static_cast<size_t>(c.shape.seqlen_kv));
+      for (float& x : bias)
+        x = next_normal(state);
+      out.push_back(make_buffer(name, DType::F32, bias));
+    } else {
+      throw InternalError(
+          fmt::format("bench case {}: no data for buffer '{}' of '{}'", c.name, name, c.mods));
+    }
+  }
+  return out;
+}
+
+std::vector<int32_t> anchor_document_ids(int seqlen) {
+  std::vector<int32_t> ids(std::max(seqlen, 0), 0);
+  const int lens[] = {seqlen / 8, seqlen / 4, seqlen / 16, seqlen / 2, seqlen / 16};
+  int pos = 0;
+  for (int k = 0; pos < seqlen; ++k) {
+    // max(1, ...) keeps tiny S (< 16) from looping on zero-length documents.
+    const int n = std::max(1, lens[k % 5]);
+    for (int i = pos; i < std::min(seqlen, pos + n); ++i)
+      ids[i] = k;
+    pos += n;
+  }
+  return ids;
+}
+
+double forward_flops(const BenchShape& s, double density) {
+  return 4.0 * s.batch * s.heads_q * static_cast<double>(s.seqlen_q) * s.seqlen_kv * s.head_dim *
+         density;
+}
+
+std::vector<uint16_t> random_bf16(size_t n, uint64_t seed) {
+  std::vector<uint16_t> v(n);
+  uint64_t state = seed;
+  for (uint16_t& x : v)
+    x = to_bf16_bits(next_normal(state));
+  return v;
+}
+
+}  // namespace flexjit::cli

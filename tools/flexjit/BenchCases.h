@@ -1,0 +1,67 @@
+// The standard attention benchmark cases: the shapes, masks and score mods of the anchor
+// benchmark (/work/shared/anchors/torch_flex_bench.py, docs/benchmarks.md), mapped to flexjit's
+// standard mods, with the host data of their captured buffers.
+#pragma once
+
+#include <flexjit/mods.h>
+#include <flexjit/types.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flexjit::cli {
+
+struct BenchShape {
+  int batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_kv = 0, head_dim = 0;
+};
+
+struct BenchCase {
+  std::string name;   // the anchors' case name ("alibi+causal"), the key the CSVs join on
+  std::string group;  // "main", "gqa", "d64", "long", "decode", "small"
+  BenchShape shape;
+  std::string mods;         // a standard mods name (dsl/)
+  bool block_mask = false;  // build a block mask (block 128) from the mods' mask_mod
+  std::vector<std::pair<std::string, double>> params;
+};
+
+// Which cases standard_cases returns.
+struct CaseSelection {
+  bool main = true;    // B=4 H=16 S=4096 D=128
+  bool extra = false;  // GQA 4:1, D=64, S=16384 (quick subset each) and decode
+  bool quick = false;  // main shape: noop, causal, alibi+causal, document+causal only
+  bool small = false;  // only tiny shapes of every case (memcheck, smoke tests)
+};
+
+// The cases of `sel`, in the anchors' order.
+std::vector<BenchCase> standard_cases(const CaseSelection& sel);
+
+// The mods of a case: its standard mods, checked to declare every parameter the case sets.
+Mods case_mods(const BenchCase& c);
+
+// Host data of a captured buffer, C order.
+struct HostBuffer {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+// The buffers `case_mods(c)` captures, with the anchors' contents: ALiBi slopes
+// exp2(-8 (h + 1) / Hq), document ids (anchor_document_ids), a relative bias of 2 S normal f32
+// values (seeded by `seed`).
+std::vector<HostBuffer> case_buffers(const BenchCase& c, uint64_t seed);
+
+// The anchors' packed documents: lengths cycling S/8, S/4, S/16, S/2, S/16, ids 0, 1, 2, ...;
+// the last document is cut at S.
+std::vector<int32_t> anchor_document_ids(int seqlen);
+
+// Forward FLOPs by the anchors' rule: 4 B Hq Sq Skv D x density (computed block fraction).
+double forward_flops(const BenchShape& s, double density);
+
+// `n` bf16 values (as uint16 bits) drawn from a standard normal distribution, deterministic in
+// `seed`; never zero-filled data, which hides bugs and can time faster than real data.
+std::vector<uint16_t> random_bf16(size_t n, uint64_t seed);
+
+}  // namespace flexjit::cli
