@@ -264,6 +264,7 @@ Problem check_problem(const CpuTensor& q, const CpuTensor& k, const CpuTensor& v
 template <typename Acc>
 struct Scratch {
   std::vector<Acc> q, kt, v, s, acc, m, l;
+  std::vector<Acc> krow;      // one K row before its transposition into kt
   std::vector<float> s32;     // f64 mode: scores rounded for the score_mod
   std::vector<uint8_t> keep;  // f64 mode: mask_mod results
 };
@@ -303,6 +304,7 @@ void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor&
     const int64_t nr = std::min(q_tile, p.Sq - r0);
     sc.q.resize(static_cast<size_t>(nr * D));
     sc.kt.assign(static_cast<size_t>(D * kKvTile), Acc(0));
+    sc.krow.resize(static_cast<size_t>(D));
     sc.v.resize(static_cast<size_t>(kKvTile * Dv));
     sc.s.resize(static_cast<size_t>(nr * kKvTile));
     sc.acc.assign(static_cast<size_t>(nr * Dv), Acc(0));
@@ -316,18 +318,10 @@ void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor&
     // One kv chunk [c0, c0 + n) with or without the mask_mod.
     auto chunk = [&](int64_t c0, int n, bool masked) {
       Acc* kt = sc.kt.data();
-      Acc tmp[1024];
       for (int j = 0; j < n; ++j) {
-        if (D <= 1024) {
-          load_row(k, b, hk, c0 + j, tmp);
-          for (int64_t d = 0; d < D; ++d)
-            kt[d * kKvTile + j] = tmp[d];
-        } else {
-          std::vector<Acc> row(static_cast<size_t>(D));
-          load_row(k, b, hk, c0 + j, row.data());
-          for (int64_t d = 0; d < D; ++d)
-            kt[d * kKvTile + j] = row[static_cast<size_t>(d)];
-        }
+        load_row(k, b, hk, c0 + j, sc.krow.data());
+        for (int64_t d = 0; d < D; ++d)
+          kt[d * kKvTile + j] = sc.krow[static_cast<size_t>(d)];
         load_row(v, b, hk, c0 + j, sc.v.data() + j * Dv);
       }
       for (int j = n; j < kKvTile; ++j) {
