@@ -1,0 +1,430 @@
+#include "cpu/CpuAttention.h"
+
+#include "codegen/llvm/CpuModParams.h"
+#include "codegen/llvm/LlvmCodegen.h"
+#include "cpu/ThreadPool.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace flexjit::cpu {
+
+namespace {
+
+constexpr int kKvTile = 64;   // kv columns per inner tile (the K^T tile's row length)
+constexpr int kQTile = 64;    // query rows per work item without a block mask
+constexpr int kRowGroup = 4;  // query rows sharing each K^T load in the inner product
+
+inline double exp_nonpositive(double x) {  // the fp64 reference mode: libm
+  return std::exp(x);
+}
+
+// The fp64 reference mode's loops (portable C++; speed is secondary there).
+// s[r * kKvTile + j] = scale * sum_d q[r * D + d] * kt[d * kKvTile + j] for r < nr, j < kKvTile.
+// Register-blocked: 4 rows x 16 columns of accumulators, each K^T row load feeding 4 rows.
+template <typename Acc>
+inline __attribute__((always_inline)) void qk_tile(const Acc* q, int64_t D, int64_t nr,
+                                                   const Acc* kt, Acc scale, Acc* s) {
+  constexpr int kCols = 16;
+  for (int64_t r0 = 0; r0 < nr; r0 += kRowGroup) {
+    const Acc* rows[kRowGroup];
+    for (int rr = 0; rr < kRowGroup; ++rr)
+      rows[rr] = q + std::min<int64_t>(r0 + rr, nr - 1) * D;  // past the end: recompute the last
+    for (int j0 = 0; j0 < kKvTile; j0 += kCols) {
+      Acc acc[kRowGroup][kCols] = {};
+      for (int64_t d = 0; d < D; ++d) {
+        const Acc* k = kt + d * kKvTile + j0;
+        for (int rr = 0; rr < kRowGroup; ++rr) {
+          const Acc qv = rows[rr][d];
+          for (int jj = 0; jj < kCols; ++jj)
+            acc[rr][jj] = acc[rr][jj] + qv * k[jj];
+        }
+      }
+      for (int rr = 0; rr < kRowGroup && r0 + rr < nr; ++rr) {
+        for (int jj = 0; jj < kCols; ++jj)
+          s[(r0 + rr) * kKvTile + j0 + jj] = acc[rr][jj] * scale;
+      }
+    }
+  }
+}
+
+// a[d] = a[d] * alpha + sum_j p[j] * v[j * Dv + d]: 16 accumulators per block of d, kept in
+// registers across j.
+template <typename Acc>
+inline __attribute__((always_inline)) void pv_row(const Acc* p, int n, const Acc* v, int64_t Dv,
+                                                  Acc alpha, Acc* a) {
+  constexpr int kCols = 16;
+  int64_t d0 = 0;
+  for (; d0 + kCols <= Dv; d0 += kCols) {
+    Acc t[kCols];
+    for (int dd = 0; dd < kCols; ++dd)
+      t[dd] = a[d0 + dd] * alpha;
+    for (int j = 0; j < n; ++j) {
+      const Acc pj = p[j];
+      const Acc* vj = v + j * Dv + d0;
+      for (int dd = 0; dd < kCols; ++dd)
+        t[dd] = t[dd] + pj * vj[dd];
+    }
+    for (int dd = 0; dd < kCols; ++dd)
+      a[d0 + dd] = t[dd];
+  }
+  for (int64_t d = d0; d < Dv; ++d) {
+    Acc t = a[d] * alpha;
+    for (int j = 0; j < n; ++j)
+      t += p[j] * v[j * Dv + d];
+    a[d] = t;
+  }
+}
+
+// s[j] = exp(s[j] - m) for j < n; returns their sum.
+template <typename Acc>
+inline __attribute__((always_inline)) Acc exp_row(Acc* s, int n, Acc m) {
+  for (int j = 0; j < n; ++j)
+    s[j] = exp_nonpositive(s[j] - m);
+  Acc sum = 0;
+  for (int j = 0; j < n; ++j)
+    sum += s[j];
+  return sum;
+}
+
+}  // namespace
+
+// The fp32 kernels, twice (see AttentionKernels.h).
+// no-trapping-math lets GCC if-convert the exp's range checks, so that its loop vectorises.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#endif
+namespace base {
+#include "cpu/AttentionKernels.h"
+}  // namespace base
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FJ_HAVE_AVX2_PATH 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#pragma GCC optimize("fp-contract=fast", "no-trapping-math")
+namespace avx2 {
+#include "cpu/AttentionKernels.h"
+}  // namespace avx2
+#pragma GCC pop_options
+#else
+#define FJ_HAVE_AVX2_PATH 0
+#endif
+
+namespace {
+
+inline float exp_nonpositive(float x) {
+  return base::exp_nonpositive(x);
+}
+
+#if FJ_HAVE_AVX2_PATH
+bool use_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+#endif
+
+inline void qk_tile_any(bool wide, const float* q, int64_t D, int64_t nr, const float* kt,
+                        float scale, float* s) {
+#if FJ_HAVE_AVX2_PATH
+  if (wide) return avx2::qk_tile_f32(q, D, nr, kt, scale, s);
+#endif
+  base::qk_tile_f32(q, D, nr, kt, scale, s);
+}
+inline void pv_row_any(bool wide, const float* p, int n, const float* v, int64_t Dv, float alpha,
+                       float* a) {
+#if FJ_HAVE_AVX2_PATH
+  if (wide) return avx2::pv_row_f32(p, n, v, Dv, alpha, a);
+#endif
+  base::pv_row_f32(p, n, v, Dv, alpha, a);
+}
+inline float exp_row_any(bool wide, float* s, int n, float m) {
+#if FJ_HAVE_AVX2_PATH
+  if (wide) return avx2::exp_row_f32(s, n, m);
+#endif
+  return base::exp_row_f32(s, n, m);
+}
+inline void qk_tile_any(bool, const double* q, int64_t D, int64_t nr, const double* kt,
+                        double scale, double* s) {
+  qk_tile(q, D, nr, kt, scale, s);
+}
+inline void pv_row_any(bool, const double* p, int n, const double* v, int64_t Dv, double alpha,
+                       double* a) {
+  pv_row(p, n, v, Dv, alpha, a);
+}
+inline double exp_row_any(bool, double* s, int n, double m) {
+  return exp_row(s, n, m);
+}
+
+template <typename Acc>
+void load_row(const CpuTensor& t, int64_t b, int64_t h, int64_t s, Acc* dst) {
+  const int64_t d = t.shape[3];
+  const int64_t off = b * t.strides[0] + h * t.strides[1] + s * t.strides[2];
+  switch (t.dtype) {
+    case DType::F32: {
+      const float* p = static_cast<const float*>(t.data) + off;
+      for (int64_t i = 0; i < d; ++i)
+        dst[i] = static_cast<Acc>(p[i]);
+      return;
+    }
+    case DType::F16: {
+      const uint16_t* p = static_cast<const uint16_t*>(t.data) + off;
+      for (int64_t i = 0; i < d; ++i)
+        dst[i] = static_cast<Acc>(ir::f16_bits_to_float(p[i]));
+      return;
+    }
+    case DType::BF16: {
+      const uint16_t* p = static_cast<const uint16_t*>(t.data) + off;
+      for (int64_t i = 0; i < d; ++i)
+        dst[i] = static_cast<Acc>(ir::bf16_bits_to_float(p[i]));
+      return;
+    }
+    default:
+      break;
+  }
+  FJ_ASSERT(false, "unchecked tensor dtype");
+}
+
+void check_tensor(const char* name, const CpuTensor& t) {
+  if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16) {
+    throw RuntimeError(fmt::format("CPU attention: {} has dtype {}; expected f32, f16 or bf16",
+                                   name, to_string(t.dtype)));
+  }
+  int64_t elements = 1;
+  for (int i = 0; i < 4; ++i) {
+    if (t.shape[i] < 0) {
+      throw RuntimeError(
+          fmt::format("CPU attention: {} has negative extent {} in dim {}", name, t.shape[i], i));
+    }
+    elements *= t.shape[i];
+  }
+  if (t.shape[3] > 1 && t.strides[3] != 1) {
+    throw RuntimeError(fmt::format(
+        "CPU attention: {} must be contiguous in its last dim (stride {})", name, t.strides[3]));
+  }
+  if (elements > 0 && t.data == nullptr) {
+    throw RuntimeError(fmt::format("CPU attention: {} is a null pointer", name));
+  }
+  if (t.shape[2] > std::numeric_limits<int32_t>::max() ||
+      t.shape[1] > std::numeric_limits<int32_t>::max() ||
+      t.shape[0] > std::numeric_limits<int32_t>::max()) {
+    throw RuntimeError(
+        fmt::format("CPU attention: {} extents must fit the mods' i32 indices", name));
+  }
+}
+
+struct Problem {
+  int64_t B, Hq, Hkv, Sq, Skv, D, Dv, group;
+};
+
+Problem check_problem(const CpuTensor& q, const CpuTensor& k, const CpuTensor& v,
+                      const CpuBlockMask* bm) {
+  check_tensor("q", q);
+  check_tensor("k", k);
+  check_tensor("v", v);
+  Problem p{q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], 1};
+  auto shape = [](const CpuTensor& t) {
+    return fmt::format("[{}, {}, {}, {}]", t.shape[0], t.shape[1], t.shape[2], t.shape[3]);
+  };
+  if (k.shape[0] != p.B || v.shape[0] != p.B || v.shape[1] != p.Hkv || v.shape[2] != p.Skv ||
+      k.shape[3] != p.D) {
+    throw RuntimeError(fmt::format(
+        "CPU attention: shapes disagree: q {} k {} v {} (expect q [B, Hq, Sq, D], k [B, Hkv, "
+        "Skv, D], v [B, Hkv, Skv, Dv])",
+        shape(q), shape(k), shape(v)));
+  }
+  if (p.Hkv == 0 ? p.Hq != 0 : p.Hq % p.Hkv != 0) {
+    throw RuntimeError(fmt::format(
+        "CPU attention: q heads {} must be a multiple of k/v heads {} (GQA)", p.Hq, p.Hkv));
+  }
+  p.group = p.Hkv == 0 ? 1 : p.Hq / p.Hkv;
+  if (bm != nullptr) {
+    bm->validate();
+    if (bm->q_len != p.Sq || bm->kv_len != p.Skv || (bm->batch != 1 && bm->batch != p.B) ||
+        (bm->heads != 1 && bm->heads != p.Hq)) {
+      throw RuntimeError(fmt::format(
+          "CPU attention: block mask for [{}, {}, {}, {}] does not fit B={} Hq={} Sq={} Skv={}",
+          bm->batch, bm->heads, bm->q_len, bm->kv_len, p.B, p.Hq, p.Sq, p.Skv));
+    }
+  }
+  return p;
+}
+
+// One work item's state and scratch, reused across items run by the same thread.
+template <typename Acc>
+struct Scratch {
+  std::vector<Acc> q, kt, v, s, acc, m, l;
+  std::vector<Acc> krow;      // one K row before its transposition into kt
+  std::vector<float> s32;     // f64 mode: scores rounded for the score_mod
+  std::vector<uint8_t> keep;  // f64 mode: mask_mod results
+};
+
+template <typename Acc>
+void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor& q,
+                 const CpuTensor& k, const CpuTensor& v, Acc* out, Acc* lse,
+                 const CpuForwardOptions& options) {
+  const CpuBlockMask* bm = options.block_mask;
+  const Problem p = check_problem(q, k, v, bm);
+  const int64_t rows_total = p.B * p.Hq * p.Sq;
+  if (rows_total == 0) return;
+  std::fill(out, out + rows_total * p.Dv, Acc(0));
+  std::fill(lse, lse + rows_total, -std::numeric_limits<Acc>::infinity());
+  if (p.Skv == 0) return;
+
+  const llvmjit::CpuModFunctions fns = llvmjit::compile_cpu_mods(mods);
+  const std::vector<uint64_t> params = llvmjit::pack_cpu_mod_params(mods, bindings);
+  const Acc scale = options.scale ? static_cast<Acc>(*options.scale)
+                                  : Acc(1) / std::sqrt(static_cast<Acc>(std::max<int64_t>(p.D, 1)));
+  const int64_t q_tile = bm != nullptr ? bm->q_block : kQTile;
+  const int64_t nq = (p.Sq + q_tile - 1) / q_tile;
+  const int64_t D = p.D, Dv = p.Dv;
+  const int threads = resolve_threads(options.num_threads);
+#if FJ_HAVE_AVX2_PATH
+  const bool wide = options.allow_avx2 && use_avx2();
+#else
+  const bool wide = false;
+#endif
+  std::vector<Scratch<Acc>> scratch(static_cast<size_t>(threads));
+
+  auto item = [&](int64_t idx, Scratch<Acc>& sc) {
+    const int64_t qb = idx % nq;
+    const int64_t bh = idx / nq;
+    const int64_t b = bh / p.Hq, h = bh % p.Hq, hk = h / p.group;
+    const int64_t r0 = qb * q_tile;
+    const int64_t nr = std::min(q_tile, p.Sq - r0);
+    sc.q.resize(static_cast<size_t>(nr * D));
+    sc.kt.assign(static_cast<size_t>(D * kKvTile), Acc(0));
+    sc.krow.resize(static_cast<size_t>(D));
+    sc.v.resize(static_cast<size_t>(kKvTile * Dv));
+    sc.s.resize(static_cast<size_t>(nr * kKvTile));
+    sc.acc.assign(static_cast<size_t>(nr * Dv), Acc(0));
+    sc.m.assign(static_cast<size_t>(nr), -std::numeric_limits<Acc>::infinity());
+    sc.l.assign(static_cast<size_t>(nr), Acc(0));
+    sc.s32.resize(kKvTile);
+    sc.keep.resize(kKvTile);
+    for (int64_t r = 0; r < nr; ++r)
+      load_row(q, b, h, r0 + r, sc.q.data() + r * D);
+
+    // One kv chunk [c0, c0 + n) with or without the mask_mod.
+    auto chunk = [&](int64_t c0, int n, bool masked) {
+      Acc* kt = sc.kt.data();
+      for (int j = 0; j < n; ++j) {
+        load_row(k, b, hk, c0 + j, sc.krow.data());
+        for (int64_t d = 0; d < D; ++d)
+          kt[d * kKvTile + j] = sc.krow[static_cast<size_t>(d)];
+        load_row(v, b, hk, c0 + j, sc.v.data() + j * Dv);
+      }
+      for (int j = n; j < kKvTile; ++j) {
+        for (int64_t d = 0; d < D; ++d)
+          kt[d * kKvTile + j] = Acc(0);
+      }
+      qk_tile_any(wide, sc.q.data(), D, nr, kt, scale, sc.s.data());
+      const auto bi = static_cast<int32_t>(b), hi = static_cast<int32_t>(h),
+                 kv0 = static_cast<int32_t>(c0);
+      for (int64_t r = 0; r < nr; ++r) {
+        Acc* s = sc.s.data() + r * kKvTile;
+        const auto qi = static_cast<int32_t>(r0 + r);
+        if constexpr (std::is_same_v<Acc, float>) {
+          if (masked && fns.has_mask_mod) {
+            fns.score_row(params.data(), s, bi, hi, qi, kv0, n);
+          } else if (fns.has_score_mod) {
+            fns.score_row_nomask(params.data(), s, bi, hi, qi, kv0, n);
+          }
+        } else {
+          if (fns.has_score_mod) {
+            for (int j = 0; j < n; ++j)
+              sc.s32[j] = static_cast<float>(s[j]);
+            fns.score_row_nomask(params.data(), sc.s32.data(), bi, hi, qi, kv0, n);
+            for (int j = 0; j < n; ++j)
+              s[j] = sc.s32[j];
+          }
+          if (masked && fns.has_mask_mod) {
+            fns.mask_row(params.data(), sc.keep.data(), bi, hi, qi, kv0, n);
+            for (int j = 0; j < n; ++j)
+              s[j] = sc.keep[j] ? s[j] : -std::numeric_limits<Acc>::infinity();
+          }
+        }
+        // Online softmax update of row r.
+        Acc mx = -std::numeric_limits<Acc>::infinity();
+        for (int j = 0; j < n; ++j)
+          mx = s[j] > mx ? s[j] : mx;
+        const Acc m_old = sc.m[static_cast<size_t>(r)];
+        const Acc m_new = mx > m_old ? mx : m_old;
+        if (m_new == -std::numeric_limits<Acc>::infinity()) continue;  // all masked so far
+        const Acc alpha = exp_nonpositive(m_old - m_new);
+        const Acc sum = exp_row_any(wide, s, n, m_new);
+        sc.m[static_cast<size_t>(r)] = m_new;
+        sc.l[static_cast<size_t>(r)] = sc.l[static_cast<size_t>(r)] * alpha + sum;
+        pv_row_any(wide, s, n, sc.v.data(), Dv, alpha, sc.acc.data() + r * Dv);
+      }
+    };
+
+    auto block = [&](int64_t kb, int64_t block_size, bool masked) {
+      const int64_t start = kb * block_size;
+      const int64_t end = std::min(p.Skv, start + block_size);
+      for (int64_t c0 = start; c0 < end; c0 += kKvTile)
+        chunk(c0, static_cast<int>(std::min<int64_t>(kKvTile, end - c0)), masked);
+    };
+    if (bm == nullptr) {
+      block(0, p.Skv, true);
+    } else {
+      const int64_t row = bm->row(b, h, qb);
+      const int64_t base = row * bm->num_kv_blocks;
+      // Partial and full tiles merged in ascending kv order.
+      int32_t ip = 0, jf = 0;
+      const int32_t np = bm->kv_num_blocks[static_cast<size_t>(row)];
+      const int32_t nf = bm->full_kv_num_blocks[static_cast<size_t>(row)];
+      while (ip < np || jf < nf) {
+        const int32_t kp = ip < np ? bm->kv_indices[static_cast<size_t>(base + ip)]
+                                   : std::numeric_limits<int32_t>::max();
+        const int32_t kf = jf < nf ? bm->full_kv_indices[static_cast<size_t>(base + jf)]
+                                   : std::numeric_limits<int32_t>::max();
+        if (kp < kf) {
+          block(kp, bm->kv_block, true);
+          ++ip;
+        } else {
+          block(kf, bm->kv_block, false);
+          ++jf;
+        }
+      }
+    }
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t o = (b * p.Hq + h) * p.Sq + r0 + r;
+      const Acc l = sc.l[static_cast<size_t>(r)];
+      if (!(l > Acc(0))) continue;  // fully masked: out 0, lse -inf (already written)
+      const Acc* a = sc.acc.data() + r * Dv;
+      for (int64_t d = 0; d < Dv; ++d)
+        out[o * Dv + d] = a[d] / l;
+      lse[o] = sc.m[static_cast<size_t>(r)] + std::log(l);
+    }
+  };
+
+  parallel_for(p.B * p.Hq * nq, threads,
+               [&](int64_t idx, int worker) { item(idx, scratch[static_cast<size_t>(worker)]); });
+}
+
+}  // namespace
+
+void cpu_attention_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor& q,
+                           const CpuTensor& k, const CpuTensor& v, float* out, float* lse,
+                           const CpuForwardOptions& options) {
+  run_forward<float>(mods, bindings, q, k, v, out, lse, options);
+}
+
+void cpu_attention_forward_f64(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor& q,
+                               const CpuTensor& k, const CpuTensor& v, double* out, double* lse,
+                               const CpuForwardOptions& options) {
+  run_forward<double>(mods, bindings, q, k, v, out, lse, options);
+}
+
+}  // namespace flexjit::cpu
