@@ -139,6 +139,7 @@ struct AttentionBenchOptions {
   bool no_flush = false;
   bool use_cache = false;  // the user's kernel cache instead of a fresh one
   int device = 0;
+  BlockConfig config;  // zeros: the defaults table
 };
 
 struct AttentionRow {
@@ -347,6 +348,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       }
 
       AttentionOptions aopts;
+      aopts.config = o.config;
       aopts.mods = case_mods(c);
       aopts.bindings.params = c.params;
       std::vector<DeviceTensor> buffers;
@@ -492,6 +494,7 @@ void register_bench(CLI::App& app) {
       a.selection.extra = true;
     }
     a.repeats = repeats;
+    a.config = {opts.block_m, opts.block_n, opts.warps, opts.stages};
     run_attention_bench(a);
   });
 }
