@@ -6,15 +6,13 @@
 
 #include "Pipeline.h"
 #include "codegen/cuda/BlockMaskSource.h"
-#include "codegen/cuda/ModParamLayout.h"
 #include "cpu/HostBlockMask.h"
 #include "flexjit_abi.h"
 #include "runtime/ContextImpl.h"
+#include "runtime/ModArgs.h"
 
 #include <fmt/format.h>
 
-#include <cmath>
-#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -32,7 +30,6 @@ struct MaskKernels {
   Mods original;
   int device = 0, block_size = 0;
   Mods lowered;  // mask_only + lower_mods: what the kernel was generated from
-  cuda::ModParamLayout layout;
   runtime::Kernel classify, index;
 };
 
@@ -70,7 +67,6 @@ std::shared_ptr<MaskKernels> kernels_for(Context& ctx, const Mods& mask, int blo
   k->device = dev;
   k->block_size = block_size;
   k->lowered = lower_mods(cuda::mask_only(mask));
-  k->layout = cuda::layout_of(k->lowered);
   cuda::BlockMaskSpec spec{block_size, block_size, kClassifyWarps};
   const cuda::GeneratedSource src = cuda::generate_block_mask(k->lowered, spec);
   const std::string label = fmt::format("block mask {} b{}", mask.name, block_size);
@@ -81,108 +77,6 @@ std::shared_ptr<MaskKernels> kernels_for(Context& ctx, const Mods& mask, int blo
   std::lock_guard<std::mutex> lock(c.mu);
   c.kernels[key].push_back(k);
   return k;
-}
-
-const TensorRef* find_buffer(const ModBindings& b, const std::string& name) {
-  for (const auto& [n, t] : b.buffers) {
-    if (n == name) return &t;
-  }
-  return nullptr;
-}
-
-// Every bound name must be one of the mask's buffers / params (catches typos).
-void check_binding_names(const Mods& mask, const ModBindings& bindings) {
-  for (const auto& [name, t] : bindings.buffers) {
-    bool found = false;
-    for (const Buffer& b : mask.buffers)
-      found |= b.decl()->name == name;
-    if (!found) throw RuntimeError(fmt::format("binding for unknown buffer '{}'", name));
-  }
-  for (const auto& [name, v] : bindings.params) {
-    bool found = false;
-    for (const Param& p : mask.params)
-      found |= p.decl()->name == name;
-    if (!found) throw RuntimeError(fmt::format("binding for unknown parameter '{}'", name));
-  }
-}
-
-// Parameter values: bindings over declared defaults; RuntimeError when one has neither or a
-// value does not fit its type.
-std::map<std::string, double> param_values(const Mods& m, const ModBindings& bindings) {
-  std::map<std::string, double> out;
-  for (const Param& p : m.params) {
-    const ir::ParamDecl& d = *p.decl();
-    std::optional<double> v = d.default_value;
-    for (const auto& [n, x] : bindings.params) {
-      if (n == d.name) v = x;
-    }
-    if (!v) throw RuntimeError(fmt::format("parameter '{}' has no value and no default", d.name));
-    if (d.type == ScalarType::I32 && (std::floor(*v) != *v || std::fabs(*v) > 2147483647.0)) {
-      throw RuntimeError(fmt::format("parameter '{}' is i32 but bound to {}", d.name, *v));
-    }
-    if (d.type == ScalarType::Bool && *v != 0.0 && *v != 1.0) {
-      throw RuntimeError(fmt::format("parameter '{}' is bool but bound to {}", d.name, *v));
-    }
-    out[d.name] = *v;
-  }
-  return out;
-}
-
-// The FjModParams bytes for the lowered mask. (The attention branch has the general packer,
-// src/runtime/ModArgs; this one covers the same rules for create_block_mask.)
-std::vector<uint64_t> pack_params(const MaskKernels& k, const ModBindings& bindings,
-                                  const std::map<std::string, double>& values, int device) {
-  std::vector<uint64_t> words(static_cast<size_t>(k.layout.size) / 8 + 1, 0);
-  auto* bytes = reinterpret_cast<unsigned char*>(words.data());
-  for (const cuda::ModParamField& f : k.layout.fields) {
-    if (f.kind == cuda::ModParamField::BufferPtr || f.kind == cuda::ModParamField::BufferStride) {
-      const ir::BufferDecl& d = *k.lowered.buffers[static_cast<size_t>(f.buffer_index)].decl();
-      const TensorRef* t = find_buffer(bindings, d.name);
-      if (t == nullptr) {
-        throw RuntimeError(fmt::format("buffer '{}' of the mask_mod is not bound", d.name));
-      }
-      if (f.kind == cuda::ModParamField::BufferPtr) {
-        if (t->device != TensorRef::Device::CUDA || t->device_index != device) {
-          throw RuntimeError(fmt::format("buffer '{}' is on {} but the context is cuda:{}", d.name,
-                                         to_string(t->device, t->device_index), device));
-        }
-        if (t->dtype != d.dtype) {
-          throw RuntimeError(fmt::format("buffer '{}' is declared {} but bound to {}", d.name,
-                                         to_string(d.dtype), to_string(t->dtype)));
-        }
-        if (t->ndim() != d.rank()) {
-          throw RuntimeError(fmt::format("buffer '{}' is declared with {} dims but bound to {}",
-                                         d.name, d.rank(), t->str()));
-        }
-        for (int i = 0; i < d.rank(); ++i) {
-          const std::string& dim = d.dims[static_cast<size_t>(i)];
-          if (!dim.empty() && dim[0] >= '0' && dim[0] <= '9' &&
-              std::stoll(dim) != t->shape[static_cast<size_t>(i)]) {
-            throw RuntimeError(fmt::format("buffer '{}' dim {} is declared {} but bound to {}",
-                                           d.name, i, dim, t->str()));
-          }
-        }
-        if (t->data == nullptr) {
-          throw RuntimeError(fmt::format("buffer '{}' has a null data pointer", d.name));
-        }
-        std::memcpy(bytes + f.offset, &t->data, 8);
-      } else {
-        const int64_t s = t->strides[static_cast<size_t>(f.dim)];
-        std::memcpy(bytes + f.offset, &s, 8);
-      }
-      continue;
-    }
-    const ir::ParamDecl& d = *k.lowered.params[static_cast<size_t>(f.param_index)].decl();
-    const double v = values.at(d.name);
-    if (f.kind == cuda::ModParamField::ParamF32) {
-      const float x = static_cast<float>(v);
-      std::memcpy(bytes + f.offset, &x, 4);
-    } else {
-      const int32_t x = static_cast<int32_t>(v);
-      std::memcpy(bytes + f.offset, &x, 4);
-    }
-  }
-  return words;
 }
 
 std::shared_ptr<HintEntry> hints_for(Context& ctx, const MaskKernels& k, int batch, int heads,
@@ -276,11 +170,16 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
     throw RuntimeError(fmt::format("create_block_mask: {} x {} x {} x {} tiles is too many", batch,
                                    heads, nq, nkv));
   }
-  check_binding_names(mask, bindings);
+  // Names are checked before compiling, so a typo shows at once; bindings of buffers and params
+  // that only the score_mod uses are left out.
+  const ModBindings used = runtime::bindings_of_part(mask, cuda::mask_only(mask), bindings);
   const std::shared_ptr<MaskKernels> k = kernels_for(ctx, mask, block_size);
-  const std::map<std::string, double> values = param_values(k->lowered, bindings);
-  const std::vector<uint64_t> params =
-      pack_params(*k, bindings, values, ctx.impl().device->index());
+  const runtime::BoundModArgs bound =
+      runtime::bind_mod_args(k->lowered, used, ctx.impl().device->index());
+  const std::vector<uint64_t> params = runtime::pack_mod_params(k->lowered, bound);
+  std::map<std::string, double> values;
+  for (size_t i = 0; i < k->lowered.params.size(); ++i)
+    values[k->lowered.params[i].name()] = bound.params[i];
   const std::shared_ptr<HintEntry> hints = hints_for(ctx, *k, batch, heads, seqlen_q, seqlen_kv,
                                                      block_size, values, options.host_analysis);
 

@@ -89,38 +89,49 @@ int32_t param_bool(const Param& p, double v) {
   return v != 0.0 ? 1 : 0;
 }
 
+// The index of the buffer `name` in mods.buffers; RuntimeError when it declares none.
+size_t buffer_index(const Mods& mods, const std::string& name) {
+  size_t i = 0;
+  while (i < mods.buffers.size() && mods.buffers[i].name() != name)
+    ++i;
+  if (i == mods.buffers.size()) {
+    throw RuntimeError(
+        fmt::format("a tensor is bound to buffer '{}', which the mods '{}' do not "
+                    "declare (their buffers: {})",
+                    name, mods.name, names_of(mods.buffers)));
+  }
+  return i;
+}
+
+// The index of the param `name` in mods.params; RuntimeError when it declares none.
+size_t param_index(const Mods& mods, const std::string& name) {
+  size_t i = 0;
+  while (i < mods.params.size() && mods.params[i].name() != name)
+    ++i;
+  if (i == mods.params.size()) {
+    throw RuntimeError(
+        fmt::format("a value is given for param '{}', which the mods '{}' do not "
+                    "declare (their params: {})",
+                    name, mods.name, names_of(mods.params)));
+  }
+  return i;
+}
+
 }  // namespace
 
-std::vector<uint64_t> pack_mod_params(const Mods& mods, const ModBindings& bindings,
-                                      int device_index) {
+BoundModArgs bind_mod_args(const Mods& mods, const ModBindings& bindings, int device_index) {
   // Bindings by declaration index; unknown and repeated names are errors.
   std::vector<const TensorRef*> buffers(mods.buffers.size(), nullptr);
   std::vector<std::optional<double>> params(mods.params.size());
   for (const auto& [name, tensor] : bindings.buffers) {
-    size_t i = 0;
-    while (i < mods.buffers.size() && mods.buffers[i].name() != name)
-      ++i;
-    if (i == mods.buffers.size()) {
-      throw RuntimeError(
-          fmt::format("a tensor is bound to buffer '{}', which the mods '{}' do not "
-                      "declare (their buffers: {})",
-                      name, mods.name, names_of(mods.buffers)));
-    }
+    const size_t i = buffer_index(mods, name);
     if (buffers[i] != nullptr) {
       throw RuntimeError(fmt::format("buffer '{}' is bound twice", name));
     }
     buffers[i] = &tensor;
   }
   for (const auto& [name, value] : bindings.params) {
-    size_t i = 0;
-    while (i < mods.params.size() && mods.params[i].name() != name)
-      ++i;
-    if (i == mods.params.size()) {
-      throw RuntimeError(
-          fmt::format("a value is given for param '{}', which the mods '{}' do not "
-                      "declare (their params: {})",
-                      name, mods.name, names_of(mods.params)));
-    }
+    const size_t i = param_index(mods, name);
     if (params[i]) throw RuntimeError(fmt::format("param '{}' is given twice", name));
     params[i] = value;
   }
@@ -133,16 +144,27 @@ std::vector<uint64_t> pack_mod_params(const Mods& mods, const ModBindings& bindi
     }
     check_buffer(mods.buffers[i], *buffers[i], device_index);
   }
+  BoundModArgs out;
+  out.buffers = std::move(buffers);
   for (size_t i = 0; i < mods.params.size(); ++i) {
-    if (!params[i]) params[i] = mods.params[i].decl()->default_value;
+    const Param& p = mods.params[i];
+    if (!params[i]) params[i] = p.decl()->default_value;
     if (!params[i]) {
       throw RuntimeError(
           fmt::format("param '{}' ({}) has no default value; give one in "
                       "bindings.params",
-                      mods.params[i].name(), to_string(mods.params[i].type())));
+                      p.name(), to_string(p.type())));
     }
+    if (p.type() == ScalarType::I32) param_i32(p, *params[i]);
+    if (p.type() == ScalarType::Bool) param_bool(p, *params[i]);
+    out.params.push_back(*params[i]);
   }
+  return out;
+}
 
+std::vector<uint64_t> pack_mod_params(const Mods& mods, const BoundModArgs& args) {
+  FJ_ASSERT(args.buffers.size() == mods.buffers.size() && args.params.size() == mods.params.size(),
+            "bound mod args do not match the mods");
   const cuda::ModParamLayout layout = cuda::layout_of(mods);
   FJ_ASSERT(layout.size % 8 == 0 && layout.size >= 8, "FjModParams size is not a multiple of 8");
   std::vector<uint64_t> words(static_cast<size_t>(layout.size) / 8, 0);
@@ -151,33 +173,55 @@ std::vector<uint64_t> pack_mod_params(const Mods& mods, const ModBindings& bindi
     FJ_ASSERT(f.offset >= 0 && f.offset + f.size <= layout.size, "field outside FjModParams");
     switch (f.kind) {
       case cuda::ModParamField::BufferPtr: {
-        const uint64_t ptr = reinterpret_cast<uintptr_t>(buffers[f.buffer_index]->data);
+        const uint64_t ptr = reinterpret_cast<uintptr_t>(args.buffers[f.buffer_index]->data);
         std::memcpy(bytes + f.offset, &ptr, 8);
         break;
       }
       case cuda::ModParamField::BufferStride: {
-        const int64_t stride = buffers[f.buffer_index]->strides[f.dim];
+        const int64_t stride = args.buffers[f.buffer_index]->strides[f.dim];
         std::memcpy(bytes + f.offset, &stride, 8);
         break;
       }
       case cuda::ModParamField::ParamF32: {
-        const float v = static_cast<float>(*params[f.param_index]);
+        const float v = static_cast<float>(args.params[f.param_index]);
         std::memcpy(bytes + f.offset, &v, 4);
         break;
       }
       case cuda::ModParamField::ParamI32: {
-        const int32_t v = param_i32(mods.params[f.param_index], *params[f.param_index]);
+        const int32_t v = param_i32(mods.params[f.param_index], args.params[f.param_index]);
         std::memcpy(bytes + f.offset, &v, 4);
         break;
       }
       case cuda::ModParamField::ParamBool: {
-        const int32_t v = param_bool(mods.params[f.param_index], *params[f.param_index]);
+        const int32_t v = param_bool(mods.params[f.param_index], args.params[f.param_index]);
         std::memcpy(bytes + f.offset, &v, 4);
         break;
       }
     }
   }
   return words;
+}
+
+std::vector<uint64_t> pack_mod_params(const Mods& mods, const ModBindings& bindings,
+                                      int device_index) {
+  return pack_mod_params(mods, bind_mod_args(mods, bindings, device_index));
+}
+
+ModBindings bindings_of_part(const Mods& declared, const Mods& used, const ModBindings& bindings) {
+  ModBindings out;
+  for (const auto& [name, tensor] : bindings.buffers) {
+    buffer_index(declared, name);
+    for (const Buffer& b : used.buffers) {
+      if (b.name() == name) out.buffers.emplace_back(name, tensor);
+    }
+  }
+  for (const auto& [name, value] : bindings.params) {
+    param_index(declared, name);
+    for (const Param& p : used.params) {
+      if (p.name() == name) out.params.emplace_back(name, value);
+    }
+  }
+  return out;
 }
 
 }  // namespace flexjit::runtime
