@@ -3,38 +3,17 @@
 #include <flexjit/error.h>
 
 #include "codegen/cuda/ModCodegen.h"
+#include "codegen/cuda/SourceAssembly.h"
 #include "codegen/cuda/SourceWriter.h"
 #include "ir/IR.h"
 #include "ir/Visitor.h"
 #include "util/Embedded.h"
-#include "util/Sha256.h"
 
 #include <fmt/format.h>
 
 #include <unordered_set>
 
 namespace flexjit::cuda {
-
-namespace {
-
-// Text safe inside a `//` comment (see ForwardSource.cpp).
-std::string comment_safe(std::string_view line) {
-  std::string s(line);
-  for (char& c : s) {
-    if (c == '\\' || static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) {
-      c = '?';
-    }
-  }
-  return s;
-}
-
-void section(SourceWriter& w, std::string_view title, std::string_view text) {
-  w.line(fmt::format("// ---- {} ----", title));
-  w.raw(text);
-  w.line("");
-}
-
-}  // namespace
 
 std::string BlockMaskSpec::str() const {
   return fmt::format("blocks {}x{}, {} warps", q_block, kv_block, num_warps);
@@ -89,35 +68,13 @@ GeneratedSource generate_block_mask(const Mods& mods, const BlockMaskSpec& spec)
   section(body, "mods", generate_mod_functions(m));
   section(body, "block_mask.cuh", embedded::template_text("block_mask.cuh"));
 
-  GeneratedSource out;
-  out.kernel_name = kBlockMaskClassifyKernel;
-  out.options = {"-std=c++17"};
-  out.source_key = sha256_hex(body.str());
-
-  // Parameter defaults are kernel arguments, not source: leave them out of the comment.
-  Mods shown = m;
-  for (Param& p : shown.params) {
-    auto decl = std::make_shared<ir::ParamDecl>(*p.decl());
-    decl->default_value.reset();
-    p = Param(std::move(decl));
-  }
-  SourceWriter head;
-  head.line(fmt::format("// flexjit {} block-mask builder `{}` + `{}`, generated for NVRTC {}",
-                        FLEXJIT_VERSION, kBlockMaskClassifyKernel, kBlockMaskIndexKernel,
-                        nvrtc_version_string()));
-  head.line("// spec: " + spec.str());
-  head.line("// mask (parameter values are kernel arguments):");
-  const std::string text = shown.to_text();
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    head.line("//   " + comment_safe(std::string_view(text).substr(start, end - start)));
-    start = end + 1;
-  }
-  head.line("// source key: " + out.source_key);
-  out.source = head.str() + body.str();
-  return out;
+  SourceHeader header;
+  header.what = fmt::format("block-mask builder `{}` + `{}`", kBlockMaskClassifyKernel,
+                            kBlockMaskIndexKernel);
+  header.spec = spec.str();
+  header.mods = &m;
+  header.mods_label = "mask";
+  return assemble_source(kBlockMaskClassifyKernel, header, body.str());
 }
 
 }  // namespace flexjit::cuda

@@ -1,10 +1,10 @@
 #include "codegen/cuda/ForwardSource.h"
 
 #include "codegen/cuda/ModCodegen.h"
+#include "codegen/cuda/SourceAssembly.h"
 #include "codegen/cuda/SourceWriter.h"
 #include "ir/IR.h"
 #include "util/Embedded.h"
-#include "util/Sha256.h"
 
 #include <fmt/format.h>
 #include <nvrtc.h>
@@ -27,36 +27,6 @@ std::string_view element_type(DType dtype) {
       break;
   }
   FJ_ASSERT(false, "element_type of a dtype ForwardSpec::validate rejects");
-}
-
-// The mods as `.fx` text for the comment block, without parameter default values: a default is
-// a kernel argument, and the source (hence the cache key) must not change with it.
-std::string mods_text_without_defaults(const Mods& mods) {
-  Mods m = mods;
-  for (Param& p : m.params) {
-    auto decl = std::make_shared<ir::ParamDecl>(*p.decl());
-    decl->default_value.reset();
-    p = Param(std::move(decl));
-  }
-  return m.to_text();
-}
-
-// Text safe inside a `//` comment: no control characters, and no backslash that could splice
-// the next source line into the comment.
-std::string comment_safe(std::string_view line) {
-  std::string s(line);
-  for (char& c : s) {
-    if (c == '\\' || static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) {
-      c = '?';
-    }
-  }
-  return s;
-}
-
-void section(SourceWriter& w, std::string_view title, std::string_view text) {
-  w.line(fmt::format("// ---- {} ----", title));
-  w.raw(text);
-  w.line("");
 }
 
 }  // namespace
@@ -111,28 +81,12 @@ GeneratedSource generate_forward(const Mods& mods, const ForwardSpec& spec,
   if (!templates.mma.empty()) section(body, "mma_sm80.cuh", templates.mma);
   section(body, "forward_sm80.cuh", templates.kernel);
 
-  GeneratedSource out;
-  out.kernel_name = kKernelName;
-  out.options = {"-std=c++17"};
-  out.source_key = sha256_hex(body.str());
-
-  SourceWriter head;
-  head.line(fmt::format("// flexjit {} forward kernel `{}`, generated for NVRTC {}, {}",
-                        FLEXJIT_VERSION, kKernelName, nvrtc_version_string(), spec.arch.str()));
-  head.line("// spec: " + spec.str());
-  head.line("// mods (parameter values are kernel arguments):");
-  const std::string text = mods_text_without_defaults(mods);
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    head.line("//   " + comment_safe(std::string_view(text).substr(start, end - start)));
-    start = end + 1;
-  }
-  if (text.empty()) head.line("//   (none)");
-  head.line("// source key: " + out.source_key);
-  out.source = head.str() + body.str();
-  return out;
+  SourceHeader header;
+  header.what = fmt::format("forward kernel `{}`", kKernelName);
+  header.target = spec.arch.str();
+  header.spec = spec.str();
+  header.mods = &mods;
+  return assemble_source(kKernelName, header, body.str());
 }
 
 }  // namespace flexjit::cuda

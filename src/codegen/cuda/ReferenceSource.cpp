@@ -3,9 +3,9 @@
 #include <flexjit/error.h>
 
 #include "codegen/cuda/ModCodegen.h"
+#include "codegen/cuda/SourceAssembly.h"
 #include "codegen/cuda/SourceWriter.h"
 #include "util/Embedded.h"
-#include "util/Sha256.h"
 
 #include <fmt/format.h>
 
@@ -28,12 +28,6 @@ int dtype_code(DType d) {
   }
   throw UnsupportedError(
       fmt::format("the reference kernel takes f32, f16 or bf16 inputs, not {}", to_string(d)));
-}
-
-void section(SourceWriter& w, std::string_view title, std::string_view text) {
-  w.line(fmt::format("// ---- {} ----", title));
-  w.raw(text);
-  w.line("");
 }
 
 }  // namespace
@@ -69,17 +63,11 @@ GeneratedSource generate_reference(const Mods& mods, const ReferenceSpec& spec,
   section(body, "mods", generate_mod_functions(mods));
   section(body, "reference.cuh", embedded::template_text("reference.cuh"));
 
-  GeneratedSource out;
-  out.kernel_name = kKernelName;
-  out.options = {"-std=c++17"};
-  out.source_key = sha256_hex(body.str());
-  SourceWriter head;
-  head.line(fmt::format("// flexjit {} reference kernel `{}`, generated for NVRTC {}, {}",
-                        FLEXJIT_VERSION, kKernelName, nvrtc_version_string(), arch));
-  head.line("// spec: " + spec.str());
-  head.line("// source key: " + out.source_key);
-  out.source = head.str() + body.str();
-  return out;
+  SourceHeader header;
+  header.what = fmt::format("reference kernel `{}`", kKernelName);
+  header.target = arch;
+  header.spec = spec.str();
+  return assemble_source(kKernelName, header, body.str());
 }
 
 }  // namespace flexjit::cuda
