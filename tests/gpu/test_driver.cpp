@@ -2,29 +2,11 @@
 // without a driver or device the test reports "skipped: no GPU (<reason>)" and passes.
 #include "runtime/Device.h"
 #include "runtime/ModuleCache.h"
+#include "support/Nvrtc.h"
 
 #include <catch2/catch.hpp>
 
 #include <numeric>
-
-// The test target does not get the CUDA include directory; declare the few NVRTC entry points
-// used here (C linkage, same signatures as nvrtc.h) when the header is not reachable.
-#if __has_include(<nvrtc.h>)
-#include <nvrtc.h>
-#else
-extern "C" {
-typedef struct _nvrtcProgram* nvrtcProgram;
-typedef int nvrtcResult;
-nvrtcResult nvrtcCreateProgram(nvrtcProgram*, const char*, const char*, int, const char* const*,
-                               const char* const*);
-nvrtcResult nvrtcCompileProgram(nvrtcProgram, int, const char* const*);
-nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram, size_t*);
-nvrtcResult nvrtcGetProgramLog(nvrtcProgram, char*);
-nvrtcResult nvrtcGetCUBINSize(nvrtcProgram, size_t*);
-nvrtcResult nvrtcGetCUBIN(nvrtcProgram, char*);
-nvrtcResult nvrtcDestroyProgram(nvrtcProgram*);
-}
-#endif
 
 using namespace flexjit;
 using namespace flexjit::runtime;
@@ -39,22 +21,11 @@ extern "C" __global__ void axpy(float a, const float* x, float* y, int n) {
 )";
 
 std::vector<char> compile_cubin(const std::string& src, const std::string& arch) {
-  nvrtcProgram prog = nullptr;
-  REQUIRE(nvrtcCreateProgram(&prog, src.c_str(), "axpy.cu", 0, nullptr, nullptr) == 0);
-  const std::string opt = "--gpu-architecture=" + arch;
-  const char* opts[] = {opt.c_str()};
-  const bool ok = nvrtcCompileProgram(prog, 1, opts) == 0;
-  size_t n = 0;
-  nvrtcGetProgramLogSize(prog, &n);
-  std::string log(n, '\0');
-  nvrtcGetProgramLog(prog, log.data());
-  INFO(log);
-  REQUIRE(ok);
-  nvrtcGetCUBINSize(prog, &n);
-  std::vector<char> cubin(n);
-  nvrtcGetCUBIN(prog, cubin.data());
-  nvrtcDestroyProgram(&prog);
-  return cubin;
+  const test::NvrtcOutput r =
+      test::nvrtc_compile(src, "axpy.cu", {"--gpu-architecture=" + arch}, /*want_cubin=*/true);
+  INFO(r.log);
+  REQUIRE(r.ok);
+  return r.cubin;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <flexjit/error.h>
 
 #include "flexjit_abi.h"
+#include "support/Nvrtc.h"
 #include "util/Embedded.h"
 
 #include <catch2/catch.hpp>
@@ -10,23 +11,6 @@
 #include <fstream>
 #include <random>
 #include <sstream>
-
-// The test target does not get the CUDA include directory; declare the few NVRTC entry points
-// used here (C linkage, same signatures as nvrtc.h) when the header is not reachable.
-#if __has_include(<nvrtc.h>)
-#include <nvrtc.h>
-#else
-extern "C" {
-typedef struct _nvrtcProgram* nvrtcProgram;
-typedef int nvrtcResult;
-nvrtcResult nvrtcCreateProgram(nvrtcProgram*, const char*, const char*, int, const char* const*,
-                               const char* const*);
-nvrtcResult nvrtcCompileProgram(nvrtcProgram, int, const char* const*);
-nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram, size_t*);
-nvrtcResult nvrtcGetProgramLog(nvrtcProgram, char*);
-nvrtcResult nvrtcDestroyProgram(nvrtcProgram*);
-}
-#endif
 
 using namespace flexjit;
 
@@ -303,19 +287,10 @@ std::string splice(const std::string& template_name) {
 
 // Compiles to PTX for compute_80 and returns the NVRTC log ("" and ok = true on success).
 bool nvrtc_compiles(const std::string& src, const std::string& name, std::string* log) {
-  nvrtcProgram prog = nullptr;
-  if (nvrtcCreateProgram(&prog, src.c_str(), name.c_str(), 0, nullptr, nullptr) != 0) {
-    *log = "nvrtcCreateProgram failed";
-    return false;
-  }
-  const char* opts[] = {"--gpu-architecture=compute_80", "--std=c++17"};
-  const bool ok = nvrtcCompileProgram(prog, 2, opts) == 0;
-  size_t n = 0;
-  nvrtcGetProgramLogSize(prog, &n);
-  log->assign(n, '\0');
-  nvrtcGetProgramLog(prog, log->data());
-  nvrtcDestroyProgram(&prog);
-  return ok;
+  test::NvrtcOutput r =
+      test::nvrtc_compile(src, name, {"--gpu-architecture=compute_80", "--std=c++17"});
+  *log = std::move(r.log);
+  return r.ok;
 }
 
 }  // namespace

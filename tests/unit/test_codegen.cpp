@@ -9,6 +9,7 @@
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/ModParamLayout.h"
 #include "codegen/cuda/SourceWriter.h"
+#include "support/Nvrtc.h"
 #include "util/Embedded.h"
 #include "util/Sha256.h"
 
@@ -23,25 +24,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#if __has_include(<nvrtc.h>)
-#include <nvrtc.h>
-#else
-// The test target is not given CUDA's include directory (libnvrtc reaches it through the
-// flexjit library); declare the few NVRTC C entry points used here. Their C ABI is stable.
-extern "C" {
-typedef enum { NVRTC_SUCCESS = 0 } nvrtcResult;
-typedef struct _nvrtcProgram* nvrtcProgram;
-nvrtcResult nvrtcCreateProgram(nvrtcProgram* prog, const char* src, const char* name,
-                               int num_headers, const char* const* headers,
-                               const char* const* include_names);
-nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int num_options, const char* const* options);
-nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram prog, size_t* size);
-nvrtcResult nvrtcGetProgramLog(nvrtcProgram prog, char* log);
-nvrtcResult nvrtcGetCUBINSize(nvrtcProgram prog, size_t* size);
-nvrtcResult nvrtcDestroyProgram(nvrtcProgram* prog);
-}
-#endif
 
 using namespace flexjit;
 using namespace flexjit::cuda;
@@ -60,21 +42,13 @@ struct NvrtcResult {
 // the log on failure so that a failing test shows what NVRTC saw.
 NvrtcResult nvrtc_compile(const std::string& source, const std::string& arch,
                           std::vector<std::string> options = {"-std=c++17"}) {
-  NvrtcResult r;
-  nvrtcProgram prog = nullptr;
-  REQUIRE(nvrtcCreateProgram(&prog, source.c_str(), "flexjit_test.cu", 0, nullptr, nullptr) ==
-          NVRTC_SUCCESS);
   options.push_back("--gpu-architecture=" + arch);
-  std::vector<const char*> opts;
-  for (const auto& o : options)
-    opts.push_back(o.c_str());
-  r.ok = nvrtcCompileProgram(prog, static_cast<int>(opts.size()), opts.data()) == NVRTC_SUCCESS;
-  size_t log_size = 0;
-  nvrtcGetProgramLogSize(prog, &log_size);
-  r.log.resize(log_size);
-  if (log_size > 0) nvrtcGetProgramLog(prog, r.log.data());
-  if (r.ok) nvrtcGetCUBINSize(prog, &r.cubin_size);
-  nvrtcDestroyProgram(&prog);
+  test::NvrtcOutput out =
+      test::nvrtc_compile(source, "flexjit_test.cu", options, /*want_cubin=*/true);
+  NvrtcResult r;
+  r.ok = out.ok;
+  r.cubin_size = out.cubin.size();
+  r.log = std::move(out.log);
   if (!r.ok) {
     std::istringstream in(source);
     std::string line;
