@@ -564,9 +564,11 @@ TEST_CASE("loads of every buffer dtype and rank lower to strided 64-bit addressi
     }
   }
   // One forward kernel loading from all five dtypes at rank 4.
-  const Buffer f32("a", DType::F32, {"H", "7", "5", "B"}),
-      f16("b", DType::F16, {"H", "7", "5", "B"}), bf16("c", DType::BF16, {"H", "7", "5", "B"}),
-      i32("d", DType::I32, {"H", "7", "5", "B"}), keep("e", DType::Bool, {"H", "7", "5", "B"});
+  const Buffer f32("all_f32", DType::F32, {"H", "7", "5", "B"}),
+      f16("all_f16", DType::F16, {"H", "7", "5", "B"}),
+      bf16("all_bf16", DType::BF16, {"H", "7", "5", "B"}),
+      i32("all_i32", DType::I32, {"H", "7", "5", "B"}),
+      keep("all_bool", DType::Bool, {"H", "7", "5", "B"});
   const Mods all = Mods::from(
       [&](Expr s, Expr b, Expr h, Expr q, Expr kv) {
         const std::vector<Expr> i = rank_indices(4, b, h, q, kv, params.shift);
