@@ -212,6 +212,7 @@ std::vector<BoundBuffer> make_buffers(DType dtype, int rank, bool strided, std::
       std::vector<float> v(n);
       for (float& x : v)
         x = u(rng);
+      v[1] = -1.25f;  // some positions are masked whatever the draw
       out.push_back(place(fmt::format("f32_r{}", rank), dtype, rs.shape, v, strided,
                           std::numeric_limits<float>::quiet_NaN()));
       break;
@@ -247,7 +248,7 @@ std::vector<BoundBuffer> make_buffers(DType dtype, int rank, bool strided, std::
       std::vector<int32_t> doc(kS);
       int d = 0;
       for (int i = 0; i < kS; ++i) {
-        if (i > 0 && rng() % 12 == 0) ++d;  // a few documents
+        if (i > 0 && (rng() % 12 == 0 || i == kS / 2)) ++d;  // at least two documents
         doc[i] = d;
       }
       out.push_back(place("doc", DType::I32, {kS}, doc, false, 0));
@@ -257,6 +258,7 @@ std::vector<BoundBuffer> make_buffers(DType dtype, int rank, bool strided, std::
       std::vector<uint8_t> v(n);
       for (uint8_t& x : v)
         x = rng() % 5 < 3 ? 1 : 0;
+      v[0] = 1, v[1] = 0;  // both outcomes occur whatever the draw
       out.push_back(place(fmt::format("keep_r{}", rank), dtype, rs.shape, v, strided, uint8_t{1}));
       break;
     }
