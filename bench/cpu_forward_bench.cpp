@@ -8,6 +8,7 @@
 #include "codegen/llvm/LlvmCodegen.h"
 #include "codegen/llvm/OrcJit.h"
 #include "cpu/CpuAttention.h"
+#include "cpu/CpuBackward.h"
 #include "cpu/CpuBlockMask.h"
 #include "cpu/ThreadPool.h"
 
@@ -147,6 +148,16 @@ int main(int argc, char** argv) {
         "thread) | naive -O3 loop {:8.1f} ms (1 thread) | speedup {:.1f}x | max |diff| {:.2e}\n",
         name, compile_ms, mask_ms, ms_sparse, cpu::resolve_threads(threads), ms_plain, ms_single,
         ms_naive, ms_naive / ms_sparse, max_abs_diff(out, ref_out));
+    // The backward (cpu/CpuBackward.h; plain C++ loops, not yet tiled), one run: it is slow.
+    std::vector<float> dout(n, 1.0f);
+    auto dot = cpu::CpuTensor::contiguous(dout.data(), DType::F32, kB, kH, kS, kD);
+    cpu::cpu_attention_forward(mods, env, qt, kt, vt, out.data(), lse.data(), sparse);
+    const double ms_backward = median_ms(1, [&] {
+      cpu::cpu_attention_backward(mods, env, qt, kt, vt, out.data(), lse.data(), dot,
+                                  cpu::CpuBackwardOptions{std::nullopt, threads});
+    });
+    fmt::print("{:>7}: backward (dQ, dK, dV) {:8.1f} ms ({} threads)\n", name, ms_backward,
+               cpu::resolve_threads(threads));
     (void)fns;
   }
   // LLVM compile time per mod (generation + O2 + codegen of the six functions), warm JIT.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set-up and main job on a fresh machine: install what is missing, build (Release), then emit and
-# compile a standard mod's forward kernel and print what it did.
+# Set-up and main job on a fresh machine: install what is missing, build (Release), emit and
+# compile a standard mod's forward kernel, then run a real attention (GPU, else the CPU backend).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -17,3 +17,7 @@ echo "== flexjit compile --mods alibi_causal ${arch_flag[*]}"
 build/flexjit compile --mods alibi_causal "${arch_flag[@]}"
 echo "== again: served from the disk cache"
 build/flexjit compile --mods alibi_causal "${arch_flag[@]}"
+# A real attention: on the GPU when there is one, else on the CPU backend (LLVM JIT), checked
+# against the CPU backend's fp64 reference mode.
+echo "== flexjit run --device auto --mods alibi_causal --random 1,8,1024,64 --check"
+build/flexjit run --device auto --mods alibi_causal --random 1,8,1024,64 --check

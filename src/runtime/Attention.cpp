@@ -1,6 +1,7 @@
 // flex_attention on the GPU: validation, kernel choice (ForwardSpec), build through the
 // context's KernelBuilder, argument packing and launch. See docs/attention.md.
 #include <flexjit/attention.h>
+#include <flexjit/cpu.h>
 #include <flexjit/block_mask.h>
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
@@ -237,6 +238,10 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
                          const TensorRef& out, const TensorRef* lse,
                          const AttentionOptions& options) {
   const QkvShape s = validate_qkv(q, k, v);
+  if (q.device == TensorRef::Device::CPU) {  // host tensors: the CPU backend (cpu.h)
+    flex_attention_cpu_into(q, k, v, out, lse, options);
+    return;
+  }
   const int device_index = ctx.impl().device->index();
   if (q.device != TensorRef::Device::CUDA || q.device_index != device_index) {
     throw RuntimeError(fmt::format("q, k and v are on {}; the context's device is {}",

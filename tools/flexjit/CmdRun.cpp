@@ -1,11 +1,13 @@
 // flexjit run: flex_attention on .npy inputs, written to .npy outputs — the way to check flexjit
 // against any other implementation (PyTorch, JAX, a NumPy loop).
 #include <flexjit/attention.h>
+#include <flexjit/cpu.h>
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
 
 #include "flexjit/Commands.h"
 #include "flexjit/Options.h"
+#include "ir/Evaluate.h"
 #include "runtime/Device.h"
 #include "util/Npy.h"
 
@@ -13,10 +15,16 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <random>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace flexjit::cli {
@@ -33,6 +41,10 @@ struct RunOptions {
   int block_size = kDefaultSparseBlockSize;
   int repeat = 5;
   bool json = false;
+  std::string device = "auto";
+  std::string random;  // "B,H,S,D": make q / k / v (and unbound buffers) instead of reading them
+  bool check = false;
+  int threads = 0;
 };
 
 std::pair<std::string, std::string> split_binding(const std::string& s, const char* flag) {
@@ -75,39 +87,144 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void run(const RunOptions& o) {
-  std::string why;
-  if (!runtime::cuda_available(&why)) {
-    throw RuntimeError(
-        fmt::format("flexjit run needs a CUDA GPU ({}); the CPU backend is not "
-                    "available yet",
-                    why));
+// --random B,H,S,D: [B, H, S, D] of N(0, 1) values, f32 (or the bits of --dtype bf16 / f16).
+npy::Array random_input(const std::vector<int64_t>& shape, DType dtype, uint32_t seed) {
+  npy::Array a = npy::make_array(dtype, shape);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const float x = n01(rng);
+    if (dtype == DType::F32) {
+      reinterpret_cast<float*>(a.bytes.data())[i] = x;
+    } else {
+      reinterpret_cast<uint16_t*>(a.bytes.data())[i] =
+          dtype == DType::F16 ? ir::float_to_f16_bits(x) : ir::float_to_bf16_bits(x);
+    }
   }
+  return a;
+}
+
+std::vector<int64_t> parse_random(const std::string& text) {
+  std::vector<int64_t> dims;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(part.c_str(), &end, 10);
+    if (end == part.c_str() || *end != '\0' || v < 0 || v > (1 << 24)) {
+      throw Error(fmt::format("--random '{}': expected B,H,S,D (non-negative integers)", text));
+    }
+    dims.push_back(v);
+  }
+  if (dims.size() != 4) {
+    throw Error(fmt::format("--random '{}': expected four numbers B,H,S,D", text));
+  }
+  return dims;
+}
+
+// Deterministic contents for a buffer --random leaves unbound: a dim named H is the head count,
+// S the sequence length, R 2 * S, a number itself. Floats are ALiBi-like slopes
+// exp2(-8 (i + 1) / n); i32 entries are documents of 128 positions (i / 128); bools true.
+npy::Array default_buffer(const Buffer& buf, int64_t heads, int64_t seq) {
+  std::vector<int64_t> shape;
+  for (const std::string& d : buf.decl()->dims) {
+    if (d == "H") {
+      shape.push_back(heads);
+    } else if (d == "R") {
+      shape.push_back(2 * seq);
+    } else if (!d.empty() && std::isdigit(static_cast<unsigned char>(d[0]))) {
+      shape.push_back(std::stoll(d));
+    } else {
+      shape.push_back(seq);
+    }
+  }
+  npy::Array a = npy::make_array(buf.dtype(), shape);
+  const int64_t n = a.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const float slope = std::exp2(-8.0f * static_cast<float>(i + 1) / static_cast<float>(n));
+    switch (buf.dtype()) {
+      case DType::F32:
+        reinterpret_cast<float*>(a.bytes.data())[i] = slope;
+        break;
+      case DType::F16:
+        reinterpret_cast<uint16_t*>(a.bytes.data())[i] = ir::float_to_f16_bits(slope);
+        break;
+      case DType::BF16:
+        reinterpret_cast<uint16_t*>(a.bytes.data())[i] = ir::float_to_bf16_bits(slope);
+        break;
+      case DType::I32:
+        reinterpret_cast<int32_t*>(a.bytes.data())[i] = static_cast<int32_t>(i / 128);
+        break;
+      default:
+        a.bytes[static_cast<size_t>(i)] = 1;
+        break;
+    }
+  }
+  return a;
+}
+
+float element(const npy::Array& a, int64_t i) {
+  switch (a.dtype) {
+    case DType::F32:
+      return a.as<float>()[i];
+    case DType::F16:
+      return ir::f16_bits_to_float(a.as<uint16_t>()[i]);
+    case DType::BF16:
+      return ir::bf16_bits_to_float(a.as<uint16_t>()[i]);
+    default:
+      return 0.0f;
+  }
+}
+
+// Everything a run needs, read or made on the host.
+struct Inputs {
+  Mods mods;
+  npy::Array q, k, v;
+  std::vector<std::pair<std::string, npy::Array>> buffers;
+  std::vector<std::pair<std::string, double>> params;
+};
+
+Inputs prepare(const RunOptions& o, bool on_cpu) {
+  Inputs in;
   KernelOptions ko;
   ko.mods = o.mods;
   ko.score_mod = o.score_mod;
   ko.mask_mod = o.mask_mod;
-  const Mods mods = resolve(ko);
-
-  const npy::Array qa = read_input(o.q, "q", o.dtype);
-  const npy::Array ka = read_input(o.k, "k", o.dtype);
-  const npy::Array va = read_input(o.v, "v", o.dtype);
-
-  Context ctx;
-  const DeviceTensor q = DeviceTensor::from_host(ctx, qa.dtype, qa.shape, qa.bytes.data());
-  const DeviceTensor k = DeviceTensor::from_host(ctx, ka.dtype, ka.shape, ka.bytes.data());
-  const DeviceTensor v = DeviceTensor::from_host(ctx, va.dtype, va.shape, va.bytes.data());
-  const QkvShape s = validate_qkv(q, k, v);
-
-  AttentionOptions opts;
-  opts.mods = mods;
-  std::vector<DeviceTensor> buffer_tensors;
-  buffer_tensors.reserve(o.buffers.size());
+  in.mods = resolve(ko);
+  if (!o.random.empty()) {
+    const std::vector<int64_t> d = parse_random(o.random);
+    DType dt = on_cpu ? DType::F32 : DType::BF16;
+    if (o.dtype != "auto") {
+      auto want = parse_dtype(o.dtype);
+      if (!want || (*want != DType::F16 && *want != DType::BF16 && *want != DType::F32)) {
+        throw Error(fmt::format("--dtype '{}': use auto, bf16, f16 or f32", o.dtype));
+      }
+      dt = *want;
+    }
+    in.q = random_input(d, dt, 1);
+    in.k = random_input(d, dt, 2);
+    in.v = random_input(d, dt, 3);
+  } else {
+    if (o.q.empty() || o.k.empty() || o.v.empty()) {
+      throw Error("flexjit run: give --q, --k and --v (.npy files), or --random B,H,S,D");
+    }
+    in.q = read_input(o.q, "q", o.dtype);
+    in.k = read_input(o.k, "k", o.dtype);
+    in.v = read_input(o.v, "v", o.dtype);
+  }
   for (const std::string& b : o.buffers) {
     auto [name, path] = split_binding(b, "--buffer");
-    const npy::Array a = npy::read(path);
-    buffer_tensors.push_back(DeviceTensor::from_host(ctx, a.dtype, a.shape, a.bytes.data()));
-    opts.bindings.buffers.emplace_back(name, buffer_tensors.back().ref());
+    in.buffers.emplace_back(name, npy::read(path));
+  }
+  if (!o.random.empty()) {
+    for (const Buffer& buf : in.mods.buffers) {
+      const bool bound = std::any_of(in.buffers.begin(), in.buffers.end(),
+                                     [&](const auto& p) { return p.first == buf.name(); });
+      if (!bound) {
+        in.buffers.emplace_back(
+            buf.name(), default_buffer(buf, in.q.shape[1], std::max(in.q.shape[2], in.k.shape[2])));
+      }
+    }
   }
   for (const std::string& p : o.params) {
     auto [name, text] = split_binding(p, "--param");
@@ -116,16 +233,165 @@ void run(const RunOptions& o) {
     if (end == text.c_str() || *end != '\0') {
       throw Error(fmt::format("--param {}: '{}' is not a number", name, text));
     }
-    opts.bindings.params.emplace_back(name, value);
+    in.params.emplace_back(name, value);
   }
+  // A relative bias read with --random: its offset defaults to the sequence length (R = 2 S).
+  if (!o.random.empty()) {
+    for (const Param& p : in.mods.params) {
+      const bool given = std::any_of(in.params.begin(), in.params.end(),
+                                     [&](const auto& x) { return x.first == p.name(); });
+      if (!given && p.name() == "offset") {
+        in.params.emplace_back("offset",
+                               static_cast<double>(std::max(in.q.shape[2], in.k.shape[2])));
+      }
+    }
+  }
+  return in;
+}
+
+TensorRef host_ref(const npy::Array& a) {
+  return TensorRef::contiguous(const_cast<char*>(a.bytes.data()), a.dtype, a.shape);
+}
+
+AttentionOptions host_options(const RunOptions& o, const Inputs& in) {
+  AttentionOptions opts;
+  opts.mods = in.mods;
+  for (const auto& [name, a] : in.buffers)
+    opts.bindings.buffers.emplace_back(name, host_ref(a));
+  opts.bindings.params = in.params;
+  if (o.has_scale) opts.scale = o.scale;
+  return opts;
+}
+
+struct Summary {
+  double checksum = 0, max_abs = 0;
+  std::vector<float> first;
+};
+
+Summary summarize(const npy::Array& out) {
+  Summary s;
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const double x = element(out, i);
+    s.checksum += x;
+    s.max_abs = std::max(s.max_abs, std::abs(x));
+    if (i < 4) s.first.push_back(static_cast<float>(x));
+  }
+  return s;
+}
+
+// max |out - ref| / max |ref| against the CPU backend's fp64 reference mode.
+double check_against_reference(const RunOptions& o, const Inputs& in, const npy::Array& out) {
+  AttentionOptions opts = host_options(o, in);
+  CpuRunOptions cro;
+  cro.reference_f64 = true;
+  cro.num_threads = o.threads;
+  const CpuAttentionResult ref =
+      flex_attention_cpu(host_ref(in.q), host_ref(in.k), host_ref(in.v), opts, cro);
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < ref.out.size(); ++i) {
+    err = std::max(
+        err, std::abs(static_cast<double>(element(out, static_cast<int64_t>(i))) - ref.out[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(ref.out[i])));
+  }
+  return scale > 0 ? err / scale : err;
+}
+
+void report(const RunOptions& o, const Inputs& in, const std::string& device, const npy::Array& out,
+            double mask_seconds, bool has_mask, double first_seconds, double median, bool timed) {
+  const Summary sum = summarize(out);
+  std::optional<double> rel;
+  if (o.check) rel = check_against_reference(o, in, out);
+  const std::string qs = host_ref(in.q).str();
+  if (o.json) {
+    nlohmann::json j = {{"device", device},
+                        {"mods", in.mods.name},
+                        {"dtype", std::string(to_string(in.q.dtype))},
+                        {"q", in.q.shape},
+                        {"k", in.k.shape},
+                        {"v", in.v.shape},
+                        {"out", o.out},
+                        {"lse", o.lse},
+                        {"block_mask_ms", mask_seconds * 1e3},
+                        {"first_call_ms", first_seconds * 1e3},
+                        {"median_ms", median * 1e3},
+                        {"repeat", o.repeat},
+                        {"checksum", sum.checksum},
+                        {"max_abs", sum.max_abs}};
+    if (rel) j["max_rel_error_vs_fp64"] = *rel;
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("%s on %s: q %s -> out [%s]%s%s\n", in.mods.name.c_str(), device.c_str(), qs.c_str(),
+              fmt::format("{}", fmt::join(out.shape, ", ")).c_str(), o.out.empty() ? "" : " ",
+              o.out.c_str());
+  if (has_mask) std::printf("block mask (%d): %.2f ms\n", o.block_size, mask_seconds * 1e3);
+  std::printf("first call (compile or cache load + run): %.2f ms\n", first_seconds * 1e3);
+  if (timed) std::printf("median of %d runs: %.3f ms\n", o.repeat, median * 1e3);
+  std::printf("out: checksum %.6f, max |out| %.6f, first values %s\n", sum.checksum, sum.max_abs,
+              fmt::format("{:.6f}", fmt::join(sum.first, " ")).c_str());
+  if (rel) std::printf("max relative error vs the fp64 CPU reference: %.3g\n", *rel);
+}
+
+void run_cpu(const RunOptions& o) {
+  const Inputs in = prepare(o, true);
+  const AttentionOptions opts = host_options(o, in);
+  const QkvShape s = validate_qkv(host_ref(in.q), host_ref(in.k), host_ref(in.v));
+  CpuRunOptions cro;
+  cro.num_threads = o.threads;
+  // The first call includes the LLVM compile (and the block mask); later calls reuse both.
+  auto t0 = std::chrono::steady_clock::now();
+  CpuAttentionResult r =
+      flex_attention_cpu(host_ref(in.q), host_ref(in.k), host_ref(in.v), opts, cro);
+  const double first_seconds = seconds_since(t0);
+  std::vector<double> times;
+  for (int i = 0; i < o.repeat; ++i) {
+    t0 = std::chrono::steady_clock::now();
+    r = flex_attention_cpu(host_ref(in.q), host_ref(in.k), host_ref(in.v), opts, cro);
+    times.push_back(seconds_since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times.empty() ? first_seconds : times[times.size() / 2];
+  npy::Array out = npy::make_array(DType::F32, r.shape);
+  std::copy(r.out.begin(), r.out.end(), reinterpret_cast<float*>(out.bytes.data()));
+  if (!o.out.empty()) npy::write(o.out, out);
+  if (!o.lse.empty()) {
+    npy::Array lse = npy::make_array(DType::F32, {s.batch, s.heads_q, s.seqlen_q});
+    std::copy(r.lse.begin(), r.lse.end(), reinterpret_cast<float*>(lse.bytes.data()));
+    npy::write(o.lse, lse);
+  }
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::string device = fmt::format("cpu ({} threads)", threads);
+  // The CPU block mask is built inside each call (included in the times above).
+  report(o, in, device, out, 0.0, /*has_mask=*/false, first_seconds, median, !times.empty());
+}
+
+void run_cuda(const RunOptions& o) {
+  const Inputs in = prepare(o, false);
+  Context ctx;
+  const DeviceTensor q = DeviceTensor::from_host(ctx, in.q.dtype, in.q.shape, in.q.bytes.data());
+  const DeviceTensor k = DeviceTensor::from_host(ctx, in.k.dtype, in.k.shape, in.k.bytes.data());
+  const DeviceTensor v = DeviceTensor::from_host(ctx, in.v.dtype, in.v.shape, in.v.bytes.data());
+  const QkvShape s = validate_qkv(q, k, v);
+
+  AttentionOptions opts;
+  opts.mods = in.mods;
+  std::vector<DeviceTensor> buffer_tensors;
+  buffer_tensors.reserve(in.buffers.size());
+  for (const auto& [name, a] : in.buffers) {
+    buffer_tensors.push_back(DeviceTensor::from_host(ctx, a.dtype, a.shape, a.bytes.data()));
+    opts.bindings.buffers.emplace_back(name, buffer_tensors.back().ref());
+  }
+  opts.bindings.params = in.params;
   if (o.has_scale) opts.scale = o.scale;
   opts.return_lse = !o.lse.empty();
 
   DeviceBlockMask block_mask;
   double mask_seconds = 0;
-  if (mods.mask_mod.defined() && s.seqlen_q > 0 && s.seqlen_kv > 0) {
+  if (in.mods.mask_mod.defined() && s.seqlen_q > 0 && s.seqlen_kv > 0) {
     auto t0 = std::chrono::steady_clock::now();
-    block_mask = create_block_mask(ctx, mods, static_cast<int>(s.batch),
+    block_mask = create_block_mask(ctx, in.mods, static_cast<int>(s.batch),
                                    static_cast<int>(s.heads_q), static_cast<int>(s.seqlen_q),
                                    static_cast<int>(s.seqlen_kv), o.block_size, opts.bindings);
     ctx.synchronize();
@@ -150,38 +416,30 @@ void run(const RunOptions& o) {
 
   npy::Array out = npy::make_array(q.ref().dtype, r.out.ref().shape);
   r.out.copy_to_host(out.bytes.data());
-  npy::write(o.out, out);
+  if (!o.out.empty()) npy::write(o.out, out);
   if (opts.return_lse) {
     npy::Array lse = npy::make_array(DType::F32, r.lse.ref().shape);
     r.lse.copy_to_host(lse.bytes.data());
     npy::write(o.lse, lse);
   }
+  report(o, in, fmt::format("{} ({})", ctx.device_name(), ctx.arch()), out, mask_seconds,
+         opts.block_mask != nullptr, first_seconds, median, !times.empty());
+}
 
-  if (o.json) {
-    nlohmann::json j = {{"device", ctx.device_name()},
-                        {"arch", ctx.arch()},
-                        {"mods", mods.name},
-                        {"dtype", std::string(to_string(q.ref().dtype))},
-                        {"q", q.ref().shape},
-                        {"k", k.ref().shape},
-                        {"v", v.ref().shape},
-                        {"out", o.out},
-                        {"lse", o.lse},
-                        {"block_mask_ms", mask_seconds * 1e3},
-                        {"first_call_ms", first_seconds * 1e3},
-                        {"median_ms", median * 1e3},
-                        {"repeat", o.repeat}};
-    if (opts.block_mask) j["block_mask_density"] = block_mask.to_host().density();
-    std::printf("%s\n", j.dump(2).c_str());
-    return;
+void run(const RunOptions& o) {
+  if (o.device != "auto" && o.device != "cuda" && o.device != "cpu") {
+    throw Error(fmt::format("--device '{}': use auto, cuda or cpu", o.device));
   }
-  std::printf("%s on %s (%s): q %s -> %s\n", mods.name.c_str(), ctx.device_name().c_str(),
-              ctx.arch().c_str(), q.ref().str().c_str(), o.out.c_str());
-  if (opts.block_mask) {
-    std::printf("block mask (%d): %.2f ms\n", o.block_size, mask_seconds * 1e3);
+  if (o.device == "cpu") return run_cpu(o);
+  std::string why;
+  if (!runtime::cuda_available(&why)) {
+    if (o.device == "cuda") {
+      throw RuntimeError(fmt::format("flexjit run --device cuda needs a CUDA GPU ({})", why));
+    }
+    std::fprintf(stderr, "no GPU (%s): running on the CPU backend\n", why.c_str());
+    return run_cpu(o);
   }
-  std::printf("first call (compile or cache load + run): %.2f ms\n", first_seconds * 1e3);
-  if (!times.empty()) std::printf("median of %d runs: %.3f ms\n", o.repeat, median * 1e3);
+  run_cuda(o);
 }
 
 }  // namespace
@@ -197,19 +455,32 @@ void register_run(CLI::App& app) {
       "  flexjit run --score-mod alibi --mask-mod causal --buffer slopes=slopes.npy \\\n"
       "      --q q.npy --k k.npy --v v.npy --out out.npy --lse lse.npy --json\n"
       "  flexjit run --mods softcap --param cap=20 --dtype f16 --q q.npy --k k.npy --v v.npy "
-      "--out o.npy");
+      "--out o.npy\n"
+      "  flexjit run --device cpu --mods alibi_causal --random 1,8,512,64 --check");
   static RunOptions o;
   cmd->add_option("--mods", o.mods, "Mods: a standard name, a .fx file or inline text");
   cmd->add_option("--score-mod", o.score_mod, "A score_mod: standard name, .fx file or text");
   cmd->add_option("--mask-mod", o.mask_mod, "A mask_mod: standard name, .fx file or text");
-  cmd->add_option("--q", o.q, "Queries [B, Hq, Sq, D] (.npy)")->required();
-  cmd->add_option("--k", o.k, "Keys [B, Hkv, Skv, D] (.npy)")->required();
-  cmd->add_option("--v", o.v, "Values [B, Hkv, Skv, Dv] (.npy)")->required();
+  cmd->add_option("--q", o.q, "Queries [B, Hq, Sq, D] (.npy)");
+  cmd->add_option("--k", o.k, "Keys [B, Hkv, Skv, D] (.npy)");
+  cmd->add_option("--v", o.v, "Values [B, Hkv, Skv, Dv] (.npy)");
+  cmd->add_option("--random", o.random,
+                  "B,H,S,D: random N(0,1) q, k, v instead of files (f32 on the CPU, bf16 on a "
+                  "GPU); unbound buffers get deterministic values (docs/attention.md)");
+  cmd->add_option("--device", o.device,
+                  "auto | cuda | cpu: auto runs on the GPU when there is one, else on the CPU "
+                  "backend (with a notice)")
+      ->capture_default_str();
+  cmd->add_flag("--check", o.check,
+                "Compare the output with the CPU backend's fp64 reference mode and print the "
+                "max relative error");
+  cmd->add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str();
   cmd->add_option("--buffer", o.buffers, "A captured buffer: NAME=FILE.npy (repeatable)");
   cmd->add_option("--param", o.params, "A runtime parameter: NAME=VALUE (repeatable)");
   cmd->add_option("--scale", o.scale, "Scale of q·k (default 1/sqrt(D))")
       ->each([](const std::string&) { o.has_scale = true; });
-  cmd->add_option("--out", o.out, "Output [B, Hq, Sq, Dv] (.npy, dtype of q)")->required();
+  cmd->add_option("--out", o.out,
+                  "Output [B, Hq, Sq, Dv] (.npy; dtype of q on a GPU, f32 on the CPU)");
   cmd->add_option("--lse", o.lse, "Also write the logsumexp [B, Hq, Sq] float32 (.npy)");
   cmd->add_option("--block-size", o.block_size, "Sparse block size of the block mask")
       ->capture_default_str();
