@@ -4,6 +4,7 @@
 #include <flexjit/attention.h>
 #include <flexjit/block_mask.h>
 #include <flexjit/context.h>
+#include <flexjit/cpu.h>
 #include <flexjit/device_block_mask.h>
 #include <flexjit/device_tensor.h>
 #include <flexjit/dsl.h>
