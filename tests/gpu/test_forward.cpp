@@ -337,7 +337,7 @@ TEST_CASE("forward: fp32 inputs on tf32 tensor cores match the fp64 reference",
   const std::vector<int> lengths = {17, 128, 129, 1000};
   const std::vector<std::pair<int, int>> dims = {{64, 64}, {128, 128}, {256, 256}, {128, 64}};
   int cases = 0;
-  for (const std::string& mod : {"noop", "causal", "alibi", "softcap"}) {
+  for (const char* mod : {"noop", "causal", "alibi", "softcap"}) {
     for (int i = 0; i < 3; ++i) {
       Case c;
       const int sq = pick(rng, lengths), skv = i == 0 ? sq : pick(rng, lengths);
