@@ -8,10 +8,14 @@
 // [w * kWarpRows, (w + 1) * kWarpRows) of the tile, as kMTiles m16 fragments. Per KV tile:
 //   S = Q K^T (mma.sync m16n8k16, fp32), score_mod / mask_mod / bounds, online softmax in the log2
 //   domain, P packed to 16 bits in registers and used directly as the A operand of O += P V.
-// Shared memory (dynamic, bytes, all tiles swizzled per FjSwizzledTile):
+// Element = float runs the same structure on tf32 tensor cores (mma m16n8k8, operands rounded
+// with cvt.rna.tf32): a k8 step of fp32 covers the same 32 bytes of a row as a k16 step of 16-bit
+// elements, so tiles, swizzle, cp.async and the Q/K ldmatrix addressing are shared byte for byte;
+// only O += P V (V read with ld.shared, no 32-bit ldmatrix.trans) and the epilogue differ.
+// Shared memory (dynamic, bytes, all tiles swizzled per FjSwizzledTile, E = sizeof(Element)):
 //   [0, Q)                          Q tile, kBlockM x kHeadDimQK; reused for the O tile
 //                                   (kBlockM x kHeadDimV) in the epilogue, so Q = kBlockM *
-//                                   max(kHeadDimQK, kHeadDimV) * 2
+//                                   max(kHeadDimQK, kHeadDimV) * E
 //   then kNumStages x { K tile kBlockN x kHeadDimQK, V tile kBlockN x kHeadDimV }
 // which is fj_forward_smem_bytes() in flexjit_abi.h.
 #ifndef FLEXJIT_FORWARD_SM80_CUH_
@@ -32,18 +36,20 @@ struct FjFwdTraits {
   static constexpr int kMTiles = kWarpRows / 16;  // m16 fragments per warp
   static constexpr int kNTiles = kBlockN / 8;     // n8 fragments of S per m16 row block
   static constexpr int kDTiles = kDimV / 8;       // n8 fragments of O per m16 row block
-  static constexpr int kKSteps = kDimQK / 16;     // k16 steps of Q K^T
+  static constexpr int kElemBytes = (int)sizeof(Element);
+  static constexpr bool kTf32 = kElemBytes == 4;
+  // mma k steps of Q K^T: k16 (16-bit) or k8 (tf32), i.e. 32 bytes of a Q / K row each.
+  static constexpr int kKSteps = kDimQK * kElemBytes / 32;
   // Q fragments stay in registers when they are few; otherwise they are re-read from shared
   // memory (ldmatrix) at every k step, as FlashAttention-2 does for d >= 128.
   static constexpr bool kQInRegs = kMTiles * kKSteps * 4 <= 32;
-  static constexpr int kQBytes = kBlockM * (kDimQK > kDimV ? kDimQK : kDimV) * 2;
-  static constexpr int kKBytes = kBlockN * kDimQK * 2;
-  static constexpr int kVBytes = kBlockN * kDimV * 2;
+  static constexpr int kQBytes = kBlockM * (kDimQK > kDimV ? kDimQK : kDimV) * kElemBytes;
+  static constexpr int kKBytes = kBlockN * kDimQK * kElemBytes;
+  static constexpr int kVBytes = kBlockN * kDimV * kElemBytes;
   static constexpr int kStageBytes = kKBytes + kVBytes;
-  using TileQK = FjSwizzledTile<kDimQK>;
-  using TileV = FjSwizzledTile<kDimV>;
+  using TileQK = FjSwizzledTile<kDimQK, kElemBytes>;
+  using TileV = FjSwizzledTile<kDimV, kElemBytes>;
 
-  static_assert(sizeof(Element) == 2, "flexjit forward_sm80: Element must be fj_bf16 or fj_f16");
   static_assert(kWarpRows % 16 == 0 && kMTiles >= 1 && kMTiles <= 2,
                 "flexjit forward_sm80: kBlockM / kNumWarps must be 16 or 32");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16, "flexjit forward_sm80: kBlockN % 16 != 0");
@@ -51,19 +57,32 @@ struct FjFwdTraits {
                     (kDimV == 64 || kDimV == 128 || kDimV == 256),
                 "flexjit forward_sm80: head dims must be 64, 128 or 256");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm80: 1..4 stages");
-  static_assert(kBlockM * kDimQK / 8 % kThreads == 0 && kBlockN * kDimQK / 8 % kThreads == 0 &&
-                    kBlockN * kDimV / 8 % kThreads == 0 && kBlockM * kDimV / 8 % kThreads == 0,
+  static_assert(kBlockM * TileQK::kChunks % kThreads == 0 &&
+                    kBlockN * TileQK::kChunks % kThreads == 0 &&
+                    kBlockN * TileV::kChunks % kThreads == 0 &&
+                    kBlockM * TileV::kChunks % kThreads == 0,
                 "flexjit forward_sm80: tiles must split evenly into 16-byte copies per thread");
   static_assert(kQBytes + kNumStages * kStageBytes ==
-                    fj_forward_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV, 2, kNumStages),
+                    fj_forward_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV, kElemBytes, kNumStages),
                 "flexjit forward_sm80: shared-memory layout and fj_forward_smem_bytes disagree");
 };
 
-// Copies a kRows x kDim tile (row stride `stride` elements) into swizzled shared memory with
-// cp.async; rows >= rows_valid are zero-filled (checked only when kCheck). Thread tid copies
-// chunk tid % kChunks of rows tid / kChunks + i * kRowStep: one 64-bit pointer that advances by
-// a fixed step, and one shared address plus immediates (kRowStep % 8 == 0 keeps the swizzle
-// phase of the row fixed), so the copy costs few registers in the main loop.
+// Copies a kRows x kDim tile (row stride `stride` elements of Tile::kBytesPerElem) into swizzled
+// shared memory with cp.async; rows >= rows_valid are zero-filled (checked only when kCheck).
+// Thread tid copies chunk tid % kChunks of rows tid / kChunks + i * kRowStep: one 64-bit pointer
+// that advances by a fixed step, and one shared address plus immediates (kRowStep % 8 == 0 keeps
+// the swizzle phase of the row fixed), so the copy costs few registers in the main loop.
+template <int kBytes>
+struct FjUnit;
+template <>
+struct FjUnit<2> {
+  using Type = unsigned short;
+};
+template <>
+struct FjUnit<4> {
+  using Type = unsigned int;
+};
+
 template <class Tile, int kRows, int kThreads, bool kCheck>
 FJ_DEVICE void fj_load_tile(fj_u32 smem, const void* gmem, fj_i64 stride, int rows_valid, int tid) {
   static_assert(kThreads % Tile::kChunks == 0, "flexjit: a thread must keep its chunk column");
@@ -72,8 +91,11 @@ FJ_DEVICE void fj_load_tile(fj_u32 smem, const void* gmem, fj_i64 stride, int ro
   static_assert(kRows % kRowStep == 0, "flexjit: tile rows must split evenly over threads");
   const int r0 = tid / Tile::kChunks;
   const int c = tid % Tile::kChunks;
-  const unsigned short* g = static_cast<const unsigned short*>(gmem);
-  const unsigned short* src = g + (fj_i64)r0 * stride + c * 8;
+  // Elements of Tile::kBytesPerElem bytes: pointer arithmetic in elements, as the 16-bit path
+  // always had it (the byte form costs the d=128 mask kernel extra spills).
+  using Unit = typename FjUnit<Tile::kBytesPerElem>::Type;
+  const Unit* g = static_cast<const Unit*>(gmem);
+  const Unit* src = g + (fj_i64)r0 * stride + c * Tile::kElemsPerChunk;
   const fj_i64 step = (fj_i64)kRowStep * stride;
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
@@ -164,12 +186,14 @@ FJ_DEVICE void fj_qk(
           qa[mt][e] = q_regs[mt][kk][e];
       } else {
         fj_ldsm_x4(qa[mt], qa_addr.at(mt, kk));
+        T::Mma::prep(qa[mt]);
       }
     }
 #pragma unroll
     for (int np = 0; np < T::kNTiles / 2; ++np) {
       fj_u32 kb[4];
       fj_ldsm_x4(kb, kb_addr.at(np, kk));
+      T::Mma::prep(kb);
 #pragma unroll
       for (int mt = 0; mt < T::kMTiles; ++mt) {
         T::Mma::mma(s[mt][2 * np], qa[mt], kb[0], kb[1]);
@@ -182,8 +206,8 @@ FJ_DEVICE void fj_qk(
 // O += P V with P (probabilities, fp32 C fragments) packed to 16 bits in registers: the C
 // fragments of n8 tiles 2j and 2j+1 are exactly the A fragment of k16 step j.
 template <class T>
-FJ_DEVICE void fj_pv(float (&o)[T::kMTiles][T::kDTiles][4],
-                     const float (&p)[T::kMTiles][T::kNTiles][4], fj_u32 sv, int lane) {
+FJ_DEVICE void fj_pv_16bit(float (&o)[T::kMTiles][T::kDTiles][4],
+                           const float (&p)[T::kMTiles][T::kNTiles][4], fj_u32 sv, int lane) {
   // V (B operand via .trans, two n8 tiles of head dim): matrix i = keys (i%2)*8.., d chunk i/2.
   const FjLdsmAddr<typename T::TileV> vb_addr(sv, ((lane >> 3) & 1) * 8 + (lane & 7), lane >> 4);
 #pragma unroll
@@ -206,6 +230,59 @@ FJ_DEVICE void fj_pv(float (&o)[T::kMTiles][T::kDTiles][4],
         T::Mma::mma(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
       }
     }
+  }
+}
+
+// O += P V on tf32 tensor cores (m16n8k8), one k8 step per n8 tile of P. The C fragment of
+// tile nt holds keys 2t and 2t+1 where the A fragment wants k = t and t+4: the k order inside
+// the step is free as long as A and B agree, so logical k = t is key 2t and k = t + 4 is key
+// 2t + 1. Then a = {c0, c2, c1, c3} straight from the registers (no shuffle), and B holds
+// b0 = V[2t][d], b1 = V[2t + 1][d] with d = dt*8 + g, read with 32-bit ld.shared (ldmatrix.trans
+// moves 16-bit halves, useless for fp32). The 32 lanes of one read touch rows 2t (+1) and chunks
+// 2dt + g/4: chunk ^ row % 8 takes 8 distinct values, so the read is bank-conflict free.
+template <class T>
+FJ_DEVICE void fj_pv_tf32(float (&o)[T::kMTiles][T::kDTiles][4],
+                          const float (&p)[T::kMTiles][T::kNTiles][4], fj_u32 sv, int lane) {
+  using Tile = typename T::TileV;
+  const int g = lane >> 2, t = lane & 3;
+  // Row 8*nt + 2t + e, d = 8*dt + g: stored chunk (2dt + g/4) ^ (2t + e), which is
+  // 8*(dt/4) + (2*((dt%4) ^ t) | ((g/4) ^ e)): one base per (e, dt % 4), the rest immediates.
+  fj_u32 base[2][4];
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+#pragma unroll
+    for (int dm = 0; dm < 4; ++dm)
+      base[e][dm] =
+          sv + (2 * t + e) * Tile::kRowBytes + ((2 * (dm ^ t) | ((g >> 2) ^ e)) << 4) + (g & 3) * 4;
+#pragma unroll
+  for (int nt = 0; nt < T::kNTiles; ++nt) {
+    fj_u32 pa[T::kMTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < T::kMTiles; ++mt) {
+      pa[mt][0] = T::Mma::tf32(p[mt][nt][0]);
+      pa[mt][1] = T::Mma::tf32(p[mt][nt][2]);
+      pa[mt][2] = T::Mma::tf32(p[mt][nt][1]);
+      pa[mt][3] = T::Mma::tf32(p[mt][nt][3]);
+    }
+#pragma unroll
+    for (int dt = 0; dt < T::kDTiles; ++dt) {
+      const int imm = nt * 8 * Tile::kRowBytes + (dt >> 2) * 128;
+      const fj_u32 b0 = T::Mma::tf32(fj_lds_f32(base[0][dt & 3] + imm));
+      const fj_u32 b1 = T::Mma::tf32(fj_lds_f32(base[1][dt & 3] + imm));
+#pragma unroll
+      for (int mt = 0; mt < T::kMTiles; ++mt)
+        T::Mma::mma(o[mt][dt], pa[mt], b0, b1);
+    }
+  }
+}
+
+template <class T>
+FJ_DEVICE void fj_pv(float (&o)[T::kMTiles][T::kDTiles][4],
+                     const float (&p)[T::kMTiles][T::kNTiles][4], fj_u32 sv, int lane) {
+  if constexpr (T::kTf32) {
+    fj_pv_tf32<T>(o, p, sv, lane);
+  } else {
+    fj_pv_16bit<T>(o, p, sv, lane);
   }
 }
 
@@ -332,12 +409,14 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   const int m_start = m_block * T::kBlockM;
 
   const char* q_tile = static_cast<const char*>(args.q) +
-                       2 * ((fj_i64)b * args.q_stride_b + (fj_i64)h * args.q_stride_h +
-                            (fj_i64)m_start * args.q_stride_s);
-  const char* k_head = static_cast<const char*>(args.k) +
-                       2 * ((fj_i64)b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h);
-  const char* v_head = static_cast<const char*>(args.v) +
-                       2 * ((fj_i64)b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h);
+                       T::kElemBytes * ((fj_i64)b * args.q_stride_b + (fj_i64)h * args.q_stride_h +
+                                        (fj_i64)m_start * args.q_stride_s);
+  const char* k_head =
+      static_cast<const char*>(args.k) +
+      T::kElemBytes * ((fj_i64)b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h);
+  const char* v_head =
+      static_cast<const char*>(args.v) +
+      T::kElemBytes * ((fj_i64)b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h);
 
   const fj_u32 sq = fj_smem_addr(fj_smem);
   const fj_u32 skv = sq + T::kQBytes;
@@ -352,10 +431,10 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     const fj_u32 sk = skv + stage * T::kStageBytes;
     const int rows = args.seqlen_kv - n_start;
     fj_load_tile<typename T::TileQK, T::kBlockN, T::kThreads, kCheck>(
-        sk, k_head + 2 * (fj_i64)n_start * args.k_stride_s, args.k_stride_s, rows, tid);
+        sk, k_head + T::kElemBytes * (fj_i64)n_start * args.k_stride_s, args.k_stride_s, rows, tid);
     fj_load_tile<typename T::TileV, T::kBlockN, T::kThreads, kCheck>(
-        sk + T::kKBytes, v_head + 2 * (fj_i64)n_start * args.v_stride_s, args.v_stride_s, rows,
-        tid);
+        sk + T::kKBytes, v_head + T::kElemBytes * (fj_i64)n_start * args.v_stride_s,
+        args.v_stride_s, rows, tid);
   };
 
   // Q, then the first kNumStages - 1 KV tiles; one commit group each (empty groups keep the
@@ -385,8 +464,10 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
 #pragma unroll
     for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
-      for (int kk = 0; kk < T::kKSteps; ++kk)
+      for (int kk = 0; kk < T::kKSteps; ++kk) {
         fj_ldsm_x4(q_regs[mt][kk], qa_addr.at(mt, kk));
+        T::Mma::prep(q_regs[mt][kk]);
+      }
   }
 
   float o[T::kMTiles][T::kDTiles][4];
@@ -446,7 +527,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   }
   fj_cp_async_wait<0>();
 
-  // Epilogue: normalize, write LSE, stage O (16-bit) in shared memory, then 16-byte stores.
+  // Epilogue: normalize, write LSE, stage O (Element) in shared memory, then 16-byte stores.
   constexpr float kLn2 = 0.6931471805599453f;
   __syncthreads();  // all warps are done reading Q / K / V from shared memory
   unsigned char* so = fj_smem;
@@ -467,15 +548,19 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       const int tile_row = warp * T::kWarpRows + mt * 16 + hr * 8 + (lane >> 2);
 #pragma unroll
       for (int dt = 0; dt < T::kDTiles; ++dt) {
-        const fj_u32 packed = T::Mma::pack(o[mt][dt][hr * 2] * inv, o[mt][dt][hr * 2 + 1] * inv);
-        *reinterpret_cast<fj_u32*>(so + T::TileV::offset(tile_row, dt) + (lane & 3) * 4) = packed;
+        // Elements (d = 8*dt + 2t, 2t + 1) of the row: 4 bytes (16-bit) or 8 bytes (fp32).
+        const int chunk = T::kTf32 ? 2 * dt + ((lane & 3) >> 1) : dt;
+        const int in_chunk = T::kTf32 ? (lane & 1) * 8 : (lane & 3) * 4;
+        unsigned char* dst = so + T::TileV::offset(tile_row, chunk) + in_chunk;
+        const float x0 = o[mt][dt][hr * 2] * inv, x1 = o[mt][dt][hr * 2 + 1] * inv;
+        T::Mma::store2(dst, x0, x1);
       }
     }
   }
   __syncthreads();
   char* out_tile = static_cast<char*>(args.out) +
-                   2 * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
-                        (fj_i64)m_start * args.o_stride_s);
+                   T::kElemBytes * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
+                                    (fj_i64)m_start * args.o_stride_s);
   constexpr int kOutPerThread = T::kBlockM * T::TileV::kChunks / T::kThreads;
 #pragma unroll
   for (int it = 0; it < kOutPerThread; ++it) {
@@ -483,7 +568,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     const int r = idx / T::TileV::kChunks;
     const int c = idx % T::TileV::kChunks;
     if (kCheck && m_start + r >= args.seqlen_q) continue;
-    *reinterpret_cast<fj_u32x4*>(out_tile + 2 * ((fj_i64)r * args.o_stride_s + c * 8)) =
+    *reinterpret_cast<fj_u32x4*>(out_tile + T::kElemBytes * (fj_i64)r * args.o_stride_s + c * 16) =
         *reinterpret_cast<const fj_u32x4*>(so + T::TileV::offset(r, c));
   }
 }

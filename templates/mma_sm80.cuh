@@ -10,6 +10,12 @@
 // ldmatrix.x4: lanes 8i..8i+7 give the row addresses of 8x8 matrix i; register i of every lane
 // receives matrix i with lane holding (row g, cols 2t..2t+1) — or, with .trans, (rows 2t..2t+1,
 // col g) of the stored matrix.
+// fp32 inputs run on tf32 tensor cores, mma.m16n8k8 ("Matrix fragments for mma.m16n8k8", .tf32):
+//   A (16x8)  a0: (g, t)  a1: (g+8, t)  a2: (g, t+4)  a3: (g+8, t+4)
+//   B (8x8)   b0: (k=t, n=g)            b1: (k=t+4, n=g)              C as above.
+// An ldmatrix (.b16) of 32-bit data sees each 16-byte row as 4 floats: lane (g, t) receives float
+// t of row g, which is exactly a0..a3 / b0, b1 for the same row addresses the 16-bit path uses
+// (one k8 step of fp32 = 32 bytes of a row = one k16 step of 16-bit elements).
 #ifndef FLEXJIT_MMA_SM80_CUH_
 #define FLEXJIT_MMA_SM80_CUH_
 
@@ -58,16 +64,17 @@ FJ_DEVICE void fj_ldsm_x4_trans(fj_u32 (&r)[4], fj_u32 addr) {
                : "r"(addr));
 }
 
-// Per-element-type operations: D += A * B (m16n8k16, f32 accumulate) and packing two f32 into
-// one 32-bit register of two 16-bit values (lo in bits 0..15, round to nearest even).
+// Per-element-type operations: D += A * B (f32 accumulate; m16n8k16 for 16-bit elements,
+// m16n8k8 tf32 for float) on operands as ldmatrix delivers them, after prep(); and packing two
+// f32 into one 32-bit register of two 16-bit values (lo in bits 0..15, round to nearest even).
 template <class E>
 struct FjMma {
   static_assert(sizeof(E) == 0,
-                "flexjit forward_sm80: Element must be fj_bf16 or fj_f16 (fp32 / tf32 inputs are "
-                "not supported by this template yet)");
+                "flexjit forward_sm80: Element must be fj_bf16, fj_f16 or float (tf32)");
 };
 template <>
 struct FjMma<fj_bf16> {
+  static FJ_DEVICE void prep(fj_u32 (&)[4]) {}
   static FJ_DEVICE void mma(float (&d)[4], const fj_u32 (&a)[4], fj_u32 b0, fj_u32 b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
@@ -80,9 +87,14 @@ struct FjMma<fj_bf16> {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // d = {hi, lo}
     return r;
   }
+  // Stores (x0, x1) as two adjacent elements at a 4-byte aligned shared-memory pointer.
+  static FJ_DEVICE void store2(unsigned char* dst, float x0, float x1) {
+    *reinterpret_cast<fj_u32*>(dst) = pack(x0, x1);
+  }
 };
 template <>
 struct FjMma<fj_f16> {
+  static FJ_DEVICE void prep(fj_u32 (&)[4]) {}
   static FJ_DEVICE void mma(float (&d)[4], const fj_u32 (&a)[4], fj_u32 b0, fj_u32 b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
@@ -95,17 +107,59 @@ struct FjMma<fj_f16> {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
   }
+  // Stores (x0, x1) as two adjacent elements at a 4-byte aligned shared-memory pointer.
+  static FJ_DEVICE void store2(unsigned char* dst, float x0, float x1) {
+    *reinterpret_cast<fj_u32*>(dst) = pack(x0, x1);
+  }
+};
+// fp32 in, tf32 tensor cores: operands are rounded to tf32 (10-bit mantissa, round to nearest,
+// ties away: cvt.rna) once per fragment load; the tensor core would otherwise truncate, which
+// biases every product toward zero.
+template <>
+struct FjMma<float> {
+  static FJ_DEVICE fj_u32 tf32(float x) {
+    fj_u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+  }
+  static FJ_DEVICE void prep(fj_u32 (&r)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      r[i] = tf32(__uint_as_float(r[i]));
+  }
+  static FJ_DEVICE void mma(float (&d)[4], const fj_u32 (&a)[4], fj_u32 b0, fj_u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  // 8-byte aligned pointer.
+  static FJ_DEVICE void store2(unsigned char* dst, float x0, float x1) {
+    float* d = reinterpret_cast<float*>(dst);
+    asm volatile("st.v2.f32 [%0], {%1, %2};\n" ::"l"(d), "f"(x0), "f"(x1) : "memory");
+  }
 };
 
-// Swizzled row-major tile of 16-bit elements, kDim (a multiple of 64) per row. A row is kDim/8
-// 16-byte chunks; chunk c of row r is stored at chunk c ^ (r % 8). Any 8 consecutive rows read
-// at one logical chunk (what an ldmatrix 8x8 matrix or a fragment store touches) then cover 8
-// distinct chunk slots mod 8, i.e. all 32 banks once: no bank conflicts.
-template <int kDim>
+FJ_DEVICE float fj_lds_f32(fj_u32 addr) {
+  float r;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r) : "r"(addr));
+  return r;
+}
+
+// Swizzled row-major tile of kDim elements of kElemBytes (2, or 4 for fp32) per row; kDim is a
+// multiple of 64, so a row is kDim * kElemBytes / 16 >= 8 16-byte chunks. Chunk c of row r is
+// stored at chunk c ^ (r % 8). Any 8 consecutive rows read at one logical chunk (what an ldmatrix
+// 8x8 matrix or a fragment store touches) then cover 8 distinct chunk slots mod 8, i.e. all 32
+// banks once: no bank conflicts.
+template <int kDim, int kElemBytes = 2>
 struct FjSwizzledTile {
   static_assert(kDim % 64 == 0, "flexjit: head dims must be multiples of 64");
-  static constexpr int kChunks = kDim / 8;
-  static constexpr int kRowBytes = kDim * 2;
+  static_assert(kElemBytes == 2 || kElemBytes == 4, "flexjit: 2- or 4-byte elements");
+  static constexpr int kBytesPerElem = kElemBytes;
+  static constexpr int kElemsPerChunk = 16 / kElemBytes;
+  static constexpr int kChunks = kDim * kElemBytes / 16;
+  static constexpr int kRowBytes = kDim * kElemBytes;
   // Byte offset of (row, 16-byte chunk).
   static FJ_DEVICE int offset(int row, int chunk) {
     return row * kRowBytes + ((chunk ^ (row & 7)) << 4);

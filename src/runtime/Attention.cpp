@@ -249,11 +249,6 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
                                    to_string(TensorRef::Device::CUDA, device_index)));
   }
   validate_outputs(q, s, out, lse);
-  if (q.dtype == DType::F32) {
-    throw UnsupportedError(
-        "flex_attention on the GPU takes bf16 or f16 inputs; f32 (tf32 tensor cores) is not "
-        "supported by the forward template yet: convert q, k, v to bf16 or f16");
-  }
   if (s.seqlen_q > INT_MAX || s.seqlen_kv > INT_MAX) {
     throw RuntimeError(fmt::format("sequence lengths must be below 2^31 (Sq={}, Skv={})",
                                    s.seqlen_q, s.seqlen_kv));

@@ -1,7 +1,11 @@
 // Compiles the forward kernel template through NVRTC exactly as the codegen assembles it
 // (abi + prelude + FjConfig + mods + mma_sm80 + forward_sm80, one header-free string), with
 // hand-written stand-ins for the generated parts (tests/templates/mods_*.cuh). No GPU needed.
+#include <flexjit/error.h>
 #include <nvrtc.h>
+
+#include "codegen/cuda/ForwardSpec.h"
+#include "tune/Defaults.h"
 
 #include <catch2/catch.hpp>
 
@@ -154,11 +158,11 @@ TEST_CASE("forward template compiles with every stand-in mod and shape variant",
 
 TEST_CASE("forward template rejects unsupported configurations with a clear message",
           "[template][errors]") {
-  TestConfig fp32 = default_config(128);
-  fp32.element = "float";
-  CompileResult r = compile(fp32);
+  TestConfig f64 = default_config(128);
+  f64.element = "double";
+  CompileResult r = compile(f64);
   CHECK_FALSE(r.ok);
-  CHECK_THAT(r.log, Catch::Contains("Element must be fj_bf16 or fj_f16"));
+  CHECK_THAT(r.log, Catch::Contains("Element must be fj_bf16, fj_f16 or float"));
 
   TestConfig rows = default_config(128);
   rows.block_m = 64;  // 8 rows per warp with 8 warps
@@ -171,6 +175,76 @@ TEST_CASE("forward template rejects unsupported configurations with a clear mess
   r = compile(dim);
   CHECK_FALSE(r.ok);
   CHECK_THAT(r.log, Catch::Contains("head dims must be"));
+}
+
+// fp32 inputs on tf32 tensor cores, in the default configurations of src/tune/Defaults.cpp
+// (d=256 has none on sm_86/89: 99 KiB of shared memory is too little for fp32 tiles).
+TestConfig tf32_config(int d, const std::string& arch) {
+  TestConfig c;
+  c.element = "float";
+  c.arch = arch;
+  c.dim_qk = c.dim_v = d;
+  const bool small_smem = arch == "sm_86" || arch == "sm_89";
+  if (d == 64) {
+    c.block_m = 128, c.block_n = 64, c.num_warps = 4, c.num_stages = 2;
+  } else if (d == 128) {
+    c.block_m = 64, c.block_n = 64, c.num_warps = 4, c.num_stages = small_smem ? 1 : 2;
+  } else {
+    c.block_m = 64, c.block_n = 32, c.num_warps = 4, c.num_stages = arch == "sm_90a" ? 2 : 1;
+  }
+  return c;
+}
+
+TEST_CASE("forward template compiles fp32 (tf32) for every arch, head dim and mod",
+          "[template][tf32]") {
+  for (const char* arch : {"sm_80", "sm_86", "sm_90a"}) {
+    for (int d : {64, 128, 256}) {
+      if (d == 256 && std::string(arch) == "sm_86") continue;
+      TestConfig c = tf32_config(d, arch);
+      require_compiles(c);  // causal mask_mod
+      c.mods = "mods_alibi.cuh", c.score_mod = true, c.mask_mod = false;
+      require_compiles(c);
+    }
+  }
+  std::vector<TestConfig> cases;
+  auto add = [&](auto edit) {
+    TestConfig c = tf32_config(128, "sm_80");
+    edit(c);
+    cases.push_back(c);
+  };
+  add([](TestConfig& c) { c.mods = "mods_noop.cuh", c.mask_mod = false, c.divisible = true; });
+  add([](TestConfig& c) { c.mods = "mods_softcap_window.cuh", c.score_mod = true; });
+  add([](TestConfig& c) { c.mods = "mods_buffers.cuh", c.score_mod = true, c.arch = "sm_90a"; });
+  add([](TestConfig& c) { c.gqa = 2, c.full_blocks = false; });
+  add([](TestConfig& c) { c.dim_v = 64; });
+  add([](TestConfig& c) { c.dim_qk = 64, c.num_stages = 3; });
+  add([](TestConfig& c) { c.block_m = 128, c.num_stages = 1; });  // 32 rows per warp
+  add([](TestConfig& c) {
+    c.dim_qk = c.dim_v = 64, c.block_m = 128, c.block_n = 128, c.num_warps = 8;
+  });
+  for (const TestConfig& c : cases)
+    require_compiles(c);
+}
+
+TEST_CASE("fp32 default configs fit shared memory on every arch, or say why not",
+          "[template][tf32]") {
+  using namespace flexjit;
+  for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"}) {
+    for (int d : {64, 128, 256}) {
+      cuda::ForwardSpec spec;
+      spec.dtype = DType::F32;
+      spec.head_dim_qk = spec.head_dim_v = d;
+      spec.arch = cuda::Arch::parse(arch);
+      spec.config = tune::default_forward_config(spec);
+      INFO(spec.str());
+      if (d == 256 && (spec.arch.cc() == 86 || spec.arch.cc() == 89)) {
+        CHECK_THROWS_WITH(spec.validate(), Catch::Contains("shared memory") &&
+                                               Catch::Contains("convert q, k, v to bf16 or f16"));
+      } else {
+        CHECK_NOTHROW(spec.validate());
+      }
+    }
+  }
 }
 
 TEST_CASE("one forward kernel compiles cold through NVRTC in well under a second",

@@ -14,7 +14,7 @@ void add_kernel_options(CLI::App& app, KernelOptions& o) {
                  "Mods: a standard name (see `flexjit mods list`), a .fx file, or inline text");
   app.add_option("--score-mod", o.score_mod, "A score_mod: standard name, .fx file or text");
   app.add_option("--mask-mod", o.mask_mod, "A mask_mod: standard name, .fx file or text");
-  app.add_option("--dtype", o.dtype, "Element type of q, k, v: bf16 | f16")->capture_default_str();
+  app.add_option("--dtype", o.dtype, "Element type of q, k, v: bf16 | f16 | f32 (tf32 tensor cores)")->capture_default_str();
   app.add_option("--head-dim,-d", o.head_dim, "Head dim of q and k: 64 | 128 | 256")
       ->capture_default_str();
   app.add_option("--head-dim-v", o.head_dim_v, "Head dim of v (default: --head-dim)");
@@ -56,7 +56,7 @@ Mods resolve(const KernelOptions& o) {
 cuda::ForwardSpec make_spec(const KernelOptions& o) {
   cuda::ForwardSpec s;
   auto dt = parse_dtype(o.dtype);
-  if (!dt) throw UnsupportedError(fmt::format("unknown --dtype '{}': use bf16 or f16", o.dtype));
+  if (!dt) throw UnsupportedError(fmt::format("unknown --dtype '{}': use bf16, f16 or f32", o.dtype));
   s.dtype = *dt;
   s.head_dim_qk = o.head_dim;
   s.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim;

@@ -77,14 +77,12 @@ void ForwardSpec::validate() const {
     case DType::BF16:
     case DType::F16:
       break;
-    case DType::F32:
-      throw UnsupportedError(
-          "the forward kernel does not support f32 inputs yet (fp32 inputs arrive in a later "
-          "version); convert q, k, v to bf16 or f16");
+    case DType::F32:  // computed on tf32 tensor cores (docs/kernels/forward_sm80.md)
+      break;
     case DType::I32:
     case DType::Bool:
       throw UnsupportedError(
-          fmt::format("attention inputs must be bf16 or f16, not {}", to_string(dtype)));
+          fmt::format("attention inputs must be bf16, f16 or f32, not {}", to_string(dtype)));
   }
   require_in("head_dim_qk", head_dim_qk, {64, 128, 256});
   require_in("head_dim_v", head_dim_v, {64, 128, 256});
@@ -110,9 +108,11 @@ void ForwardSpec::validate() const {
   if (smem > limit) {
     throw UnsupportedError(fmt::format(
         "config {}x{} with {} stages needs {} bytes of shared memory for head dims {}/{} in {}, "
-        "more than the {} bytes a block may use on {}; lower num_stages, block_n or block_m",
+        "more than the {} bytes a block may use on {}; lower num_stages, block_n or block_m{}",
         config.block_m, config.block_n, config.num_stages, smem, head_dim_qk, head_dim_v,
-        to_string(dtype), limit, arch.str()));
+        to_string(dtype), limit, arch.str(),
+        dtype == DType::F32 ? " (or convert q, k, v to bf16 or f16: f32 tiles take twice the bytes)"
+                            : ""));
   }
 }
 
