@@ -14,10 +14,19 @@ namespace flexjit {
 namespace {
 
 uint64_t spec_hash(const cuda::ForwardSpec& s) {
-  const int64_t fields[] = {static_cast<int64_t>(s.dtype), s.head_dim_qk, s.head_dim_v,
-                            s.gqa_ratio, s.is_divisible, s.has_full_blocks, s.arch.major,
-                            s.arch.minor, s.arch.accelerated, s.config.block_m,
-                            s.config.block_n, s.config.num_warps, s.config.num_stages};
+  const int64_t fields[] = {static_cast<int64_t>(s.dtype),
+                            s.head_dim_qk,
+                            s.head_dim_v,
+                            s.gqa_ratio,
+                            s.is_divisible,
+                            s.has_full_blocks,
+                            s.arch.major,
+                            s.arch.minor,
+                            s.arch.accelerated,
+                            s.config.block_m,
+                            s.config.block_n,
+                            s.config.num_warps,
+                            s.config.num_stages};
   return XXH64(fields, sizeof fields, 0);
 }
 
@@ -67,8 +76,8 @@ BuiltKernel KernelBuilder::build_forward(const Mods& mods, const cuda::ForwardSp
   }
   BuiltKernel k;
   k.source = std::make_shared<const cuda::GeneratedSource>(emit_forward(mods, spec));
-  std::string label = "forward " + (mods.name.empty() ? std::string("<mods>") : mods.name) +
-                      " " + spec.str();
+  std::string label =
+      "forward " + (mods.name.empty() ? std::string("<mods>") : mods.name) + " " + spec.str();
   k.compiled = compile(*k.source, spec.arch.str(), label);
   k.compiled.elapsed_ms = ms_since(t0);
   std::lock_guard<std::mutex> lock(mu_);

@@ -49,7 +49,8 @@ __device__ inline unsigned char classify_tile(const FjModParams& params, int b, 
 
   const int sq = (lane & 7) * (nq - 1) / 7;
   const int skv = (lane >> 3) * (nkv - 1) / 3;
-  const unsigned samples = __ballot_sync(0xffffffffu, fj_mask_mod(params, b, h, q0 + sq, kv0 + skv));
+  const unsigned samples =
+      __ballot_sync(0xffffffffu, fj_mask_mod(params, b, h, q0 + sq, kv0 + skv));
   // A true sample in a cut tile, or two samples that differ: partial.
   if (samples != 0u && (cut || samples != 0xffffffffu)) return kPartial;
   const bool want = samples != 0u;
@@ -84,15 +85,15 @@ __device__ inline unsigned char kind_of(const unsigned char* hints, const unsign
 // rest ascending (PyTorch's stable descending argsort), so a kernel prefetching past the count
 // reads a valid index.
 __device__ inline void write_line(const unsigned char* hints, const unsigned char* kinds,
-                                  fj_i64 tiles_per_bh, fj_i64 bh, fj_i64 first, fj_i64 step,
-                                  int n, int* partial_count, int* partial_indices,
-                                  int* full_count, int* full_indices, int lane) {
+                                  fj_i64 tiles_per_bh, fj_i64 bh, fj_i64 first, fj_i64 step, int n,
+                                  int* partial_count, int* partial_indices, int* full_count,
+                                  int* full_indices, int lane) {
   const unsigned below = (1u << lane) - 1u;
   int np = 0, nf = 0;
   for (int j0 = 0; j0 < n; j0 += 32) {
     const int j = j0 + lane;
-    const unsigned char k = j < n ? kind_of(hints, kinds, tiles_per_bh, bh, first + j * step)
-                                  : (unsigned char)kUnknown;
+    const unsigned char k =
+        j < n ? kind_of(hints, kinds, tiles_per_bh, bh, first + j * step) : (unsigned char)kUnknown;
     np += __popc(__ballot_sync(0xffffffffu, k == kPartial));
     nf += __popc(__ballot_sync(0xffffffffu, k == kFull));
   }
@@ -103,8 +104,8 @@ __device__ inline void write_line(const unsigned char* hints, const unsigned cha
   int cp = 0, cf = 0;  // partial / full tiles before this chunk
   for (int j0 = 0; j0 < n; j0 += 32) {
     const int j = j0 + lane;
-    const unsigned char k = j < n ? kind_of(hints, kinds, tiles_per_bh, bh, first + j * step)
-                                  : (unsigned char)kUnknown;
+    const unsigned char k =
+        j < n ? kind_of(hints, kinds, tiles_per_bh, bh, first + j * step) : (unsigned char)kUnknown;
     const unsigned p = __ballot_sync(0xffffffffu, k == kPartial);
     const unsigned f = __ballot_sync(0xffffffffu, k == kFull);
     if (j < n) {
@@ -160,9 +161,8 @@ extern "C" __global__ void __launch_bounds__(128)
     const fj_i64 bh = c / nkv;
     const int kvb = (int)(c % nkv);
     const fj_i64 col = bh * nkv + kvb;
-    fj_block_mask::write_line(hints, kinds, tiles_per_bh, bh, kvb, nkv, nq,
-                              args.q_num_blocks + col, args.q_indices + col * nq,
-                              args.full_q_num_blocks + col, args.full_q_indices + col * nq,
-                              lane);
+    fj_block_mask::write_line(hints, kinds, tiles_per_bh, bh, kvb, nkv, nq, args.q_num_blocks + col,
+                              args.q_indices + col * nq, args.full_q_num_blocks + col,
+                              args.full_q_indices + col * nq, lane);
   }
 }

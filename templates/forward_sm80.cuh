@@ -448,7 +448,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   // slower than the dense schedule with the index read in place).
   int tiles[T::kNumStages];
 #pragma unroll
-  for (int k = 0; k < T::kNumStages; ++k) tiles[k] = k < sched.num_total ? sched.tile(k) : 0;
+  for (int k = 0; k < T::kNumStages; ++k)
+    tiles[k] = k < sched.num_total ? sched.tile(k) : 0;
 #pragma unroll
   for (int st = 0; st < T::kNumStages - 1; ++st) {
     if (st < sched.num_total) load_kv(tiles[st], st);
@@ -508,7 +509,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     // Shift the window and start reading the tile of step i + kNumStages: its latency overlaps
     // this step's math.
 #pragma unroll
-    for (int k = 0; k + 1 < T::kNumStages; ++k) tiles[k] = tiles[k + 1];
+    for (int k = 0; k + 1 < T::kNumStages; ++k)
+      tiles[k] = tiles[k + 1];
     tiles[T::kNumStages - 1] =
         i + T::kNumStages < sched.num_total ? sched.tile(i + T::kNumStages) : 0;
     if (n_start < args.seqlen_kv) {

@@ -51,7 +51,8 @@ __device__ inline float block_reduce(float v, bool is_max, float* scratch) {
   if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
   __syncthreads();
   float r = scratch[0];
-  for (int i = 1; i < kThreads / 32; ++i) r = is_max ? fmaxf(r, scratch[i]) : r + scratch[i];
+  for (int i = 1; i < kThreads / 32; ++i)
+    r = is_max ? fmaxf(r, scratch[i]) : r + scratch[i];
   __syncthreads();
   return r;
 }

@@ -3,9 +3,9 @@
 //   using namespace flexjit;
 //   Buffer slopes("slopes", DType::F32, {"H"});
 //   Param cap("cap", ScalarType::F32, 30.0);
-//   auto alibi  = [&](Expr s, Expr b, Expr h, Expr q, Expr kv) { return s + slopes[h] * (kv - q); };
-//   auto causal = [](Expr b, Expr h, Expr q, Expr kv) { return q >= kv; };
-//   Mods mods = Mods::from(alibi, causal);
+//   auto alibi  = [&](Expr s, Expr b, Expr h, Expr q, Expr kv) { return s + slopes[h] * (kv - q);
+//   }; auto causal = [](Expr b, Expr h, Expr q, Expr kv) { return q >= kv; }; Mods mods =
+//   Mods::from(alibi, causal);
 //
 // Typing follows C: mixing i32 and f32 promotes to f32; comparisons give bool; && || ! take
 // bool. Integer `/` is floor division and `%` a floor modulo (the sign follows the divisor),
@@ -51,7 +51,9 @@ class Buffer {
   // Full indexing: buf(i, j). The number of indices must equal rank().
   Expr operator()(std::vector<Expr> indices) const;
   template <typename... I>
-  Expr operator()(I... i) const { return (*this)(std::vector<Expr>{Expr(i)...}); }
+  Expr operator()(I... i) const {
+    return (*this)(std::vector<Expr>{Expr(i)...});
+  }
 
   // Chained indexing: buf[i][j] converts to Expr once every dim is indexed.
   class Indexer;

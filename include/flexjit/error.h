@@ -75,7 +75,7 @@ class InternalError : public std::logic_error {
 }  // namespace flexjit
 
 // Checks an internal invariant; a failure is a flexjit bug, never a user mistake.
-#define FJ_ASSERT(cond, msg)                                                  \
-  do {                                                                        \
+#define FJ_ASSERT(cond, msg)                                                        \
+  do {                                                                              \
     if (!(cond)) ::flexjit::throw_internal_error(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)

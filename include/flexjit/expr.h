@@ -20,11 +20,11 @@ struct Node;
 class Expr {
  public:
   Expr() = default;
-  Expr(int v);     // NOLINT(google-explicit-constructor): i32 constant
-  Expr(int64_t v); // NOLINT: i32 constant; must fit in 32 bits
-  Expr(float v);   // NOLINT: f32 constant
-  Expr(double v);  // NOLINT: f32 constant (rounded to float)
-  Expr(bool v);    // NOLINT: bool constant
+  Expr(int v);      // NOLINT(google-explicit-constructor): i32 constant
+  Expr(int64_t v);  // NOLINT: i32 constant; must fit in 32 bits
+  Expr(float v);    // NOLINT: f32 constant
+  Expr(double v);   // NOLINT: f32 constant (rounded to float)
+  Expr(bool v);     // NOLINT: bool constant
   explicit Expr(std::shared_ptr<const ir::Node> node) : node_(std::move(node)) {}
 
   bool defined() const { return node_ != nullptr; }

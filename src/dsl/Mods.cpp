@@ -24,8 +24,8 @@ void collect_decls(const Expr& e, std::vector<Buffer>& buffers, std::vector<Para
       for (const auto& b : buffers) {
         if (b.name() != n->buffer->name) continue;
         if (!ir::equal(*b.decl(), *n->buffer)) {
-          throw CompileError(fmt::format("buffer '{}' is declared twice with different types",
-                                         b.name()));
+          throw CompileError(
+              fmt::format("buffer '{}' is declared twice with different types", b.name()));
         }
         known = true;
       }
@@ -35,8 +35,8 @@ void collect_decls(const Expr& e, std::vector<Buffer>& buffers, std::vector<Para
       for (const auto& p : params) {
         if (p.name() != n->param->name) continue;
         if (!ir::equal(*p.decl(), *n->param)) {
-          throw CompileError(fmt::format("param '{}' is declared twice with different types",
-                                         p.name()));
+          throw CompileError(
+              fmt::format("param '{}' is declared twice with different types", p.name()));
         }
         known = true;
       }
@@ -55,7 +55,8 @@ bool uses_score(const Expr& e) {
 
 std::string dims_text(const ir::BufferDecl& d) {
   std::string s;
-  for (size_t i = 0; i < d.dims.size(); ++i) s += (i ? ", " : "") + d.dims[i];
+  for (size_t i = 0; i < d.dims.size(); ++i)
+    s += (i ? ", " : "") + d.dims[i];
   return s;
 }
 
@@ -72,7 +73,9 @@ Mods Mods::from(const ScoreModFn& score_fn, const MaskModFn& mask_fn) {
   return m;
 }
 
-Mods Mods::from_mask(const MaskModFn& mask_fn) { return from({}, mask_fn); }
+Mods Mods::from_mask(const MaskModFn& mask_fn) {
+  return from({}, mask_fn);
+}
 
 void Mods::check() const {
   if (score_mod.defined() && score_mod.type() != ScalarType::F32) {
@@ -80,9 +83,9 @@ void Mods::check() const {
                                    ir::describe(score_mod), to_string(score_mod.type())));
   }
   if (mask_mod.defined() && mask_mod.type() != ScalarType::Bool) {
-    throw CompileError(fmt::format(
-        "mask_mod must return bool, but {} is {} (compare it, e.g. `... != 0`)",
-        ir::describe(mask_mod), to_string(mask_mod.type())));
+    throw CompileError(
+        fmt::format("mask_mod must return bool, but {} is {} (compare it, e.g. `... != 0`)",
+                    ir::describe(mask_mod), to_string(mask_mod.type())));
   }
   if (mask_mod.defined() && uses_score(mask_mod)) {
     throw CompileError("mask_mod cannot use `score`: it receives only b, h, q_idx and kv_idx");
@@ -102,9 +105,12 @@ std::string Mods::to_text() const {
     out += fmt::format("param {}: {}", p.name(), to_string(p.type()));
     if (p.decl()->default_value) {
       double v = *p.decl()->default_value;
-      if (p.type() == ScalarType::F32) out += " = " + ir::float_literal(v);
-      else if (p.type() == ScalarType::I32) out += fmt::format(" = {}", static_cast<int64_t>(v));
-      else out += v != 0 ? " = true" : " = false";
+      if (p.type() == ScalarType::F32)
+        out += " = " + ir::float_literal(v);
+      else if (p.type() == ScalarType::I32)
+        out += fmt::format(" = {}", static_cast<int64_t>(v));
+      else
+        out += v != 0 ? " = true" : " = false";
     }
     out += '\n';
   }
@@ -146,8 +152,8 @@ bool equal(const Mods& a, const Mods& b) {
 
 Mods combine(const Mods& a, const Mods& b) {
   if (a.score_mod.defined() && b.score_mod.defined()) {
-    throw CompileError(fmt::format("cannot combine '{}' and '{}': both define a score_mod",
-                                   a.name, b.name));
+    throw CompileError(
+        fmt::format("cannot combine '{}' and '{}': both define a score_mod", a.name, b.name));
   }
   Mods m;
   m.name = a.name + "+" + b.name;

@@ -10,23 +10,32 @@ namespace flexjit::ir {
 
 std::string_view to_string(VarKind v) {
   switch (v) {
-    case VarKind::Score: return "score";
-    case VarKind::B: return "b";
-    case VarKind::H: return "h";
-    case VarKind::QIdx: return "q_idx";
-    case VarKind::KvIdx: return "kv_idx";
+    case VarKind::Score:
+      return "score";
+    case VarKind::B:
+      return "b";
+    case VarKind::H:
+      return "h";
+    case VarKind::QIdx:
+      return "q_idx";
+    case VarKind::KvIdx:
+      return "kv_idx";
   }
   FJ_ASSERT(false, "bad VarKind");
 }
 
-ScalarType var_type(VarKind v) { return v == VarKind::Score ? ScalarType::F32 : ScalarType::I32; }
+ScalarType var_type(VarKind v) {
+  return v == VarKind::Score ? ScalarType::F32 : ScalarType::I32;
+}
 
 std::string_view op_name(Op op) {
   switch (op) {
 #define FLEXJIT_X(name) \
-  case Op::name: return #name;
+  case Op::name:        \
+    return #name;
 #define FLEXJIT_XS(name, spelling) \
-  case Op::name: return #name;
+  case Op::name:                   \
+    return #name;
     FLEXJIT_IR_OTHER_NODES(FLEXJIT_X)
     FLEXJIT_IR_UNARY_OPS(FLEXJIT_XS)
     FLEXJIT_IR_BINARY_OPS(FLEXJIT_XS)
@@ -39,9 +48,11 @@ std::string_view op_name(Op op) {
 std::string_view op_spelling(Op op) {
   switch (op) {
 #define FLEXJIT_X(name) \
-  case Op::name: return "";
+  case Op::name:        \
+    return "";
 #define FLEXJIT_XS(name, spelling) \
-  case Op::name: return spelling;
+  case Op::name:                   \
+    return spelling;
     FLEXJIT_IR_OTHER_NODES(FLEXJIT_X)
     FLEXJIT_IR_UNARY_OPS(FLEXJIT_XS)
     FLEXJIT_IR_BINARY_OPS(FLEXJIT_XS)
@@ -57,7 +68,8 @@ bool is_unary(Op op) {
     FLEXJIT_IR_UNARY_OPS(FLEXJIT_XS)
 #undef FLEXJIT_XS
     return true;
-    default: return false;
+    default:
+      return false;
   }
 }
 
@@ -67,7 +79,8 @@ bool is_binary(Op op) {
     FLEXJIT_IR_BINARY_OPS(FLEXJIT_XS)
 #undef FLEXJIT_XS
     return true;
-    default: return false;
+    default:
+      return false;
   }
 }
 
@@ -85,10 +98,14 @@ int op_arity(Op op) {
   if (is_unary(op)) return 1;
   if (is_binary(op)) return 2;
   switch (op) {
-    case Op::Cast: return 1;
-    case Op::Select: return 3;
-    case Op::Load: return -1;
-    default: return 0;
+    case Op::Cast:
+      return 1;
+    case Op::Select:
+      return 3;
+    case Op::Load:
+      return -1;
+    default:
+      return 0;
   }
 }
 
@@ -100,7 +117,8 @@ Node::~Node() {
     if (e.ptr().use_count() == 1) {
       // We hold the last reference: take its children so that destroying it recurses no deeper.
       auto& child_args = const_cast<Node*>(e.get())->args;
-      for (auto& a : child_args) pending.push_back(std::move(a));
+      for (auto& a : child_args)
+        pending.push_back(std::move(a));
       child_args.clear();
     }
   }
@@ -110,11 +128,15 @@ bool equal(const BufferDecl& a, const BufferDecl& b) {
   return a.name == b.name && a.dtype == b.dtype && a.dims == b.dims;
 }
 
-bool equal(const ParamDecl& a, const ParamDecl& b) { return a.name == b.name && a.type == b.type; }
+bool equal(const ParamDecl& a, const ParamDecl& b) {
+  return a.name == b.name && a.type == b.type;
+}
 
 namespace {
 
-uint64_t mix(uint64_t seed, const void* data, size_t n) { return XXH64(data, n, seed); }
+uint64_t mix(uint64_t seed, const void* data, size_t n) {
+  return XXH64(data, n, seed);
+}
 template <typename T>
 uint64_t mix(uint64_t seed, const T& v) {
   return mix(seed, &v, sizeof(v));
@@ -130,7 +152,9 @@ uint64_t compute_hash(const Node& n) {
   h = mix(h, static_cast<uint8_t>(n.type));
   switch (n.op) {
     case Op::IntImm:
-    case Op::BoolImm: h = mix(h, n.ival); break;
+    case Op::BoolImm:
+      h = mix(h, n.ival);
+      break;
     case Op::FloatImm: {
       float f = static_cast<float>(n.fval);
       uint32_t bits;
@@ -138,7 +162,9 @@ uint64_t compute_hash(const Node& n) {
       h = mix(h, bits);
       break;
     }
-    case Op::Var: h = mix(h, static_cast<uint8_t>(n.var)); break;
+    case Op::Var:
+      h = mix(h, static_cast<uint8_t>(n.var));
+      break;
     case Op::Param:
       h = mix(h, n.param->name);
       h = mix(h, static_cast<uint8_t>(n.param->type));
@@ -146,12 +172,15 @@ uint64_t compute_hash(const Node& n) {
     case Op::Load:
       h = mix(h, n.buffer->name);
       h = mix(h, static_cast<uint8_t>(n.buffer->dtype));
-      for (const auto& d : n.buffer->dims) h = mix(h, d);
+      for (const auto& d : n.buffer->dims)
+        h = mix(h, d);
       break;
-    default: break;
+    default:
+      break;
   }
   h = mix(h, n.args.size());
-  for (const auto& a : n.args) h = mix(h, a->hash);
+  for (const auto& a : n.args)
+    h = mix(h, a->hash);
   return h;
 }
 
@@ -166,7 +195,8 @@ Node node(Op op, ScalarType t, std::vector<Expr> args = {}) {
   n.op = op;
   n.type = t;
   n.args = std::move(args);
-  for (const auto& a : n.args) FJ_ASSERT(a.defined(), "IR node with an undefined argument");
+  for (const auto& a : n.args)
+    FJ_ASSERT(a.defined(), "IR node with an undefined argument");
   return n;
 }
 
@@ -240,10 +270,16 @@ Expr make_unary(Op op, Expr a) {
   FJ_ASSERT(a.defined(), "unary op of undefined");
   ScalarType t = a.type();
   switch (op) {
-    case Op::Not: FJ_ASSERT(t == ScalarType::Bool, "Not of non-bool"); break;
+    case Op::Not:
+      FJ_ASSERT(t == ScalarType::Bool, "Not of non-bool");
+      break;
     case Op::Neg:
-    case Op::Abs: FJ_ASSERT(t != ScalarType::Bool, "Neg/Abs of bool"); break;
-    default: FJ_ASSERT(t == ScalarType::F32, "math function of non-f32"); break;
+    case Op::Abs:
+      FJ_ASSERT(t != ScalarType::Bool, "Neg/Abs of bool");
+      break;
+    default:
+      FJ_ASSERT(t == ScalarType::F32, "math function of non-f32");
+      break;
   }
   return finish(node(op, t, {std::move(a)}));
 }
@@ -270,14 +306,19 @@ Expr make_binary(Op op, Expr a, Expr b) {
 Expr with_args(const Expr& e, std::vector<Expr> args) {
   FJ_ASSERT(args.size() == e->args.size(), "with_args: arity changed");
   bool same = true;
-  for (size_t i = 0; i < args.size(); ++i) same = same && args[i].same_as(e->args[i]);
+  for (size_t i = 0; i < args.size(); ++i)
+    same = same && args[i].same_as(e->args[i]);
   if (same) return e;
   const Node& n = *e.get();
   switch (n.op) {
-    case Op::Load: return make_load(n.buffer, std::move(args));
-    case Op::Cast: return make_cast(n.type, std::move(args[0]));
-    case Op::Select: return make_select(std::move(args[0]), std::move(args[1]), std::move(args[2]));
-    default: break;
+    case Op::Load:
+      return make_load(n.buffer, std::move(args));
+    case Op::Cast:
+      return make_cast(n.type, std::move(args[0]));
+    case Op::Select:
+      return make_select(std::move(args[0]), std::move(args[1]), std::move(args[2]));
+    default:
+      break;
   }
   if (is_unary(n.op)) return make_unary(n.op, std::move(args[0]));
   if (is_binary(n.op)) return make_binary(n.op, std::move(args[0]), std::move(args[1]));
@@ -310,7 +351,8 @@ bool equal(const Expr& a, const Expr& b) {
     case Op::Load:
       if (!equal(*x.buffer, *y.buffer)) return false;
       break;
-    default: break;
+    default:
+      break;
   }
   for (size_t i = 0; i < x.args.size(); ++i) {
     if (!equal(x.args[i], y.args[i])) return false;
@@ -318,6 +360,8 @@ bool equal(const Expr& a, const Expr& b) {
   return true;
 }
 
-uint64_t hash(const Expr& e) { return e.defined() ? e->hash : 0; }
+uint64_t hash(const Expr& e) {
+  return e.defined() ? e->hash : 0;
+}
 
 }  // namespace flexjit::ir

@@ -97,9 +97,9 @@ std::string_view op_name(Op op);      // "Add"
 std::string_view op_spelling(Op op);  // "+", "exp", ... ("" for the other nodes)
 bool is_unary(Op op);
 bool is_binary(Op op);
-bool is_comparison(Op op);  // EQ NE LT LE GT GE
-bool is_commutative(Op op); // Add Mul Min Max EQ NE And Or
-int op_arity(Op op);        // fixed arity; -1 for Load
+bool is_comparison(Op op);   // EQ NE LT LE GT GE
+bool is_commutative(Op op);  // Add Mul Min Max EQ NE And Or
+int op_arity(Op op);         // fixed arity; -1 for Load
 
 struct BufferDecl {
   std::string name;
@@ -121,13 +121,13 @@ bool equal(const ParamDecl& a, const ParamDecl& b);  // name, type
 struct Node {
   Op op;
   ScalarType type;
-  int64_t ival = 0;    // IntImm / BoolImm value
-  double fval = 0.0;   // FloatImm value
+  int64_t ival = 0;   // IntImm / BoolImm value
+  double fval = 0.0;  // FloatImm value
   VarKind var = VarKind::Score;
   std::shared_ptr<const BufferDecl> buffer;  // Load
   std::shared_ptr<const ParamDecl> param;    // Param
   std::vector<Expr> args;
-  uint64_t hash = 0;   // structural hash, computed at construction
+  uint64_t hash = 0;  // structural hash, computed at construction
 
   Node() = default;
   Node(Node&&) = default;

@@ -14,7 +14,9 @@ std::string describe(const Expr& e) {
 
 namespace {
 
-[[noreturn]] void type_error(const std::string& msg) { throw CompileError(msg); }
+[[noreturn]] void type_error(const std::string& msg) {
+  throw CompileError(msg);
+}
 
 Expr to_f32(Expr e) {
   return e.type() == ScalarType::F32 ? e : make_cast(ScalarType::F32, std::move(e));
@@ -28,9 +30,10 @@ void require_defined(const Expr& e, std::string_view what) {
 void unify_numeric(Expr& a, Expr& b, std::string_view what) {
   for (const Expr* e : {&a, &b}) {
     if (e->type() == ScalarType::Bool) {
-      type_error(fmt::format("operand of '{}' must be a number, but {} is bool "
-                             "(use int(x) or float(x), or where(x, 1, 0))",
-                             what, describe(*e)));
+      type_error(
+          fmt::format("operand of '{}' must be a number, but {} is bool "
+                      "(use int(x) or float(x), or where(x, 1, 0))",
+                      what, describe(*e)));
     }
   }
   if (a.type() != b.type()) {
@@ -117,8 +120,8 @@ Expr build_load(const std::shared_ptr<const BufferDecl>& buf, std::vector<Expr> 
   for (size_t i = 0; i < indices.size(); ++i) {
     require_defined(indices[i], "a buffer index");
     if (indices[i].type() != ScalarType::I32) {
-      type_error(fmt::format("index {} of buffer '{}' must be i32, but {} is not (use int(x))",
-                             i, buf->name, describe(indices[i])));
+      type_error(fmt::format("index {} of buffer '{}' must be i32, but {} is not (use int(x))", i,
+                             buf->name, describe(indices[i])));
     }
   }
   return make_load(buf, std::move(indices));

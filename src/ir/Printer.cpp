@@ -8,22 +8,30 @@ namespace flexjit::ir {
 
 int precedence(Op op) {
   switch (op) {
-    case Op::Or: return 1;
-    case Op::And: return 2;
+    case Op::Or:
+      return 1;
+    case Op::And:
+      return 2;
     case Op::EQ:
-    case Op::NE: return 3;
+    case Op::NE:
+      return 3;
     case Op::LT:
     case Op::LE:
     case Op::GT:
-    case Op::GE: return 4;
+    case Op::GE:
+      return 4;
     case Op::Add:
-    case Op::Sub: return 5;
+    case Op::Sub:
+      return 5;
     case Op::Mul:
     case Op::Div:
-    case Op::Mod: return 6;
+    case Op::Mod:
+      return 6;
     case Op::Neg:
-    case Op::Not: return 7;
-    default: return 8;
+    case Op::Not:
+      return 7;
+    default:
+      return 8;
   }
 }
 
@@ -59,11 +67,21 @@ void print_operand(const Expr& e, bool parens, std::string& out) {
 void print(const Expr& e, std::string& out) {
   const Node& n = *e.get();
   switch (n.op) {
-    case Op::IntImm: out += fmt::format("{}", n.ival); return;
-    case Op::FloatImm: out += float_literal(n.fval); return;
-    case Op::BoolImm: out += n.ival ? "true" : "false"; return;
-    case Op::Var: out += to_string(n.var); return;
-    case Op::Param: out += n.param->name; return;
+    case Op::IntImm:
+      out += fmt::format("{}", n.ival);
+      return;
+    case Op::FloatImm:
+      out += float_literal(n.fval);
+      return;
+    case Op::BoolImm:
+      out += n.ival ? "true" : "false";
+      return;
+    case Op::Var:
+      out += to_string(n.var);
+      return;
+    case Op::Param:
+      out += n.param->name;
+      return;
     case Op::Load:
       out += n.buffer->name;
       for (const auto& i : n.args) {
@@ -86,7 +104,8 @@ void print(const Expr& e, std::string& out) {
       print(n.args[2], out);
       out += ')';
       return;
-    default: break;
+    default:
+      break;
   }
   int p = precedence(n.op);
   if (n.op == Op::Neg || n.op == Op::Not) {

@@ -37,7 +37,8 @@ Expr Mutator::mutate_args(const Expr& e) {
   if (e->args.empty()) return e;
   std::vector<Expr> args;
   args.reserve(e->args.size());
-  for (const auto& a : e->args) args.push_back(mutate(a));
+  for (const auto& a : e->args)
+    args.push_back(mutate(a));
   return with_args(e, std::move(args));
 }
 

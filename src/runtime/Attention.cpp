@@ -1,8 +1,8 @@
 // flex_attention on the GPU: validation, kernel choice (ForwardSpec), build through the
 // context's KernelBuilder, argument packing and launch. See docs/attention.md.
 #include <flexjit/attention.h>
-#include <flexjit/cpu.h>
 #include <flexjit/block_mask.h>
+#include <flexjit/cpu.h>
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
 

@@ -17,18 +17,25 @@ jit::CacheSettings settings_for(const ContextOptions& o) {
 }
 }  // namespace
 
-Context::Context(ContextOptions options)
-    : impl_(std::make_unique<Impl>(settings_for(options))) {
+Context::Context(ContextOptions options) : impl_(std::make_unique<Impl>(settings_for(options))) {
   impl_->device = &runtime::Device::get(options.device);
   impl_->modules = &runtime::ModuleCache::global();
 }
 
 Context::~Context() = default;
 
-std::string Context::device_name() const { return impl_->device->name(); }
-std::string Context::arch() const { return impl_->device->arch(); }
-int Context::sm_count() const { return impl_->device->sm_count(); }
-void Context::synchronize() const { impl_->device->synchronize(); }
+std::string Context::device_name() const {
+  return impl_->device->name();
+}
+std::string Context::arch() const {
+  return impl_->device->arch();
+}
+int Context::sm_count() const {
+  return impl_->device->sm_count();
+}
+void Context::synchronize() const {
+  impl_->device->synchronize();
+}
 
 DeviceTensor DeviceTensor::empty(Context& ctx, DType dtype, std::vector<int64_t> shape) {
   DeviceTensor t;

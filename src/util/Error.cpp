@@ -19,12 +19,14 @@ std::string format_diagnostic(const std::string& message, const SourceLoc& loc,
 
 CompileError::CompileError(const std::string& message, SourceLoc loc,
                            const std::string& source_line)
-    : Error(format_diagnostic(message, loc, source_line)), message_(message), loc_(std::move(loc)) {}
+    : Error(format_diagnostic(message, loc, source_line)),
+      message_(message),
+      loc_(std::move(loc)) {}
 
 void throw_internal_error(const char* file, int line, const char* cond, const std::string& msg) {
   throw InternalError(
-      fmt::format("flexjit internal error at {}:{}: {} ({}). This is a bug in flexjit.", file,
-                  line, msg, cond));
+      fmt::format("flexjit internal error at {}:{}: {} ({}). This is a bug in flexjit.", file, line,
+                  msg, cond));
 }
 
 }  // namespace flexjit

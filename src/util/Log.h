@@ -21,7 +21,8 @@ void write(std::string_view stage, std::string_view message);
 }  // namespace flexjit::logging
 
 // FJ_LOG("jit", "compiled {} in {:.0f} ms", label, ms): formats only when the stage is enabled.
-#define FJ_LOG(stage, ...)                                                                      \
-  do {                                                                                          \
-    if (::flexjit::logging::enabled(stage)) ::flexjit::logging::write(stage, fmt::format(__VA_ARGS__)); \
+#define FJ_LOG(stage, ...)                                        \
+  do {                                                            \
+    if (::flexjit::logging::enabled(stage))                       \
+      ::flexjit::logging::write(stage, fmt::format(__VA_ARGS__)); \
   } while (0)

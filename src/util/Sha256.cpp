@@ -14,7 +14,9 @@ Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
             "EVP_DigestInit_ex failed");
 }
 
-Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+Sha256::~Sha256() {
+  EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_));
+}
 
 Sha256& Sha256::update(std::string_view bytes) {
   EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), bytes.data(), bytes.size());
@@ -40,6 +42,8 @@ std::string Sha256::hex() {
   return out;
 }
 
-std::string sha256_hex(std::string_view bytes) { return Sha256().update(bytes).hex(); }
+std::string sha256_hex(std::string_view bytes) {
+  return Sha256().update(bytes).hex();
+}
 
 }  // namespace flexjit

@@ -5,20 +5,28 @@ namespace flexjit {
 
 std::string_view to_string(ScalarType t) {
   switch (t) {
-    case ScalarType::Bool: return "bool";
-    case ScalarType::I32: return "i32";
-    case ScalarType::F32: return "f32";
+    case ScalarType::Bool:
+      return "bool";
+    case ScalarType::I32:
+      return "i32";
+    case ScalarType::F32:
+      return "f32";
   }
   FJ_ASSERT(false, "bad ScalarType");
 }
 
 std::string_view to_string(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
-    case DType::I32: return "i32";
-    case DType::Bool: return "bool";
+    case DType::F32:
+      return "f32";
+    case DType::F16:
+      return "f16";
+    case DType::BF16:
+      return "bf16";
+    case DType::I32:
+      return "i32";
+    case DType::Bool:
+      return "bool";
   }
   FJ_ASSERT(false, "bad DType");
 }
@@ -43,9 +51,12 @@ ScalarType load_type(DType t) {
   switch (t) {
     case DType::F32:
     case DType::F16:
-    case DType::BF16: return ScalarType::F32;
-    case DType::I32: return ScalarType::I32;
-    case DType::Bool: return ScalarType::Bool;
+    case DType::BF16:
+      return ScalarType::F32;
+    case DType::I32:
+      return ScalarType::I32;
+    case DType::Bool:
+      return ScalarType::Bool;
   }
   FJ_ASSERT(false, "bad DType");
 }
@@ -53,10 +64,13 @@ ScalarType load_type(DType t) {
 int dtype_size(DType t) {
   switch (t) {
     case DType::F32:
-    case DType::I32: return 4;
+    case DType::I32:
+      return 4;
     case DType::F16:
-    case DType::BF16: return 2;
-    case DType::Bool: return 1;
+    case DType::BF16:
+      return 2;
+    case DType::Bool:
+      return 1;
   }
   FJ_ASSERT(false, "bad DType");
 }

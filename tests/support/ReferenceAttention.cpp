@@ -31,7 +31,8 @@ ReferenceResult reference_attention(const Mods& mods, const AttentionShape& s,
           const float* krow =
               &k[((static_cast<size_t>(b) * s.heads_kv + hk) * s.seqlen_kv + j) * s.head_dim_qk];
           double dot = 0;
-          for (int d = 0; d < s.head_dim_qk; ++d) dot += static_cast<double>(qrow[d]) * krow[d];
+          for (int d = 0; d < s.head_dim_qk; ++d)
+            dot += static_cast<double>(qrow[d]) * krow[d];
           env.b = b;
           env.h = h;
           env.q_idx = i;
@@ -56,7 +57,8 @@ ReferenceResult reference_attention(const Mods& mods, const AttentionShape& s,
           const float* vrow =
               &v[((static_cast<size_t>(b) * s.heads_kv + hk) * s.seqlen_kv + j) * s.head_dim_v];
           double p = scores[j] / sum;
-          for (int d = 0; d < s.head_dim_v; ++d) orow[d] += p * vrow[d];
+          for (int d = 0; d < s.head_dim_v; ++d)
+            orow[d] += p * vrow[d];
         }
         r.lse[(static_cast<size_t>(b) * s.heads_q + h) * s.seqlen_q + i] = mx + std::log(sum);
       }

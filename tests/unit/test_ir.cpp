@@ -27,8 +27,7 @@ TEST_CASE("i32 operands promote to f32 through an explicit cast", "[ir]") {
 }
 
 TEST_CASE("type errors name the offending sub-expression", "[ir][errors]") {
-  CHECK_THROWS_WITH(q_idx() + (q_idx() >= kv_idx()),
-                    Catch::Contains("`q_idx >= kv_idx` (bool)"));
+  CHECK_THROWS_WITH(q_idx() + (q_idx() >= kv_idx()), Catch::Contains("`q_idx >= kv_idx` (bool)"));
   Buffer bias("bias", DType::F32, {"H", "S"});
   CHECK_THROWS_WITH(Expr(bias[h_idx()][score()]), Catch::Contains("must be i32"));
   CHECK_THROWS_WITH(Expr(bias[h_idx()]), Catch::Contains("has 2 dims but is indexed with 1"));

@@ -38,10 +38,14 @@ uint64_t parse_size(const std::string& s) {
   }
   std::string unit = s.substr(pos);
   double mult = 1;
-  if (unit == "K" || unit == "k" || unit == "KiB") mult = 1024.0;
-  else if (unit == "M" || unit == "MiB") mult = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (!unit.empty()) throw Error(fmt::format("unknown size unit '{}' in '{}'", unit, s));
+  if (unit == "K" || unit == "k" || unit == "KiB")
+    mult = 1024.0;
+  else if (unit == "M" || unit == "MiB")
+    mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (!unit.empty())
+    throw Error(fmt::format("unknown size unit '{}' in '{}'", unit, s));
   if (v < 0) throw Error(fmt::format("size must not be negative: '{}'", s));
   return static_cast<uint64_t>(v * mult);
 }

@@ -22,9 +22,12 @@ namespace {
 
 const char* outcome_name(jit::CacheOutcome o) {
   switch (o) {
-    case jit::CacheOutcome::Compiled: return "compiled";
-    case jit::CacheOutcome::MemoryHit: return "memory-hit";
-    case jit::CacheOutcome::DiskHit: return "disk-hit";
+    case jit::CacheOutcome::Compiled:
+      return "compiled";
+    case jit::CacheOutcome::MemoryHit:
+      return "memory-hit";
+    case jit::CacheOutcome::DiskHit:
+      return "disk-hit";
   }
   return "?";
 }
@@ -115,10 +118,10 @@ void register_one(CLI::App& app, bool inspect) {
                  outcome_name(k.compiled.outcome), k.compiled.elapsed_ms, ck.compile_ms);
       fmt::print("cubin     {} bytes, key {}\n", ck.cubin.size(), ck.key.substr(0, 16));
       fmt::print("resources {}\n", ck.usage.str());
-      fmt::print("dyn smem  {} bytes\n",
-                 fj_forward_smem_bytes(spec.config.block_m, spec.config.block_n, spec.head_dim_qk,
-                                       spec.head_dim_v, dtype_size(spec.dtype),
-                                       spec.config.num_stages));
+      fmt::print(
+          "dyn smem  {} bytes\n",
+          fj_forward_smem_bytes(spec.config.block_m, spec.config.block_n, spec.head_dim_qk,
+                                spec.head_dim_v, dtype_size(spec.dtype), spec.config.num_stages));
     }
     if (inspect && st.sass && !disassemble(ck.cubin, "cuobjdump", "--dump-sass") &&
         !disassemble(ck.cubin, "nvdisasm", "")) {

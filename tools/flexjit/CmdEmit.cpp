@@ -36,7 +36,8 @@ void register_emit(CLI::App& app) {
     f << src.source;
     if (!f.flush()) throw Error(fmt::format("cannot write '{}'", out));
     fmt::print(stderr, "wrote {} ({} lines, source key {})\n", out,
-               std::count(src.source.begin(), src.source.end(), '\n'), src.source_key.substr(0, 16));
+               std::count(src.source.begin(), src.source.end(), '\n'),
+               src.source_key.substr(0, 16));
   });
 }
 

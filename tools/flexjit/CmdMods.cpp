@@ -12,11 +12,12 @@
 namespace flexjit::cli {
 
 void register_mods(CLI::App& app) {
-  auto* cmd = app.add_subcommand("mods", "List, show and check mods\n\nExamples:\n"
-                                         "  flexjit mods list --json\n"
-                                         "  flexjit mods show alibi\n"
-                                         "  flexjit mods check my.fx\n"
-                                         "  flexjit mods check 'mask_mod = q_idx >= kv_idx'");
+  auto* cmd = app.add_subcommand("mods",
+                                 "List, show and check mods\n\nExamples:\n"
+                                 "  flexjit mods list --json\n"
+                                 "  flexjit mods show alibi\n"
+                                 "  flexjit mods check my.fx\n"
+                                 "  flexjit mods check 'mask_mod = q_idx >= kv_idx'");
   cmd->require_subcommand(1);
 
   auto* list = cmd->add_subcommand("list", "The standard mods shipped with flexjit");

@@ -14,7 +14,9 @@ void add_kernel_options(CLI::App& app, KernelOptions& o) {
                  "Mods: a standard name (see `flexjit mods list`), a .fx file, or inline text");
   app.add_option("--score-mod", o.score_mod, "A score_mod: standard name, .fx file or text");
   app.add_option("--mask-mod", o.mask_mod, "A mask_mod: standard name, .fx file or text");
-  app.add_option("--dtype", o.dtype, "Element type of q, k, v: bf16 | f16 | f32 (tf32 tensor cores)")->capture_default_str();
+  app.add_option("--dtype", o.dtype,
+                 "Element type of q, k, v: bf16 | f16 | f32 (tf32 tensor cores)")
+      ->capture_default_str();
   app.add_option("--head-dim,-d", o.head_dim, "Head dim of q and k: 64 | 128 | 256")
       ->capture_default_str();
   app.add_option("--head-dim-v", o.head_dim_v, "Head dim of v (default: --head-dim)");
@@ -27,7 +29,8 @@ void add_kernel_options(CLI::App& app, KernelOptions& o) {
   app.add_option("--stages", o.stages, "K/V pipeline stages (default: tuned table)");
   app.add_flag("--divisible", o.divisible,
                "Assume Sq and Skv are multiples of the block sizes (skips bounds checks)");
-  app.add_flag("--no-full-blocks", o.no_full_blocks, "Kernel for block masks without full_* blocks");
+  app.add_flag("--no-full-blocks", o.no_full_blocks,
+               "Kernel for block masks without full_* blocks");
 }
 
 namespace {
@@ -35,8 +38,8 @@ Mods resolve_role(const std::string& spec, bool want_score) {
   Mods m = resolve_mods(spec);
   const char* role = want_score ? "score_mod" : "mask_mod";
   if (want_score ? !m.score_mod.defined() : !m.mask_mod.defined()) {
-    throw Error(fmt::format("--{} '{}' defines no {}", want_score ? "score-mod" : "mask-mod",
-                            spec, role));
+    throw Error(
+        fmt::format("--{} '{}' defines no {}", want_score ? "score-mod" : "mask-mod", spec, role));
   }
   return m;
 }
@@ -49,14 +52,16 @@ Mods resolve(const KernelOptions& o) {
   if (!o.mask_mod.empty()) parts.push_back(resolve_role(o.mask_mod, false));
   if (parts.empty()) return standard_mods("noop");
   Mods m = parts[0];
-  for (size_t i = 1; i < parts.size(); ++i) m = combine(m, parts[i]);
+  for (size_t i = 1; i < parts.size(); ++i)
+    m = combine(m, parts[i]);
   return m;
 }
 
 cuda::ForwardSpec make_spec(const KernelOptions& o) {
   cuda::ForwardSpec s;
   auto dt = parse_dtype(o.dtype);
-  if (!dt) throw UnsupportedError(fmt::format("unknown --dtype '{}': use bf16, f16 or f32", o.dtype));
+  if (!dt)
+    throw UnsupportedError(fmt::format("unknown --dtype '{}': use bf16, f16 or f32", o.dtype));
   s.dtype = *dt;
   s.head_dim_qk = o.head_dim;
   s.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim;
@@ -66,9 +71,10 @@ cuda::ForwardSpec make_spec(const KernelOptions& o) {
   } else {
     std::string why;
     if (!runtime::cuda_available(&why)) {
-      throw Error(fmt::format("no GPU to take the target from ({}); pass --arch sm_XY[a], "
-                              "e.g. --arch sm_90a",
-                              why));
+      throw Error(
+          fmt::format("no GPU to take the target from ({}); pass --arch sm_XY[a], "
+                      "e.g. --arch sm_90a",
+                      why));
     }
     s.arch = cuda::Arch::parse(runtime::Device::get(0).arch());
   }

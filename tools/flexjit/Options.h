@@ -20,7 +20,7 @@ struct KernelOptions {
   int head_dim = 128;
   int head_dim_v = 0;  // 0: same as head_dim
   int gqa = 1;
-  std::string arch;  // empty: from the GPU, else an error
+  std::string arch;                                     // empty: from the GPU, else an error
   int block_m = 0, block_n = 0, warps = 0, stages = 0;  // 0: the default for the shape
   bool divisible = false;
   bool no_full_blocks = false;
