@@ -5,6 +5,7 @@
 #include "Pipeline.h"
 #include "codegen/cuda/ReferenceSource.h"
 #include "runtime/ContextImpl.h"
+#include "runtime/FwdArgs.h"
 #include "runtime/ModArgs.h"
 
 #include <flexjit_abi.h>
@@ -55,21 +56,7 @@ void reference_attention_into(Context& ctx, const TensorRef& q, const TensorRef&
                            static_cast<size_t>(std::max<int64_t>(s.seqlen_kv, 1));
   DeviceBuffer workspace(device, ws_floats * sizeof(float));
 
-  FjFwdArgs a{};
-  a.q = q.data, a.k = k.data, a.v = v.data, a.out = out.data;
-  a.lse = lse ? static_cast<float*>(lse->data) : nullptr;
-  a.q_stride_b = q.strides[0], a.q_stride_h = q.strides[1], a.q_stride_s = q.strides[2];
-  a.k_stride_b = k.strides[0], a.k_stride_h = k.strides[1], a.k_stride_s = k.strides[2];
-  a.v_stride_b = v.strides[0], a.v_stride_h = v.strides[1], a.v_stride_s = v.strides[2];
-  a.o_stride_b = out.strides[0], a.o_stride_h = out.strides[1], a.o_stride_s = out.strides[2];
-  if (lse) a.lse_stride_b = lse->strides[0], a.lse_stride_h = lse->strides[1];
-  a.batch = static_cast<int>(s.batch);
-  a.heads_q = static_cast<int>(s.heads_q);
-  a.heads_kv = static_cast<int>(s.heads_kv);
-  a.seqlen_q = static_cast<int>(s.seqlen_q);
-  a.seqlen_kv = static_cast<int>(s.seqlen_kv);
-  a.scale =
-      scale ? *scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim_qk)));
+  FjFwdArgs a = make_fwd_args(q, k, v, out, lse, s, scale);
   float* ws = static_cast<float*>(workspace.data());
   void* args[] = {&a, const_cast<uint64_t*>(params.data()), &ws};
   launch(kernel,
