@@ -69,13 +69,12 @@ FJ_HOST_DEVICE inline constexpr int fj_forward_smem_bytes(int block_m, int block
                        num_stages * block_n * (head_dim_qk + head_dim_v));
 }
 
-// Arguments of the block-mask builder (templates/block_mask.cuh), two kernels:
-//   flexjit_block_mask(const FjBlockMaskBuildArgs, const FjModParams)
-//     grid (num_q_blocks, heads, batch), block (FjBlockMaskConfig::kNumWarps * 32), dynamic
-//     shared memory num_kv_blocks bytes; writes kv_num_blocks / kv_indices / full_kv_*.
-//   flexjit_block_mask_transpose(const FjBlockMaskBuildArgs)
-//     grid (ceil(num_kv_blocks / 128), heads, batch), block 128; after the first, on the same
-//     stream; writes q_num_blocks / q_indices / full_q_*.
+// Arguments of the block-mask builder (templates/block_mask.cuh, whose header documents the
+// launches), two kernels on one stream:
+//   flexjit_block_mask_classify(args, params, tiles, num_tiles, hints, kinds): one warp per
+//     (b, h, tile still undecided by the host's interval analysis) classifies it.
+//   flexjit_block_mask_index(args, hints, kinds): one warp per kv_* row and per q_* column
+//     writes kv_num_blocks / kv_indices / full_kv_* and the transposed q_* arrays.
 // Arrays are dense int32 in the layout of FjBlockMaskArgs ([batch, heads, num_q_blocks] and
 // [batch, heads, num_q_blocks, num_kv_blocks]; transposed: [.., num_kv_blocks(, num_q_blocks)]).
 struct FjBlockMaskBuildArgs {
