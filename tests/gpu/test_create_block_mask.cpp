@@ -9,6 +9,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "support/BlockMaskCompare.h"
+
 #include <array>
 
 using namespace flexjit;
@@ -20,34 +22,6 @@ bool have_gpu() {
   if (runtime::cuda_available(&reason)) return true;
   WARN("skipped: no GPU (" << reason << ")");
   return false;
-}
-
-BlockMask download(const DeviceBlockMask& dm) {
-  BlockMask m = dm.meta();
-  m.kv_num_blocks = dm.kv_num_blocks.to_host<int32_t>();
-  m.kv_indices = dm.kv_indices.to_host<int32_t>();
-  m.full_kv_num_blocks = dm.full_kv_num_blocks.to_host<int32_t>();
-  m.full_kv_indices = dm.full_kv_indices.to_host<int32_t>();
-  m.q_num_blocks = dm.q_num_blocks.to_host<int32_t>();
-  m.q_indices = dm.q_indices.to_host<int32_t>();
-  m.full_q_num_blocks = dm.full_q_num_blocks.to_host<int32_t>();
-  m.full_q_indices = dm.full_q_indices.to_host<int32_t>();
-  return m;
-}
-
-void require_same(const BlockMask& a, const BlockMask& b) {
-  REQUIRE(a.batch == b.batch);
-  REQUIRE(a.heads == b.heads);
-  REQUIRE(a.num_q_blocks == b.num_q_blocks);
-  REQUIRE(a.num_kv_blocks == b.num_kv_blocks);
-  CHECK(a.kv_num_blocks == b.kv_num_blocks);
-  CHECK(a.kv_indices == b.kv_indices);
-  CHECK(a.full_kv_num_blocks == b.full_kv_num_blocks);
-  CHECK(a.full_kv_indices == b.full_kv_indices);
-  CHECK(a.q_num_blocks == b.q_num_blocks);
-  CHECK(a.q_indices == b.q_indices);
-  CHECK(a.full_q_num_blocks == b.full_q_num_blocks);
-  CHECK(a.full_q_indices == b.full_q_indices);
 }
 
 }  // namespace
@@ -84,9 +58,9 @@ TEST_CASE("create_block_mask equals the CPU builder for every standard mask", "[
                   << " analysis=" << analysis);
         const DeviceBlockMask got =
             runtime::create_block_mask_with(ctx, m, 1, 1, sq, skv, block, bindings, {analysis});
-        const BlockMask host = download(got);
+        const BlockMask host = got.to_host();
         host.validate();
-        require_same(host, want);
+        test::require_same(host, want);
       }
     }
   }
@@ -107,7 +81,7 @@ TEST_CASE("create_block_mask follows b and h and broadcasts 1", "[gpu][mask][sma
     CHECK(got.meta().batch == B);
     CHECK(got.meta().heads == H);
     CHECK(got.kv_indices.ref().shape == std::vector<int64_t>{B, H, 11, 9});
-    require_same(download(got), want);
+    test::require_same(got.to_host(), want);
   }
 }
 

@@ -36,6 +36,7 @@
 #include <map>
 
 using namespace flexjit;
+using flexjit::test::run_cli;
 using namespace flexjit::test;
 
 namespace {
@@ -602,19 +603,6 @@ TEST_CASE("forward: K/V beyond 2^31 elements", "[gpu][big]") {
 }
 
 namespace {
-
-// Runs the CLI with `args`, returning the exit status and stdout + stderr.
-int run_cli(const std::string& args, std::string* output) {
-  const std::string cmd = flexjit::test::cli_path() + " " + args + " 2>&1";
-  output->clear();
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p))
-    output->append(buf, n);
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() /

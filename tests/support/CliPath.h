@@ -3,6 +3,9 @@
 // path CMake configured.
 #pragma once
 
+#include <sys/wait.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -18,6 +21,20 @@ inline std::string cli_path() {
     if (std::filesystem::exists(beside, ec)) return beside.string();
   }
   return FLEXJIT_CLI_PATH;
+}
+
+// Runs the CLI with `args`; returns its exit status (-1 if it did not exit normally) and puts
+// stdout and stderr together into *output.
+inline int run_cli(const std::string& args, std::string* output) {
+  const std::string cmd = cli_path() + " " + args + " 2>&1";
+  output->clear();
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p))
+    output->append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace flexjit::test

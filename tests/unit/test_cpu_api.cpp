@@ -17,22 +17,7 @@
 #include <vector>
 
 using namespace flexjit;
-
-namespace {
-
-int run_cli(const std::string& args, std::string* output) {
-  const std::string cmd = flexjit::test::cli_path() + " " + args + " 2>&1";
-  output->clear();
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p))
-    output->append(buf, n);
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-}  // namespace
+using flexjit::test::run_cli;
 
 TEST_CASE("flex_attention_cpu: fp32 agrees with the fp64 mode; bad tensors throw", "[cpu][api]") {
   const int64_t B = 2, Hq = 4, Hkv = 2, S = 77, D = 32;

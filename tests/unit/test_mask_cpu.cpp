@@ -12,6 +12,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "support/BlockMaskCompare.h"
 #include "support/CliPath.h"
 
 #include <array>
@@ -36,19 +37,6 @@ BlockMask brute_force(const Mods& m, int B, int H, int Sq, int Skv, int block,
         return eval.run(env).as_bool();
       },
       B, H, Sq, Skv, block, block);
-}
-
-void require_same(const BlockMask& a, const BlockMask& b) {
-  REQUIRE(a.num_q_blocks == b.num_q_blocks);
-  REQUIRE(a.num_kv_blocks == b.num_kv_blocks);
-  CHECK(a.kv_num_blocks == b.kv_num_blocks);
-  CHECK(a.kv_indices == b.kv_indices);
-  CHECK(a.full_kv_num_blocks == b.full_kv_num_blocks);
-  CHECK(a.full_kv_indices == b.full_kv_indices);
-  CHECK(a.q_num_blocks == b.q_num_blocks);
-  CHECK(a.q_indices == b.q_indices);
-  CHECK(a.full_q_num_blocks == b.full_q_num_blocks);
-  CHECK(a.full_q_indices == b.full_q_indices);
 }
 
 std::vector<int32_t> uneven_doc_ids(int S) {
@@ -106,7 +94,7 @@ TEST_CASE("CPU block mask builder equals brute force for the standard masks", "[
       INFO(c.mods << " Sq=" << sq << " Skv=" << skv << " block=" << block);
       const BlockMask got = cpu::build_block_mask_cpu(m, 1, 1, sq, skv, block, env);
       got.validate();
-      require_same(got, brute_force(m, 1, 1, sq, skv, block, env));
+      test::require_same(got, brute_force(m, 1, 1, sq, skv, block, env));
     }
   }
 }
@@ -116,7 +104,7 @@ TEST_CASE("CPU block mask builder follows b and h", "[mask][cpu]") {
   const BlockMask got = cpu::build_block_mask_cpu(m, 2, 3, 700, 650, 128, {});
   CHECK(got.batch == 2);
   CHECK(got.heads == 3);
-  require_same(got, brute_force(m, 2, 3, 700, 650, 128, {}));
+  test::require_same(got, brute_force(m, 2, 3, 700, 650, 128, {}));
   // Head 2 of batch 0 is shifted by 200 positions: tile (1, 0) is no longer full.
   CHECK(got.tile(0, 0, 1, 0) == TileKind::Full);
   CHECK(got.tile(0, 2, 1, 0) != TileKind::Full);

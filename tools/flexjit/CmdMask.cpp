@@ -7,6 +7,7 @@
 #include "flexjit/Commands.h"
 #include "runtime/CreateBlockMask.h"
 #include "runtime/Device.h"
+#include "runtime/Timer.h"
 #include "util/Npy.h"
 
 #include <fmt/format.h>
@@ -51,26 +52,6 @@ double parse_number(const std::string& name, const std::string& text) {
   return v;
 }
 
-// The arrays of a device mask on the host (DeviceBlockMask::to_host does the same; this keeps
-// the CLI independent of it).
-BlockMask download(const DeviceBlockMask& dm) {
-  BlockMask m = dm.meta();
-  m.kv_num_blocks = dm.kv_num_blocks.to_host<int32_t>();
-  m.kv_indices = dm.kv_indices.to_host<int32_t>();
-  m.full_kv_num_blocks = dm.full_kv_num_blocks.to_host<int32_t>();
-  m.full_kv_indices = dm.full_kv_indices.to_host<int32_t>();
-  m.q_num_blocks = dm.q_num_blocks.to_host<int32_t>();
-  m.q_indices = dm.q_indices.to_host<int32_t>();
-  m.full_q_num_blocks = dm.full_q_num_blocks.to_host<int32_t>();
-  m.full_q_indices = dm.full_q_indices.to_host<int32_t>();
-  return m;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 void show(const ShowOptions& o) {
   const Mods mods = resolve_mods(o.mask_mod);
   if (!mods.mask_mod.defined()) {
@@ -109,7 +90,7 @@ void show(const ShowOptions& o) {
     }
     DeviceBlockMask dm =
         create_block_mask(ctx, mods, o.batch, o.heads, o.seqlen, skv, o.block_size, bindings);
-    mask = download(dm);
+    mask = dm.to_host();
     mask.mods = mods;
     built_on = "GPU " + ctx.device_name();
   } else {
@@ -217,7 +198,8 @@ void bench(const BenchOptions& o) {
         }
         const char* impl =
             analysis ? "flexjit-create_block_mask" : "flexjit-create_block_mask-noanalysis";
-        std::cout << fmt::format("{},{},{},{:.3f}\n", impl, c.name, S, median(times)) << std::flush;
+        std::cout << fmt::format("{},{},{},{:.3f}\n", impl, c.name, S, runtime::median(times))
+                  << std::flush;
         std::cerr << fmt::format("# {} {} S={}: first call {:.1f} ms (compile or cache hit)\n",
                                  impl, c.name, S, first_ms);
       }
