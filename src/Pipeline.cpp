@@ -1,34 +1,16 @@
 #include "Pipeline.h"
 
+#include "kernels/Registry.h"
 #include "passes/CSE.h"
 #include "passes/Simplify.h"
 #include "passes/TypeCheck.h"
 #include "util/Log.h"
-
-#include <xxhash.h>
 
 #include <chrono>
 
 namespace flexjit {
 
 namespace {
-
-uint64_t spec_hash(const cuda::ForwardSpec& s) {
-  const int64_t fields[] = {static_cast<int64_t>(s.dtype),
-                            s.head_dim_qk,
-                            s.head_dim_v,
-                            s.gqa_ratio,
-                            s.is_divisible,
-                            s.has_full_blocks,
-                            s.arch.major,
-                            s.arch.minor,
-                            s.arch.accelerated,
-                            s.config.block_m,
-                            s.config.block_n,
-                            s.config.num_warps,
-                            s.config.num_stages};
-  return XXH64(fields, sizeof fields, 0);
-}
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -46,43 +28,77 @@ Mods lower_mods(const Mods& mods) {
   return m;
 }
 
-cuda::GeneratedSource emit_forward(const Mods& mods, const cuda::ForwardSpec& spec) {
-  spec.validate();
-  Mods lowered = lower_mods(mods);
-  cuda::GeneratedSource src = cuda::generate_forward(lowered, spec);
-  FJ_LOG("pipeline", "codegen: {} bytes of CUDA, source key {}", src.source.size(),
+const kernels::Variant& variant_of(const kernels::KernelDesc& desc) {
+  const kernels::Registry& reg = kernels::Registry::global();
+  if (const kernels::Variant* v = reg.find(desc.family, desc.variant)) return *v;
+  std::string names;
+  for (const kernels::Variant* v : reg.variants(desc.family))
+    names += (names.empty() ? "" : ", ") + std::string(v->name());
+  throw UnsupportedError(fmt::format("no {} kernel variant '{}'; the {} variants are: {}",
+                                     kernels::to_string(desc.family), desc.variant,
+                                     kernels::to_string(desc.family), names));
+}
+
+cuda::GeneratedSource emit_source(const Mods& mods, const kernels::KernelDesc& desc) {
+  const kernels::Variant& variant = variant_of(desc);
+  variant.validate(desc);
+  Mods lowered = lower_mods(variant.kernel_mods(mods));
+  cuda::GeneratedSource src = variant.generate(lowered, desc);
+  FJ_LOG("pipeline", "codegen: {}: {} bytes of CUDA, source key {}", desc.str(), src.source.size(),
          src.source_key.substr(0, 16));
   return src;
 }
 
-KernelBuilder::KernelBuilder(jit::CacheSettings settings) : compiler_(std::move(settings)) {}
+KernelBuilder::KernelBuilder(jit::CacheSettings settings, size_t max_memo_entries)
+    : compiler_(std::move(settings)), max_memo_(max_memo_entries) {}
 
-BuiltKernel KernelBuilder::build_forward(const Mods& mods, const cuda::ForwardSpec& spec) {
+BuiltKernel KernelBuilder::build(const Mods& mods, const kernels::KernelDesc& desc) {
   auto t0 = std::chrono::steady_clock::now();
-  uint64_t key = mods.hash() * 0x9e3779b97f4a7c15ull ^ spec_hash(spec);
+  const uint64_t key = mods.hash() * 0x9e3779b97f4a7c15ull ^ desc.hash();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = memo_.find(key);
-    if (it != memo_.end()) {
-      for (const Entry& e : it->second) {
-        if (e.spec == spec && equal(e.mods, mods)) {
-          BuiltKernel k = e.kernel;
-          k.compiled.outcome = jit::CacheOutcome::MemoryHit;
-          k.compiled.elapsed_ms = ms_since(t0);
-          return k;
-        }
+    auto [lo, hi] = memo_.equal_range(key);
+    for (auto it = lo; it != hi; ++it) {
+      const Entry& e = *it->second;
+      // operator== covers every field of the description, the hash only its text.
+      if (e.kernel.desc == desc && equal(e.mods, mods)) {
+        lru_.splice(lru_.begin(), lru_, it->second);
+        BuiltKernel k = e.kernel;
+        k.compiled.outcome = jit::CacheOutcome::MemoryHit;
+        k.compiled.elapsed_ms = ms_since(t0);
+        return k;
       }
     }
   }
   BuiltKernel k;
-  k.source = std::make_shared<const cuda::GeneratedSource>(emit_forward(mods, spec));
-  std::string label =
-      "forward " + (mods.name.empty() ? std::string("<mods>") : mods.name) + " " + spec.str();
-  k.compiled = compile(*k.source, spec.arch.str(), label);
+  k.desc = desc;
+  k.source = std::make_shared<const cuda::GeneratedSource>(emit_source(mods, desc));
+  const std::string label = fmt::format("{} {} {}", desc.family_variant(),
+                                        mods.name.empty() ? std::string("<mods>") : mods.name,
+                                        desc.str().substr(desc.family_variant().size() + 1));
+  k.compiled = compile(*k.source, desc.arch.str(), label);
   k.compiled.elapsed_ms = ms_since(t0);
   std::lock_guard<std::mutex> lock(mu_);
-  memo_[key].push_back(Entry{mods, spec, k});
+  if (max_memo_ == 0) return k;
+  lru_.push_front(Entry{key, mods, k});
+  memo_.emplace(key, lru_.begin());
+  while (lru_.size() > max_memo_) {
+    auto last = std::prev(lru_.end());
+    auto [lo, hi] = memo_.equal_range(last->key);
+    for (auto it = lo; it != hi; ++it) {
+      if (it->second == last) {
+        memo_.erase(it);
+        break;
+      }
+    }
+    lru_.pop_back();
+  }
   return k;
+}
+
+size_t KernelBuilder::memo_size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lru_.size();
 }
 
 jit::CompileResult KernelBuilder::compile(const cuda::GeneratedSource& source,

@@ -16,6 +16,7 @@
 #include <flexjit/mods.h>
 #include <flexjit/tensor.h>
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <utility>
@@ -32,9 +33,20 @@ struct ModBindings {
   std::vector<std::pair<std::string, double>> params;
 };
 
-// A block configuration; zeros take the default for the arch, dtype and head dims.
+// A block configuration; zeros take the default for the arch, dtype and head dims (and, with a
+// block mask, tiles that divide its sparse blocks).
 struct BlockConfig {
   int block_m = 0, block_n = 0, num_warps = 0, num_stages = 0;
+};
+
+// Device scratch memory for calls whose kernels need it (several kernels in one call, or a
+// reference kernel). With `data` null, flexjit allocates what a call needs in stream order on
+// the call's stream (cuMemAllocAsync / cuMemFreeAsync), so nothing waits. A caller that gives
+// one must give at least flex_attention_workspace_bytes(); it must stay valid until the call's
+// kernels finish on the stream.
+struct Workspace {
+  void* data = nullptr;
+  size_t bytes = 0;
 };
 
 struct AttentionOptions {
@@ -48,6 +60,11 @@ struct AttentionOptions {
   bool return_lse = false;
   void* stream = nullptr;  // a CUstream; null is the default stream
   BlockConfig config;
+  // A kernel variant by name ("sm80_mma"; `flexjit kernels` lists them); empty: chosen by the
+  // arch and the inputs (FLEXJIT_LOG=kernels prints the choice and why others were passed
+  // over). A named variant that cannot run the call is an UnsupportedError saying why.
+  std::string variant;
+  Workspace workspace;
 };
 
 struct AttentionResult {
@@ -67,5 +84,9 @@ AttentionResult flex_attention(Context& ctx, const TensorRef& q, const TensorRef
 void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, const TensorRef& v,
                          const TensorRef& out, const TensorRef* lse,
                          const AttentionOptions& options = {});
+
+// The workspace bytes flex_attention_into needs for this call (0 for the forward kernels).
+size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                      const TensorRef& v, const AttentionOptions& options = {});
 
 }  // namespace flexjit

@@ -29,11 +29,11 @@ class Context {
   // Waits for all work on the device; a kernel fault surfaces here as RuntimeError.
   void synchronize() const;
 
-  // Internal state (src/runtime/ContextImpl.h).
+  // Opaque internal state (src/runtime/ContextImpl.h).
   struct Impl;
-  Impl& impl() const { return *impl_; }
 
  private:
+  friend struct ContextAccess;
   std::unique_ptr<Impl> impl_;
 };
 

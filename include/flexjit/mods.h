@@ -46,6 +46,10 @@ bool equal(const Mods& a, const Mods& b);
 // differently).
 Mods combine(const Mods& a, const Mods& b);
 
+// The mask_mod of `mods` alone (score_mod dropped), with only the buffers and params it uses:
+// what a block mask is built from. Throws CompileError if `mods` has no mask_mod.
+Mods mask_only(const Mods& mods);
+
 // Parses `.fx` text. `file` names the text in diagnostics ("my.fx", "<inline>").
 Mods parse_mods(const std::string& text, const std::string& file = "<inline>");
 // Reads and parses a file; throws Error if it cannot be read.

@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <unordered_set>
+
 namespace flexjit {
 
 namespace {
@@ -148,6 +150,29 @@ bool equal(const Mods& a, const Mods& b) {
     if (!ir::equal(*a.params[i].decl(), *b.params[i].decl())) return false;
   }
   return true;
+}
+
+Mods mask_only(const Mods& mods) {
+  if (!mods.mask_mod.defined()) {
+    throw CompileError(fmt::format("create_block_mask needs a mask_mod; mods '{}' have none",
+                                   mods.name.empty() ? "<inline>" : mods.name));
+  }
+  std::unordered_set<const ir::BufferDecl*> buffers;
+  std::unordered_set<const ir::ParamDecl*> params;
+  ir::for_each_node(mods.mask_mod, [&](const Expr& e) {
+    if (e->buffer) buffers.insert(e->buffer.get());
+    if (e->param) params.insert(e->param.get());
+  });
+  Mods m;
+  m.mask_mod = mods.mask_mod;
+  m.name = mods.name;
+  for (const Buffer& b : mods.buffers) {
+    if (buffers.count(b.decl().get())) m.buffers.push_back(b);
+  }
+  for (const Param& p : mods.params) {
+    if (params.count(p.decl().get())) m.params.push_back(p);
+  }
+  return m;
 }
 
 Mods combine(const Mods& a, const Mods& b) {

@@ -1,17 +1,17 @@
-// flex_attention on the GPU: validation, kernel choice (ForwardSpec), build through the
-// context's KernelBuilder, argument packing and launch. See docs/attention.md.
+// flex_attention on the GPU, as a plan (runtime/Plan.h): validate the call, plan its kernel
+// (the forward family's variant chosen by the registry), build it through the context's
+// KernelBuilder, launch it on the caller's stream. See docs/attention.md.
 #include <flexjit/attention.h>
 #include <flexjit/block_mask.h>
 #include <flexjit/cpu.h>
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
 
-#include "codegen/cuda/ForwardSpec.h"
+#include "kernels/forward/Forward.h"
 #include "runtime/ContextImpl.h"
 #include "runtime/CudaDriver.h"
-#include "runtime/FwdArgs.h"
 #include "runtime/ModArgs.h"
-#include "tune/Defaults.h"
+#include "runtime/Plan.h"
 #include "util/Log.h"
 
 #include <flexjit_abi.h>
@@ -29,10 +29,6 @@ constexpr int64_t kMaxGridYZ = 65535;  // gridDim.y / gridDim.z limit (heads, ba
 
 std::string shape_str(const std::vector<int64_t>& s) {
   return fmt::format("[{}]", fmt::join(s, ", "));
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 // out [B, Hq, Sq, Dv] (dtype of q) and lse [B, Hq, Sq] f32 on the context's device.
@@ -93,31 +89,6 @@ void validate_outputs(const TensorRef& q, const QkvShape& s, const TensorRef& ou
   if (lse->data == nullptr && lse->numel() > 0) throw RuntimeError("lse has a null data pointer");
 }
 
-// The fast path (cp.async, 16-byte vector loads) needs 16-byte aligned rows; the kernel has no
-// other path, so anything else is refused rather than computed wrong.
-void require_aligned(const QkvShape& s, const TensorRef& out) {
-  if (!s.fast_path) {
-    throw RuntimeError(fmt::format(
-        "the forward kernel needs 16-byte aligned data pointers and strides: {}; make the tensor "
-        "contiguous (or pad its rows) first",
-        s.fast_path_blocker));
-  }
-  if (!aligned16(out.data)) {
-    throw RuntimeError(
-        "the forward kernel needs 16-byte aligned data pointers and strides: data "
-        "pointer of out is not 16-byte aligned");
-  }
-  const int es = dtype_size(out.dtype);
-  for (int d = 0; d < 3; ++d) {
-    if (out.shape[d] > 1 && (out.strides[d] * es) % 16 != 0) {
-      throw RuntimeError(fmt::format(
-          "the forward kernel needs 16-byte aligned data pointers and strides: stride of out in "
-          "dim {} ({} elements = {} bytes) is not a multiple of 16 bytes",
-          d, out.strides[d], out.strides[d] * es));
-    }
-  }
-}
-
 CUstream as_stream(void* s) {
   return static_cast<CUstream>(s);
 }
@@ -161,43 +132,6 @@ void write_empty_kv_result(const TensorRef& out, const TensorRef* lse, void* str
   }
 }
 
-// The block configuration: options.config over the defaults, adjusted (when the caller left
-// block_m / block_n open) so that the block mask's sparse block sizes are multiples of them.
-cuda::ForwardConfig choose_config(const cuda::ForwardSpec& spec, const BlockConfig& user,
-                                  const BlockMask* mask) {
-  cuda::ForwardConfig c = tune::default_forward_config(spec);
-  if (user.block_m) c.block_m = user.block_m;
-  if (user.block_n) c.block_n = user.block_n;
-  if (user.num_warps) c.num_warps = user.num_warps;
-  if (user.num_stages) c.num_stages = user.num_stages;
-  if (mask == nullptr) return c;
-  if (mask->q_block_size % c.block_m != 0 && !user.block_m) {
-    for (int m : {128, 64}) {
-      if (m <= c.block_m && mask->q_block_size % m == 0) {
-        c.block_m = m;
-        break;
-      }
-    }
-    if (!user.num_warps) c.num_warps = std::min(c.num_warps, c.block_m / 16);
-  }
-  if (mask->kv_block_size % c.block_n != 0 && !user.block_n) {
-    for (int n : {128, 64, 32}) {
-      if (n <= c.block_n && mask->kv_block_size % n == 0) {
-        c.block_n = n;
-        break;
-      }
-    }
-  }
-  if (mask->q_block_size % c.block_m != 0 || mask->kv_block_size % c.block_n != 0) {
-    throw UnsupportedError(fmt::format(
-        "the block mask's sparse blocks ({}x{}) are not multiples of the kernel's {}x{} tiles; "
-        "build the mask with a block size that is a multiple of 128 (or of 64 and 32), or pass a "
-        "config whose block_m / block_n divide it",
-        mask->q_block_size, mask->kv_block_size, c.block_m, c.block_n));
-  }
-  return c;
-}
-
 void check_block_mask(const DeviceBlockMask& dbm, const QkvShape& s) {
   const BlockMask& m = dbm.meta();
   if (m.seqlen_q != s.seqlen_q || m.seqlen_kv != s.seqlen_kv) {
@@ -233,17 +167,28 @@ Mods effective_mods(const AttentionOptions& o) {
   return combine(o.mods, m);
 }
 
-}  // namespace
+// The config overrides a caller's BlockConfig asks for (zeros are left open).
+kernels::Params config_overrides(const BlockConfig& c) {
+  kernels::Params p;
+  if (c.block_m) p.set("block_m", c.block_m);
+  if (c.block_n) p.set("block_n", c.block_n);
+  if (c.num_warps) p.set("num_warps", c.num_warps);
+  if (c.num_stages) p.set("num_stages", c.num_stages);
+  return p;
+}
 
-void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, const TensorRef& v,
-                         const TensorRef& out, const TensorRef* lse,
-                         const AttentionOptions& options) {
-  const QkvShape s = validate_qkv(q, k, v);
-  if (q.device == TensorRef::Device::CPU) {  // host tensors: the CPU backend (cpu.h)
-    flex_attention_cpu_into(q, k, v, out, lse, options);
-    return;
-  }
-  const int device_index = ctx.impl().device->index();
+// A validated call: what planning needs, and whether there is anything to launch.
+struct ValidatedCall {
+  Mods mods;
+  kernels::ForwardInputs inputs;
+  bool empty_q = false;   // nothing to write
+  bool empty_kv = false;  // out = 0, lse = -inf without a kernel
+};
+
+ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k,
+                            const TensorRef& v, const TensorRef& out, const TensorRef* lse,
+                            const AttentionOptions& options, const QkvShape& s) {
+  const int device_index = impl_of(ctx).device->index();
   if (q.device != TensorRef::Device::CUDA || q.device_index != device_index) {
     throw RuntimeError(fmt::format("q, k and v are on {}; the context's device is {}",
                                    to_string(q.device, q.device_index),
@@ -259,61 +204,76 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
                                    kMaxGridYZ, kMaxGridYZ, s.heads_q, s.batch));
   }
   if (options.block_mask != nullptr) check_block_mask(*options.block_mask, s);
-  const Mods mods = effective_mods(options);
+  ValidatedCall call;
+  call.mods = effective_mods(options);
   // Bindings are checked even when nothing runs, so a mistake shows on the first call.
-  const std::vector<uint64_t> mod_params =
-      runtime::pack_mod_params(mods, options.bindings, device_index);
+  call.inputs.mod_params = runtime::pack_mod_params(call.mods, options.bindings, device_index);
+  call.inputs.q = q;
+  call.inputs.k = k;
+  call.inputs.v = v;
+  call.inputs.out = out;
+  if (lse != nullptr) call.inputs.lse = *lse;
+  call.inputs.shape = s;
+  call.inputs.scale = options.scale;
+  call.inputs.block_mask = options.block_mask;
+  call.empty_q = s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0;
+  call.empty_kv = s.seqlen_kv == 0;
+  return call;
+}
 
-  ctx.impl().device->make_current();
-  if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0) return;  // nothing to write
-  if (s.seqlen_kv == 0) {
+// One forward step: the registry's variant for this arch and these inputs (or the one named in
+// options.variant), its config resolved from options.config.
+runtime::Plan plan_forward(Context& ctx, const ValidatedCall& call,
+                           const AttentionOptions& options) {
+  const QkvShape& s = call.inputs.shape;
+  const bool full_blocks = options.block_mask != nullptr &&
+                           options.block_mask->full_kv_num_blocks.defined() &&
+                           options.block_mask->full_kv_indices.defined();
+  const kernels::KernelDesc problem = kernels::forward_problem(
+      cuda::Arch::parse(ctx.arch()), call.inputs.q.dtype, static_cast<int>(s.head_dim_qk),
+      static_cast<int>(s.head_dim_v), static_cast<int>(s.heads_q / s.heads_kv),
+      /*divisible=*/false, full_blocks);
+  runtime::Plan plan;
+  plan.add(runtime::plan_step<kernels::ForwardVariant>(
+      problem, call.inputs, kernels::forward_facts(call.inputs), call.mods,
+      config_overrides(options.config), options.variant));
+  return plan;
+}
+
+}  // namespace
+
+void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                         const TensorRef& out, const TensorRef* lse,
+                         const AttentionOptions& options) {
+  const QkvShape s = validate_qkv(q, k, v);
+  if (q.device == TensorRef::Device::CPU) {  // host tensors: the CPU backend (cpu.h)
+    flex_attention_cpu_into(q, k, v, out, lse, options);
+    return;
+  }
+  const ValidatedCall call = validate_call(ctx, q, k, v, out, lse, options, s);
+  ContextImpl& impl = impl_of(ctx);
+  impl.device->make_current();
+  if (call.empty_q) return;  // nothing to write
+  if (call.empty_kv) {
     write_empty_kv_result(out, lse, options.stream);
     return;
   }
-  require_aligned(s, out);
+  const runtime::Plan plan = plan_forward(ctx, call, options);
+  const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
+  runtime::launch_plan(*impl.device, plan, built, static_cast<runtime::CuStream>(options.stream),
+                       options.workspace);
+}
 
-  cuda::ForwardSpec spec;
-  spec.dtype = q.dtype;
-  spec.head_dim_qk = static_cast<int>(s.head_dim_qk);
-  spec.head_dim_v = static_cast<int>(s.head_dim_v);
-  spec.gqa_ratio = static_cast<int>(s.heads_q / s.heads_kv);
-  spec.arch = cuda::Arch::parse(ctx.arch());
-  const BlockMask* mask_meta = options.block_mask ? &options.block_mask->meta() : nullptr;
-  spec.config = choose_config(spec, options.config, mask_meta);
-  spec.is_divisible =
-      s.seqlen_q % spec.config.block_m == 0 && s.seqlen_kv % spec.config.block_n == 0;
-  spec.has_full_blocks = options.block_mask != nullptr &&
-                         options.block_mask->full_kv_num_blocks.defined() &&
-                         options.block_mask->full_kv_indices.defined();
-  spec.validate();
-
-  const BuiltKernel built = ctx.impl().builder.build_forward(mods, spec);
-  const runtime::Kernel kernel = ctx.impl().load(built.compiled);
-
-  FjFwdArgs a = runtime::make_fwd_args(q, k, v, out, lse, s, options.scale);
-  if (options.block_mask != nullptr) {
-    const DeviceBlockMask& d = *options.block_mask;
-    BlockMaskDevicePointers ptrs;
-    ptrs.kv_num_blocks = static_cast<const int*>(d.kv_num_blocks.ref().data);
-    ptrs.kv_indices = static_cast<const int*>(d.kv_indices.ref().data);
-    if (spec.has_full_blocks) {
-      ptrs.full_kv_num_blocks = static_cast<const int*>(d.full_kv_num_blocks.ref().data);
-      ptrs.full_kv_indices = static_cast<const int*>(d.full_kv_indices.ref().data);
-    }
-    fill_block_mask_args(*mask_meta, ptrs, &a.mask);
-  }
-
-  const unsigned smem = static_cast<unsigned>(
-      fj_forward_smem_bytes(spec.config.block_m, spec.config.block_n, spec.head_dim_qk,
-                            spec.head_dim_v, dtype_size(spec.dtype), spec.config.num_stages));
-  runtime::Dim3 grid{
-      static_cast<unsigned>((s.seqlen_q + spec.config.block_m - 1) / spec.config.block_m),
-      static_cast<unsigned>(s.heads_q), static_cast<unsigned>(s.batch)};
-  runtime::Dim3 block{static_cast<unsigned>(spec.config.num_warps * 32), 1, 1};
-  void* args[] = {&a, const_cast<uint64_t*>(mod_params.data())};
-  FJ_LOG("runtime", "flex_attention: {} grid ({}, {}, {}) smem {} ({})", spec.str(), grid.x, grid.y,
-         grid.z, smem, jit::to_string(built.compiled.outcome));
-  runtime::launch(kernel, grid, block, smem, static_cast<runtime::CuStream>(options.stream), args);
+size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                      const TensorRef& v, const AttentionOptions& options) {
+  const QkvShape s = validate_qkv(q, k, v);
+  if (q.device == TensorRef::Device::CPU) return 0;
+  // A stand-in output with q's layout: the plan does not depend on out's data.
+  TensorRef out = TensorRef::contiguous(
+      q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
+  const ValidatedCall call = validate_call(ctx, q, k, v, out, nullptr, options, s);
+  if (call.empty_q || call.empty_kv) return 0;
+  return plan_forward(ctx, call, options).workspace_bytes;
 }
 
 AttentionResult flex_attention(Context& ctx, const TensorRef& q, const TensorRef& k,

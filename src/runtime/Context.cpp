@@ -19,7 +19,6 @@ jit::CacheSettings settings_for(const ContextOptions& o) {
 
 Context::Context(ContextOptions options) : impl_(std::make_unique<Impl>(settings_for(options))) {
   impl_->device = &runtime::Device::get(options.device);
-  impl_->modules = &runtime::ModuleCache::global();
 }
 
 Context::~Context() = default;
@@ -44,10 +43,10 @@ DeviceTensor DeviceTensor::empty(Context& ctx, DType dtype, std::vector<int64_t>
     if (d < 0) throw RuntimeError(fmt::format("negative extent {} in a tensor shape", d));
     n *= d;
   }
-  auto buf = std::make_shared<runtime::DeviceBuffer>(*ctx.impl().device,
+  auto buf = std::make_shared<runtime::DeviceBuffer>(*impl_of(ctx).device,
                                                      static_cast<size_t>(n) * dtype_size(dtype));
   t.ref_ = TensorRef::contiguous(buf->data(), dtype, std::move(shape), TensorRef::Device::CUDA,
-                                 ctx.impl().device->index());
+                                 impl_of(ctx).device->index());
   t.mem_ = std::move(buf);
   return t;
 }

@@ -1,27 +1,30 @@
-// What a Context holds: the device, the kernel builder (structural memo + compile caches) and
-// the process-wide module cache.
+// What a Context holds: the device and the kernel builder (structural memo + compile caches).
+// Modules are loaded into the device's context through the process-wide ModuleCache.
 #pragma once
 
 #include <flexjit/context.h>
 
 #include "Pipeline.h"
 #include "runtime/Device.h"
-#include "runtime/ModuleCache.h"
 
 namespace flexjit {
 
 struct Context::Impl {
   runtime::Device* device = nullptr;
   KernelBuilder builder;
-  runtime::ModuleCache* modules = nullptr;
 
   explicit Impl(jit::CacheSettings settings) : builder(std::move(settings)) {}
-
-  // The loaded kernel of a compile result (module loaded once per context).
-  runtime::Kernel load(const jit::CompileResult& r) {
-    device->make_current();
-    return modules->get(r.kernel->key, r.kernel->cubin, r.kernel->kernel_name, r.kernel->label);
-  }
 };
+
+// The one way into a Context's state (the public header keeps it opaque).
+struct ContextAccess {
+  static Context::Impl& impl(const Context& ctx) { return *ctx.impl_; }
+};
+
+using ContextImpl = Context::Impl;
+
+inline ContextImpl& impl_of(const Context& ctx) {
+  return ContextAccess::impl(ctx);
+}
 
 }  // namespace flexjit

@@ -1,15 +1,17 @@
-// create_block_mask: one JIT-compiled module per mask structure and block size (classify +
-// index kernels, templates/block_mask.cuh), tiles proven by host analysis skipped.
+// create_block_mask: a plan of one block_mask step (kernels/block_mask/BlockMaskBuild.h: the
+// classify and index kernels of one module per mask structure and block size), tiles proven by
+// host analysis skipped.
 #include "runtime/CreateBlockMask.h"
 
 #include <flexjit/error.h>
 
 #include "Pipeline.h"
-#include "codegen/cuda/BlockMaskSource.h"
 #include "cpu/HostBlockMask.h"
 #include "flexjit_abi.h"
+#include "kernels/block_mask/BlockMaskBuild.h"
 #include "runtime/ContextImpl.h"
 #include "runtime/ModArgs.h"
+#include "runtime/Plan.h"
 
 #include <fmt/format.h>
 
@@ -21,17 +23,7 @@ namespace flexjit {
 
 namespace {
 
-constexpr int kClassifyWarps = 8;
-constexpr int kIndexWarpsPerBlock = 4;
 constexpr size_t kMaxHintEntries = 32;
-
-// The compiled module of one mask structure (the original Mods, compared with equal()).
-struct MaskKernels {
-  Mods original;
-  int device = 0, block_size = 0;
-  Mods lowered;  // mask_only + lower_mods: what the kernel was generated from
-  runtime::Kernel classify, index;
-};
 
 // Host-analysis results on the device, per (device, mask structure, parameter values, shape).
 struct HintEntry {
@@ -44,7 +36,6 @@ struct HintEntry {
 // Process-wide and never destroyed: device memory must not be freed after the driver is gone.
 struct Caches {
   std::mutex mu;
-  std::map<std::pair<uint64_t, int>, std::vector<std::shared_ptr<MaskKernels>>> kernels;
   std::deque<std::shared_ptr<HintEntry>> hints;  // most recent last
 };
 Caches& caches() {
@@ -52,38 +43,12 @@ Caches& caches() {
   return *c;
 }
 
-std::shared_ptr<MaskKernels> kernels_for(Context& ctx, const Mods& mask, int block_size) {
-  Caches& c = caches();
-  const int dev = ctx.impl().device->index();
-  const auto key = std::make_pair(mask.hash() ^ (static_cast<uint64_t>(block_size) << 1), dev);
-  {
-    std::lock_guard<std::mutex> lock(c.mu);
-    for (const auto& k : c.kernels[key]) {
-      if (k->device == dev && k->block_size == block_size && equal(k->original, mask)) return k;
-    }
-  }
-  auto k = std::make_shared<MaskKernels>();
-  k->original = mask;
-  k->device = dev;
-  k->block_size = block_size;
-  k->lowered = lower_mods(cuda::mask_only(mask));
-  cuda::BlockMaskSpec spec{block_size, block_size, kClassifyWarps};
-  const cuda::GeneratedSource src = cuda::generate_block_mask(k->lowered, spec);
-  const std::string label = fmt::format("block mask {} b{}", mask.name, block_size);
-  jit::CompileResult r = ctx.impl().builder.compile(src, ctx.arch(), label);
-  k->classify = ctx.impl().load(r);
-  k->index =
-      ctx.impl().modules->get(r.kernel->key, r.kernel->cubin, cuda::kBlockMaskIndexKernel, label);
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.kernels[key].push_back(k);
-  return k;
-}
-
-std::shared_ptr<HintEntry> hints_for(Context& ctx, const MaskKernels& k, int batch, int heads,
+std::shared_ptr<HintEntry> hints_for(Context& ctx, const Mods& mask, int batch, int heads,
                                      int seqlen_q, int seqlen_kv, int block_size,
                                      const std::map<std::string, double>& values, bool analysis) {
-  std::string key = fmt::format("{}:{:x}:{}:{}:{}:{}:{}:{}", k.device, k.original.hash(), batch,
-                                heads, seqlen_q, seqlen_kv, block_size, analysis);
+  runtime::Device& dev = *impl_of(ctx).device;
+  std::string key = fmt::format("{}:{:x}:{}:{}:{}:{}:{}:{}", dev.index(), mask.hash(), batch, heads,
+                                seqlen_q, seqlen_kv, block_size, analysis);
   for (const auto& [n, v] : values)
     key += fmt::format(":{}={}", n, v);
   Caches& c = caches();
@@ -93,7 +58,6 @@ std::shared_ptr<HintEntry> hints_for(Context& ctx, const MaskKernels& k, int bat
       if (e->key == key) return e;
     }
   }
-  runtime::Device& dev = *ctx.impl().device;
   auto e = std::make_shared<HintEntry>();
   e->key = key;
   const int nq = (seqlen_q + block_size - 1) / block_size;
@@ -103,7 +67,7 @@ std::shared_ptr<HintEntry> hints_for(Context& ctx, const MaskKernels& k, int bat
   if (analysis) {
     std::unordered_map<std::string, double> params(values.begin(), values.end());
     const cpu::TileHints h =
-        cpu::analyze_tiles(k.lowered, batch, heads, seqlen_q, seqlen_kv, block_size, params,
+        cpu::analyze_tiles(lower_mods(mask), batch, heads, seqlen_q, seqlen_kv, block_size, params,
                            cpu::default_analysis_budget(nq, nkv));
     if (h.unknown.size() < e->num_tiles) {
       e->num_unknown = h.unknown.size();
@@ -172,16 +136,17 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
   }
   // Names are checked before compiling, so a typo shows at once; bindings of buffers and params
   // that only the score_mod uses are left out.
-  const ModBindings used = runtime::bindings_of_part(mask, cuda::mask_only(mask), bindings);
-  const std::shared_ptr<MaskKernels> k = kernels_for(ctx, mask, block_size);
-  const runtime::BoundModArgs bound =
-      runtime::bind_mod_args(k->lowered, used, ctx.impl().device->index());
-  const std::vector<uint64_t> params = runtime::pack_mod_params(k->lowered, bound);
+  const Mods mask_mods = mask_only(mask);
+  const ModBindings used = runtime::bindings_of_part(mask, mask_mods, bindings);
+  ContextImpl& impl = impl_of(ctx);
+  const runtime::BoundModArgs bound = runtime::bind_mod_args(mask_mods, used, impl.device->index());
+  kernels::BlockMaskInputs in;
+  in.mod_params = runtime::pack_mod_params(mask_mods, bound);
   std::map<std::string, double> values;
-  for (size_t i = 0; i < k->lowered.params.size(); ++i)
-    values[k->lowered.params[i].name()] = bound.params[i];
-  const std::shared_ptr<HintEntry> hints = hints_for(ctx, *k, batch, heads, seqlen_q, seqlen_kv,
-                                                     block_size, values, options.host_analysis);
+  for (size_t i = 0; i < mask_mods.params.size(); ++i)
+    values[mask_mods.params[i].name()] = bound.params[i];
+  const std::shared_ptr<HintEntry> hints = hints_for(
+      ctx, mask_mods, batch, heads, seqlen_q, seqlen_kv, block_size, values, options.host_analysis);
 
   DeviceBlockMask out;
   BlockMask& m = out.meta_;
@@ -207,7 +172,7 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
     *t = DeviceTensor::empty(ctx, DType::I32, {B, H, nkv, nq});
   }
   auto i32 = [](const DeviceTensor& t) { return static_cast<int*>(t.ref().data); };
-  FjBlockMaskBuildArgs args{};
+  FjBlockMaskBuildArgs& args = in.args;
   args.kv_num_blocks = i32(out.kv_num_blocks);
   args.kv_indices = i32(out.kv_indices);
   args.full_kv_num_blocks = i32(out.full_kv_num_blocks);
@@ -222,27 +187,17 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
   args.seqlen_kv = seqlen_kv;
   args.num_q_blocks = static_cast<int>(nq);
   args.num_kv_blocks = static_cast<int>(nkv);
+  in.hints = ptr_of(hints->hints);
+  in.tiles = ptr_of(hints->tiles);
+  in.kinds = ptr_of(hints->kinds);
+  in.num_unknown = static_cast<int64_t>(hints->num_unknown);
 
-  void* hints_ptr = ptr_of(hints->hints);
-  void* tiles_ptr = ptr_of(hints->tiles);
-  void* kinds_ptr = ptr_of(hints->kinds);
-  ctx.impl().device->make_current();
-  if (hints->num_unknown > 0) {
-    int num_tiles = static_cast<int>(hints->num_unknown);
-    const int64_t warps = B * H * num_tiles;
-    const auto blocks = static_cast<unsigned>((warps + kClassifyWarps - 1) / kClassifyWarps);
-    void* a[] = {&args,      const_cast<uint64_t*>(params.data()),
-                 &tiles_ptr, &num_tiles,
-                 &hints_ptr, &kinds_ptr};
-    runtime::launch(k->classify, {blocks, 1, 1}, {kClassifyWarps * 32, 1, 1}, 0, nullptr, a);
-  }
-  {
-    const int64_t warps = B * H * (nq + nkv);
-    const auto blocks =
-        static_cast<unsigned>((warps + kIndexWarpsPerBlock - 1) / kIndexWarpsPerBlock);
-    void* a[] = {&args, &hints_ptr, &kinds_ptr};
-    runtime::launch(k->index, {blocks, 1, 1}, {kIndexWarpsPerBlock * 32, 1, 1}, 0, nullptr, a);
-  }
+  runtime::Plan plan;
+  plan.add(runtime::plan_step<kernels::BlockMaskVariant>(
+      kernels::block_mask_problem(cuda::Arch::parse(ctx.arch()), block_size, block_size), in,
+      kernels::InputFacts{}, mask));
+  const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
+  runtime::launch_plan(*impl.device, plan, built, nullptr, Workspace{});
   return out;
 }
 

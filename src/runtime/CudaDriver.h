@@ -43,6 +43,8 @@ namespace flexjit::runtime {
   X(cuLaunchKernel)                 \
   X(cuMemAlloc)                     \
   X(cuMemFree)                      \
+  X(cuMemAllocAsync)                \
+  X(cuMemFreeAsync)                 \
   X(cuMemcpyHtoD)                   \
   X(cuMemcpyDtoH)                   \
   X(cuMemsetD8)                     \

@@ -9,12 +9,12 @@
 #include "Pipeline.h"
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/ModParamLayout.h"
-#include "codegen/cuda/ReferenceSource.h"
 #include "gpu/GpuTestUtil.h"
 #include "runtime/ModArgs.h"
 #include "runtime/ModuleCache.h"
+#include "support/KernelDescs.h"
 #include "support/ReferenceAttention.h"
-#include "tune/Defaults.h"
+#include "support/ReferenceKernel.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -540,6 +540,7 @@ TEST_CASE("bad bindings of buffers of every dtype and rank are precise errors",
 TEST_CASE("loads of every buffer dtype and rank lower to strided 64-bit addressing and compile",
           "[buffers][codegen][nvrtc]") {
   const CaseParams params;
+  test::register_reference_variant();
   jit::CacheSettings settings;
   settings.enabled = false;  // every compile is a real NVRTC compile
   KernelBuilder builder(settings);
@@ -559,11 +560,10 @@ TEST_CASE("loads of every buffer dtype and rank lower to strided 64-bit addressi
       CHECK_THAT(text, Catch::Contains("param_alpha"));
       CHECK_THAT(text, Catch::Contains("param_shift"));
       CHECK_THAT(text, Catch::Contains("(mp.param_flip != 0)"));
-      const cuda::GeneratedSource src =
-          cuda::generate_reference(mods, {DType::BF16, kD, kD, 1}, "sm_80");
-      const jit::CompileResult r = builder.compile(src, "sm_80", "buffers " + buf.name());
-      REQUIRE(r.kernel);
-      CHECK(!r.kernel->cubin.empty());
+      const BuiltKernel r =
+          builder.build(mods, test::forward_desc("sm_80", DType::BF16, kD, kD, 1, "reference"));
+      REQUIRE(r.compiled.kernel);
+      CHECK(!r.compiled.kernel->cubin.empty());
     }
   }
   // One forward kernel loading from all five dtypes at rank 4.
@@ -580,12 +580,7 @@ TEST_CASE("loads of every buffer dtype and rank lower to strided 64-bit addressi
       [&](Expr b, Expr h, Expr q, Expr kv) {
         return keep(rank_indices(4, b, h, q, kv, params.shift)) != Expr(params.flip);
       });
-  cuda::ForwardSpec spec;
-  spec.dtype = DType::F16;
-  spec.head_dim_qk = spec.head_dim_v = kD;
-  spec.arch = cuda::Arch::parse("sm_80");
-  spec.config = tune::default_forward_config(spec);
-  const BuiltKernel k = builder.build_forward(all, spec);
+  const BuiltKernel k = builder.build(all, test::forward_desc("sm_80", DType::F16, kD, kD));
   REQUIRE(k.compiled.kernel);
   CHECK(!k.compiled.kernel->cubin.empty());
   for (const char* ld : {"fj_ld_f32(", "fj_ld_f16(", "fj_ld_bf16(", "fj_ld_i32(", "fj_ld_bool("})

@@ -8,15 +8,15 @@
 
 #include "Pipeline.h"
 #include "codegen/cuda/ModParamLayout.h"
-#include "codegen/cuda/ReferenceSource.h"
 #include "gpu/GpuTestUtil.h"
 #include "runtime/Device.h"
 #include "runtime/ModArgs.h"
 #include "runtime/ModuleCache.h"
-#include "runtime/ReferenceAttention.h"
 #include "support/CpuReference.h"
+#include "support/KernelDescs.h"
 #include "support/RandomExpr.h"
 #include "support/ReferenceAttention.h"
+#include "support/ReferenceKernel.h"
 #include "util/Npy.h"
 
 #include <fmt/format.h>
@@ -225,7 +225,7 @@ CaseResult run_case(Context& ctx, Case& c, std::mt19937_64& rng) {
     if (!ref_mods.mask_mod.defined() && c.block_mask &&
         c.block_mask->meta().mods.mask_mod.defined())
       ref_mods = combine(c.mods, c.block_mask->meta().mods);
-    runtime::reference_attention_into(ctx, fq, fk, fv, ro, &rl.ref(), ref_mods, bindings, c.scale);
+    test::reference_attention_into(ctx, fq, fk, fv, ro, &rl.ref(), ref_mods, bindings, c.scale);
     for (float x : download(ro))
       ref_out.push_back(x);
     for (float x : download(rl))
@@ -592,7 +592,7 @@ TEST_CASE("forward: K/V beyond 2^31 elements", "[gpu][big]") {
   AttentionResult r = flex_attention(*ctx, q, kv, kv, o);
   DeviceTensor ro = DeviceTensor::empty(*ctx, DType::BF16, r.out.ref().shape);
   DeviceTensor rl = DeviceTensor::empty(*ctx, DType::F32, r.lse.ref().shape);
-  runtime::reference_attention_into(*ctx, q, kv, kv, ro, &rl.ref(), o.mods);
+  test::reference_attention_into(*ctx, q, kv, kv, ro, &rl.ref(), o.mods);
   const ErrorStats e = compare(download(r.out), download(ro));
   const ErrorStats el = compare(download(r.lse), download(rl));
   INFO("out " << e.str() << "; lse " << el.str());
@@ -688,6 +688,7 @@ TEST_CASE("flexjit run matches the reference on .npy files", "[gpu][cli][run]") 
 
 TEST_CASE("the reference kernel compiles through NVRTC for the standard mods",
           "[reference][nvrtc]") {
+  test::register_reference_variant();
   jit::CacheSettings settings;
   settings.enabled = false;
   KernelBuilder builder(settings);
@@ -702,17 +703,19 @@ TEST_CASE("the reference kernel compiles through NVRTC for the standard mods",
                         {"document_causal", DType::BF16, 96, 32, 3}};
   for (const Item& it : items) {
     INFO(it.mods << " " << to_string(it.dtype));
-    cuda::ReferenceSpec spec{it.dtype, it.dqk, it.dv, it.gqa};
-    const cuda::GeneratedSource src =
-        cuda::generate_reference(lower_mods(standard_mods(it.mods)), spec, "sm_80");
-    CHECK(src.kernel_name == "flexjit_reference_forward");
-    CHECK_THAT(src.source, Catch::Contains("kHeadDimQk = " + std::to_string(it.dqk)));
-    const jit::CompileResult r = builder.compile(src, "sm_80", std::string("reference ") + it.mods);
-    REQUIRE(r.kernel);
-    CHECK(!r.kernel->cubin.empty());
+    const kernels::KernelDesc desc =
+        test::forward_desc("sm_80", it.dtype, it.dqk, it.dv, it.gqa, "reference");
+    CHECK(desc.family_variant() == "forward/reference");
+    const BuiltKernel k = builder.build(standard_mods(it.mods), desc);
+    CHECK(k.source->kernel_name == "flexjit_reference_forward");
+    CHECK_THAT(k.source->source, Catch::Contains("kHeadDimQk = " + std::to_string(it.dqk)));
+    REQUIRE(k.compiled.kernel);
+    CHECK(!k.compiled.kernel->cubin.empty());
   }
-  CHECK_THROWS_AS(cuda::generate_reference(standard_mods("noop"), {DType::I32, 64, 64, 1}, "sm_80"),
-                  UnsupportedError);
+  CHECK_THROWS_WITH(test::forward_desc("sm_80", DType::I32, 64, 64, 1, "reference"),
+                    Catch::Contains("f32, f16 or bf16") && Catch::Contains("i32"));
+  // Never chosen unless named.
+  CHECK(test::forward_desc("sm_80", DType::BF16, 64, 64).variant != "reference");
 }
 
 TEST_CASE("FjModParams packing follows the layout and checks bindings", "[modargs]") {

@@ -1,14 +1,15 @@
-// CUDA codegen: mod lowering (goldens + NVRTC compiles), FjModParams layout, forward-source
-// assembly and ForwardSpec validation.
+// CUDA codegen: mod lowering (goldens + NVRTC compiles), FjModParams layout, the forward
+// variant's source assembly and validation (kernels/forward/Sm80Mma.h).
 #include <flexjit/dsl.h>
 #include <flexjit/error.h>
 #include <flexjit/mods.h>
 
-#include "codegen/cuda/ForwardSource.h"
-#include "codegen/cuda/ForwardSpec.h"
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/ModParamLayout.h"
+#include "codegen/cuda/SourceAssembly.h"
 #include "codegen/cuda/SourceWriter.h"
+#include "kernels/forward/Sm80Mma.h"
+#include "support/KernelDescs.h"
 #include "support/Nvrtc.h"
 #include "util/Embedded.h"
 #include "util/Sha256.h"
@@ -27,6 +28,8 @@
 
 using namespace flexjit;
 using namespace flexjit::cuda;
+using flexjit::kernels::ForwardSm80Mma;
+using flexjit::kernels::KernelDesc;
 
 namespace {
 
@@ -139,13 +142,22 @@ std::string abi_text() {
   return std::string(embedded::template_text("flexjit_abi.h"));
 }
 
-ForwardTemplates test_templates() {
+// forward/sm80_mma with the test prelude and kernel in place of the real templates.
+ForwardSm80Mma test_variant() {
   static const std::string abi = abi_text();
-  return {abi, kTestPrelude, kTestForwardKernel, {}};
+  return ForwardSm80Mma({abi, kTestPrelude, {}, kTestForwardKernel});
 }
 
-std::string mods_translation_unit(const Mods& mods, const ForwardSpec& spec) {
-  return abi_text() + kTestPrelude + generate_config(mods, spec) + generate_mod_functions(mods) +
+KernelDesc spec_for(const std::string& arch) {
+  return test::forward_desc(arch, DType::BF16, 128, 128);
+}
+
+std::string generate_config(const Mods& mods, const KernelDesc& desc) {
+  return ForwardSm80Mma::config_struct(mods, desc);
+}
+
+std::string mods_translation_unit(const Mods& mods, const KernelDesc& desc) {
+  return abi_text() + kTestPrelude + generate_config(mods, desc) + generate_mod_functions(mods) +
          kTestKernel;
 }
 
@@ -266,12 +278,6 @@ int count(const std::string& haystack, const std::string& needle) {
   return n;
 }
 
-ForwardSpec spec_for(const std::string& arch) {
-  ForwardSpec spec;
-  spec.arch = Arch::parse(arch);
-  return spec;
-}
-
 }  // namespace
 
 // ---- mod lowering ------------------------------------------------------------------------------
@@ -303,20 +309,20 @@ TEST_CASE("absent mods become pass-through functions the config switches off", "
   CHECK(text.find("return score;") != std::string::npos);
   CHECK(text.find("return true;") != std::string::npos);
   CHECK(text.find("int unused_;") != std::string::npos);
-  std::string config = generate_config(none, ForwardSpec{});
+  std::string config = generate_config(none, spec_for("sm_80"));
   CHECK(config.find("kHasScoreMod = false, kHasMaskMod = false") != std::string::npos);
 
   // The identity mods are "absent" for the kernel too.
   Mods identity = Mods::from([](Expr s, Expr, Expr, Expr, Expr) { return s; },
                              [](Expr, Expr, Expr, Expr) { return Expr(true); });
-  CHECK(
-      generate_config(identity, ForwardSpec{}).find("kHasScoreMod = false, kHasMaskMod = false") !=
-      std::string::npos);
+  CHECK(generate_config(identity, spec_for("sm_80"))
+            .find("kHasScoreMod = false, kHasMaskMod = false") != std::string::npos);
   Mods causal = golden_mods()[0].make();
-  CHECK(generate_config(causal, ForwardSpec{}).find("kHasScoreMod = false, kHasMaskMod = true") !=
-        std::string::npos);
+  CHECK(
+      generate_config(causal, spec_for("sm_80")).find("kHasScoreMod = false, kHasMaskMod = true") !=
+      std::string::npos);
 
-  NvrtcResult r = nvrtc_compile(mods_translation_unit(none, ForwardSpec{}), "sm_80");
+  NvrtcResult r = nvrtc_compile(mods_translation_unit(none, spec_for("sm_80")), "sm_80");
   INFO(r.log);
   CHECK(r.ok);
 }
@@ -436,7 +442,7 @@ TEST_CASE("FjModParams packs buffers then params with natural alignment", "[code
   CHECK(text.find("static_assert(sizeof(FjModParams) == 56") != std::string::npos);
   CHECK(count(text, "static_assert(FJ_OFFSETOF(FjModParams, ") == 8);
   CHECK(text.find("FJ_OFFSETOF(FjModParams, stride_a[1]) == 16") != std::string::npos);
-  NvrtcResult r = nvrtc_compile(mods_translation_unit(m, ForwardSpec{}), "sm_80");
+  NvrtcResult r = nvrtc_compile(mods_translation_unit(m, spec_for("sm_80")), "sm_80");
   INFO(r.log);
   CHECK(r.ok);
 }
@@ -471,8 +477,8 @@ TEST_CASE("a layout drift fails the NVRTC compile", "[codegen][layout][nvrtc]") 
 
 TEST_CASE("forward source: order, comment block, source key, no #include", "[codegen][forward]") {
   Mods m = golden_mods()[6].make();  // softcap + sliding window + document mask
-  ForwardSpec spec = spec_for("sm_90a");
-  GeneratedSource g = generate_forward(m, spec, test_templates());
+  KernelDesc spec = spec_for("sm_90a");
+  GeneratedSource g = test_variant().generate(m, spec);
   CHECK(g.kernel_name == "flexjit_forward");
   CHECK(g.options == std::vector<std::string>{"-std=c++17"});
   CHECK(g.source.find("#include") == std::string::npos);
@@ -486,6 +492,7 @@ TEST_CASE("forward source: order, comment block, source key, no #include", "[cod
   CHECK(g.source.rfind("// flexjit ", 0) == 0);
   CHECK(head.find("NVRTC " + nvrtc_version_string()) != std::string::npos);
   CHECK(head.find("// spec: " + spec.str()) != std::string::npos);
+  CHECK(head.find("// spec: forward/sm80_mma sm_90a bf16 d=128/128") != std::string::npos);
   CHECK(head.find("//   param cap: f32\n") != std::string::npos);
   CHECK(head.find("//   buffer doc_ids: i32[B, S]\n") != std::string::npos);
   CHECK(head.find("//   score_mod = ") != std::string::npos);
@@ -521,41 +528,42 @@ TEST_CASE("the source changes with what shapes the binary and only with that",
     m.name = std::string("softcap-") + buffer_name;
     return m;
   };
-  const ForwardSpec spec;
-  const GeneratedSource base = generate_forward(softcap(30.0, "bias"), spec, test_templates());
+  const KernelDesc spec = spec_for("sm_80");
+  const ForwardSm80Mma v = test_variant();
+  const GeneratedSource base = v.generate(softcap(30.0, "bias"), spec);
 
   SECTION("equal mods built separately give byte-identical source") {
-    CHECK(generate_forward(softcap(30.0, "bias"), spec, test_templates()).source == base.source);
+    CHECK(v.generate(softcap(30.0, "bias"), spec).source == base.source);
   }
   SECTION("a parameter's default value is a kernel argument, not source") {
     const Mods other = softcap(50.0, "bias");
     CHECK(generate_mod_functions(other) == generate_mod_functions(softcap(30.0, "bias")));
-    const GeneratedSource g = generate_forward(other, spec, test_templates());
+    const GeneratedSource g = v.generate(other, spec);
     CHECK(g.source == base.source);
     CHECK(g.source_key == base.source_key);
   }
   SECTION("renaming a buffer changes the source (tensors bind by name)") {
-    const GeneratedSource g = generate_forward(softcap(30.0, "rel"), spec, test_templates());
+    const GeneratedSource g = v.generate(softcap(30.0, "rel"), spec);
     CHECK(g.source != base.source);
     CHECK(g.source_key != base.source_key);
   }
   SECTION("the config and dtype are part of the source") {
-    ForwardSpec f16 = spec;
+    KernelDesc f16 = spec;
     f16.dtype = DType::F16;
-    const GeneratedSource g = generate_forward(softcap(30.0, "bias"), f16, test_templates());
+    const GeneratedSource g = v.generate(softcap(30.0, "bias"), f16);
     CHECK(g.source.find("using Element = fj_f16;") != std::string::npos);
     CHECK(base.source.find("using Element = fj_bf16;") != std::string::npos);
     CHECK(g.source_key != base.source_key);
   }
 }
 
-TEST_CASE("generate_forward rejects an unsupported spec before generating", "[codegen][errors]") {
-  ForwardSpec spec;
+TEST_CASE("generate rejects an unsupported description before generating", "[codegen][errors]") {
+  KernelDesc spec = spec_for("sm_80");
   spec.head_dim_qk = 96;
-  CHECK_THROWS_AS(generate_forward(Mods{}, spec, test_templates()), UnsupportedError);
+  CHECK_THROWS_AS(test_variant().generate(Mods{}, spec), UnsupportedError);
 }
 
-// ---- ForwardSpec -------------------------------------------------------------------------------
+// ---- forward/sm80_mma: what it supports ----------------------------------------------------
 
 TEST_CASE("Arch parses the supported targets and names them on error", "[codegen][spec]") {
   for (const char* s : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"}) {
@@ -570,62 +578,124 @@ TEST_CASE("Arch parses the supported targets and names them on error", "[codegen
   }
 }
 
-TEST_CASE("ForwardSpec::validate names the unsupported value and the limits",
+TEST_CASE("forward/sm80_mma validate names the unsupported value and the limits",
           "[codegen][spec][errors]") {
+  const ForwardSm80Mma v;
   for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"}) {
-    CHECK_NOTHROW(spec_for(arch).validate());
+    CHECK_NOTHROW(v.validate(spec_for(arch)));
   }
-  ForwardSpec spec;
+  const KernelDesc base = spec_for("sm_80");
+  KernelDesc spec = base;
   spec.head_dim_v = 96;
-  CHECK_THROWS_WITH(spec.validate(),
+  CHECK_THROWS_WITH(v.validate(spec),
                     Catch::Contains("head_dim_v = 96") && Catch::Contains("64, 128, 256"));
-  spec = {};
+  spec = base;
   spec.head_dim_qk = 64;  // qk and v may differ
-  CHECK_NOTHROW(spec.validate());
-  spec = {};
-  spec.dtype = DType::F32;
-  CHECK_THROWS_AS(spec.validate(), UnsupportedError);
-  CHECK_THROWS_WITH(spec.validate(), Catch::Contains("f32") && Catch::Contains("bf16 or f16"));
-  spec = {};
+  CHECK_NOTHROW(v.validate(spec));
+  spec = base;
+  spec.dtype = DType::I32;
+  CHECK_THROWS_AS(v.validate(spec), UnsupportedError);
+  CHECK_THROWS_WITH(v.validate(spec),
+                    Catch::Contains("i32") && Catch::Contains("bf16, f16 or f32"));
+  spec = base;
   spec.gqa_ratio = 0;
-  CHECK_THROWS_WITH(spec.validate(), Catch::Contains("gqa_ratio"));
-  spec = {};
-  spec.config.block_n = 48;
-  CHECK_THROWS_WITH(spec.validate(), Catch::Contains("block_n = 48"));
-  spec = {};
-  spec.config.block_m = 64;
-  spec.config.num_warps = 8;
-  CHECK_THROWS_WITH(spec.validate(), Catch::Contains("multiple of 16"));
-  spec = {};
+  CHECK_THROWS_WITH(v.validate(spec), Catch::Contains("gqa_ratio"));
+  spec = base;
+  spec.config.set("block_n", 48);
+  CHECK_THROWS_WITH(v.validate(spec), Catch::Contains("block_n = 48"));
+  spec = base;
+  spec.config.set("block_m", 64);
+  spec.config.set("num_warps", 8);
+  CHECK_THROWS_WITH(v.validate(spec), Catch::Contains("multiple of 16"));
+  spec = base;
+  spec.config.set("unroll", 2);
+  CHECK_THROWS_WITH(v.validate(spec), Catch::Contains("unroll=2"));
+  spec = base;
   spec.arch.major = 7;
   spec.arch.minor = 5;
-  CHECK_THROWS_WITH(spec.validate(), Catch::Contains("sm_75"));
+  CHECK_THROWS_WITH(v.validate(spec), Catch::Contains("sm_75"));
+  spec = base;
+  spec.flags.set("divisible", 2);
+  CHECK_THROWS_WITH(v.validate(spec), Catch::Contains("divisible"));
 }
 
-TEST_CASE("ForwardSpec::validate checks shared memory against the arch",
+TEST_CASE("forward/sm80_mma validate checks shared memory against the arch",
           "[codegen][spec][errors]") {
   // d=256, 128x64, 2 stages, bf16: 2 * (128*256 + 2*64*512) = 196608 bytes.
-  ForwardSpec spec = spec_for("sm_90a");
+  const ForwardSm80Mma v;
+  KernelDesc spec = spec_for("sm_90a");
   spec.head_dim_qk = spec.head_dim_v = 256;
-  CHECK_NOTHROW(spec.validate());  // 227 KB on sm_90
+  spec.config.set("block_m", 128);
+  spec.config.set("block_n", 64);
+  spec.config.set("num_stages", 2);
+  CHECK_NOTHROW(v.validate(spec));  // 227 KB on sm_90
   spec.arch = Arch::parse("sm_80");
-  CHECK_THROWS_AS(spec.validate(), UnsupportedError);
-  CHECK_THROWS_WITH(spec.validate(), Catch::Contains("196608") && Catch::Contains("166912") &&
-                                         Catch::Contains("sm_80"));
+  CHECK_THROWS_AS(v.validate(spec), UnsupportedError);
+  CHECK_THROWS_WITH(v.validate(spec), Catch::Contains("196608") && Catch::Contains("166912") &&
+                                          Catch::Contains("sm_80"));
   spec.arch = Arch::parse("sm_86");
-  CHECK_THROWS_WITH(spec.validate(), Catch::Contains("101376"));
-  spec.config.num_stages = 1;
-  spec.config.block_m = 64;
-  spec.config.block_n = 32;  // 2 * (64*256 + 32*512) = 65536
-  CHECK_NOTHROW(spec.validate());
+  CHECK_THROWS_WITH(v.validate(spec), Catch::Contains("101376"));
+  spec.config.set("num_stages", 1);
+  spec.config.set("block_m", 64);
+  spec.config.set("block_n", 32);  // 2 * (64*256 + 32*512) = 65536
+  CHECK_NOTHROW(v.validate(spec));
 }
 
-TEST_CASE("ForwardSpec::str describes the kernel", "[codegen][spec]") {
-  ForwardSpec spec = spec_for("sm_90a");
-  spec.dtype = DType::F16;
-  spec.head_dim_qk = 64;
-  spec.gqa_ratio = 4;
-  CHECK(spec.str() == "f16 d=64/128 gqa=4 sm_90a 128x64 w4 s2 divisible=0 full_blocks=1");
+TEST_CASE("forward/sm80_mma defaults fit every arch, and its config space validates",
+          "[codegen][spec]") {
+  const ForwardSm80Mma v;
+  for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"}) {
+    for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+      for (int d : {64, 128, 256}) {
+        const bool no_config = dt == DType::F32 && d == 256 &&
+                               (std::string(arch) == "sm_86" || std::string(arch) == "sm_89");
+        INFO(arch << " " << to_string(dt) << " d=" << d);
+        if (no_config) {
+          // fp32 tiles of d=256 do not fit 99 KiB: the error says what to do.
+          CHECK_THROWS_WITH(test::forward_desc(arch, dt, d, d),
+                            Catch::Contains("convert q, k, v to bf16 or f16"));
+          continue;
+        }
+        const KernelDesc desc = test::forward_desc(arch, dt, d, d);
+        CHECK(desc.variant == "sm80_mma");
+        CHECK(desc.config == v.default_config(desc));
+        const std::vector<kernels::Params> space = v.config_space(desc);
+        CHECK(!space.empty());
+        CHECK(std::find(space.begin(), space.end(), desc.config) != space.end());
+      }
+    }
+  }
+}
+
+TEST_CASE("forward/sm80_mma resolves a config: overrides, then tiles that divide the block mask",
+          "[codegen][spec]") {
+  const ForwardSm80Mma v;
+  const KernelDesc p =
+      kernels::forward_problem(Arch::parse("sm_90a"), DType::BF16, 128, 128, 1, false, true);
+  kernels::InputFacts none;
+  CHECK(v.resolve_config(p, {}, none).str() == "block_m=128 block_n=64 num_stages=2 num_warps=4");
+  CHECK(v.resolve_config(p, {{"num_stages", 3}}, none).at("num_stages") == 3);
+  CHECK_THROWS_WITH(
+      v.resolve_config(p, {{"block_k", 32}}, none),
+      Catch::Contains("no config parameter 'block_k'") && Catch::Contains("block_m=128"));
+  kernels::InputFacts mask;
+  mask.mask_q_block = mask.mask_kv_block = 64;  // a 64x64 block mask: tiles shrink to fit
+  CHECK(v.resolve_config(p, {}, mask).str() == "block_m=64 block_n=64 num_stages=2 num_warps=4");
+  mask.mask_q_block = mask.mask_kv_block = 96;
+  CHECK_THROWS_WITH(v.resolve_config(p, {}, mask), Catch::Contains("96x96"));
+  CHECK_THROWS_WITH(v.resolve_config(p, {{"block_m", 128}}, kernels::InputFacts{0, {}, 64, 64}),
+                    Catch::Contains("not multiples"));
+  // divisible follows the lengths and the tiles.
+  KernelDesc d = p;
+  d.config = v.resolve_config(p, {}, none);
+  kernels::InputFacts lengths;
+  lengths.seqlen_q = 256;
+  lengths.seqlen_kv = 640;
+  v.specialize(d, lengths);
+  CHECK(d.flags.at("divisible") == 1);
+  lengths.seqlen_kv = 650;
+  v.specialize(d, lengths);
+  CHECK(d.flags.at("divisible") == 0);
 }
 
 // ---- SourceWriter --------------------------------------------------------------------------
@@ -672,7 +742,7 @@ TEST_CASE("forward kernels from the embedded templates compile for every arch",
   for (const auto& m : golden_mods()) {
     for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"}) {
       SECTION(m.name + " " + arch) {
-        const GeneratedSource g = generate_forward(m.make(), spec_for(arch));
+        const GeneratedSource g = ForwardSm80Mma().generate(m.make(), spec_for(arch));
         CHECK(g.source.find("#include") == std::string::npos);
         NvrtcResult r = nvrtc_compile(g.source, arch, g.options);
         INFO(r.log);

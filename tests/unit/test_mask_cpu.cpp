@@ -6,9 +6,9 @@
 #include <flexjit/mods.h>
 
 #include "Pipeline.h"
-#include "codegen/cuda/BlockMaskSource.h"
 #include "cpu/HostBlockMask.h"
 #include "ir/Evaluate.h"
+#include "support/KernelDescs.h"
 
 #include <catch2/catch.hpp>
 
@@ -152,15 +152,19 @@ TEST_CASE("The GPU block-mask builder compiles through NVRTC", "[mask][nvrtc]") 
   KernelBuilder builder(s);
   for (const char* name : {"causal", "document_causal", "sliding_window", "alibi_causal"}) {
     INFO(name);
-    const Mods lowered = lower_mods(cuda::mask_only(standard_mods(name)));
-    CHECK(lowered.buffers.size() == (std::string(name) == "document_causal" ? 1u : 0u));
-    const cuda::GeneratedSource src = cuda::generate_block_mask(lowered, {128, 128, 8});
-    CHECK(src.source.find("struct FjBlockMaskConfig { static constexpr int kQBlock = 128") !=
+    const Mods mask = mask_only(standard_mods(name));
+    CHECK(mask.buffers.size() == (std::string(name) == "document_causal" ? 1u : 0u));
+    const BuiltKernel k = builder.build(standard_mods(name), test::block_mask_desc("sm_90a", 128));
+    CHECK(k.desc.family_variant() == "block_mask/warp_per_tile");
+    CHECK(k.source->source.find("struct FjBlockMaskConfig { static constexpr int kQBlock = 128") !=
           std::string::npos);
-    const jit::CompileResult r = builder.compile(src, "sm_90a", name);
-    CHECK(!r.kernel->cubin.empty());
+    // Only the mask_mod reaches the source: alibi_causal's score_mod and its buffer do not.
+    CHECK(k.source->source.find("slopes") == std::string::npos);
+    CHECK(!k.compiled.kernel->cubin.empty());
   }
-  CHECK_THROWS_AS(cuda::mask_only(standard_mods("alibi")), CompileError);
+  CHECK_THROWS_AS(mask_only(standard_mods("alibi")), CompileError);
+  CHECK_THROWS_AS(builder.build(standard_mods("alibi"), test::block_mask_desc("sm_90a", 128)),
+                  CompileError);
 }
 
 TEST_CASE("flexjit mask show draws the tiles", "[mask][cli]") {

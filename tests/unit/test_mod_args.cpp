@@ -3,7 +3,6 @@
 #include <flexjit/error.h>
 
 #include <flexjit/mods.h>
-#include "codegen/cuda/BlockMaskSource.h"
 #include "runtime/ModArgs.h"
 
 #include <catch2/catch.hpp>
@@ -16,7 +15,7 @@ TEST_CASE("mask-only bindings drop score_mod names and still catch typos", "[mod
   const Mods mods = parse_mods(
       "buffer bias: f32[H]\nparam cap: f32 = 30.0\nparam window: i32\n"
       "score_mod = cap * tanh(score / cap) + bias[h]\nmask_mod = q_idx - kv_idx <= window");
-  const Mods mask = cuda::mask_only(mods);
+  const Mods mask = mask_only(mods);
   REQUIRE(mask.buffers.empty());
   REQUIRE(mask.params.size() == 1);
   alignas(16) static char fake[16];  // never dereferenced: the packer copies pointers only

@@ -3,7 +3,7 @@
 #include <flexjit/mods.h>
 
 #include "Pipeline.h"
-#include "tune/Defaults.h"
+#include "support/KernelDescs.h"
 
 #include <catch2/catch.hpp>
 
@@ -42,12 +42,8 @@ TEST_CASE("every standard mod compiles for bf16/fp16 x d64/d128 x sm_80/sm_90a",
     for (size_t i; (i = next++) < jobs.size();) {
       const Job& j = jobs[i];
       try {
-        cuda::ForwardSpec spec;
-        spec.dtype = j.dtype;
-        spec.head_dim_qk = spec.head_dim_v = j.d;
-        spec.arch = cuda::Arch::parse(j.arch);
-        spec.config = tune::default_forward_config(spec);
-        BuiltKernel k = builder.build_forward(standard_mods(j.mods), spec);
+        BuiltKernel k =
+            builder.build(standard_mods(j.mods), test::forward_desc(j.arch, j.dtype, j.d, j.d));
         registers[i] = k.compiled.kernel->usage.registers;
         spills[i] = k.compiled.kernel->usage.spill_store_bytes;
       } catch (const std::exception& e) {

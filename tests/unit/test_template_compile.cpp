@@ -4,8 +4,7 @@
 #include <flexjit/error.h>
 #include <nvrtc.h>
 
-#include "codegen/cuda/ForwardSpec.h"
-#include "tune/Defaults.h"
+#include "kernels/forward/Sm80Mma.h"
 
 #include <catch2/catch.hpp>
 
@@ -231,17 +230,18 @@ TEST_CASE("fp32 default configs fit shared memory on every arch, or say why not"
   using namespace flexjit;
   for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"}) {
     for (int d : {64, 128, 256}) {
-      cuda::ForwardSpec spec;
-      spec.dtype = DType::F32;
-      spec.head_dim_qk = spec.head_dim_v = d;
-      spec.arch = cuda::Arch::parse(arch);
-      spec.config = tune::default_forward_config(spec);
+      const kernels::ForwardSm80Mma variant;
+      kernels::KernelDesc spec =
+          kernels::forward_problem(cuda::Arch::parse(arch), DType::F32, d, d, 1, false, true);
+      spec.variant = "sm80_mma";
+      spec.config = variant.default_config(spec);
       INFO(spec.str());
       if (d == 256 && (spec.arch.cc() == 86 || spec.arch.cc() == 89)) {
-        CHECK_THROWS_WITH(spec.validate(), Catch::Contains("shared memory") &&
-                                               Catch::Contains("convert q, k, v to bf16 or f16"));
+        CHECK_THROWS_WITH(
+            variant.validate(spec),
+            Catch::Contains("shared memory") && Catch::Contains("convert q, k, v to bf16 or f16"));
       } else {
-        CHECK_NOTHROW(spec.validate());
+        CHECK_NOTHROW(variant.validate(spec));
       }
     }
   }

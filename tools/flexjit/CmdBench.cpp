@@ -11,6 +11,7 @@
 #include "flexjit/BenchCases.h"
 #include "flexjit/Commands.h"
 #include "flexjit/Options.h"
+#include "kernels/KernelQuery.h"
 #include "runtime/Device.h"
 #include "runtime/Timer.h"
 
@@ -66,7 +67,7 @@ struct CompileBenchRow {
 
 void run_compile_bench(const KernelOptions& opts, const std::string& mods_list, int repeats,
                        bool json) {
-  cuda::ForwardSpec spec = make_spec(opts);
+  const kernels::KernelDesc spec = kernels::desc_for_query(make_query(opts));
   // A private cache directory, so that "cold" really is cold and nothing of the user's
   // cache is touched.
   TempDir dir("flexjit-bench");
@@ -84,10 +85,10 @@ void run_compile_bench(const KernelOptions& opts, const std::string& mods_list, 
     CompileBenchRow row{name, 0, 0, 0};
     {
       KernelBuilder cold(settings);
-      row.cold_ms = time_ms([&] { cold.build_forward(mods, spec); });
+      row.cold_ms = time_ms([&] { cold.build(mods, spec); });
       std::vector<double> mem;
       for (int i = 0; i < repeats; ++i) {
-        mem.push_back(1e3 * time_ms([&] { cold.build_forward(mods, spec); }));
+        mem.push_back(1e3 * time_ms([&] { cold.build(mods, spec); }));
       }
       row.memory_hit_us = median(mem);
     }
@@ -95,7 +96,7 @@ void run_compile_bench(const KernelOptions& opts, const std::string& mods_list, 
     for (int i = 0; i < std::max(5, repeats / 10); ++i) {
       KernelBuilder warm(settings);  // empty memory: served from disk
       disk.push_back(time_ms([&] {
-        auto k = warm.build_forward(mods, spec);
+        auto k = warm.build(mods, spec);
         if (k.compiled.outcome != jit::CacheOutcome::DiskHit) {
           throw InternalError("bench: expected a disk-cache hit");
         }
@@ -117,7 +118,7 @@ void run_compile_bench(const KernelOptions& opts, const std::string& mods_list, 
     return;
   }
   fmt::print(
-      "forward kernel build time, {} (targets: cold <= 1000 ms, disk hit <= 5 ms, "
+      "kernel build time, {} (targets: cold <= 1000 ms, disk hit <= 5 ms, "
       "memory hit <= 20 us)\n",
       spec.str());
   fmt::print("{:<22} {:>12} {:>14} {:>16}\n", "mods", "cold (ms)", "disk hit (ms)",

@@ -1,15 +1,17 @@
-// flexjit compile / inspect: compile a forward kernel through the caches and report it.
+// flexjit compile / inspect: compile a kernel (forward by default) through the caches and report
+// it: the kernel description, the variant chosen and why, resources, optionally SASS.
 #include <flexjit/error.h>
-#include "Pipeline.h"
+#include <flexjit/kernel.h>
+
 #include "flexjit/Commands.h"
 #include "flexjit/Options.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <flexjit_abi.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -20,39 +22,30 @@ namespace flexjit::cli {
 
 namespace {
 
-const char* outcome_name(jit::CacheOutcome o) {
-  switch (o) {
-    case jit::CacheOutcome::Compiled:
-      return "compiled";
-    case jit::CacheOutcome::MemoryHit:
-      return "memory-hit";
-    case jit::CacheOutcome::DiskHit:
-      return "disk-hit";
-  }
-  return "?";
+// "disk hit" -> "disk-hit": the CLI's JSON spelling.
+std::string outcome_name(std::string cache) {
+  std::replace(cache.begin(), cache.end(), ' ', '-');
+  return cache;
 }
 
-nlohmann::json to_json(const BuiltKernel& k, const cuda::ForwardSpec& spec) {
-  const auto& ck = *k.compiled.kernel;
-  const auto& u = ck.usage;
-  return {{"kernel", ck.kernel_name},
-          {"label", ck.label},
-          {"arch", ck.arch},
-          {"spec", spec.str()},
-          {"cache_key", ck.key},
-          {"source_key", k.source->source_key},
-          {"cache", outcome_name(k.compiled.outcome)},
-          {"elapsed_ms", k.compiled.elapsed_ms},
-          {"compile_ms", ck.compile_ms},
-          {"cubin_bytes", ck.cubin.size()},
-          {"registers", u.registers},
-          {"spill_store_bytes", u.spill_store_bytes},
-          {"spill_load_bytes", u.spill_load_bytes},
-          {"stack_frame_bytes", u.stack_frame_bytes},
-          {"static_shared_bytes", u.static_shared_bytes},
-          {"dynamic_shared_bytes",
-           fj_forward_smem_bytes(spec.config.block_m, spec.config.block_n, spec.head_dim_qk,
-                                 spec.head_dim_v, dtype_size(spec.dtype), spec.config.num_stages)}};
+nlohmann::json to_json(const KernelBinary& k) {
+  return {{"kernel", k.source.kernel_name},
+          {"description", nlohmann::json::parse(k.source.description_json)},
+          {"spec", k.source.description},
+          {"selection", k.source.selection},
+          {"arch", nlohmann::json::parse(k.source.description_json).at("arch")},
+          {"cache_key", k.cache_key},
+          {"source_key", k.source.source_key},
+          {"cache", outcome_name(k.cache)},
+          {"elapsed_ms", k.elapsed_ms},
+          {"compile_ms", k.compile_ms},
+          {"cubin_bytes", k.cubin.size()},
+          {"registers", k.registers},
+          {"spill_store_bytes", k.spill_store_bytes},
+          {"spill_load_bytes", k.spill_load_bytes},
+          {"stack_frame_bytes", k.stack_frame_bytes},
+          {"static_shared_bytes", k.static_shared_bytes},
+          {"dynamic_shared_bytes", k.source.dynamic_smem_bytes}};
 }
 
 // Runs a disassembler on the cubin if one is on PATH; returns false if none is.
@@ -73,10 +66,11 @@ bool disassemble(const std::vector<char>& cubin, const std::string& tool, const 
 
 void register_one(CLI::App& app, bool inspect) {
   const char* desc =
-      inspect ? "Compile a forward kernel and show its resources and SASS\n\nExamples:\n"
+      inspect ? "Compile a kernel and show its description, resources and SASS\n\nExamples:\n"
                 "  flexjit inspect --mods causal --arch sm_90a --sass\n"
-                "  flexjit inspect --score-mod softcap --arch sm_80 --json"
-              : "Compile a forward kernel through the caches and report resources\n\nExamples:\n"
+                "  flexjit inspect --score-mod softcap --arch sm_80 --json\n"
+                "  flexjit inspect --kernel block_mask --mask-mod causal --arch sm_90a"
+              : "Compile a kernel through the caches and report resources\n\nExamples:\n"
                 "  flexjit compile --score-mod alibi --mask-mod causal --arch sm_90a\n"
                 "  flexjit compile --mods my.fx --head-dim 64 --arch sm_80 --json\n"
                 "  flexjit compile --mods causal --arch sm_90a -o fwd.cubin";
@@ -98,33 +92,31 @@ void register_one(CLI::App& app, bool inspect) {
     cmd->add_flag("--source", st.source, "Print the generated CUDA source too");
   }
   cmd->callback([&st, inspect] {
-    Mods mods = resolve(st.opts);
-    cuda::ForwardSpec spec = make_spec(st.opts);
-    KernelBuilder builder;
-    BuiltKernel k = builder.build_forward(mods, spec);
-    const auto& ck = *k.compiled.kernel;
+    const KernelBinary k = compile_kernel(resolve(st.opts), make_query(st.opts));
     if (!st.out.empty()) {
       std::ofstream f(st.out, std::ios::binary);
-      f.write(ck.cubin.data(), static_cast<std::streamsize>(ck.cubin.size()));
+      f.write(k.cubin.data(), static_cast<std::streamsize>(k.cubin.size()));
       if (!f.flush()) throw Error(fmt::format("cannot write '{}'", st.out));
     }
-    if (inspect && st.source) std::cout << k.source->source << "\n";
+    if (inspect && st.source) std::cout << k.source.source << "\n";
     if (st.json) {
-      std::cout << to_json(k, spec).dump(2) << "\n";
+      std::cout << to_json(k).dump(2) << "\n";
     } else {
-      fmt::print("kernel    {} [{}]\n", ck.kernel_name, ck.label);
-      fmt::print("spec      {}\n", spec.str());
-      fmt::print("cache     {} in {:.3f} ms (cold compile took {:.1f} ms)\n",
-                 outcome_name(k.compiled.outcome), k.compiled.elapsed_ms, ck.compile_ms);
-      fmt::print("cubin     {} bytes, key {}\n", ck.cubin.size(), ck.key.substr(0, 16));
-      fmt::print("resources {}\n", ck.usage.str());
+      fmt::print("kernel    {}\n", k.source.kernel_name);
+      fmt::print("desc      {}\n", k.source.description);
+      fmt::print("selected  {}\n", k.source.selection);
+      fmt::print("cache     {} in {:.3f} ms (cold compile took {:.1f} ms)\n", outcome_name(k.cache),
+                 k.elapsed_ms, k.compile_ms);
+      fmt::print("cubin     {} bytes, key {}\n", k.cubin.size(), k.cache_key.substr(0, 16));
       fmt::print(
-          "dyn smem  {} bytes\n",
-          fj_forward_smem_bytes(spec.config.block_m, spec.config.block_n, spec.head_dim_qk,
-                                spec.head_dim_v, dtype_size(spec.dtype), spec.config.num_stages));
+          "resources {} registers, {} B spill stores, {} B spill loads, {} B stack, {} B "
+          "static smem\n",
+          k.registers, k.spill_store_bytes, k.spill_load_bytes, k.stack_frame_bytes,
+          k.static_shared_bytes);
+      fmt::print("dyn smem  {} bytes\n", k.source.dynamic_smem_bytes);
     }
-    if (inspect && st.sass && !disassemble(ck.cubin, "cuobjdump", "--dump-sass") &&
-        !disassemble(ck.cubin, "nvdisasm", "")) {
+    if (inspect && st.sass && !disassemble(k.cubin, "cuobjdump", "--dump-sass") &&
+        !disassemble(k.cubin, "nvdisasm", "")) {
       fmt::print(stderr, "note: no cuobjdump or nvdisasm on PATH; SASS not shown\n");
     }
   });

@@ -8,6 +8,7 @@ namespace flexjit::cli {
 
 void register_emit(CLI::App& app);
 void register_compile(CLI::App& app);  // compile and inspect
+void register_kernels(CLI::App& app);
 void register_cache(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_mods(CLI::App& app);

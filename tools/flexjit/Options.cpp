@@ -3,13 +3,22 @@
 #include <flexjit/error.h>
 
 #include "runtime/Device.h"
-#include "tune/Defaults.h"
 
 #include <fmt/format.h>
 
 namespace flexjit::cli {
 
-void add_kernel_options(CLI::App& app, KernelOptions& o) {
+void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
+  if (with_kernel) {
+    app.add_option("--kernel", o.kernel,
+                   "Kernel family: forward | block_mask (see `flexjit kernels`)")
+        ->capture_default_str();
+    app.add_option("--variant", o.variant,
+                   "Kernel variant, e.g. sm80_mma (default: chosen by the arch; `flexjit kernels` "
+                   "lists them)");
+    app.add_option("--block-size", o.block_size, "--kernel block_mask: the sparse tile size")
+        ->capture_default_str();
+  }
   app.add_option("--mods", o.mods,
                  "Mods: a standard name (see `flexjit mods list`), a .fx file, or inline text");
   app.add_option("--score-mod", o.score_mod, "A score_mod: standard name, .fx file or text");
@@ -23,10 +32,10 @@ void add_kernel_options(CLI::App& app, KernelOptions& o) {
   app.add_option("--gqa", o.gqa, "GQA ratio Hq / Hkv")->capture_default_str();
   app.add_option("--arch", o.arch,
                  "Target sm_80 | sm_86 | sm_89 | sm_90 | sm_90a (required without a GPU)");
-  app.add_option("--block-m", o.block_m, "Query rows per CTA (default: tuned table)");
-  app.add_option("--block-n", o.block_n, "Keys per iteration (default: tuned table)");
-  app.add_option("--warps", o.warps, "Warps per CTA (default: tuned table)");
-  app.add_option("--stages", o.stages, "K/V pipeline stages (default: tuned table)");
+  app.add_option("--block-m", o.block_m, "Query rows per CTA (default: the variant's table)");
+  app.add_option("--block-n", o.block_n, "Keys per iteration (default: the variant's table)");
+  app.add_option("--warps", o.warps, "Warps per CTA (default: the variant's table)");
+  app.add_option("--stages", o.stages, "K/V pipeline stages (default: the variant's table)");
   app.add_flag("--divisible", o.divisible,
                "Assume Sq and Skv are multiples of the block sizes (skips bounds checks)");
   app.add_flag("--no-full-blocks", o.no_full_blocks,
@@ -57,36 +66,30 @@ Mods resolve(const KernelOptions& o) {
   return m;
 }
 
-cuda::ForwardSpec make_spec(const KernelOptions& o) {
-  cuda::ForwardSpec s;
+KernelQuery make_query(const KernelOptions& o) {
+  KernelQuery q;
+  q.family = o.kernel;
+  q.variant = o.variant;
+  q.arch = o.arch;
+  if (q.arch.empty()) {
+    std::string why;
+    if (!runtime::cuda_available(&why)) {
+      throw Error(fmt::format(
+          "no GPU to take the target from ({}); pass --arch sm_XY[a], e.g. --arch sm_90a", why));
+    }
+  }
   auto dt = parse_dtype(o.dtype);
   if (!dt)
     throw UnsupportedError(fmt::format("unknown --dtype '{}': use bf16, f16 or f32", o.dtype));
-  s.dtype = *dt;
-  s.head_dim_qk = o.head_dim;
-  s.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim;
-  s.gqa_ratio = o.gqa;
-  if (!o.arch.empty()) {
-    s.arch = cuda::Arch::parse(o.arch);
-  } else {
-    std::string why;
-    if (!runtime::cuda_available(&why)) {
-      throw Error(
-          fmt::format("no GPU to take the target from ({}); pass --arch sm_XY[a], "
-                      "e.g. --arch sm_90a",
-                      why));
-    }
-    s.arch = cuda::Arch::parse(runtime::Device::get(0).arch());
-  }
-  s.config = tune::default_forward_config(s);
-  if (o.block_m) s.config.block_m = o.block_m;
-  if (o.block_n) s.config.block_n = o.block_n;
-  if (o.warps) s.config.num_warps = o.warps;
-  if (o.stages) s.config.num_stages = o.stages;
-  s.is_divisible = o.divisible;
-  s.has_full_blocks = !o.no_full_blocks;
-  s.validate();
-  return s;
+  q.dtype = *dt;
+  q.head_dim_qk = o.head_dim;
+  q.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim;
+  q.gqa_ratio = o.gqa;
+  q.config = {o.block_m, o.block_n, o.warps, o.stages};
+  q.block_size = o.block_size;
+  q.divisible = o.divisible;
+  q.full_blocks = !o.no_full_blocks;
+  return q;
 }
 
 }  // namespace flexjit::cli

@@ -1,10 +1,11 @@
-// Options shared by the subcommands that build a kernel: which mods, dtype, head dims, GQA,
-// block configuration and target arch.
+// Options shared by the subcommands that build a kernel: which kernel family and variant, which
+// mods, dtype, head dims, GQA, block configuration and target arch — turned into a
+// flexjit::KernelQuery (include/flexjit/kernel.h), which the library resolves to a complete
+// kernel description the same way a runtime call does.
 #pragma once
 
+#include <flexjit/kernel.h>
 #include <flexjit/mods.h>
-
-#include "codegen/cuda/ForwardSpec.h"
 
 #include <CLI/CLI.hpp>
 
@@ -13,26 +14,30 @@
 namespace flexjit::cli {
 
 struct KernelOptions {
-  std::string mods;       // --mods: standard name, .fx file or inline text
-  std::string score_mod;  // --score-mod: same forms; must define a score_mod
-  std::string mask_mod;   // --mask-mod: same forms; must define a mask_mod
+  std::string kernel = "forward";  // --kernel: forward | block_mask
+  std::string variant;             // --variant: empty = chosen by the arch
+  std::string mods;                // --mods: standard name, .fx file or inline text
+  std::string score_mod;           // --score-mod: same forms; must define a score_mod
+  std::string mask_mod;            // --mask-mod: same forms; must define a mask_mod
   std::string dtype = "bf16";
   int head_dim = 128;
   int head_dim_v = 0;  // 0: same as head_dim
   int gqa = 1;
   std::string arch;                                     // empty: from the GPU, else an error
   int block_m = 0, block_n = 0, warps = 0, stages = 0;  // 0: the default for the shape
+  int block_size = 128;                                 // --kernel block_mask: tile size
   bool divisible = false;
   bool no_full_blocks = false;
 };
 
-// Registers the options on a subcommand.
-void add_kernel_options(CLI::App& app, KernelOptions& o);
+// Registers the options on a subcommand (`with_kernel`: also --kernel, --variant and
+// --block-size, for the subcommands that emit or compile any family).
+void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel = true);
 
 // Resolves --mods / --score-mod / --mask-mod into one Mods (combined); defaults to noop.
 Mods resolve(const KernelOptions& o);
 
-// Builds and validates the spec; the arch comes from --arch or the current GPU.
-cuda::ForwardSpec make_spec(const KernelOptions& o);
+// The query the options describe (checked by emit_kernel / compile_kernel).
+KernelQuery make_query(const KernelOptions& o);
 
 }  // namespace flexjit::cli

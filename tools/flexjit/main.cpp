@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
       "  flexjit mods list\n"
       "  flexjit emit --score-mod alibi --mask-mod causal --arch sm_90a -o fwd.cu\n"
       "  flexjit compile --mods softcap_causal --dtype f16 --head-dim 64 --arch sm_80\n"
+      "  flexjit kernels\n"
       "  flexjit cache stats --json\n"
       "  flexjit bench --compile --arch sm_90a\n"
       "  flexjit mask show --mask-mod causal --seqlen 4096\n",
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   flexjit::cli::register_mods(app);
   flexjit::cli::register_emit(app);
   flexjit::cli::register_compile(app);
+  flexjit::cli::register_kernels(app);
   flexjit::cli::register_cache(app);
   flexjit::cli::register_bench(app);
   flexjit::cli::register_mask(app);

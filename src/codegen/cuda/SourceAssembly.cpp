@@ -4,8 +4,15 @@
 #include "util/Sha256.h"
 
 #include <fmt/format.h>
+#include <nvrtc.h>
 
 namespace flexjit::cuda {
+
+std::string nvrtc_version_string() {
+  int major = 0, minor = 0;
+  if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return "unknown";
+  return fmt::format("{}.{}", major, minor);
+}
 
 namespace {
 

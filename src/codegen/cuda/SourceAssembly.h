@@ -1,17 +1,28 @@
-// The parts every generated CUDA translation unit shares (ForwardSource, BlockMaskSource,
-// ReferenceSource): `// ---- name ----` sections, and the comment block on top (flexjit and
-// NVRTC versions, the spec, the mods as text, `// source key: <sha256>` of the text after it).
+// The parts every generated CUDA translation unit shares (each kernel variant's source, see
+// kernels/Variant.h): `// ---- name ----` sections, and the comment block on top (flexjit and
+// NVRTC versions, the kernel description, the mods as text, `// source key: <sha256>` of the
+// text after it).
 #pragma once
 
-#include "codegen/cuda/ForwardSource.h"
 #include "codegen/cuda/SourceWriter.h"
 
 #include <flexjit/mods.h>
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace flexjit::cuda {
+
+struct GeneratedSource {
+  std::string source;                // the whole translation unit
+  std::string kernel_name;           // the main entry point (extern "C": not mangled)
+  std::vector<std::string> options;  // NVRTC options besides the arch ("-std=c++17")
+  std::string source_key;            // SHA-256 (hex) of the source after the "source key" line
+};
+
+// "13.0": the version of the NVRTC library flexjit is linked against.
+std::string nvrtc_version_string();
 
 // Appends `// ---- title ----`, `text` verbatim and an empty line.
 void section(SourceWriter& w, std::string_view title, std::string_view text);

@@ -2,7 +2,8 @@
 // scores materialized in a global fp32 workspace, the mask_mod applied at every position (the
 // block mask in args.mask is ignored: the reference must not share the fast path's sparsity).
 //
-// Spliced after flexjit_abi.h, the prelude and the generated parts:
+// The forward family's variant forward/reference (tests/support/ReferenceKernel.h registers it);
+// spliced after flexjit_abi.h, the prelude and the generated parts:
 //   struct FjReferenceConfig { static constexpr int kDType;       // 0 f32, 1 f16, 2 bf16
 //                              static constexpr int kHeadDimQk, kHeadDimV, kGqaRatio; };
 //   struct FjModParams { ... };

@@ -1,0 +1,15 @@
+// flexjit's own kernel variants, registered in Registry::global() on its first use. Adding a
+// variant: its template(s) in templates/, its class (kernels/<family>/<Variant>.{h,cpp}), and
+// one line here (docs/kernels/README.md).
+#include "kernels/Registry.h"
+#include "kernels/block_mask/BlockMaskBuild.h"
+#include "kernels/forward/Sm80Mma.h"
+
+namespace flexjit::kernels {
+
+void register_builtin_variants(Registry& registry) {
+  registry.add(std::make_unique<ForwardSm80Mma>());
+  registry.add(std::make_unique<BlockMaskWarpPerTile>());
+}
+
+}  // namespace flexjit::kernels

@@ -1,0 +1,139 @@
+// include/flexjit/kernel.h: queries -> complete kernel descriptions (through the registry, as
+// a runtime call would select them) -> source or cubin.
+#include <flexjit/error.h>
+#include <flexjit/kernel.h>
+
+#include "Pipeline.h"
+#include "kernels/KernelQuery.h"
+#include "kernels/Registry.h"
+#include "kernels/block_mask/BlockMaskBuild.h"
+#include "kernels/forward/Forward.h"
+#include "runtime/Device.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace flexjit {
+
+namespace {
+
+cuda::Arch target_of(const KernelQuery& q) {
+  if (!q.arch.empty()) return cuda::Arch::parse(q.arch);
+  std::string why;
+  if (!runtime::cuda_available(&why)) {
+    throw Error(
+        fmt::format("no GPU to take the target from ({}); pass an arch such as sm_90a", why));
+  }
+  return cuda::Arch::parse(runtime::Device::get(0).arch());
+}
+
+}  // namespace
+
+kernels::KernelDesc kernels::desc_for_query(const KernelQuery& q, kernels::Selection* sel) {
+  const auto family = kernels::parse_family(q.family);
+  if (!family) {
+    std::vector<std::string> names;
+    for (kernels::Family f : kernels::all_families())
+      names.emplace_back(kernels::to_string(f));
+    throw UnsupportedError(fmt::format("unknown kernel family '{}'; the families are: {}", q.family,
+                                       fmt::join(names, ", ")));
+  }
+  const cuda::Arch arch = target_of(q);
+  kernels::Params overrides;
+  switch (*family) {
+    case kernels::Family::Forward: {
+      const auto positive_or_zero = [](const char* what, int v) {
+        if (v < 0) throw UnsupportedError(fmt::format("{} must not be negative ({})", what, v));
+      };
+      positive_or_zero("block_m", q.config.block_m);
+      positive_or_zero("block_n", q.config.block_n);
+      positive_or_zero("num_warps", q.config.num_warps);
+      positive_or_zero("num_stages", q.config.num_stages);
+      if (q.config.block_m) overrides.set("block_m", q.config.block_m);
+      if (q.config.block_n) overrides.set("block_n", q.config.block_n);
+      if (q.config.num_warps) overrides.set("num_warps", q.config.num_warps);
+      if (q.config.num_stages) overrides.set("num_stages", q.config.num_stages);
+      const kernels::KernelDesc problem = kernels::forward_problem(
+          arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk, q.gqa_ratio,
+          q.divisible, q.full_blocks);
+      return kernels::Registry::global().complete(problem, {}, overrides, q.variant, sel);
+    }
+    case kernels::Family::BlockMask:
+      return kernels::Registry::global().complete(
+          kernels::block_mask_problem(arch, q.block_size, q.block_size), {}, overrides, q.variant,
+          sel);
+    default:
+      break;
+  }
+  throw UnsupportedError(fmt::format(
+      "the {} kernel family has no variants yet; the families with variants are forward and "
+      "block_mask",
+      q.family));
+}
+
+namespace {
+
+KernelSource source_of(const kernels::KernelDesc& desc, const kernels::Selection& sel,
+                       const cuda::GeneratedSource& src) {
+  KernelSource out;
+  out.description = desc.str();
+  out.description_json = desc.to_json().dump();
+  out.selection = sel.str();
+  out.kernel_name = src.kernel_name;
+  out.source = src.source;
+  out.source_key = src.source_key;
+  out.dynamic_smem_bytes = variant_of(desc).smem_bytes(desc);
+  return out;
+}
+
+KernelBuilder& process_builder() {
+  static KernelBuilder* b = new KernelBuilder();  // lives until exit, like the module cache
+  return *b;
+}
+
+}  // namespace
+
+KernelSource emit_kernel(const Mods& mods, const KernelQuery& query) {
+  kernels::Selection sel;
+  const kernels::KernelDesc desc = kernels::desc_for_query(query, &sel);
+  return source_of(desc, sel, emit_source(mods, desc));
+}
+
+KernelBinary compile_kernel(const Mods& mods, const KernelQuery& query) {
+  kernels::Selection sel;
+  const kernels::KernelDesc desc = kernels::desc_for_query(query, &sel);
+  const BuiltKernel k = process_builder().build(mods, desc);
+  const jit::CompiledKernel& ck = *k.compiled.kernel;
+  KernelBinary out;
+  out.source = source_of(desc, sel, *k.source);
+  out.cache_key = ck.key;
+  out.cache = jit::to_string(k.compiled.outcome);
+  out.elapsed_ms = k.compiled.elapsed_ms;
+  out.compile_ms = ck.compile_ms;
+  out.cubin = ck.cubin;
+  out.registers = ck.usage.registers;
+  out.spill_store_bytes = ck.usage.spill_store_bytes;
+  out.spill_load_bytes = ck.usage.spill_load_bytes;
+  out.stack_frame_bytes = ck.usage.stack_frame_bytes;
+  out.static_shared_bytes = ck.usage.static_shared_bytes;
+  return out;
+}
+
+std::vector<KernelVariantInfo> kernel_variants() {
+  std::vector<KernelVariantInfo> out;
+  for (const kernels::Variant* v : kernels::Registry::global().all()) {
+    KernelVariantInfo i;
+    i.family = std::string(kernels::to_string(v->family()));
+    i.name = std::string(v->name());
+    i.summary = std::string(v->summary());
+    i.auto_select = v->auto_select();
+    i.priority = v->priority();
+    for (const kernels::TemplateText& t : v->templates())
+      i.templates.push_back(t.name);
+    i.entry_points = v->entry_points();
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+}  // namespace flexjit

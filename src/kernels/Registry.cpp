@@ -1,0 +1,127 @@
+#include "kernels/Registry.h"
+
+#include "util/Log.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace flexjit::kernels {
+
+std::string Selection::str() const {
+  std::string s = fmt::format("{}/{}", to_string(variant->family()), variant->name());
+  if (forced) s += " (as asked)";
+  if (!skipped.empty()) s += fmt::format(" (passed over: {})", fmt::join(skipped, "; "));
+  return s;
+}
+
+Registry& Registry::global() {
+  static Registry* r = [] {
+    auto* reg = new Registry();  // never destroyed: variants may be used at exit
+    register_builtin_variants(*reg);
+    return reg;
+  }();
+  return *r;
+}
+
+const Variant& Registry::add(std::unique_ptr<Variant> variant) {
+  FJ_ASSERT(variant != nullptr, "Registry::add of a null variant");
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& v : variants_) {
+    if (v->family() == variant->family() && v->name() == variant->name()) {
+      throw UnsupportedError(fmt::format("a kernel variant {}/{} is already registered",
+                                         to_string(v->family()), v->name()));
+    }
+  }
+  variants_.push_back(std::move(variant));
+  return *variants_.back();
+}
+
+const Variant* Registry::find(Family family, std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& v : variants_) {
+    if (v->family() == family && v->name() == name) return v.get();
+  }
+  return nullptr;
+}
+
+std::vector<const Variant*> Registry::variants(Family family) const {
+  std::vector<const Variant*> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& v : variants_) {
+      if (v->family() == family) out.push_back(v.get());
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Variant* a, const Variant* b) {
+    if (a->auto_select() != b->auto_select()) return a->auto_select();
+    return a->priority() > b->priority();
+  });
+  return out;
+}
+
+std::vector<const Variant*> Registry::all() const {
+  std::vector<const Variant*> out;
+  for (Family f : all_families()) {
+    for (const Variant* v : variants(f))
+      out.push_back(v);
+  }
+  return out;
+}
+
+Selection Registry::select(const KernelDesc& problem, const InputFacts& facts,
+                           std::string_view forced) const {
+  const std::vector<const Variant*> candidates = variants(problem.family);
+  const std::string_view family = to_string(problem.family);
+  Selection sel;
+  if (!forced.empty()) {
+    const Variant* v = find(problem.family, forced);
+    if (v == nullptr) {
+      std::vector<std::string> names;
+      for (const Variant* c : candidates)
+        names.emplace_back(c->name());
+      throw UnsupportedError(
+          fmt::format("no {} kernel variant '{}'; the {} variants are: {}", family, forced, family,
+                      names.empty() ? "(none)" : fmt::format("{}", fmt::join(names, ", "))));
+    }
+    if (auto why = v->unsupported(problem, facts)) {
+      throw UnsupportedError(fmt::format("{}/{} cannot run this call: {}", family, forced, *why));
+    }
+    sel.variant = v;
+    sel.forced = true;
+  } else {
+    for (const Variant* v : candidates) {
+      if (!v->auto_select()) continue;
+      if (auto why = v->unsupported(problem, facts)) {
+        sel.skipped.push_back(fmt::format("{}/{}: {}", family, v->name(), *why));
+        continue;
+      }
+      sel.variant = v;
+      break;
+    }
+    if (sel.variant == nullptr) {
+      throw UnsupportedError(fmt::format(
+          "no {} kernel variant supports {} {} d={}/{} gqa={}: {}", family, problem.arch.str(),
+          to_string(problem.dtype), problem.head_dim_qk, problem.head_dim_v, problem.gqa_ratio,
+          sel.skipped.empty() ? std::string("none is registered")
+                              : fmt::format("{}", fmt::join(sel.skipped, "; "))));
+    }
+  }
+  FJ_LOG("kernels", "selected {} for {}", sel.str(), problem.str());
+  return sel;
+}
+
+KernelDesc Registry::complete(const KernelDesc& problem, const InputFacts& facts,
+                              const Params& config_overrides, std::string_view forced,
+                              Selection* selection) const {
+  Selection sel = select(problem, facts, forced);
+  KernelDesc d = problem;
+  d.variant = std::string(sel.variant->name());
+  d.config = sel.variant->resolve_config(d, config_overrides, facts);
+  sel.variant->specialize(d, facts);
+  sel.variant->validate(d);
+  if (selection != nullptr) *selection = std::move(sel);
+  return d;
+}
+
+}  // namespace flexjit::kernels

@@ -1,0 +1,80 @@
+// The registry of kernel variants and the one place where a variant is selected.
+//
+// Selection, for a problem (a KernelDesc without variant and config) and the call's InputFacts:
+//   - a variant named by the caller is used if it exists and supports the problem, else
+//     UnsupportedError says why (unknown: the list of the family's variants);
+//   - otherwise the auto-selected variants of the family are tried by priority, and the first
+//     that supports the problem wins; the reasons of those passed over are kept
+//     (Selection::skipped) and logged under FLEXJIT_LOG=kernels, so a fallback is never silent;
+//   - none: UnsupportedError listing every variant's reason.
+//
+// The built-in variants (kernels/Builtins.cpp) are registered when the registry is first used;
+// anyone may add more (the test suite registers the naive reference kernel this way).
+#pragma once
+
+#include "kernels/Variant.h"
+
+#include <flexjit/error.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace flexjit::kernels {
+
+struct Selection {
+  const Variant* variant = nullptr;
+  // Variants passed over, with why: "forward/sm90a_wgmma: needs sm_90a; the target is sm_80".
+  std::vector<std::string> skipped;
+  bool forced = false;      // named by the caller
+  std::string str() const;  // "forward/sm80_mma (passed over: ...)" for logs and the CLI
+};
+
+class Registry {
+ public:
+  // The process-wide registry, holding the built-in variants.
+  static Registry& global();
+
+  // Adds a variant; UnsupportedError if its family already has one of that name. Variants live
+  // as long as the registry.
+  const Variant& add(std::unique_ptr<Variant> variant);
+  // The variant of `family` named `name`, or null.
+  const Variant* find(Family family, std::string_view name) const;
+  // A family's variants, highest priority first (auto-selected before the others).
+  std::vector<const Variant*> variants(Family family) const;
+  std::vector<const Variant*> all() const;
+
+  Selection select(const KernelDesc& problem, const InputFacts& facts,
+                   std::string_view forced = {}) const;
+
+  // select(), then the config resolved by the chosen variant, validated: the description a
+  // kernel is built from.
+  KernelDesc complete(const KernelDesc& problem, const InputFacts& facts,
+                      const Params& config_overrides = {}, std::string_view forced = {},
+                      Selection* selection = nullptr) const;
+
+  Registry() = default;
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Variant>> variants_;
+};
+
+// The variant of `desc` (by family and name) as its family's class; InternalError if it is not
+// registered or not of that family.
+template <typename V>
+const V& variant_as(const Registry& registry, const KernelDesc& desc) {
+  const Variant* v = registry.find(desc.family, desc.variant);
+  FJ_ASSERT(v != nullptr, "no registered variant " + desc.family_variant());
+  const V* typed = dynamic_cast<const V*>(v);
+  FJ_ASSERT(typed != nullptr, desc.family_variant() + " is not of the family's variant class");
+  return *typed;
+}
+
+// Registers flexjit's own variants (kernels/Builtins.cpp); called once by Registry::global().
+void register_builtin_variants(Registry& registry);
+
+}  // namespace flexjit::kernels

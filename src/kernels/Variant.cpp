@@ -1,0 +1,75 @@
+#include "kernels/Variant.h"
+
+#include <flexjit/error.h>
+
+#include "codegen/cuda/ModCodegen.h"
+#include "codegen/cuda/SourceWriter.h"
+#include "util/Embedded.h"
+
+#include <fmt/format.h>
+
+namespace flexjit::kernels {
+
+void KernelArgs::add_bytes(const void* data, size_t bytes) {
+  std::vector<uint64_t> copy((bytes + 7) / 8 + (bytes == 0 ? 1 : 0), 0);
+  std::memcpy(copy.data(), data, bytes);
+  storage_.push_back(std::move(copy));
+  pointers_.clear();
+}
+
+void** KernelArgs::pointers() {
+  if (pointers_.size() != storage_.size()) {
+    pointers_.clear();
+    for (auto& s : storage_)
+      pointers_.push_back(s.data());
+  }
+  return pointers_.data();
+}
+
+std::vector<TemplateText> common_templates() {
+  return {{"flexjit_abi.h", embedded::template_text("flexjit_abi.h"), true},
+          {"prelude.cuh", embedded::template_text("prelude.cuh"), true}};
+}
+
+Params Variant::resolve_config(const KernelDesc& problem, const Params& overrides,
+                               const InputFacts&) const {
+  return apply_overrides(*this, default_config(problem), overrides);
+}
+
+Params apply_overrides(const Variant& variant, Params config, const Params& overrides) {
+  for (const auto& [name, value] : overrides.items()) {
+    if (!config.has(name)) {
+      throw UnsupportedError(fmt::format("{}/{} has no config parameter '{}'; it has: {}",
+                                         to_string(variant.family()), variant.name(), name,
+                                         config.str()));
+    }
+    config.set(name, value);
+  }
+  return config;
+}
+
+cuda::GeneratedSource assemble_variant_source(const Variant& variant, const KernelDesc& desc,
+                                              const Mods& mods, const std::string& config_struct,
+                                              const std::string& what,
+                                              const std::string& mods_label) {
+  const std::vector<TemplateText> templates = variant.templates();
+  cuda::SourceWriter body;
+  body.line("");
+  for (const TemplateText& t : templates) {
+    if (t.before_mods && !t.text.empty()) cuda::section(body, t.name, t.text);
+  }
+  cuda::section(body, "config", config_struct);
+  cuda::section(body, "mods", cuda::generate_mod_functions(mods));
+  for (const TemplateText& t : templates) {
+    if (!t.before_mods && !t.text.empty()) cuda::section(body, t.name, t.text);
+  }
+  cuda::SourceHeader header;
+  header.what = what;
+  header.target = desc.arch.str();
+  header.spec = desc.str();
+  header.mods = &mods;
+  header.mods_label = mods_label;
+  return cuda::assemble_source(variant.entry_points().front(), header, body.str());
+}
+
+}  // namespace flexjit::kernels

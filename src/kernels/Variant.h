@@ -1,0 +1,148 @@
+// A kernel variant: one way to compute one kernel family (forward/sm80_mma, forward/reference,
+// block_mask/warp_per_tile, ...). A variant states, in one class:
+//   - its templates (the .cuh texts spliced after the generated mods) and entry points;
+//   - what it supports: unsupported() with a precise reason, validate() for a full description;
+//   - its config space and defaults (what the tuner searches, what a call uses untuned);
+//   - its shared-memory formula and, in the family's subclass (FamilyVariant), its workspace
+//     and launch formulas: grid, block and argument bytes for the family's inputs.
+// Variants are registered in the Registry (kernels/Registry.h), which selects one per call;
+// docs/kernels/README.md says how to add a variant or a family.
+#pragma once
+
+#include "codegen/cuda/SourceAssembly.h"
+#include "kernels/KernelDesc.h"
+#include "runtime/ModuleCache.h"
+
+#include <flexjit/mods.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flexjit::kernels {
+
+// What selection knows about a call's inputs beyond the description: facts that decide whether
+// a variant can serve the call but do not change its source. Defaults describe "anything
+// goes" (emit / compile without inputs).
+struct InputFacts {
+  // Every data pointer and stride 16-byte aligned (vector loads, cp.async, TMA); otherwise
+  // `alignment_blocker` says what is not.
+  bool aligned16 = true;
+  std::string alignment_blocker;
+  // The block mask's sparse tile size; 0 without a block mask.
+  int mask_q_block = 0, mask_kv_block = 0;
+  // The sequence lengths of the call; -1 when unknown.
+  int64_t seqlen_q = -1, seqlen_kv = -1;
+};
+
+// A template spliced into a variant's source, under its file name in templates/. Templates
+// `before_mods` come ahead of the generated config struct and mods (the ABI and prelude every
+// kernel shares); the rest follow them (the kernel bodies that call the mods).
+struct TemplateText {
+  std::string name;
+  std::string_view text;
+  bool before_mods = false;
+};
+
+// templates/flexjit_abi.h and templates/prelude.cuh, embedded, before the mods.
+std::vector<TemplateText> common_templates();
+
+// Kernel parameters as cuLaunchKernel takes them: one pointer per parameter, each to a copy of
+// the argument's bytes that lives as long as this object.
+class KernelArgs {
+ public:
+  template <typename T>
+  void add(const T& value) {
+    add_bytes(&value, sizeof(T));
+  }
+  void add_bytes(const void* data, size_t bytes);
+  void** pointers();
+  size_t size() const { return storage_.size(); }
+
+ private:
+  std::vector<std::vector<uint64_t>> storage_;  // 8-byte aligned copies
+  std::vector<void*> pointers_;
+};
+
+// One kernel launch of a plan step.
+struct Launch {
+  std::string entry_point;  // one of Variant::entry_points()
+  runtime::Dim3 grid, block;
+  unsigned smem_bytes = 0;
+  KernelArgs args;
+};
+
+class Variant {
+ public:
+  virtual ~Variant() = default;
+
+  virtual Family family() const = 0;
+  virtual std::string_view name() const = 0;     // "sm80_mma": [a-z0-9_]+
+  virtual std::string_view summary() const = 0;  // one line for `flexjit kernels`
+  // Auto-selected variants compete by priority (higher first); the others run only when a
+  // caller names them (AttentionOptions::variant, `--variant`).
+  virtual bool auto_select() const { return true; }
+  virtual int priority() const { return 0; }
+
+  // Why this variant cannot serve `problem` (config ignored) with these inputs: a sentence that
+  // names the value and what would be accepted. nullopt when it can.
+  virtual std::optional<std::string> unsupported(const KernelDesc& problem,
+                                                 const InputFacts& facts) const = 0;
+  // Throws UnsupportedError for a full description (config included) this variant cannot
+  // compile, naming the offending value and the limits.
+  virtual void validate(const KernelDesc& desc) const = 0;
+
+  // The config a call uses untuned (the defaults table), and every config worth timing.
+  virtual Params default_config(const KernelDesc& problem) const = 0;
+  virtual std::vector<Params> config_space(const KernelDesc& problem) const = 0;
+  // The defaults with a caller's `overrides` applied, adjusted to the inputs where the caller
+  // left a value open (e.g. tiles that divide the block mask's). The one place a config is
+  // resolved; UnsupportedError for an override name the variant does not have.
+  virtual Params resolve_config(const KernelDesc& problem, const Params& overrides,
+                                const InputFacts& facts) const;
+  // Sets the flags that follow from the resolved config and the inputs (e.g. `divisible` from
+  // the tile sizes and the lengths). The default sets none.
+  virtual void specialize(KernelDesc& desc, const InputFacts& facts) const {}
+
+  // Every template the source splices, in order (usually common_templates() first).
+  virtual std::vector<TemplateText> templates() const = 0;
+  // The kernels of the module; the first is GeneratedSource::kernel_name.
+  virtual std::vector<std::string> entry_points() const = 0;
+  // The mods the source is generated from (a block-mask kernel keeps the mask_mod only).
+  virtual Mods kernel_mods(const Mods& mods) const { return mods; }
+  // The source of `desc` (validated first) with `mods` already lowered (lower_mods).
+  virtual cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const = 0;
+  // Dynamic shared memory of the main entry point.
+  virtual unsigned smem_bytes(const KernelDesc& desc) const = 0;
+};
+
+// The variants of one family share its inputs type: what the runtime validated for a call.
+template <Family F, typename Inputs>
+class FamilyVariant : public Variant {
+ public:
+  using InputsType = Inputs;
+  static constexpr Family kFamily = F;
+  Family family() const final { return F; }
+  // Device scratch memory the launches need (0: none).
+  virtual size_t workspace_bytes(const KernelDesc& desc, const Inputs& in) const { return 0; }
+  // The launches, in order, on a workspace of workspace_bytes() (null when 0).
+  virtual std::vector<Launch> launches(const KernelDesc& desc, const Inputs& in,
+                                       void* workspace) const = 0;
+};
+
+// Applies `overrides` on `config`: UnsupportedError naming `variant` for unknown names.
+Params apply_overrides(const Variant& variant, Params config, const Params& overrides);
+
+// A variant's translation unit: the comment block (flexjit and NVRTC versions, desc.str(), the
+// mods as text, `// source key: <sha256>`), then one `// ---- name ----` section each for the
+// templates before the mods, the config struct, the mods (generate_mod_functions) and the
+// templates after them. No #include anywhere: NVRTC needs no headers. `what` describes the
+// kernel in the comment block ("forward kernel `flexjit_forward`").
+cuda::GeneratedSource assemble_variant_source(const Variant& variant, const KernelDesc& desc,
+                                              const Mods& mods, const std::string& config_struct,
+                                              const std::string& what,
+                                              const std::string& mods_label = "mods");
+
+}  // namespace flexjit::kernels

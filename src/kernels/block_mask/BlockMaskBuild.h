@@ -1,0 +1,56 @@
+// block_mask/warp_per_tile: create_block_mask on the GPU (templates/block_mask.cuh). One module,
+// two entry points launched in order on one stream:
+//   flexjit_block_mask_classify  one warp per (b, h, tile the host analysis left undecided)
+//                                evaluates the mask_mod over the tile (skipped when every tile
+//                                was decided on the host);
+//   flexjit_block_mask_index     one warp per kv_* row and per q_* column writes the arrays.
+// Problem flags: q_block, kv_block (the sparse tile size). Config: num_warps of the classify
+// kernel (one tile each). Only the mask_mod reaches the source (Variant::kernel_mods).
+#pragma once
+
+#include "kernels/Variant.h"
+
+#include <flexjit_abi.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace flexjit::kernels {
+
+// What the block-mask launches read and write: the output arrays and sizes, the mask's
+// parameters, and the host analysis' verdicts on the device.
+struct BlockMaskInputs {
+  FjBlockMaskBuildArgs args{};
+  std::vector<uint64_t> mod_params;  // FjModParams of mask_only(mods)
+  const void* hints = nullptr;       // [num_q_blocks * num_kv_blocks] verdicts, or null
+  const void* tiles = nullptr;       // the undecided tile numbers, or null for all
+  void* kinds = nullptr;             // [Bm * Hm * tiles] classify output, or null
+  int64_t num_unknown = 0;           // tiles to classify per (b, h)
+};
+
+using BlockMaskVariant = FamilyVariant<Family::BlockMask, BlockMaskInputs>;
+
+KernelDesc block_mask_problem(const cuda::Arch& arch, int q_block, int kv_block);
+
+class BlockMaskWarpPerTile : public BlockMaskVariant {
+ public:
+  static constexpr const char* kClassify = "flexjit_block_mask_classify";
+  static constexpr const char* kIndex = "flexjit_block_mask_index";
+
+  std::string_view name() const override { return "warp_per_tile"; }
+  std::string_view summary() const override;
+  std::optional<std::string> unsupported(const KernelDesc& problem,
+                                         const InputFacts& facts) const override;
+  void validate(const KernelDesc& desc) const override;
+  Params default_config(const KernelDesc& problem) const override;
+  std::vector<Params> config_space(const KernelDesc& problem) const override;
+  std::vector<TemplateText> templates() const override;
+  std::vector<std::string> entry_points() const override { return {kClassify, kIndex}; }
+  Mods kernel_mods(const Mods& mods) const override { return mask_only(mods); }
+  cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
+  unsigned smem_bytes(const KernelDesc&) const override { return 0; }
+  std::vector<Launch> launches(const KernelDesc& desc, const BlockMaskInputs& in,
+                               void* workspace) const override;
+};
+
+}  // namespace flexjit::kernels

@@ -1,0 +1,64 @@
+#include "kernels/forward/Forward.h"
+
+#include <flexjit/error.h>
+
+#include <fmt/format.h>
+
+namespace flexjit::kernels {
+
+KernelDesc forward_problem(const cuda::Arch& arch, DType dtype, int head_dim_qk, int head_dim_v,
+                           int gqa_ratio, bool divisible, bool full_blocks) {
+  KernelDesc d;
+  d.family = Family::Forward;
+  d.arch = arch;
+  d.dtype = dtype;
+  d.head_dim_qk = head_dim_qk;
+  d.head_dim_v = head_dim_v;
+  d.gqa_ratio = gqa_ratio;
+  d.flags.set("divisible", divisible ? 1 : 0);
+  d.flags.set("full_blocks", full_blocks ? 1 : 0);
+  return d;
+}
+
+InputFacts forward_facts(const ForwardInputs& in) {
+  InputFacts f;
+  f.aligned16 = in.shape.fast_path;
+  f.alignment_blocker = in.shape.fast_path_blocker;
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (f.aligned16 && !aligned(in.out.data)) {
+    f.aligned16 = false;
+    f.alignment_blocker = "data pointer of out is not 16-byte aligned";
+  }
+  const int es = dtype_size(in.out.dtype);
+  for (int d = 0; d < 3 && f.aligned16; ++d) {
+    if (in.out.shape[d] > 1 && (in.out.strides[d] * es) % 16 != 0) {
+      f.aligned16 = false;
+      f.alignment_blocker = fmt::format(
+          "stride of out in dim {} ({} elements = {} bytes) is not a multiple of 16 bytes", d,
+          in.out.strides[d], in.out.strides[d] * es);
+    }
+  }
+  if (in.block_mask != nullptr) {
+    f.mask_q_block = in.block_mask->meta().q_block_size;
+    f.mask_kv_block = in.block_mask->meta().kv_block_size;
+  }
+  f.seqlen_q = in.shape.seqlen_q;
+  f.seqlen_kv = in.shape.seqlen_kv;
+  return f;
+}
+
+const char* element_type(DType dtype) {
+  switch (dtype) {
+    case DType::BF16:
+      return "fj_bf16";
+    case DType::F16:
+      return "fj_f16";
+    case DType::F32:
+      return "float";
+    default:
+      break;
+  }
+  FJ_ASSERT(false, "element_type of a dtype the forward variants reject");
+}
+
+}  // namespace flexjit::kernels

@@ -1,0 +1,97 @@
+#include "runtime/Plan.h"
+
+#include "runtime/CudaDriver.h"
+#include "util/Log.h"
+
+#include <fmt/format.h>
+
+namespace flexjit::runtime {
+
+namespace {
+
+constexpr size_t kWorkspaceAlignment = 256;
+
+size_t align_up(size_t n) {
+  return (n + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+// Device memory allocated and freed in stream order: nothing waits for it.
+class StreamWorkspace {
+ public:
+  StreamWorkspace(size_t bytes, CuStream stream) : stream_(stream) {
+    if (bytes == 0) return;
+    FJ_CU(cuMemAllocAsync, fmt::format("a kernel workspace of {} bytes", bytes), &ptr_, bytes,
+          stream_);
+  }
+  ~StreamWorkspace() {
+    if (ptr_ != 0) Driver::get().cuMemFreeAsync_(ptr_, stream_);
+  }
+  StreamWorkspace(const StreamWorkspace&) = delete;
+  StreamWorkspace& operator=(const StreamWorkspace&) = delete;
+  void* data() const { return reinterpret_cast<void*>(static_cast<uintptr_t>(ptr_)); }
+
+ private:
+  CUdeviceptr ptr_ = 0;
+  CuStream stream_;
+};
+
+}  // namespace
+
+void Plan::add(PlanStep step) {
+  step.workspace_offset = workspace_bytes;
+  workspace_bytes += align_up(step.workspace_bytes);
+  steps.push_back(std::move(step));
+}
+
+std::string Plan::str() const {
+  std::string s;
+  for (const PlanStep& st : steps) {
+    if (!s.empty()) s += '\n';
+    s += fmt::format("{} (workspace {} bytes)", st.desc.str(), st.workspace_bytes);
+  }
+  return s;
+}
+
+BuiltPlan build_plan(KernelBuilder& builder, const Plan& plan) {
+  BuiltPlan built;
+  built.kernels.reserve(plan.steps.size());
+  for (const PlanStep& step : plan.steps)
+    built.kernels.push_back(builder.build(step.mods, step.desc));
+  return built;
+}
+
+void launch_plan(Device& device, const Plan& plan, const BuiltPlan& built, CuStream stream,
+                 const Workspace& given) {
+  FJ_ASSERT(built.kernels.size() == plan.steps.size(), "a plan launched with another's kernels");
+  device.make_current();
+  std::unique_ptr<StreamWorkspace> owned;
+  char* ws = nullptr;
+  if (plan.workspace_bytes > 0) {
+    if (given.data != nullptr) {
+      if (given.bytes < plan.workspace_bytes) {
+        throw RuntimeError(fmt::format(
+            "the workspace given has {} bytes; this call needs {} (flex_attention_workspace_bytes "
+            "says how much)",
+            given.bytes, plan.workspace_bytes));
+      }
+      ws = static_cast<char*>(given.data);
+    } else {
+      owned = std::make_unique<StreamWorkspace>(plan.workspace_bytes, stream);
+      ws = static_cast<char*>(owned->data());
+    }
+  }
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const PlanStep& step = plan.steps[i];
+    const jit::CompiledKernel& ck = *built.kernels[i].compiled.kernel;
+    void* step_ws = step.workspace_bytes > 0 ? ws + step.workspace_offset : nullptr;
+    for (kernels::Launch& l : step.launches(step_ws)) {
+      const Kernel kernel = ModuleCache::global().get(ck.key, ck.cubin, l.entry_point, ck.label);
+      FJ_LOG("runtime", "launch {}: grid ({}, {}, {}) block {} smem {} ({})", step.desc.str(),
+             l.grid.x, l.grid.y, l.grid.z, l.block.x, l.smem_bytes,
+             jit::to_string(built.kernels[i].compiled.outcome));
+      launch(kernel, l.grid, l.block, l.smem_bytes, stream, l.args.pointers());
+    }
+  }
+}
+
+}  // namespace flexjit::runtime
