@@ -6,7 +6,7 @@
 
 #include "Pipeline.h"
 #include "codegen/cuda/BlockMaskSource.h"
-#include "cpu/HostBlockMask.h"
+#include "cpu/TileHints.h"
 #include "flexjit_abi.h"
 #include "runtime/ContextImpl.h"
 #include "runtime/ModArgs.h"
@@ -172,10 +172,11 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
   }
   // Names are checked before compiling, so a typo shows at once; bindings of buffers and params
   // that only the score_mod uses are left out.
-  const ModBindings used = runtime::bindings_of_part(mask, cuda::mask_only(mask), bindings);
+  runtime::bind_mod_args(cuda::mask_only(mask), bindings, TensorRef::Device::CUDA,
+                         ctx.impl().device->index(), &mask);
   const std::shared_ptr<MaskKernels> k = kernels_for(ctx, mask, block_size);
-  const runtime::BoundModArgs bound =
-      runtime::bind_mod_args(k->lowered, used, ctx.impl().device->index());
+  const runtime::BoundModArgs bound = runtime::bind_mod_args(
+      k->lowered, bindings, TensorRef::Device::CUDA, ctx.impl().device->index(), &mask);
   const std::vector<uint64_t> params = runtime::pack_mod_params(k->lowered, bound);
   std::map<std::string, double> values;
   for (size_t i = 0; i < k->lowered.params.size(); ++i)
