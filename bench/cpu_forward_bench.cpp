@@ -1,4 +1,4 @@
-// Times the CPU forward (LLVM-JIT'ed mods, src/cpu/CpuAttention) for B=1 H=8 S=2048 D=64 with
+// Times the CPU forward (LLVM-JIT'ed mods, src/cpu/ForwardKernel) for B=1 H=8 S=2048 D=64 with
 // the causal and noop mods against a straightforward C++ loop of the same computation, written
 // here and compiled with the same flags (-O3). Prints the median of several runs of each.
 //
@@ -7,10 +7,10 @@
 
 #include "codegen/llvm/LlvmCodegen.h"
 #include "codegen/llvm/OrcJit.h"
-#include "cpu/CpuAttention.h"
-#include "cpu/CpuBackward.h"
-#include "cpu/CpuBlockMask.h"
-#include "cpu/ThreadPool.h"
+#include "cpu/BackwardKernel.h"
+#include "cpu/ForwardKernel.h"
+#include "cpu/JitBlockMask.h"
+#include "cpu/ParallelFor.h"
 
 #include <fmt/format.h>
 
@@ -99,10 +99,10 @@ int main(int argc, char** argv) {
     k[i] = dist(rng);
     v[i] = dist(rng);
   }
-  auto qt = cpu::CpuTensor::contiguous(q.data(), DType::F32, kB, kH, kS, kD);
-  auto kt = cpu::CpuTensor::contiguous(k.data(), DType::F32, kB, kH, kS, kD);
-  auto vt = cpu::CpuTensor::contiguous(v.data(), DType::F32, kB, kH, kS, kD);
-  ir::EvalEnv env;
+  auto qt = TensorRef::contiguous(q.data(), DType::F32, {kB, kH, kS, kD});
+  auto kt = TensorRef::contiguous(k.data(), DType::F32, {kB, kH, kS, kD});
+  auto vt = TensorRef::contiguous(v.data(), DType::F32, {kB, kH, kS, kD});
+  const ModBindings env;
   const auto j0 = std::chrono::steady_clock::now();
   llvmjit::OrcJit::instance();  // one-time LLVM / LLJIT start-up, reported apart from mod compiles
   fmt::print(
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count();
     std::vector<float> out(n), lse(static_cast<size_t>(kB) * kH * kS), ref_out(n),
         ref_lse(lse.size());
-    cpu::CpuBlockMask bm;
+    BlockMask bm;
     const double mask_ms = median_ms(runs, [&] {
       bm = cpu::cpu_create_block_mask(mods, env, 1, 1, kS, kS,
                                       cpu::CpuBlockMaskOptions{128, 128, threads});
@@ -148,9 +148,9 @@ int main(int argc, char** argv) {
         "thread) | naive -O3 loop {:8.1f} ms (1 thread) | speedup {:.1f}x | max |diff| {:.2e}\n",
         name, compile_ms, mask_ms, ms_sparse, cpu::resolve_threads(threads), ms_plain, ms_single,
         ms_naive, ms_naive / ms_sparse, max_abs_diff(out, ref_out));
-    // The backward (cpu/CpuBackward.h; plain C++ loops, not yet tiled), one run: it is slow.
+    // The backward (cpu/BackwardKernel.h; plain C++ loops, not yet tiled), one run: it is slow.
     std::vector<float> dout(n, 1.0f);
-    auto dot = cpu::CpuTensor::contiguous(dout.data(), DType::F32, kB, kH, kS, kD);
+    auto dot = TensorRef::contiguous(dout.data(), DType::F32, {kB, kH, kS, kD});
     cpu::cpu_attention_forward(mods, env, qt, kt, vt, out.data(), lse.data(), sparse);
     const double ms_backward = median_ms(1, [&] {
       cpu::cpu_attention_backward(mods, env, qt, kt, vt, out.data(), lse.data(), dot,

@@ -8,8 +8,8 @@
 //   __device__ bool fj_mask_mod(const FjModParams& p, int b, int h, int q_idx, int kv_idx);
 // Positions past seqlen_q / seqlen_kv count as masked (PyTorch's create_block_mask pads the
 // dense mask with False), so a boundary tile is never full unless it is whole. The host
-// builders (src/runtime/BlockMask.cpp, src/cpu/HostBlockMask.cpp) follow the same rules; tests
-// compare them.
+// builders (src/runtime/BlockMask.cpp, src/cpu/InterpretedBlockMask.cpp, src/cpu/JitBlockMask.cpp)
+// follow the same rules; tests compare them.
 //
 // Two kernels, launched in this order on one stream:
 //

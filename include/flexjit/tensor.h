@@ -1,5 +1,7 @@
-// TensorRef: how tensors cross flexjit's API. A non-owning descriptor (pointer, dtype, shape,
-// element strides, device), made directly or from DLPack's DLTensor (PyTorch, JAX, CuPy ...).
+// TensorRef: how tensors cross flexjit's API, host or device. A non-owning descriptor (pointer,
+// dtype, shape, element strides, device), made directly, from DLPack's DLTensor (PyTorch, JAX,
+// CuPy ...), from an owning DeviceTensor (device_tensor.h) or, in the CLI, from an .npy array
+// (src/util/Npy.h, npy::Array::view). The CPU backend's kernels take TensorRefs too.
 #pragma once
 
 #include <flexjit/types.h>
@@ -27,7 +29,10 @@ struct TensorRef {
                               Device device = Device::CPU, int device_index = 0);
 
   int ndim() const { return static_cast<int>(shape.size()); }
-  int64_t numel() const;  // product of shape; 1 for a 0-dim tensor
+  // Product of shape; 1 for a 0-dim tensor. RuntimeError when it overflows int64 (a shape no
+  // memory can hold, "tensor f32[7623851, 1229673, 3935371, 64] ... has more than 2^63
+  // elements").
+  int64_t numel() const;
   // The last dim has stride 1, or extent <= 1 (its stride is then irrelevant).
   bool is_last_dim_contiguous() const;
   bool is_contiguous() const;  // C order (dims of extent 1 may have any stride)

@@ -154,7 +154,7 @@ bool equal(const Mods& a, const Mods& b) {
 
 Mods mask_only(const Mods& mods) {
   if (!mods.mask_mod.defined()) {
-    throw CompileError(fmt::format("create_block_mask needs a mask_mod; mods '{}' have none",
+    throw CompileError(fmt::format("a block mask needs a mask_mod; mods '{}' have none",
                                    mods.name.empty() ? "<inline>" : mods.name));
   }
   std::unordered_set<const ir::BufferDecl*> buffers;

@@ -3,17 +3,23 @@
 
 #include "flexjit_abi.h"
 #include "ir/Operators.h"
+#include "util/CheckedMath.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace flexjit {
 
 namespace {
 
+// The most tiles (Bm x Hm x num_q_blocks x num_kv_blocks) of a mask, as create_block_mask allows.
+constexpr int64_t kMaxBlockMaskTiles = int64_t{1} << 31;
+
+// ceil(a / b) for a >= 0, b >= 1; in 64 bits, so that a block size near INT_MAX does not wrap.
 int ceil_div(int a, int b) {
-  return (a + b - 1) / b;
+  return static_cast<int>((int64_t{a} + b - 1) / b);
 }
 
 void check_geometry(int batch, int heads, int seqlen_q, int seqlen_kv, int q_block_size,
@@ -29,6 +35,13 @@ void check_geometry(int batch, int heads, int seqlen_q, int seqlen_kv, int q_blo
   if (q_block_size < 1 || kv_block_size < 1) {
     throw RuntimeError(fmt::format("block mask block sizes must be >= 1 (got {} and {})",
                                    q_block_size, kv_block_size));
+  }
+  const int nq = ceil_div(seqlen_q, q_block_size), nkv = ceil_div(seqlen_kv, kv_block_size);
+  const std::optional<int64_t> tiles = checked_product({batch, heads, nq, nkv});
+  if (!tiles || *tiles > kMaxBlockMaskTiles) {
+    throw RuntimeError(
+        fmt::format("a block mask of batch {} x heads {} x {} x {} tiles has more than 2^31 tiles",
+                    batch, heads, nq, nkv));
   }
 }
 

@@ -6,7 +6,7 @@
 #include <flexjit/error.h>
 
 #include "Pipeline.h"
-#include "cpu/HostBlockMask.h"
+#include "cpu/TileHints.h"
 #include "flexjit_abi.h"
 #include "kernels/block_mask/BlockMaskBuild.h"
 #include "runtime/ContextImpl.h"
@@ -137,9 +137,9 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
   // Names are checked before compiling, so a typo shows at once; bindings of buffers and params
   // that only the score_mod uses are left out.
   const Mods mask_mods = mask_only(mask);
-  const ModBindings used = runtime::bindings_of_part(mask, mask_mods, bindings);
   ContextImpl& impl = impl_of(ctx);
-  const runtime::BoundModArgs bound = runtime::bind_mod_args(mask_mods, used, impl.device->index());
+  const runtime::BoundModArgs bound = runtime::bind_mod_args(
+      mask_mods, bindings, TensorRef::Device::CUDA, impl.device->index(), &mask);
   kernels::BlockMaskInputs in;
   in.mod_params = runtime::pack_mod_params(mask_mods, bound);
   std::map<std::string, double> values;

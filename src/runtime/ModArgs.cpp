@@ -4,6 +4,7 @@
 
 #include "codegen/cuda/ModParamLayout.h"
 #include "ir/IR.h"
+#include "ir/Visitor.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -33,7 +34,8 @@ std::string names_of(const std::vector<Named>& v) {
 }
 
 // Checks one bound tensor against its declaration.
-void check_buffer(const Buffer& decl, const TensorRef& t, int device_index) {
+void check_buffer(const Buffer& decl, const TensorRef& t, TensorRef::Device device,
+                  int device_index) {
   const std::string what = fmt::format("buffer '{}' (declared {})", decl.name(), declaration(decl));
   if (t.dtype != decl.dtype()) {
     throw RuntimeError(fmt::format("{} is bound to a {} tensor; expected {}", what,
@@ -60,10 +62,12 @@ void check_buffer(const Buffer& decl, const TensorRef& t, int device_index) {
       throw RuntimeError(fmt::format("{}: dim {} has negative extent {}", what, d, t.shape[d]));
     }
   }
-  if (t.device != TensorRef::Device::CUDA || t.device_index != device_index) {
+  const bool same_device =
+      t.device == device && (device == TensorRef::Device::CPU || t.device_index == device_index);
+  if (!same_device) {
     throw RuntimeError(fmt::format("{} is on {}; the kernel runs on {}", what,
                                    to_string(t.device, t.device_index),
-                                   to_string(TensorRef::Device::CUDA, device_index)));
+                                   to_string(device, device_index)));
   }
   if (t.data == nullptr && t.numel() > 0) {
     throw RuntimeError(fmt::format("{} has a null data pointer", what));
@@ -117,32 +121,49 @@ size_t param_index(const Mods& mods, const std::string& name) {
   return i;
 }
 
+// The index of `name` in `v` (a Mods' buffers or params), or v.size().
+template <typename Named>
+size_t index_of(const std::vector<Named>& v, const std::string& name) {
+  size_t i = 0;
+  while (i < v.size() && v[i].name() != name)
+    ++i;
+  return i;
+}
+
 }  // namespace
 
-BoundModArgs bind_mod_args(const Mods& mods, const ModBindings& bindings, int device_index) {
+BoundModArgs bind_mod_args(const Mods& mods, const ModBindings& bindings, TensorRef::Device device,
+                           int device_index, const Mods* declared) {
   // Bindings by declaration index; unknown and repeated names are errors.
+  const Mods& names = declared != nullptr ? *declared : mods;
   std::vector<const TensorRef*> buffers(mods.buffers.size(), nullptr);
   std::vector<std::optional<double>> params(mods.params.size());
+  std::set<std::string> seen_buffers, seen_params;
   for (const auto& [name, tensor] : bindings.buffers) {
-    const size_t i = buffer_index(mods, name);
-    if (buffers[i] != nullptr) {
+    buffer_index(names, name);
+    if (!seen_buffers.insert(name).second) {
       throw RuntimeError(fmt::format("buffer '{}' is bound twice", name));
     }
-    buffers[i] = &tensor;
+    const size_t i = index_of(mods.buffers, name);
+    if (i < buffers.size()) buffers[i] = &tensor;
   }
   for (const auto& [name, value] : bindings.params) {
-    const size_t i = param_index(mods, name);
-    if (params[i]) throw RuntimeError(fmt::format("param '{}' is given twice", name));
-    params[i] = value;
+    param_index(names, name);
+    if (!seen_params.insert(name).second) {
+      throw RuntimeError(fmt::format("param '{}' is given twice", name));
+    }
+    const size_t i = index_of(mods.params, name);
+    if (i < params.size()) params[i] = value;
   }
   for (size_t i = 0; i < mods.buffers.size(); ++i) {
     if (buffers[i] == nullptr) {
       throw RuntimeError(
-          fmt::format("buffer '{}' ({}) is not bound; pass a device tensor for it "
+          fmt::format("buffer '{}' ({}) is not bound; pass {} tensor for it "
                       "in bindings.buffers",
-                      mods.buffers[i].name(), declaration(mods.buffers[i])));
+                      mods.buffers[i].name(), declaration(mods.buffers[i]),
+                      device == TensorRef::Device::CPU ? "a host" : "a device"));
     }
-    check_buffer(mods.buffers[i], *buffers[i], device_index);
+    check_buffer(mods.buffers[i], *buffers[i], device, device_index);
   }
   BoundModArgs out;
   out.buffers = std::move(buffers);
@@ -204,24 +225,21 @@ std::vector<uint64_t> pack_mod_params(const Mods& mods, const BoundModArgs& args
 
 std::vector<uint64_t> pack_mod_params(const Mods& mods, const ModBindings& bindings,
                                       int device_index) {
-  return pack_mod_params(mods, bind_mod_args(mods, bindings, device_index));
+  return pack_mod_params(mods,
+                         bind_mod_args(mods, bindings, TensorRef::Device::CUDA, device_index));
 }
 
-ModBindings bindings_of_part(const Mods& declared, const Mods& used, const ModBindings& bindings) {
-  ModBindings out;
-  for (const auto& [name, tensor] : bindings.buffers) {
-    buffer_index(declared, name);
-    for (const Buffer& b : used.buffers) {
-      if (b.name() == name) out.buffers.emplace_back(name, tensor);
-    }
+ir::EvalEnv eval_env_of(const Mods& mods, const BoundModArgs& args) {
+  FJ_ASSERT(args.buffers.size() == mods.buffers.size() && args.params.size() == mods.params.size(),
+            "bound mod args do not match the mods");
+  ir::EvalEnv env;
+  for (size_t i = 0; i < mods.buffers.size(); ++i) {
+    const TensorRef& t = *args.buffers[i];
+    env.buffers[mods.buffers[i].name()] = ir::BufferView{t.data, t.dtype, t.shape, t.strides};
   }
-  for (const auto& [name, value] : bindings.params) {
-    param_index(declared, name);
-    for (const Param& p : used.params) {
-      if (p.name() == name) out.params.emplace_back(name, value);
-    }
-  }
-  return out;
+  for (size_t i = 0; i < mods.params.size(); ++i)
+    env.params[mods.params[i].name()] = args.params[i];
+  return env;
 }
 
 }  // namespace flexjit::runtime

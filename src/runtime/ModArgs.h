@@ -1,10 +1,16 @@
-// Packing of the FjModParams kernel argument: the device pointers and element strides of the
-// captured buffers and the values of the runtime parameters, laid out byte for byte as
-// cuda::layout_of(mods) says (src/codegen/cuda/ModParamLayout.h).
+// Mod bindings: the one place where the values a caller binds to a Mods (ModBindings: tensors for
+// captured buffers, numbers for runtime parameters, by name) are matched to its declarations and
+// checked, for either backend. Every path that runs a mod goes through bind_mod_args: the GPU
+// forward and create_block_mask (then pack_mod_params, the FjModParams bytes), the CPU backend's
+// forward, backward and block masks (then llvmjit::pack_cpu_mod_params), and the interpreter's
+// host block masks (then eval_env_of). So a typo in a name is the same error everywhere.
 #pragma once
 
 #include <flexjit/attention.h>
 #include <flexjit/mods.h>
+#include <flexjit/tensor.h>
+
+#include "ir/Evaluate.h"
 
 #include <cstdint>
 #include <vector>
@@ -17,28 +23,34 @@ struct BoundModArgs {
   std::vector<double> params;             // per mods.params: the bound value, else the default
 };
 
-// Matches `bindings` to the buffers and params of `mods`, for tensors on CUDA device
-// `device_index`. Throws RuntimeError with a precise message when:
-//  - a binding names no buffer / param of the mods, or names one twice;
+// Matches `bindings` to the buffers and params of `mods`, for a kernel running on `device`
+// (CUDA: device number `device_index`; CPU: host tensors, the index is ignored). Throws
+// RuntimeError with a precise message when:
+//  - a binding names no buffer / param of the mods ("a value is given for param 'windw', which
+//    the mods 'sliding_window' do not declare (their params: window)"), or names one twice;
 //  - a declared buffer is not bound ("buffer 'slopes' (f32[H]) is not bound; ...");
 //  - a bound tensor's dtype, rank, numeric extent ("8192") or device disagrees with the
-//    declaration, or its data pointer is null while it has elements;
+//    declaration, an extent is negative, or its data pointer is null while it has elements;
 //  - a param without a default is not given, an i32 param value is not an integer in the i32
 //    range, a bool param value is not 0 or 1.
-BoundModArgs bind_mod_args(const Mods& mods, const ModBindings& bindings, int device_index);
+// With `declared` (a superset of `mods`, e.g. the Mods that mask_only(declared) == mods
+// came from, for a block mask), names are checked against `declared`, and bindings of names that
+// only `declared` has are skipped: binding a score_mod buffer does not stop create_block_mask.
+// `bindings` must outlive the result (it points at the bound tensors).
+BoundModArgs bind_mod_args(const Mods& mods, const ModBindings& bindings, TensorRef::Device device,
+                           int device_index = 0, const Mods* declared = nullptr);
 
 // The bytes of FjModParams for `mods` with `args` from bind_mod_args(mods, ...), laid out as
-// cuda::layout_of(mods) says. At least 8 bytes and a multiple of 8 (the struct is alignas(8)).
+// cuda::layout_of(mods) says (src/codegen/cuda/ModParamLayout.h). At least 8 bytes and a
+// multiple of 8 (the struct is alignas(8)).
 std::vector<uint64_t> pack_mod_params(const Mods& mods, const BoundModArgs& args);
 
-// pack_mod_params(mods, bind_mod_args(mods, bindings, device_index)).
+// pack_mod_params(mods, bind_mod_args(mods, bindings, CUDA, device_index)).
 std::vector<uint64_t> pack_mod_params(const Mods& mods, const ModBindings& bindings,
                                       int device_index);
 
-// The bindings of `used`, a part of `declared` (e.g. cuda::mask_only(declared)): every name in
-// `bindings` must be declared by `declared` (RuntimeError as in bind_mod_args otherwise); those
-// `used` does not declare are left out, so a binding for a score_mod buffer does not stop
-// create_block_mask.
-ModBindings bindings_of_part(const Mods& declared, const Mods& used, const ModBindings& bindings);
+// The interpreter's environment (ir/Evaluate.h) for `mods` bound to `args`: every buffer and
+// param value by name; the leaves (score, b, h, q_idx, kv_idx) are left 0.
+ir::EvalEnv eval_env_of(const Mods& mods, const BoundModArgs& args);
 
 }  // namespace flexjit::runtime

@@ -1,8 +1,12 @@
 #include <flexjit/error.h>
 #include <flexjit/tensor.h>
 
+#include "util/CheckedMath.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <optional>
 
 namespace flexjit {
 
@@ -12,12 +16,14 @@ constexpr uint8_t kDLBoolCode = 6;
 // Alignment, in bytes, that vectorized and asynchronous copies need.
 constexpr int64_t kFastPathAlignment = 16;
 
+// Unsigned arithmetic: a shape whose product overflows gives meaningless strides, never UB
+// (numel() reports such a shape).
 std::vector<int64_t> c_order_strides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> strides(shape.size());
-  int64_t s = 1;
+  uint64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
-    strides[i] = s;
-    s *= std::max<int64_t>(shape[i], 1);
+    strides[i] = static_cast<int64_t>(s);
+    s *= static_cast<uint64_t>(std::max<int64_t>(shape[i], 1));
   }
   return strides;
 }
@@ -36,10 +42,12 @@ TensorRef TensorRef::contiguous(void* data, DType dtype, std::vector<int64_t> sh
 }
 
 int64_t TensorRef::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape)
-    n *= d;
-  return n;
+  const std::optional<int64_t> n = checked_product(shape);
+  if (!n) {
+    throw RuntimeError(fmt::format("tensor {}[{}] has more than 2^63 elements", to_string(dtype),
+                                   fmt::join(shape, ", ")));
+  }
+  return *n;
 }
 
 bool TensorRef::is_last_dim_contiguous() const {
@@ -130,6 +138,17 @@ void check_rank(const TensorRef& t, const char* name, const char* expected) {
 
 void check_layout(const TensorRef& t, const char* name) {
   for (int i = 0; i < t.ndim(); ++i) {
+    if (t.shape[i] < 0) {
+      throw RuntimeError(
+          fmt::format("{} has a negative extent in dim {} ({})", name, i, t.shape[i]));
+    }
+  }
+  const std::optional<int64_t> numel = checked_product(t.shape);
+  if (!numel) {
+    throw RuntimeError(fmt::format("{} of shape [{}] has more than 2^63 elements", name,
+                                   fmt::join(t.shape, ", ")));
+  }
+  for (int i = 0; i < t.ndim(); ++i) {
     if (t.strides[i] < 0) {
       throw RuntimeError(
           fmt::format("{} has a negative stride in dim {} ({})", name, i, t.strides[i]));
@@ -139,7 +158,7 @@ void check_layout(const TensorRef& t, const char* name) {
     throw RuntimeError(
         fmt::format("last dim of {} is not contiguous (stride {})", name, t.strides.back()));
   }
-  if (t.data == nullptr && t.numel() > 0) {
+  if (t.data == nullptr && *numel > 0) {
     throw RuntimeError(fmt::format("{} has a null data pointer", name));
   }
 }

@@ -3,9 +3,16 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "util/CheckedMath.h"
+
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <new>
+#include <optional>
 #include <sstream>
+#include <stdexcept>
 
 namespace flexjit::npy {
 
@@ -79,7 +86,14 @@ Header parse_header(std::string_view dict, const std::string& name) {
     if (j == i) {
       throw Error(fmt::format("{}: malformed .npy header: bad shape ({})", name, items));
     }
-    h.shape.push_back(std::stoll(std::string(items.substr(i, j - i))));
+    const std::string digits(items.substr(i, j - i));
+    errno = 0;
+    const long long dim = std::strtoll(digits.c_str(), nullptr, 10);
+    if (errno == ERANGE) {
+      throw Error(
+          fmt::format("{}: malformed .npy header: dimension {} is too large", name, digits));
+    }
+    h.shape.push_back(dim);
     i = j;
   }
   return h;
@@ -131,11 +145,58 @@ int64_t Array::numel() const {
   return n;
 }
 
+TensorRef Array::view() const {
+  return TensorRef::contiguous(const_cast<char*>(bytes.data()), dtype, shape);
+}
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// numel * dtype_size(dtype), or nullopt when an extent is negative or the count overflows.
+std::optional<int64_t> byte_count(DType dtype, const std::vector<int64_t>& shape) {
+  for (int64_t d : shape) {
+    if (d < 0) return std::nullopt;
+  }
+  const std::optional<int64_t> n = checked_product(shape);
+  if (!n) return std::nullopt;
+  return checked_mul(*n, dtype_size(dtype));
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (b >= 1024 && u < 6) {
+    b /= 1024;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} bytes", b) : fmt::format("{:.1f} {}", b, units[u]);
+}
+
+}  // namespace
+
 Array make_array(DType dtype, std::vector<int64_t> shape) {
+  const std::optional<int64_t> bytes = byte_count(dtype, shape);
+  if (!bytes) {
+    throw Error(fmt::format("an array of {} {} has a negative extent or more than 2^63 bytes",
+                            to_string(dtype), shape_str(shape)));
+  }
   Array a;
   a.dtype = dtype;
   a.shape = std::move(shape);
-  a.bytes.assign(static_cast<size_t>(a.numel()) * dtype_size(dtype), 0);
+  try {
+    a.bytes.assign(static_cast<size_t>(*bytes), 0);
+  } catch (const std::bad_alloc&) {
+    throw Error(fmt::format("cannot allocate {} for an array of {} {}",
+                            human_bytes(static_cast<double>(*bytes)), to_string(dtype),
+                            shape_str(a.shape)));
+  } catch (const std::length_error&) {
+    throw Error(fmt::format("cannot allocate {} for an array of {} {}",
+                            human_bytes(static_cast<double>(*bytes)), to_string(dtype),
+                            shape_str(a.shape)));
+  }
   return a;
 }
 
@@ -186,7 +247,12 @@ Array parse(std::string_view file, const std::string& name) {
   a.dtype = dtype_from_descr(h.descr, name);
   a.shape = h.shape;
   const size_t elem = static_cast<size_t>(dtype_size(a.dtype));
-  const size_t want = static_cast<size_t>(a.numel()) * elem;
+  const std::optional<int64_t> bytes = byte_count(a.dtype, a.shape);
+  if (!bytes) {
+    throw Error(fmt::format("{}: shape ({}) has more than 2^63 bytes of data", name,
+                            fmt::join(h.shape, ", ")));
+  }
+  const size_t want = static_cast<size_t>(*bytes);
   const size_t have = file.size() - pos;
   if (have < want) {
     throw Error(fmt::format("{}: truncated: header says {} bytes of data ({} x {}), file has {}",

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <flexjit/error.h>
+#include <flexjit/tensor.h>
 #include <flexjit/types.h>
 
 #include <cstdint>
@@ -19,13 +20,17 @@
 
 namespace flexjit::npy {
 
-// A dense C-order array with its bytes.
+// A dense C-order host array that owns its bytes: what .npy files are read into and written
+// from, and the CLI's host tensors. view() is how it crosses flexjit's API.
 struct Array {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
   std::vector<char> bytes;  // numel * dtype_size(dtype)
 
-  int64_t numel() const;
+  int64_t numel() const;  // product of shape (make_array and parse checked it fits int64)
+  // The array as a contiguous CPU TensorRef. Non-owning: valid while the array lives and its
+  // bytes are not resized. (TensorRef has no const form; the kernels only read their inputs.)
+  TensorRef view() const;
   template <typename T>
   const T* as() const {
     return reinterpret_cast<const T*>(bytes.data());
@@ -36,12 +41,17 @@ struct Array {
   }
 };
 
-// An array of zero-initialized elements.
+// An array of zero-initialized elements. Throws Error when an extent is negative, the element
+// or byte count overflows int64 ("an array of shape [16777216, ...] has more than 2^63
+// elements"), or the memory cannot be allocated ("cannot allocate 1024 TiB for ...").
 Array make_array(DType dtype, std::vector<int64_t> shape);
 
 // Parses the bytes of a .npy file; `name` names it in errors. Throws Error with a precise
 // message: "x.npy: not a .npy file (bad magic)", "x.npy: unsupported dtype '<f8' (flexjit reads
-// <f4 <f2 <i4 |b1 |u1 <u2 <V2)", "x.npy: truncated: header says 24 bytes of data, file has 12".
+// <f4 <f2 <i4 |b1 |u1 <u2 <V2)", "x.npy: truncated: header says 24 bytes of data, file has 12",
+// "x.npy: malformed .npy header: dimension 99999999999999999999999 is too large", "x.npy: shape
+// (7623851, 1229673, 3935371, 64) has more than 2^63 bytes of data". Every size is checked
+// before anything is allocated or read (Fortran-order files too).
 Array parse(std::string_view file_bytes, const std::string& name = "<memory>");
 Array read(const std::string& path);  // also Error when the file cannot be opened
 

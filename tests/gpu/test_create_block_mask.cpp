@@ -1,15 +1,16 @@
-// create_block_mask on a real GPU against the CPU builder (cpu/HostBlockMask.h), with and
-// without the host analysis. Without a GPU the tests report "skipped: no GPU (<reason>)".
+// create_block_mask on a real GPU against the interpreted builder (cpu/InterpretedBlockMask.h),
+// with and without the host analysis. Without a GPU the tests report "skipped: no GPU (<reason>)".
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
 
-#include "cpu/HostBlockMask.h"
+#include "cpu/InterpretedBlockMask.h"
 #include "runtime/CreateBlockMask.h"
 #include "runtime/Device.h"
 
 #include <catch2/catch.hpp>
 
 #include "support/BlockMaskCompare.h"
+#include "support/HostBindings.h"
 
 #include <array>
 
@@ -52,7 +53,8 @@ TEST_CASE("create_block_mask equals the CPU builder for every standard mask", "[
         bindings.params.emplace_back(p.decl()->name, v);
         env.params[p.decl()->name] = v;
       }
-      const BlockMask want = cpu::build_block_mask_cpu(m, 1, 1, sq, skv, block, env);
+      const BlockMask want =
+          cpu::build_block_mask_interpreted(m, 1, 1, sq, skv, block, test::host_bindings(m, env));
       for (bool analysis : {true, false}) {
         INFO(name << " Sq=" << sq << " Skv=" << skv << " block=" << block
                   << " analysis=" << analysis);
@@ -75,7 +77,8 @@ TEST_CASE("create_block_mask follows b and h and broadcasts 1", "[gpu][mask][sma
     INFO("B=" << B << " H=" << H);
     ir::EvalEnv env;
     env.params["shift"] = 90;
-    const BlockMask want = cpu::build_block_mask_cpu(m, B, H, 1300, 1100, 128, env);
+    const BlockMask want =
+        cpu::build_block_mask_interpreted(m, B, H, 1300, 1100, 128, test::host_bindings(m, env));
     const DeviceBlockMask got = create_block_mask(ctx, m, B, H, 1300, 1100, 128,
                                                   {.buffers = {}, .params = {{"shift", 90}}});
     CHECK(got.meta().batch == B);

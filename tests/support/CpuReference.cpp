@@ -1,6 +1,7 @@
 #include "support/CpuReference.h"
 
-#include "cpu/CpuAttention.h"
+#include "cpu/ForwardKernel.h"
+#include "support/HostBindings.h"
 
 namespace flexjit::test {
 
@@ -14,14 +15,13 @@ ReferenceResult cpu_reference_attention(const Mods& mods, const AttentionShape& 
   r.lse.assign(static_cast<size_t>(rows), 0.0);
   cpu::CpuForwardOptions o;
   o.scale = static_cast<double>(scale);
-  cpu::cpu_attention_forward_f64(mods, bindings,
-                                 cpu::CpuTensor::contiguous(q.data(), DType::F32, s.batch,
-                                                            s.heads_q, s.seqlen_q, s.head_dim_qk),
-                                 cpu::CpuTensor::contiguous(k.data(), DType::F32, s.batch,
-                                                            s.heads_kv, s.seqlen_kv, s.head_dim_qk),
-                                 cpu::CpuTensor::contiguous(v.data(), DType::F32, s.batch,
-                                                            s.heads_kv, s.seqlen_kv, s.head_dim_v),
-                                 r.out.data(), r.lse.data(), o);
+  auto view = [](const std::vector<float>& x, int64_t b, int64_t h, int64_t n, int64_t d) {
+    return TensorRef::contiguous(const_cast<float*>(x.data()), DType::F32, {b, h, n, d});
+  };
+  cpu::cpu_attention_forward_f64(
+      mods, host_bindings(mods, bindings), view(q, s.batch, s.heads_q, s.seqlen_q, s.head_dim_qk),
+      view(k, s.batch, s.heads_kv, s.seqlen_kv, s.head_dim_qk),
+      view(v, s.batch, s.heads_kv, s.seqlen_kv, s.head_dim_v), r.out.data(), r.lse.data(), o);
   return r;
 }
 

@@ -1,4 +1,4 @@
-// The GPU tests' reference: the CPU backend's fp64 mode (cpu/CpuAttention.h), with the same
+// The GPU tests' reference: the CPU backend's fp64 mode (cpu/ForwardKernel.h), with the same
 // signature as the interpreter reference (support/ReferenceAttention.h), which it matches to
 // 1e-12 ([cpu] tests in tests/unit/test_cpu_attention.cpp) and outruns by orders of magnitude.
 #pragma once

@@ -8,9 +8,11 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -144,5 +146,118 @@ TEST_CASE("a corrupt cache entry is a miss that gets replaced", "[cli][cache]") 
   CHECK_THAT(r.output, Catch::Contains("\"cache\": \"compiled\""));
   Result again = run_cli("compile --mods causal --head-dim 64 --arch sm_80 --json", env);
   CHECK_THAT(again.output, Catch::Contains("\"cache\": \"disk-hit\""));
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// A hand-built .npy file (format 1.0) of float32 with the given shape text and payload size.
+std::string npy_bytes(const std::string& shape, bool fortran, size_t payload) {
+  std::string header =
+      "{'descr': '<f4', 'fortran_order': " + std::string(fortran ? "True" : "False") +
+      ", 'shape': " + shape + ", }";
+  while ((10 + header.size() + 1) % 64 != 0)
+    header += ' ';
+  header += '\n';
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out += static_cast<char>(header.size() & 0xff);
+  out += static_cast<char>(header.size() >> 8);
+  return out + header + std::string(payload, '\0');
+}
+
+}  // namespace
+
+TEST_CASE("CPU and CLI inputs of absurd sizes are clear errors (issue 14)", "[cli][errors][cpu]") {
+  auto dir = temp_dir("sizes");
+  auto file = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir / name, std::ios::binary) << bytes;
+    return (dir / name).string();
+  };
+  const std::string huge =
+      file("huge.npy", npy_bytes("(7623851, 1229673, 3935371, 64)", false, 256));
+  const std::string fortran = file("fortran.npy", npy_bytes("(4611686018427387904, 8)", true, 64));
+  const std::string digits = file("digits.npy", npy_bytes("(99999999999999999999999,)", false, 0));
+  const std::string p62 = file("p62.npy", npy_bytes("(1, 1, 4611686018427387904, 4)", false, 0));
+  const std::string out = (dir / "o.npy").string();
+  struct Case {
+    std::string args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      // 1. size products that overflow int64
+      {"run --device cpu --mods noop --random 11357979,3528238,460321,64",
+       "--random 11357979,3528238,460321,64: 11357979 x 3528238 x 460321 x 64 elements is more "
+       "than 2^63 bytes"},
+      {"run --device cpu --mods noop --q " + huge + " --k " + huge + " --v " + huge,
+       huge + ": shape (7623851, 1229673, 3935371, 64) has more than 2^63 bytes"},
+      {"run --device cpu --mods noop --random 16777216,16777216,16777216,16777216 --out " + out,
+       "--random 16777216,16777216,16777216,16777216:"},
+      // 2. Fortran order with a huge first dimension
+      {"mask show --cpu --mask-mod document --seqlen 256 --buffer doc_id=" + fortran,
+       fortran + ": shape (4611686018427387904, 8) has more than"},
+      {"run --device cpu --mods document --random 1,1,64,16 --buffer doc_id=" + fortran,
+       fortran + ": shape (4611686018427387904, 8) has more than"},
+      // 8. what used to be "unexpected error" (std::out_of_range, std::bad_alloc)
+      {"run --device cpu --mods noop --q " + digits + " --k " + digits + " --v " + digits,
+       digits + ": malformed .npy header: dimension 99999999999999999999999 is too large"},
+      {"mask show --cpu --mask-mod causal --seqlen 2147483647",
+       "--seqlen 2147483647 --block-size 128: 1 x 1 x 16777216 x 16777216 tiles"},
+      {"run --device cpu --mods noop --random 1,1,16777216,16777216",
+       "--random 1,1,16777216,16777216: cannot allocate"},
+      {"run --device cpu --mods noop --q " + p62 + " --k " + p62 + " --v " + p62,
+       p62 + ": shape (1, 1, 4611686018427387904, 4) has more than 2^63 bytes"},
+      // 12. a zero length is named with the range it must be in
+      {"mask show --cpu --mask-mod causal --seqlen 0",
+       "--seqlen: Value 0 not in range 1 to 2147483647"},
+  };
+  for (const Case& c : cases) {
+    Result r = run_cli(c.args);
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.code == 1);
+    CHECK_THAT(r.output, Catch::Contains(c.expected));
+    CHECK_THAT(r.output, !Catch::Contains("unexpected error"));
+    CHECK(r.output.size() < 400);
+  }
+  CHECK(!std::filesystem::exists(out));
+  // 9. a block size near INT_MAX is one tile, not "0 x 0 tiles"
+  Result big = run_cli("mask show --cpu --mask-mod causal --seqlen 512 --block-size 2147483647");
+  CHECK(big.code == 0);
+  CHECK_THAT(big.output, Catch::Contains("1 x 1 tiles of 2147483647x2147483647 (Sq=512, Skv=512)"));
+  CHECK_THAT(big.output, Catch::Contains("density 100.00%"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("run --device cpu: NaN in, NaN out, and --check counts NaN mismatches",
+          "[cli][cpu][nan]") {
+  auto dir = temp_dir("nan");
+  // Row 2 of the scores holds +inf: PyTorch's softmax gives NaN for the whole row.
+  Result r = run_cli(
+      "run --device cpu --repeat 0 --check --random 1,1,64,16 --mods "
+      "'score_mod = where(q_idx == 2 && kv_idx == 5, exp(100.0), score)'");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains(", 16 NaN"));  // one row of D = 16
+  CHECK_THAT(r.output, Catch::Contains("max relative error vs the fp64 CPU reference"));
+  CHECK_THAT(r.output, !Catch::Contains("NaN in one and not the other"));
+  // Scores of 4e40 overflow to +inf in fp32 but not in fp64 (no score_mod, which would see them
+  // rounded to f32): fp32 rows are NaN where the fp64 reference has numbers, and --check says so
+  // (std::max used to drop the NaN).
+  std::string big(16 * 4, '\0');
+  const float v = 1e20f;
+  for (int d = 0; d < 16; ++d)
+    std::memcpy(&big[static_cast<size_t>(d) * 4], &v, 4);
+  std::string payload;
+  for (int s = 0; s < 4; ++s)
+    payload += big;
+  {
+    std::ofstream f(dir / "big.npy", std::ios::binary);
+    f << npy_bytes("(1, 1, 4, 16)", false, 0) << payload;
+  }
+  const std::string b = (dir / "big.npy").string();
+  Result c = run_cli("run --device cpu --repeat 0 --check --mods 'mask_mod = kv_idx >= 0' --q " +
+                     b + " --k " + b + " --v " + b);
+  INFO(c.output);
+  CHECK(c.code == 0);
+  CHECK_THAT(c.output, Catch::Contains("(and 64 outputs NaN in one and not the other)"));
   std::filesystem::remove_all(dir);
 }

@@ -4,9 +4,10 @@
 
 #include <flexjit/mods.h>
 
-#include "cpu/CpuAttention.h"
-#include "cpu/CpuBlockMask.h"
+#include "cpu/ForwardKernel.h"
+#include "cpu/JitBlockMask.h"
 #include "ir/Evaluate.h"
+#include "support/HostBindings.h"
 #include "support/ReferenceAttention.h"
 
 #include <cmath>
@@ -29,7 +30,7 @@ struct Case {
 // every stride) of a larger one; `dense` receives the same values contiguously.
 struct Input {
   std::vector<float> storage;
-  cpu::CpuTensor view;
+  TensorRef view;
   std::vector<float> dense;
 };
 
@@ -80,16 +81,17 @@ int check_case(const Mods& mods, const ir::EvalEnv& env, const Case& c, uint32_t
   opt.scale = scale;
   opt.num_threads = 2;
   opt.allow_avx2 = c.allow_avx2;
-  cpu::CpuBlockMask bm;
+  const ModBindings bindings = test::host_bindings(mods, env);
+  BlockMask bm;
   if (c.block_mask) {
-    bm = cpu::cpu_create_block_mask(mods, env, 1, c.Hq, c.Sq, c.Skv,
+    bm = cpu::cpu_create_block_mask(mods, bindings, 1, c.Hq, c.Sq, c.Skv,
                                     cpu::CpuBlockMaskOptions{32, 64, 2});
     opt.block_mask = &bm;
   }
   std::vector<float> out(ref.out.size(), 123.0f), lse(ref.lse.size(), 123.0f);
-  cpu::cpu_attention_forward(mods, env, q.view, k.view, v.view, out.data(), lse.data(), opt);
+  cpu::cpu_attention_forward(mods, bindings, q.view, k.view, v.view, out.data(), lse.data(), opt);
   std::vector<double> out64(ref.out.size(), 123.0), lse64(ref.lse.size(), 123.0);
-  cpu::cpu_attention_forward_f64(mods, env, q.view, k.view, v.view, out64.data(), lse64.data(),
+  cpu::cpu_attention_forward_f64(mods, bindings, q.view, k.view, v.view, out64.data(), lse64.data(),
                                  opt);
 
   INFO(mods.name << " B=" << c.B << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " Sq=" << c.Sq
@@ -198,21 +200,29 @@ TEST_CASE("fully masked rows give out 0 and lse -inf, never NaN", "[cpu]") {
   REQUIRE(check_case(none, sb.env, c, 4) == 2 * 2 * 17);
 }
 
+namespace {
+
+TensorRef host4(const void* data, DType dt, int64_t b, int64_t h, int64_t s, int64_t d) {
+  return TensorRef::contiguous(const_cast<void*>(data), dt, {b, h, s, d});
+}
+
+}  // namespace
+
 TEST_CASE("zero-length queries or keys compute nothing", "[cpu]") {
-  ir::EvalEnv env;
+  const ModBindings none;
   Mods mods = standard_mods("causal");
   std::vector<float> q(2 * 4 * 16, 1.0f), kv(2 * 4 * 16, 1.0f);
-  auto qt = cpu::CpuTensor::contiguous(q.data(), DType::F32, 1, 2, 4, 16);
-  auto empty = cpu::CpuTensor::contiguous(nullptr, DType::F32, 1, 2, 0, 16);
+  auto qt = host4(q.data(), DType::F32, 1, 2, 4, 16);
+  auto empty = host4(nullptr, DType::F32, 1, 2, 0, 16);
   std::vector<float> out(2 * 4 * 16, 5.0f), lse(2 * 4, 5.0f);
-  cpu::cpu_attention_forward(mods, env, qt, empty, empty, out.data(), lse.data());
+  cpu::cpu_attention_forward(mods, none, qt, empty, empty, out.data(), lse.data());
   for (float x : out)
     REQUIRE(x == 0.0f);
   for (float x : lse)
     REQUIRE(x == -std::numeric_limits<float>::infinity());
   std::vector<float> untouched = {9.0f};
-  auto kt = cpu::CpuTensor::contiguous(kv.data(), DType::F32, 1, 2, 4, 16);
-  cpu::cpu_attention_forward(mods, env, empty, kt, kt, untouched.data(), untouched.data());
+  auto kt = host4(kv.data(), DType::F32, 1, 2, 4, 16);
+  cpu::cpu_attention_forward(mods, none, empty, kt, kt, untouched.data(), untouched.data());
   REQUIRE(untouched[0] == 9.0f);
 }
 
@@ -242,32 +252,103 @@ TEST_CASE("CPU forward reads bf16 and f16 inputs", "[cpu]") {
     std::vector<float> out(ref.out.size()), lse(ref.lse.size());
     cpu::CpuForwardOptions opt;
     opt.scale = scale;
-    cpu::cpu_attention_forward(
-        mods, sb.env, cpu::CpuTensor::contiguous(bits[0].data(), dt, 1, 2, S, D),
-        cpu::CpuTensor::contiguous(bits[1].data(), dt, 1, 2, S, D),
-        cpu::CpuTensor::contiguous(bits[2].data(), dt, 1, 2, S, D), out.data(), lse.data(), opt);
+    cpu::cpu_attention_forward(mods, test::host_bindings(mods, sb.env),
+                               host4(bits[0].data(), dt, 1, 2, S, D),
+                               host4(bits[1].data(), dt, 1, 2, S, D),
+                               host4(bits[2].data(), dt, 1, 2, S, D), out.data(), lse.data(), opt);
     REQUIRE(rel_error(out, ref.out) <= 1e-5);
   }
 }
 
 TEST_CASE("CPU forward rejects inconsistent inputs with RuntimeError", "[cpu]") {
-  ir::EvalEnv env;
+  const ModBindings none;
   Mods mods = standard_mods("causal");
   std::vector<float> buf(3 * 4 * 16, 0.0f), out(3 * 4 * 16), lse(3 * 4);
-  auto q = cpu::CpuTensor::contiguous(buf.data(), DType::F32, 1, 3, 4, 16);
-  auto k = cpu::CpuTensor::contiguous(buf.data(), DType::F32, 1, 2, 4, 16);
-  REQUIRE_THROWS_WITH(cpu::cpu_attention_forward(mods, env, q, k, k, out.data(), lse.data()),
-                      Catch::Contains("multiple"));
-  auto k8 = cpu::CpuTensor::contiguous(buf.data(), DType::F32, 1, 3, 4, 8);
-  REQUIRE_THROWS_WITH(cpu::cpu_attention_forward(mods, env, q, k8, q, out.data(), lse.data()),
-                      Catch::Contains("shapes disagree"));
+  auto q = host4(buf.data(), DType::F32, 1, 3, 4, 16);
+  auto k = host4(buf.data(), DType::F32, 1, 2, 4, 16);
+  REQUIRE_THROWS_WITH(cpu::cpu_attention_forward(mods, none, q, k, k, out.data(), lse.data()),
+                      Catch::Contains("Hq=3 is not a multiple of Hkv=2"));
+  auto k8 = host4(buf.data(), DType::F32, 1, 3, 4, 8);
+  REQUIRE_THROWS_WITH(cpu::cpu_attention_forward(mods, none, q, k8, q, out.data(), lse.data()),
+                      Catch::Contains("q and k head dims differ: 16 vs 8"));
   auto bad = q;
   bad.strides[3] = 2;
-  REQUIRE_THROWS_WITH(cpu::cpu_attention_forward(mods, env, bad, q, q, out.data(), lse.data()),
-                      Catch::Contains("contiguous"));
-  cpu::CpuBlockMask bm = cpu::cpu_create_block_mask(mods, env, 1, 1, 8, 8);
+  REQUIRE_THROWS_WITH(cpu::cpu_attention_forward(mods, none, bad, q, q, out.data(), lse.data()),
+                      Catch::Contains("last dim of q is not contiguous"));
+  auto on_gpu = q;
+  on_gpu.device = TensorRef::Device::CUDA;
+  REQUIRE_THROWS_WITH(
+      cpu::cpu_attention_forward(mods, none, on_gpu, on_gpu, on_gpu, out.data(), lse.data()),
+      Catch::Contains("the CPU backend needs CPU tensors"));
+  auto huge = host4(buf.data(), DType::F32, 1, 1, int64_t{1} << 31, 16);
+  REQUIRE_THROWS_WITH(
+      cpu::cpu_attention_forward(mods, none, huge, huge, huge, out.data(), lse.data()),
+      Catch::Contains("i32 indices"));
+  auto overflow = host4(buf.data(), DType::F32, 11357979, 3528238, 460321, 64);
+  REQUIRE_THROWS_WITH(
+      cpu::cpu_attention_forward(mods, none, overflow, overflow, overflow, out.data(), lse.data()),
+      Catch::Contains("more than 2^63 elements"));
+  BlockMask bm = cpu::cpu_create_block_mask(mods, none, 1, 1, 8, 8);
   cpu::CpuForwardOptions opt;
   opt.block_mask = &bm;
-  REQUIRE_THROWS_WITH(cpu::cpu_attention_forward(mods, env, q, q, q, out.data(), lse.data(), opt),
+  REQUIRE_THROWS_WITH(cpu::cpu_attention_forward(mods, none, q, q, q, out.data(), lse.data(), opt),
                       Catch::Contains("block mask"));
+}
+
+TEST_CASE("a NaN or +inf score makes its row NaN, as in PyTorch; masked ones do nothing",
+          "[cpu][nan]") {
+  // Row 2 meets +inf (exp(100) overflows f32), row 3 a NaN (log(-1)); the others are finite.
+  // PyTorch's softmax gives NaN for a row holding +inf or NaN; flexjit used to call such a row
+  // fully masked (out 0, lse -inf).
+  Mods mods = parse_mods(
+      "score_mod = where(q_idx == 2 && kv_idx == 5, exp(100.0), "
+      "where(q_idx == 3 && kv_idx == 1, log(-1.0), score))");
+  Mods masked = parse_mods(
+      "score_mod = where(kv_idx == q_idx + 1, log(-1.0), score)\nmask_mod = kv_idx <= q_idx");
+  const int S = 70, D = 16;  // > one kv tile of 64
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> q(S * D), k(S * D), v(S * D);
+  for (auto* t : {&q, &k, &v})
+    for (float& x : *t)
+      x = dist(rng);
+  const auto qt = host4(q.data(), DType::F32, 1, 1, S, D);
+  const auto kt = host4(k.data(), DType::F32, 1, 1, S, D);
+  const auto vt = host4(v.data(), DType::F32, 1, 1, S, D);
+  for (bool f64 : {false, true}) {
+    std::vector<double> out(S * D), lse(S);
+    if (f64) {
+      cpu::cpu_attention_forward_f64(mods, {}, qt, kt, vt, out.data(), lse.data());
+    } else {
+      std::vector<float> o32(S * D), l32(S);
+      cpu::cpu_attention_forward(mods, {}, qt, kt, vt, o32.data(), l32.data());
+      out.assign(o32.begin(), o32.end());
+      lse.assign(l32.begin(), l32.end());
+    }
+    INFO("fp64 mode: " << f64);
+    for (int r = 0; r < S; ++r) {
+      const bool nan_row = r == 2 || r == 3;
+      CHECK(std::isnan(lse[r]) == nan_row);
+      for (int d = 0; d < D; ++d)
+        CHECK(std::isnan(out[r * D + d]) == nan_row);
+    }
+    // A NaN score where the mask_mod masks is dropped before the softmax.
+    std::vector<double> mout(S * D), mlse(S);
+    if (f64) {
+      cpu::cpu_attention_forward_f64(masked, {}, qt, kt, vt, mout.data(), mlse.data());
+    } else {
+      std::vector<float> o32(S * D), l32(S);
+      cpu::cpu_attention_forward(masked, {}, qt, kt, vt, o32.data(), l32.data());
+      mout.assign(o32.begin(), o32.end());
+      mlse.assign(l32.begin(), l32.end());
+    }
+    for (double x : mout)
+      CHECK(std::isfinite(x));
+  }
+  // A NaN input element (q row 7) gives a NaN output row too.
+  q[7 * D + 3] = std::nanf("");
+  std::vector<float> out(S * D), lse(S);
+  cpu::cpu_attention_forward(standard_mods("noop"), {}, qt, kt, vt, out.data(), lse.data());
+  for (int r = 0; r < S; ++r)
+    CHECK(std::isnan(lse[r]) == (r == 7));
 }

@@ -1,12 +1,13 @@
-// The CPU backward (cpu/CpuBackward.h) against central finite differences of the CPU fp64
+// The CPU backward (cpu/BackwardKernel.h) against central finite differences of the CPU fp64
 // forward: loss = sum(out * dout) for a random dout, so d loss / d x is what the backward gives.
 #include <catch2/catch.hpp>
 
 #include <flexjit/mods.h>
 
-#include "cpu/CpuAttention.h"
-#include "cpu/CpuBackward.h"
+#include "cpu/BackwardKernel.h"
+#include "cpu/ForwardKernel.h"
 #include "ir/Evaluate.h"
+#include "support/HostBindings.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,19 +25,20 @@ struct Problem {
   std::vector<float> q, k, v, dout;
   std::vector<float> slopes, bias, t5;
   std::vector<int32_t> doc;
-  ir::EvalEnv env;
+  ir::EvalEnv env;  // the buffers and params, as the interpreter reads them
+  ModBindings bindings() const { return test::host_bindings(mods, env); }
 
-  cpu::CpuTensor tq() const {
-    return cpu::CpuTensor::contiguous(q.data(), DType::F32, B, Hq, Sq, D);
+  TensorRef tq() const {
+    return TensorRef::contiguous(const_cast<float*>(q.data()), DType::F32, {B, Hq, Sq, D});
   }
-  cpu::CpuTensor tk() const {
-    return cpu::CpuTensor::contiguous(k.data(), DType::F32, B, Hkv, Skv, D);
+  TensorRef tk() const {
+    return TensorRef::contiguous(const_cast<float*>(k.data()), DType::F32, {B, Hkv, Skv, D});
   }
-  cpu::CpuTensor tv() const {
-    return cpu::CpuTensor::contiguous(v.data(), DType::F32, B, Hkv, Skv, Dv);
+  TensorRef tv() const {
+    return TensorRef::contiguous(const_cast<float*>(v.data()), DType::F32, {B, Hkv, Skv, Dv});
   }
-  cpu::CpuTensor tdo() const {
-    return cpu::CpuTensor::contiguous(dout.data(), DType::F32, B, Hq, Sq, Dv);
+  TensorRef tdo() const {
+    return TensorRef::contiguous(const_cast<float*>(dout.data()), DType::F32, {B, Hq, Sq, Dv});
   }
 
   void bind() {
@@ -55,7 +57,7 @@ struct Problem {
   double loss() const {
     std::vector<double> out(static_cast<size_t>(B * Hq * Sq * Dv)),
         lse(static_cast<size_t>(B * Hq * Sq));
-    cpu::cpu_attention_forward_f64(mods, env, tq(), tk(), tv(), out.data(), lse.data());
+    cpu::cpu_attention_forward_f64(mods, bindings(), tq(), tk(), tv(), out.data(), lse.data());
     double l = 0;
     for (size_t i = 0; i < out.size(); ++i)
       l += out[i] * dout[i];
@@ -100,12 +102,14 @@ Grads backward(const Problem& p) {
   Grads r;
   const size_t rows = static_cast<size_t>(p.B * p.Hq * p.Sq);
   std::vector<double> out64(rows * p.Dv), lse64(rows);
-  cpu::cpu_attention_forward_f64(p.mods, p.env, p.tq(), p.tk(), p.tv(), out64.data(), lse64.data());
-  r.g64 = cpu::cpu_attention_backward_f64(p.mods, p.env, p.tq(), p.tk(), p.tv(), out64.data(),
-                                          lse64.data(), p.tdo());
+  cpu::cpu_attention_forward_f64(p.mods, p.bindings(), p.tq(), p.tk(), p.tv(), out64.data(),
+                                 lse64.data());
+  r.g64 = cpu::cpu_attention_backward_f64(p.mods, p.bindings(), p.tq(), p.tk(), p.tv(),
+                                          out64.data(), lse64.data(), p.tdo());
   std::vector<float> out32(rows * p.Dv), lse32(rows);
-  cpu::cpu_attention_forward(p.mods, p.env, p.tq(), p.tk(), p.tv(), out32.data(), lse32.data());
-  r.g32 = cpu::cpu_attention_backward(p.mods, p.env, p.tq(), p.tk(), p.tv(), out32.data(),
+  cpu::cpu_attention_forward(p.mods, p.bindings(), p.tq(), p.tk(), p.tv(), out32.data(),
+                             lse32.data());
+  r.g32 = cpu::cpu_attention_backward(p.mods, p.bindings(), p.tq(), p.tk(), p.tv(), out32.data(),
                                       lse32.data(), p.tdo());
   return r;
 }
@@ -245,8 +249,8 @@ TEST_CASE("CPU backward: zero lengths", "[cpu][backward]") {
 TEST_CASE("CPU backward rejects a dout of the wrong shape", "[cpu][backward]") {
   Problem p = make_problem("causal", 1, 2, 1, 4, 4, 8, 31);
   std::vector<double> out(2 * 4 * 8), lse(2 * 4);
-  auto bad = cpu::CpuTensor::contiguous(p.dout.data(), DType::F32, 1, 2, 3, 8);
-  CHECK_THROWS_WITH(cpu::cpu_attention_backward_f64(p.mods, p.env, p.tq(), p.tk(), p.tv(),
+  auto bad = TensorRef::contiguous(p.dout.data(), DType::F32, {1, 2, 3, 8});
+  CHECK_THROWS_WITH(cpu::cpu_attention_backward_f64(p.mods, p.bindings(), p.tq(), p.tk(), p.tv(),
                                                     out.data(), lse.data(), bad),
                     Catch::Contains("dout is [1, 2, 3, 8]"));
 }

@@ -1,11 +1,14 @@
-// CPU block masks (JIT'ed tile classification) against brute-force interpretation of the
-// mask_mod at every point.
+// CPU block masks (JIT'ed tile classification, cpu/JitBlockMask.h) against brute-force
+// interpretation of the mask_mod at every point and against the interpreted builder.
 #include <catch2/catch.hpp>
 
 #include <flexjit/mods.h>
 
-#include "cpu/CpuBlockMask.h"
+#include "cpu/InterpretedBlockMask.h"
+#include "cpu/JitBlockMask.h"
 #include "ir/Evaluate.h"
+#include "support/BlockMaskCompare.h"
+#include "support/HostBindings.h"
 #include "support/PassesEnv.h"
 #include "support/RandomExpr.h"
 
@@ -16,8 +19,9 @@ using namespace flexjit;
 
 namespace {
 
-// The classification of every tile by the interpreter: 0 empty, 1 partial, 2 full.
-std::vector<int> brute_force(const Mods& mods, ir::EvalEnv env, const cpu::CpuBlockMask& m) {
+// The classification of every tile by the interpreter: 0 empty, 1 partial, 2 full (positions
+// past the end are masked: a cut tile is not full).
+std::vector<int> brute_force(const Mods& mods, ir::EvalEnv env, const BlockMask& m) {
   std::vector<int> cls;
   std::optional<ir::Evaluator> ev;
   if (mods.mask_mod.defined()) ev.emplace(mods.mask_mod);
@@ -25,10 +29,13 @@ std::vector<int> brute_force(const Mods& mods, ir::EvalEnv env, const cpu::CpuBl
     for (int64_t h = 0; h < m.heads; ++h) {
       for (int64_t qb = 0; qb < m.num_q_blocks; ++qb) {
         for (int64_t kb = 0; kb < m.num_kv_blocks; ++kb) {
-          bool any = false, all = true;
-          for (int64_t q = qb * m.q_block; q < std::min(m.q_len, (qb + 1) * m.q_block); ++q) {
-            for (int64_t kv = kb * m.kv_block; kv < std::min(m.kv_len, (kb + 1) * m.kv_block);
-                 ++kv) {
+          const bool whole =
+              (qb + 1) * m.q_block_size <= m.seqlen_q && (kb + 1) * m.kv_block_size <= m.seqlen_kv;
+          bool any = false, all = whole;
+          for (int64_t q = qb * m.q_block_size;
+               q < std::min<int64_t>(m.seqlen_q, (qb + 1) * m.q_block_size); ++q) {
+            for (int64_t kv = kb * m.kv_block_size;
+                 kv < std::min<int64_t>(m.seqlen_kv, (kb + 1) * m.kv_block_size); ++kv) {
               env.b = static_cast<int32_t>(b);
               env.h = static_cast<int32_t>(h);
               env.q_idx = static_cast<int32_t>(q);
@@ -47,7 +54,7 @@ std::vector<int> brute_force(const Mods& mods, ir::EvalEnv env, const cpu::CpuBl
 }
 
 // The classification the block mask encodes, in the same order.
-std::vector<int> decode(const cpu::CpuBlockMask& m) {
+std::vector<int> decode(const BlockMask& m) {
   std::vector<int> cls;
   for (int64_t row = 0; row < m.batch * m.heads * m.num_q_blocks; ++row) {
     std::vector<int> r(static_cast<size_t>(m.num_kv_blocks), 0);
@@ -74,12 +81,18 @@ TEST_CASE("block masks of standard mods equal brute-force classification", "[cpu
          {std::tuple{300, 300, 128, 128}, std::tuple{129, 300, 64, 17}, std::tuple{1, 127, 16, 32},
           std::tuple{300, 129, 17, 128}}) {
       Mods mods = standard_mods(name);
-      cpu::CpuBlockMask m = cpu::cpu_create_block_mask(mods, env, 1, 2, q_len, kv_len,
-                                                       cpu::CpuBlockMaskOptions{qb, kb, 2});
+      const ModBindings bindings = test::host_bindings(mods, env);
+      BlockMask m = cpu::cpu_create_block_mask(mods, bindings, 1, 2, q_len, kv_len,
+                                               cpu::CpuBlockMaskOptions{qb, kb, 2});
       INFO(name << " " << q_len << "x" << kv_len << " blocks " << qb << "x" << kb);
       REQUIRE_NOTHROW(m.validate());
       REQUIRE(m.num_q_blocks == (q_len + qb - 1) / qb);
       REQUIRE(decode(m) == brute_force(mods, env, m));
+      // The interpreted builder (square tiles only) gives the same BlockMask, arrays and all.
+      if (qb == kb && mods.mask_mod.defined()) {
+        test::require_same(
+            cpu::build_block_mask_interpreted(mods, 1, 2, q_len, kv_len, qb, bindings), m);
+      }
     }
   }
 }
@@ -93,8 +106,8 @@ TEST_CASE("block masks of random mask_mods equal brute-force classification", "[
     Mods mods = gen.mods(4);
     test::PassesEnv envs(gen, seed);
     ir::EvalEnv env = envs.next();
-    cpu::CpuBlockMask m =
-        cpu::cpu_create_block_mask(mods, env, 2, 3, 45, 70, cpu::CpuBlockMaskOptions{16, 8, 2});
+    BlockMask m = cpu::cpu_create_block_mask(mods, test::host_bindings(mods, env), 2, 3, 45, 70,
+                                             cpu::CpuBlockMaskOptions{16, 8, 2});
     INFO(mods.to_text());
     const std::vector<int> want = brute_force(mods, env, m);
     REQUIRE(decode(m) == want);
@@ -111,26 +124,27 @@ TEST_CASE("block masks of random mask_mods equal brute-force classification", "[
 }
 
 TEST_CASE("block mask edge cases: zero lengths, no mask_mod, bad sizes", "[cpu]") {
-  ir::EvalEnv env;
-  cpu::CpuBlockMask m = cpu::cpu_create_block_mask(standard_mods("causal"), env, 1, 1, 0, 100);
+  const ModBindings none;
+  BlockMask m = cpu::cpu_create_block_mask(standard_mods("causal"), none, 1, 1, 0, 100);
   REQUIRE(m.num_q_blocks == 0);
   REQUIRE(m.kv_num_blocks.empty());
-  m = cpu::cpu_create_block_mask(standard_mods("causal"), env, 1, 1, 100, 0);
+  m = cpu::cpu_create_block_mask(standard_mods("causal"), none, 1, 1, 100, 0);
   REQUIRE(m.num_kv_blocks == 0);
   REQUIRE(m.kv_num_blocks == std::vector<int32_t>{0});
-  m = cpu::cpu_create_block_mask(standard_mods("softcap"), env, 1, 1, 200, 200);  // no mask_mod
-  REQUIRE(m.full_kv_num_blocks == std::vector<int32_t>{2, 2});
-  REQUIRE(m.kv_num_blocks == std::vector<int32_t>{0, 0});
-  REQUIRE_THROWS_AS(cpu::cpu_create_block_mask(standard_mods("causal"), env, 1, 1, -1, 4),
+  m = cpu::cpu_create_block_mask(standard_mods("softcap"), none, 1, 1, 256, 200);  // no mask_mod
+  REQUIRE(m.full_kv_num_blocks == std::vector<int32_t>{1, 1});  // the cut kv tile is partial
+  REQUIRE(m.kv_num_blocks == std::vector<int32_t>{1, 1});
+  REQUIRE_NOTHROW(m.validate());
+  REQUIRE_THROWS_AS(cpu::cpu_create_block_mask(standard_mods("causal"), none, 1, 1, -1, 4),
                     RuntimeError);
-  REQUIRE_THROWS_AS(cpu::cpu_create_block_mask(standard_mods("causal"), env, 1, 1, 4, 4,
+  REQUIRE_THROWS_AS(cpu::cpu_create_block_mask(standard_mods("causal"), none, 1, 1, 4, 4,
                                                cpu::CpuBlockMaskOptions{0, 128, 0}),
                     RuntimeError);
   // Missing binding for the document mask's buffer.
-  REQUIRE_THROWS_WITH(cpu::cpu_create_block_mask(standard_mods("document"), env, 1, 1, 4, 4),
-                      Catch::Contains("doc_id"));
-  // validate() catches a corrupted mask.
-  m = cpu::cpu_create_block_mask(standard_mods("causal"), env, 1, 1, 300, 300);
+  REQUIRE_THROWS_WITH(cpu::cpu_create_block_mask(standard_mods("document"), none, 1, 1, 4, 4),
+                      Catch::Contains("buffer 'doc_id' (i32[S]) is not bound"));
+  // validate() (BlockMask's one validator) catches a corrupted mask.
+  m = cpu::cpu_create_block_mask(standard_mods("causal"), none, 1, 1, 300, 300);
   m.kv_indices[0] = 7;
   REQUIRE_THROWS_AS(m.validate(), RuntimeError);
 }

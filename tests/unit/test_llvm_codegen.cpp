@@ -10,6 +10,7 @@
 #include "ir/Evaluate.h"
 #include "ir/Printer.h"
 #include "ir/Visitor.h"
+#include "support/HostBindings.h"
 #include "support/PassesEnv.h"
 #include "support/RandomExpr.h"
 
@@ -64,7 +65,8 @@ TEST_CASE("JIT'ed mods equal the interpreter bit for bit on random mods", "[llvm
     bool any = false;
     for (int trial = 0; trial < 24; ++trial) {
       const ir::EvalEnv& env = envs.next();
-      const std::vector<uint64_t> params = llvmjit::pack_cpu_mod_params(mods, env);
+      const std::vector<uint64_t> params =
+          llvmjit::pack_cpu_mod_params(mods, test::host_bindings(mods, env));
       if (score_ev) {
         auto want = interpret(*score_ev, env);
         if (want) {
@@ -131,7 +133,8 @@ TEST_CASE("JIT'ed row and tile functions equal per-element interpretation", "[ll
     const CpuModFunctions fns = llvmjit::compile_cpu_mods(mods);
     ir::EvalEnv env = envs.next();
     env.q_idx = static_cast<int32_t>(seed % 16);
-    const std::vector<uint64_t> params = llvmjit::pack_cpu_mod_params(mods, env);
+    const std::vector<uint64_t> params =
+        llvmjit::pack_cpu_mod_params(mods, test::host_bindings(mods, env));
     const int n = 1 + static_cast<int>(seed % 37);
     const int kv0 = static_cast<int>(seed % 5) - 2;
     std::vector<float> row(static_cast<size_t>(n)), row_nomask(static_cast<size_t>(n));
@@ -176,7 +179,7 @@ TEST_CASE("integer division and modulo edge cases match the interpreter", "[llvm
     for (int32_t d : values) {
       ir::EvalEnv env;
       env.params = {{"a", a}, {"d", d}};
-      const auto params = llvmjit::pack_cpu_mod_params(mods, env);
+      const auto params = llvmjit::pack_cpu_mod_params(mods, test::host_bindings(mods, env));
       const float got = fns.score(params.data(), 0.0f, 0, 0, 0, 0);
       INFO("a=" << a << " d=" << d);
       REQUIRE(ir::identical(ev.run(env), ir::Value::of_f32(got)));
@@ -200,7 +203,7 @@ TEST_CASE("float min/max, casts and comparisons match on special values", "[llvm
     for (float y : values) {
       ir::EvalEnv env;
       env.params = {{"x", x}, {"y", y}};
-      const auto params = llvmjit::pack_cpu_mod_params(mods, env);
+      const auto params = llvmjit::pack_cpu_mod_params(mods, test::host_bindings(mods, env));
       const float got = fns.score(params.data(), 0.0f, 0, 0, 0, 0);
       INFO("x=" << x << " y=" << y);
       REQUIRE(ir::identical(ev.run(env), ir::Value::of_f32(got)));
@@ -217,7 +220,7 @@ TEST_CASE("an out-of-bounds load in an unselected branch does not fault", "[llvm
   std::vector<float> bias = {1.0f, 2.0f, 3.0f, 4.0f};
   ir::EvalEnv env;
   env.buffers["bias"] = ir::BufferView{bias.data(), DType::F32, {4}, {}};
-  const auto params = llvmjit::pack_cpu_mod_params(mods, env);
+  const auto params = llvmjit::pack_cpu_mod_params(mods, test::host_bindings(mods, env));
   ir::Evaluator ev(mods.score_mod);
   for (int32_t kv : {-2000000000, -1, 0, 3, 4, 100000, 2000000000}) {
     env.kv_idx = kv;
@@ -250,7 +253,7 @@ TEST_CASE("f16, bf16, bool and strided buffers load as the interpreter's", "[llv
   env.buffers["hb"] = ir::BufferView{hb.data(), DType::F16, {4, 3}, {1, 4}};
   env.buffers["bb"] = ir::BufferView{bb.data(), DType::BF16, {4, 3}, {1, 4}};
   env.buffers["flags"] = ir::BufferView{flags.data(), DType::Bool, {4}, {}};
-  const auto params = llvmjit::pack_cpu_mod_params(mods, env);
+  const auto params = llvmjit::pack_cpu_mod_params(mods, test::host_bindings(mods, env));
   ir::Evaluator ev(mods.score_mod);
   for (int q = 0; q < 4; ++q) {
     for (int kv = 0; kv < 3; ++kv) {
@@ -267,14 +270,17 @@ TEST_CASE("f16, bf16, bool and strided buffers load as the interpreter's", "[llv
 TEST_CASE("bad bindings are RuntimeErrors naming the buffer or param", "[llvm]") {
   Mods mods = standard_mods("alibi");
   ir::EvalEnv env;
-  REQUIRE_THROWS_WITH(llvmjit::pack_cpu_mod_params(mods, env), Catch::Contains("slopes"));
+  REQUIRE_THROWS_WITH(llvmjit::pack_cpu_mod_params(mods, test::host_bindings(mods, env)),
+                      Catch::Contains("slopes"));
   std::vector<int32_t> wrong(8);
   env.buffers["slopes"] = ir::BufferView{wrong.data(), DType::I32, {8}, {}};
-  REQUIRE_THROWS_WITH(llvmjit::pack_cpu_mod_params(mods, env), Catch::Contains("slopes"));
+  REQUIRE_THROWS_WITH(llvmjit::pack_cpu_mod_params(mods, test::host_bindings(mods, env)),
+                      Catch::Contains("slopes"));
   Mods sw = standard_mods("sliding_window");
   ir::EvalEnv penv;
   penv.params["window"] = 2.5;
-  REQUIRE_THROWS_WITH(llvmjit::pack_cpu_mod_params(sw, penv), Catch::Contains("window"));
+  REQUIRE_THROWS_WITH(llvmjit::pack_cpu_mod_params(sw, test::host_bindings(sw, penv)),
+                      Catch::Contains("window"));
 }
 
 TEST_CASE("the JIT cache is keyed by structure, not by object or name", "[llvm]") {
@@ -294,7 +300,7 @@ TEST_CASE("the JIT cache is keyed by structure, not by object or name", "[llvm]"
   // Each module computes its own function, and the param value is an argument, not baked in.
   ir::EvalEnv env;
   env.params["cap"] = 10.0;
-  const auto p = llvmjit::pack_cpu_mod_params(a, env);
+  const auto p = llvmjit::pack_cpu_mod_params(a, test::host_bindings(a, env));
   REQUIRE(fa.score(p.data(), 100.0f, 0, 0, 0, 0) == Approx(10.0f * std::tanh(10.0f)));
   REQUIRE(fc.score(p.data(), 100.0f, 0, 0, 0, 0) == Approx(10.0f * std::tanh(10.0f) + 1.0f));
   // Compiling a small mod takes milliseconds, not seconds.

@@ -1,12 +1,13 @@
-// The CPU block-mask builder (cpu/HostBlockMask.h) against brute force, the analysis that lets
-// create_block_mask skip tiles, the generated GPU builder source through NVRTC, and
+// The interpreted block-mask builder (cpu/InterpretedBlockMask.h) against brute force, the analysis
+// that lets create_block_mask skip tiles, the generated GPU builder source through NVRTC, and
 // `flexjit mask show`.
 #include <flexjit/block_mask.h>
 #include <flexjit/error.h>
 #include <flexjit/mods.h>
 
 #include "Pipeline.h"
-#include "cpu/HostBlockMask.h"
+#include "cpu/InterpretedBlockMask.h"
+#include "cpu/TileHints.h"
 #include "ir/Evaluate.h"
 #include "support/KernelDescs.h"
 
@@ -14,6 +15,7 @@
 
 #include "support/BlockMaskCompare.h"
 #include "support/CliPath.h"
+#include "support/HostBindings.h"
 
 #include <array>
 #include <cstdio>
@@ -92,7 +94,8 @@ TEST_CASE("CPU block mask builder equals brute force for the standard masks", "[
       if (!m.buffers.empty())
         env.buffers["doc_id"] = ir::BufferView{ids.data(), DType::I32, {S}, {}};
       INFO(c.mods << " Sq=" << sq << " Skv=" << skv << " block=" << block);
-      const BlockMask got = cpu::build_block_mask_cpu(m, 1, 1, sq, skv, block, env);
+      const BlockMask got =
+          cpu::build_block_mask_interpreted(m, 1, 1, sq, skv, block, test::host_bindings(m, env));
       got.validate();
       test::require_same(got, brute_force(m, 1, 1, sq, skv, block, env));
     }
@@ -101,7 +104,7 @@ TEST_CASE("CPU block mask builder equals brute force for the standard masks", "[
 
 TEST_CASE("CPU block mask builder follows b and h", "[mask][cpu]") {
   const Mods m = parse_mods("mask_mod = q_idx - kv_idx >= h * 100 - b * 250");
-  const BlockMask got = cpu::build_block_mask_cpu(m, 2, 3, 700, 650, 128, {});
+  const BlockMask got = cpu::build_block_mask_interpreted(m, 2, 3, 700, 650, 128, {});
   CHECK(got.batch == 2);
   CHECK(got.heads == 3);
   test::require_same(got, brute_force(m, 2, 3, 700, 650, 128, {}));
@@ -137,13 +140,20 @@ TEST_CASE("Mask analysis decides every causal tile but the diagonal", "[mask][cp
 }
 
 TEST_CASE("CPU block mask builder reports bad input", "[mask][cpu]") {
-  CHECK_THROWS_AS(cpu::build_block_mask_cpu(standard_mods("alibi"), 1, 1, 128, 128, 128, {}),
-                  CompileError);
-  CHECK_THROWS_WITH(cpu::build_block_mask_cpu(standard_mods("causal"), 1, 1, 0, 128, 128, {}),
-                    Catch::Contains("must be positive"));
-  // document without its buffer bound: the interpreter names it.
-  CHECK_THROWS_AS(cpu::build_block_mask_cpu(standard_mods("document"), 1, 1, 256, 256, 128, {}),
-                  RuntimeError);
+  CHECK_THROWS_AS(
+      cpu::build_block_mask_interpreted(standard_mods("alibi"), 1, 1, 128, 128, 128, {}),
+      CompileError);
+  CHECK_THROWS_WITH(
+      cpu::build_block_mask_interpreted(standard_mods("causal"), 1, 1, 0, 128, 128, {}),
+      Catch::Contains("must be positive"));
+  // document without its buffer bound: named before anything is evaluated.
+  CHECK_THROWS_WITH(
+      cpu::build_block_mask_interpreted(standard_mods("document"), 1, 1, 256, 256, 128, {}),
+      Catch::Contains("buffer 'doc_id' (i32[S]) is not bound"));
+  // A grid too large to hold is an error, not std::bad_alloc.
+  CHECK_THROWS_WITH(cpu::build_block_mask_interpreted(standard_mods("causal"), 1, 1, 2147483647,
+                                                      2147483647, 128, {}),
+                    Catch::Contains("16777216 x 16777216 tiles"));
 }
 
 TEST_CASE("The GPU block-mask builder compiles through NVRTC", "[mask][nvrtc]") {

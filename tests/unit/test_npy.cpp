@@ -1,5 +1,6 @@
 #include "util/Npy.h"
 
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -111,4 +112,45 @@ TEST_CASE("npy errors are precise", "[npy]") {
                     Catch::Contains("no 'fortran_order'"));
   CHECK_THROWS_WITH(npy::read("/nonexistent/x.npy"),
                     Catch::StartsWith("/nonexistent/x.npy: cannot open for reading"));
+}
+
+TEST_CASE("npy checks every size before allocating or reading (issue 14)", "[npy]") {
+  auto header = [](const std::string& shape, const char* fortran = "False") {
+    return fmt::format("{{'descr': '<f4', 'fortran_order': {}, 'shape': {}, }}", fortran, shape);
+  };
+  // A 384-byte file whose header claims 7623851 x 1229673 x 3935371 x 64 floats: the element
+  // count wraps int64, and the wrapped count once passed the truncation check.
+  const std::string huge = npy_file(header("(7623851, 1229673, 3935371, 64)"), std::string(256, 0));
+  CHECK(huge.size() == 384);
+  CHECK_THROWS_WITH(npy::parse(huge, "huge.npy"),
+                    "huge.npy: shape (7623851, 1229673, 3935371, 64) has more than 2^63 bytes of "
+                    "data");
+  // (1, 1, 2^62, 4): 2^64 elements.
+  CHECK_THROWS_WITH(npy::parse(npy_file(header("(1, 1, 4611686018427387904, 4)"), ""), "p.npy"),
+                    Catch::Contains("p.npy: shape (1, 1, 4611686018427387904, 4) has more than"));
+  // A Fortran-order file with a huge first dimension (the transposition used to run first).
+  CHECK_THROWS_WITH(
+      npy::parse(npy_file(header("(4611686018427387904, 8)", "True"), std::string(64, 0)), "f.npy"),
+      Catch::Contains("f.npy: shape (4611686018427387904, 8) has more than"));
+  CHECK_THROWS_WITH(
+      npy::parse(npy_file(header("(1000000, 8)", "True"), std::string(64, 0)), "t.npy"),
+      Catch::Contains("t.npy: truncated"));
+  // A dimension past int64 (std::stoll threw std::out_of_range, an "unexpected error").
+  CHECK_THROWS_WITH(npy::parse(npy_file(header("(99999999999999999999999,)"), ""), "d.npy"),
+                    "d.npy: malformed .npy header: dimension 99999999999999999999999 is too large");
+  // make_array: overflow and allocation failures are errors with the shape.
+  CHECK_THROWS_WITH(npy::make_array(DType::F32, {1 << 24, 1 << 24, 1 << 24, 1 << 24}),
+                    Catch::Contains("more than 2^63 bytes"));
+  CHECK_THROWS_WITH(npy::make_array(DType::F32, {int64_t{1} << 58}),
+                    Catch::Contains("cannot allocate"));
+}
+
+TEST_CASE("npy::Array::view is a contiguous CPU TensorRef of its bytes", "[npy]") {
+  npy::Array a = npy::make_array(DType::BF16, {2, 3, 4});
+  const TensorRef t = a.view();
+  CHECK(t.data == a.bytes.data());
+  CHECK(t.dtype == DType::BF16);
+  CHECK(t.shape == std::vector<int64_t>{2, 3, 4});
+  CHECK(t.strides == std::vector<int64_t>{12, 4, 1});
+  CHECK(t.device == TensorRef::Device::CPU);
 }

@@ -64,11 +64,11 @@ uint16_t to_bf16_bits(float f) {
 }
 
 template <typename T>
-HostBuffer make_buffer(std::string name, DType dtype, const std::vector<T>& v) {
-  HostBuffer b{std::move(name), dtype, {static_cast<int64_t>(v.size())}, {}};
-  b.bytes.resize(v.size() * sizeof(T));
-  std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
-  return b;
+std::pair<std::string, npy::Array> make_buffer(std::string name, DType dtype,
+                                               const std::vector<T>& v) {
+  npy::Array a = npy::make_array(dtype, {static_cast<int64_t>(v.size())});
+  std::memcpy(a.bytes.data(), v.data(), a.bytes.size());
+  return {std::move(name), std::move(a)};
 }
 
 }  // namespace
@@ -108,8 +108,8 @@ Mods case_mods(const BenchCase& c) {
   return m;
 }
 
-std::vector<HostBuffer> case_buffers(const BenchCase& c, uint64_t seed) {
-  std::vector<HostBuffer> out;
+std::vector<std::pair<std::string, npy::Array>> case_buffers(const BenchCase& c, uint64_t seed) {
+  std::vector<std::pair<std::string, npy::Array>> out;
   const Mods m = standard_mods(c.mods);
   for (const Buffer& b : m.buffers) {
     const std::string& name = b.name();

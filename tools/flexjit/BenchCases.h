@@ -6,6 +6,8 @@
 #include <flexjit/mods.h>
 #include <flexjit/types.h>
 
+#include "util/Npy.h"
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -40,18 +42,10 @@ std::vector<BenchCase> standard_cases(const CaseSelection& sel);
 // The mods of a case: its standard mods, checked to declare every parameter the case sets.
 Mods case_mods(const BenchCase& c);
 
-// Host data of a captured buffer, C order.
-struct HostBuffer {
-  std::string name;
-  DType dtype = DType::F32;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
-
-// The buffers `case_mods(c)` captures, with the anchors' contents: ALiBi slopes
+// The buffers `case_mods(c)` captures, by name, with the anchors' contents: ALiBi slopes
 // exp2(-8 (h + 1) / Hq), document ids (anchor_document_ids), a relative bias of 2 S normal f32
 // values (seeded by `seed`).
-std::vector<HostBuffer> case_buffers(const BenchCase& c, uint64_t seed);
+std::vector<std::pair<std::string, npy::Array>> case_buffers(const BenchCase& c, uint64_t seed);
 
 // The anchors' packed documents: lengths cycling S/8, S/4, S/16, S/2, S/16, ids 0, 1, 2, ...;
 // the last document is cut at S.

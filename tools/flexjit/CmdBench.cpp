@@ -353,9 +353,9 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       aopts.mods = case_mods(c);
       aopts.bindings.params = c.params;
       std::vector<DeviceTensor> buffers;
-      for (const HostBuffer& b : case_buffers(c, 0xb1a5)) {
+      for (const auto& [name, b] : case_buffers(c, 0xb1a5)) {
         buffers.push_back(DeviceTensor::from_host(ctx, b.dtype, b.shape, b.bytes.data()));
-        aopts.bindings.buffers.emplace_back(b.name, buffers.back().ref());
+        aopts.bindings.buffers.emplace_back(name, buffers.back().ref());
       }
       DeviceBlockMask mask;
       if (c.block_mask) {

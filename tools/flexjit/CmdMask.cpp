@@ -1,9 +1,11 @@
 // flexjit mask show | bench: block masks built from a mask_mod, on the GPU when one is present
-// (create_block_mask) and otherwise on the CPU (analysis + interpreter, cpu/HostBlockMask.h).
+// (create_block_mask) and otherwise on the CPU (analysis + interpreter,
+// cpu/InterpretedBlockMask.h).
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
 
-#include "cpu/HostBlockMask.h"
+#include "cpu/InterpretedBlockMask.h"
+#include "cpu/TileHints.h"
 #include "flexjit/Commands.h"
 #include "runtime/CreateBlockMask.h"
 #include "runtime/Device.h"
@@ -16,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -62,18 +65,24 @@ void show(const ShowOptions& o) {
     throw Error(
         fmt::format("--b {} / --h {} outside batch {} / heads {}", o.b, o.h, o.batch, o.heads));
   }
+  const int64_t nq = (int64_t{o.seqlen} + o.block_size - 1) / o.block_size;
+  const int64_t nkv = (int64_t{skv} + o.block_size - 1) / o.block_size;
+  if (int64_t{o.batch} * o.heads * nq * nkv > cpu::kMaxHostTiles) {
+    throw Error(fmt::format(
+        "--batch {} --heads {} --seqlen {}{} --block-size {}: {} x {} x {} x {} tiles is more "
+        "than a block mask built here holds ({}); use a larger --block-size or shorter lengths",
+        o.batch, o.heads, o.seqlen, o.seqlen_kv > 0 ? fmt::format(" --seqlen-kv {}", skv) : "",
+        o.block_size, o.batch, o.heads, nq, nkv, cpu::kMaxHostTiles));
+  }
   std::vector<std::pair<std::string, npy::Array>> arrays;
   for (const std::string& s : o.buffers) {
     auto [name, path] = split_assignment(s, "--buffer");
     arrays.emplace_back(name, npy::read(path));
   }
-  ir::EvalEnv env;
   ModBindings bindings;
   for (const std::string& s : o.params) {
     auto [name, text] = split_assignment(s, "--param");
-    const double v = parse_number(name, text);
-    env.params[name] = v;
-    bindings.params.emplace_back(name, v);
+    bindings.params.emplace_back(name, parse_number(name, text));
   }
 
   std::string reason;
@@ -84,6 +93,7 @@ void show(const ShowOptions& o) {
   if (gpu) {
     Context ctx;
     std::vector<DeviceTensor> keep;
+    keep.reserve(arrays.size());
     for (const auto& [name, a] : arrays) {
       keep.push_back(DeviceTensor::from_host(ctx, a.dtype, a.shape, a.bytes.data()));
       bindings.buffers.emplace_back(name, keep.back().ref());
@@ -94,14 +104,10 @@ void show(const ShowOptions& o) {
     mask.mods = mods;
     built_on = "GPU " + ctx.device_name();
   } else {
-    for (const auto& [name, a] : arrays) {
-      ir::BufferView v;
-      v.data = a.bytes.data();
-      v.dtype = a.dtype;
-      v.shape = a.shape;
-      env.buffers[name] = v;
-    }
-    mask = cpu::build_block_mask_cpu(mods, o.batch, o.heads, o.seqlen, skv, o.block_size, env);
+    for (const auto& [name, a] : arrays)
+      bindings.buffers.emplace_back(name, a.view());
+    mask = cpu::build_block_mask_interpreted(mods, o.batch, o.heads, o.seqlen, skv, o.block_size,
+                                             bindings);
     built_on = o.cpu ? "CPU" : "CPU (no GPU: " + reason + ")";
   }
   const double ms =
@@ -209,6 +215,10 @@ void bench(const BenchOptions& o) {
 
 }  // namespace
 
+// Integers >= 1 ("--seqlen: Value 0 not in range 1 to 2147483647"; CLI::PositiveNumber prints
+// the range of a double).
+const CLI::Range kPositive(1, std::numeric_limits<int>::max());
+
 void register_mask(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "mask",
@@ -225,22 +235,22 @@ void register_mask(CLI::App& app) {
   s->add_option("--mask-mod", so.mask_mod, "Standard name, .fx file or inline text")->required();
   s->add_option("--seqlen", so.seqlen, "Query length (and KV length unless --seqlen-kv)")
       ->required()
-      ->check(CLI::PositiveNumber);
-  s->add_option("--seqlen-kv", so.seqlen_kv, "KV length")->check(CLI::PositiveNumber);
+      ->check(kPositive);
+  s->add_option("--seqlen-kv", so.seqlen_kv, "KV length")->check(kPositive);
   s->add_option("--block-size", so.block_size, "Tile size")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   s->add_option("--batch", so.batch, "Batch of the mask (b ranges over it)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   s->add_option("--heads", so.heads, "Heads of the mask (h ranges over it)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   s->add_option("--b", so.b, "Which batch entry to draw")->capture_default_str();
   s->add_option("--h", so.h, "Which head to draw")->capture_default_str();
   s->add_option("--width", so.width, "Downsample to at most this many columns")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   s->add_option("--buffer", so.buffers, "NAME=FILE.npy: a captured buffer (repeatable)");
   s->add_option("--param", so.params, "NAME=VALUE: a runtime parameter (repeatable)");
   s->add_option("--ppm", so.ppm, "Also write the picture as a PPM image");
@@ -254,10 +264,10 @@ void register_mask(CLI::App& app) {
   b->add_option("--sizes", bo.sizes, "Sequence lengths")->delimiter(',')->capture_default_str();
   b->add_option("--repeats", bo.repeats, "Timed calls per row (median)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   b->add_option("--doc-len", bo.doc_len, "Document length of document+causal")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   b->callback([] { bench(bo); });
 }
 

@@ -9,6 +9,7 @@
 #include "flexjit/Options.h"
 #include "ir/Evaluate.h"
 #include "runtime/Device.h"
+#include "util/CheckedMath.h"
 #include "util/Npy.h"
 
 #include <fmt/format.h>
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -88,8 +90,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // --random B,H,S,D: [B, H, S, D] of N(0, 1) values, f32 (or the bits of --dtype bf16 / f16).
-npy::Array random_input(const std::vector<int64_t>& shape, DType dtype, uint32_t seed) {
-  npy::Array a = npy::make_array(dtype, shape);
+npy::Array random_input(const std::string& flag, const std::vector<int64_t>& shape, DType dtype,
+                        uint32_t seed) {
+  npy::Array a;
+  try {
+    a = npy::make_array(dtype, shape);
+  } catch (const Error& e) {
+    throw Error(fmt::format("--random {}: {}", flag, e.what()));
+  }
   std::mt19937 rng(seed);
   std::normal_distribution<float> n01(0.0f, 1.0f);
   for (int64_t i = 0; i < a.numel(); ++i) {
@@ -119,6 +127,10 @@ std::vector<int64_t> parse_random(const std::string& text) {
   if (dims.size() != 4) {
     throw Error(fmt::format("--random '{}': expected four numbers B,H,S,D", text));
   }
+  if (!checked_product({dims[0], dims[1], dims[2], dims[3], 4})) {
+    throw Error(fmt::format("--random {}: {} x {} x {} x {} elements is more than 2^63 bytes", text,
+                            dims[0], dims[1], dims[2], dims[3]));
+  }
   return dims;
 }
 
@@ -133,12 +145,23 @@ npy::Array default_buffer(const Buffer& buf, int64_t heads, int64_t seq) {
     } else if (d == "R") {
       shape.push_back(2 * seq);
     } else if (!d.empty() && std::isdigit(static_cast<unsigned char>(d[0]))) {
-      shape.push_back(std::stoll(d));
+      errno = 0;
+      const long long n = std::strtoll(d.c_str(), nullptr, 10);
+      if (errno == ERANGE) {
+        throw Error(fmt::format("buffer '{}': declared extent {} is too large", buf.name(), d));
+      }
+      shape.push_back(n);
     } else {
       shape.push_back(seq);
     }
   }
-  npy::Array a = npy::make_array(buf.dtype(), shape);
+  npy::Array a;
+  try {
+    a = npy::make_array(buf.dtype(), shape);
+  } catch (const Error& e) {
+    throw Error(
+        fmt::format("--random: buffer '{}' (bind it with --buffer): {}", buf.name(), e.what()));
+  }
   const int64_t n = a.numel();
   for (int64_t i = 0; i < n; ++i) {
     const float slope = std::exp2(-8.0f * static_cast<float>(i + 1) / static_cast<float>(n));
@@ -201,9 +224,9 @@ Inputs prepare(const RunOptions& o, bool on_cpu) {
       }
       dt = *want;
     }
-    in.q = random_input(d, dt, 1);
-    in.k = random_input(d, dt, 2);
-    in.v = random_input(d, dt, 3);
+    in.q = random_input(o.random, d, dt, 1);
+    in.k = random_input(o.random, d, dt, 2);
+    in.v = random_input(o.random, d, dt, 3);
   } else {
     if (o.q.empty() || o.k.empty() || o.v.empty()) {
       throw Error("flexjit run: give --q, --k and --v (.npy files), or --random B,H,S,D");
@@ -249,22 +272,19 @@ Inputs prepare(const RunOptions& o, bool on_cpu) {
   return in;
 }
 
-TensorRef host_ref(const npy::Array& a) {
-  return TensorRef::contiguous(const_cast<char*>(a.bytes.data()), a.dtype, a.shape);
-}
-
 AttentionOptions host_options(const RunOptions& o, const Inputs& in) {
   AttentionOptions opts;
   opts.mods = in.mods;
   for (const auto& [name, a] : in.buffers)
-    opts.bindings.buffers.emplace_back(name, host_ref(a));
+    opts.bindings.buffers.emplace_back(name, a.view());
   opts.bindings.params = in.params;
   if (o.has_scale) opts.scale = o.scale;
   return opts;
 }
 
 struct Summary {
-  double checksum = 0, max_abs = 0;
+  double checksum = 0, max_abs = 0;  // max_abs over the numbers (NaN counted apart)
+  int64_t nan = 0;
   std::vector<float> first;
 };
 
@@ -273,35 +293,48 @@ Summary summarize(const npy::Array& out) {
   for (int64_t i = 0; i < out.numel(); ++i) {
     const double x = element(out, i);
     s.checksum += x;
-    s.max_abs = std::max(s.max_abs, std::abs(x));
+    if (std::isnan(x)) ++s.nan;
+    if (!std::isnan(x)) s.max_abs = std::max(s.max_abs, std::abs(x));
     if (i < 4) s.first.push_back(static_cast<float>(x));
   }
   return s;
 }
 
-// max |out - ref| / max |ref| against the CPU backend's fp64 reference mode.
-double check_against_reference(const RunOptions& o, const Inputs& in, const npy::Array& out) {
+// How far out is from the CPU backend's fp64 reference mode: max |out - ref| / max |ref| over
+// the elements where neither is NaN, and how many elements are NaN in one and not the other
+// (a NaN where the reference has a number is an error, never dropped).
+struct CheckResult {
+  double rel = 0;
+  int64_t nan_mismatches = 0;
+};
+
+CheckResult check_against_reference(const RunOptions& o, const Inputs& in, const npy::Array& out) {
   AttentionOptions opts = host_options(o, in);
   CpuRunOptions cro;
   cro.reference_f64 = true;
   cro.num_threads = o.threads;
   const CpuAttentionResult ref =
-      flex_attention_cpu(host_ref(in.q), host_ref(in.k), host_ref(in.v), opts, cro);
+      flex_attention_cpu(in.q.view(), in.k.view(), in.v.view(), opts, cro);
+  CheckResult r;
   double err = 0, scale = 0;
   for (size_t i = 0; i < ref.out.size(); ++i) {
-    err = std::max(
-        err, std::abs(static_cast<double>(element(out, static_cast<int64_t>(i))) - ref.out[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(ref.out[i])));
+    const double x = element(out, static_cast<int64_t>(i)), want = ref.out[i];
+    if (std::isnan(x) != std::isnan(want)) ++r.nan_mismatches;
+    if (std::isnan(x) || std::isnan(want)) continue;
+    const double diff = x == want ? 0.0 : std::abs(x - want);  // inf == inf: no error
+    if (!(diff <= err)) err = diff;
+    scale = std::max(scale, std::abs(want));
   }
-  return scale > 0 ? err / scale : err;
+  r.rel = scale > 0 && std::isfinite(scale) ? err / scale : err;
+  return r;
 }
 
 void report(const RunOptions& o, const Inputs& in, const std::string& device, const npy::Array& out,
             double mask_seconds, bool has_mask, double first_seconds, double median, bool timed) {
   const Summary sum = summarize(out);
-  std::optional<double> rel;
+  std::optional<CheckResult> rel;
   if (o.check) rel = check_against_reference(o, in, out);
-  const std::string qs = host_ref(in.q).str();
+  const std::string qs = in.q.view().str();
   if (o.json) {
     nlohmann::json j = {{"device", device},
                         {"mods", in.mods.name},
@@ -316,8 +349,12 @@ void report(const RunOptions& o, const Inputs& in, const std::string& device, co
                         {"median_ms", median * 1e3},
                         {"repeat", o.repeat},
                         {"checksum", sum.checksum},
-                        {"max_abs", sum.max_abs}};
-    if (rel) j["max_rel_error_vs_fp64"] = *rel;
+                        {"max_abs", sum.max_abs},
+                        {"nan", sum.nan}};
+    if (rel) {
+      j["max_rel_error_vs_fp64"] = rel->rel;
+      j["nan_mismatches_vs_fp64"] = rel->nan_mismatches;
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
@@ -327,38 +364,46 @@ void report(const RunOptions& o, const Inputs& in, const std::string& device, co
   if (has_mask) std::printf("block mask (%d): %.2f ms\n", o.block_size, mask_seconds * 1e3);
   std::printf("first call (compile or cache load + run): %.2f ms\n", first_seconds * 1e3);
   if (timed) std::printf("median of %d runs: %.3f ms\n", o.repeat, median * 1e3);
-  std::printf("out: checksum %.6f, max |out| %.6f, first values %s\n", sum.checksum, sum.max_abs,
-              fmt::format("{:.6f}", fmt::join(sum.first, " ")).c_str());
-  if (rel) std::printf("max relative error vs the fp64 CPU reference: %.3g\n", *rel);
+  std::printf("out: checksum %.6f, max |out| %.6f, first values %s%s\n", sum.checksum, sum.max_abs,
+              fmt::format("{:.6f}", fmt::join(sum.first, " ")).c_str(),
+              sum.nan > 0 ? fmt::format(", {} NaN", sum.nan).c_str() : "");
+  if (rel) {
+    std::printf("max relative error vs the fp64 CPU reference: %.3g", rel->rel);
+    if (rel->nan_mismatches > 0) {
+      std::printf(" (and %lld outputs NaN in one and not the other)",
+                  static_cast<long long>(rel->nan_mismatches));
+    }
+    std::printf("\n");
+  }
 }
 
 void run_cpu(const RunOptions& o) {
   const Inputs in = prepare(o, true);
   const AttentionOptions opts = host_options(o, in);
-  const QkvShape s = validate_qkv(host_ref(in.q), host_ref(in.k), host_ref(in.v));
+  const QkvShape s = validate_qkv(in.q.view(), in.k.view(), in.v.view());
   CpuRunOptions cro;
   cro.num_threads = o.threads;
+  npy::Array out = npy::make_array(DType::F32, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
+  npy::Array lse = npy::make_array(DType::F32, {s.batch, s.heads_q, s.seqlen_q});
+  const TensorRef lse_view = lse.view();
+  auto call = [&] {
+    flex_attention_cpu_into(in.q.view(), in.k.view(), in.v.view(), out.view(), &lse_view, opts,
+                            cro);
+  };
   // The first call includes the LLVM compile (and the block mask); later calls reuse both.
   auto t0 = std::chrono::steady_clock::now();
-  CpuAttentionResult r =
-      flex_attention_cpu(host_ref(in.q), host_ref(in.k), host_ref(in.v), opts, cro);
+  call();
   const double first_seconds = seconds_since(t0);
   std::vector<double> times;
   for (int i = 0; i < o.repeat; ++i) {
     t0 = std::chrono::steady_clock::now();
-    r = flex_attention_cpu(host_ref(in.q), host_ref(in.k), host_ref(in.v), opts, cro);
+    call();
     times.push_back(seconds_since(t0));
   }
   std::sort(times.begin(), times.end());
   const double median = times.empty() ? first_seconds : times[times.size() / 2];
-  npy::Array out = npy::make_array(DType::F32, r.shape);
-  std::copy(r.out.begin(), r.out.end(), reinterpret_cast<float*>(out.bytes.data()));
   if (!o.out.empty()) npy::write(o.out, out);
-  if (!o.lse.empty()) {
-    npy::Array lse = npy::make_array(DType::F32, {s.batch, s.heads_q, s.seqlen_q});
-    std::copy(r.lse.begin(), r.lse.end(), reinterpret_cast<float*>(lse.bytes.data()));
-    npy::write(o.lse, lse);
-  }
+  if (!o.lse.empty()) npy::write(o.lse, lse);
   const int threads = o.threads > 0
                           ? o.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -490,7 +535,15 @@ void register_run(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--repeat", o.repeat, "Timed runs after the first")->capture_default_str();
   cmd->add_flag("--json", o.json, "Print the timing as JSON");
-  cmd->callback([] { run(o); });
+  cmd->callback([] {
+    try {
+      run(o);
+    } catch (const std::bad_alloc&) {
+      throw Error(
+          "flexjit run: out of memory for these shapes (the inputs, the output and the block "
+          "mask are held in host memory)");
+    }
+  });
 }
 
 }  // namespace flexjit::cli

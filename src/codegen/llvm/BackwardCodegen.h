@@ -1,4 +1,4 @@
-// The JIT'ed functions of the CPU attention backward (cpu/CpuBackward.h): the derivatives of a
+// The JIT'ed functions of the CPU attention backward (cpu/BackwardKernel.h): the derivatives of a
 // score_mod that passes::differentiate derives, lowered with ModLowering into their own module
 // (OrcJit kind "backward", cached apart from the forward's "mods" module).
 //

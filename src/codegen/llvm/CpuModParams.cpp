@@ -14,14 +14,6 @@ namespace {
 // What an empty buffer reads as: every dtype's zero (8 bytes covers all element sizes).
 alignas(8) const uint64_t kZeroElement = 0;
 
-bool is_number(const std::string& s) {
-  if (s.empty()) return false;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 CpuModParamLayout cpu_layout_of(const Mods& mods) {
@@ -37,43 +29,16 @@ CpuModParamLayout cpu_layout_of(const Mods& mods) {
   return layout;
 }
 
-std::vector<uint64_t> pack_cpu_mod_params(const Mods& mods, const ir::EvalEnv& bindings) {
+std::vector<uint64_t> pack_cpu_mod_params(const Mods& mods, const runtime::BoundModArgs& args) {
+  FJ_ASSERT(args.buffers.size() == mods.buffers.size() && args.params.size() == mods.params.size(),
+            "bound mod args do not match the mods");
   CpuModParamLayout layout = cpu_layout_of(mods);
   std::vector<uint64_t> slots(static_cast<size_t>(layout.num_slots), 0);
   for (size_t bi = 0; bi < mods.buffers.size(); ++bi) {
-    const ir::BufferDecl& decl = *mods.buffers[bi].decl();
-    auto it = bindings.buffers.find(decl.name);
-    if (it == bindings.buffers.end()) {
-      throw RuntimeError(fmt::format("no data bound to buffer '{}'", decl.name));
-    }
-    const ir::BufferView& view = it->second;
-    if (view.dtype != decl.dtype) {
-      throw RuntimeError(fmt::format("buffer '{}' is declared {} but bound to {} data", decl.name,
-                                     to_string(decl.dtype), to_string(view.dtype)));
-    }
-    const int rank = decl.rank();
-    if (static_cast<int>(view.shape.size()) != rank ||
-        (!view.strides.empty() && static_cast<int>(view.strides.size()) != rank)) {
-      throw RuntimeError(fmt::format("buffer '{}' has {} dims but is bound to a tensor of {}",
-                                     decl.name, rank, view.shape.size()));
-    }
-    int64_t elements = 1;
-    for (int d = 0; d < rank; ++d) {
-      if (view.shape[d] < 0) {
-        throw RuntimeError(
-            fmt::format("buffer '{}' dim {} has negative extent {}", decl.name, d, view.shape[d]));
-      }
-      if (is_number(decl.dims[d]) && std::to_string(view.shape[d]) != decl.dims[d]) {
-        throw RuntimeError(fmt::format("buffer '{}' dim {} is declared {} but bound with extent {}",
-                                       decl.name, d, decl.dims[d], view.shape[d]));
-      }
-      elements *= view.shape[d];
-    }
-    if (elements > 0 && view.data == nullptr) {
-      throw RuntimeError(fmt::format("buffer '{}' is bound to a null pointer", decl.name));
-    }
+    const TensorRef& view = *args.buffers[bi];
+    const int rank = mods.buffers[bi].rank();
     const size_t s = static_cast<size_t>(layout.buffer_slot[bi]);
-    if (elements == 0) {
+    if (view.numel() == 0) {
       slots[s] = std::bit_cast<uint64_t>(&kZeroElement);
       for (int d = 0; d < rank; ++d) {
         slots[s + 1 + d] = 1;
@@ -82,48 +47,32 @@ std::vector<uint64_t> pack_cpu_mod_params(const Mods& mods, const ir::EvalEnv& b
       continue;
     }
     slots[s] = std::bit_cast<uint64_t>(view.data);
-    int64_t stride = 1;
-    for (int d = rank - 1; d >= 0; --d) {
+    for (int d = 0; d < rank; ++d) {
       slots[s + 1 + d] = static_cast<uint64_t>(view.shape[d]);
-      int64_t st = view.strides.empty() ? stride : view.strides[d];
-      slots[s + 1 + rank + d] = static_cast<uint64_t>(st);
-      stride *= view.shape[d];
+      slots[s + 1 + rank + d] = static_cast<uint64_t>(view.strides[d]);
     }
   }
   for (size_t pi = 0; pi < mods.params.size(); ++pi) {
-    const ir::ParamDecl& p = *mods.params[pi].decl();
-    auto it = bindings.params.find(p.name);
-    double v;
-    if (it != bindings.params.end()) {
-      v = it->second;
-    } else if (p.default_value) {
-      v = *p.default_value;
-    } else {
-      throw RuntimeError(fmt::format("no value for param '{}' ({}) and it has no default", p.name,
-                                     to_string(p.type)));
-    }
+    const double v = args.params[pi];
     uint32_t bits = 0;
-    switch (p.type) {
+    switch (mods.params[pi].type()) {
       case ScalarType::F32:
         bits = std::bit_cast<uint32_t>(static_cast<float>(v));
         break;
-      case ScalarType::I32:
-        if (!(v == std::floor(v) && v >= std::numeric_limits<int32_t>::min() &&
-              v <= std::numeric_limits<int32_t>::max())) {
-          throw RuntimeError(fmt::format("param '{}' is i32 but its value {} is not", p.name, v));
-        }
+      case ScalarType::I32:  // range-checked by bind_mod_args
         bits = static_cast<uint32_t>(static_cast<int32_t>(v));
         break;
       case ScalarType::Bool:
-        if (v != 0.0 && v != 1.0) {
-          throw RuntimeError(fmt::format("param '{}' is bool but its value is {}", p.name, v));
-        }
         bits = v != 0.0 ? 1u : 0u;
         break;
     }
     slots[static_cast<size_t>(layout.param_slot[pi])] = bits;
   }
   return slots;
+}
+
+std::vector<uint64_t> pack_cpu_mod_params(const Mods& mods, const ModBindings& bindings) {
+  return pack_cpu_mod_params(mods, runtime::bind_mod_args(mods, bindings, TensorRef::Device::CPU));
 }
 
 }  // namespace flexjit::llvmjit

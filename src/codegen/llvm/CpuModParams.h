@@ -16,7 +16,7 @@
 
 #include <flexjit/mods.h>
 
-#include "ir/Evaluate.h"
+#include "runtime/ModArgs.h"
 
 #include <cstdint>
 #include <vector>
@@ -31,10 +31,12 @@ struct CpuModParamLayout {
 
 CpuModParamLayout cpu_layout_of(const Mods& mods);
 
-// Packs the bindings (the interpreter's binding types: parameter values and buffer views by
-// name). Throws RuntimeError, naming the buffer or param, when a buffer is unbound, null with a
-// non-zero extent, of the wrong dtype or rank, or disagrees with a numeric declared dim; or when
-// a param has no value and no default, or an i32 / bool value is not one.
-std::vector<uint64_t> pack_cpu_mod_params(const Mods& mods, const ir::EvalEnv& bindings);
+// The slots for `mods` with `args` from runtime::bind_mod_args(mods, ..., Device::CPU), which
+// checked everything (docs/attention.md, "Bindings").
+std::vector<uint64_t> pack_cpu_mod_params(const Mods& mods, const runtime::BoundModArgs& args);
+
+// pack_cpu_mod_params(mods, runtime::bind_mod_args(mods, bindings, TensorRef::Device::CPU)):
+// RuntimeError for bindings bind_mod_args rejects.
+std::vector<uint64_t> pack_cpu_mod_params(const Mods& mods, const ModBindings& bindings);
 
 }  // namespace flexjit::llvmjit

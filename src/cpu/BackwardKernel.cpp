@@ -1,11 +1,14 @@
-#include "cpu/CpuBackward.h"
+#include "cpu/BackwardKernel.h"
 
 #include "codegen/llvm/BackwardCodegen.h"
 #include "codegen/llvm/CpuModParams.h"
 #include "codegen/llvm/LlvmCodegen.h"
-#include "cpu/ThreadPool.h"
+#include "cpu/ParallelFor.h"
+#include "ir/Evaluate.h"
+#include "runtime/ModArgs.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <limits>
@@ -16,7 +19,7 @@ namespace flexjit::cpu {
 namespace {
 
 template <typename T>
-void load_row(const CpuTensor& t, int64_t b, int64_t h, int64_t s, T* dst) {
+void load_row(const TensorRef& t, int64_t b, int64_t h, int64_t s, T* dst) {
   const int64_t d = t.shape[3];
   const int64_t off = b * t.strides[0] + h * t.strides[1] + s * t.strides[2];
   for (int64_t i = 0; i < d; ++i) {
@@ -38,39 +41,8 @@ void load_row(const CpuTensor& t, int64_t b, int64_t h, int64_t s, T* dst) {
   }
 }
 
-void check_tensor(const char* name, const CpuTensor& t) {
-  if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16) {
-    throw RuntimeError(
-        fmt::format("CPU attention backward: {} has dtype {}; expected f32, f16 "
-                    "or bf16",
-                    name, to_string(t.dtype)));
-  }
-  int64_t elements = 1;
-  for (int i = 0; i < 4; ++i) {
-    if (t.shape[i] < 0) {
-      throw RuntimeError(fmt::format("CPU attention backward: {} has negative extent {} in dim {}",
-                                     name, t.shape[i], i));
-    }
-    elements *= t.shape[i];
-  }
-  if (t.shape[3] > 1 && t.strides[3] != 1) {
-    throw RuntimeError(
-        fmt::format("CPU attention backward: {} must be contiguous in its last dim (stride {})",
-                    name, t.strides[3]));
-  }
-  if (elements > 0 && t.data == nullptr) {
-    throw RuntimeError(fmt::format("CPU attention backward: {} is a null pointer", name));
-  }
-  for (int i = 0; i < 3; ++i) {
-    if (t.shape[i] > std::numeric_limits<int32_t>::max()) {
-      throw RuntimeError(
-          fmt::format("CPU attention backward: {} extents must fit the mods' i32 indices", name));
-    }
-  }
-}
-
-std::string shape_of(const CpuTensor& t) {
-  return fmt::format("[{}, {}, {}, {}]", t.shape[0], t.shape[1], t.shape[2], t.shape[3]);
+std::string shape_of(const TensorRef& t) {
+  return fmt::format("[{}]", fmt::join(t.shape, ", "));
 }
 
 bool is_float(DType t) {
@@ -78,38 +50,32 @@ bool is_float(DType t) {
 }
 
 template <typename T>
-CpuGradients<T> run_backward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor& q,
-                             const CpuTensor& k, const CpuTensor& v, const T* out, const T* lse,
-                             const CpuTensor& dout, const CpuBackwardOptions& options) {
-  check_tensor("q", q);
-  check_tensor("k", k);
-  check_tensor("v", v);
-  check_tensor("dout", dout);
-  const int64_t B = q.shape[0], Hq = q.shape[1], Sq = q.shape[2], D = q.shape[3];
-  const int64_t Hkv = k.shape[1], Skv = k.shape[2], Dv = v.shape[3];
-  if (k.shape[0] != B || v.shape[0] != B || v.shape[1] != Hkv || v.shape[2] != Skv ||
-      k.shape[3] != D) {
-    throw RuntimeError(fmt::format(
-        "CPU attention backward: shapes disagree: q {} k {} v {} (expect q [B, Hq, Sq, D], k "
-        "[B, Hkv, Skv, D], v [B, Hkv, Skv, Dv])",
-        shape_of(q), shape_of(k), shape_of(v)));
-  }
-  if (dout.shape != std::array<int64_t, 4>{B, Hq, Sq, Dv}) {
+CpuGradients<T> run_backward(const Mods& mods, const ModBindings& bindings, const TensorRef& q,
+                             const TensorRef& k, const TensorRef& v, const T* out, const T* lse,
+                             const TensorRef& dout, const CpuBackwardOptions& options) {
+  const QkvShape s = check_cpu_qkv("CPU attention backward", q, k, v);
+  const int64_t B = s.batch, Hq = s.heads_q, Sq = s.seqlen_q, D = s.head_dim_qk;
+  const int64_t Hkv = s.heads_kv, Skv = s.seqlen_kv, Dv = s.head_dim_v;
+  if (dout.shape != std::vector<int64_t>{B, Hq, Sq, Dv}) {
     throw RuntimeError(fmt::format("CPU attention backward: dout is {}; expected [{}, {}, {}, {}]",
                                    shape_of(dout), B, Hq, Sq, Dv));
   }
-  if (Hkv == 0 ? Hq != 0 : Hq % Hkv != 0) {
+  if (dout.dtype != q.dtype || dout.device != TensorRef::Device::CPU || dout.strides.size() != 4 ||
+      !dout.is_last_dim_contiguous() || (dout.data == nullptr && dout.numel() > 0)) {
     throw RuntimeError(fmt::format(
-        "CPU attention backward: q heads {} must be a multiple of k/v heads {} (GQA)", Hq, Hkv));
+        "CPU attention backward: dout is {}; expected {} on cpu with the last dim contiguous",
+        dout.str(), to_string(q.dtype)));
   }
-  const int64_t group = Hkv == 0 ? 1 : Hq / Hkv;
+  const int64_t group = Hq / Hkv;
   const int64_t rows = B * Hq * Sq;
   if (rows > 0 && (out == nullptr || lse == nullptr)) {
     throw RuntimeError("CPU attention backward: out / lse is a null pointer");
   }
 
   mods.check();
-  const std::vector<uint64_t> params = llvmjit::pack_cpu_mod_params(mods, bindings);
+  const runtime::BoundModArgs bound =
+      runtime::bind_mod_args(mods, bindings, TensorRef::Device::CPU);
+  const std::vector<uint64_t> params = llvmjit::pack_cpu_mod_params(mods, bound);
   const llvmjit::CpuModFunctions fns = llvmjit::compile_cpu_mods(mods);
   const llvmjit::CpuBackwardFunctions bw = llvmjit::compile_cpu_backward(mods);
   const llvmjit::CpuModParamLayout layout = llvmjit::cpu_layout_of(mods);
@@ -154,7 +120,7 @@ CpuGradients<T> run_backward(const Mods& mods, const ir::EvalEnv& bindings, cons
         for (int64_t i = 0; i < Sq; ++i) {
           const int64_t row = (b * Hq + h) * Sq + i;
           const T L = lse[row];
-          if (!(L > -std::numeric_limits<T>::infinity())) continue;  // fully masked (or NaN)
+          if (L == -std::numeric_limits<T>::infinity()) continue;  // fully masked; NaN goes on
           load_row(q, b, h, i, qr.data());
           load_row(dout, b, h, i, dor.data());
           const T* o = out + row * Dv;
@@ -259,10 +225,7 @@ CpuGradients<T> run_backward(const Mods& mods, const ir::EvalEnv& bindings, cons
         sum[e] += t[bi][e];
     }
     // An empty binding was packed as one element: its gradient is empty.
-    int64_t bound = 1;
-    for (int64_t e : bindings.buffers.at(name).shape)
-      bound *= e;
-    if (bound == 0) sum.clear();
+    if (bound.buffers[bi]->numel() == 0) sum.clear();
     g.buffers[name] = std::move(sum);
   }
   return g;
@@ -270,18 +233,18 @@ CpuGradients<T> run_backward(const Mods& mods, const ir::EvalEnv& bindings, cons
 
 }  // namespace
 
-CpuGradients<float> cpu_attention_backward(const Mods& mods, const ir::EvalEnv& bindings,
-                                           const CpuTensor& q, const CpuTensor& k,
-                                           const CpuTensor& v, const float* out, const float* lse,
-                                           const CpuTensor& dout,
+CpuGradients<float> cpu_attention_backward(const Mods& mods, const ModBindings& bindings,
+                                           const TensorRef& q, const TensorRef& k,
+                                           const TensorRef& v, const float* out, const float* lse,
+                                           const TensorRef& dout,
                                            const CpuBackwardOptions& options) {
   return run_backward<float>(mods, bindings, q, k, v, out, lse, dout, options);
 }
 
-CpuGradients<double> cpu_attention_backward_f64(const Mods& mods, const ir::EvalEnv& bindings,
-                                                const CpuTensor& q, const CpuTensor& k,
-                                                const CpuTensor& v, const double* out,
-                                                const double* lse, const CpuTensor& dout,
+CpuGradients<double> cpu_attention_backward_f64(const Mods& mods, const ModBindings& bindings,
+                                                const TensorRef& q, const TensorRef& k,
+                                                const TensorRef& v, const double* out,
+                                                const double* lse, const TensorRef& dout,
                                                 const CpuBackwardOptions& options) {
   return run_backward<double>(mods, bindings, q, k, v, out, lse, dout, options);
 }

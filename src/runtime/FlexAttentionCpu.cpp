@@ -1,10 +1,11 @@
-// flex_attention on the CPU backend (include/flexjit/cpu.h): TensorRef / ModBindings adapted to
-// the CPU forward's CpuTensor / EvalEnv, with a CPU block mask for a mask_mod.
+// flex_attention_cpu, the public CPU API (include/flexjit/cpu.h): checks the call, builds a
+// CPU block mask for a mask_mod (cpu/JitBlockMask.h) and runs the forward kernel
+// (cpu/ForwardKernel.h), in fp32 or the fp64 reference mode.
 #include <flexjit/cpu.h>
 #include <flexjit/error.h>
 
-#include "cpu/CpuAttention.h"
-#include "cpu/CpuBlockMask.h"
+#include "cpu/ForwardKernel.h"
+#include "cpu/JitBlockMask.h"
 
 #include <fmt/format.h>
 
@@ -13,31 +14,6 @@
 namespace flexjit {
 
 namespace {
-
-cpu::CpuTensor to_cpu_tensor(const TensorRef& t) {
-  cpu::CpuTensor c;
-  c.data = t.data;
-  c.dtype = t.dtype;
-  for (int i = 0; i < 4; ++i) {
-    c.shape[i] = t.shape[i];
-    c.strides[i] = t.strides[i];
-  }
-  return c;
-}
-
-ir::EvalEnv to_env(const ModBindings& bindings) {
-  ir::EvalEnv env;
-  for (const auto& [name, t] : bindings.buffers) {
-    if (t.device != TensorRef::Device::CPU) {
-      throw RuntimeError(fmt::format("buffer {} is on {}; the CPU backend needs CPU tensors", name,
-                                     to_string(t.device, t.device_index)));
-    }
-    env.buffers[name] = ir::BufferView{t.data, t.dtype, t.shape, t.strides};
-  }
-  for (const auto& [name, value] : bindings.params)
-    env.params[name] = value;
-  return env;
-}
 
 void check_output(const char* what, const TensorRef& t, const std::vector<int64_t>& shape) {
   if (t.device != TensorRef::Device::CPU || t.dtype != DType::F32 || t.shape != shape ||
@@ -52,24 +28,19 @@ void check_output(const char* what, const TensorRef& t, const std::vector<int64_
 void flex_attention_cpu_into(const TensorRef& q, const TensorRef& k, const TensorRef& v,
                              const TensorRef& out, const TensorRef* lse,
                              const AttentionOptions& options, const CpuRunOptions& cpu) {
-  const QkvShape s = validate_qkv(q, k, v);
-  if (q.device != TensorRef::Device::CPU) {
-    throw RuntimeError(fmt::format("q, k and v are on {}; the CPU backend needs CPU tensors",
-                                   to_string(q.device, q.device_index)));
-  }
+  const QkvShape s = cpu::check_cpu_qkv("flex_attention_cpu", q, k, v);
   check_output("out", out, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
   if (lse != nullptr) check_output("lse", *lse, {s.batch, s.heads_q, s.seqlen_q});
-  const ir::EvalEnv env = to_env(options.bindings);
   const Mods& mods = options.mods;
   mods.check();
 
   cpu::CpuForwardOptions fo;
   if (options.scale) fo.scale = *options.scale;
   fo.num_threads = cpu.num_threads;
-  cpu::CpuBlockMask mask;
+  BlockMask mask;
   if (mods.mask_mod.defined() && s.seqlen_q > 0 && s.seqlen_kv > 0) {
-    mask = cpu::cpu_create_block_mask(mods, env, s.batch, s.heads_q, s.seqlen_q, s.seqlen_kv,
-                                      {128, 128, cpu.num_threads});
+    mask = cpu::cpu_create_block_mask(mods, options.bindings, s.batch, s.heads_q, s.seqlen_q,
+                                      s.seqlen_kv, {128, 128, cpu.num_threads});
     fo.block_mask = &mask;
   }
   const int64_t rows = s.batch * s.heads_q * s.seqlen_q;
@@ -83,21 +54,19 @@ void flex_attention_cpu_into(const TensorRef& q, const TensorRef& k, const Tenso
   }
   float* out_ptr = static_cast<float*>(out.data);
   if (!cpu.reference_f64) {
-    cpu::cpu_attention_forward(mods, env, to_cpu_tensor(q), to_cpu_tensor(k), to_cpu_tensor(v),
-                               out_ptr, lse_ptr, fo);
+    cpu::cpu_attention_forward(mods, options.bindings, q, k, v, out_ptr, lse_ptr, fo);
     return;
   }
   std::vector<double> out64(static_cast<size_t>(rows * s.head_dim_v)),
       lse64(static_cast<size_t>(rows));
-  cpu::cpu_attention_forward_f64(mods, env, to_cpu_tensor(q), to_cpu_tensor(k), to_cpu_tensor(v),
-                                 out64.data(), lse64.data(), fo);
+  cpu::cpu_attention_forward_f64(mods, options.bindings, q, k, v, out64.data(), lse64.data(), fo);
   std::transform(out64.begin(), out64.end(), out_ptr, [](double x) { return float(x); });
   std::transform(lse64.begin(), lse64.end(), lse_ptr, [](double x) { return float(x); });
 }
 
 CpuAttentionResult flex_attention_cpu(const TensorRef& q, const TensorRef& k, const TensorRef& v,
                                       const AttentionOptions& options, const CpuRunOptions& cpu) {
-  const QkvShape s = validate_qkv(q, k, v);
+  const QkvShape s = cpu::check_cpu_qkv("flex_attention_cpu", q, k, v);
   CpuAttentionResult r;
   r.shape = {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v};
   r.out.resize(static_cast<size_t>(s.batch * s.heads_q * s.seqlen_q * s.head_dim_v));

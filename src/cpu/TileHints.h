@@ -1,13 +1,11 @@
-// Block masks built on the host from a mask_mod: interval analysis decides whole regions of
-// tiles at once (passes/MaskAnalysis.h), and the interpreter (ir/Evaluate.h) evaluates the
-// tiles it cannot decide. `flexjit mask show` uses this without a GPU; create_block_mask uses
-// the analysis (analyze_tiles) to skip proven tiles on the device.
+// Host interval analysis over a grid of tiles (passes/MaskAnalysis.h): which (q tile, kv tile)
+// pairs a mask_mod provably keeps entirely or not at all, decided region by region. The GPU's
+// create_block_mask (runtime/CreateBlockMask.cpp) skips the tiles it proves; the interpreted
+// builder (cpu/InterpretedBlockMask.h) evaluates only the others.
 #pragma once
 
 #include <flexjit/block_mask.h>
 #include <flexjit/mods.h>
-
-#include "ir/Evaluate.h"
 
 #include <cstdint>
 #include <string>
@@ -15,6 +13,17 @@
 #include <vector>
 
 namespace flexjit::cpu {
+
+// ceil(a / b) for a >= 0, b >= 1, without overflow.
+int ceil_div(int a, int b);
+
+// The most tiles (batch x heads x q tiles x kv tiles) a block mask built on the host may have:
+// 2^26, a 1M x 1M mask in tiles of 128 (its index arrays and their transposes take 1 GiB).
+inline constexpr int64_t kMaxHostTiles = int64_t{1} << 26;
+
+// RuntimeError unless every size is positive and the grid has at most `max_tiles` tiles.
+void check_tile_grid(int batch, int heads, int seqlen_q, int seqlen_kv, int block_size,
+                     int64_t max_tiles = kMaxHostTiles);
 
 // A tile class the analysis could not prove (beside TileKind's Empty 0, Partial 1, Full 2).
 inline constexpr uint8_t kTileUnknown = 3;
@@ -40,12 +49,5 @@ TileHints analyze_tiles(const Mods& mask, int batch, int heads, int seqlen_q, in
 // The default analysis budget for a grid of tiles: enough for masks whose boundaries are a few
 // lines of tiles (causal, sliding window, prefix-LM, chunks) to be decided down to single tiles.
 int default_analysis_budget(int num_q_blocks, int num_kv_blocks);
-
-// The block mask of `mods.mask_mod` (CompileError if it has none) over [batch, heads, Sq, Skv]
-// with square tiles of `block_size`; `bindings` supplies parameter values and host buffers (its
-// b / h / q_idx / kv_idx / score are ignored). Same result as block_mask_from_predicate of the
-// interpreted mask_mod. RuntimeError for non-positive sizes or bad bindings.
-BlockMask build_block_mask_cpu(const Mods& mods, int batch, int heads, int seqlen_q, int seqlen_kv,
-                               int block_size, const ir::EvalEnv& bindings);
 
 }  // namespace flexjit::cpu

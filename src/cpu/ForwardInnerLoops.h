@@ -1,4 +1,4 @@
-// The fp32 inner loops of the CPU forward. No include guard on purpose: CpuAttention.cpp
+// The fp32 inner loops of the CPU forward. No include guard on purpose: ForwardKernel.cpp
 // includes this file twice, once for baseline x86-64 (namespace base) and once under
 // `#pragma GCC target("avx2,fma")` with fp-contract=fast (namespace avx2), and picks one at run
 // time from the CPU's features. GCC vector extensions keep the accumulators in registers (a

@@ -1,30 +1,19 @@
-#include "cpu/HostBlockMask.h"
+#include "cpu/TileHints.h"
 
 #include <flexjit/error.h>
 
 #include "passes/MaskAnalysis.h"
+#include "util/CheckedMath.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 
 namespace flexjit::cpu {
 
 namespace {
-
-void check_sizes(int batch, int heads, int seqlen_q, int seqlen_kv, int block_size) {
-  if (batch < 1 || heads < 1 || seqlen_q < 1 || seqlen_kv < 1 || block_size < 1) {
-    throw RuntimeError(fmt::format(
-        "block mask sizes must be positive: batch {}, heads {}, seqlen_q {}, seqlen_kv {}, "
-        "block size {}",
-        batch, heads, seqlen_q, seqlen_kv, block_size));
-  }
-}
-
-int ceil_div(int a, int b) {
-  return static_cast<int>((static_cast<int64_t>(a) + b - 1) / b);
-}
 
 // Tiles [q0, q1) x [k0, k1) of the grid.
 struct Region {
@@ -37,10 +26,34 @@ int default_analysis_budget(int num_q_blocks, int num_kv_blocks) {
   return 64 + 16 * (num_q_blocks + num_kv_blocks);
 }
 
+int ceil_div(int a, int b) {
+  return static_cast<int>((static_cast<int64_t>(a) + b - 1) / b);
+}
+
+void check_tile_grid(int batch, int heads, int seqlen_q, int seqlen_kv, int block_size,
+                     int64_t max_tiles) {
+  if (batch < 1 || heads < 1 || seqlen_q < 1 || seqlen_kv < 1 || block_size < 1) {
+    throw RuntimeError(fmt::format(
+        "block mask sizes must be positive: batch {}, heads {}, seqlen_q {}, seqlen_kv {}, "
+        "block size {}",
+        batch, heads, seqlen_q, seqlen_kv, block_size));
+  }
+  const int nq = ceil_div(seqlen_q, block_size), nkv = ceil_div(seqlen_kv, block_size);
+  const std::optional<int64_t> tiles = checked_product({batch, heads, nq, nkv});
+  if (!tiles || *tiles > max_tiles) {
+    throw RuntimeError(fmt::format(
+        "a block mask of batch {} x heads {} x {} x {} tiles (lengths {} x {} in tiles of {}) "
+        "has more than the {} tiles this builder holds",
+        batch, heads, nq, nkv, seqlen_q, seqlen_kv, block_size, max_tiles));
+  }
+}
+
 TileHints analyze_tiles(const Mods& mask, int batch, int heads, int seqlen_q, int seqlen_kv,
                         int block_size, const std::unordered_map<std::string, double>& params,
                         int max_calls) {
-  check_sizes(batch, heads, seqlen_q, seqlen_kv, block_size);
+  // Only the sizes: the caller bounds the grid (the GPU builder allows more tiles than the host).
+  check_tile_grid(batch, heads, seqlen_q, seqlen_kv, block_size,
+                  std::numeric_limits<int64_t>::max());
   TileHints out;
   out.num_q_blocks = ceil_div(seqlen_q, block_size);
   out.num_kv_blocks = ceil_div(seqlen_kv, block_size);
@@ -100,62 +113,6 @@ TileHints analyze_tiles(const Mods& mask, int batch, int heads, int seqlen_q, in
     if (out.kinds[t] == kTileUnknown) out.unknown.push_back(static_cast<int32_t>(t));
   }
   return out;
-}
-
-BlockMask build_block_mask_cpu(const Mods& mods, int batch, int heads, int seqlen_q, int seqlen_kv,
-                               int block_size, const ir::EvalEnv& bindings) {
-  if (!mods.mask_mod.defined()) {
-    throw CompileError("a block mask needs a mask_mod; these mods have none");
-  }
-  mods.check();
-  check_sizes(batch, heads, seqlen_q, seqlen_kv, block_size);
-  const int nq = ceil_div(seqlen_q, block_size), nkv = ceil_div(seqlen_kv, block_size);
-  const TileHints hints = analyze_tiles(mods, batch, heads, seqlen_q, seqlen_kv, block_size,
-                                        bindings.params, default_analysis_budget(nq, nkv));
-
-  // Evaluate the undecided tiles of every (b, h): stop at the first position that disagrees
-  // with the tile's first one; out-of-range positions are masked.
-  ir::Evaluator eval(mods.mask_mod);
-  ir::EvalEnv env = bindings;
-  const size_t tiles = static_cast<size_t>(nq) * nkv;
-  std::vector<uint8_t> kinds(static_cast<size_t>(batch) * heads * tiles);
-  for (int b = 0; b < batch; ++b) {
-    for (int h = 0; h < heads; ++h) {
-      uint8_t* bh_kinds = kinds.data() + (static_cast<size_t>(b) * heads + h) * tiles;
-      std::copy(hints.kinds.begin(), hints.kinds.end(), bh_kinds);
-      env.b = b;
-      env.h = h;
-      for (int32_t t : hints.unknown) {
-        const int qb = t / nkv, kvb = t % nkv;
-        const int q0 = qb * block_size, kv0 = kvb * block_size;
-        const int q1 = std::min(q0 + block_size, seqlen_q);
-        const int kv1 = std::min(kv0 + block_size, seqlen_kv);
-        const bool cut = q1 - q0 < block_size || kv1 - kv0 < block_size;
-        bool any = false, all = true;
-        for (int q = q0; q < q1 && !(any && !all); ++q) {
-          env.q_idx = q;
-          for (int kv = kv0; kv < kv1; ++kv) {
-            env.kv_idx = kv;
-            const bool v = eval.run(env).as_bool();
-            any = any || v;
-            all = all && v;
-            if (any && !all) break;
-          }
-        }
-        TileKind k = !any ? TileKind::Empty : (all && !cut ? TileKind::Full : TileKind::Partial);
-        bh_kinds[t] = static_cast<uint8_t>(k);
-      }
-    }
-  }
-  BlockMask m = block_mask_from_tiles(
-      batch, heads, seqlen_q, seqlen_kv,
-      [&](int b, int h, int qb, int kvb) {
-        return static_cast<TileKind>(kinds[(static_cast<size_t>(b) * heads + h) * tiles +
-                                           static_cast<size_t>(qb) * nkv + kvb]);
-      },
-      block_size, block_size);
-  m.mods = mods;
-  return m;
 }
 
 }  // namespace flexjit::cpu

@@ -15,8 +15,7 @@
 
 #include <flexjit/mods.h>
 
-#include "cpu/CpuAttention.h"
-#include "ir/Evaluate.h"
+#include "cpu/ForwardKernel.h"
 
 #include <map>
 #include <optional>
@@ -42,21 +41,21 @@ struct CpuGradients {
 };
 
 // fp32 backward. q, k, v as for cpu_attention_forward; out [B, Hq, Sq, Dv] and lse [B, Hq, Sq]
-// contiguous, as the fp32 forward writes them; dout [B, Hq, Sq, Dv] any strides (last dim
-// contiguous). Throws RuntimeError for inconsistent shapes (naming the tensor), bad bindings or
-// tensors the forward would reject; CompileError if the mods do not type check.
-CpuGradients<float> cpu_attention_backward(const Mods& mods, const ir::EvalEnv& bindings,
-                                           const CpuTensor& q, const CpuTensor& k,
-                                           const CpuTensor& v, const float* out, const float* lse,
-                                           const CpuTensor& dout,
+// contiguous, as the fp32 forward writes them; dout [B, Hq, Sq, Dv] of q's dtype, any strides
+// (last dim contiguous). Throws RuntimeError for inconsistent shapes (naming the tensor), bad
+// bindings or tensors the forward would reject; CompileError if the mods do not type check.
+CpuGradients<float> cpu_attention_backward(const Mods& mods, const ModBindings& bindings,
+                                           const TensorRef& q, const TensorRef& k,
+                                           const TensorRef& v, const float* out, const float* lse,
+                                           const TensorRef& dout,
                                            const CpuBackwardOptions& options = {});
 
 // The fp64 reference mode (out / lse from cpu_attention_forward_f64): products, sums and
 // gradients in double; the mods and their derivatives in f32 semantics, as in the forward.
-CpuGradients<double> cpu_attention_backward_f64(const Mods& mods, const ir::EvalEnv& bindings,
-                                                const CpuTensor& q, const CpuTensor& k,
-                                                const CpuTensor& v, const double* out,
-                                                const double* lse, const CpuTensor& dout,
+CpuGradients<double> cpu_attention_backward_f64(const Mods& mods, const ModBindings& bindings,
+                                                const TensorRef& q, const TensorRef& k,
+                                                const TensorRef& v, const double* out,
+                                                const double* lse, const TensorRef& dout,
                                                 const CpuBackwardOptions& options = {});
 
 }  // namespace flexjit::cpu

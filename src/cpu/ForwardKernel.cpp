@@ -1,8 +1,11 @@
-#include "cpu/CpuAttention.h"
+#include "cpu/ForwardKernel.h"
 
 #include "codegen/llvm/CpuModParams.h"
 #include "codegen/llvm/LlvmCodegen.h"
-#include "cpu/ThreadPool.h"
+#include "cpu/ParallelFor.h"
+#include "ir/Evaluate.h"
+#include "runtime/ModArgs.h"
+#include "util/CheckedMath.h"
 
 #include <fmt/format.h>
 
@@ -96,14 +99,14 @@ inline __attribute__((always_inline)) Acc exp_row(Acc* s, int n, Acc m) {
 
 }  // namespace
 
-// The fp32 kernels, twice (see AttentionKernels.h).
+// The fp32 kernels, twice (see ForwardInnerLoops.h).
 // no-trapping-math lets GCC if-convert the exp's range checks, so that its loop vectorises.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("no-trapping-math")
 #endif
 namespace base {
-#include "cpu/AttentionKernels.h"
+#include "cpu/ForwardInnerLoops.h"
 }  // namespace base
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
@@ -114,7 +117,7 @@ namespace base {
 #pragma GCC target("avx2,fma")
 #pragma GCC optimize("fp-contract=fast", "no-trapping-math")
 namespace avx2 {
-#include "cpu/AttentionKernels.h"
+#include "cpu/ForwardInnerLoops.h"
 }  // namespace avx2
 #pragma GCC pop_options
 #else
@@ -167,7 +170,7 @@ inline double exp_row_any(bool, double* s, int n, double m) {
 }
 
 template <typename Acc>
-void load_row(const CpuTensor& t, int64_t b, int64_t h, int64_t s, Acc* dst) {
+void load_row(const TensorRef& t, int64_t b, int64_t h, int64_t s, Acc* dst) {
   const int64_t d = t.shape[3];
   const int64_t off = b * t.strides[0] + h * t.strides[1] + s * t.strides[2];
   switch (t.dtype) {
@@ -195,66 +198,22 @@ void load_row(const CpuTensor& t, int64_t b, int64_t h, int64_t s, Acc* dst) {
   FJ_ASSERT(false, "unchecked tensor dtype");
 }
 
-void check_tensor(const char* name, const CpuTensor& t) {
-  if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16) {
-    throw RuntimeError(fmt::format("CPU attention: {} has dtype {}; expected f32, f16 or bf16",
-                                   name, to_string(t.dtype)));
-  }
-  int64_t elements = 1;
-  for (int i = 0; i < 4; ++i) {
-    if (t.shape[i] < 0) {
-      throw RuntimeError(
-          fmt::format("CPU attention: {} has negative extent {} in dim {}", name, t.shape[i], i));
-    }
-    elements *= t.shape[i];
-  }
-  if (t.shape[3] > 1 && t.strides[3] != 1) {
-    throw RuntimeError(fmt::format(
-        "CPU attention: {} must be contiguous in its last dim (stride {})", name, t.strides[3]));
-  }
-  if (elements > 0 && t.data == nullptr) {
-    throw RuntimeError(fmt::format("CPU attention: {} is a null pointer", name));
-  }
-  if (t.shape[2] > std::numeric_limits<int32_t>::max() ||
-      t.shape[1] > std::numeric_limits<int32_t>::max() ||
-      t.shape[0] > std::numeric_limits<int32_t>::max()) {
-    throw RuntimeError(
-        fmt::format("CPU attention: {} extents must fit the mods' i32 indices", name));
-  }
-}
-
 struct Problem {
   int64_t B, Hq, Hkv, Sq, Skv, D, Dv, group;
 };
 
-Problem check_problem(const CpuTensor& q, const CpuTensor& k, const CpuTensor& v,
-                      const CpuBlockMask* bm) {
-  check_tensor("q", q);
-  check_tensor("k", k);
-  check_tensor("v", v);
-  Problem p{q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], 1};
-  auto shape = [](const CpuTensor& t) {
-    return fmt::format("[{}, {}, {}, {}]", t.shape[0], t.shape[1], t.shape[2], t.shape[3]);
-  };
-  if (k.shape[0] != p.B || v.shape[0] != p.B || v.shape[1] != p.Hkv || v.shape[2] != p.Skv ||
-      k.shape[3] != p.D) {
-    throw RuntimeError(fmt::format(
-        "CPU attention: shapes disagree: q {} k {} v {} (expect q [B, Hq, Sq, D], k [B, Hkv, "
-        "Skv, D], v [B, Hkv, Skv, Dv])",
-        shape(q), shape(k), shape(v)));
-  }
-  if (p.Hkv == 0 ? p.Hq != 0 : p.Hq % p.Hkv != 0) {
-    throw RuntimeError(fmt::format(
-        "CPU attention: q heads {} must be a multiple of k/v heads {} (GQA)", p.Hq, p.Hkv));
-  }
-  p.group = p.Hkv == 0 ? 1 : p.Hq / p.Hkv;
+Problem check_problem(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                      const BlockMask* bm) {
+  const QkvShape s = check_cpu_qkv("CPU attention", q, k, v);
+  Problem p{s.batch,     s.heads_q,     s.heads_kv,   s.seqlen_q,
+            s.seqlen_kv, s.head_dim_qk, s.head_dim_v, s.heads_q / s.heads_kv};
   if (bm != nullptr) {
     bm->validate();
-    if (bm->q_len != p.Sq || bm->kv_len != p.Skv || (bm->batch != 1 && bm->batch != p.B) ||
+    if (bm->seqlen_q != p.Sq || bm->seqlen_kv != p.Skv || (bm->batch != 1 && bm->batch != p.B) ||
         (bm->heads != 1 && bm->heads != p.Hq)) {
       throw RuntimeError(fmt::format(
           "CPU attention: block mask for [{}, {}, {}, {}] does not fit B={} Hq={} Sq={} Skv={}",
-          bm->batch, bm->heads, bm->q_len, bm->kv_len, p.B, p.Hq, p.Sq, p.Skv));
+          bm->batch, bm->heads, bm->seqlen_q, bm->seqlen_kv, p.B, p.Hq, p.Sq, p.Skv));
     }
   }
   return p;
@@ -270,11 +229,14 @@ struct Scratch {
 };
 
 template <typename Acc>
-void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor& q,
-                 const CpuTensor& k, const CpuTensor& v, Acc* out, Acc* lse,
+void run_forward(const Mods& mods, const ModBindings& bindings, const TensorRef& q,
+                 const TensorRef& k, const TensorRef& v, Acc* out, Acc* lse,
                  const CpuForwardOptions& options) {
-  const CpuBlockMask* bm = options.block_mask;
+  const BlockMask* bm = options.block_mask;
   const Problem p = check_problem(q, k, v, bm);
+  // Bindings are checked even when nothing runs, so a mistake shows on the first call.
+  const runtime::BoundModArgs bound =
+      runtime::bind_mod_args(mods, bindings, TensorRef::Device::CPU);
   const int64_t rows_total = p.B * p.Hq * p.Sq;
   if (rows_total == 0) return;
   std::fill(out, out + rows_total * p.Dv, Acc(0));
@@ -282,10 +244,10 @@ void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor&
   if (p.Skv == 0) return;
 
   const llvmjit::CpuModFunctions fns = llvmjit::compile_cpu_mods(mods);
-  const std::vector<uint64_t> params = llvmjit::pack_cpu_mod_params(mods, bindings);
+  const std::vector<uint64_t> params = llvmjit::pack_cpu_mod_params(mods, bound);
   const Acc scale = options.scale ? static_cast<Acc>(*options.scale)
                                   : Acc(1) / std::sqrt(static_cast<Acc>(std::max<int64_t>(p.D, 1)));
-  const int64_t q_tile = bm != nullptr ? bm->q_block : kQTile;
+  const int64_t q_tile = bm != nullptr ? bm->q_block_size : kQTile;
   const int64_t nq = (p.Sq + q_tile - 1) / q_tile;
   const int64_t D = p.D, Dv = p.Dv;
   const int threads = resolve_threads(options.num_threads);
@@ -354,13 +316,21 @@ void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor&
               s[j] = sc.keep[j] ? s[j] : -std::numeric_limits<Acc>::infinity();
           }
         }
-        // Online softmax update of row r.
+        // Online softmax update of row r. NaN in, NaN out (as PyTorch's softmax): a NaN score
+        // makes exp(s - m), so the row's sum and output, NaN; the maximum skips it, so a row
+        // whose other scores are all masked so far takes a NaN maximum instead of skipping.
         Acc mx = -std::numeric_limits<Acc>::infinity();
         for (int j = 0; j < n; ++j)
           mx = s[j] > mx ? s[j] : mx;
         const Acc m_old = sc.m[static_cast<size_t>(r)];
-        const Acc m_new = mx > m_old ? mx : m_old;
-        if (m_new == -std::numeric_limits<Acc>::infinity()) continue;  // all masked so far
+        Acc m_new = mx > m_old ? mx : m_old;
+        if (m_new == -std::numeric_limits<Acc>::infinity()) {
+          bool nan = false;
+          for (int j = 0; j < n; ++j)
+            nan = nan || s[j] != s[j];
+          if (!nan) continue;  // all masked so far
+          m_new = std::numeric_limits<Acc>::quiet_NaN();
+        }
         const Acc alpha = exp_nonpositive(m_old - m_new);
         const Acc sum = exp_row_any(wide, s, n, m_new);
         sc.m[static_cast<size_t>(r)] = m_new;
@@ -378,7 +348,7 @@ void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor&
     if (bm == nullptr) {
       block(0, p.Skv, true);
     } else {
-      const int64_t row = bm->row(b, h, qb);
+      const int64_t row = ((b % bm->batch) * bm->heads + h % bm->heads) * bm->num_q_blocks + qb;
       const int64_t base = row * bm->num_kv_blocks;
       // Partial and full tiles merged in ascending kv order.
       int32_t ip = 0, jf = 0;
@@ -390,10 +360,10 @@ void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor&
         const int32_t kf = jf < nf ? bm->full_kv_indices[static_cast<size_t>(base + jf)]
                                    : std::numeric_limits<int32_t>::max();
         if (kp < kf) {
-          block(kp, bm->kv_block, true);
+          block(kp, bm->kv_block_size, true);
           ++ip;
         } else {
-          block(kf, bm->kv_block, false);
+          block(kf, bm->kv_block_size, false);
           ++jf;
         }
       }
@@ -401,7 +371,7 @@ void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor&
     for (int64_t r = 0; r < nr; ++r) {
       const int64_t o = (b * p.Hq + h) * p.Sq + r0 + r;
       const Acc l = sc.l[static_cast<size_t>(r)];
-      if (!(l > Acc(0))) continue;  // fully masked: out 0, lse -inf (already written)
+      if (l == Acc(0)) continue;  // fully masked: out 0, lse -inf (already written); NaN goes on
       const Acc* a = sc.acc.data() + r * Dv;
       for (int64_t d = 0; d < Dv; ++d)
         out[o * Dv + d] = a[d] / l;
@@ -415,14 +385,35 @@ void run_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor&
 
 }  // namespace
 
-void cpu_attention_forward(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor& q,
-                           const CpuTensor& k, const CpuTensor& v, float* out, float* lse,
+QkvShape check_cpu_qkv(const char* who, const TensorRef& q, const TensorRef& k,
+                       const TensorRef& v) {
+  const QkvShape s = validate_qkv(q, k, v);
+  if (q.device != TensorRef::Device::CPU) {
+    throw RuntimeError(fmt::format("{}: q, k and v are on {}; the CPU backend needs CPU tensors",
+                                   who, to_string(q.device, q.device_index)));
+  }
+  constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max();
+  if (s.batch > kMaxIndex || s.heads_q > kMaxIndex || s.seqlen_q > kMaxIndex ||
+      s.seqlen_kv > kMaxIndex) {
+    throw RuntimeError(fmt::format(
+        "{}: B={} Hq={} Sq={} Skv={}: every one must fit the mods' i32 indices (< 2^31)", who,
+        s.batch, s.heads_q, s.seqlen_q, s.seqlen_kv));
+  }
+  if (!checked_product({s.batch, s.heads_q, s.seqlen_q, s.head_dim_v})) {
+    throw RuntimeError(fmt::format("{}: the output [{}, {}, {}, {}] has more than 2^63 elements",
+                                   who, s.batch, s.heads_q, s.seqlen_q, s.head_dim_v));
+  }
+  return s;
+}
+
+void cpu_attention_forward(const Mods& mods, const ModBindings& bindings, const TensorRef& q,
+                           const TensorRef& k, const TensorRef& v, float* out, float* lse,
                            const CpuForwardOptions& options) {
   run_forward<float>(mods, bindings, q, k, v, out, lse, options);
 }
 
-void cpu_attention_forward_f64(const Mods& mods, const ir::EvalEnv& bindings, const CpuTensor& q,
-                               const CpuTensor& k, const CpuTensor& v, double* out, double* lse,
+void cpu_attention_forward_f64(const Mods& mods, const ModBindings& bindings, const TensorRef& q,
+                               const TensorRef& k, const TensorRef& v, double* out, double* lse,
                                const CpuForwardOptions& options) {
   run_forward<double>(mods, bindings, q, k, v, out, lse, options);
 }

@@ -1,4 +1,4 @@
-#include "cpu/ThreadPool.h"
+#include "cpu/ParallelFor.h"
 
 #include <algorithm>
 #include <atomic>
