@@ -19,8 +19,10 @@ CacheSettings CacheSettings::from_env() {
     s.dir = std::filesystem::path(*home) / ".cache" / "flexjit";
   } else {
     // Per user: a shared name would let whoever creates it first serve kernels to everyone.
-    s.dir = std::filesystem::temp_directory_path() /
-            ("flexjit-cache-" + std::to_string(static_cast<unsigned long>(::geteuid())));
+    std::error_code ec;
+    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    if (ec) tmp = "/tmp";
+    s.dir = tmp / ("flexjit-cache-" + std::to_string(static_cast<unsigned long>(::geteuid())));
   }
   if (auto dump = env::get("FLEXJIT_DUMP_DIR")) s.dump_dir = *dump;
   return s;

@@ -88,6 +88,11 @@ TEST_CASE("without HOME the cache falls back to a per-user directory, checked li
     ScopedEnv x("XDG_CACHE_HOME", "relative/dir");  // ignored, as the XDG spec says
     CHECK(CacheSettings::from_env().dir == expected);
   }
+  {
+    ScopedEnv x("TMPDIR", "/nonexistent/tmp");  // not an exception: /tmp instead
+    CHECK(CacheSettings::from_env().dir ==
+          fs::path("/tmp") / ("flexjit-cache-" + std::to_string(::geteuid())));
+  }
 
   // Another user got there first and planted a valid entry in a directory anyone can write.
   fs::create_directory(expected);

@@ -63,7 +63,10 @@ nlohmann::json to_json(const BuiltKernel& k, const cuda::ForwardSpec& spec) {
 // a private temp file (mkstemp: mode 0600, a fresh name, no symlink followed) and the tool runs
 // without a shell, its arguments passed as they are.
 bool disassemble(const std::vector<char>& cubin, const std::string& tool, const std::string& flag) {
-  std::string path = (std::filesystem::temp_directory_path() / "flexjit-inspect-XXXXXX").string();
+  std::error_code ec;
+  std::filesystem::path dir = std::filesystem::temp_directory_path(ec);
+  if (ec) dir = "/tmp";
+  std::string path = (dir / "flexjit-inspect-XXXXXX").string();
   int fd = ::mkstemp(path.data());
   if (fd < 0)
     throw Error(fmt::format("cannot create a temp file '{}': {}", path, std::strerror(errno)));
