@@ -4,6 +4,8 @@
 set -euo pipefail
 pkgs=(cmake ninja-build g++ clang clang-format libfmt-dev libcli11-dev catch2 llvm-16-dev
       nlohmann-json3-dev libxxhash-dev libdlpack-dev libssl-dev)
+# scripts/sanitize.sh: clang's ASan/UBSan/libFuzzer runtimes; the tests use setpriv (util-linux).
+pkgs+=(libclang-rt-14-dev util-linux git)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

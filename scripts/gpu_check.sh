@@ -4,17 +4,23 @@
 # in .carry/anchors/torch_flex_bench.py. Writes logs and CSVs under $OUT and prints the
 # side-by-side table last (the device tool returns only the tail of the output).
 #
-#   bash scripts/gpu_check.sh                  # everything, ~9 minutes at most
+#   bash scripts/gpu_check.sh                  # everything: can pass 10 minutes, see below
 #   QUICK=1 bash scripts/gpu_check.sh          # main shape quick subset, no extras
 #   SKIP_ANCHORS=1 SKIP_MEMCHECK=1 bash scripts/gpu_check.sh
 #
+# Within a 10-minute device call, run it in two parts:
+#   SKIP_BENCH=1 SKIP_ANCHORS=1 SKIP_MASKS=1 bash scripts/gpu_check.sh   # tests, compute-sanitizer
+#   SKIP_TESTS=1 SKIP_SANITIZERS=1 bash scripts/gpu_check.sh             # bench, anchors, masks
+#
 # Switches (1 = on): QUICK, EXTRA (default 1 unless QUICK), SKIP_TESTS, SKIP_MEMCHECK,
+# SKIP_RACECHECK, SKIP_SYNCCHECK, SKIP_SANITIZERS (all three compute-sanitizer tools),
 # SKIP_BENCH, SKIP_ANCHORS, SKIP_MASKS. BENCH_ARGS adds arguments to `flexjit bench`.
-# Time limits in seconds: T_TESTS, T_MEMCHECK, T_BENCH, T_ANCHORS, T_MASK_FLEXJIT, T_MASK_TORCH.
+# Time limits in seconds: T_TESTS (the [gpu] suite takes ~190 s on an H100), T_MEMCHECK,
+# T_RACECHECK, T_SYNCCHECK, T_BENCH, T_ANCHORS, T_MASK_FLEXJIT, T_MASK_TORCH.
 # Every step is time-limited and the script goes on after a failure (set -u, never set -e).
 set -u
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-$(mktemp -d /tmp/gpu_check_out.XXXXXX)}"
 mkdir -p "$OUT"
 BUILD="${BUILD:-.carry/build}"
@@ -24,13 +30,18 @@ ANCHORS="${ANCHORS:-.carry/anchors/torch_flex_bench.py}"
 QUICK="${QUICK:-0}"
 if [ "$QUICK" = 1 ]; then EXTRA="${EXTRA:-0}"; else EXTRA="${EXTRA:-1}"; fi
 SKIP_TESTS="${SKIP_TESTS:-0}"
-SKIP_MEMCHECK="${SKIP_MEMCHECK:-0}"
+SKIP_SANITIZERS="${SKIP_SANITIZERS:-0}"
+SKIP_MEMCHECK="${SKIP_MEMCHECK:-$SKIP_SANITIZERS}"
+SKIP_RACECHECK="${SKIP_RACECHECK:-$SKIP_SANITIZERS}"
+SKIP_SYNCCHECK="${SKIP_SYNCCHECK:-$SKIP_SANITIZERS}"
 SKIP_BENCH="${SKIP_BENCH:-0}"
 SKIP_ANCHORS="${SKIP_ANCHORS:-0}"
 SKIP_MASKS="${SKIP_MASKS:-0}"
 BENCH_ARGS="${BENCH_ARGS:-}"
-T_TESTS="${T_TESTS:-80}"
+T_TESTS="${T_TESTS:-300}"
 T_MEMCHECK="${T_MEMCHECK:-90}"
+T_RACECHECK="${T_RACECHECK:-150}"
+T_SYNCCHECK="${T_SYNCCHECK:-90}"
 T_BENCH="${T_BENCH:-120}"
 T_ANCHORS="${T_ANCHORS:-150}"
 T_MASK_FLEXJIT="${T_MASK_FLEXJIT:-30}"
@@ -96,6 +107,24 @@ else
       "$FLEXJIT" bench --small --repeats 1 --no-flush --use-cache
   } > "$OUT/memcheck.log" 2>&1
   echo "memcheck: $(grep -c 'ERROR SUMMARY: 0 errors' "$OUT/memcheck.log") clean runs; $(grep -E 'ERROR SUMMARY: [1-9]' "$OUT/memcheck.log" | head -2 | tr '\n' ' ')" >> "$STEPS"
+fi
+
+# 3b) compute-sanitizer racecheck (shared-memory hazards) and synccheck (barrier misuse) on the
+#     same small-shape tests. racecheck prints "RACECHECK SUMMARY: N hazards displayed (E errors,
+#     W warnings)"; any error exits 3.
+# sanitizer_step NAME TOOL LIMIT: runs the [gpu][small] tests under `compute-sanitizer --tool TOOL`.
+sanitizer_step() {
+  local name="$1" tool="$2" limit="$3"
+  if ! command -v compute-sanitizer > /dev/null; then skip "$name" "no compute-sanitizer on PATH"; return; fi
+  step "$name" "$limit" compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 3 \
+    "$TESTS" "[gpu][small]" > "$OUT/$name.log" 2>&1
+  echo "$name: $(grep -E '(ERROR|RACECHECK) SUMMARY' "$OUT/$name.log" | tail -n 1)" >> "$STEPS"
+}
+if [ "$SKIP_RACECHECK" = 1 ]; then skip racecheck SKIP_RACECHECK; else
+  sanitizer_step racecheck racecheck "$T_RACECHECK"
+fi
+if [ "$SKIP_SYNCCHECK" = 1 ]; then skip synccheck SKIP_SYNCCHECK; else
+  sanitizer_step synccheck synccheck "$T_SYNCCHECK"
 fi
 
 # 4) flexjit bench, 5) the anchors right after, on the same GPU.

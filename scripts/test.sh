@@ -12,3 +12,5 @@ ninja -C build-test
 export FLEXJIT_CACHE_DIR="$(mktemp -d)"
 trap 'rm -rf "$FLEXJIT_CACHE_DIR"' EXIT
 build-test/flexjit-tests --order rand "$@"
+# ASan + UBSan build of the GPU-free tests, and the .fx parser fuzz target (docs/fuzzing.md).
+[ "${SKIP_SANITIZE:-0}" = 1 ] || bash scripts/sanitize.sh

@@ -2,6 +2,10 @@
 
 #include "util/Env.h"
 
+#include <unistd.h>
+
+#include <string>
+
 namespace flexjit::jit {
 
 CacheSettings CacheSettings::from_env() {
@@ -9,12 +13,16 @@ CacheSettings CacheSettings::from_env() {
   s.enabled = !env::flag("FLEXJIT_DISABLE_CACHE");
   if (auto dir = env::get("FLEXJIT_CACHE_DIR")) {
     s.dir = *dir;
-  } else if (auto xdg = env::get("XDG_CACHE_HOME")) {
+  } else if (auto xdg = env::get("XDG_CACHE_HOME"); xdg && xdg->front() == '/') {
     s.dir = std::filesystem::path(*xdg) / "flexjit";
   } else if (auto home = env::get("HOME")) {
     s.dir = std::filesystem::path(*home) / ".cache" / "flexjit";
   } else {
-    s.dir = std::filesystem::temp_directory_path() / "flexjit-cache";
+    // Per user: a shared name would let whoever creates it first serve kernels to everyone.
+    std::error_code ec;
+    std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    if (ec) tmp = "/tmp";
+    s.dir = tmp / ("flexjit-cache-" + std::to_string(static_cast<unsigned long>(::geteuid())));
   }
   if (auto dump = env::get("FLEXJIT_DUMP_DIR")) s.dump_dir = *dump;
   return s;

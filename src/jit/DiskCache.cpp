@@ -2,11 +2,13 @@
 
 #include "jit/CacheKey.h"
 #include "util/Log.h"
+#include "util/PrivateFiles.h"
 
 #include <flexjit/error.h>
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -16,7 +18,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <random>
+#include <thread>
 
 namespace flexjit::jit {
 
@@ -32,7 +34,8 @@ constexpr char kMagic[8] = {'F', 'J', 'C', 'U', 'B', 'I', 'N', '\0'};
 constexpr size_t kHeaderSize = 8 + 4 + 4 + 8 + 8 + 8;
 constexpr const char* kEntrySuffix = ".fjc";
 constexpr const char* kTempSuffix = ".tmp";
-// Temp files older than this were left by a killed process; prune and clear remove them.
+constexpr const char* kLockSuffix = ".lock";
+// Temp and lock files older than this were left by a killed process; prune removes them.
 constexpr auto kStaleTempAge = std::chrono::hours(1);
 
 struct Header {
@@ -65,31 +68,6 @@ bool parse_header(const std::string& bytes, Header& h) {
   h.meta_len = get<uint64_t>(p + 16);
   h.checksum = get<uint64_t>(p + 24);
   return true;
-}
-
-bool read_file(const fs::path& path, std::string& out, int* fd_out = nullptr) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  struct stat st;
-  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  if (ok) {
-    out.resize(static_cast<size_t>(st.st_size));
-    size_t done = 0;
-    while (ok && done < out.size()) {
-      ssize_t n = ::read(fd, out.data() + done, out.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0)
-        ok = false;
-      else
-        done += static_cast<size_t>(n);
-    }
-  }
-  if (ok && fd_out != nullptr) {
-    *fd_out = fd;
-  } else {
-    ::close(fd);
-  }
-  return ok;
 }
 
 json usage_json(const ResourceUsage& u) {
@@ -179,10 +157,12 @@ std::string key_of(const fs::path& p) {
 
 struct FileInfo {
   fs::path path;
+  bool regular;  // else a symlink, FIFO, device...: never loaded, removed by clear and prune
   uint64_t size;
   fs::file_time_type mtime;
 };
 
+// Every "*.fjc" name in the directory, without following symlinks.
 std::vector<FileInfo> entry_files(const fs::path& dir) {
   std::vector<FileInfo> out;
   std::error_code ec;
@@ -190,19 +170,25 @@ std::vector<FileInfo> entry_files(const fs::path& dir) {
     const fs::path& p = it->path();
     std::string name = p.filename().string();
     if (!ends_with(name, kEntrySuffix) || name.front() == '.') continue;
-    std::error_code e1, e2;
+    std::error_code e0, e1, e2;
+    fs::file_type type = it->symlink_status(e0).type();
+    if (e0) continue;  // removed by another process meanwhile
+    if (type == fs::file_type::directory) continue;
+    if (type != fs::file_type::regular) {
+      out.push_back({p, false, 0, {}});
+      continue;
+    }
     uint64_t size = it->file_size(e1);
     auto mtime = it->last_write_time(e2);
-    if (e1 || e2) continue;  // removed by another process meanwhile
-    out.push_back({p, size, mtime});
+    if (e1 || e2) continue;
+    out.push_back({p, true, size, mtime});
   }
   return out;
 }
 
-std::string temp_suffix() {
-  thread_local std::mt19937_64 rng{std::random_device{}() ^
-                                   (static_cast<uint64_t>(::getpid()) << 32)};
-  return fmt::format(".{}.{:016x}{}", ::getpid(), rng(), kTempSuffix);
+// Temp files (".<key16>.<pid>.<random>.tmp") and lock files (".<key>.lock").
+bool is_temp_or_lock(const std::string& name) {
+  return name.front() == '.' && (ends_with(name, kTempSuffix) || ends_with(name, kLockSuffix));
 }
 
 }  // namespace
@@ -218,21 +204,62 @@ std::string kernel_metadata_json(const CompiledKernel& k) {
   return meta.dump(2);
 }
 
+// ---- KeyLock -----------------------------------------------------------------------------------
+
+KeyLock::KeyLock(KeyLock&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) {
+  o.fd_ = -1;
+}
+
+KeyLock& KeyLock::operator=(KeyLock&& o) noexcept {
+  if (this != &o) {
+    release();
+    fd_ = o.fd_;
+    path_ = std::move(o.path_);
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+KeyLock::~KeyLock() {
+  release();
+}
+
+void KeyLock::release() {
+  if (fd_ < 0) return;
+  // Remove the file while still holding the lock: a waiter that then gets the lock on the old
+  // file sees that the path no longer names it and takes the lock again on a new one.
+  ::unlink(path_.c_str());
+  ::close(fd_);
+  fd_ = -1;
+}
+
+// ---- DiskCache ---------------------------------------------------------------------------------
+
 DiskCache::DiskCache(fs::path dir, uint64_t max_bytes)
     : dir_(std::move(dir)), max_bytes_(max_bytes) {
-  auto fail = [&](const std::string& what) {
-    throw CacheError(fmt::format(
-        "flexjit cache directory '{}' {}. Set FLEXJIT_CACHE_DIR to a writable directory, or "
-        "FLEXJIT_DISABLE_CACHE=1 to compile without a disk cache.",
-        dir_.string(), what));
-  };
-  std::error_code ec;
-  fs::create_directories(dir_, ec);
-  if (ec) fail(fmt::format("cannot be created: {}", ec.message()));
-  if (!fs::is_directory(dir_, ec)) fail("is not a directory");
-  if (::access(dir_.c_str(), W_OK | X_OK) != 0) {
-    fail(fmt::format("is not writable: {}", std::strerror(errno)));
+  files::DirCheck check = files::open_private_dir(dir_, "the kernel cache directory");
+  switch (check.state) {
+    case files::DirState::Writable:
+      break;
+    case files::DirState::ReadOnly:
+      read_only_ = true;
+      problem_ = check.problem;
+      break;
+    case files::DirState::Untrusted:
+      trusted_ = false;
+      problem_ = check.problem;
+      break;
+    case files::DirState::Unusable:
+      throw CacheError(fmt::format(
+          "{}. Set FLEXJIT_CACHE_DIR to a writable directory, or FLEXJIT_DISABLE_CACHE=1 to "
+          "compile without a disk cache.",
+          check.problem));
   }
+}
+
+void DiskCache::require_usable(bool writing) const {
+  if (!trusted_) throw CacheError(problem_);
+  if (writing && read_only_) throw CacheError(problem_);
 }
 
 std::string DiskCache::file_name(const std::string& key, const std::string& arch) {
@@ -242,26 +269,42 @@ std::string DiskCache::file_name(const std::string& key, const std::string& arch
 
 std::shared_ptr<const CompiledKernel> DiskCache::load(const std::string& key,
                                                       const std::string& arch) {
+  if (!trusted_) return nullptr;
   fs::path path = dir_ / file_name(key, arch);
-  std::string bytes;
-  int fd = -1;
-  if (!read_file(path, bytes, &fd)) return nullptr;
-  std::string why;
-  auto k = decode(bytes, key, why);
+  files::PrivateFile f = files::open_private_file(path, kMaxEntryBytes);
+  if (f.missing) return nullptr;
+  std::string why = f.problem;
+  std::shared_ptr<CompiledKernel> k;
+  if (f.ok()) {
+    std::string bytes;
+    if (files::read_exact(f.fd, bytes, f.size)) {
+      k = decode(bytes, key, why);
+    } else {
+      why = "short read (truncated meanwhile?)";
+    }
+  }
   if (!k) {
-    ::close(fd);
+    if (f.untrusted) {
+      // Never loaded; store() replaces it (rename does not follow a symlink).
+      files::warn_once("cache", fmt::format("not loading cache entry '{}': it {}. It is treated as "
+                                            "a miss; `flexjit cache clear` removes it",
+                                            path.string(), why));
+      return nullptr;
+    }
     FJ_LOG("cache", "removing corrupt entry {}: {}", path.string(), why);
-    std::error_code ec;
-    fs::remove(path, ec);
+    if (!read_only_) {
+      std::error_code ec;
+      fs::remove(path, ec);
+    }
     return nullptr;
   }
   // Last use = mtime, for LRU eviction across processes. Failing to touch is harmless.
-  ::futimens(fd, nullptr);
-  ::close(fd);
+  if (!read_only_) ::futimens(f.fd, nullptr);
   return k;
 }
 
 std::shared_ptr<const CompiledKernel> DiskCache::load(const std::string& key) {
+  if (!trusted_) return nullptr;
   std::error_code ec;
   for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
     std::string name = it->path().filename().string();
@@ -279,9 +322,17 @@ std::shared_ptr<const CompiledKernel> DiskCache::load(const std::string& key) {
 
 void DiskCache::store(const CompiledKernel& k) {
   FJ_ASSERT(!k.key.empty(), "storing a kernel without a cache key");
+  require_usable(true);
   std::string meta = kernel_metadata_json(k);
+  const uint64_t total = kHeaderSize + k.key.size() + k.cubin.size() + meta.size();
+  if (total > kMaxEntryBytes) {
+    throw CacheError(
+        fmt::format("not storing {}: the entry would be {} bytes, more than the "
+                    "limit of {}",
+                    k.label, total, kMaxEntryBytes));
+  }
   std::string bytes;
-  bytes.reserve(kHeaderSize + k.key.size() + k.cubin.size() + meta.size());
+  bytes.reserve(total);
   bytes.append(kMagic, sizeof(kMagic));
   put<uint32_t>(bytes, kCacheFormatVersion);
   put<uint32_t>(bytes, static_cast<uint32_t>(k.key.size()));
@@ -299,45 +350,74 @@ void DiskCache::store(const CompiledKernel& k) {
 
   // Readers never see a partial file: they open either the old complete file or the new one.
   fs::path final_path = dir_ / file_name(k.key, k.arch);
-  fs::path temp_path = dir_ / ("." + k.key.substr(0, 16) + temp_suffix());
-  auto fail = [&](const char* what) {
-    int err = errno;
-    std::error_code ec;
-    fs::remove(temp_path, ec);
+  try {
+    files::write_private_file(final_path, bytes);
+  } catch (const CacheError& e) {
     throw CacheError(
-        fmt::format("cannot {} cache entry '{}': {}. Set FLEXJIT_CACHE_DIR to a "
-                    "writable directory, or FLEXJIT_DISABLE_CACHE=1.",
-                    what, temp_path.string(), std::strerror(err)));
-  };
-  int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) fail("create");
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(fd);
-      fail("write");
-    }
-    done += static_cast<size_t>(n);
+        fmt::format("{}. Set FLEXJIT_CACHE_DIR to a writable directory, or "
+                    "FLEXJIT_DISABLE_CACHE=1.",
+                    e.what()));
   }
-  if (::close(fd) != 0) fail("write");
-  if (::rename(temp_path.c_str(), final_path.c_str()) != 0) fail("rename");
   FJ_LOG("cache", "stored {} ({} bytes)", final_path.filename().string(), bytes.size());
 
   if (max_bytes_ > 0) {
-    uint64_t total = 0;
+    uint64_t used = 0;
     for (const auto& f : entry_files(dir_))
-      total += f.size;
-    if (total > max_bytes_) prune(max_bytes_);
+      used += f.size;
+    if (used > max_bytes_) prune(max_bytes_);
+  }
+}
+
+KeyLock DiskCache::lock(const std::string& key, std::chrono::milliseconds wait) {
+  KeyLock lock;
+  if (!trusted_ || read_only_) return lock;
+  const fs::path path = dir_ / ("." + key + kLockSuffix);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      FJ_LOG("cache", "cannot create lock file {}: {}", path.string(), std::strerror(errno));
+      return lock;
+    }
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+      ::close(fd);
+      FJ_LOG("cache", "not using lock file {}: not a regular file of yours", path.string());
+      return lock;
+    }
+    while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (errno != EWOULDBLOCK && errno != EINTR) {
+        ::close(fd);
+        return lock;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        ::close(fd);
+        FJ_LOG("cache", "gave up waiting for {} after {} ms; compiling anyway", path.string(),
+               wait.count());
+        return lock;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    // The holder before us removes the file on release: the lock counts only if the path still
+    // names the file we locked.
+    struct stat now;
+    if (::stat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino && now.st_dev == st.st_dev) {
+      lock.fd_ = fd;
+      lock.path_ = path;
+      return lock;
+    }
+    ::close(fd);
   }
 }
 
 std::vector<DiskEntryInfo> DiskCache::list() const {
+  require_usable(false);
   std::vector<DiskEntryInfo> out;
   for (const auto& f : entry_files(dir_)) {
+    if (!f.regular) continue;
+    files::PrivateFile file = files::open_private_file(f.path, kMaxEntryBytes);
     std::string bytes;
-    if (!read_file(f.path, bytes)) continue;
+    if (!file.ok() || !files::read_exact(file.fd, bytes, file.size)) continue;
     std::string why;
     auto k = decode(bytes, key_of(f.path), why);
     if (!k) continue;
@@ -347,32 +427,44 @@ std::vector<DiskEntryInfo> DiskCache::list() const {
 }
 
 DiskStats DiskCache::stats() const {
+  require_usable(false);
   DiskStats s;
   s.dir = dir_;
   s.max_bytes = max_bytes_;
   for (const auto& f : entry_files(dir_)) {
+    if (!f.regular) continue;
     ++s.entries;
     s.bytes += f.size;
   }
   return s;
 }
 
-void DiskCache::clear() {
+uint64_t DiskCache::clear() {
+  require_usable(true);
+  uint64_t removed = 0;
   std::error_code ec;
-  for (const auto& f : entry_files(dir_))
-    fs::remove(f.path, ec);
-  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
-    std::string name = it->path().filename().string();
-    std::error_code e;
-    if (name.front() == '.' && ends_with(name, kTempSuffix)) fs::remove(it->path(), e);
+  for (const auto& f : entry_files(dir_)) {
+    if (fs::remove(f.path, ec)) ++removed;
   }
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code e;
+    if (is_temp_or_lock(it->path().filename().string())) fs::remove(it->path(), e);
+  }
+  return removed;
 }
 
 uint64_t DiskCache::prune(uint64_t max_bytes) {
+  require_usable(true);
   std::vector<FileInfo> files = entry_files(dir_);
   uint64_t total = 0;
-  for (const auto& f : files)
+  for (const auto& f : files) {
+    std::error_code ec;
+    if (!f.regular && fs::remove(f.path, ec)) {
+      FJ_LOG("cache", "removed {}: not a regular file", f.path.string());
+    }
     total += f.size;
+  }
+  std::erase_if(files, [](const FileInfo& f) { return !f.regular; });
   std::sort(files.begin(), files.end(),
             [](const FileInfo& a, const FileInfo& b) { return a.mtime < b.mtime; });
   uint64_t freed = 0;
@@ -383,16 +475,18 @@ uint64_t DiskCache::prune(uint64_t max_bytes) {
     if (fs::remove(f.path, ec)) freed += f.size;
     total -= f.size;
   }
-  // Temp files of writers that died mid-write.
+  // Temp files of writers that died mid-write, lock files of holders that died.
   auto now = fs::file_time_type::clock::now();
   std::error_code ec;
   for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
     std::string name = it->path().filename().string();
-    if (name.front() != '.' || !ends_with(name, kTempSuffix)) continue;
+    if (!is_temp_or_lock(name)) continue;
     std::error_code e;
-    auto mtime = it->last_write_time(e);
-    if (!e && now - mtime > kStaleTempAge && fs::remove(it->path(), e)) {
-      FJ_LOG("cache", "removed stale temp file {}", name);
+    // A temp or lock name that is not a regular file was not made by flexjit: stale at once.
+    bool stale = fs::symlink_status(it->path(), e).type() != fs::file_type::regular ||
+                 now - it->last_write_time(e) > kStaleTempAge;
+    if (!e && stale && fs::remove(it->path(), e)) {
+      FJ_LOG("cache", "removed stale file {}", name);
     }
   }
   if (freed > 0) FJ_LOG("cache", "pruned {} bytes from {}", freed, dir_.string());

@@ -1,6 +1,7 @@
 #include "jit/KernelCompiler.h"
 
 #include "util/Log.h"
+#include "util/PrivateFiles.h"
 
 #include <flexjit/error.h>
 
@@ -9,7 +10,6 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
-#include <fstream>
 
 namespace flexjit::jit {
 
@@ -45,86 +45,144 @@ std::string sanitize(const std::string& label) {
   return out.substr(0, 80);
 }
 
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  if (!out)
-    throw CacheError(fmt::format("cannot write dump file '{}' (FLEXJIT_DUMP_DIR)", path.string()));
-}
-
 }  // namespace
 
 KernelCompiler::KernelCompiler(CacheSettings s)
     : settings_(std::move(s)), memory_(settings_.enabled ? settings_.max_memory_entries : 0) {
-  if (settings_.enabled) {
-    disk_ = std::make_unique<DiskCache>(settings_.dir, settings_.max_disk_bytes);
+  if (!settings_.enabled) return;
+  disk_ = std::make_unique<DiskCache>(settings_.dir, settings_.max_disk_bytes);
+  if (!disk_->trusted()) {
+    disk_problem_ = disk_->problem();
+    disk_.reset();
+    files::warn_once("cache", disk_problem_ + ". flexjit compiles without the disk cache.");
   }
 }
 
 CompileResult KernelCompiler::compile(const CompileRequest& req) {
   auto start = std::chrono::steady_clock::now();
   const std::string key = cache_key(req);
-  if (settings_.enabled) {
-    if (auto k = memory_.get(key)) {
-      return {std::move(k), CacheOutcome::MemoryHit, ms_since(start)};
-    }
-    if (auto k = disk_->load(key, req.arch)) {
-      memory_.put(key, k);
-      double ms = ms_since(start);
-      FJ_LOG("jit", "loaded {} from the disk cache in {:.2f} ms ({})", req.label, ms,
-             k->usage.str());
-      return {std::move(k), CacheOutcome::DiskHit, ms};
+  if (!settings_.enabled) {
+    auto k = run_nvrtc(req, key);
+    double ms = ms_since(start);
+    FJ_LOG("jit", "compiled {} for {} in {:.0f} ms (cache disabled): {}", req.label, req.arch, ms,
+           k->usage.str());
+    return {std::move(k), CacheOutcome::Compiled, ms};
+  }
+  if (auto k = memory_.get(key)) {
+    return {std::move(k), CacheOutcome::MemoryHit, ms_since(start)};
+  }
+  // Single flight: the first thread to miss compiles; the others wait for its kernel or error.
+  std::promise<std::shared_ptr<const CompiledKernel>> mine;
+  SharedKernel theirs;
+  {
+    std::lock_guard<std::mutex> lock(inflight_mutex_);
+    auto it = inflight_.find(key);
+    if (it != inflight_.end()) {
+      theirs = it->second;
+    } else {
+      inflight_.emplace(key, mine.get_future().share());
     }
   }
+  if (theirs.valid()) {
+    std::shared_ptr<const CompiledKernel> k = theirs.get();  // rethrows the compiler's error
+    return {std::move(k), CacheOutcome::MemoryHit, ms_since(start)};
+  }
+  auto finish = [&] {
+    std::lock_guard<std::mutex> lock(inflight_mutex_);
+    inflight_.erase(key);
+  };
+  try {
+    CompileResult r = compile_once(req, key, start);
+    finish();  // after memory_.put: a thread that misses the in-flight entry hits memory
+    mine.set_value(r.kernel);
+    return r;
+  } catch (...) {
+    finish();
+    mine.set_exception(std::current_exception());
+    throw;
+  }
+}
 
+CompileResult KernelCompiler::compile_once(const CompileRequest& req, const std::string& key,
+                                           std::chrono::steady_clock::time_point start) {
+  // Another thread may have finished this key between our memory miss and taking the flight.
+  if (auto k = memory_.get(key)) {
+    return {std::move(k), CacheOutcome::MemoryHit, ms_since(start)};
+  }
+  auto disk_hit = [&](std::shared_ptr<const CompiledKernel> k) {
+    memory_.put(key, k);
+    double ms = ms_since(start);
+    FJ_LOG("jit", "loaded {} from the disk cache in {:.2f} ms ({})", req.label, ms, k->usage.str());
+    return CompileResult{std::move(k), CacheOutcome::DiskHit, ms};
+  };
+  KeyLock lock;
+  if (disk_) {
+    if (auto k = disk_->load(key, req.arch)) return disk_hit(std::move(k));
+    // Another process may be compiling this key: wait for it, then look again (jitify2's
+    // "check again under the lock").
+    lock = disk_->lock(key, settings_.lock_wait);
+    if (lock.held()) {
+      if (auto k = disk_->load(key, req.arch)) return disk_hit(std::move(k));
+    }
+  }
+  std::shared_ptr<CompiledKernel> k = run_nvrtc(req, key);
+  memory_.put(key, k);
+  if (disk_) store(*k);
+  lock.release();  // after the entry is in place
+  double ms = ms_since(start);
+  FJ_LOG("jit", "compiled {} for {} in {:.0f} ms (cache miss): {}", req.label, req.arch, ms,
+         k->usage.str());
+  return {std::move(k), CacheOutcome::Compiled, ms};
+}
+
+std::shared_ptr<CompiledKernel> KernelCompiler::run_nvrtc(const CompileRequest& req,
+                                                          const std::string& key) {
+  auto try_dump = [&](const CompiledKernel* kernel, const std::string& error) {
+    if (settings_.dump_dir.empty()) return;
+    try {
+      dump(req, key, kernel, error);
+    } catch (const CacheError& e) {
+      files::warn_once("jit", e.what());
+    }
+  };
   std::shared_ptr<CompiledKernel> k;
   try {
     k = std::make_shared<CompiledKernel>(nvrtc_compile(req));
   } catch (const JitError& e) {
-    if (!settings_.dump_dir.empty()) {
-      try {
-        dump(req, key, nullptr, e.what());
-      } catch (const CacheError& dump_error) {
-        logging::write("jit", fmt::format("warning: {}", dump_error.what()));
-      }
-    }
+    try_dump(nullptr, e.what());
     throw;
   }
   k->key = key;
-  if (!settings_.dump_dir.empty()) {
-    try {
-      dump(req, key, k.get(), {});
-    } catch (const CacheError& e) {
-      logging::write("jit", fmt::format("warning: {}", e.what()));
-    }
+  try_dump(k.get(), {});
+  return k;
+}
+
+void KernelCompiler::store(const CompiledKernel& k) {
+  if (disk_->read_only()) {
+    files::warn_once("cache", disk_->problem() +
+                                  ": its kernels are used, new ones are not stored (every "
+                                  "process compiles them again)");
+    return;
   }
-  if (settings_.enabled) {
-    memory_.put(key, k);
-    // The kernel is good; a full or read-only disk must not cost the caller it. Say so always:
-    // every later process will recompile.
-    try {
-      disk_->store(*k);
-    } catch (const CacheError& e) {
-      logging::write("cache", fmt::format("warning: {}", e.what()));
-    }
+  // The kernel is good; a full disk must not cost the caller it. Say so always: every later
+  // process will recompile.
+  try {
+    disk_->store(k);
+  } catch (const CacheError& e) {
+    logging::write("cache", fmt::format("warning: {}", e.what()));
   }
-  double ms = ms_since(start);
-  FJ_LOG("jit", "compiled {} for {} in {:.0f} ms (cache {}): {}", req.label, req.arch, ms,
-         settings_.enabled ? "miss" : "disabled", k->usage.str());
-  return {std::move(k), CacheOutcome::Compiled, ms};
 }
 
 void KernelCompiler::dump(const CompileRequest& req, const std::string& key,
                           const CompiledKernel* kernel, const std::string& error) const {
-  std::error_code ec;
-  fs::create_directories(settings_.dump_dir, ec);
-  if (ec) {
-    throw CacheError(fmt::format("cannot create FLEXJIT_DUMP_DIR '{}': {}",
-                                 settings_.dump_dir.string(), ec.message()));
+  // Dumps hold generated source and logs: private, like the cache.
+  files::DirCheck dir = files::open_private_dir(settings_.dump_dir, "FLEXJIT_DUMP_DIR");
+  if (dir.state != files::DirState::Writable) {
+    throw CacheError(dir.problem + "; nothing is dumped");
   }
   fs::path base = settings_.dump_dir / (sanitize(req.label) + "-" + key.substr(0, 12));
-  write_text(fs::path(base).concat(".cu"), req.source);
-  write_text(fs::path(base).concat(".log"), kernel ? kernel->log : error);
+  files::write_private_file(fs::path(base).concat(".cu"), req.source);
+  files::write_private_file(fs::path(base).concat(".log"), kernel ? kernel->log : error);
   nlohmann::json j;
   if (kernel) j = nlohmann::json::parse(kernel_metadata_json(*kernel));
   j["key"] = key;
@@ -135,7 +193,7 @@ void KernelCompiler::dump(const CompileRequest& req, const std::string& key,
   j["ok"] = kernel != nullptr;
   if (!kernel) j["error"] = error;
   j.erase("log");  // in the .log file
-  write_text(fs::path(base).concat(".json"), j.dump(2) + "\n");
+  files::write_private_file(fs::path(base).concat(".json"), j.dump(2) + "\n");
   FJ_LOG("jit", "dumped {}.{{cu,log,json}}", base.string());
 }
 

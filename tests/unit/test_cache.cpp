@@ -1,5 +1,6 @@
 // Cache keys, the memory LRU, the disk cache, env knobs and dumps ([cache]).
 #include "jit/KernelCompiler.h"
+#include "support/CacheTest.h"
 #include "util/Log.h"
 
 #include <flexjit/error.h>
@@ -21,100 +22,7 @@ using namespace flexjit;
 using namespace flexjit::jit;
 namespace fs = std::filesystem;
 
-namespace {
-
-// A fresh directory under /tmp, removed with its contents at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "flexjit-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-// Sets (or unsets, with nullptr) an environment variable for the scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-CompileRequest small_request(int variant = 0) {
-  std::string source =
-      "extern \"C\" __global__ void scale(float* x, float s, int n) {\n"
-      "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-      "  if (i < n) x[i] = x[i] * s + " +
-      std::to_string(variant) + ".f;\n}\n";
-  return CompileRequest{source, "scale", "sm_80", {}, "scale v" + std::to_string(variant)};
-}
-
-CacheSettings settings_in(const fs::path& dir) {
-  CacheSettings s;
-  s.dir = dir;
-  return s;
-}
-
-std::vector<fs::path> files_with_suffix(const fs::path& dir, const std::string& suffix) {
-  std::vector<fs::path> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    std::string n = e.path().filename().string();
-    if (n.size() >= suffix.size() &&
-        n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
-      out.push_back(e.path());
-  }
-  return out;
-}
-
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-void write_all(const fs::path& p, const std::string& bytes) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
-}
-
-// A synthetic entry (no NVRTC) of about `size` bytes.
-CompiledKernel fake_kernel(const std::string& key, size_t size, char fill = 'c') {
-  CompiledKernel k;
-  k.key = key;
-  k.arch = "sm_80";
-  k.kernel_name = "fake";
-  k.label = "fake " + key.substr(0, 4);
-  k.cubin.assign(size, fill);
-  k.usage.registers = 32;
-  return k;
-}
-
-std::string fake_key(char c) {
-  return std::string(64, c);
-}
-
-}  // namespace
+using namespace flexjit::test;
 
 TEST_CASE("the cache key changes with everything that shapes the binary", "[cache]") {
   CompileRequest base = small_request();

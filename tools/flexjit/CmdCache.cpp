@@ -1,23 +1,44 @@
 // flexjit cache ls | stats | clear | prune
 #include <flexjit/error.h>
 #include "flexjit/Commands.h"
-#include "jit/KernelCompiler.h"
+#include "jit/CacheSettings.h"
+#include "jit/DiskCache.h"
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <iostream>
 
 namespace flexjit::cli {
 
 namespace {
 
-jit::DiskCache& disk_cache(jit::KernelCompiler& c) {
-  jit::DiskCache* d = c.disk();
-  if (d == nullptr) throw Error("the disk cache is disabled (FLEXJIT_DISABLE_CACHE is set)");
-  return *d;
+// The disk cache as the compiler would use it, without the compiler's warning: here an untrusted
+// directory is the error.
+jit::DiskCache open_disk_cache() {
+  jit::CacheSettings s = jit::CacheSettings::from_env();
+  if (!s.enabled) throw Error("the disk cache is disabled (FLEXJIT_DISABLE_CACHE is set)");
+  jit::DiskCache d(s.dir, s.max_disk_bytes);
+  if (!d.trusted()) throw Error(d.problem());
+  return d;
+}
+
+// Labels come from cache files: printable ASCII passes, every other byte is shown as \xNN so that
+// no escape sequence reaches the terminal.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c == '\\')
+      out += "\\\\";
+    else if (c >= 0x20 && c < 0x7f)
+      out += static_cast<char>(c);
+    else
+      out += fmt::format("\\x{:02x}", c);
+  }
+  return out;
 }
 
 std::string human_bytes(uint64_t b) {
@@ -27,7 +48,7 @@ std::string human_bytes(uint64_t b) {
   return fmt::format("{} B", b);
 }
 
-// Parses "500M", "2G", "4096" into bytes.
+// Parses "500M", "2G", "4096" into bytes: finite, not negative, at most 2^63 bytes.
 uint64_t parse_size(const std::string& s) {
   size_t pos = 0;
   double v = 0;
@@ -46,8 +67,14 @@ uint64_t parse_size(const std::string& s) {
     mult = 1024.0 * 1024 * 1024;
   else if (!unit.empty())
     throw Error(fmt::format("unknown size unit '{}' in '{}'", unit, s));
-  if (v < 0) throw Error(fmt::format("size must not be negative: '{}'", s));
-  return static_cast<uint64_t>(v * mult);
+  double bytes = v * mult;
+  // !(x >= 0) also catches NaN; 2^63 keeps the conversion to uint64_t defined.
+  if (!std::isfinite(bytes) || !(bytes >= 0) || bytes > 9.223372036854775808e18) {
+    throw Error(fmt::format(
+        "size '{}' is not a finite, non-negative size of at most 8 EiB: use e.g. 4096, 500M or 2G",
+        s));
+  }
+  return static_cast<uint64_t>(bytes);
 }
 
 }  // namespace
@@ -66,8 +93,7 @@ void register_cache(CLI::App& app) {
   auto* ls = cmd->add_subcommand("ls", "List entries, most recently used first");
   ls->add_flag("--json", json, "Print JSON");
   ls->callback([] {
-    jit::KernelCompiler c;
-    auto entries = disk_cache(c).list();
+    auto entries = open_disk_cache().list();
     std::sort(entries.begin(), entries.end(),
               [](const auto& a, const auto& b) { return a.last_used > b.last_used; });
     nlohmann::json j = nlohmann::json::array();
@@ -81,8 +107,9 @@ void register_cache(CLI::App& app) {
                      {"bytes", e.size_bytes},
                      {"last_used", fmt::format("{:%FT%T}", t)}});
       } else {
-        fmt::print("{}  {:<7} {:>10}  {:%F %T}  {}\n", e.key.substr(0, 16), e.arch,
-                   human_bytes(e.size_bytes), std::chrono::floor<std::chrono::seconds>(t), e.label);
+        fmt::print("{}  {:<7} {:>10}  {:%F %T}  {}\n", e.key.substr(0, 16), printable(e.arch),
+                   human_bytes(e.size_bytes), std::chrono::floor<std::chrono::seconds>(t),
+                   printable(e.label));
       }
     }
     if (json) std::cout << j.dump(2) << "\n";
@@ -91,8 +118,7 @@ void register_cache(CLI::App& app) {
   auto* stats = cmd->add_subcommand("stats", "Entry count, size and limit");
   stats->add_flag("--json", json, "Print JSON");
   stats->callback([] {
-    jit::KernelCompiler c;
-    auto s = disk_cache(c).stats();
+    auto s = open_disk_cache().stats();
     if (json) {
       std::cout << nlohmann::json{{"dir", s.dir.string()},
                                   {"entries", s.entries},
@@ -108,17 +134,16 @@ void register_cache(CLI::App& app) {
 
   auto* clear = cmd->add_subcommand("clear", "Remove every entry");
   clear->callback([] {
-    jit::KernelCompiler c;
-    auto before = disk_cache(c).stats();
-    disk_cache(c).clear();
-    fmt::print("removed {} entries ({})\n", before.entries, human_bytes(before.bytes));
+    jit::DiskCache d = open_disk_cache();
+    auto before = d.stats();
+    uint64_t removed = d.clear();
+    fmt::print("removed {} entries ({})\n", removed, human_bytes(before.bytes));
   });
 
   auto* prune = cmd->add_subcommand("prune", "Evict least recently used entries to a size");
   prune->add_option("--max-size", max_size, "Target size, e.g. 500M (default: the cache limit)");
   prune->callback([] {
-    jit::KernelCompiler c;
-    auto& d = disk_cache(c);
+    jit::DiskCache d = open_disk_cache();
     uint64_t target = max_size.empty() ? d.stats().max_bytes : parse_size(max_size);
     uint64_t freed = d.prune(target);
     fmt::print("freed {}; {} in {} entries remain\n", human_bytes(freed),

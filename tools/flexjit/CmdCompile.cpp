@@ -9,11 +9,15 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -48,20 +52,47 @@ nlohmann::json to_json(const KernelBinary& k) {
           {"dynamic_shared_bytes", k.source.dynamic_smem_bytes}};
 }
 
-// Runs a disassembler on the cubin if one is on PATH; returns false if none is.
+// Runs a disassembler on the cubin if one is on PATH; returns false if none is. The cubin goes to
+// a private temp file (mkstemp: mode 0600, a fresh name, no symlink followed) and the tool runs
+// without a shell, its arguments passed as they are.
 bool disassemble(const std::vector<char>& cubin, const std::string& tool, const std::string& flag) {
-  std::string which = "command -v " + tool + " >/dev/null 2>&1";
-  if (std::system(which.c_str()) != 0) return false;
-  auto path = std::filesystem::temp_directory_path() /
-              fmt::format("flexjit-inspect-{}.cubin", static_cast<long>(::getpid()));
-  {
-    std::ofstream f(path, std::ios::binary);
-    f.write(cubin.data(), static_cast<std::streamsize>(cubin.size()));
+  std::error_code ec;
+  std::filesystem::path dir = std::filesystem::temp_directory_path(ec);
+  if (ec) dir = "/tmp";
+  std::string path = (dir / "flexjit-inspect-XXXXXX").string();
+  int fd = ::mkstemp(path.data());
+  if (fd < 0)
+    throw Error(fmt::format("cannot create a temp file '{}': {}", path, std::strerror(errno)));
+  size_t done = 0;
+  while (done < cubin.size()) {
+    ssize_t n = ::write(fd, cubin.data() + done, cubin.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = errno;
+      ::close(fd);
+      ::unlink(path.c_str());
+      throw Error(fmt::format("cannot write the temp file '{}': {}", path, std::strerror(err)));
+    }
+    done += static_cast<size_t>(n);
   }
+  ::close(fd);
+  std::vector<std::string> args = {tool};
+  if (!flag.empty()) args.push_back(flag);
+  args.push_back(path);
+  std::vector<char*> argv;
+  for (auto& a : args)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
   std::fflush(stdout);
-  int rc = std::system(fmt::format("{} {} '{}'", tool, flag, path.string()).c_str());
-  std::filesystem::remove(path);
-  return rc == 0;
+  pid_t pid = -1;
+  int rc = ::posix_spawnp(&pid, tool.c_str(), nullptr, nullptr, argv.data(), environ);
+  int status = 0;
+  if (rc == 0) {
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  ::unlink(path.c_str());
+  return rc == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 void register_one(CLI::App& app, bool inspect) {
