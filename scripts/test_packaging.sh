@@ -40,7 +40,7 @@ done
 "$tmp/static/bin/flexjit" mods list > /dev/null || fail "the installed CLI"
 example "$tmp/static" static
 
-if [ "${SKIP_SHARED:-1}" != 1 ]; then  # on once the public API carries FLEXJIT_API
+if [ "${SKIP_SHARED:-0}" != 1 ]; then
   echo "== packaging: shared library (build-shared)"
   cmake -S . -B build-shared -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLEXJIT_WERROR=ON "${launcher[@]}" \
     -DBUILD_SHARED_LIBS=ON -DFLEXJIT_BUILD_TESTS=OFF -DFLEXJIT_BUILD_CLI=OFF -DFLEXJIT_BUILD_BENCH=OFF \
