@@ -50,6 +50,9 @@ def standard_mods(name: str) -> Mods:
     return _C.standard_mods(name)
 
 
+# Mods of names and text, parsed once: a call with mask_mod="causal" costs a dict lookup.
+_text_mods: dict = {}
+
 _ASSIGNMENT = re.compile(r"^\s*(score_mod|mask_mod)\s*=(?!=)", re.MULTILINE)
 
 
@@ -60,10 +63,16 @@ def _mods_of(spec: ModSpec, kind: str) -> Optional[Mods]:
     if isinstance(spec, Mods):
         return spec
     if isinstance(spec, str):
+        cached = _text_mods.get((spec, kind))
+        if cached is not None:
+            return cached
+        if os.path.isfile(spec):  # a file may change: read on every call
+            mods = _C.load_mods_file(spec)
+            if getattr(mods, kind) is None:
+                raise CompileError(f"{kind}={spec!r} has no {kind}")
+            return mods
         if spec in _C.standard_mod_names():
             mods = _C.standard_mods(spec)
-        elif os.path.isfile(spec):
-            mods = _C.load_mods_file(spec)
         elif _ASSIGNMENT.search(spec):
             mods = _C.parse_mods(spec)
         else:  # a bare expression: "score * 2", "q_idx >= kv_idx"
@@ -72,6 +81,9 @@ def _mods_of(spec: ModSpec, kind: str) -> Optional[Mods]:
         if getattr(mods, kind) is None:
             raise CompileError(f"{kind}={spec!r} has no {kind} (it defines "
                                f"{'a score_mod' if mods.score_mod is not None else 'a mask_mod'})")
+        if len(_text_mods) >= 1024:
+            _text_mods.clear()
+        _text_mods[(spec, kind)] = mods
         return mods
     if isinstance(spec, (dsl.Expr, dsl.Param, dsl.BufferIndex)):
         expr = dsl.as_expr(spec)
