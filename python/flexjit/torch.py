@@ -12,7 +12,6 @@ params, device) unless the mask reads a buffer. Autograd: flexjit has no GPU bac
 the CPU backward is not public; calling ``.backward()`` through this op raises RuntimeError.
 """
 
-from __future__ import annotations
 
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple

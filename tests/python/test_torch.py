@@ -51,8 +51,6 @@ def test_backward_raises_a_clear_error():
 
 
 def torch_mods(H, S_total, device):
-    from torch.nn.attention.flex_attention import and_masks  # noqa: F401
-
     slopes = torch.exp2(-8.0 * (torch.arange(H, device=device) + 1) / H).float()
     doc = (torch.arange(S_total, device=device) // 128).int()
 
