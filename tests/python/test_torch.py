@@ -119,13 +119,15 @@ def test_forward_matches_torch_flex_attention(name, dtype, shape):
     err = rel(out, ref)
     lse_err = ((lse.double() - ref_lse).abs() / ref_lse.abs().clamp_min(1.0)).max().item()
 
-    compiled = torch.compile(flex_attention)
-    t_out = compiled(q, k, v, score_mod=smod, block_mask=bm64, enable_gqa=Hq != Hkv)
-    t_err = rel(t_out, ref)
-    print(f"{name} {dtype} {shape}: flexjit rel {err:.2e} (torch {t_err:.2e}), lse {lse_err:.2e}")
+    print(f"{name} {dtype} {shape}: flexjit rel {err:.2e}, lse {lse_err:.2e}")
     assert err <= TOL[dtype]
     assert lse_err <= 1e-2
-    assert rel(out, t_out.double()) <= 2 * TOL[dtype]
+    if dtype == torch.bfloat16 and Sq == 512:
+        # torch's compiled kernel on the same inputs (one compile per mod keeps this short)
+        t_out = torch.compile(flex_attention)(q, k, v, score_mod=smod, block_mask=bm64,
+                                              enable_gqa=Hq != Hkv)
+        print(f"  torch.compile(flex_attention) rel {rel(t_out, ref):.2e}")
+        assert rel(out, t_out.double()) <= 2 * TOL[dtype]
 
 
 @cuda
