@@ -11,6 +11,8 @@
 //                                                   .return_lse = true});
 #pragma once
 
+#include <flexjit/export.h>
+
 #include <flexjit/context.h>
 #include <flexjit/device_tensor.h>
 #include <flexjit/mods.h>
@@ -76,17 +78,19 @@ struct AttentionResult {
 // strides with the last dim contiguous. Asynchronous on `options.stream`. Throws RuntimeError
 // for invalid inputs (with the precise problem), CompileError / UnsupportedError for mods or
 // shapes flexjit cannot compile.
-AttentionResult flex_attention(Context& ctx, const TensorRef& q, const TensorRef& k,
-                               const TensorRef& v, const AttentionOptions& options = {});
+FLEXJIT_API AttentionResult flex_attention(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                           const TensorRef& v,
+                                           const AttentionOptions& options = {});
 
 // The same into caller-owned tensors: out [B, Hq, Sq, Dv] (dtype of q, last dim contiguous) and
 // lse [B, Hq, Sq] f32 (may be null).
-void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, const TensorRef& v,
-                         const TensorRef& out, const TensorRef* lse,
-                         const AttentionOptions& options = {});
+FLEXJIT_API void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                     const TensorRef& v, const TensorRef& out, const TensorRef* lse,
+                                     const AttentionOptions& options = {});
 
 // The workspace bytes flex_attention_into needs for this call (0 for the forward kernels).
-size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
-                                      const TensorRef& v, const AttentionOptions& options = {});
+FLEXJIT_API size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q,
+                                                  const TensorRef& k, const TensorRef& v,
+                                                  const AttentionOptions& options = {});
 
 }  // namespace flexjit

@@ -19,14 +19,14 @@
 // Bm and Hm are 1 (broadcast over batch / heads) or the batch and query-head counts.
 #pragma once
 
+#include <flexjit/export.h>
+
 #include <flexjit/mods.h>
 
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
-
-struct FjBlockMaskArgs;  // templates/flexjit_abi.h
 
 namespace flexjit {
 
@@ -35,7 +35,7 @@ enum class TileKind : uint8_t { Empty, Partial, Full };
 // PyTorch's default sparse block size.
 constexpr int kDefaultSparseBlockSize = 128;
 
-struct BlockMask {
+struct FLEXJIT_API BlockMask {
   int batch = 1;  // Bm
   int heads = 1;  // Hm
   int seqlen_q = 0;
@@ -73,59 +73,46 @@ struct BlockMask {
 // mismatched array) and fills both kv_* and q_*.
 
 // From a callback classifying each tile.
-BlockMask block_mask_from_tiles(int batch, int heads, int seqlen_q, int seqlen_kv,
-                                const std::function<TileKind(int b, int h, int qb, int kvb)>& fn,
-                                int q_block_size = kDefaultSparseBlockSize,
-                                int kv_block_size = kDefaultSparseBlockSize);
+FLEXJIT_API BlockMask block_mask_from_tiles(
+    int batch, int heads, int seqlen_q, int seqlen_kv,
+    const std::function<TileKind(int b, int h, int qb, int kvb)>& fn,
+    int q_block_size = kDefaultSparseBlockSize, int kv_block_size = kDefaultSparseBlockSize);
 
 // From a dense boolean mask [batch, heads, seqlen_q, seqlen_kv] (nonzero = attend).
-BlockMask block_mask_from_dense(const std::vector<uint8_t>& mask, int batch, int heads,
-                                int seqlen_q, int seqlen_kv,
-                                int q_block_size = kDefaultSparseBlockSize,
-                                int kv_block_size = kDefaultSparseBlockSize);
+FLEXJIT_API BlockMask block_mask_from_dense(const std::vector<uint8_t>& mask, int batch, int heads,
+                                            int seqlen_q, int seqlen_kv,
+                                            int q_block_size = kDefaultSparseBlockSize,
+                                            int kv_block_size = kDefaultSparseBlockSize);
 
 // By evaluating a C++ predicate at every position on the CPU (tests, small shapes; the GPU
 // builder evaluates the compiled mask_mod instead).
-BlockMask block_mask_from_predicate(const std::function<bool(int b, int h, int q, int kv)>& pred,
-                                    int batch, int heads, int seqlen_q, int seqlen_kv,
-                                    int q_block_size = kDefaultSparseBlockSize,
-                                    int kv_block_size = kDefaultSparseBlockSize);
+FLEXJIT_API BlockMask block_mask_from_predicate(
+    const std::function<bool(int b, int h, int q, int kv)>& pred, int batch, int heads,
+    int seqlen_q, int seqlen_kv, int q_block_size = kDefaultSparseBlockSize,
+    int kv_block_size = kDefaultSparseBlockSize);
 
 // Document masking for packed sequences: q attends kv iff doc_ids[q] == doc_ids[kv] (and
 // q >= kv when causal). Sq = Skv = doc_ids.size(), Bm = Hm = 1. mods carries the equivalent
 // mask_mod over a captured buffer `doc_ids: i32[S]` (bind the same ids on the device).
-BlockMask block_mask_from_document_ids(const std::vector<int32_t>& doc_ids, bool causal,
-                                       int q_block_size = kDefaultSparseBlockSize,
-                                       int kv_block_size = kDefaultSparseBlockSize);
+FLEXJIT_API BlockMask block_mask_from_document_ids(const std::vector<int32_t>& doc_ids, bool causal,
+                                                   int q_block_size = kDefaultSparseBlockSize,
+                                                   int kv_block_size = kDefaultSparseBlockSize);
 
 // Tile-wise intersection / union of two masks of the same sequence lengths and block sizes
 // (Bm / Hm of 1 broadcast against the other's). and: full&full = full, empty&x = empty, else
 // partial. or: full|x = full, empty|empty = empty, else partial. The result's mask_mod is the
 // AND / OR of both mask_mods (undefined if either is unknown). RuntimeError on a mismatch.
-BlockMask and_masks(const BlockMask& a, const BlockMask& b);
-BlockMask or_masks(const BlockMask& a, const BlockMask& b);
-
-// Device copies of a mask's arrays, as the kernels take them (any may be null: full_* null
-// means no full tiles).
-struct BlockMaskDevicePointers {
-  const int* kv_num_blocks = nullptr;
-  const int* kv_indices = nullptr;
-  const int* full_kv_num_blocks = nullptr;
-  const int* full_kv_indices = nullptr;
-};
-
-// Fills the kernel ABI struct for `mask` whose arrays live at `ptrs` (strides 0 for a broadcast
-// Bm / Hm).
-void fill_block_mask_args(const BlockMask& mask, const BlockMaskDevicePointers& ptrs,
-                          FjBlockMaskArgs* out);
+FLEXJIT_API BlockMask and_masks(const BlockMask& a, const BlockMask& b);
+FLEXJIT_API BlockMask or_masks(const BlockMask& a, const BlockMask& b);
 
 // A text picture of tile (b, h): '█' full, '░' partial, '·' empty, one character per tile, rows
 // are Q tiles. Masks with more than max_width tiles along a side are downsampled: a cell is
 // full (empty) when every tile it covers is, else partial. Ends with a legend and the density.
-std::string to_picture(const BlockMask& mask, int b = 0, int h = 0, int max_width = 80);
+FLEXJIT_API std::string to_picture(const BlockMask& mask, int b = 0, int h = 0, int max_width = 80);
 
 // Writes tile (b, h) as a binary PPM image (P6), one pixel per tile scaled by `scale`:
 // full black, partial grey, empty white. Throws Error when the file cannot be written.
-void write_ppm(const BlockMask& mask, const std::string& path, int b = 0, int h = 0, int scale = 4);
+FLEXJIT_API void write_ppm(const BlockMask& mask, const std::string& path, int b = 0, int h = 0,
+                           int scale = 4);
 
 }  // namespace flexjit

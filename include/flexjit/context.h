@@ -3,6 +3,8 @@
 // structure and shapes.
 #pragma once
 
+#include <flexjit/export.h>
+
 #include <memory>
 #include <string>
 
@@ -14,7 +16,7 @@ struct ContextOptions {
   bool disable_cache = false;  // no disk or memory caching of compiled kernels
 };
 
-class Context {
+class FLEXJIT_API Context {
  public:
   // Retains the device's primary context. Throws RuntimeError when no GPU or driver is present
   // (the message says why) and CacheError when the cache directory is unusable.

@@ -11,6 +11,8 @@
 // flex_attention_into (attention.h) dispatches here when q, k and v are CPU tensors.
 #pragma once
 
+#include <flexjit/export.h>
+
 #include <flexjit/attention.h>
 #include <flexjit/tensor.h>
 
@@ -36,14 +38,16 @@ struct CpuAttentionResult {
 // any strides with the last dim contiguous. options.bindings' buffers must be CPU tensors;
 // options.block_mask (a GPU mask), stream and config are ignored. Throws RuntimeError for
 // invalid inputs (as flex_attention does), CompileError for mods that do not type check.
-CpuAttentionResult flex_attention_cpu(const TensorRef& q, const TensorRef& k, const TensorRef& v,
-                                      const AttentionOptions& options = {},
-                                      const CpuRunOptions& cpu = {});
+FLEXJIT_API CpuAttentionResult flex_attention_cpu(const TensorRef& q, const TensorRef& k,
+                                                  const TensorRef& v,
+                                                  const AttentionOptions& options = {},
+                                                  const CpuRunOptions& cpu = {});
 
 // The same into caller-owned CPU tensors: out [B, Hq, Sq, Dv] f32 contiguous, lse [B, Hq, Sq]
 // f32 contiguous (may be null).
-void flex_attention_cpu_into(const TensorRef& q, const TensorRef& k, const TensorRef& v,
-                             const TensorRef& out, const TensorRef* lse,
-                             const AttentionOptions& options = {}, const CpuRunOptions& cpu = {});
+FLEXJIT_API void flex_attention_cpu_into(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                                         const TensorRef& out, const TensorRef* lse,
+                                         const AttentionOptions& options = {},
+                                         const CpuRunOptions& cpu = {});
 
 }  // namespace flexjit

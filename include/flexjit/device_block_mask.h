@@ -2,6 +2,8 @@
 // evaluates the mask_mod per tile) or uploaded from a host BlockMask.
 #pragma once
 
+#include <flexjit/export.h>
+
 #include <flexjit/attention.h>
 #include <flexjit/block_mask.h>
 #include <flexjit/context.h>
@@ -9,7 +11,7 @@
 
 namespace flexjit {
 
-class DeviceBlockMask {
+class FLEXJIT_API DeviceBlockMask {
  public:
   DeviceBlockMask() = default;
   // Copies a host mask's arrays to the device.
@@ -33,8 +35,8 @@ class DeviceBlockMask {
 // Evaluates `mask.mask_mod` over every (b, h, q tile, kv tile) on the GPU and returns the block
 // mask, with the transposed q_* arrays. batch or heads of 1 broadcast. Throws CompileError if
 // `mask` has no mask_mod, RuntimeError for bad sizes or bindings.
-DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int heads,
-                                  int seqlen_q, int seqlen_kv, int block_size = 128,
-                                  const ModBindings& bindings = {});
+FLEXJIT_API DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int heads,
+                                              int seqlen_q, int seqlen_kv, int block_size = 128,
+                                              const ModBindings& bindings = {});
 
 }  // namespace flexjit

@@ -1,6 +1,8 @@
 // DeviceTensor: device memory owned by flexjit, viewed as a TensorRef (C-order strides).
 #pragma once
 
+#include <flexjit/export.h>
+
 #include <flexjit/context.h>
 #include <flexjit/tensor.h>
 
@@ -10,7 +12,7 @@
 
 namespace flexjit {
 
-class DeviceTensor {
+class FLEXJIT_API DeviceTensor {
  public:
   DeviceTensor() = default;
   // Uninitialised device memory of `shape` (C order) on ctx's device.

@@ -14,6 +14,8 @@
 // offending sub-expression.
 #pragma once
 
+#include <flexjit/export.h>
+
 #include <flexjit/expr.h>
 
 #include <initializer_list>
@@ -30,15 +32,15 @@ struct ParamDecl;
 }  // namespace ir
 
 // The five leaves a mod receives.
-Expr score();   // f32: scale * q·k for this (q_idx, kv_idx)
-Expr b_idx();   // i32: batch index
-Expr h_idx();   // i32: query head index
-Expr q_idx();   // i32: query position
-Expr kv_idx();  // i32: key/value position
+FLEXJIT_API Expr score();   // f32: scale * q·k for this (q_idx, kv_idx)
+FLEXJIT_API Expr b_idx();   // i32: batch index
+FLEXJIT_API Expr h_idx();   // i32: query head index
+FLEXJIT_API Expr q_idx();   // i32: query position
+FLEXJIT_API Expr kv_idx();  // i32: key/value position
 
 // A captured buffer: a device tensor of `dtype` with 1 to 4 dims, indexed by expressions.
 // `dims` name each extent for documentation and validation ("H", "Sq", "8192").
-class Buffer {
+class FLEXJIT_API Buffer {
  public:
   Buffer(std::string name, DType dtype, std::vector<std::string> dims);
   explicit Buffer(std::shared_ptr<const ir::BufferDecl> decl) : decl_(std::move(decl)) {}
@@ -63,7 +65,7 @@ class Buffer {
   std::shared_ptr<const ir::BufferDecl> decl_;
 };
 
-class Buffer::Indexer {
+class FLEXJIT_API Buffer::Indexer {
  public:
   Indexer(Buffer buf, std::vector<Expr> idx) : buf_(std::move(buf)), idx_(std::move(idx)) {}
   Indexer operator[](Expr i) const;
@@ -75,7 +77,7 @@ class Buffer::Indexer {
 };
 
 // A runtime scalar parameter: its value is a kernel argument, so changing it never recompiles.
-class Param {
+class FLEXJIT_API Param {
  public:
   Param(std::string name, ScalarType type, std::optional<double> default_value = std::nullopt);
   explicit Param(std::shared_ptr<const ir::ParamDecl> decl) : decl_(std::move(decl)) {}
@@ -90,39 +92,39 @@ class Param {
 };
 
 // Operators. Each operand converts to Expr (ints, floats, bools, Params, buffer indexers).
-Expr operator+(Expr a, Expr b);
-Expr operator-(Expr a, Expr b);
-Expr operator*(Expr a, Expr b);
-Expr operator/(Expr a, Expr b);
-Expr operator%(Expr a, Expr b);
-Expr operator-(Expr a);
-Expr operator==(Expr a, Expr b);
-Expr operator!=(Expr a, Expr b);
-Expr operator<(Expr a, Expr b);
-Expr operator<=(Expr a, Expr b);
-Expr operator>(Expr a, Expr b);
-Expr operator>=(Expr a, Expr b);
-Expr operator&&(Expr a, Expr b);
-Expr operator||(Expr a, Expr b);
-Expr operator!(Expr a);
+FLEXJIT_API Expr operator+(Expr a, Expr b);
+FLEXJIT_API Expr operator-(Expr a, Expr b);
+FLEXJIT_API Expr operator*(Expr a, Expr b);
+FLEXJIT_API Expr operator/(Expr a, Expr b);
+FLEXJIT_API Expr operator%(Expr a, Expr b);
+FLEXJIT_API Expr operator-(Expr a);
+FLEXJIT_API Expr operator==(Expr a, Expr b);
+FLEXJIT_API Expr operator!=(Expr a, Expr b);
+FLEXJIT_API Expr operator<(Expr a, Expr b);
+FLEXJIT_API Expr operator<=(Expr a, Expr b);
+FLEXJIT_API Expr operator>(Expr a, Expr b);
+FLEXJIT_API Expr operator>=(Expr a, Expr b);
+FLEXJIT_API Expr operator&&(Expr a, Expr b);
+FLEXJIT_API Expr operator||(Expr a, Expr b);
+FLEXJIT_API Expr operator!(Expr a);
 
 // Functions.
-Expr where(Expr cond, Expr a, Expr b);  // cond ? a : b
-Expr min(Expr a, Expr b);
-Expr max(Expr a, Expr b);
-Expr abs(Expr a);
-Expr exp(Expr a);
-Expr exp2(Expr a);
-Expr log(Expr a);
-Expr log2(Expr a);
-Expr tanh(Expr a);
-Expr sigmoid(Expr a);
-Expr sqrt(Expr a);
-Expr rsqrt(Expr a);
-Expr floor(Expr a);
-Expr ceil(Expr a);
-Expr pow(Expr a, Expr b);
-Expr to_float(Expr a);  // float(x)
-Expr to_int(Expr a);    // int(x): truncates toward zero, like C
+FLEXJIT_API Expr where(Expr cond, Expr a, Expr b);  // cond ? a : b
+FLEXJIT_API Expr min(Expr a, Expr b);
+FLEXJIT_API Expr max(Expr a, Expr b);
+FLEXJIT_API Expr abs(Expr a);
+FLEXJIT_API Expr exp(Expr a);
+FLEXJIT_API Expr exp2(Expr a);
+FLEXJIT_API Expr log(Expr a);
+FLEXJIT_API Expr log2(Expr a);
+FLEXJIT_API Expr tanh(Expr a);
+FLEXJIT_API Expr sigmoid(Expr a);
+FLEXJIT_API Expr sqrt(Expr a);
+FLEXJIT_API Expr rsqrt(Expr a);
+FLEXJIT_API Expr floor(Expr a);
+FLEXJIT_API Expr ceil(Expr a);
+FLEXJIT_API Expr pow(Expr a, Expr b);
+FLEXJIT_API Expr to_float(Expr a);  // float(x)
+FLEXJIT_API Expr to_int(Expr a);    // int(x): truncates toward zero, like C
 
 }  // namespace flexjit

@@ -8,6 +8,8 @@
 //  - flexjit::InternalError: a broken invariant inside flexjit (a bug). Raised by FJ_ASSERT.
 #pragma once
 
+#include <flexjit/export.h>
+
 #include <stdexcept>
 #include <string>
 
@@ -21,14 +23,14 @@ struct SourceLoc {
   bool known() const { return line > 0; }
 };
 
-class Error : public std::runtime_error {
+class FLEXJIT_API Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
 // A mistake in DSL text or in an expression: parse errors, unknown names, type errors.
 // what() is the full diagnostic: "file:line:col: error: msg", the source line and a caret.
-class CompileError : public Error {
+class FLEXJIT_API CompileError : public Error {
  public:
   CompileError(const std::string& message, SourceLoc loc = {}, const std::string& source_line = {});
   const std::string& message() const { return message_; }
@@ -40,37 +42,37 @@ class CompileError : public Error {
 };
 
 // A request flexjit cannot serve: unsupported head dim / dtype / arch / config.
-class UnsupportedError : public Error {
+class FLEXJIT_API UnsupportedError : public Error {
  public:
   using Error::Error;
 };
 
 // NVRTC rejected generated source. what() carries the log with numbered source lines.
-class JitError : public Error {
+class FLEXJIT_API JitError : public Error {
  public:
   using Error::Error;
 };
 
 // Disk cache problems the user can fix (unwritable directory, ...). Corrupt entries are misses,
 // never errors.
-class CacheError : public Error {
+class FLEXJIT_API CacheError : public Error {
  public:
   using Error::Error;
 };
 
 // A CUDA driver call failed, or a tensor / block mask given to the runtime is invalid.
-class RuntimeError : public Error {
+class FLEXJIT_API RuntimeError : public Error {
  public:
   using Error::Error;
 };
 
-class InternalError : public std::logic_error {
+class FLEXJIT_API InternalError : public std::logic_error {
  public:
   explicit InternalError(const std::string& what) : std::logic_error(what) {}
 };
 
-[[noreturn]] void throw_internal_error(const char* file, int line, const char* cond,
-                                       const std::string& msg);
+[[noreturn]] FLEXJIT_API void throw_internal_error(const char* file, int line, const char* cond,
+                                                   const std::string& msg);
 
 }  // namespace flexjit
 

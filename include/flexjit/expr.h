@@ -5,6 +5,8 @@
 // kinds and their invariants are documented in src/ir/IR.h.
 #pragma once
 
+#include <flexjit/export.h>
+
 #include <flexjit/types.h>
 
 #include <cstdint>
@@ -17,7 +19,7 @@ namespace ir {
 struct Node;
 }
 
-class Expr {
+class FLEXJIT_API Expr {
  public:
   Expr() = default;
   Expr(int v);      // NOLINT(google-explicit-constructor): i32 constant

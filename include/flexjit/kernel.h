@@ -14,6 +14,7 @@
 #pragma once
 
 #include <flexjit/attention.h>
+#include <flexjit/export.h>
 #include <flexjit/mods.h>
 #include <flexjit/types.h>
 
@@ -64,11 +65,11 @@ struct KernelBinary {
 // query.arch is set). Throws UnsupportedError for a family, variant, head dim, dtype, arch or
 // config no variant supports (the message says why), CompileError for mods that do not type
 // check, Error when no arch is given and there is no GPU to take it from.
-KernelSource emit_kernel(const Mods& mods, const KernelQuery& query);
+FLEXJIT_API KernelSource emit_kernel(const Mods& mods, const KernelQuery& query);
 
 // emit_kernel, then NVRTC through the process-wide kernel caches ($FLEXJIT_CACHE_DIR, ...).
 // Throws JitError when NVRTC rejects the source.
-KernelBinary compile_kernel(const Mods& mods, const KernelQuery& query);
+FLEXJIT_API KernelBinary compile_kernel(const Mods& mods, const KernelQuery& query);
 
 struct KernelVariantInfo {
   std::string family;   // "forward"
@@ -81,6 +82,6 @@ struct KernelVariantInfo {
 };
 
 // Every registered variant, family by family, in selection order.
-std::vector<KernelVariantInfo> kernel_variants();
+FLEXJIT_API std::vector<KernelVariantInfo> kernel_variants();
 
 }  // namespace flexjit

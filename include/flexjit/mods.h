@@ -4,6 +4,8 @@
 // (standard_mods("alibi"), the files in dsl/ embedded in the library).
 #pragma once
 
+#include <flexjit/export.h>
+
 #include <flexjit/dsl.h>
 #include <flexjit/expr.h>
 
@@ -16,7 +18,7 @@ namespace flexjit {
 using ScoreModFn = std::function<Expr(Expr score, Expr b, Expr h, Expr q_idx, Expr kv_idx)>;
 using MaskModFn = std::function<Expr(Expr b, Expr h, Expr q_idx, Expr kv_idx)>;
 
-struct Mods {
+struct FLEXJIT_API Mods {
   Expr score_mod;               // f32; undefined means identity (score)
   Expr mask_mod;                // bool; undefined means "attend everywhere"
   std::vector<Buffer> buffers;  // declaration order; every captured buffer
@@ -39,29 +41,30 @@ struct Mods {
 };
 
 // Structural equality (parameter default values and `name` ignored).
-bool equal(const Mods& a, const Mods& b);
+FLEXJIT_API bool equal(const Mods& a, const Mods& b);
 
 // Combines two mod sets: the score_mod of whichever has one (CompileError if both do), the
 // mask_mods ANDed, buffers and params united (CompileError if one name is declared twice
 // differently).
-Mods combine(const Mods& a, const Mods& b);
+FLEXJIT_API Mods combine(const Mods& a, const Mods& b);
 
 // The mask_mod of `mods` alone (score_mod dropped), with only the buffers and params it uses:
 // what a block mask is built from. Throws CompileError if `mods` has no mask_mod.
-Mods mask_only(const Mods& mods);
+FLEXJIT_API Mods mask_only(const Mods& mods);
 
 // Parses `.fx` text. `file` names the text in diagnostics ("my.fx", "<inline>").
-Mods parse_mods(const std::string& text, const std::string& file = "<inline>");
+FLEXJIT_API Mods parse_mods(const std::string& text, const std::string& file = "<inline>");
 // Reads and parses a file; throws Error if it cannot be read.
-Mods load_mods_file(const std::string& path);
+FLEXJIT_API Mods load_mods_file(const std::string& path);
 
 // The standard mods shipped in dsl/ (embedded in the library).
-std::vector<std::string> standard_mod_names();
-const std::string& standard_mod_source(const std::string& name);  // throws Error if unknown
-Mods standard_mods(const std::string& name);                      // throws Error if unknown
+FLEXJIT_API std::vector<std::string> standard_mod_names();
+FLEXJIT_API const std::string& standard_mod_source(
+    const std::string& name);                             // throws Error if unknown
+FLEXJIT_API Mods standard_mods(const std::string& name);  // throws Error if unknown
 
 // Resolves what the CLI accepts: a standard name, a path to an existing file, or inline text
 // (anything containing '='). Throws Error with the list of standard names when it is none.
-Mods resolve_mods(const std::string& spec);
+FLEXJIT_API Mods resolve_mods(const std::string& spec);
 
 }  // namespace flexjit

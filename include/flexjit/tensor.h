@@ -4,6 +4,8 @@
 // (src/util/Npy.h, npy::Array::view). The CPU backend's kernels take TensorRefs too.
 #pragma once
 
+#include <flexjit/export.h>
+
 #include <flexjit/types.h>
 
 #include <dlpack/dlpack.h>
@@ -14,7 +16,7 @@
 
 namespace flexjit {
 
-struct TensorRef {
+struct FLEXJIT_API TensorRef {
   enum class Device { CPU, CUDA };
 
   void* data = nullptr;
@@ -40,14 +42,14 @@ struct TensorRef {
   std::string str() const;
 };
 
-std::string to_string(TensorRef::Device d, int index);  // "cpu", "cuda:1"
+FLEXJIT_API std::string to_string(TensorRef::Device d, int index);  // "cpu", "cuda:1"
 
 // Views a DLTensor. Element types: kDLFloat 32/16 -> f32/f16, kDLBfloat 16 -> bf16, kDLInt 32 ->
 // i32, kDLBool 8 (DLPack >= 0.8, code 6) and kDLUInt 8 -> bool; one lane only. Devices: kDLCPU
 // and kDLCUDAHost -> CPU, kDLCUDA and kDLCUDAManaged -> CUDA. Null strides mean C order;
 // byte_offset is folded into data. Anything else throws RuntimeError naming the code, bits and
 // lanes (or the device type).
-TensorRef from_dlpack(const DLTensor& t);
+FLEXJIT_API TensorRef from_dlpack(const DLTensor& t);
 
 // What validate_qkv learned about an attention call's inputs.
 struct QkvShape {
@@ -64,6 +66,6 @@ struct QkvShape {
 // expected [B, Hkv, Skv, D]"), dtype, device, batch / heads / lengths that disagree, head dims
 // ("q and k head dims differ: 128 vs 64"), GQA ("Hq=12 is not a multiple of Hkv=5"), layout
 // ("last dim of v is not contiguous (stride 2)", negative strides, null data).
-QkvShape validate_qkv(const TensorRef& q, const TensorRef& k, const TensorRef& v);
+FLEXJIT_API QkvShape validate_qkv(const TensorRef& q, const TensorRef& k, const TensorRef& v);
 
 }  // namespace flexjit

@@ -1,6 +1,8 @@
 // Scalar types of the mod language and element types of tensors and captured buffers.
 #pragma once
 
+#include <flexjit/export.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -15,13 +17,14 @@ enum class ScalarType : uint8_t { Bool, I32, F32 };
 // Element type of a tensor or a captured buffer.
 enum class DType : uint8_t { F32, F16, BF16, I32, Bool };
 
-std::string_view to_string(ScalarType t);  // "bool", "i32", "f32"
-std::string_view to_string(DType t);       // "f32", "f16", "bf16", "i32", "bool"
-std::optional<DType> parse_dtype(std::string_view s);
-std::optional<ScalarType> parse_scalar_type(std::string_view s);  // "bool", "i32", "f32"
+FLEXJIT_API std::string_view to_string(ScalarType t);  // "bool", "i32", "f32"
+FLEXJIT_API std::string_view to_string(DType t);       // "f32", "f16", "bf16", "i32", "bool"
+FLEXJIT_API std::optional<DType> parse_dtype(std::string_view s);
+FLEXJIT_API std::optional<ScalarType> parse_scalar_type(
+    std::string_view s);  // "bool", "i32", "f32"
 
 // The scalar type a load from a buffer of this dtype produces: floats load as F32.
-ScalarType load_type(DType t);
-int dtype_size(DType t);  // bytes per element
+FLEXJIT_API ScalarType load_type(DType t);
+FLEXJIT_API int dtype_size(DType t);  // bytes per element
 
 }  // namespace flexjit

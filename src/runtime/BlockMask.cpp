@@ -366,20 +366,4 @@ BlockMask or_masks(const BlockMask& a, const BlockMask& b) {
   return m;
 }
 
-void fill_block_mask_args(const BlockMask& mask, const BlockMaskDevicePointers& ptrs,
-                          FjBlockMaskArgs* out) {
-  const fj_i64 nq = mask.num_q_blocks, nkv = mask.num_kv_blocks;
-  out->kv_num_blocks = ptrs.kv_num_blocks;
-  out->kv_indices = ptrs.kv_indices;
-  out->full_kv_num_blocks = ptrs.full_kv_num_blocks;
-  out->full_kv_indices = ptrs.full_kv_indices;
-  out->num_stride_h = mask.heads == 1 ? 0 : nq;
-  out->num_stride_b = mask.batch == 1 ? 0 : mask.heads * nq;
-  out->idx_stride_m = nkv;
-  out->idx_stride_h = mask.heads == 1 ? 0 : nq * nkv;
-  out->idx_stride_b = mask.batch == 1 ? 0 : mask.heads * nq * nkv;
-  out->q_block_size = mask.q_block_size;
-  out->kv_block_size = mask.kv_block_size;
-}
-
 }  // namespace flexjit

@@ -165,7 +165,7 @@ TEST_CASE("a read-only cache directory with valid entries works for compile and 
   const std::string env = runner + "env HOME=/nonexistent " + env_for(cache);
   Result ls = cli(env, "cache ls");
   CHECK(ls.code == 0);
-  CHECK_THAT(ls.output, Catch::Contains("forward causal"));
+  CHECK_THAT(ls.output, Catch::Contains("forward/sm80_mma causal"));
   Result hit = cli(env, kCompile);
   CHECK(hit.code == 0);
   CHECK_THAT(hit.output, Catch::Contains("\"cache\": \"disk-hit\""));

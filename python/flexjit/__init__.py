@@ -1,0 +1,255 @@
+"""flexjit: JIT-compiled FlexAttention kernels from Python.
+
+    import numpy as np, flexjit
+    q = k = v = np.random.randn(1, 8, 256, 64).astype(np.float32)
+    out = flexjit.flex_attention(q, k, v, score_mod="softcap", mask_mod="causal")
+
+Inputs are any DLPack arrays (NumPy, PyTorch, CuPy, ...), viewed without a copy; CPU arrays
+run on the CPU backend (LLVM JIT, f32 output), CUDA arrays on the GPU (output dtype of q).
+Results come back in the framework of ``q``. See docs/python.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable, Mapping, Optional, Union
+
+from . import dsl
+from ._flexjit import (  # noqa: F401
+    BlockMask,
+    CacheError,
+    CompileError,
+    Error,
+    InternalError,
+    JitError,
+    Mods,
+    RuntimeError,
+    UnsupportedError,
+    __version__,
+    combine,
+    load_mods_file,
+    parse_mods,
+    standard_mod_names,
+    standard_mod_source,
+)
+from . import _flexjit as _C
+
+ModSpec = Union[None, str, "dsl.Expr", Mods, Callable[..., Any]]
+
+__all__ = [
+    "BlockMask", "CacheError", "CompileError", "Error", "InternalError", "JitError", "Mods",
+    "RuntimeError", "UnsupportedError", "combine", "create_block_mask", "dsl", "flex_attention",
+    "load_mods_file", "make_mods", "parse_mods", "standard_mod_names", "standard_mod_source",
+    "standard_mods",
+]
+
+
+def standard_mods(name: str) -> Mods:
+    """A standard mod set by name (``flexjit.standard_mod_names()`` lists them)."""
+    return _C.standard_mods(name)
+
+
+# Mods of names and text, parsed once: a call with mask_mod="causal" costs a dict lookup.
+_text_mods: dict = {}
+
+_ASSIGNMENT = re.compile(r"^\s*(score_mod|mask_mod)\s*=(?!=)", re.MULTILINE)
+
+
+def _mods_of(spec: ModSpec, kind: str) -> Optional[Mods]:
+    """One side (kind 'score_mod' or 'mask_mod') of a mod specification as Mods."""
+    if spec is None:
+        return None
+    if isinstance(spec, Mods):
+        return spec
+    if isinstance(spec, str):
+        cached = _text_mods.get((spec, kind))
+        if cached is not None:
+            return cached
+        if os.path.isfile(spec):  # a file may change: read on every call
+            mods = _C.load_mods_file(spec)
+            if getattr(mods, kind) is None:
+                raise CompileError(f"{kind}={spec!r} has no {kind}")
+            return mods
+        if spec in _C.standard_mod_names():
+            mods = _C.standard_mods(spec)
+        elif _ASSIGNMENT.search(spec):
+            mods = _C.parse_mods(spec)
+        else:  # a bare expression: "score * 2", "q_idx >= kv_idx"
+            mods = _C.parse_mods(f"{kind} = {spec}")
+            mods.name = spec
+        if getattr(mods, kind) is None:
+            raise CompileError(f"{kind}={spec!r} has no {kind} (it defines "
+                               f"{'a score_mod' if mods.score_mod is not None else 'a mask_mod'})")
+        if len(_text_mods) >= 1024:
+            _text_mods.clear()
+        _text_mods[(spec, kind)] = mods
+        return mods
+    if isinstance(spec, (dsl.Expr, dsl.Param, dsl.BufferIndex)):
+        expr = dsl.as_expr(spec)
+    elif callable(spec):
+        if kind == "score_mod":
+            expr = dsl.as_expr(spec(dsl.score(), dsl.b_idx(), dsl.h_idx(), dsl.q_idx(), dsl.kv_idx()))
+        else:
+            expr = dsl.as_expr(spec(dsl.b_idx(), dsl.h_idx(), dsl.q_idx(), dsl.kv_idx()))
+    else:
+        raise TypeError(f"{kind} must be a standard mod's name, .fx text, a dsl expression, a "
+                        f"function of dsl expressions or Mods, not {type(spec).__name__}")
+    return Mods(**{kind: expr}, name=getattr(spec, "__name__", "<python>"))
+
+
+def make_mods(score_mod: ModSpec = None, mask_mod: ModSpec = None) -> Mods:
+    """Mods from a score_mod and a mask_mod, each a standard mod's name (``"causal"``), `.fx`
+    text (a whole program, or just the expression), a ``flexjit.dsl`` expression, a Python
+    function of dsl leaves (``lambda score, b, h, q, kv: ...``) or Mods. Every form of the same
+    mod gives equal Mods with the same hash (the kernel cache key). A name or text given for
+    one side contributes only that side (``score_mod="alibi_causal"`` is ALiBi without the
+    causal mask) once the other side is given too; a Mods object is taken whole."""
+    s = _mods_of(score_mod, "score_mod")
+    m = _mods_of(mask_mod, "mask_mod")
+    if s is None and m is None:
+        return Mods()
+    if s is None or m is None:
+        return s if s is not None else m
+    if not isinstance(score_mod, Mods) and s.mask_mod is not None:
+        s = Mods(score_mod=s.score_mod, name=s.name)
+    if not isinstance(mask_mod, Mods) and m.score_mod is not None:
+        m = Mods(mask_mod=m.mask_mod, name=m.name)
+    return combine(s, m)
+
+
+# --- arrays of the caller's framework ------------------------------------------------------
+
+
+def _framework(x: Any) -> str:
+    return type(x).__module__.split(".")[0]
+
+
+def _device(x: Any) -> int:
+    """-1 for a CPU array, else the CUDA device ordinal."""
+    dev_type, dev_id = x.__dlpack_device__()
+    return -1 if int(dev_type) in (1, 3) else int(dev_id)  # kDLCPU, kDLCUDAHost
+
+
+def _empty(like: Any, shape, gpu_dtype_of_q: bool) -> Any:
+    """An uninitialised array in the framework of `like`: f32 on the CPU backend and for lse;
+    the dtype of q for a GPU output."""
+    fw = _framework(like)
+    if fw == "torch":
+        import torch
+
+        dtype = like.dtype if gpu_dtype_of_q else torch.float32
+        return torch.empty(shape, dtype=dtype, device=like.device)
+    if fw == "cupy":
+        import cupy
+
+        dtype = like.dtype if gpu_dtype_of_q else cupy.float32
+        with like.device:
+            return cupy.empty(shape, dtype=dtype)
+    if fw == "numpy":
+        import numpy
+
+        return numpy.empty(shape, dtype=numpy.float32)
+    raise TypeError(f"flexjit allocates outputs for NumPy, PyTorch and CuPy arrays; q is a {fw} "
+                    f"array (convert it with that framework's from_dlpack)")
+
+
+def _stream(like: Any, device: int) -> int:
+    fw = _framework(like)
+    if device < 0:
+        return 0
+    if fw == "torch":
+        import torch
+
+        return torch.cuda.current_stream(like.device).cuda_stream
+    if fw == "cupy":
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    return 0
+
+
+def _params(params: Optional[Mapping[str, Any]]):
+    return [(name, float(value)) for name, value in (params or {}).items()]
+
+
+def _check_names(mods: Mods, block_mask: Optional[BlockMask], buffers, params) -> None:
+    """A value for a buffer or param the mods do not declare is a mistake (a misspelt name):
+    the GPU path says so, and the CPU backend would ignore it, so it is checked here for both.
+    A block mask's mask_mod applies when the mods have none: its declarations count then."""
+    if not buffers and not params:
+        return
+    extra = block_mask.mods if block_mask is not None and mods.mask_mod is None else None
+    for kind, given in (("buffer", buffers), ("param", params)):
+        if not given:
+            continue
+        names = [d.name for d in getattr(mods, kind + "s")]
+        if extra is not None:
+            names += [d.name for d in getattr(extra, kind + "s") if d.name not in names]
+        for name in given:
+            if name not in names:
+                raise RuntimeError(
+                    f"a value is given for {kind} '{name}', which the mods '{mods.name}' do not "
+                    f"declare (their {kind}s: {', '.join(names) or 'none'})")
+
+
+def _buffers(buffers: Optional[Mapping[str, Any]]):
+    return list((buffers or {}).items())
+
+
+def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: ModSpec = None,
+                   block_mask: Optional[BlockMask] = None,
+                   buffers: Optional[Mapping[str, Any]] = None,
+                   params: Optional[Mapping[str, Any]] = None, scale: Optional[float] = None,
+                   return_lse: bool = False, num_threads: int = 0):
+    """softmax(score_mod(scale · q kᵀ) masked by mask_mod) · v, as torch's flex_attention.
+
+    q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]: DLPack arrays on one device,
+    last dim contiguous (GQA when Hq is a multiple of Hkv). ``score_mod`` / ``mask_mod``: see
+    ``make_mods``. ``buffers``: arrays for the captured buffers, by name (same device);
+    ``params``: values for runtime parameters (a parameter left out takes its default).
+    ``block_mask``: from ``create_block_mask`` (on the GPU, the tiles to visit; its mask_mod is
+    used when no mask_mod is given). ``scale`` defaults to 1/sqrt(D).
+
+    Returns out [B, Hq, Sq, Dv] (f32 on the CPU backend, q's dtype on a GPU) or, with
+    ``return_lse``, (out, lse [B, Hq, Sq] f32, natural log), arrays of q's framework. GPU work
+    is queued on the framework's current stream. Raises ``flexjit.Error`` subclasses
+    (CompileError, UnsupportedError, RuntimeError, ...) with flexjit's messages.
+    """
+    mods = make_mods(score_mod, mask_mod)
+    _check_names(mods, block_mask, buffers, params)
+    out_shape, lse_shape = _C._output_shapes(q, k, v)
+    device = _device(q)
+    out = _empty(q, out_shape, gpu_dtype_of_q=device >= 0)
+    lse = _empty(q, lse_shape, gpu_dtype_of_q=False) if return_lse else None
+    _C._flex_attention_into(q, k, v, out, lse, mods, block_mask, _buffers(buffers),
+                            _params(params), scale, _stream(q, device), num_threads)
+    return (out, lse) if return_lse else out
+
+
+def create_block_mask(mask_mod: ModSpec, B: int, H: int, Q_LEN: int, KV_LEN: int,
+                      device: Any = "cpu", BLOCK_SIZE: int = 128,
+                      buffers: Optional[Mapping[str, Any]] = None,
+                      params: Optional[Mapping[str, Any]] = None) -> BlockMask:
+    """The block mask of ``mask_mod`` over [B, H, Q_LEN, KV_LEN] (B or H of 1 broadcast), as
+    torch's create_block_mask. ``device``: "cpu" (built on the host by interval analysis and the
+    interpreter), "cuda" / "cuda:N" / an int / a torch.device (built on that GPU)."""
+    mods = make_mods(None, mask_mod)
+    if mods.mask_mod is None:
+        raise CompileError("create_block_mask needs a mask_mod")
+    if mods.score_mod is not None:  # only the mask_mod and what it captures
+        mods = Mods(mask_mod=mods.mask_mod, name=mods.name)
+    declared = {b.name for b in mods.buffers} | {p.name for p in mods.params}
+    buffers = {n: x for n, x in (buffers or {}).items() if n in declared}
+    params = {n: x for n, x in (params or {}).items() if n in declared}
+    dev = str(device)
+    if isinstance(device, int):
+        index = device
+    elif dev == "cpu":
+        index = -1
+    elif dev.startswith("cuda"):
+        index = int(dev.split(":")[1]) if ":" in dev else 0
+    else:
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', not {device!r}")
+    return _C._create_block_mask(mods, B, H, Q_LEN, KV_LEN, index, BLOCK_SIZE, _buffers(buffers),
+                                 _params(params))

@@ -1,0 +1,490 @@
+// flexjit._flexjit: the nanobind module under the Python package (python/flexjit/*.py).
+//
+// Tensors arrive as nb::ndarray (any DLPack producer: NumPy, PyTorch, CuPy, JAX) and are viewed
+// as TensorRefs without a copy; the Python layer allocates outputs in the caller's framework and
+// passes them in. flexjit::Error subclasses become Python exceptions of the same names, and the
+// GIL is released while flexjit compiles and runs.
+#include <flexjit/flexjit.h>
+
+#include "cpu/InterpretedBlockMask.h"  // no public host builder from a mask_mod yet
+#include "ir/Evaluate.h"
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <dlpack/dlpack.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace flexjit {
+namespace {
+
+using Array = nb::ndarray<nb::ro>;
+
+// --- tensors ---------------------------------------------------------------------------------
+
+// Views an nb::ndarray through flexjit's own DLPack rules (dtype and device names in errors).
+TensorRef to_tensor(const Array& a) {
+  DLTensor t{};
+  t.data = const_cast<void*>(a.data());
+  t.device = {static_cast<DLDeviceType>(a.device_type()), a.device_id()};
+  t.ndim = static_cast<int32_t>(a.ndim());
+  t.dtype = {a.dtype().code, a.dtype().bits, a.dtype().lanes};
+  t.shape = const_cast<int64_t*>(a.shape_ptr());
+  t.strides = const_cast<int64_t*>(a.stride_ptr());
+  t.byte_offset = 0;
+  return from_dlpack(t);
+}
+
+// A Python expression operand: Expr, Param, a complete buffer index, bool, int or float.
+struct BufferIndex {
+  Buffer buffer;
+  std::vector<Expr> indices;
+};
+
+Expr to_expr(nb::handle h) {
+  if (nb::isinstance<Expr>(h)) return nb::cast<Expr>(h);
+  if (nb::isinstance<Param>(h)) return nb::cast<Param>(h).expr();
+  if (nb::isinstance<BufferIndex>(h)) {
+    const auto& bi = nb::cast<const BufferIndex&>(h);
+    return bi.buffer(bi.indices);  // CompileError: too few indices
+  }
+  if (PyBool_Check(h.ptr())) return Expr(h.ptr() == Py_True);
+  if (PyLong_Check(h.ptr())) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
+    if (overflow != 0) throw CompileError("integer constant does not fit in i32");
+    return Expr(static_cast<int64_t>(v));
+  }
+  if (PyFloat_Check(h.ptr())) return Expr(PyFloat_AsDouble(h.ptr()));
+  // NumPy scalars and the like.
+  if (nb::hasattr(h, "__index__")) return to_expr(h.attr("__index__")());
+  if (nb::hasattr(h, "__float__")) return Expr(nb::cast<double>(h.attr("__float__")()));
+  throw nb::type_error(("a mod expression cannot use a value of type " +
+                        nb::cast<std::string>(nb::str(h.type().attr("__name__"))))
+                           .c_str());
+}
+
+Expr true_div(const Expr& a, const Expr& b) {
+  // Python semantics: `/` is true division also between integers (as in PyTorch); `//` is the
+  // language's floor division.
+  if (a.type() == ScalarType::I32 && b.type() == ScalarType::I32) return to_float(a) / to_float(b);
+  return a / b;
+}
+
+Expr floor_div(const Expr& a, const Expr& b) {
+  if (a.type() == ScalarType::I32 && b.type() == ScalarType::I32) return a / b;
+  return floor(a / b);
+}
+
+// The operators of Expr, Param and BufferIndex: each converts `self` and the operand to Expr.
+template <typename T>
+void def_operators(nb::class_<T>& c) {
+  using Binary = Expr (*)(const Expr&, const Expr&);
+  struct Op {
+    const char* name;
+    const char* reflected;  // null for comparisons
+    Binary f;
+  };
+  const Op ops[] = {
+      {"__add__", "__radd__", [](const Expr& a, const Expr& b) { return a + b; }},
+      {"__sub__", "__rsub__", [](const Expr& a, const Expr& b) { return a - b; }},
+      {"__mul__", "__rmul__", [](const Expr& a, const Expr& b) { return a * b; }},
+      {"__truediv__", "__rtruediv__", &true_div},
+      {"__floordiv__", "__rfloordiv__", &floor_div},
+      {"__mod__", "__rmod__", [](const Expr& a, const Expr& b) { return a % b; }},
+      {"__pow__", "__rpow__", [](const Expr& a, const Expr& b) { return pow(a, b); }},
+      {"__and__", "__rand__", [](const Expr& a, const Expr& b) { return a && b; }},
+      {"__or__", "__ror__", [](const Expr& a, const Expr& b) { return a || b; }},
+      {"__eq__", nullptr, [](const Expr& a, const Expr& b) { return a == b; }},
+      {"__ne__", nullptr, [](const Expr& a, const Expr& b) { return a != b; }},
+      {"__lt__", nullptr, [](const Expr& a, const Expr& b) { return a < b; }},
+      {"__le__", nullptr, [](const Expr& a, const Expr& b) { return a <= b; }},
+      {"__gt__", nullptr, [](const Expr& a, const Expr& b) { return a > b; }},
+      {"__ge__", nullptr, [](const Expr& a, const Expr& b) { return a >= b; }},
+  };
+  for (const Op& op : ops) {
+    Binary f = op.f;
+    c.def(op.name, [f](nb::handle self, nb::handle o) { return f(to_expr(self), to_expr(o)); });
+    if (op.reflected != nullptr) {
+      c.def(op.reflected,
+            [f](nb::handle self, nb::handle o) { return f(to_expr(o), to_expr(self)); });
+    }
+  }
+  c.def("__neg__", [](nb::handle self) { return -to_expr(self); });
+  c.def("__pos__", [](nb::handle self) { return to_expr(self); });
+  c.def("__abs__", [](nb::handle self) { return abs(to_expr(self)); });
+  c.def("__invert__", [](nb::handle self) { return !to_expr(self); });
+  c.def("__bool__", [](nb::handle) -> bool {
+    throw nb::type_error(
+        "a mod expression has no truth value in Python: use & | ~ for and / or / not, "
+        "dsl.where(cond, a, b) for a conditional, and parenthesise comparisons: (q >= kv) & m");
+  });
+  c.attr("__hash__") = nb::none();
+}
+
+// --- the GPU ---------------------------------------------------------------------------------
+
+// One Context per device for the life of the process (deliberately never destroyed: the
+// driver may be unloaded before static destructors run).
+Context& context_for(int device) {
+  static std::mutex mu;
+  static std::map<int, Context*> contexts;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = contexts.find(device);
+  if (it != contexts.end()) return *it->second;
+  ContextOptions o;
+  o.device = device;
+  Context* ctx = new Context(o);
+  contexts.emplace(device, ctx);
+  return *ctx;
+}
+
+ModBindings to_bindings(const std::vector<std::pair<std::string, Array>>& buffers,
+                        const std::vector<std::pair<std::string, double>>& params) {
+  ModBindings b;
+  for (const auto& [name, a] : buffers)
+    b.buffers.emplace_back(name, to_tensor(a));
+  b.params = params;
+  return b;
+}
+
+// A block mask on the CPU (host arrays) or on a GPU.
+struct PyBlockMask {
+  BlockMask host;  // the CPU mask, or the GPU mask's meta (no arrays)
+  std::shared_ptr<DeviceBlockMask> device;
+  int device_index = -1;  // -1: CPU
+
+  const BlockMask& meta() const { return device ? device->meta() : host; }
+  BlockMask to_host() const { return device ? device->to_host() : host; }
+};
+
+nb::ndarray<nb::numpy, int32_t> int_array(const std::vector<int32_t>& v,
+                                          std::vector<size_t> shape) {
+  auto* copy = new std::vector<int32_t>(v);
+  nb::capsule owner(copy, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
+  return nb::ndarray<nb::numpy, int32_t>(copy->data(), shape.size(), shape.data(), owner);
+}
+
+}  // namespace
+}  // namespace flexjit
+
+NB_MODULE(_flexjit, m) {
+  using namespace flexjit;
+  m.doc() = "flexjit's C++ core; use the `flexjit` package, not this module directly.";
+  m.attr("__version__") = FLEXJIT_VERSION_STRING;
+
+  // Errors: flexjit.Error and its subclasses. Translators run newest first, so the base class
+  // is registered first.
+  nb::exception<Error> error(m, "Error");
+  nb::exception<CompileError>(m, "CompileError", error);
+  nb::exception<UnsupportedError>(m, "UnsupportedError", error);
+  nb::exception<JitError>(m, "JitError", error);
+  nb::exception<CacheError>(m, "CacheError", error);
+  nb::exception<RuntimeError>(m, "RuntimeError", error);
+  nb::exception<InternalError>(m, "InternalError");
+
+  // --- the expression language ---
+  nb::class_<Expr> expr(m, "Expr", "An immutable, typed expression of the mod language.");
+  expr.def_prop_ro(
+          "type", [](const Expr& e) { return std::string(to_string(e.type())); },
+          "'f32', 'i32' or 'bool'")
+      .def("__str__", &Expr::str)
+      .def("__repr__", [](const Expr& e) { return "Expr(" + e.str() + ")"; })
+      .def("same_as", &Expr::same_as, "Pointer identity (structural equality: Mods equality).");
+  def_operators(expr);
+
+  nb::class_<BufferIndex> bufidx(m, "BufferIndex",
+                                 "A buffer indexed in fewer dims than it has: index it further.");
+  bufidx.def("__getitem__", [](const BufferIndex& bi, nb::handle i) -> nb::object {
+    BufferIndex next = bi;
+    next.indices.push_back(to_expr(i));
+    if (static_cast<int>(next.indices.size()) == next.buffer.rank())
+      return nb::cast(next.buffer(next.indices));
+    return nb::cast(next);
+  });
+  def_operators(bufidx);
+
+  nb::class_<Buffer>(m, "Buffer",
+                     "A captured buffer: a tensor of `dtype` with 1 to 4 dims, indexed by "
+                     "expressions. `dims` name each extent ('H', 'Sq', '8192').")
+      .def(
+          "__init__",
+          [](Buffer* self, std::string name, const std::string& dtype,
+             std::vector<std::string> dims) {
+            auto dt = parse_dtype(dtype);
+            if (!dt)
+              throw CompileError("unknown dtype '" + dtype + "' (f32, f16, bf16, i32, bool)");
+            new (self) Buffer(std::move(name), *dt, std::move(dims));
+          },
+          "name"_a, "dtype"_a, "dims"_a)
+      .def_prop_ro("name", &Buffer::name)
+      .def_prop_ro("dtype", [](const Buffer& b) { return std::string(to_string(b.dtype())); })
+      .def_prop_ro("rank", &Buffer::rank)
+      .def("__getitem__",
+           [](const Buffer& b, nb::handle i) -> nb::object {
+             std::vector<Expr> idx;
+             if (nb::isinstance<nb::tuple>(i)) {
+               for (nb::handle x : nb::borrow<nb::tuple>(i))
+                 idx.push_back(to_expr(x));
+             } else {
+               idx.push_back(to_expr(i));
+             }
+             if (static_cast<int>(idx.size()) >= b.rank()) return nb::cast(b(idx));
+             return nb::cast(BufferIndex{b, idx});
+           })
+      .def("__repr__", [](const Buffer& b) {
+        return "Buffer('" + b.name() + "', " + std::string(to_string(b.dtype())) + ", rank " +
+               std::to_string(b.rank()) + ")";
+      });
+
+  nb::class_<Param> param(m, "Param",
+                          "A runtime scalar parameter: its value is a kernel argument, so "
+                          "changing it never recompiles.");
+  param
+      .def(
+          "__init__",
+          [](Param* self, std::string name, const std::string& type,
+             std::optional<double> default_value) {
+            auto t = parse_scalar_type(type);
+            if (!t) throw CompileError("unknown param type '" + type + "' (f32, i32, bool)");
+            new (self) Param(std::move(name), *t, default_value);
+          },
+          "name"_a, "type"_a = "f32", "default"_a = nb::none())
+      .def_prop_ro("name", &Param::name)
+      .def_prop_ro("type", [](const Param& p) { return std::string(to_string(p.type())); })
+      .def("expr", &Param::expr)
+      .def("__repr__", [](const Param& p) {
+        return "Param('" + p.name() + "', " + std::string(to_string(p.type())) + ")";
+      });
+  def_operators(param);
+
+  m.def("score", &flexjit::score, "f32: scale * q·k at (q_idx, kv_idx)");
+  m.def("b_idx", &flexjit::b_idx, "i32: batch index");
+  m.def("h_idx", &flexjit::h_idx, "i32: query head index");
+  m.def("q_idx", &flexjit::q_idx, "i32: query position");
+  m.def("kv_idx", &flexjit::kv_idx, "i32: key/value position");
+  auto unary = [&](const char* name, Expr (*f)(Expr), const char* doc) {
+    m.def(
+        name, [f](nb::handle a) { return f(to_expr(a)); }, "a"_a, doc);
+  };
+  unary("abs", &flexjit::abs, "|a|");
+  unary("exp", &flexjit::exp, "e^a");
+  unary("exp2", &flexjit::exp2, "2^a");
+  unary("log", &flexjit::log, "natural log");
+  unary("log2", &flexjit::log2, "base-2 log");
+  unary("tanh", &flexjit::tanh, "tanh");
+  unary("sigmoid", &flexjit::sigmoid, "1 / (1 + e^-a)");
+  unary("sqrt", &flexjit::sqrt, "square root");
+  unary("rsqrt", &flexjit::rsqrt, "1 / sqrt(a)");
+  unary("floor", &flexjit::floor, "round down (f32)");
+  unary("ceil", &flexjit::ceil, "round up (f32)");
+  unary("to_float", &flexjit::to_float, "float(a)");
+  unary("to_int", &flexjit::to_int, "int(a): truncates toward zero, like C");
+  m.def(
+      "where",
+      [](nb::handle c, nb::handle a, nb::handle b) {
+        return where(to_expr(c), to_expr(a), to_expr(b));
+      },
+      "cond"_a, "a"_a, "b"_a, "cond ? a : b");
+  m.def(
+      "min", [](nb::handle a, nb::handle b) { return min(to_expr(a), to_expr(b)); }, "a"_a, "b"_a);
+  m.def(
+      "max", [](nb::handle a, nb::handle b) { return max(to_expr(a), to_expr(b)); }, "a"_a, "b"_a);
+  m.def(
+      "pow", [](nb::handle a, nb::handle b) { return pow(to_expr(a), to_expr(b)); }, "a"_a, "b"_a);
+  m.def(
+      "as_expr", [](nb::handle a) { return to_expr(a); }, "a"_a,
+      "The operand as an Expr (ints are i32, floats f32).");
+
+  // --- mods ---
+  nb::class_<Mods>(m, "Mods",
+                   "A score_mod and/or a mask_mod with the buffers and parameters they capture.")
+      .def(
+          "__init__",
+          [](Mods* self, std::optional<Expr> score_mod, std::optional<Expr> mask_mod,
+             std::optional<std::string> name) {
+            ScoreModFn s;
+            MaskModFn k;
+            if (score_mod) s = [&](Expr, Expr, Expr, Expr, Expr) { return *score_mod; };
+            if (mask_mod) k = [&](Expr, Expr, Expr, Expr) { return *mask_mod; };
+            new (self) Mods(Mods::from(s, k));
+            if (name) self->name = *name;
+          },
+          "score_mod"_a = nb::none(), "mask_mod"_a = nb::none(), "name"_a = nb::none(),
+          "Mods from expressions (buffers and params are collected from them).")
+      .def_prop_ro("score_mod",
+                   [](const Mods& m) -> std::optional<Expr> {
+                     if (m.score_mod.defined()) return m.score_mod;
+                     return std::nullopt;
+                   })
+      .def_prop_ro("mask_mod",
+                   [](const Mods& m) -> std::optional<Expr> {
+                     if (m.mask_mod.defined()) return m.mask_mod;
+                     return std::nullopt;
+                   })
+      .def_ro("buffers", &Mods::buffers)
+      .def_ro("params", &Mods::params)
+      .def_rw("name", &Mods::name)
+      .def("check", &Mods::check, "Type checks both mods; raises CompileError.")
+      .def("to_text", &Mods::to_text, "The mods as `.fx` text (parses back to equal Mods).")
+      .def("hash", &Mods::hash,
+           "Structural hash (ignores parameter values, buffer contents and the name).")
+      .def("__hash__", [](const Mods& m) { return static_cast<Py_hash_t>(m.hash() >> 1); })
+      .def("__eq__", [](const Mods& a, const Mods& b) { return equal(a, b); })
+      .def("__repr__", [](const Mods& m) { return "Mods(" + m.name + "):\n" + m.to_text(); });
+
+  m.def("parse_mods", &parse_mods, "text"_a, "file"_a = "<inline>", "Parses `.fx` text.");
+  m.def("load_mods_file", &load_mods_file, "path"_a);
+  m.def("standard_mod_names", &standard_mod_names, "The standard mods shipped in dsl/.");
+  m.def("standard_mod_source", &standard_mod_source, "name"_a);
+  m.def("standard_mods", &standard_mods, "name"_a, "A standard mod set by name ('causal').");
+  m.def("combine", &combine, "a"_a, "b"_a,
+        "The score_mod of whichever has one, the mask_mods ANDed, buffers and params united.");
+
+  // --- block masks ---
+  nb::class_<PyBlockMask>(m, "BlockMask",
+                          "Which (query tile, key tile) pairs attention visits; built by "
+                          "create_block_mask on the CPU or a GPU.")
+      .def_prop_ro("shape",
+                   [](const PyBlockMask& b) {
+                     const BlockMask& m = b.meta();
+                     return std::vector<int>{m.batch, m.heads, m.seqlen_q, m.seqlen_kv};
+                   })
+      .def_prop_ro("block_size",
+                   [](const PyBlockMask& b) {
+                     return std::make_pair(b.meta().q_block_size, b.meta().kv_block_size);
+                   })
+      .def_prop_ro("device",
+                   [](const PyBlockMask& b) {
+                     return b.device_index < 0 ? std::string("cpu")
+                                               : "cuda:" + std::to_string(b.device_index);
+                   })
+      .def_prop_ro("mods", [](const PyBlockMask& b) { return b.meta().mods; })
+      .def(
+          "density", [](const PyBlockMask& b) { return b.to_host().density(); },
+          "Fraction of tiles computed (partial or full).")
+      .def(
+          "to_string",
+          [](const PyBlockMask& b, int batch, int head, int max_width) {
+            return to_picture(b.to_host(), batch, head, max_width);
+          },
+          "b"_a = 0, "h"_a = 0, "max_width"_a = 80,
+          "A text picture of tile (b, h): '█' full, '░' partial, '·' empty.")
+      .def(
+          "arrays",
+          [](const PyBlockMask& b) {
+            const BlockMask h = b.to_host();
+            const size_t B = h.batch, H = h.heads, nq = h.num_q_blocks, nk = h.num_kv_blocks;
+            nb::dict d;
+            d["kv_num_blocks"] = int_array(h.kv_num_blocks, {B, H, nq});
+            d["kv_indices"] = int_array(h.kv_indices, {B, H, nq, nk});
+            d["full_kv_num_blocks"] = int_array(h.full_kv_num_blocks, {B, H, nq});
+            d["full_kv_indices"] = int_array(h.full_kv_indices, {B, H, nq, nk});
+            return d;
+          },
+          "The kv_* arrays as NumPy int32 arrays (FlexAttention's layout).")
+      .def("__repr__", [](const PyBlockMask& b) { return b.meta().str(); });
+
+  m.def(
+      "_create_block_mask",
+      [](const Mods& mods, int batch, int heads, int seqlen_q, int seqlen_kv, int device,
+         int block_size, const std::vector<std::pair<std::string, Array>>& buffers,
+         const std::vector<std::pair<std::string, double>>& params) {
+        const ModBindings b = to_bindings(buffers, params);
+        auto out = std::make_unique<PyBlockMask>();
+        nb::gil_scoped_release release;
+        if (device < 0) {
+          out->host = cpu::build_block_mask_interpreted(mods, batch, heads, seqlen_q, seqlen_kv,
+                                                        block_size, b);
+        } else {
+          Context& ctx = context_for(device);
+          out->device = std::make_shared<DeviceBlockMask>(
+              create_block_mask(ctx, mods, batch, heads, seqlen_q, seqlen_kv, block_size, b));
+          out->device_index = device;
+          out->host = out->device->meta();
+        }
+        return out;
+      },
+      "mods"_a, "batch"_a, "heads"_a, "seqlen_q"_a, "seqlen_kv"_a, "device"_a, "block_size"_a,
+      "buffers"_a, "params"_a);
+
+  // --- attention ---
+  m.def(
+      "_output_shapes",
+      [](const Array& q, const Array& k, const Array& v) {
+        const QkvShape s = validate_qkv(to_tensor(q), to_tensor(k), to_tensor(v));
+        return std::make_pair(std::vector<int64_t>{s.batch, s.heads_q, s.seqlen_q, s.head_dim_v},
+                              std::vector<int64_t>{s.batch, s.heads_q, s.seqlen_q});
+      },
+      "q"_a, "k"_a, "v"_a, "Validates q, k, v and returns the shapes of out and lse.");
+  m.def(
+      "_flex_attention_into",
+      [](const Array& q, const Array& k, const Array& v, const Array& out, std::optional<Array> lse,
+         const Mods& mods, const PyBlockMask* block_mask,
+         const std::vector<std::pair<std::string, Array>>& buffers,
+         const std::vector<std::pair<std::string, double>>& params, std::optional<float> scale,
+         uintptr_t stream, int num_threads) {
+        const TensorRef tq = to_tensor(q), tk = to_tensor(k), tv = to_tensor(v);
+        const TensorRef tout = to_tensor(out);
+        std::optional<TensorRef> tlse;
+        if (lse) tlse = to_tensor(*lse);
+        AttentionOptions o;
+        o.mods = mods;
+        o.bindings = to_bindings(buffers, params);
+        o.scale = scale;
+        o.return_lse = tlse.has_value();
+        o.stream = reinterpret_cast<void*>(stream);
+        nb::gil_scoped_release release;
+        if (tq.device == TensorRef::Device::CPU) {
+          if (block_mask != nullptr && !o.mods.mask_mod.defined()) {
+            // The CPU backend builds its block mask from the mask_mod; take the mask's.
+            const Mods& bm = block_mask->meta().mods;
+            if (!bm.mask_mod.defined()) {
+              throw UnsupportedError(
+                  "the CPU backend needs the mask_mod a block mask was built from; this block "
+                  "mask has none (pass mask_mod=...)");
+            }
+            o.mods = combine(o.mods,
+                             Mods::from_mask([&](Expr, Expr, Expr, Expr) { return bm.mask_mod; }));
+          }
+          CpuRunOptions cpu;
+          cpu.num_threads = num_threads;
+          flex_attention_cpu_into(tq, tk, tv, tout, tlse ? &*tlse : nullptr, o, cpu);
+          return;
+        }
+        Context& ctx = context_for(tq.device_index);
+        std::optional<DeviceBlockMask> uploaded;
+        if (block_mask != nullptr) {
+          if (block_mask->device) {
+            o.block_mask = block_mask->device.get();
+          } else {
+            uploaded = DeviceBlockMask::upload(ctx, block_mask->host);
+            o.block_mask = &*uploaded;
+          }
+        }
+        flex_attention_into(ctx, tq, tk, tv, tout, tlse ? &*tlse : nullptr, o);
+      },
+      "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "mods"_a, "block_mask"_a.none(), "buffers"_a,
+      "params"_a, "scale"_a.none(), "stream"_a, "num_threads"_a);
+
+  m.def("_cuda_device_name", [](int device) { return context_for(device).device_name(); });
+  m.def("_cuda_arch", [](int device) { return context_for(device).arch(); });
+  m.def("_cuda_synchronize", [](int device) {
+    nb::gil_scoped_release release;
+    context_for(device).synchronize();
+  });
+}

@@ -1,0 +1,247 @@
+"""flexjit's Python package on the CPU backend with NumPy: results, mods, errors, block masks."""
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import flexjit
+from flexjit import dsl
+
+from reference import alibi_slopes, attention_f64, causal, rel_error
+
+F32_TOL = 1e-5  # CPU backend f32 vs fp64 (relative Frobenius)
+
+
+def qkv(B=1, Hq=4, Hkv=None, Sq=200, Skv=None, D=32, Dv=None, seed=0):
+    rng = np.random.default_rng(seed)
+    Hkv = Hkv or Hq
+    Skv = Skv or Sq
+    Dv = Dv or D
+    return (rng.standard_normal((B, Hq, Sq, D), dtype=np.float32),
+            rng.standard_normal((B, Hkv, Skv, D), dtype=np.float32),
+            rng.standard_normal((B, Hkv, Skv, Dv), dtype=np.float32))
+
+
+# --- results -----------------------------------------------------------------------------
+
+
+def test_plain_attention_matches_fp64_reference_and_returns_numpy():
+    q, k, v = qkv()
+    out = flexjit.flex_attention(q, k, v)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32 and out.shape == q.shape
+    ref, _ = attention_f64(q, k, v)
+    assert rel_error(out, ref) < F32_TOL
+
+
+@pytest.mark.parametrize("name", ["causal", "alibi_causal", "softcap", "sliding_window",
+                                  "prefix_lm", "chunked_local"])
+def test_standard_mods_match_reference(name):
+    q, k, v = qkv(B=2, Hq=4, Sq=300, D=32)
+    H = q.shape[1]
+    slopes = alibi_slopes(H)
+    refs = {
+        "causal": (None, causal, {}),
+        "alibi_causal": (lambda s, b, h, qi, ki: s + slopes[h].astype(np.float64) * (ki - qi), causal,
+                         {"slopes": slopes}),
+        "softcap": (lambda s, b, h, qi, ki: 30.0 * np.tanh(s / 30.0), None, {}),
+        "sliding_window": (None, lambda b, h, qi, ki: (qi >= ki) & (qi - ki <= 64), {}),
+        "prefix_lm": (None, lambda b, h, qi, ki: (ki <= 100) | (qi >= ki), {}),
+        "chunked_local": (None, lambda b, h, qi, ki: (qi // 128 == ki // 128) & (qi >= ki), {}),
+    }
+    params = {"sliding_window": {"window": 64}, "prefix_lm": {"prefix": 100},
+              "chunked_local": {"chunk": 128}}.get(name, {})
+    smod, mmod, buffers = refs[name]
+    mods = flexjit.standard_mods(name)
+    out, lse = flexjit.flex_attention(q, k, v, score_mod=mods, buffers=buffers, params=params,
+                                      return_lse=True)
+    ref, ref_lse = attention_f64(q, k, v, smod, mmod)
+    assert rel_error(out, ref) < F32_TOL
+    assert lse.shape == q.shape[:3] and lse.dtype == np.float32
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_params_change_the_result_without_new_mods():
+    q, k, v = qkv()
+    a = flexjit.flex_attention(q, k, v, score_mod="softcap", params={"cap": 2.0})
+    b = flexjit.flex_attention(q, k, v, score_mod="softcap")  # default cap 30
+    ref2, _ = attention_f64(q, k, v, lambda s, *_: 2.0 * np.tanh(s / 2.0))
+    assert rel_error(a, ref2) < F32_TOL
+    assert rel_error(b, ref2) > 1e-3
+
+
+def test_gqa_scale_and_strided_readonly_inputs_need_no_copy():
+    q, k, v = qkv(B=2, Hq=8, Hkv=2, Sq=65, Skv=130, D=16, Dv=24)
+    # [B, S, H, D] storage viewed as [B, H, S, D]: strided, last dim contiguous.
+    qs = np.ascontiguousarray(q.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    qs.flags.writeable = False
+    assert not qs.flags.c_contiguous
+    out = flexjit.flex_attention(qs, k, v, mask_mod="causal", scale=0.3)
+    ref, _ = attention_f64(q, k, v, None, causal, scale=0.3)
+    assert out.shape == (2, 8, 65, 24)
+    assert rel_error(out, ref) < F32_TOL
+
+
+def test_fully_masked_rows_are_zero_with_lse_minus_inf():
+    q, k, v = qkv(Sq=4, Skv=4)
+    out, lse = flexjit.flex_attention(q, k, v, mask_mod="kv_idx > q_idx + 100", return_lse=True)
+    assert np.all(out == 0) and np.all(np.isneginf(lse))
+
+
+def test_float16_inputs_on_the_cpu_give_f32():
+    q, k, v = qkv()
+    out = flexjit.flex_attention(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16))
+    ref, _ = attention_f64(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16))
+    assert out.dtype == np.float32 and rel_error(out, ref) < F32_TOL
+
+
+# --- the front ends give the same Mods ----------------------------------------------------
+
+
+def test_alibi_from_name_text_dsl_and_lambda_are_equal_with_one_hash():
+    by_name = flexjit.make_mods("alibi")
+    by_text = flexjit.make_mods("buffer slopes: f32[H]\nscore_mod = score + slopes[h] * (kv_idx - q_idx)")
+    slopes = dsl.Buffer("slopes", "f32", ["H"])
+    by_dsl = flexjit.make_mods(dsl.score() + slopes[dsl.h_idx()] * (dsl.kv_idx() - dsl.q_idx()))
+    by_fn = flexjit.make_mods(lambda score, b, h, q, kv: score + slopes[h] * (kv - q))
+    for m in (by_text, by_dsl, by_fn):
+        assert m == by_name
+        assert m.hash() == by_name.hash() and hash(m) == hash(by_name)
+    assert flexjit.make_mods("softcap") != by_name
+
+
+def test_mask_mod_forms_are_equal_and_combine_with_a_score_mod():
+    forms = ["causal", "q_idx >= kv_idx", "mask_mod = q_idx >= kv_idx",
+             dsl.q_idx() >= dsl.kv_idx(), lambda b, h, q, kv: q >= kv]
+    ref = flexjit.make_mods(mask_mod="causal")
+    for f in forms:
+        assert flexjit.make_mods(mask_mod=f) == ref
+    both = flexjit.make_mods(score_mod="softcap", mask_mod="causal")
+    assert both == flexjit.standard_mods("softcap_causal")
+    # a name for one side contributes only that side
+    assert flexjit.make_mods(score_mod="alibi_causal", mask_mod="sliding_window").mask_mod.__str__() \
+        == flexjit.standard_mods("sliding_window").mask_mod.__str__()
+
+
+def test_python_operators_follow_python_semantics():
+    q, kv = dsl.q_idx(), dsl.kv_idx()
+    assert flexjit.make_mods(mask_mod=(q - kv) // 4 == 0) == flexjit.make_mods(
+        mask_mod="(q_idx - kv_idx) / 4 == 0")
+    assert ((q - kv) / 4).type == "f32"  # true division, as in PyTorch
+    assert (q % 3).type == "i32" and (q > 1).type == "bool" and (~(q > 1)).type == "bool"
+    cap = dsl.Param("cap", "f32", 30.0)
+    m = flexjit.make_mods(cap * dsl.tanh(dsl.score() / cap))
+    assert m == flexjit.standard_mods("softcap")
+    assert [p.name for p in m.params] == ["cap"]
+    with pytest.raises(TypeError, match="no truth value"):
+        if q >= kv:
+            pass
+    with pytest.raises(TypeError, match="cannot use a value of type str"):
+        q + "x"
+
+
+def test_two_dim_buffer_chained_and_tuple_indexing_agree():
+    bias = dsl.Buffer("bias", "f32", ["Sq", "Skv"])
+    a = flexjit.make_mods(dsl.score() + bias[dsl.q_idx()][dsl.kv_idx()])
+    b = flexjit.make_mods(dsl.score() + bias[dsl.q_idx(), dsl.kv_idx()])
+    assert a == b
+    q, k, v = qkv(Sq=40)
+    bvals = np.random.default_rng(1).standard_normal((40, 40), dtype=np.float32)
+    out = flexjit.flex_attention(q, k, v, score_mod=a, buffers={"bias": bvals})
+    ref, _ = attention_f64(q, k, v, lambda s, b_, h, qi, ki: s + bvals[qi, ki])
+    assert rel_error(out, ref) < F32_TOL
+
+
+def test_mods_text_round_trips():
+    m = flexjit.standard_mods("relative_bias_causal")
+    assert flexjit.parse_mods(m.to_text()) == m
+    assert "relative_bias_causal" in flexjit.standard_mod_names()
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def test_error_classes_form_a_hierarchy():
+    for cls in (flexjit.CompileError, flexjit.UnsupportedError, flexjit.RuntimeError,
+                flexjit.JitError, flexjit.CacheError):
+        assert issubclass(cls, flexjit.Error)
+    assert issubclass(flexjit.Error, Exception)
+
+
+def test_parse_errors_carry_flexjit_diagnostics():
+    with pytest.raises(flexjit.CompileError) as e:
+        flexjit.make_mods("score_mod = score * ")
+    assert "error:" in str(e.value) and "^" in str(e.value)
+    with pytest.raises(flexjit.CompileError, match="mask_mod must return bool"):
+        flexjit.make_mods(mask_mod=dsl.q_idx() + 1)
+
+
+def test_shape_and_binding_errors_are_runtime_errors_with_precise_messages():
+    q, k, v = qkv()
+    with pytest.raises(flexjit.RuntimeError, match="k has 3 dims"):
+        flexjit.flex_attention(q, k[0], v)
+    with pytest.raises(flexjit.RuntimeError, match="bound to buffer 'slopes'|buffer 'slopes'.*not bound"):
+        flexjit.flex_attention(q, k, v, score_mod="alibi")
+    with pytest.raises(flexjit.RuntimeError, match="windw"):
+        flexjit.flex_attention(q, k, v, mask_mod="sliding_window", params={"windw": 3})
+    with pytest.raises(flexjit.Error, match="int64|i64|code 0|bits 64"):
+        flexjit.flex_attention(q.astype(np.int64), k, v)
+
+
+def test_unknown_standard_name_lists_the_names():
+    with pytest.raises(flexjit.Error, match="causal"):
+        flexjit.standard_mods("casual")
+
+
+# --- block masks --------------------------------------------------------------------------
+
+
+def test_cpu_block_mask_of_causal_has_the_expected_tiles():
+    bm = flexjit.create_block_mask("causal", 1, 1, 1024, 1024)
+    assert bm.shape == [1, 1, 1024, 1024] and bm.device == "cpu"
+    assert bm.density() == pytest.approx(36 / 64)
+    arrays = bm.arrays()
+    # q tile i: tile i partial (the diagonal), tiles 0..i-1 full
+    np.testing.assert_array_equal(arrays["kv_num_blocks"][0, 0], np.ones(8))
+    np.testing.assert_array_equal(arrays["full_kv_num_blocks"][0, 0], np.arange(8))
+    assert "█" in bm.to_string() and "░" in bm.to_string()
+
+
+def test_block_mask_supplies_the_mask_mod_on_the_cpu():
+    q, k, v = qkv(Sq=256)
+    bm = flexjit.create_block_mask("sliding_window", 1, 1, 256, 256, params={"window": 40})
+    out = flexjit.flex_attention(q, k, v, score_mod="softcap", block_mask=bm,
+                                 params={"window": 40})
+    ref, _ = attention_f64(q, k, v, lambda s, *_: 30.0 * np.tanh(s / 30.0),
+                           lambda b, h, qi, ki: (qi >= ki) & (qi - ki <= 40))
+    assert rel_error(out, ref) < F32_TOL
+
+
+# --- packaging ----------------------------------------------------------------------------
+
+
+def test_type_stubs_ship_next_to_the_module():
+    stub = os.path.join(os.path.dirname(flexjit._flexjit.__file__), "_flexjit.pyi")
+    text = open(stub).read()
+    assert "class Expr" in text and "def standard_mods" in text
+
+
+def test_gil_is_released_while_attention_runs():
+    q, k, v = qkv(B=2, Hq=8, Sq=1024, D=64)
+    flexjit.flex_attention(q, k, v, mask_mod="causal", num_threads=1)  # compile first
+    ticks = []
+    done = threading.Event()
+
+    def run():
+        flexjit.flex_attention(q, k, v, mask_mod="causal", num_threads=1)  # ~0.1 s or more
+        done.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    while not done.is_set():
+        ticks.append(1)
+        done.wait(0.001)
+    t.join()
+    # The main thread kept ticking (1 ms waits) while the worker was inside flexjit; with the
+    # GIL held it would get a tick or two.
+    assert len(ticks) > 20
