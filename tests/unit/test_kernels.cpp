@@ -337,4 +337,7 @@ TEST_CASE("flexjit kernels, --kernel and --variant on the command line", "[kerne
   CHECK_THAT(out, Catch::Contains("unknown kernel family 'decode'"));
   CHECK(test::run_cli("emit --arch sm_80 --stages 9", &out) == 1);
   CHECK_THAT(out, Catch::Contains("num_stages = 9"));
+  // An explicit 0 is not "the default": it is refused, naming the flag.
+  CHECK(test::run_cli("emit --arch sm_80 --warps 0", &out) == 1);
+  CHECK_THAT(out, Catch::Contains("--warps"));
 }

@@ -32,10 +32,16 @@ void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
   app.add_option("--gqa", o.gqa, "GQA ratio Hq / Hkv")->capture_default_str();
   app.add_option("--arch", o.arch,
                  "Target sm_80 | sm_86 | sm_89 | sm_90 | sm_90a (required without a GPU)");
-  app.add_option("--block-m", o.block_m, "Query rows per CTA (default: the variant's table)");
-  app.add_option("--block-n", o.block_n, "Keys per iteration (default: the variant's table)");
-  app.add_option("--warps", o.warps, "Warps per CTA (default: the variant's table)");
-  app.add_option("--stages", o.stages, "K/V pipeline stages (default: the variant's table)");
+  // Left out, these take the variant's defaults; given, they must be positive (0 is not a way
+  // to say "default").
+  app.add_option("--block-m", o.block_m, "Query rows per CTA (default: the variant's table)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--block-n", o.block_n, "Keys per iteration (default: the variant's table)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--warps", o.warps, "Warps per CTA (default: the variant's table)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--stages", o.stages, "K/V pipeline stages (default: the variant's table)")
+      ->check(CLI::Range(1, 65536));
   app.add_flag("--divisible", o.divisible,
                "Assume Sq and Skv are multiples of the block sizes (skips bounds checks)");
   app.add_flag("--no-full-blocks", o.no_full_blocks,
