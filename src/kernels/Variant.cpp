@@ -12,7 +12,7 @@ namespace flexjit::kernels {
 
 void KernelArgs::add_bytes(const void* data, size_t bytes) {
   std::vector<uint64_t> copy((bytes + 7) / 8 + (bytes == 0 ? 1 : 0), 0);
-  std::memcpy(copy.data(), data, bytes);
+  if (bytes > 0) std::memcpy(copy.data(), data, bytes);
   storage_.push_back(std::move(copy));
   pointers_.clear();
 }
