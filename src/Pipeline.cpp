@@ -29,14 +29,7 @@ Mods lower_mods(const Mods& mods) {
 }
 
 const kernels::Variant& variant_of(const kernels::KernelDesc& desc) {
-  const kernels::Registry& reg = kernels::Registry::global();
-  if (const kernels::Variant* v = reg.find(desc.family, desc.variant)) return *v;
-  std::string names;
-  for (const kernels::Variant* v : reg.variants(desc.family))
-    names += (names.empty() ? "" : ", ") + std::string(v->name());
-  throw UnsupportedError(fmt::format("no {} kernel variant '{}'; the {} variants are: {}",
-                                     kernels::to_string(desc.family), desc.variant,
-                                     kernels::to_string(desc.family), names));
+  return kernels::Registry::global().get(desc.family, desc.variant);
 }
 
 cuda::GeneratedSource emit_source(const Mods& mods, const kernels::KernelDesc& desc) {

@@ -42,17 +42,7 @@ kernels::KernelDesc kernels::desc_for_query(const KernelQuery& q, kernels::Selec
   kernels::Params overrides;
   switch (*family) {
     case kernels::Family::Forward: {
-      const auto positive_or_zero = [](const char* what, int v) {
-        if (v < 0) throw UnsupportedError(fmt::format("{} must not be negative ({})", what, v));
-      };
-      positive_or_zero("block_m", q.config.block_m);
-      positive_or_zero("block_n", q.config.block_n);
-      positive_or_zero("num_warps", q.config.num_warps);
-      positive_or_zero("num_stages", q.config.num_stages);
-      if (q.config.block_m) overrides.set("block_m", q.config.block_m);
-      if (q.config.block_n) overrides.set("block_n", q.config.block_n);
-      if (q.config.num_warps) overrides.set("num_warps", q.config.num_warps);
-      if (q.config.num_stages) overrides.set("num_stages", q.config.num_stages);
+      overrides = kernels::config_overrides(q.config);
       const kernels::KernelDesc problem = kernels::forward_problem(
           arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk, q.gqa_ratio,
           q.divisible, q.full_blocks);

@@ -45,6 +45,17 @@ const Variant* Registry::find(Family family, std::string_view name) const {
   return nullptr;
 }
 
+const Variant& Registry::get(Family family, std::string_view name) const {
+  if (const Variant* v = find(family, name)) return *v;
+  std::vector<std::string> names;
+  for (const Variant* c : variants(family))
+    names.emplace_back(c->name());
+  const std::string_view f = to_string(family);
+  throw UnsupportedError(
+      fmt::format("no {} kernel variant '{}'; the {} variants are: {}", f, name, f,
+                  names.empty() ? "(none)" : fmt::format("{}", fmt::join(names, ", "))));
+}
+
 std::vector<const Variant*> Registry::variants(Family family) const {
   std::vector<const Variant*> out;
   {
@@ -75,15 +86,7 @@ Selection Registry::select(const KernelDesc& problem, const InputFacts& facts,
   const std::string_view family = to_string(problem.family);
   Selection sel;
   if (!forced.empty()) {
-    const Variant* v = find(problem.family, forced);
-    if (v == nullptr) {
-      std::vector<std::string> names;
-      for (const Variant* c : candidates)
-        names.emplace_back(c->name());
-      throw UnsupportedError(
-          fmt::format("no {} kernel variant '{}'; the {} variants are: {}", family, forced, family,
-                      names.empty() ? "(none)" : fmt::format("{}", fmt::join(names, ", "))));
-    }
+    const Variant* v = &get(problem.family, forced);
     if (auto why = v->unsupported(problem, facts)) {
       throw UnsupportedError(fmt::format("{}/{} cannot run this call: {}", family, forced, *why));
     }

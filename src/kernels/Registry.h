@@ -41,6 +41,8 @@ class Registry {
   const Variant& add(std::unique_ptr<Variant> variant);
   // The variant of `family` named `name`, or null.
   const Variant* find(Family family, std::string_view name) const;
+  // The same, or UnsupportedError listing the family's variants.
+  const Variant& get(Family family, std::string_view name) const;
   // A family's variants, highest priority first (auto-selected before the others).
   std::vector<const Variant*> variants(Family family) const;
   std::vector<const Variant*> all() const;

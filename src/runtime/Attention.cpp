@@ -167,16 +167,6 @@ Mods effective_mods(const AttentionOptions& o) {
   return combine(o.mods, m);
 }
 
-// The config overrides a caller's BlockConfig asks for (zeros are left open).
-kernels::Params config_overrides(const BlockConfig& c) {
-  kernels::Params p;
-  if (c.block_m) p.set("block_m", c.block_m);
-  if (c.block_n) p.set("block_n", c.block_n);
-  if (c.num_warps) p.set("num_warps", c.num_warps);
-  if (c.num_stages) p.set("num_stages", c.num_stages);
-  return p;
-}
-
 // A validated call: what planning needs, and whether there is anything to launch.
 struct ValidatedCall {
   Mods mods;
@@ -236,7 +226,7 @@ runtime::Plan plan_forward(Context& ctx, const ValidatedCall& call,
   runtime::Plan plan;
   plan.add(runtime::plan_step<kernels::ForwardVariant>(
       problem, call.inputs, kernels::forward_facts(call.inputs), call.mods,
-      config_overrides(options.config), options.variant));
+      kernels::config_overrides(options.config), options.variant));
   return plan;
 }
 

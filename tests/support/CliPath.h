@@ -23,10 +23,11 @@ inline std::string cli_path() {
   return FLEXJIT_CLI_PATH;
 }
 
-// Runs the CLI with `args`; returns its exit status (-1 if it did not exit normally) and puts
-// stdout and stderr together into *output.
-inline int run_cli(const std::string& args, std::string* output) {
-  const std::string cmd = cli_path() + " " + args + " 2>&1";
+// Runs the CLI with `args` through sh, after `prefix` (environment assignments, `timeout 60`);
+// returns its exit status (-1 if it did not exit normally) and puts stdout and stderr together
+// into *output.
+inline int run_cli(const std::string& args, std::string* output, const std::string& prefix = {}) {
+  const std::string cmd = prefix + " '" + cli_path() + "' " + args + " 2>&1";
   output->clear();
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return -1;

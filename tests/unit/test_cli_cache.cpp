@@ -26,16 +26,9 @@ struct Result {
 
 // Runs `prefix flexjit args` through sh; prefix sets the environment (and may be `timeout 60`).
 Result cli(const std::string& prefix, const std::string& args) {
-  std::string cmd = prefix + " '" + cli_path() + "' " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
-    out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+  Result r;
+  r.code = flexjit::test::run_cli(args, &r.output, prefix);
+  return r;
 }
 
 std::string env_for(const fs::path& cache) {

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
 namespace flexjit::kernels {
 
 KernelDesc forward_problem(const cuda::Arch& arch, DType dtype, int head_dim_qk, int head_dim_v,
@@ -45,6 +47,17 @@ InputFacts forward_facts(const ForwardInputs& in) {
   f.seqlen_q = in.shape.seqlen_q;
   f.seqlen_kv = in.shape.seqlen_kv;
   return f;
+}
+
+Params config_overrides(const BlockConfig& c) {
+  Params p;
+  for (auto [name, v] :
+       {std::pair{"block_m", c.block_m}, std::pair{"block_n", c.block_n},
+        std::pair{"num_warps", c.num_warps}, std::pair{"num_stages", c.num_stages}}) {
+    if (v < 0) throw UnsupportedError(fmt::format("{} must not be negative ({})", name, v));
+    if (v > 0) p.set(name, v);
+  }
+  return p;
 }
 
 const char* element_type(DType dtype) {

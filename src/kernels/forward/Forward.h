@@ -39,6 +39,10 @@ KernelDesc forward_problem(const cuda::Arch& arch, DType dtype, int head_dim_qk,
 // The input facts of a call: alignment, the block mask's tile size, the lengths.
 InputFacts forward_facts(const ForwardInputs& in);
 
+// The config overrides a caller's BlockConfig asks for: nonzero fields only (zeros are left to
+// the variant). UnsupportedError for a negative field.
+Params config_overrides(const BlockConfig& config);
+
 // "fj_bf16", "fj_f16", "float": the template's Element type; InternalError for other dtypes.
 const char* element_type(DType dtype);
 
