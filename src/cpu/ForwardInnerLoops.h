@@ -8,8 +8,11 @@
 
 // exp(x) for x <= 0 in float, branch-free so that the softmax loops vectorise (libm's expf is a
 // call per element). Cody-Waite range reduction and Cephes' degree-6 polynomial: within 2 ulp.
+// The reduction runs on x clamped to [-87, 0], so the float -> int conversion is always defined;
+// outside the domain the result is x + 1, which keeps NaN (a NaN score makes its row NaN) and
+// +inf as they are.
 inline float exp_nonpositive(float x) {
-  const float xc = x < -87.0f ? -87.0f : x;                                 // -inf too
+  const float xc = x >= -87.0f ? (x <= 0.0f ? x : 0.0f) : -87.0f;  // -inf and NaN: -87
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -20,7 +23,7 @@ inline float exp_nonpositive(float x) {
   p = p * r + 5.0000001201e-1f;
   const float y = p * r * r + r + 1.0f;
   const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return x < -87.0f ? 0.0f : y * two_n;
+  return x < -87.0f ? 0.0f : (x <= 0.0f ? y * two_n : x + 1.0f);
 }
 typedef float V8 __attribute__((vector_size(32)));
 
