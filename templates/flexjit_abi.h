@@ -91,4 +91,61 @@ struct FjBlockMaskBuildArgs {
   int num_q_blocks, num_kv_blocks;
 };
 
+// Arguments of the backward kernels (templates/backward_sm80.cuh), three launches on one stream:
+//   flexjit_bwd_preprocess(args): grid (ceil(seqlen_q_pad / 64), heads_q, batch), 128 threads;
+//     writes lse2 and delta for every row below seqlen_q_pad.
+//   flexjit_bwd_dkdv(args, mods, grads): grid (ceil(seqlen_kv / BLOCK_N), heads_kv, batch); one
+//     CTA per KV tile loops over the q heads of its GQA group and their q tiles (mask_t).
+//   flexjit_bwd_dq(args, mods): grid (ceil(seqlen_q / BLOCK_M), heads_q, batch); one CTA per
+//     q tile loops over its KV tiles (mask), as the forward does.
+// lse2 and delta are the plan's workspace: [batch * heads_q, seqlen_q_pad] f32 each, rows of
+// seqlen_q_pad (a multiple of 128) so that every q tile reads whole 16-byte chunks.
+struct FjBwdArgs {
+  const void* q;     // [B, Hq, Sq, Dqk]
+  const void* k;     // [B, Hkv, Skv, Dqk]
+  const void* v;     // [B, Hkv, Skv, Dv]
+  const void* out;   // [B, Hq, Sq, Dv], the forward's output
+  const void* dout;  // [B, Hq, Sq, Dv], dtype of q
+  const float* lse;  // [B, Hq, Sq], the forward's (natural log; -inf for a fully masked row)
+  const float* dlse;  // [B, Hq, Sq] incoming gradient of lse, or null
+  void* dq;           // [B, Hq, Sq, Dqk], dtype of q
+  void* dk;           // [B, Hkv, Skv, Dqk]
+  void* dv;           // [B, Hkv, Skv, Dv]
+  float* lse2;        // workspace: lse * log2(e); +inf where lse is -inf or past seqlen_q
+  float* delta;       // workspace: rowsum(dout * out) - dlse; 0 past seqlen_q
+  fj_i64 q_stride_b, q_stride_h, q_stride_s;  // in elements
+  fj_i64 k_stride_b, k_stride_h, k_stride_s;
+  fj_i64 v_stride_b, v_stride_h, v_stride_s;
+  fj_i64 o_stride_b, o_stride_h, o_stride_s;
+  fj_i64 do_stride_b, do_stride_h, do_stride_s;
+  fj_i64 dq_stride_b, dq_stride_h, dq_stride_s;
+  fj_i64 dk_stride_b, dk_stride_h, dk_stride_s;
+  fj_i64 dv_stride_b, dv_stride_h, dv_stride_s;
+  fj_i64 lse_stride_b, lse_stride_h;  // lse and dlse are contiguous along S
+  fj_i64 dlse_stride_b, dlse_stride_h;
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_kv, seqlen_q_pad;
+  float scale;
+  struct FjBlockMaskArgs mask;    // kv_* arrays (dQ: rows are q blocks)
+  struct FjBlockMaskArgs mask_t;  // the transposed q_* arrays in the kv_* fields (dK/dV: rows
+                                  // are kv blocks, q_block_size = the kv block size)
+};
+
+// Dynamic shared memory of the dK/dV kernel: K and V tiles (kept), then num_stages buffers of a
+// Q tile, a dO tile and the tile's lse2 and delta (block_m floats each).
+FJ_HOST_DEVICE inline constexpr int fj_bwd_dkdv_smem_bytes(int block_m, int block_n,
+                                                           int head_dim_qk, int head_dim_v,
+                                                           int elem_bytes, int num_stages) {
+  return elem_bytes * block_n * (head_dim_qk + head_dim_v) +
+         num_stages * (elem_bytes * block_m * (head_dim_qk + head_dim_v) + 8 * block_m);
+}
+
+// Dynamic shared memory of the dQ kernel: Q and dO tiles (kept; the Q tile is reused to stage
+// dQ in the epilogue), then num_stages buffers of a K tile and a V tile.
+FJ_HOST_DEVICE inline constexpr int fj_bwd_dq_smem_bytes(int block_m, int block_n, int head_dim_qk,
+                                                         int head_dim_v, int elem_bytes,
+                                                         int num_stages) {
+  return elem_bytes * block_m * (head_dim_qk + head_dim_v) +
+         num_stages * elem_bytes * block_n * (head_dim_qk + head_dim_v);
+}
+
 #endif  // FLEXJIT_ABI_H_

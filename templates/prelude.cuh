@@ -134,4 +134,9 @@ FJ_DEVICE bool fj_ld_bool(const unsigned char* p, fj_i64 off) {
   return p[off] != 0;
 }
 
+// An index clamped into [0, extent): where the backward adds a buffer's gradient.
+FJ_DEVICE fj_i64 fj_clamp_index(int i, fj_i64 extent) {
+  return i < 0 ? 0 : (i >= extent ? extent - 1 : (fj_i64)i);
+}
+
 #endif  // FLEXJIT_PRELUDE_CUH_

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <flexjit/attention.h>
+#include <flexjit/backward.h>
 #include <flexjit/block_mask.h>
 #include <flexjit/context.h>
 #include <flexjit/cpu.h>

@@ -24,15 +24,16 @@
 namespace flexjit {
 
 struct KernelQuery {
-  std::string family = "forward";  // "forward" | "block_mask"
+  // "forward" | "block_mask" | "backward_preprocess" | "backward_dkdv" | "backward_dq"
+  std::string family = "forward";
   std::string variant;             // empty: chosen by the arch ("sm80_mma", ...)
   std::string arch;                // "sm_80" ... "sm_90a"; empty: the current GPU's
   DType dtype = DType::BF16;       // forward: of q, k, v
   int head_dim_qk = 128;
   int head_dim_v = 0;  // 0: head_dim_qk
   int gqa_ratio = 1;
-  bool divisible = false;   // forward: Sq and Skv are multiples of the tiles
-  bool full_blocks = true;  // forward: the block mask has full_* arrays
+  bool divisible = false;   // forward, backward: Sq and Skv are multiples of the tiles
+  bool full_blocks = true;  // forward, backward: the block mask has full_* arrays
   int block_size = 128;     // block_mask: the sparse tile size
   BlockConfig config;       // forward: zeros take the defaults
 };

@@ -2,6 +2,7 @@
 // variant: its template(s) in templates/, its class (kernels/<family>/<Variant>.{h,cpp}), and
 // one line here (docs/kernels/README.md).
 #include "kernels/Registry.h"
+#include "kernels/backward/Sm80Backward.h"
 #include "kernels/block_mask/BlockMaskBuild.h"
 #include "kernels/forward/Sm80Mma.h"
 
@@ -10,6 +11,9 @@ namespace flexjit::kernels {
 void register_builtin_variants(Registry& registry) {
   registry.add(std::make_unique<ForwardSm80Mma>());
   registry.add(std::make_unique<BlockMaskWarpPerTile>());
+  registry.add(std::make_unique<BackwardPreprocessSm80>());
+  registry.add(std::make_unique<BackwardDkDvSm80Mma>());
+  registry.add(std::make_unique<BackwardDqSm80Mma>());
 }
 
 }  // namespace flexjit::kernels

@@ -6,6 +6,7 @@
 #include "Pipeline.h"
 #include "kernels/KernelQuery.h"
 #include "kernels/Registry.h"
+#include "kernels/backward/Backward.h"
 #include "kernels/block_mask/BlockMaskBuild.h"
 #include "kernels/forward/Forward.h"
 #include "runtime/Device.h"
@@ -52,12 +53,26 @@ kernels::KernelDesc kernels::desc_for_query(const KernelQuery& q, kernels::Selec
       return kernels::Registry::global().complete(
           kernels::block_mask_problem(arch, q.block_size, q.block_size), {}, overrides, q.variant,
           sel);
+    case kernels::Family::BackwardPreprocess:
+    case kernels::Family::BackwardDkDv:
+    case kernels::Family::BackwardDq: {
+      if (*family != kernels::Family::BackwardPreprocess) {
+        overrides = kernels::config_overrides(q.config);
+      }
+      kernels::KernelDesc problem = kernels::backward_problem(
+          *family, arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk,
+          q.gqa_ratio, q.full_blocks);
+      if (*family != kernels::Family::BackwardPreprocess) {
+        problem.flags.set("divisible", q.divisible ? 1 : 0);
+      }
+      return kernels::Registry::global().complete(problem, {}, overrides, q.variant, sel);
+    }
     default:
       break;
   }
   throw UnsupportedError(fmt::format(
-      "the {} kernel family has no variants yet; the families with variants are forward and "
-      "block_mask",
+      "the {} kernel family has no variants yet; the families with variants are forward, "
+      "block_mask and backward_*",
       q.family));
 }
 

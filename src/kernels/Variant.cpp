@@ -51,7 +51,8 @@ Params apply_overrides(const Variant& variant, Params config, const Params& over
 cuda::GeneratedSource assemble_variant_source(const Variant& variant, const KernelDesc& desc,
                                               const Mods& mods, const std::string& config_struct,
                                               const std::string& what,
-                                              const std::string& mods_label) {
+                                              const std::string& mods_label,
+                                              const std::string& mod_grads) {
   const std::vector<TemplateText> templates = variant.templates();
   cuda::SourceWriter body;
   body.line("");
@@ -60,6 +61,7 @@ cuda::GeneratedSource assemble_variant_source(const Variant& variant, const Kern
   }
   cuda::section(body, "config", config_struct);
   cuda::section(body, "mods", cuda::generate_mod_functions(mods));
+  if (!mod_grads.empty()) cuda::section(body, "mod gradients", mod_grads);
   for (const TemplateText& t : templates) {
     if (!t.before_mods && !t.text.empty()) cuda::section(body, t.name, t.text);
   }

@@ -138,11 +138,13 @@ Params apply_overrides(const Variant& variant, Params config, const Params& over
 // A variant's translation unit: the comment block (flexjit and NVRTC versions, desc.str(), the
 // mods as text, `// source key: <sha256>`), then one `// ---- name ----` section each for the
 // templates before the mods, the config struct, the mods (generate_mod_functions) and the
-// templates after them. No #include anywhere: NVRTC needs no headers. `what` describes the
+// templates after them (with `mod_grads`, the backward's generated gradient functions follow the
+// mods in a section of their own). No #include anywhere: NVRTC needs no headers. `what` describes the
 // kernel in the comment block ("forward kernel `flexjit_forward`").
 cuda::GeneratedSource assemble_variant_source(const Variant& variant, const KernelDesc& desc,
                                               const Mods& mods, const std::string& config_struct,
                                               const std::string& what,
-                                              const std::string& mods_label = "mods");
+                                              const std::string& mods_label = "mods",
+                                              const std::string& mod_grads = {});
 
 }  // namespace flexjit::kernels

@@ -8,6 +8,7 @@
 #include <flexjit/error.h>
 
 #include "kernels/forward/Forward.h"
+#include "runtime/AttentionCall.h"
 #include "runtime/ContextImpl.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/ModArgs.h"
@@ -27,66 +28,15 @@ namespace {
 
 constexpr int64_t kMaxGridYZ = 65535;  // gridDim.y / gridDim.z limit (heads, batch)
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  return fmt::format("[{}]", fmt::join(s, ", "));
-}
-
 // out [B, Hq, Sq, Dv] (dtype of q) and lse [B, Hq, Sq] f32 on the context's device.
 void validate_outputs(const TensorRef& q, const QkvShape& s, const TensorRef& out,
                       const TensorRef* lse) {
-  const std::vector<int64_t> out_shape = {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v};
-  if (out.shape != out_shape) {
-    throw RuntimeError(fmt::format("out has shape {}; expected [B, Hq, Sq, Dv] = {}",
-                                   shape_str(out.shape), shape_str(out_shape)));
+  runtime::check_tensor("out", out, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v},
+                        "[B, Hq, Sq, Dv]", q.dtype, q);
+  if (lse != nullptr) {
+    runtime::check_tensor("lse", *lse, {s.batch, s.heads_q, s.seqlen_q}, "[B, Hq, Sq]",
+                          DType::F32, q);
   }
-  if (out.strides.size() != out.shape.size()) {
-    throw RuntimeError(fmt::format("out has {} strides for 4 dims", out.strides.size()));
-  }
-  if (out.dtype != q.dtype) {
-    throw RuntimeError(fmt::format("out has dtype {}; expected the dtype of q, {}",
-                                   to_string(out.dtype), to_string(q.dtype)));
-  }
-  if (out.device != q.device || out.device_index != q.device_index) {
-    throw RuntimeError(fmt::format("out is on {} but q is on {}",
-                                   to_string(out.device, out.device_index),
-                                   to_string(q.device, q.device_index)));
-  }
-  if (!out.is_last_dim_contiguous()) {
-    throw RuntimeError(
-        fmt::format("last dim of out is not contiguous (stride {})", out.strides[3]));
-  }
-  for (int d = 0; d < 4; ++d) {
-    if (out.strides[d] < 0) {
-      throw RuntimeError(
-          fmt::format("out has a negative stride in dim {} ({})", d, out.strides[d]));
-    }
-  }
-  if (out.data == nullptr && out.numel() > 0) throw RuntimeError("out has a null data pointer");
-  if (lse == nullptr) return;
-  const std::vector<int64_t> lse_shape = {s.batch, s.heads_q, s.seqlen_q};
-  if (lse->shape != lse_shape) {
-    throw RuntimeError(fmt::format("lse has shape {}; expected [B, Hq, Sq] = {}",
-                                   shape_str(lse->shape), shape_str(lse_shape)));
-  }
-  if (lse->strides.size() != 3) {
-    throw RuntimeError(fmt::format("lse has {} strides for 3 dims", lse->strides.size()));
-  }
-  if (lse->dtype != DType::F32) {
-    throw RuntimeError(fmt::format("lse has dtype {}; expected f32", to_string(lse->dtype)));
-  }
-  if (lse->device != q.device || lse->device_index != q.device_index) {
-    throw RuntimeError(fmt::format("lse is on {} but q is on {}",
-                                   to_string(lse->device, lse->device_index),
-                                   to_string(q.device, q.device_index)));
-  }
-  if (!lse->is_last_dim_contiguous()) {
-    throw RuntimeError(
-        fmt::format("last dim of lse is not contiguous (stride {})", lse->strides[2]));
-  }
-  if (lse->strides[0] < 0 || lse->strides[1] < 0) {
-    throw RuntimeError("lse has a negative stride");
-  }
-  if (lse->data == nullptr && lse->numel() > 0) throw RuntimeError("lse has a null data pointer");
 }
 
 CUstream as_stream(void* s) {
@@ -97,25 +47,7 @@ CUstream as_stream(void* s) {
 // edges"), written with memsets on the stream; no kernel.
 void write_empty_kv_result(const TensorRef& out, const TensorRef* lse, void* stream) {
   const CUstream st = as_stream(stream);
-  const int64_t B = out.shape[0], H = out.shape[1], S = out.shape[2], D = out.shape[3];
-  const int es = dtype_size(out.dtype);
-  if (out.numel() > 0) {
-    if (out.is_contiguous()) {
-      FJ_CU(cuMemsetD8Async, "out", reinterpret_cast<CUdeviceptr>(out.data), 0,
-            static_cast<size_t>(out.numel()) * es, st);
-    } else {
-      // One 2D memset per (b, h): S rows of D elements, pitch = the row stride.
-      for (int64_t b = 0; b < B; ++b) {
-        for (int64_t h = 0; h < H; ++h) {
-          auto* base =
-              static_cast<char*>(out.data) + (b * out.strides[0] + h * out.strides[1]) * es;
-          const size_t pitch = S > 1 ? static_cast<size_t>(out.strides[2]) * es : D * es;
-          FJ_CU(cuMemsetD2D8Async, "out", reinterpret_cast<CUdeviceptr>(base), pitch, 0,
-                static_cast<size_t>(D) * es, static_cast<size_t>(S), st);
-        }
-      }
-    }
-  }
+  runtime::zero_fill(out, st);
   if (lse == nullptr || lse->numel() == 0) return;
   constexpr unsigned kNegInfBits = 0xff800000u;
   if (lse->is_contiguous()) {
@@ -123,48 +55,13 @@ void write_empty_kv_result(const TensorRef& out, const TensorRef* lse, void* str
           static_cast<size_t>(lse->numel()), st);
     return;
   }
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
+  for (int64_t b = 0; b < lse->shape[0]; ++b) {
+    for (int64_t h = 0; h < lse->shape[1]; ++h) {
       auto* base = static_cast<float*>(lse->data) + b * lse->strides[0] + h * lse->strides[1];
       FJ_CU(cuMemsetD32Async, "lse", reinterpret_cast<CUdeviceptr>(base), kNegInfBits,
-            static_cast<size_t>(S), st);
+            static_cast<size_t>(lse->shape[2]), st);
     }
   }
-}
-
-void check_block_mask(const DeviceBlockMask& dbm, const QkvShape& s) {
-  const BlockMask& m = dbm.meta();
-  if (m.seqlen_q != s.seqlen_q || m.seqlen_kv != s.seqlen_kv) {
-    throw RuntimeError(
-        fmt::format("the block mask was built for Sq={}, Skv={} but the inputs have Sq={}, Skv={}",
-                    m.seqlen_q, m.seqlen_kv, s.seqlen_q, s.seqlen_kv));
-  }
-  if (m.batch != 1 && m.batch != s.batch) {
-    throw RuntimeError(
-        fmt::format("the block mask has batch {}; expected 1 or B={}", m.batch, s.batch));
-  }
-  if (m.heads != 1 && m.heads != s.heads_q) {
-    throw RuntimeError(
-        fmt::format("the block mask has {} heads; expected 1 or Hq={}", m.heads, s.heads_q));
-  }
-  if (!dbm.kv_num_blocks.defined() || !dbm.kv_indices.defined()) {
-    throw RuntimeError("the block mask has no kv_num_blocks / kv_indices on the device");
-  }
-}
-
-// The mods the kernel applies: options.mods, with the block mask's mask_mod when options.mods
-// has none (partial tiles must apply the predicate the mask was built from).
-Mods effective_mods(const AttentionOptions& o) {
-  if (o.mods.mask_mod.defined() || o.block_mask == nullptr) return o.mods;
-  const Mods& from_mask = o.block_mask->meta().mods;
-  if (!from_mask.mask_mod.defined()) return o.mods;
-  // Only the mask_mod (and what it captures): a score_mod the mask was built alongside is not
-  // the caller's to apply.
-  const Expr mask = from_mask.mask_mod;
-  Mods m = Mods::from_mask([&](Expr, Expr, Expr, Expr) { return mask; });
-  m.name = from_mask.name;
-  if (!o.mods.score_mod.defined() && o.mods.buffers.empty() && o.mods.params.empty()) return m;
-  return combine(o.mods, m);
 }
 
 // A validated call: what planning needs, and whether there is anything to launch.
@@ -193,9 +90,9 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
     throw RuntimeError(fmt::format("at most {} heads and {} batches per call (Hq={}, B={})",
                                    kMaxGridYZ, kMaxGridYZ, s.heads_q, s.batch));
   }
-  if (options.block_mask != nullptr) check_block_mask(*options.block_mask, s);
+  if (options.block_mask != nullptr) runtime::check_block_mask(*options.block_mask, s);
   ValidatedCall call;
-  call.mods = effective_mods(options);
+  call.mods = runtime::effective_mods(options);
   // Bindings are checked even when nothing runs, so a mistake shows on the first call.
   call.inputs.mod_params = runtime::pack_mod_params(call.mods, options.bindings, device_index);
   call.inputs.q = q;

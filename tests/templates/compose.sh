@@ -15,4 +15,4 @@ struct FjConfig {
   using Element = $2;
 };
 CFG
-cat "$root/tests/templates/$1" "$root/templates/mma_sm80.cuh" "$root/templates/forward_sm80.cuh"
+cat "$root/tests/templates/$1" "$root/templates/mma_sm80.cuh" "$root/templates/attention_sm80.cuh" "$root/templates/forward_sm80.cuh"

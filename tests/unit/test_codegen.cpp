@@ -145,7 +145,7 @@ std::string abi_text() {
 // forward/sm80_mma with the test prelude and kernel in place of the real templates.
 ForwardSm80Mma test_variant() {
   static const std::string abi = abi_text();
-  return ForwardSm80Mma({abi, kTestPrelude, {}, kTestForwardKernel});
+  return ForwardSm80Mma({abi, kTestPrelude, {}, {}, kTestForwardKernel});
 }
 
 KernelDesc spec_for(const std::string& arch) {

@@ -310,7 +310,7 @@ TEST_CASE("emit_kernel / kernel_variants: the public view of the kernel layer", 
     if (v.family == "forward" && v.name == "sm80_mma") {
       forward = true;
       CHECK(v.templates == std::vector<std::string>{"flexjit_abi.h", "prelude.cuh", "mma_sm80.cuh",
-                                                    "forward_sm80.cuh"});
+                                                    "attention_sm80.cuh", "forward_sm80.cuh"});
     }
     block_mask |= v.family == "block_mask" && v.name == "warp_per_tile";
   }

@@ -5,6 +5,7 @@
 #include "ir/IR.h"
 #include "ir/Printer.h"
 #include "ir/Visitor.h"
+#include "passes/Autodiff.h"
 
 #include <fmt/format.h>
 
@@ -305,6 +306,99 @@ std::string generate_mod_functions(const Mods& mods) {
                 "__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, "
                 "int q_idx, int kv_idx)",
                 mods.mask_mod, "true");
+  return w.str();
+}
+
+namespace {
+
+bool is_float_buffer(DType d) {
+  return d == DType::F32 || d == DType::F16 || d == DType::BF16;
+}
+
+}  // namespace
+
+GradParamLayout grad_param_layout(const Mods& mods) {
+  GradParamLayout layout;
+  int offset = 0;
+  for (size_t i = 0; i < mods.buffers.size(); ++i) {
+    const Buffer& buf = mods.buffers[i];
+    if (!is_float_buffer(buf.dtype())) continue;
+    layout.entries.push_back({static_cast<int>(i), offset, buf.rank()});
+    offset += 8 * (1 + 2 * buf.rank());
+  }
+  layout.size = std::max(offset, 8);
+  return layout;
+}
+
+std::string generate_mod_grad_functions(const Mods& mods) {
+  SourceWriter w;
+  const GradParamLayout layout = grad_param_layout(mods);
+  w.line("// Gradients of the captured float buffers (f32, in the bound buffer's shape): the");
+  w.line("// backward's by-value kernel argument, packed by flexjit's grad_param_layout().");
+  {
+    auto s = w.block("struct alignas(8) FjGradParams", ";");
+    if (layout.entries.empty()) w.line("int unused_;");
+    for (const GradParamLayout::Entry& e : layout.entries) {
+      const std::string& name = mods.buffers[static_cast<size_t>(e.buffer_index)].name();
+      w.line(fmt::format("float* grad_{};", name));
+      w.line(fmt::format("fj_i64 gstride_{}[{}];", name, e.rank));
+      w.line(fmt::format("fj_i64 gextent_{}[{}];", name, e.rank));
+    }
+  }
+  w.line(fmt::format(
+      "static_assert(sizeof(FjGradParams) == {}, \"FjGradParams size differs from "
+      "grad_param_layout\");",
+      layout.size));
+  for (const GradParamLayout::Entry& e : layout.entries) {
+    const std::string& name = mods.buffers[static_cast<size_t>(e.buffer_index)].name();
+    w.line(fmt::format(
+        "static_assert(FJ_OFFSETOF(FjGradParams, grad_{}) == {}, \"FjGradParams::grad_{} offset "
+        "differs from grad_param_layout\");",
+        name, e.offset, name));
+  }
+  w.line("");
+  const passes::ScoreModGrads grads = passes::differentiate(mods.score_mod);
+  emit_function(w,
+                "__device__ __forceinline__ float fj_dscore(const FjModParams& mp, float score, "
+                "int b, int h, int q_idx, int kv_idx)",
+                grads.d_score, "1.0f");
+  w.line("");
+  // Only load sites of buffers that FjGradParams lists (float buffers) get a gradient; the
+  // autodiff pass gives none to integer buffers anyway.
+  std::vector<const passes::BufferGrad*> sites;
+  for (const passes::BufferGrad& g : grads.buffers) {
+    if (is_float_buffer(g.buffer->dtype)) sites.push_back(&g);
+  }
+  w.line(fmt::format("static constexpr bool kFjHasBufferGrads = {};",
+                     sites.empty() ? "false" : "true"));
+  {
+    auto fn = w.block(
+        "__device__ __forceinline__ void fj_bufgrad(const FjModParams& mp, const FjGradParams& "
+        "gp, float ds, float score, int b, int h, int q_idx, int kv_idx)");
+    if (!sites.empty()) w.line("if (ds == 0.0f) return;");
+    ExprLowering lowering(w);
+    for (const passes::BufferGrad* g : sites) {
+      const std::string& name = g->buffer->name;
+      std::vector<std::string> index_text;
+      for (const Expr& e : g->indices)
+        index_text.push_back(ir::to_text(e));
+      w.line(fmt::format("// d / d {}[{}]", name, fmt::join(index_text, ", ")));
+      const std::string reached = lowering.lower(g->reached);
+      std::vector<std::string> idx;
+      for (const Expr& e : g->indices)
+        idx.push_back(lowering.lower(e));
+      const std::string deriv = lowering.lower(g->derivative);
+      std::vector<std::string> terms;
+      for (size_t d = 0; d < idx.size(); ++d) {
+        const std::string clamped = w.ssa(
+            "fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx[d], name, d));
+        terms.push_back(fmt::format("{} * gp.gstride_{}[{}]", clamped, name, d));
+      }
+      const std::string offset = terms.empty() ? "0" : fmt::format("{}", fmt::join(terms, " + "));
+      w.line(fmt::format("if ({}) atomicAdd(gp.grad_{} + ({}), ds * {});", reached, name, offset,
+                         deriv));
+    }
+  }
   return w.str();
 }
 

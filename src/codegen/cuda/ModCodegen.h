@@ -24,12 +24,45 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace flexjit::cuda {
 
 // The FjModParams struct, its layout asserts and the two device functions, for type-checked
 // mods. Throws CompileError if a buffer or param name is not an identifier.
 std::string generate_mod_functions(const Mods& mods);
+
+// The backward's hooks (templates/backward_sm80.cuh), from passes::differentiate(score_mod):
+//
+//   struct alignas(8) FjGradParams {   // per float buffer of the mods, in Mods::buffers order:
+//     float* grad_<name>;              //   its gradient, f32, in the bound buffer's shape
+//     fj_i64 gstride_<name>[rank];     //   strides of the gradient (elements)
+//     fj_i64 gextent_<name>[rank];     //   the bound buffer's extents
+//   };                                 // (`int unused_;` when the mods have no float buffer)
+//   float fj_dscore(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx);
+//       d score_mod / d score at score (the pre-mod score, scale * q.k); 1 without a score_mod
+//   void fj_bufgrad(const FjModParams& mp, const FjGradParams& gp, float ds, float score,
+//                   int b, int h, int q_idx, int kv_idx);
+//       for every float load site of the score_mod that the forward evaluates at this point:
+//       atomicAdd(grad[idx], ds * d score_mod / d buffer[idx]), idx the load's indices clamped
+//       into the extents (so a gradient never lands outside its buffer); nothing when ds == 0.
+//   static constexpr bool kFjHasBufferGrads;   // whether fj_bufgrad does anything
+//
+// The layout of FjGradParams is grad_param_layout(); sizeof is static_asserted.
+std::string generate_mod_grad_functions(const Mods& mods);
+
+// The byte layout of FjGradParams: per float buffer (index into Mods::buffers), the offset of
+// its pointer; strides and extents follow it (8 bytes each). size: a multiple of 8, at least 8.
+struct GradParamLayout {
+  struct Entry {
+    int buffer_index = 0;
+    int offset = 0;
+    int rank = 0;
+  };
+  std::vector<Entry> entries;
+  int size = 8;
+};
+GradParamLayout grad_param_layout(const Mods& mods);
 
 // Whether the kernel must apply the mod at all: false when it is absent or the identity
 // (score_mod exactly `score`, mask_mod exactly `true`), so templates can skip the call.

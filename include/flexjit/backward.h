@@ -1,0 +1,78 @@
+// The backward of flex_attention on the GPU: dQ, dK, dV and the gradients of the captured float
+// buffers that the score_mod reads, with the semantics of torch.nn.attention.flex_attention's
+// backward (docs/backward.md).
+//
+//   auto [out, lse] = flex_attention(ctx, q, k, v, {.mods = m, .return_lse = true});
+//   ... loss, dout ...
+//   BackwardResult g = flex_attention_backward(ctx, q, k, v, out, lse, dout, {.mods = m});
+//   // g.dq, g.dk, g.dv; g.buffer_grads: {"slopes", f32 tensor of the slopes' shape}, ...
+//
+// The call takes the same AttentionOptions as the forward (mods, block mask, bindings, scale,
+// stream, variant); they must be the forward's. It needs the forward's lse (return_lse = true).
+#pragma once
+
+#include <flexjit/export.h>
+
+#include <flexjit/attention.h>
+#include <flexjit/context.h>
+#include <flexjit/device_tensor.h>
+#include <flexjit/tensor.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flexjit {
+
+struct BackwardOptions {
+  // The incoming gradient of the lse ([B, Hq, Sq] f32) when the loss uses the forward's lse;
+  // null: none.
+  const TensorRef* dlse = nullptr;
+  // Buffer gradients summed in a fixed order, bitwise the same on every run. Not available yet:
+  // true is an UnsupportedError (the default accumulates with fp32 atomics).
+  bool deterministic = false;
+};
+
+struct BackwardResult {
+  DeviceTensor dq;  // [B, Hq, Sq, Dqk], dtype of q
+  DeviceTensor dk;  // [B, Hkv, Skv, Dqk]
+  DeviceTensor dv;  // [B, Hkv, Skv, Dv]
+  // One per captured float buffer (f32 / f16 / bf16) of the mods, in declaration order: f32, the
+  // bound buffer's shape, contiguous. Integer and bool buffers and params get none.
+  std::vector<std::pair<std::string, DeviceTensor>> buffer_grads;
+};
+
+// Caller-owned gradients: dq / dk / dv of q / k / v's shapes and dtypes (last dim contiguous,
+// rows 16-byte aligned), and for every captured float buffer an f32 tensor of the bound
+// buffer's shape, contiguous, by name (each is overwritten).
+struct BackwardOutputs {
+  TensorRef dq, dk, dv;
+  std::vector<std::pair<std::string, TensorRef>> buffer_grads;
+};
+
+// q, k, v as for flex_attention; out [B, Hq, Sq, Dv] and lse [B, Hq, Sq] f32 from the forward
+// with the same options; dout of out's shape and q's dtype (last dim contiguous). Asynchronous
+// on options.stream. Throws RuntimeError for invalid inputs (naming the tensor and what was
+// expected) before any launch, CompileError / UnsupportedError for mods or shapes it cannot
+// compile. CPU tensors are not accepted (the CPU backward is cpu::cpu_attention_backward).
+FLEXJIT_API BackwardResult flex_attention_backward(Context& ctx, const TensorRef& q,
+                                                   const TensorRef& k, const TensorRef& v,
+                                                   const TensorRef& out, const TensorRef& lse,
+                                                   const TensorRef& dout,
+                                                   const AttentionOptions& options = {},
+                                                   const BackwardOptions& backward = {});
+
+FLEXJIT_API void flex_attention_backward_into(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                              const TensorRef& v, const TensorRef& out,
+                                              const TensorRef& lse, const TensorRef& dout,
+                                              const BackwardOutputs& grads,
+                                              const AttentionOptions& options = {},
+                                              const BackwardOptions& backward = {});
+
+// The workspace bytes flex_attention_backward_into needs for this call (AttentionOptions::
+// workspace): the lse2 / delta arrays, 8 * B * Hq * round_up(Sq, 128).
+FLEXJIT_API size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q,
+                                                           const TensorRef& k, const TensorRef& v,
+                                                           const AttentionOptions& options = {});
+
+}  // namespace flexjit

@@ -1,0 +1,139 @@
+#include "kernels/backward/Backward.h"
+
+#include <flexjit/error.h>
+
+#include "kernels/forward/ForwardArgs.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace flexjit::kernels {
+
+KernelDesc backward_problem(Family family, const cuda::Arch& arch, DType dtype, int head_dim_qk,
+                            int head_dim_v, int gqa_ratio, bool full_blocks) {
+  KernelDesc d;
+  d.family = family;
+  d.arch = arch;
+  d.dtype = dtype;
+  d.head_dim_qk = head_dim_qk;
+  d.head_dim_v = head_dim_v;
+  d.gqa_ratio = gqa_ratio;
+  if (family != Family::BackwardPreprocess) {
+    d.flags.set("divisible", 0);
+    d.flags.set("full_blocks", full_blocks ? 1 : 0);
+  }
+  return d;
+}
+
+InputFacts backward_facts(const BackwardInputs& in) {
+  InputFacts f;
+  f.aligned16 = in.shape.fast_path;
+  f.alignment_blocker = in.shape.fast_path_blocker;
+  auto check = [&](const TensorRef& t, const char* name) {
+    if (!f.aligned16) return;
+    if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
+      f.aligned16 = false;
+      f.alignment_blocker = fmt::format("data pointer of {} is not 16-byte aligned", name);
+      return;
+    }
+    const int es = dtype_size(t.dtype);
+    for (int d = 0; d < 3; ++d) {
+      if (t.shape[d] > 1 && (t.strides[d] * es) % 16 != 0) {
+        f.aligned16 = false;
+        f.alignment_blocker = fmt::format(
+            "stride of {} in dim {} ({} elements = {} bytes) is not a multiple of 16 bytes", name,
+            d, t.strides[d], t.strides[d] * es);
+        return;
+      }
+    }
+  };
+  check(in.out, "out");
+  check(in.dout, "dout");
+  check(in.dq, "dq");
+  check(in.dk, "dk");
+  check(in.dv, "dv");
+  if (in.block_mask != nullptr) {
+    f.mask_q_block = in.block_mask->meta().q_block_size;
+    f.mask_kv_block = in.block_mask->meta().kv_block_size;
+  }
+  f.seqlen_q = in.shape.seqlen_q;
+  f.seqlen_kv = in.shape.seqlen_kv;
+  return f;
+}
+
+int64_t backward_padded_seqlen_q(int64_t seqlen_q) {
+  return (seqlen_q + 127) / 128 * 128;
+}
+
+size_t backward_scratch_bytes(const QkvShape& s) {
+  return 2 * sizeof(float) * static_cast<size_t>(s.batch * s.heads_q) *
+         static_cast<size_t>(backward_padded_seqlen_q(s.seqlen_q));
+}
+
+FjBwdArgs make_bwd_args(const BackwardInputs& in, void* scratch, bool full_blocks) {
+  const QkvShape& s = in.shape;
+  FjBwdArgs a{};
+  a.q = in.q.data;
+  a.k = in.k.data;
+  a.v = in.v.data;
+  a.out = in.out.data;
+  a.dout = in.dout.data;
+  a.lse = static_cast<const float*>(in.lse.data);
+  a.dlse = in.dlse ? static_cast<const float*>(in.dlse->data) : nullptr;
+  a.dq = in.dq.data;
+  a.dk = in.dk.data;
+  a.dv = in.dv.data;
+  const size_t rows = static_cast<size_t>(s.batch * s.heads_q) *
+                      static_cast<size_t>(backward_padded_seqlen_q(s.seqlen_q));
+  a.lse2 = static_cast<float*>(scratch);
+  a.delta = scratch != nullptr ? static_cast<float*>(scratch) + rows : nullptr;
+  auto strides3 = [](const TensorRef& t, fj_i64& b, fj_i64& h, fj_i64& sq) {
+    b = t.strides[0], h = t.strides[1], sq = t.strides[2];
+  };
+  strides3(in.q, a.q_stride_b, a.q_stride_h, a.q_stride_s);
+  strides3(in.k, a.k_stride_b, a.k_stride_h, a.k_stride_s);
+  strides3(in.v, a.v_stride_b, a.v_stride_h, a.v_stride_s);
+  strides3(in.out, a.o_stride_b, a.o_stride_h, a.o_stride_s);
+  strides3(in.dout, a.do_stride_b, a.do_stride_h, a.do_stride_s);
+  strides3(in.dq, a.dq_stride_b, a.dq_stride_h, a.dq_stride_s);
+  strides3(in.dk, a.dk_stride_b, a.dk_stride_h, a.dk_stride_s);
+  strides3(in.dv, a.dv_stride_b, a.dv_stride_h, a.dv_stride_s);
+  a.lse_stride_b = in.lse.strides[0], a.lse_stride_h = in.lse.strides[1];
+  if (in.dlse) a.dlse_stride_b = in.dlse->strides[0], a.dlse_stride_h = in.dlse->strides[1];
+  a.batch = static_cast<int>(s.batch);
+  a.heads_q = static_cast<int>(s.heads_q);
+  a.heads_kv = static_cast<int>(s.heads_kv);
+  a.seqlen_q = static_cast<int>(s.seqlen_q);
+  a.seqlen_kv = static_cast<int>(s.seqlen_kv);
+  a.seqlen_q_pad = static_cast<int>(backward_padded_seqlen_q(s.seqlen_q));
+  a.scale =
+      in.scale ? *in.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim_qk)));
+  if (in.block_mask != nullptr) {
+    const DeviceBlockMask& d = *in.block_mask;
+    a.mask = block_mask_args(d, full_blocks);
+    // The transposed arrays in the kv_* roles: rows are kv blocks, columns q blocks.
+    const BlockMask& m = d.meta();
+    auto ptr = [](const DeviceTensor& x) {
+      return x.defined() ? static_cast<const int*>(x.ref().data) : nullptr;
+    };
+    const bool full_t =
+        full_blocks && d.full_q_num_blocks.defined() && d.full_q_indices.defined();
+    FjBlockMaskArgs& t = a.mask_t;
+    const fj_i64 mrows = m.num_kv_blocks, mcols = m.num_q_blocks;
+    t.kv_num_blocks = ptr(d.q_num_blocks);
+    t.kv_indices = ptr(d.q_indices);
+    t.full_kv_num_blocks = full_t ? ptr(d.full_q_num_blocks) : nullptr;
+    t.full_kv_indices = full_t ? ptr(d.full_q_indices) : nullptr;
+    t.num_stride_h = m.heads == 1 ? 0 : mrows;
+    t.num_stride_b = m.batch == 1 ? 0 : m.heads * mrows;
+    t.idx_stride_m = mcols;
+    t.idx_stride_h = m.heads == 1 ? 0 : mrows * mcols;
+    t.idx_stride_b = m.batch == 1 ? 0 : m.heads * mrows * mcols;
+    t.q_block_size = m.kv_block_size;
+    t.kv_block_size = m.q_block_size;
+  }
+  return a;
+}
+
+}  // namespace flexjit::kernels

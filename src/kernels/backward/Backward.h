@@ -1,0 +1,59 @@
+// The backward families: the gradients of flex_attention (dQ, dK, dV and the captured float
+// buffers' gradients) from q, k, v, the forward's out and lse, and dout. A backward call is a
+// plan of three steps (runtime/Backward.cpp), one per family:
+//
+//   backward_preprocess  lse2 and delta per q row, into the plan's workspace (its slice)
+//   backward_dkdv        dK, dV and the buffer gradients; reads that slice
+//   backward_dq          dQ; reads that slice
+//
+// The three share the inputs type (BackwardInputs), the problem description and the kernel ABI
+// (FjBwdArgs in templates/flexjit_abi.h). Problem flags as the forward's: `divisible` (every tile
+// full: bounds checks compiled out) and `full_blocks` (the block mask has full_* arrays).
+#pragma once
+
+#include <flexjit/attention.h>
+#include <flexjit/device_block_mask.h>
+#include <flexjit/tensor.h>
+
+#include "kernels/Variant.h"
+
+#include <flexjit_abi.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace flexjit::kernels {
+
+// What a backward launch reads and writes, as the runtime validated it.
+struct BackwardInputs {
+  TensorRef q, k, v, out, lse, dout;
+  std::optional<TensorRef> dlse;
+  TensorRef dq, dk, dv;
+  QkvShape shape;
+  std::optional<float> scale;                   // default 1 / sqrt(head_dim_qk)
+  const DeviceBlockMask* block_mask = nullptr;  // null: every tile, mask_mod everywhere
+  std::vector<uint64_t> mod_params;             // the FjModParams bytes (runtime/ModArgs.h)
+  std::vector<uint64_t> grad_params;            // the FjGradParams bytes (grad_param_layout)
+};
+
+using BackwardPreprocessVariant = FamilyVariant<Family::BackwardPreprocess, BackwardInputs>;
+using BackwardDkDvVariant = FamilyVariant<Family::BackwardDkDv, BackwardInputs>;
+using BackwardDqVariant = FamilyVariant<Family::BackwardDq, BackwardInputs>;
+
+// The problem of one backward family for a call (no variant, no config yet).
+KernelDesc backward_problem(Family family, const cuda::Arch& arch, DType dtype, int head_dim_qk,
+                            int head_dim_v, int gqa_ratio, bool full_blocks);
+
+// Alignment (every tensor's rows), the block mask's tile size, the lengths.
+InputFacts backward_facts(const BackwardInputs& in);
+
+// seqlen_q rounded up to 128: the row length of the lse2 / delta workspace arrays.
+int64_t backward_padded_seqlen_q(int64_t seqlen_q);
+// Bytes of the lse2 + delta workspace (two f32 arrays of [B * Hq, padded Sq]).
+size_t backward_scratch_bytes(const QkvShape& shape);
+
+// FjBwdArgs for the inputs; lse2 / delta point into `scratch` (backward_scratch_bytes).
+FjBwdArgs make_bwd_args(const BackwardInputs& in, void* scratch, bool full_blocks);
+
+}  // namespace flexjit::kernels

@@ -1,0 +1,406 @@
+#include "kernels/backward/Sm80Backward.h"
+
+#include <flexjit/error.h>
+
+#include "codegen/cuda/ModCodegen.h"
+#include "codegen/cuda/SourceWriter.h"
+#include "kernels/forward/Forward.h"
+#include "kernels/forward/Sm80Mma.h"
+#include "util/Embedded.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <initializer_list>
+
+namespace flexjit::kernels {
+
+namespace {
+
+bool one_of(int64_t v, std::initializer_list<int> allowed) {
+  return std::find(allowed.begin(), allowed.end(), v) != allowed.end();
+}
+
+std::optional<std::string> not_in(const KernelDesc& d, const char* what, int64_t v,
+                                  std::initializer_list<int> allowed) {
+  if (one_of(v, allowed)) return std::nullopt;
+  return fmt::format("{} does not support {} = {}; supported: {}", d.family_variant(), what, v,
+                     fmt::join(allowed, ", "));
+}
+
+// The problem checks every backward variant shares (unsupported() and validate()).
+std::optional<std::string> problem_reason(const KernelDesc& p) {
+  try {
+    cuda::Arch::parse(p.arch.str());
+  } catch (const UnsupportedError& e) {
+    return e.what();
+  }
+  if (p.dtype != DType::BF16 && p.dtype != DType::F16 && p.dtype != DType::F32) {
+    return fmt::format("attention inputs must be bf16, f16 or f32, not {}", to_string(p.dtype));
+  }
+  if (auto r = not_in(p, "head_dim_qk", p.head_dim_qk, {64, 128, 256})) return r;
+  if (auto r = not_in(p, "head_dim_v", p.head_dim_v, {64, 128, 256})) return r;
+  if (p.gqa_ratio < 1) {
+    return fmt::format("gqa_ratio (heads_q / heads_kv) must be at least 1, not {}", p.gqa_ratio);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> alignment_reason(const InputFacts& facts) {
+  if (facts.aligned16) return std::nullopt;
+  return fmt::format(
+      "the backward kernels need 16-byte aligned data pointers and strides: {}; make the tensor "
+      "contiguous (or pad its rows) first",
+      facts.alignment_blocker);
+}
+
+void require_keys(const KernelDesc& d, std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    if (!d.config.has(name)) {
+      throw UnsupportedError(fmt::format("{} needs config '{}' ({})", d.family_variant(), name,
+                                         d.str()));
+    }
+  }
+  if (d.config.items().size() != names.size()) {
+    throw UnsupportedError(fmt::format("{} takes {} config values; got {}", d.family_variant(),
+                                       names.size(), d.config.str()));
+  }
+}
+
+Params make_config(int block_m, int block_n, int num_warps, int num_stages) {
+  return {{"block_m", block_m},
+          {"block_n", block_n},
+          {"num_warps", num_warps},
+          {"num_stages", num_stages}};
+}
+
+int dkdv_smem(const KernelDesc& d) {
+  return fj_bwd_dkdv_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
+                                d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
+                                d.config.at_int("num_stages"));
+}
+
+int dq_smem(const KernelDesc& d) {
+  return fj_bwd_dq_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
+                              d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
+                              d.config.at_int("num_stages"));
+}
+
+std::string grads_section(const Mods& mods) {
+  return cuda::generate_mod_grad_functions(mods);
+}
+
+}  // namespace
+
+// ---- backward_preprocess/sm80 ------------------------------------------------------------------
+
+std::string_view BackwardPreprocessSm80::summary() const {
+  return "lse2 = lse log2(e) and delta = rowsum(dO O) - dlse per q row (fp32); sm_80 and newer";
+}
+
+std::optional<std::string> BackwardPreprocessSm80::unsupported(const KernelDesc& problem,
+                                                               const InputFacts& facts) const {
+  if (auto r = problem_reason(problem)) return r;
+  return alignment_reason(facts);
+}
+
+void BackwardPreprocessSm80::validate(const KernelDesc& d) const {
+  if (auto r = problem_reason(d)) throw UnsupportedError(*r);
+  require_keys(d, {"num_warps"});
+  if (d.config.at("num_warps") != 4) {
+    throw UnsupportedError(fmt::format("{} runs 4 warps per block, not {}", d.family_variant(),
+                                       d.config.at("num_warps")));
+  }
+}
+
+Params BackwardPreprocessSm80::default_config(const KernelDesc&) const {
+  return {{"num_warps", 4}};
+}
+
+std::vector<Params> BackwardPreprocessSm80::config_space(const KernelDesc& p) const {
+  return {default_config(p)};
+}
+
+std::vector<TemplateText> BackwardPreprocessSm80::templates() const {
+  std::vector<TemplateText> t = common_templates();
+  t.push_back({"mma_sm80.cuh", embedded::template_text("mma_sm80.cuh"), false});
+  t.push_back({"attention_sm80.cuh", embedded::template_text("attention_sm80.cuh"), false});
+  t.push_back({"backward_sm80.cuh", embedded::template_text("backward_sm80.cuh"), false});
+  return t;
+}
+
+cuda::GeneratedSource BackwardPreprocessSm80::generate(const Mods& mods,
+                                                       const KernelDesc& desc) const {
+  validate(desc);
+  cuda::SourceWriter w;
+  w.line(fmt::format("// Compile-time configuration: {}", desc.str()));
+  w.line("#define FJ_BWD_PREPROCESS 1");
+  {
+    auto s = w.block("struct FjConfig", ";");
+    w.line(fmt::format("static constexpr int kHeadDimV = {};", desc.head_dim_v));
+    w.line(fmt::format("using Element = {};", element_type(desc.dtype)));
+  }
+  return assemble_variant_source(*this, desc, mods, w.str(),
+                                 "backward preprocess kernel `flexjit_bwd_preprocess`", "mods",
+                                 grads_section(mods));
+}
+
+size_t BackwardPreprocessSm80::workspace_bytes(const KernelDesc&, const BackwardInputs& in) const {
+  return backward_scratch_bytes(in.shape);
+}
+
+std::vector<Launch> BackwardPreprocessSm80::launches(const KernelDesc& desc,
+                                                     const BackwardInputs& in,
+                                                     void* workspace) const {
+  FJ_ASSERT(workspace != nullptr, "the backward preprocess runs without its workspace");
+  const QkvShape& s = in.shape;
+  Launch l;
+  l.entry_point = "flexjit_bwd_preprocess";
+  l.grid = {static_cast<unsigned>(backward_padded_seqlen_q(s.seqlen_q) / 64),
+            static_cast<unsigned>(s.heads_q), static_cast<unsigned>(s.batch)};
+  l.block = {static_cast<unsigned>(desc.config.at("num_warps") * 32), 1, 1};
+  l.args.add(make_bwd_args(in, workspace, false));
+  std::vector<Launch> out;
+  out.push_back(std::move(l));
+  return out;
+}
+
+// ---- backward_dkdv/sm80_mma and backward_dq/sm80_mma ------------------------------------------
+
+template <Family F>
+std::string_view BackwardSm80Mma<F>::summary() const {
+  if constexpr (F == Family::BackwardDkDv) {
+    return "one CTA per KV tile over the GQA group's q tiles: S^T, dP^T, dV += P^T dO, dK += "
+           "dS^T Q on mma.sync; buffer gradients by fp32 atomics; sm_80 and newer";
+  } else {
+    return "one CTA per q tile over its KV tiles: S, dP, dQ += dS K on mma.sync (no atomics); "
+           "sm_80 and newer";
+  }
+}
+
+template <Family F>
+std::optional<std::string> BackwardSm80Mma<F>::unsupported(const KernelDesc& problem,
+                                                           const InputFacts& facts) const {
+  if (auto r = problem_reason(problem)) return r;
+  return alignment_reason(facts);
+}
+
+template <Family F>
+void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
+  if (auto r = problem_reason(d)) throw UnsupportedError(*r);
+  require_keys(d, {"block_m", "block_n", "num_warps", "num_stages"});
+  const int64_t bm = d.config.at("block_m"), bn = d.config.at("block_n");
+  const int64_t warps = d.config.at("num_warps"), stages = d.config.at("num_stages");
+  if (auto r = not_in(d, "block_m", bm, {32, 64, 128})) throw UnsupportedError(*r);
+  if (auto r = not_in(d, "block_n", bn, {32, 64, 128})) throw UnsupportedError(*r);
+  if (auto r = not_in(d, "num_warps", warps, {2, 4, 8})) throw UnsupportedError(*r);
+  if (auto r = not_in(d, "num_stages", stages, {1, 2})) throw UnsupportedError(*r);
+  const int es = dtype_size(d.dtype);
+  const int elems_per_thread_row = 16 / es;  // elements per 16-byte copy
+  auto check_copies = [&](int64_t rows, int dim, const char* what) {
+    const int64_t chunks = dim / elems_per_thread_row;
+    const int64_t threads = warps * 32;
+    if (threads % chunks != 0 || rows % (threads / chunks) != 0) {
+      throw UnsupportedError(fmt::format(
+          "{}: {} rows of {} ({} elements) do not split evenly into 16-byte copies over {} threads",
+          d.family_variant(), rows, what, dim, threads));
+    }
+  };
+  if constexpr (F == Family::BackwardDkDv) {
+    const int64_t row_warps = bn / 16;
+    if (warps % row_warps != 0 || (warps / row_warps != 1 && warps / row_warps != 2)) {
+      throw UnsupportedError(fmt::format(
+          "{}: num_warps = {} must be block_n / 16 = {} or twice that (each 16 kv rows get one "
+          "or two warps)",
+          d.family_variant(), warps, row_warps));
+    }
+    const int64_t split = warps / row_warps;
+    if (split == 2 && ((d.head_dim_qk / 2) * es / 16 % 8 != 0 || (d.head_dim_v / 2) * es / 16 % 8 != 0)) {
+      throw UnsupportedError(fmt::format(
+          "{}: two warps per 16 kv rows split the head dims {}/{} into halves that are not whole "
+          "128-byte rows; use num_warps = block_n / 16",
+          d.family_variant(), d.head_dim_qk, d.head_dim_v));
+    }
+    if (bm / 4 > warps * 32 / 2) {
+      throw UnsupportedError(fmt::format("{}: block_m = {} is too large for {} warps",
+                                         d.family_variant(), bm, warps));
+    }
+  } else {
+    if (bm != 16 * warps) {
+      throw UnsupportedError(fmt::format(
+          "{}: block_m = {} must be 16 * num_warps = {} (each warp owns 16 q rows)",
+          d.family_variant(), bm, 16 * warps));
+    }
+  }
+  check_copies(bm, d.head_dim_qk, "q");
+  check_copies(bm, d.head_dim_v, "dout");
+  check_copies(bn, d.head_dim_qk, "k");
+  check_copies(bn, d.head_dim_v, "v");
+  for (const char* flag : {"divisible", "full_blocks"}) {
+    auto v = d.flags.get(flag);
+    if (!v || (*v != 0 && *v != 1)) {
+      throw UnsupportedError(
+          fmt::format("{} needs flag '{}' = 0 or 1 ({})", d.family_variant(), flag, d.str()));
+    }
+  }
+  const int smem = static_cast<int>(smem_bytes(d));
+  const int limit = cuda::max_smem_per_block(d.arch);
+  if (smem > limit) {
+    throw UnsupportedError(fmt::format(
+        "{}: config {} needs {} bytes of shared memory for head dims {}/{} in {}, more than the {} "
+        "bytes a block may use on {}; lower num_stages, block_m or block_n",
+        d.family_variant(), d.config.str(), smem, d.head_dim_qk, d.head_dim_v, to_string(d.dtype),
+        limit, d.arch.str()));
+  }
+}
+
+template <Family F>
+Params BackwardSm80Mma<F>::default_config(const KernelDesc& p) const {
+  const int d = std::max(p.head_dim_qk, p.head_dim_v);
+  const bool small_smem = p.arch.cc() == 86 || p.arch.cc() == 89;
+  const bool f32 = p.dtype == DType::F32;
+  if constexpr (F == Family::BackwardDkDv) {
+    // Registers per thread ~ dK + dV accumulators (16 rows x d / 32 lanes each, halved with two
+    // warps per row slice) + S^T and dP^T (16 x block_m / 32 each).
+    if (d <= 64) return f32 ? make_config(64, 64, 4, 2) : make_config(64, 128, 8, 2);
+    if (d <= 128) return f32 ? make_config(32, 64, 4, 1) : make_config(64, 64, 4, 2);
+    return f32 ? make_config(32, 32, 4, 1) : make_config(32, 64, 8, small_smem ? 1 : 2);
+  } else {
+    if (d <= 64) return make_config(64, 64, 4, 2);
+    if (d <= 128) return f32 ? make_config(64, 32, 4, small_smem ? 1 : 2) : make_config(64, 64, 4, 2);
+    return f32 ? make_config(32, 32, 2, 1) : make_config(64, 32, 4, small_smem ? 1 : 2);
+  }
+}
+
+template <Family F>
+std::vector<Params> BackwardSm80Mma<F>::config_space(const KernelDesc& p) const {
+  std::vector<Params> out;
+  for (int bm : {32, 64, 128}) {
+    for (int bn : {32, 64, 128}) {
+      for (int w : {2, 4, 8}) {
+        for (int s : {1, 2}) {
+          KernelDesc d = p;
+          d.config = make_config(bm, bn, w, s);
+          if (!d.flags.has("divisible")) d.flags.set("divisible", 0);
+          if (!d.flags.has("full_blocks")) d.flags.set("full_blocks", 0);
+          try {
+            validate(d);
+          } catch (const UnsupportedError&) {
+            continue;
+          }
+          out.push_back(d.config);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+template <Family F>
+Params BackwardSm80Mma<F>::resolve_config(const KernelDesc& problem, const Params& overrides,
+                                          const InputFacts& facts) const {
+  Params c = apply_overrides(*this, default_config(problem), overrides);
+  if (facts.mask_q_block == 0) return c;
+  // Tiles must divide the block mask's sparse blocks: shrink one the caller left open.
+  auto fit = [&](const char* name, int block) {
+    if (block % c.at(name) == 0 || overrides.has(name)) return;
+    for (int t : {128, 64, 32}) {
+      if (t <= c.at(name) && block % t == 0) {
+        c.set(name, t);
+        return;
+      }
+    }
+  };
+  fit("block_m", facts.mask_q_block);
+  fit("block_n", facts.mask_kv_block);
+  if (!overrides.has("num_warps")) {
+    if constexpr (F == Family::BackwardDkDv) {
+      const int64_t row_warps = c.at("block_n") / 16;
+      const int64_t split = std::max<int64_t>(1, c.at("num_warps") / std::max<int64_t>(1, row_warps));
+      c.set("num_warps", row_warps * std::min<int64_t>(split, 2));
+    } else {
+      c.set("num_warps", c.at("block_m") / 16);
+    }
+  }
+  if (facts.mask_q_block % c.at("block_m") != 0 || facts.mask_kv_block % c.at("block_n") != 0) {
+    throw UnsupportedError(fmt::format(
+        "the block mask's sparse blocks ({}x{}) are not multiples of the {} tiles {}x{}; build the "
+        "mask with a block size that is a multiple of 128 (or of 64 and 32)",
+        facts.mask_q_block, facts.mask_kv_block, to_string(F), c.at("block_m"), c.at("block_n")));
+  }
+  return c;
+}
+
+template <Family F>
+void BackwardSm80Mma<F>::specialize(KernelDesc& d, const InputFacts& facts) const {
+  if (facts.seqlen_q < 0 || facts.seqlen_kv < 0) return;
+  const bool divisible =
+      facts.seqlen_q % d.config.at("block_m") == 0 && facts.seqlen_kv % d.config.at("block_n") == 0;
+  d.flags.set("divisible", divisible ? 1 : 0);
+}
+
+template <Family F>
+std::vector<TemplateText> BackwardSm80Mma<F>::templates() const {
+  return BackwardPreprocessSm80().templates();
+}
+
+template <Family F>
+std::vector<std::string> BackwardSm80Mma<F>::entry_points() const {
+  if constexpr (F == Family::BackwardDkDv) {
+    return {"flexjit_bwd_dkdv"};
+  } else {
+    return {"flexjit_bwd_dq"};
+  }
+}
+
+template <Family F>
+cuda::GeneratedSource BackwardSm80Mma<F>::generate(const Mods& mods,
+                                                   const KernelDesc& desc) const {
+  validate(desc);
+  mods.check();
+  const bool dkdv = F == Family::BackwardDkDv;
+  std::string config = fmt::format("#define {} 1\n", dkdv ? "FJ_BWD_DKDV" : "FJ_BWD_DQ");
+  config += ForwardSm80Mma::config_struct(mods, desc);
+  return assemble_variant_source(
+      *this, desc, mods, config,
+      dkdv ? "backward dK/dV kernel `flexjit_bwd_dkdv`" : "backward dQ kernel `flexjit_bwd_dq`",
+      "mods", grads_section(mods));
+}
+
+template <Family F>
+unsigned BackwardSm80Mma<F>::smem_bytes(const KernelDesc& desc) const {
+  return static_cast<unsigned>(F == Family::BackwardDkDv ? dkdv_smem(desc) : dq_smem(desc));
+}
+
+template <Family F>
+std::vector<Launch> BackwardSm80Mma<F>::launches(const KernelDesc& desc, const BackwardInputs& in,
+                                                 void* workspace) const {
+  FJ_ASSERT(workspace != nullptr, "a backward kernel runs without the preprocess's workspace");
+  const QkvShape& s = in.shape;
+  const bool full = desc.flags.at("full_blocks") != 0;
+  Launch l;
+  l.block = {static_cast<unsigned>(desc.config.at("num_warps") * 32), 1, 1};
+  l.smem_bytes = smem_bytes(desc);
+  l.args.add(make_bwd_args(in, workspace, full));
+  l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
+  if constexpr (F == Family::BackwardDkDv) {
+    const int64_t bn = desc.config.at("block_n");
+    l.entry_point = "flexjit_bwd_dkdv";
+    l.grid = {static_cast<unsigned>((s.seqlen_kv + bn - 1) / bn), static_cast<unsigned>(s.heads_kv),
+              static_cast<unsigned>(s.batch)};
+    l.args.add_bytes(in.grad_params.data(), in.grad_params.size() * sizeof(uint64_t));
+  } else {
+    const int64_t bm = desc.config.at("block_m");
+    l.entry_point = "flexjit_bwd_dq";
+    l.grid = {static_cast<unsigned>((s.seqlen_q + bm - 1) / bm), static_cast<unsigned>(s.heads_q),
+              static_cast<unsigned>(s.batch)};
+  }
+  std::vector<Launch> out;
+  out.push_back(std::move(l));
+  return out;
+}
+
+template class BackwardSm80Mma<Family::BackwardDkDv>;
+template class BackwardSm80Mma<Family::BackwardDq>;
+
+}  // namespace flexjit::kernels

@@ -1,0 +1,64 @@
+// The sm_80 backward: three variants, one per backward family, sharing one template
+// (templates/backward_sm80.cuh; docs/kernels/backward_sm80.md):
+//
+//   backward_preprocess/sm80   lse2, delta          config: num_warps = 4 (fixed)
+//   backward_dkdv/sm80_mma     dK, dV, buffer grads config: block_m (q tile) {32, 64, 128},
+//                              block_n (kv tile) {32, 64, 128}, num_warps (a multiple of
+//                              block_n / 16: 1 or 2 warps per 16-row slice), num_stages {1, 2}
+//   backward_dq/sm80_mma       dQ                   config: block_m = 16 * num_warps {32, 64,
+//                              128}, block_n {32, 64, 128}, num_warps {2, 4, 8}, num_stages {1, 2}
+//
+// Head dims 64 / 128 / 256 (qk and v independently), bf16 / f16 / f32 (tf32 tensor cores),
+// 16-byte aligned rows; the shared memory formulas fj_bwd_*_smem_bytes must fit the arch.
+#pragma once
+
+#include "kernels/backward/Backward.h"
+
+namespace flexjit::kernels {
+
+class BackwardPreprocessSm80 : public BackwardPreprocessVariant {
+ public:
+  std::string_view name() const override { return "sm80"; }
+  std::string_view summary() const override;
+  std::optional<std::string> unsupported(const KernelDesc& problem,
+                                         const InputFacts& facts) const override;
+  void validate(const KernelDesc& desc) const override;
+  Params default_config(const KernelDesc& problem) const override;
+  std::vector<Params> config_space(const KernelDesc& problem) const override;
+  std::vector<TemplateText> templates() const override;
+  std::vector<std::string> entry_points() const override { return {"flexjit_bwd_preprocess"}; }
+  Mods kernel_mods(const Mods&) const override { return {}; }
+  cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
+  unsigned smem_bytes(const KernelDesc&) const override { return 0; }
+  size_t workspace_bytes(const KernelDesc& desc, const BackwardInputs& in) const override;
+  std::vector<Launch> launches(const KernelDesc& desc, const BackwardInputs& in,
+                               void* workspace) const override;
+};
+
+// dK / dV and dQ: the mma.sync kernels of family F.
+template <Family F>
+class BackwardSm80Mma : public FamilyVariant<F, BackwardInputs> {
+ public:
+  std::string_view name() const override { return "sm80_mma"; }
+  std::string_view summary() const override;
+  std::optional<std::string> unsupported(const KernelDesc& problem,
+                                         const InputFacts& facts) const override;
+  void validate(const KernelDesc& desc) const override;
+  Params default_config(const KernelDesc& problem) const override;
+  std::vector<Params> config_space(const KernelDesc& problem) const override;
+  Params resolve_config(const KernelDesc& problem, const Params& overrides,
+                        const InputFacts& facts) const override;
+  void specialize(KernelDesc& desc, const InputFacts& facts) const override;
+  std::vector<TemplateText> templates() const override;
+  std::vector<std::string> entry_points() const override;
+  cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
+  unsigned smem_bytes(const KernelDesc& desc) const override;
+  // The lse2 / delta slice of the preprocess step (the plan passes it as `workspace`).
+  std::vector<Launch> launches(const KernelDesc& desc, const BackwardInputs& in,
+                               void* workspace) const override;
+};
+
+using BackwardDkDvSm80Mma = BackwardSm80Mma<Family::BackwardDkDv>;
+using BackwardDqSm80Mma = BackwardSm80Mma<Family::BackwardDq>;
+
+}  // namespace flexjit::kernels

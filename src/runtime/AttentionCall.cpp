@@ -1,0 +1,116 @@
+#include "runtime/AttentionCall.h"
+
+#include <flexjit/block_mask.h>
+#include <flexjit/error.h>
+
+#include <fmt/format.h>
+
+namespace flexjit::runtime {
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
+
+}  // namespace
+
+void check_tensor(const char* name, const TensorRef& t, const std::vector<int64_t>& shape,
+                  const char* what, DType dtype, const TensorRef& like) {
+  if (t.shape != shape) {
+    throw RuntimeError(fmt::format("{} has shape {}; expected {} = {}", name, shape_str(t.shape),
+                                   what, shape_str(shape)));
+  }
+  if (t.strides.size() != t.shape.size()) {
+    throw RuntimeError(
+        fmt::format("{} has {} strides for {} dims", name, t.strides.size(), t.shape.size()));
+  }
+  if (t.dtype != dtype) {
+    throw RuntimeError(fmt::format("{} has dtype {}; expected {}", name, to_string(t.dtype),
+                                   to_string(dtype)));
+  }
+  if (t.device != like.device || t.device_index != like.device_index) {
+    throw RuntimeError(fmt::format("{} is on {} but q is on {}", name,
+                                   to_string(t.device, t.device_index),
+                                   to_string(like.device, like.device_index)));
+  }
+  if (!t.is_last_dim_contiguous()) {
+    throw RuntimeError(fmt::format("last dim of {} is not contiguous (stride {})", name,
+                                   t.strides.back()));
+  }
+  for (size_t d = 0; d < t.strides.size(); ++d) {
+    if (t.strides[d] < 0) {
+      throw RuntimeError(
+          fmt::format("{} has a negative stride in dim {} ({})", name, d, t.strides[d]));
+    }
+  }
+  if (t.data == nullptr && t.numel() > 0) {
+    throw RuntimeError(fmt::format("{} has a null data pointer", name));
+  }
+}
+
+void check_block_mask(const DeviceBlockMask& dbm, const QkvShape& s) {
+  const BlockMask& m = dbm.meta();
+  if (m.seqlen_q != s.seqlen_q || m.seqlen_kv != s.seqlen_kv) {
+    throw RuntimeError(
+        fmt::format("the block mask was built for Sq={}, Skv={} but the inputs have Sq={}, Skv={}",
+                    m.seqlen_q, m.seqlen_kv, s.seqlen_q, s.seqlen_kv));
+  }
+  if (m.batch != 1 && m.batch != s.batch) {
+    throw RuntimeError(
+        fmt::format("the block mask has batch {}; expected 1 or B={}", m.batch, s.batch));
+  }
+  if (m.heads != 1 && m.heads != s.heads_q) {
+    throw RuntimeError(
+        fmt::format("the block mask has {} heads; expected 1 or Hq={}", m.heads, s.heads_q));
+  }
+  if (!dbm.kv_num_blocks.defined() || !dbm.kv_indices.defined()) {
+    throw RuntimeError("the block mask has no kv_num_blocks / kv_indices on the device");
+  }
+}
+
+
+Mods effective_mods(const AttentionOptions& o) {
+  if (o.mods.mask_mod.defined() || o.block_mask == nullptr) return o.mods;
+  const Mods& from_mask = o.block_mask->meta().mods;
+  if (!from_mask.mask_mod.defined()) return o.mods;
+  // Only the mask_mod (and what it captures): a score_mod the mask was built alongside is not
+  // the caller's to apply.
+  const Expr mask = from_mask.mask_mod;
+  Mods m = Mods::from_mask([&](Expr, Expr, Expr, Expr) { return mask; });
+  m.name = from_mask.name;
+  if (!o.mods.score_mod.defined() && o.mods.buffers.empty() && o.mods.params.empty()) return m;
+  return combine(o.mods, m);
+}
+
+
+void zero_fill(const TensorRef& t, CUstream stream) {
+  if (t.numel() == 0) return;
+  const int es = dtype_size(t.dtype);
+  if (t.is_contiguous()) {
+    FJ_CU(cuMemsetD8Async, "zeroing a tensor", reinterpret_cast<CUdeviceptr>(t.data), 0,
+          static_cast<size_t>(t.numel()) * es, stream);
+    return;
+  }
+  // Rows of the last dim, pitch = the second-to-last stride, one 2D memset per leading index.
+  const size_t rank = t.shape.size();
+  FJ_ASSERT(rank >= 2, "zero_fill of a strided 1-d tensor");
+  const int64_t rows = t.shape[rank - 2], cols = t.shape[rank - 1];
+  int64_t outer = 1;
+  for (size_t d = 0; d + 2 < rank; ++d)
+    outer *= t.shape[d];
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t offset = 0, rest = o;
+    for (size_t d = rank - 2; d-- > 0;) {
+      offset += (rest % t.shape[d]) * t.strides[d];
+      rest /= t.shape[d];
+    }
+    auto* base = static_cast<char*>(t.data) + offset * es;
+    const size_t pitch =
+        rows > 1 ? static_cast<size_t>(t.strides[rank - 2]) * es : static_cast<size_t>(cols) * es;
+    FJ_CU(cuMemsetD2D8Async, "zeroing a tensor", reinterpret_cast<CUdeviceptr>(base), pitch, 0,
+          static_cast<size_t>(cols) * es, static_cast<size_t>(rows), stream);
+  }
+}
+
+}  // namespace flexjit::runtime

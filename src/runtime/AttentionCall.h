@@ -1,0 +1,34 @@
+// What the forward (Attention.cpp) and the backward (Backward.cpp) check and derive the same way
+// from a call's inputs and AttentionOptions.
+#pragma once
+
+#include <flexjit/attention.h>
+#include <flexjit/device_block_mask.h>
+#include <flexjit/tensor.h>
+
+#include "runtime/CudaDriver.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace flexjit::runtime {
+
+// RuntimeError unless `t` has `shape`, `dtype`, the device of `like`, a contiguous last dim,
+// no negative stride and data when it has elements: "<name> has shape [..]; expected <what> =
+// [..]" and the like.
+void check_tensor(const char* name, const TensorRef& t, const std::vector<int64_t>& shape,
+                  const char* what, DType dtype, const TensorRef& like);
+
+// RuntimeError unless the block mask was built for these lengths, a batch and head count of 1
+// or the call's, and has its kv_* arrays on the device.
+void check_block_mask(const DeviceBlockMask& mask, const QkvShape& shape);
+
+// The mods the kernels apply: options.mods, with the block mask's mask_mod when options.mods
+// has none (partial tiles must apply the predicate the mask was built from).
+Mods effective_mods(const AttentionOptions& options);
+
+// Zeros every element of `t` (any strides with the last dim contiguous) on `stream`: one memset
+// when contiguous, else one 2D memset per leading index.
+void zero_fill(const TensorRef& t, CUstream stream);
+
+}  // namespace flexjit::runtime

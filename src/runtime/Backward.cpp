@@ -1,0 +1,257 @@
+// flex_attention_backward on the GPU, as a plan of three kernels (runtime/Plan.h): validate the
+// call, plan backward_preprocess -> backward_dkdv -> backward_dq (the registry's variants for
+// this arch; the last two read the preprocess's workspace slice), build, then zero the buffer
+// gradients and launch on the caller's stream. See docs/backward.md.
+#include <flexjit/backward.h>
+#include <flexjit/error.h>
+
+#include "codegen/cuda/ModCodegen.h"
+#include "kernels/backward/Backward.h"
+#include "kernels/forward/Forward.h"
+#include "runtime/AttentionCall.h"
+#include "runtime/ContextImpl.h"
+#include "runtime/ModArgs.h"
+#include "runtime/Plan.h"
+
+#include <fmt/format.h>
+
+#include <climits>
+#include <set>
+
+namespace flexjit {
+
+namespace {
+
+constexpr int64_t kMaxGridYZ = 65535;
+
+struct ValidatedBackward {
+  Mods mods;
+  kernels::BackwardInputs inputs;
+  bool empty = false;  // a zero length or count: gradients are zeros, no kernel
+  std::vector<TensorRef> buffer_grads;  // per float buffer, in grad_param_layout order
+};
+
+bool is_float(DType d) {
+  return d == DType::F32 || d == DType::F16 || d == DType::BF16;
+}
+
+ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                    const TensorRef& v, const TensorRef& out,
+                                    const TensorRef& lse, const TensorRef& dout,
+                                    const BackwardOutputs& grads, const AttentionOptions& options,
+                                    const BackwardOptions& backward, const QkvShape& s) {
+  const int device_index = impl_of(ctx).device->index();
+  if (q.device != TensorRef::Device::CUDA || q.device_index != device_index) {
+    throw RuntimeError(fmt::format("q, k and v are on {}; the context's device is {}",
+                                   to_string(q.device, q.device_index),
+                                   to_string(TensorRef::Device::CUDA, device_index)));
+  }
+  if (backward.deterministic) {
+    throw UnsupportedError(
+        "deterministic buffer gradients are not implemented yet; the backward accumulates them "
+        "with fp32 atomics (BackwardOptions::deterministic = false)");
+  }
+  const std::vector<int64_t> o_shape = {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v};
+  const std::vector<int64_t> rows = {s.batch, s.heads_q, s.seqlen_q};
+  runtime::check_tensor("out", out, o_shape, "[B, Hq, Sq, Dv]", q.dtype, q);
+  runtime::check_tensor("lse", lse, rows, "[B, Hq, Sq]", DType::F32, q);
+  runtime::check_tensor("dout", dout, o_shape, "[B, Hq, Sq, Dv]", q.dtype, q);
+  if (backward.dlse != nullptr) {
+    runtime::check_tensor("dlse", *backward.dlse, rows, "[B, Hq, Sq]", DType::F32, q);
+  }
+  runtime::check_tensor("dq", grads.dq, q.shape, "the shape of q", q.dtype, q);
+  runtime::check_tensor("dk", grads.dk, k.shape, "the shape of k", k.dtype, q);
+  runtime::check_tensor("dv", grads.dv, v.shape, "the shape of v", v.dtype, q);
+  if (s.seqlen_q > INT_MAX || s.seqlen_kv > INT_MAX) {
+    throw RuntimeError(fmt::format("sequence lengths must be below 2^31 (Sq={}, Skv={})",
+                                   s.seqlen_q, s.seqlen_kv));
+  }
+  if (s.heads_q > kMaxGridYZ || s.batch > kMaxGridYZ) {
+    throw RuntimeError(fmt::format("at most {} heads and {} batches per call (Hq={}, B={})",
+                                   kMaxGridYZ, kMaxGridYZ, s.heads_q, s.batch));
+  }
+  if (options.block_mask != nullptr) {
+    runtime::check_block_mask(*options.block_mask, s);
+    if (!options.block_mask->q_num_blocks.defined() || !options.block_mask->q_indices.defined()) {
+      throw RuntimeError(
+          "the block mask has no q_num_blocks / q_indices on the device; the backward's dK/dV "
+          "kernel walks them (create_block_mask builds them)");
+    }
+  }
+  ValidatedBackward call;
+  call.mods = runtime::effective_mods(options);
+  const runtime::BoundModArgs bound =
+      runtime::bind_mod_args(call.mods, options.bindings, TensorRef::Device::CUDA, device_index);
+  call.inputs.mod_params = runtime::pack_mod_params(call.mods, bound);
+
+  // The buffer gradients: one per float buffer, f32 of the bound buffer's shape.
+  std::set<std::string> float_names;
+  for (const Buffer& b : call.mods.buffers) {
+    if (is_float(b.dtype())) float_names.insert(b.name());
+  }
+  for (const auto& [name, t] : grads.buffer_grads) {
+    if (float_names.count(name) == 0) {
+      bool declared = false;
+      for (const Buffer& b : call.mods.buffers)
+        declared = declared || b.name() == name;
+      throw RuntimeError(
+          declared ? fmt::format("a gradient is given for buffer '{}', an integer or bool buffer; "
+                                 "only float buffers have gradients",
+                                 name)
+                   : fmt::format("a gradient is given for buffer '{}', which the mods '{}' do "
+                                 "not declare",
+                                 name, call.mods.name));
+    }
+  }
+  const cuda::GradParamLayout layout = cuda::grad_param_layout(call.mods);
+  std::vector<uint64_t> packed(static_cast<size_t>(layout.size) / 8, 0);
+  auto put = [&](int offset, int64_t value) { packed[static_cast<size_t>(offset) / 8] = value; };
+  for (const cuda::GradParamLayout::Entry& e : layout.entries) {
+    const Buffer& buf = call.mods.buffers[static_cast<size_t>(e.buffer_index)];
+    const TensorRef& bound_t = *bound.buffers[static_cast<size_t>(e.buffer_index)];
+    const TensorRef* given = nullptr;
+    for (const auto& [name, t] : grads.buffer_grads) {
+      if (name == buf.name()) {
+        if (given != nullptr) {
+          throw RuntimeError(fmt::format("two gradients are given for buffer '{}'", name));
+        }
+        given = &t;
+      }
+    }
+    if (given == nullptr) {
+      throw RuntimeError(fmt::format(
+          "no gradient tensor is given for float buffer '{}' (f32, shape of the bound buffer)",
+          buf.name()));
+    }
+    const std::string what = fmt::format("gradient of buffer '{}'", buf.name());
+    runtime::check_tensor(what.c_str(), *given, bound_t.shape, "the bound buffer's shape",
+                          DType::F32, q);
+    call.buffer_grads.push_back(*given);
+    packed[static_cast<size_t>(e.offset) / 8] = reinterpret_cast<uint64_t>(given->data);
+    for (int d = 0; d < e.rank; ++d) {
+      put(e.offset + 8 * (1 + d), given->strides[static_cast<size_t>(d)]);
+      put(e.offset + 8 * (1 + e.rank + d), bound_t.shape[static_cast<size_t>(d)]);
+    }
+  }
+  call.inputs.grad_params = std::move(packed);
+  call.inputs.q = q;
+  call.inputs.k = k;
+  call.inputs.v = v;
+  call.inputs.out = out;
+  call.inputs.lse = lse;
+  call.inputs.dout = dout;
+  if (backward.dlse != nullptr) call.inputs.dlse = *backward.dlse;
+  call.inputs.dq = grads.dq;
+  call.inputs.dk = grads.dk;
+  call.inputs.dv = grads.dv;
+  call.inputs.shape = s;
+  call.inputs.scale = options.scale;
+  call.inputs.block_mask = options.block_mask;
+  call.empty = s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0;
+  return call;
+}
+
+// preprocess -> dK/dV -> dQ; the last two read the preprocess's slice of the workspace.
+runtime::Plan plan_backward(Context& ctx, const ValidatedBackward& call,
+                            const AttentionOptions& options) {
+  const QkvShape& s = call.inputs.shape;
+  const bool full_blocks = options.block_mask != nullptr &&
+                           options.block_mask->full_kv_num_blocks.defined() &&
+                           options.block_mask->full_kv_indices.defined() &&
+                           options.block_mask->full_q_num_blocks.defined() &&
+                           options.block_mask->full_q_indices.defined();
+  const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
+  auto problem = [&](kernels::Family f) {
+    return kernels::backward_problem(f, arch, call.inputs.q.dtype, static_cast<int>(s.head_dim_qk),
+                                     static_cast<int>(s.head_dim_v),
+                                     static_cast<int>(s.heads_q / s.heads_kv), full_blocks);
+  };
+  const kernels::InputFacts facts = kernels::backward_facts(call.inputs);
+  // A named variant (options.variant) applies to the dK/dV and dQ kernels; the block config
+  // too (the preprocess has neither choice).
+  const kernels::Params overrides = kernels::config_overrides(options.config);
+  runtime::Plan plan;
+  plan.add(runtime::plan_step<kernels::BackwardPreprocessVariant>(
+      problem(kernels::Family::BackwardPreprocess), call.inputs, facts, call.mods));
+  runtime::PlanStep dkdv = runtime::plan_step<kernels::BackwardDkDvVariant>(
+      problem(kernels::Family::BackwardDkDv), call.inputs, facts, call.mods, overrides,
+      options.variant);
+  dkdv.reads_workspace_of = 0;
+  plan.add(std::move(dkdv));
+  runtime::PlanStep dq = runtime::plan_step<kernels::BackwardDqVariant>(
+      problem(kernels::Family::BackwardDq), call.inputs, facts, call.mods, overrides,
+      options.variant);
+  dq.reads_workspace_of = 0;
+  plan.add(std::move(dq));
+  return plan;
+}
+
+}  // namespace
+
+void flex_attention_backward_into(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                  const TensorRef& v, const TensorRef& out, const TensorRef& lse,
+                                  const TensorRef& dout, const BackwardOutputs& grads,
+                                  const AttentionOptions& options,
+                                  const BackwardOptions& backward) {
+  const QkvShape s = validate_qkv(q, k, v);
+  if (q.device == TensorRef::Device::CPU) {
+    throw RuntimeError(
+        "flex_attention_backward takes CUDA tensors; q, k and v are on the CPU (the CPU backend's "
+        "backward is `flexjit run --device cpu --dout ...`)");
+  }
+  const ValidatedBackward call =
+      validate_backward(ctx, q, k, v, out, lse, dout, grads, options, backward, s);
+  ContextImpl& impl = impl_of(ctx);
+  impl.device->make_current();
+  const auto stream = static_cast<runtime::CuStream>(options.stream);
+  // Atomics add into the buffer gradients: they start at zero.
+  for (const TensorRef& g : call.buffer_grads)
+    runtime::zero_fill(g, stream);
+  if (call.empty) {  // softmax over nothing, or nothing to differentiate: zero gradients
+    runtime::zero_fill(grads.dq, stream);
+    runtime::zero_fill(grads.dk, stream);
+    runtime::zero_fill(grads.dv, stream);
+    return;
+  }
+  const runtime::Plan plan = plan_backward(ctx, call, options);
+  const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
+  runtime::launch_plan(*impl.device, plan, built, stream, options.workspace);
+}
+
+BackwardResult flex_attention_backward(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                       const TensorRef& v, const TensorRef& out,
+                                       const TensorRef& lse, const TensorRef& dout,
+                                       const AttentionOptions& options,
+                                       const BackwardOptions& backward) {
+  validate_qkv(q, k, v);
+  BackwardResult r;
+  r.dq = DeviceTensor::empty(ctx, q.dtype, q.shape);
+  r.dk = DeviceTensor::empty(ctx, k.dtype, k.shape);
+  r.dv = DeviceTensor::empty(ctx, v.dtype, v.shape);
+  BackwardOutputs outs{r.dq.ref(), r.dk.ref(), r.dv.ref(), {}};
+  // One f32 gradient per float buffer, of the bound buffer's shape.
+  const Mods mods = runtime::effective_mods(options);
+  for (const Buffer& b : mods.buffers) {
+    if (!is_float(b.dtype())) continue;
+    for (const auto& [name, t] : options.bindings.buffers) {
+      if (name != b.name()) continue;
+      r.buffer_grads.emplace_back(name, DeviceTensor::empty(ctx, DType::F32, t.shape));
+      outs.buffer_grads.emplace_back(name, r.buffer_grads.back().second.ref());
+      break;
+    }
+  }
+  flex_attention_backward_into(ctx, q, k, v, out, lse, dout, outs, options, backward);
+  return r;
+}
+
+size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q,
+                                               const TensorRef& k, const TensorRef& v,
+                                               const AttentionOptions& options) {
+  const QkvShape s = validate_qkv(q, k, v);
+  (void)ctx;
+  (void)options;
+  if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0) return 0;
+  return kernels::backward_scratch_bytes(s);
+}
+
+}  // namespace flexjit

@@ -1,0 +1,595 @@
+// flexjit backward attention kernels for sm_80 and newer (mma.sync; FlashAttention-2's math,
+// PyTorch FlexAttention's split of the work). docs/kernels/backward_sm80.md has the design.
+//
+// Spliced last, after flexjit_abi.h, prelude.cuh, the generated FjConfig, mods and mod
+// gradients (fj_dscore, fj_bufgrad, FjGradParams), mma_sm80.cuh and attention_sm80.cuh. One
+// module holds one entry point; the three are built as three kernels of the backward plan:
+//
+//   flexjit_bwd_preprocess  lse2 = lse * log2(e) (+inf for a fully masked row: its P is 0) and
+//                           delta = rowsum(dO * O) - dlse, in fp32, into the plan's workspace
+//   flexjit_bwd_dkdv        one CTA per KV tile of one (batch, kv head): K and V stay in shared
+//                           memory; for every q head of the GQA group and every q tile that the
+//                           transposed block mask lists (partial tiles apply mask_mod):
+//                             S^T = K Q^T, dP^T = V dO^T                      (fj_qk)
+//                             P^T = 2^(score_mod(scale S^T) log2 e - lse2)
+//                             dS'^T = P^T (dP^T - delta)  -> captured-buffer gradients (atomics)
+//                             dS^T = dS'^T * d score_mod / d score
+//                             dV += P^T dO, dK += dS^T Q                       (fj_pv)
+//                           so dK / dV of a kv head sum over its q heads without any race.
+//   flexjit_bwd_dq          one CTA per q tile, over the KV tiles of the block mask (as the
+//                           forward): S, dP, P, dS as above, dQ += dS K. A second pass instead
+//                           of fp32 atomics into a dQ accumulator: no workspace, no convert
+//                           kernel, and dQ is deterministic.
+// Warps own 16-row slices of the CTA's tile (kv rows in dK/dV, q rows in dQ). With head dim
+// 256 the dK / dV accumulators of 16 rows do not fit one warp's registers: kDSplit warps share
+// a row slice, each accumulating 1/kDSplit of the head dim (S^T and dP^T are computed by each).
+#ifndef FLEXJIT_BACKWARD_SM80_CUH_
+#define FLEXJIT_BACKWARD_SM80_CUH_
+
+// The fragment counts and tiles of one warp-level GEMM for fj_qk / fj_pv (attention_sm80.cuh):
+// fj_qk: [kMTiles*16 x kNTiles*8] = A B^T over DimK; fj_pv: [kMTiles*16 x DimOutCols] += P B,
+// where B's rows are DimOutRow elements wide (the columns computed start where the caller
+// points the B address: a multiple of 8 16-byte chunks keeps the swizzle phase).
+template <class Element, int MTiles, int NTiles, int DimK, int DimOutRow, int DimOutCols>
+struct FjGemmShape {
+  using Mma = FjMma<Element>;
+  static constexpr int kMTiles = MTiles;
+  static constexpr int kNTiles = NTiles;
+  static constexpr int kElemBytes = (int)sizeof(Element);
+  static constexpr bool kTf32 = kElemBytes == 4;
+  static constexpr int kKSteps = DimK * kElemBytes / 32;
+  static constexpr bool kQInRegs = false;
+  static constexpr int kDTiles = DimOutCols / 8;
+  using TileQK = FjSwizzledTile<DimK, kElemBytes>;
+  using TileV = FjSwizzledTile<DimOutRow, kElemBytes>;
+  static_assert(DimOutCols % 16 == 0 && DimOutRow % DimOutCols == 0,
+                "flexjit backward_sm80: output columns must split the row evenly");
+  static_assert((DimOutCols * kElemBytes / 16) % 8 == 0 || DimOutCols == DimOutRow,
+                "flexjit backward_sm80: a split of the head dim must keep whole swizzle rows");
+};
+
+template <class Cfg>
+struct FjBwdTraits {
+  using Element = typename Cfg::Element;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kNumWarps = Cfg::kNumWarps;
+  static constexpr int kNumStages = Cfg::kNumStages;
+  static constexpr int kThreads = kNumWarps * 32;
+  static constexpr int kDimQK = Cfg::kHeadDimQK;
+  static constexpr int kDimV = Cfg::kHeadDimV;
+  static constexpr int kElemBytes = (int)sizeof(Element);
+  using TileQK = FjSwizzledTile<kDimQK, kElemBytes>;
+  using TileV = FjSwizzledTile<kDimV, kElemBytes>;
+  static constexpr int kQKBytesM = kBlockM * kDimQK * kElemBytes;  // a Q (or dQ) tile
+  static constexpr int kVBytesM = kBlockM * kDimV * kElemBytes;    // a dO tile
+  static constexpr int kQKBytesN = kBlockN * kDimQK * kElemBytes;  // a K (or dK) tile
+  static constexpr int kVBytesN = kBlockN * kDimV * kElemBytes;    // a V (or dV) tile
+  static_assert((kDimQK == 64 || kDimQK == 128 || kDimQK == 256) &&
+                    (kDimV == 64 || kDimV == 128 || kDimV == 256),
+                "flexjit backward_sm80: head dims must be 64, 128 or 256");
+  static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0, "flexjit backward_sm80: tiles of 16s");
+  static_assert(kNumStages >= 1 && kNumStages <= 3, "flexjit backward_sm80: 1..3 stages");
+};
+
+// Two f32 values of a fragment stored as two adjacent elements (see the forward's epilogue).
+template <class T>
+FJ_DEVICE void fj_stage_fragment_row(unsigned char* tile_smem, int row, int col_tile, int lane,
+                                     float x0, float x1, float mul) {
+  using Tile = typename T::Tile;
+  constexpr bool kTf32 = T::kElemBytes == 4;
+  const int chunk = kTf32 ? 2 * col_tile + ((lane & 3) >> 1) : col_tile;
+  const int in_chunk = kTf32 ? (lane & 1) * 8 : (lane & 3) * 4;
+  T::Mma::store2(tile_smem + Tile::offset(row, chunk) + in_chunk, x0 * mul, x1 * mul);
+}
+
+// Copies a staged kRows x Tile tile of shared memory to global memory, rows < rows_valid.
+template <class Tile, int kRows, int kThreads>
+FJ_DEVICE void fj_store_tile(char* gmem, fj_i64 stride_bytes, const unsigned char* smem,
+                             int rows_valid, int tid) {
+  constexpr int kPerThread = (kRows * Tile::kChunks + kThreads - 1) / kThreads;
+#pragma unroll
+  for (int it = 0; it < kPerThread; ++it) {
+    const int idx = it * kThreads + tid;
+    const int r = idx / Tile::kChunks;
+    const int c = idx % Tile::kChunks;
+    if (r >= kRows || r >= rows_valid) continue;
+    *reinterpret_cast<fj_u32x4*>(gmem + (fj_i64)r * stride_bytes + c * 16) =
+        *reinterpret_cast<const fj_u32x4*>(smem + Tile::offset(r, c));
+  }
+}
+
+template <class E, int kDim>
+struct FjStageShape {
+  using Mma = FjMma<E>;
+  using Tile = FjSwizzledTile<kDim, (int)sizeof(E)>;
+  static constexpr int kElemBytes = (int)sizeof(E);
+};
+
+// ---- preprocess ------------------------------------------------------------------------------
+
+// Sum of the products of 16 bytes of elements (8 bf16 / f16, or 4 f32).
+template <class E>
+struct FjDot16;
+template <>
+struct FjDot16<fj_bf16> {
+  static FJ_DEVICE float lo(fj_u32 x) { return __int_as_float((int)(x << 16)); }
+  static FJ_DEVICE float hi(fj_u32 x) { return __int_as_float((int)(x & 0xffff0000u)); }
+  static FJ_DEVICE float dot(const fj_u32x4& a, const fj_u32x4& b) {
+    return lo(a.x) * lo(b.x) + hi(a.x) * hi(b.x) + lo(a.y) * lo(b.y) + hi(a.y) * hi(b.y) +
+           lo(a.z) * lo(b.z) + hi(a.z) * hi(b.z) + lo(a.w) * lo(b.w) + hi(a.w) * hi(b.w);
+  }
+};
+template <>
+struct FjDot16<fj_f16> {
+  static FJ_DEVICE float cvt(fj_u32 x) {
+    float r;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"((unsigned short)(x & 0xffffu)));
+    return r;
+  }
+  static FJ_DEVICE float lo(fj_u32 x) { return cvt(x); }
+  static FJ_DEVICE float hi(fj_u32 x) { return cvt(x >> 16); }
+  static FJ_DEVICE float dot(const fj_u32x4& a, const fj_u32x4& b) {
+    return lo(a.x) * lo(b.x) + hi(a.x) * hi(b.x) + lo(a.y) * lo(b.y) + hi(a.y) * hi(b.y) +
+           lo(a.z) * lo(b.z) + hi(a.z) * hi(b.z) + lo(a.w) * lo(b.w) + hi(a.w) * hi(b.w);
+  }
+};
+template <>
+struct FjDot16<float> {
+  static FJ_DEVICE float dot(const fj_u32x4& a, const fj_u32x4& b) {
+    return __uint_as_float(a.x) * __uint_as_float(b.x) +
+           __uint_as_float(a.y) * __uint_as_float(b.y) +
+           __uint_as_float(a.z) * __uint_as_float(b.z) + __uint_as_float(a.w) * __uint_as_float(b.w);
+  }
+};
+
+#if defined(FJ_BWD_PREPROCESS)
+// 4 warps, 16 rows each: lane l sums 16-byte chunks l, l + 32, ... of the row, then the warp
+// reduces. Rows in [seqlen_q, seqlen_q_pad) get lse2 = +inf and delta = 0.
+extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_preprocess(const FjBwdArgs args) {
+  using E = typename FjConfig::Element;
+  constexpr int kChunks = FjConfig::kHeadDimV * (int)sizeof(E) / 16;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const fj_i64 ws_row0 = ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
+  for (int r = 0; r < 16; ++r) {
+    const int row = blockIdx.x * 64 + warp * 16 + r;
+    if (row >= args.seqlen_q_pad) return;
+    float acc = 0.0f;
+    if (row < args.seqlen_q) {
+      const char* o = static_cast<const char*>(args.out) +
+                      sizeof(E) * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
+                                   (fj_i64)row * args.o_stride_s);
+      const char* d = static_cast<const char*>(args.dout) +
+                      sizeof(E) * ((fj_i64)b * args.do_stride_b + (fj_i64)h * args.do_stride_h +
+                                   (fj_i64)row * args.do_stride_s);
+      for (int c = lane; c < kChunks; c += 32) {
+        acc += FjDot16<E>::dot(*reinterpret_cast<const fj_u32x4*>(o + 16 * c),
+                               *reinterpret_cast<const fj_u32x4*>(d + 16 * c));
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane != 0) continue;
+    float lse2 = __int_as_float(0x7f800000);  // +inf: P = 0 in the row
+    float delta = 0.0f;
+    if (row < args.seqlen_q) {
+      const float lse = args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + row];
+      if (lse != fj_neg_inf()) lse2 = lse * kLog2e;
+      delta = acc;
+      if (args.dlse != nullptr) {
+        delta -= args.dlse[(fj_i64)b * args.dlse_stride_b + (fj_i64)h * args.dlse_stride_h + row];
+      }
+    }
+    args.lse2[ws_row0 + row] = lse2;
+    args.delta[ws_row0 + row] = delta;
+  }
+}
+#endif  // FJ_BWD_PREPROCESS
+
+// ---- the score recomputation shared by dK/dV and dQ ------------------------------------------
+
+// For one element: the pre-mod score x = scale * q.k, its probability p (0 where masked or out
+// of bounds), and on return ds = d loss / d (scale * q.k) with dp = dO . v. `valid`: inside
+// the problem (bounds). With `add_grads` the buffer gradients get dS' = p (dp - delta).
+template <class Cfg, bool kApplyMask>
+FJ_DEVICE void fj_bwd_element(float& s_io, float& dp_io, const FjModParams& mods,
+                              const FjGradParams& grads, float scale, float lse2, float delta,
+                              int b, int h, int q_idx, int kv_idx, bool valid, bool add_grads) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float x = s_io * scale;
+  float y = x;
+  if constexpr (Cfg::kHasScoreMod) y = fj_score_mod(mods, x, b, h, q_idx, kv_idx);
+  if constexpr (kApplyMask && Cfg::kHasMaskMod) {
+    if (!fj_mask_mod(mods, b, h, q_idx, kv_idx)) valid = false;
+  }
+  const float p = valid ? fj_ex2_approx(y * kLog2e - lse2) : 0.0f;
+  const float ds_mod = p * (dp_io - delta);  // d loss / d score_mod's value
+  float ds = ds_mod;
+  if constexpr (Cfg::kHasScoreMod) {
+    if constexpr (kFjHasBufferGrads) {
+      if (add_grads) fj_bufgrad(mods, grads, ds_mod, x, b, h, q_idx, kv_idx);
+    }
+    ds = p == 0.0f ? 0.0f : ds_mod * fj_dscore(mods, x, b, h, q_idx, kv_idx);
+  }
+  s_io = p;
+  dp_io = ds;
+}
+
+// ---- dK / dV ---------------------------------------------------------------------------------
+
+#if defined(FJ_BWD_DKDV)
+extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
+    flexjit_bwd_dkdv(const FjBwdArgs args, const FjModParams mods, const FjGradParams grads) {
+  using Cfg = FjConfig;
+  using T = FjBwdTraits<Cfg>;
+  using E = typename T::Element;
+  constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kThreads = T::kThreads;
+  constexpr int kRowWarps = kBN / 16;
+  constexpr int kDSplit = T::kNumWarps / kRowWarps;
+  static_assert(kRowWarps * kDSplit == T::kNumWarps && kDSplit >= 1,
+                "flexjit bwd_dkdv: num_warps must be a multiple of block_n / 16");
+  constexpr int kDqkW = T::kDimQK / kDSplit, kDvW = T::kDimV / kDSplit;  // per warp
+  using ShapeS = FjGemmShape<E, 1, kBM / 8, T::kDimQK, T::kDimQK, T::kDimQK>;
+  using ShapeDP = FjGemmShape<E, 1, kBM / 8, T::kDimV, T::kDimV, T::kDimV>;
+  using ShapeDV = FjGemmShape<E, 1, kBM / 8, T::kDimV, T::kDimV, kDvW>;
+  using ShapeDK = FjGemmShape<E, 1, kBM / 8, T::kDimQK, T::kDimQK, kDqkW>;
+  constexpr bool kCheck = !Cfg::kIsDivisible;
+  constexpr int kStageBytes = T::kQKBytesM + T::kVBytesM + 8 * kBM;
+  static_assert(T::kQKBytesN + T::kVBytesN + T::kNumStages * kStageBytes ==
+                    fj_bwd_dkdv_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, T::kElemBytes,
+                                           T::kNumStages),
+                "flexjit bwd_dkdv: shared-memory layout and fj_bwd_dkdv_smem_bytes disagree");
+  static_assert(kBM / 4 <= kThreads / 2, "flexjit bwd_dkdv: lse2 / delta copies per thread");
+  extern __shared__ unsigned char fj_smem[];
+
+  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int row_warp = warp / kDSplit, part = warp % kDSplit;
+  const int n_start = n_block * kBN;
+
+  const fj_u32 sk = fj_smem_addr(fj_smem);
+  const fj_u32 sv = sk + T::kQKBytesN;
+  const fj_u32 sstage = sv + T::kVBytesN;
+  const fj_u32 sk_warp = sk + row_warp * 16 * T::TileQK::kRowBytes;
+  const fj_u32 sv_warp = sv + row_warp * 16 * T::TileV::kRowBytes;
+
+  fj_load_tile<typename T::TileQK, kBN, kThreads, kCheck>(
+      sk,
+      static_cast<const char*>(args.k) +
+          T::kElemBytes * ((fj_i64)b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h +
+                           (fj_i64)n_start * args.k_stride_s),
+      args.k_stride_s, args.seqlen_kv - n_start, tid);
+  fj_load_tile<typename T::TileV, kBN, kThreads, kCheck>(
+      sv,
+      static_cast<const char*>(args.v) +
+          T::kElemBytes * ((fj_i64)b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h +
+                           (fj_i64)n_start * args.v_stride_s),
+      args.v_stride_s, args.seqlen_kv - n_start, tid);
+  fj_cp_async_commit();
+
+  float dk[1][ShapeDK::kDTiles][4], dv[1][ShapeDV::kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < ShapeDK::kDTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      dk[0][dt][e] = 0.0f;
+#pragma unroll
+  for (int dt = 0; dt < ShapeDV::kDTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      dv[0][dt][e] = 0.0f;
+
+  const fj_u32 dummy[1][1][4] = {};
+  // This thread's kv rows (g, g + 8 of the warp's slice), clamped for the mods.
+  const int kv_row0 = n_start + row_warp * 16 + (lane >> 2);
+
+  for (int g = 0; g < Cfg::kGqaRatio; ++g) {
+    const int h = h_kv * Cfg::kGqaRatio + g;
+    const FjKvSchedule sched = fj_block_schedule<kBN, kBM, Cfg::kHasFullBlocks>(
+        args.mask_t, args.seqlen_q, b, h, n_block);
+    const char* q_head = static_cast<const char*>(args.q) +
+                         T::kElemBytes * ((fj_i64)b * args.q_stride_b + (fj_i64)h * args.q_stride_h);
+    const char* do_head =
+        static_cast<const char*>(args.dout) +
+        T::kElemBytes * ((fj_i64)b * args.do_stride_b + (fj_i64)h * args.do_stride_h);
+    const fj_i64 ws_row0 = ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
+
+    // Issues the Q, dO, lse2 and delta copies of q tile `tile` into stage `stage`.
+    auto load_q = [&](int tile, int stage) {
+      const int m0 = tile * kBM;
+      if (m0 >= args.seqlen_q) return;
+      const fj_u32 st = sstage + stage * kStageBytes;
+      fj_load_tile<typename T::TileQK, kBM, kThreads, kCheck>(
+          st, q_head + T::kElemBytes * (fj_i64)m0 * args.q_stride_s, args.q_stride_s,
+          args.seqlen_q - m0, tid);
+      fj_load_tile<typename T::TileV, kBM, kThreads, kCheck>(
+          st + T::kQKBytesM, do_head + T::kElemBytes * (fj_i64)m0 * args.do_stride_s,
+          args.do_stride_s, args.seqlen_q - m0, tid);
+      // kBM / 4 chunks of lse2, then of delta (rows of seqlen_q_pad: always in bounds).
+      if (tid < kBM / 2) {
+        const bool is_delta = tid >= kBM / 4;
+        const int c = is_delta ? tid - kBM / 4 : tid;
+        const float* src = (is_delta ? args.delta : args.lse2) + ws_row0 + m0 + 4 * c;
+        fj_cp_async_16(st + T::kQKBytesM + T::kVBytesM + (is_delta ? 4 * kBM : 0) + 16 * c, src,
+                       true);
+      }
+    };
+
+    int tiles[T::kNumStages];
+#pragma unroll
+    for (int k = 0; k < T::kNumStages; ++k)
+      tiles[k] = k < sched.num_total ? sched.tile(k) : 0;
+#pragma unroll
+    for (int st = 0; st < T::kNumStages - 1; ++st) {
+      if (st < sched.num_total) load_q(tiles[st], st);
+      fj_cp_async_commit();
+    }
+
+    for (int i = 0; i < sched.num_total; ++i) {
+      if constexpr (T::kNumStages == 1) {
+        load_q(tiles[0], 0);
+        fj_cp_async_commit();
+        fj_cp_async_wait<0>();
+      } else {
+        fj_cp_async_wait<T::kNumStages - 2>();
+      }
+      __syncthreads();
+      if constexpr (T::kNumStages > 1) {
+        const int next = i + T::kNumStages - 1;
+        if (next < sched.num_total) load_q(tiles[T::kNumStages - 1], next % T::kNumStages);
+        fj_cp_async_commit();
+      }
+      const int m0 = tiles[0] * kBM;
+#pragma unroll
+      for (int k = 0; k + 1 < T::kNumStages; ++k)
+        tiles[k] = tiles[k + 1];
+      tiles[T::kNumStages - 1] =
+          i + T::kNumStages < sched.num_total ? sched.tile(i + T::kNumStages) : 0;
+      if (m0 < args.seqlen_q) {
+        const fj_u32 st = sstage + (i % T::kNumStages) * kStageBytes;
+        const fj_u32 sq = st, sdo = st + T::kQKBytesM;
+        const float* s_lse2 = reinterpret_cast<const float*>(
+            fj_smem + (st - sk) + T::kQKBytesM + T::kVBytesM);
+        const float* s_delta = s_lse2 + kBM;
+        float s[1][kBM / 8][4], dp[1][kBM / 8][4];
+        fj_qk<ShapeS>(s, dummy, sk_warp, sq, lane);
+        fj_qk<ShapeDP>(dp, dummy, sv_warp, sdo, lane);
+        const bool partial = i < sched.num_partial;
+#pragma unroll
+        for (int nt = 0; nt < kBM / 8; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int col = nt * 8 + (lane & 3) * 2 + c;  // q row within the tile
+            int q_idx = m0 + col;
+            const bool q_ok = !kCheck || q_idx < args.seqlen_q;
+            if constexpr (kCheck) q_idx = fj_imin(q_idx, args.seqlen_q - 1);
+            const float lse2 = s_lse2[col], delta = s_delta[col];
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              int kv_idx = kv_row0 + hr * 8;
+              const bool ok = q_ok && (!kCheck || kv_idx < args.seqlen_kv);
+              if constexpr (kCheck) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+              // Each warp of a kDSplit group sees the same elements: one adds the buffers'
+              // gradients.
+              if (partial) {
+                fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods,
+                                          grads, args.scale, lse2, delta, b, h, q_idx, kv_idx,
+                                          ok, part == 0);
+              } else {
+                fj_bwd_element<Cfg, false>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods,
+                                           grads, args.scale, lse2, delta, b, h, q_idx, kv_idx,
+                                           ok, part == 0);
+              }
+            }
+          }
+        }
+        fj_pv<ShapeDV>(dv, s, sdo + part * kDvW * T::kElemBytes, lane);
+        fj_pv<ShapeDK>(dk, dp, sq + part * kDqkW * T::kElemBytes, lane);
+      }
+      if constexpr (T::kNumStages == 1) __syncthreads();
+    }
+    fj_cp_async_wait<0>();
+    __syncthreads();  // the next head's prologue overwrites the stages
+  }
+
+  // Epilogue: dK (times scale) into the K tile's shared memory, dV into the V tile's, then
+  // 16-byte stores of the rows inside seqlen_kv.
+  using StageK = FjStageShape<E, T::kDimQK>;
+  using StageV = FjStageShape<E, T::kDimV>;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int row = row_warp * 16 + hr * 8 + (lane >> 2);
+#pragma unroll
+    for (int dt = 0; dt < ShapeDK::kDTiles; ++dt)
+      fj_stage_fragment_row<StageK>(fj_smem, row, part * ShapeDK::kDTiles + dt, lane,
+                                    dk[0][dt][hr * 2], dk[0][dt][hr * 2 + 1], args.scale);
+#pragma unroll
+    for (int dt = 0; dt < ShapeDV::kDTiles; ++dt)
+      fj_stage_fragment_row<StageV>(fj_smem + T::kQKBytesN, row, part * ShapeDV::kDTiles + dt,
+                                    lane, dv[0][dt][hr * 2], dv[0][dt][hr * 2 + 1], 1.0f);
+  }
+  __syncthreads();
+  fj_store_tile<typename T::TileQK, kBN, kThreads>(
+      static_cast<char*>(args.dk) +
+          T::kElemBytes * ((fj_i64)b * args.dk_stride_b + (fj_i64)h_kv * args.dk_stride_h +
+                           (fj_i64)n_start * args.dk_stride_s),
+      T::kElemBytes * args.dk_stride_s, fj_smem, args.seqlen_kv - n_start, tid);
+  fj_store_tile<typename T::TileV, kBN, kThreads>(
+      static_cast<char*>(args.dv) +
+          T::kElemBytes * ((fj_i64)b * args.dv_stride_b + (fj_i64)h_kv * args.dv_stride_h +
+                           (fj_i64)n_start * args.dv_stride_s),
+      T::kElemBytes * args.dv_stride_s, fj_smem + T::kQKBytesN, args.seqlen_kv - n_start, tid);
+}
+#endif  // FJ_BWD_DKDV
+
+// ---- dQ --------------------------------------------------------------------------------------
+
+#if defined(FJ_BWD_DQ)
+extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
+    flexjit_bwd_dq(const FjBwdArgs args, const FjModParams mods) {
+  using Cfg = FjConfig;
+  using T = FjBwdTraits<Cfg>;
+  using E = typename T::Element;
+  constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kThreads = T::kThreads;
+  static_assert(kBM == 16 * T::kNumWarps, "flexjit bwd_dq: one 16-row slice per warp");
+  using ShapeS = FjGemmShape<E, 1, kBN / 8, T::kDimQK, T::kDimQK, T::kDimQK>;
+  using ShapeDP = FjGemmShape<E, 1, kBN / 8, T::kDimV, T::kDimV, T::kDimV>;
+  using ShapeDQ = FjGemmShape<E, 1, kBN / 8, T::kDimQK, T::kDimQK, T::kDimQK>;
+  constexpr bool kCheck = !Cfg::kIsDivisible;
+  constexpr int kStageBytes = T::kQKBytesN + T::kVBytesN;
+  static_assert(T::kQKBytesM + T::kVBytesM + T::kNumStages * kStageBytes ==
+                    fj_bwd_dq_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, T::kElemBytes,
+                                         T::kNumStages),
+                "flexjit bwd_dq: shared-memory layout and fj_bwd_dq_smem_bytes disagree");
+  extern __shared__ unsigned char fj_smem[];
+
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest tiles first, as the forward
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int h_kv = h / Cfg::kGqaRatio;
+  const int m_start = m_block * kBM;
+
+  const fj_u32 sq = fj_smem_addr(fj_smem);
+  const fj_u32 sdo = sq + T::kQKBytesM;
+  const fj_u32 skv = sdo + T::kVBytesM;
+  const fj_u32 sq_warp = sq + warp * 16 * T::TileQK::kRowBytes;
+  const fj_u32 sdo_warp = sdo + warp * 16 * T::TileV::kRowBytes;
+  const char* k_head = static_cast<const char*>(args.k) +
+                       T::kElemBytes * ((fj_i64)b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h);
+  const char* v_head = static_cast<const char*>(args.v) +
+                       T::kElemBytes * ((fj_i64)b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h);
+
+  fj_load_tile<typename T::TileQK, kBM, kThreads, kCheck>(
+      sq,
+      static_cast<const char*>(args.q) +
+          T::kElemBytes * ((fj_i64)b * args.q_stride_b + (fj_i64)h * args.q_stride_h +
+                           (fj_i64)m_start * args.q_stride_s),
+      args.q_stride_s, args.seqlen_q - m_start, tid);
+  fj_load_tile<typename T::TileV, kBM, kThreads, kCheck>(
+      sdo,
+      static_cast<const char*>(args.dout) +
+          T::kElemBytes * ((fj_i64)b * args.do_stride_b + (fj_i64)h * args.do_stride_h +
+                           (fj_i64)m_start * args.do_stride_s),
+      args.do_stride_s, args.seqlen_q - m_start, tid);
+  fj_cp_async_commit();
+
+  const FjKvSchedule sched =
+      fj_block_schedule<kBM, kBN, Cfg::kHasFullBlocks>(args.mask, args.seqlen_kv, b, h, m_block);
+  auto load_kv = [&](int tile, int stage) {
+    const int n0 = tile * kBN;
+    if (n0 >= args.seqlen_kv) return;
+    const fj_u32 st = skv + stage * kStageBytes;
+    fj_load_tile<typename T::TileQK, kBN, kThreads, kCheck>(
+        st, k_head + T::kElemBytes * (fj_i64)n0 * args.k_stride_s, args.k_stride_s,
+        args.seqlen_kv - n0, tid);
+    fj_load_tile<typename T::TileV, kBN, kThreads, kCheck>(
+        st + T::kQKBytesN, v_head + T::kElemBytes * (fj_i64)n0 * args.v_stride_s,
+        args.v_stride_s, args.seqlen_kv - n0, tid);
+  };
+  int tiles[T::kNumStages];
+#pragma unroll
+  for (int k = 0; k < T::kNumStages; ++k)
+    tiles[k] = k < sched.num_total ? sched.tile(k) : 0;
+#pragma unroll
+  for (int st = 0; st < T::kNumStages - 1; ++st) {
+    if (st < sched.num_total) load_kv(tiles[st], st);
+    fj_cp_async_commit();
+  }
+
+  // This thread's rows g and g + 8 of the warp's slice: their lse2 and delta.
+  const int q_row0 = m_start + warp * 16 + (lane >> 2);
+  const fj_i64 ws_row0 = ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    lse2[hr] = args.lse2[ws_row0 + q_row0 + hr * 8];  // rows < seqlen_q_pad
+    delta[hr] = args.delta[ws_row0 + q_row0 + hr * 8];
+  }
+
+  float dq[1][ShapeDQ::kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < ShapeDQ::kDTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      dq[0][dt][e] = 0.0f;
+  const fj_u32 dummy[1][1][4] = {};
+  const FjGradParams no_grads = {};
+
+  for (int i = 0; i < sched.num_total; ++i) {
+    if constexpr (T::kNumStages == 1) {
+      load_kv(tiles[0], 0);
+      fj_cp_async_commit();
+      fj_cp_async_wait<0>();
+    } else {
+      fj_cp_async_wait<T::kNumStages - 2>();
+    }
+    __syncthreads();
+    if constexpr (T::kNumStages > 1) {
+      const int next = i + T::kNumStages - 1;
+      if (next < sched.num_total) load_kv(tiles[T::kNumStages - 1], next % T::kNumStages);
+      fj_cp_async_commit();
+    }
+    const int n0 = tiles[0] * kBN;
+#pragma unroll
+    for (int k = 0; k + 1 < T::kNumStages; ++k)
+      tiles[k] = tiles[k + 1];
+    tiles[T::kNumStages - 1] =
+        i + T::kNumStages < sched.num_total ? sched.tile(i + T::kNumStages) : 0;
+    if (n0 < args.seqlen_kv) {
+      const fj_u32 st = skv + (i % T::kNumStages) * kStageBytes;
+      float s[1][kBN / 8][4], dp[1][kBN / 8][4];
+      fj_qk<ShapeS>(s, dummy, sq_warp, st, lane);
+      fj_qk<ShapeDP>(dp, dummy, sdo_warp, st + T::kQKBytesN, lane);
+      const bool partial = i < sched.num_partial;
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        int q_idx = q_row0 + hr * 8;
+        if constexpr (kCheck) q_idx = fj_imin(q_idx, args.seqlen_q - 1);
+#pragma unroll
+        for (int nt = 0; nt < kBN / 8; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            int kv_idx = n0 + nt * 8 + (lane & 3) * 2 + c;
+            const bool ok = !kCheck || kv_idx < args.seqlen_kv;
+            if constexpr (kCheck) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+            if (partial) {
+              fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods,
+                                        no_grads, args.scale, lse2[hr], delta[hr], b, h, q_idx,
+                                        kv_idx, ok, false);
+            } else {
+              fj_bwd_element<Cfg, false>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods,
+                                         no_grads, args.scale, lse2[hr], delta[hr], b, h, q_idx,
+                                         kv_idx, ok, false);
+            }
+          }
+        }
+      }
+      fj_pv<ShapeDQ>(dq, dp, st, lane);
+    }
+    if constexpr (T::kNumStages == 1) __syncthreads();
+  }
+  fj_cp_async_wait<0>();
+  __syncthreads();  // everyone is done with Q: it becomes the dQ staging tile
+
+  using StageQ = FjStageShape<E, T::kDimQK>;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int row = warp * 16 + hr * 8 + (lane >> 2);
+#pragma unroll
+    for (int dt = 0; dt < ShapeDQ::kDTiles; ++dt)
+      fj_stage_fragment_row<StageQ>(fj_smem, row, dt, lane, dq[0][dt][hr * 2],
+                                    dq[0][dt][hr * 2 + 1], args.scale);
+  }
+  __syncthreads();
+  fj_store_tile<typename T::TileQK, kBM, kThreads>(
+      static_cast<char*>(args.dq) +
+          T::kElemBytes * ((fj_i64)b * args.dq_stride_b + (fj_i64)h * args.dq_stride_h +
+                           (fj_i64)m_start * args.dq_stride_s),
+      T::kElemBytes * args.dq_stride_s, fj_smem, args.seqlen_q - m_start, tid);
+}
+#endif  // FJ_BWD_DQ
+
+#endif  // FLEXJIT_BACKWARD_SM80_CUH_
