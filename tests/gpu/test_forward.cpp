@@ -9,6 +9,7 @@
 #include "Pipeline.h"
 #include "codegen/cuda/ModParamLayout.h"
 #include "gpu/GpuTestUtil.h"
+#include "gpu/StandardBindings.h"
 #include "runtime/Device.h"
 #include "runtime/ModArgs.h"
 #include "runtime/ModuleCache.h"
@@ -41,13 +42,6 @@ using namespace flexjit::test;
 
 namespace {
 
-// A host copy of a captured buffer (f32 or i32 here) and its device twin.
-struct HostBuffer {
-  DType dtype = DType::F32;
-  std::vector<int64_t> shape;
-  std::vector<char> bytes;
-};
-
 enum class Layout { Contiguous, SlicedTransposed };
 
 struct Case {
@@ -71,62 +65,10 @@ struct CaseResult {
   bool ref_finite = true;
 };
 
-template <typename T>
-HostBuffer host_buffer(DType dtype, std::vector<int64_t> shape, const std::vector<T>& v) {
-  HostBuffer b{dtype, std::move(shape), {}};
-  b.bytes.resize(v.size() * sizeof(T));
-  std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
-  return b;
-}
-
 // Buffers and params for the standard mods (and the block-mask builders' doc_ids), sized so that
 // every index the mods form is in range for the case's shape.
 void bind_standard(Case& c, std::mt19937_64& rng) {
-  const AttentionShape& s = c.shape;
-  const int S = std::max(s.seqlen_q, s.seqlen_kv);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (const Buffer& b : c.mods.buffers) {
-    if (c.buffers.count(b.name())) continue;
-    if (b.name() == "slopes") {
-      std::vector<float> v(s.heads_q);
-      for (int h = 0; h < s.heads_q; ++h)
-        v[h] = std::exp2(-8.0f * (h + 1) / s.heads_q);
-      c.buffers[b.name()] = host_buffer(DType::F32, {s.heads_q}, v);
-    } else if (b.name() == "doc_id" || b.name() == "doc_ids") {
-      std::vector<int32_t> v(std::max(S, 1));
-      int doc = 0;
-      for (int i = 0; i < S; ++i) {
-        if (i > 0 && rng() % std::max(2, S / 3) == 0) ++doc;  // a few documents
-        v[i] = doc;
-      }
-      c.buffers[b.name()] = host_buffer(DType::I32, {static_cast<int64_t>(v.size())}, v);
-    } else if (b.name() == "bias" && b.rank() == 1) {
-      std::vector<float> v(s.seqlen_q + s.seqlen_kv + 1);
-      for (float& x : v)
-        x = 0.5f * u(rng);
-      c.buffers[b.name()] = host_buffer(DType::F32, {static_cast<int64_t>(v.size())}, v);
-      c.params.emplace_back("offset", s.seqlen_kv);  // q - kv + Skv in [1, Sq + Skv - 1]
-    } else if (b.name() == "bias" && b.rank() == 2) {
-      std::vector<float> v(static_cast<size_t>(s.heads_q) * 32);
-      for (float& x : v)
-        x = 0.5f * u(rng);
-      c.buffers[b.name()] = host_buffer(DType::F32, {s.heads_q, 32}, v);
-    } else {
-      FAIL("no binding rule for buffer " << b.name());
-    }
-  }
-  for (const Param& p : c.mods.params) {
-    bool given = false;
-    for (auto& [n, v] : c.params)
-      given |= n == p.name();
-    if (given) continue;
-    const int skv = std::max(s.seqlen_kv, 1);
-    if (p.name() == "window") c.params.emplace_back("window", 1 + rng() % skv);
-    if (p.name() == "chunk") c.params.emplace_back("chunk", 16 + rng() % 240);
-    if (p.name() == "prefix") c.params.emplace_back("prefix", rng() % skv);
-    if (p.name() == "dilation") c.params.emplace_back("dilation", 1 + rng() % 3);
-    if (p.name() == "cap") c.params.emplace_back("cap", 5.0 + (rng() % 45));
-  }
+  bind_standard_mods(c.mods, c.shape, rng, c.buffers, c.params);
 }
 
 // q / k / v on the device in the case's layout. SlicedTransposed stores [B, S, H + 2, D] and

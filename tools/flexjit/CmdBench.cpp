@@ -2,6 +2,7 @@
 // flexjit bench --compile: cold NVRTC compile, disk-cache hit and memory-cache hit of forward
 // kernels through the whole pipeline. docs/benchmarks.md says how to run and read both.
 #include <flexjit/attention.h>
+#include <flexjit/backward.h>
 #include <flexjit/context.h>
 #include <flexjit/device_block_mask.h>
 #include <flexjit/device_tensor.h>
@@ -140,19 +141,21 @@ struct AttentionBenchOptions {
   bool no_flush = false;
   bool use_cache = false;  // the user's kernel cache instead of a fresh one
   int device = 0;
-  BlockConfig config;  // zeros: the defaults table
+  BlockConfig config;     // zeros: the defaults table
+  bool backward = false;  // also time flex_attention_backward (bwd_ms, bwd_tflops)
 };
 
 struct AttentionRow {
   BenchCase c;
   double density = 1, fwd_ms = 0, fwd_tflops = 0, first_call_s = 0, mask_ms = 0;
   double min_ms = 0, max_ms = 0;
+  double bwd_ms = 0, bwd_tflops = 0, first_bwd_s = 0;  // with --backward
   int repeats = 0;
   int64_t nonfinite = 0;  // non-finite outputs after the first call (must be 0)
   std::string error;      // the case failed: the message; the numbers are meaningless
 };
 
-// The anchors' CSV columns (torch_flex_bench.py); bwd_* and first_bwd_s stay empty.
+// The anchors' CSV columns (torch_flex_bench.py); bwd_* and first_bwd_s only with --backward.
 constexpr const char* kCsvHeader =
     "impl,case,B,Hq,Hkv,Sq,Skv,D,dtype,density,fwd_ms,fwd_tflops,bwd_ms,bwd_tflops,first_call_s,"
     "first_bwd_s";
@@ -163,9 +166,12 @@ std::string csv_line(const AttentionRow& r) {
     return fmt::format("flexjit,{},{},{},{},{},{},{},bfloat16,,,,,,,", r.c.name, s.batch, s.heads_q,
                        s.heads_kv, s.seqlen_q, s.seqlen_kv, s.head_dim);
   }
-  return fmt::format("flexjit,{},{},{},{},{},{},{},bfloat16,{:.4f},{:.4f},{:.1f},,,{:.2f},",
+  const std::string bwd =
+      r.bwd_ms > 0 ? fmt::format("{:.4f},{:.1f}", r.bwd_ms, r.bwd_tflops) : std::string(",");
+  const std::string first_bwd = r.bwd_ms > 0 ? fmt::format("{:.2f}", r.first_bwd_s) : "";
+  return fmt::format("flexjit,{},{},{},{},{},{},{},bfloat16,{:.4f},{:.4f},{:.1f},{},{:.2f},{}",
                      r.c.name, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_kv, s.head_dim,
-                     r.density, r.fwd_ms, r.fwd_tflops, r.first_call_s);
+                     r.density, r.fwd_ms, r.fwd_tflops, bwd, r.first_call_s, first_bwd);
 }
 
 nlohmann::json json_row(const AttentionRow& r) {
@@ -187,6 +193,9 @@ nlohmann::json json_row(const AttentionRow& r) {
             {"first_call_s", r.first_call_s},
             {"block_mask_first_call_ms", r.mask_ms},
             {"nonfinite_outputs", r.nonfinite}});
+  if (r.bwd_ms > 0) {
+    j.update({{"bwd_ms", r.bwd_ms}, {"bwd_tflops", r.bwd_tflops}, {"first_bwd_s", r.first_bwd_s}});
+  }
   return j;
 }
 
@@ -206,6 +215,11 @@ void print_table_row(const AttentionRow& r) {
         r.c.name, r.c.group, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_kv, s.head_dim,
         r.density, r.fwd_ms, r.fwd_tflops, r.first_call_s,
         r.nonfinite ? fmt::format("  ({} non-finite outputs!)", r.nonfinite) : "");
+    if (r.bwd_ms > 0) {
+      fmt::print("{:<18}   backward: {:.4f} ms, {:.1f} TFLOP/s (2.5 x forward FLOPs), first call "
+                 "{:.2f} s\n",
+                 "", r.bwd_ms, r.bwd_tflops, r.first_bwd_s);
+    }
   }
   std::fflush(stdout);
 }
@@ -391,6 +405,38 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       row.max_ms = t.max_ms;
       row.repeats = t.repeats;
       row.fwd_tflops = forward_flops(s, row.density) / (t.median_ms * 1e-3) / 1e12;
+      if (o.backward) {
+        // The forward's out and lse, a dout, then the backward (cold first call, then timed).
+        const std::vector<int64_t> qshape{s.batch, s.heads_q, s.seqlen_q, s.head_dim};
+        const std::vector<int64_t> kvshape{s.batch, s.heads_kv, s.seqlen_kv, s.head_dim};
+        const size_t qn = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q * s.head_dim;
+        DeviceTensor lse = DeviceTensor::empty(ctx, DType::F32, {s.batch, s.heads_q, s.seqlen_q});
+        const InputSet& in = sets[0];
+        flex_attention_into(ctx, in.q, in.k, in.v, out, &lse.ref(), aopts);
+        const DeviceTensor dout =
+            DeviceTensor::from_host(ctx, DType::BF16, qshape, pool.take(qn).data());
+        DeviceTensor dq = DeviceTensor::empty(ctx, DType::BF16, qshape);
+        DeviceTensor dk = DeviceTensor::empty(ctx, DType::BF16, kvshape);
+        DeviceTensor dv = DeviceTensor::empty(ctx, DType::BF16, kvshape);
+        BackwardOutputs grads{dq.ref(), dk.ref(), dv.ref(), {}};
+        std::vector<DeviceTensor> buffer_grads;
+        for (const auto& [name, t] : aopts.bindings.buffers) {
+          if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16) continue;
+          buffer_grads.push_back(DeviceTensor::empty(ctx, DType::F32, t.shape));
+          grads.buffer_grads.emplace_back(name, buffer_grads.back().ref());
+        }
+        auto backward = [&] {
+          flex_attention_backward_into(ctx, in.q, in.k, in.v, out, lse, dout, grads, aopts);
+        };
+        row.first_bwd_s = 1e-3 * time_ms([&] {
+                            backward();
+                            ctx.synchronize();
+                          });
+        const runtime::Timing tb = timer.time(backward, topts);
+        ctx.synchronize();
+        row.bwd_ms = tb.median_ms;
+        row.bwd_tflops = 2.5 * forward_flops(s, row.density) / (tb.median_ms * 1e-3) / 1e12;
+      }
     } catch (const std::exception& e) {
       // One failing case must not hide the others' numbers.
       row.error = e.what();
@@ -451,6 +497,7 @@ void register_bench(CLI::App& app) {
       "  flexjit bench                                # main shape B=4 H=16 S=4096 D=128, 8 cases\n"
       "  flexjit bench --extra --csv flexjit.csv      # + GQA, D=64, 16k, decode\n"
       "  flexjit bench --case causal,alibi+causal --json\n"
+      "  flexjit bench --backward                     # forward and backward\n"
       "  flexjit bench --small --repeats 2            # tiny shapes (compute-sanitizer)\n"
       "  flexjit bench --compile --arch sm_90a\n"
       "  flexjit bench --compile --arch sm_80 --compile-mods causal,alibi_causal --json");
@@ -485,6 +532,9 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--use-cache", a.use_cache,
                 "Use the kernel cache (default: a fresh one, so first_call_s is a cold compile)");
   cmd->add_option("--device", a.device, "CUDA device ordinal")->capture_default_str();
+  cmd->add_flag("--backward", a.backward,
+                "Also time the backward (flex_attention_backward; TFLOP/s with 2.5 x the "
+                "forward's FLOPs, the anchors' rule)");
   cmd->callback([] {
     if (compile) {
       run_compile_bench(opts, mods_list, repeats > 0 ? repeats : 200, a.json);

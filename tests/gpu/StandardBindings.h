@@ -1,0 +1,41 @@
+// Bindings for the standard mods in the GPU tests: host copies of the captured buffers, sized
+// so that every index the mods form is in range for a shape, and parameter values.
+#pragma once
+
+#include <flexjit/mods.h>
+
+#include "support/ReferenceAttention.h"
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flexjit::test {
+
+// A host copy of a captured buffer (f32 or i32 here); tests upload it as its device twin.
+struct HostBuffer {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::vector<char> bytes;
+};
+
+template <typename T>
+HostBuffer host_buffer(DType dtype, std::vector<int64_t> shape, const std::vector<T>& v) {
+  HostBuffer b{dtype, std::move(shape), {}};
+  b.bytes.resize(v.size() * sizeof(T));
+  std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
+  return b;
+}
+
+// Adds a binding for every buffer and param of `mods` that `buffers` / `params` lack (ALiBi
+// slopes, document ids, 1-D and 2-D biases, window / chunk / prefix / dilation / cap values).
+// FAILs the test for a buffer it has no rule for.
+void bind_standard_mods(const Mods& mods, const AttentionShape& s, std::mt19937_64& rng,
+                        std::map<std::string, HostBuffer>& buffers,
+                        std::vector<std::pair<std::string, double>>& params);
+
+}  // namespace flexjit::test

@@ -1,0 +1,290 @@
+// flex_attention_backward on the GPU against the CPU backend's fp64 backward, on fresh random
+// inputs every run (the seed is printed on failure): dQ, dK, dV and the captured float buffers'
+// gradients, for the standard mods, GQA, head dims, dtypes, ragged lengths, block masks and
+// fully masked rows. Rule: |grad - ref| / |ref| <= 2e-2 bf16, 5e-3 f16, 2e-3 f32 for every
+// gradient, and no NaN / Inf where the reference is finite. Skips without a GPU.
+#include <flexjit/attention.h>
+#include <flexjit/backward.h>
+#include <flexjit/device_block_mask.h>
+#include <flexjit/error.h>
+
+#include "cpu/BackwardKernel.h"
+#include "cpu/ForwardKernel.h"
+#include "gpu/GpuTestUtil.h"
+#include "gpu/StandardBindings.h"
+
+#include <fmt/format.h>
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+using namespace flexjit;
+using namespace flexjit::test;
+
+namespace {
+
+double grad_tolerance(DType d) {
+  switch (d) {
+    case DType::BF16:
+      return 2e-2;
+    case DType::F16:
+      return 5e-3;
+    default:
+      return 2e-3;
+  }
+}
+
+struct BwdCase {
+  std::string label;
+  DType dtype = DType::BF16;
+  AttentionShape shape;
+  Mods mods;
+  bool block_mask = false;  // build one from the mods' mask_mod on the device
+  std::optional<float> scale;
+  std::map<std::string, HostBuffer> buffers;
+  std::vector<std::pair<std::string, double>> params;
+};
+
+AttentionShape make_shape(int B, int Hq, int Hkv, int Sq, int Skv, int Dqk, int Dv) {
+  AttentionShape s;
+  s.batch = B, s.heads_q = Hq, s.heads_kv = Hkv, s.seqlen_q = Sq, s.seqlen_kv = Skv;
+  s.head_dim_qk = Dqk, s.head_dim_v = Dv;
+  return s;
+}
+
+TensorRef host_ref(const HostTensor& t) {
+  return TensorRef::contiguous(const_cast<float*>(t.values.data()), DType::F32, t.shape);
+}
+
+struct GradCheck {
+  std::string name;
+  ErrorStats err;
+};
+
+// Runs the forward and the backward on the GPU and the fp64 CPU reference; returns the error of
+// every gradient.
+std::vector<GradCheck> run_backward_case(Context& ctx, BwdCase& c, std::mt19937_64& rng) {
+  const AttentionShape& s = c.shape;
+  bind_standard_mods(c.mods, s, rng, c.buffers, c.params);
+  const HostTensor q = random_tensor(rng, c.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_qk});
+  const HostTensor k =
+      random_tensor(rng, c.dtype, {s.batch, s.heads_kv, s.seqlen_kv, s.head_dim_qk});
+  const HostTensor v =
+      random_tensor(rng, c.dtype, {s.batch, s.heads_kv, s.seqlen_kv, s.head_dim_v});
+  const HostTensor dout =
+      random_tensor(rng, c.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
+
+  std::vector<DeviceTensor> keep;
+  ModBindings dev_bindings, host_bindings;
+  for (auto& [name, hb] : c.buffers) {
+    keep.push_back(DeviceTensor::from_host(ctx, hb.dtype, hb.shape, hb.bytes.data()));
+    dev_bindings.buffers.emplace_back(name, keep.back().ref());
+    host_bindings.buffers.emplace_back(
+        name, TensorRef::contiguous(hb.bytes.data(), hb.dtype, hb.shape));
+  }
+  dev_bindings.params = c.params;
+  host_bindings.params = c.params;
+
+  const DeviceTensor dq_in = upload(ctx, q), dk_in = upload(ctx, k), dv_in = upload(ctx, v);
+  const DeviceTensor ddout = upload(ctx, dout);
+  std::optional<DeviceBlockMask> mask;
+  if (c.block_mask) {
+    const Mods mask_mods = mask_only(c.mods);
+    ModBindings mask_bindings;
+    for (const auto& [name, t] : dev_bindings.buffers) {
+      for (const Buffer& b : mask_mods.buffers)
+        if (b.name() == name) mask_bindings.buffers.emplace_back(name, t);
+    }
+    for (const auto& [name, x] : dev_bindings.params) {
+      for (const Param& p : mask_mods.params)
+        if (p.name() == name) mask_bindings.params.emplace_back(name, x);
+    }
+    mask.emplace(create_block_mask(ctx, mask_mods, s.batch, 1, s.seqlen_q, s.seqlen_kv, 128,
+                                   mask_bindings));
+  }
+  AttentionOptions o;
+  o.mods = c.mods;
+  o.bindings = dev_bindings;
+  o.scale = c.scale;
+  o.return_lse = true;
+  o.block_mask = mask ? &*mask : nullptr;
+  AttentionResult fwd = flex_attention(ctx, dq_in, dk_in, dv_in, o);
+  BackwardResult g = flex_attention_backward(ctx, dq_in, dk_in, dv_in, fwd.out, fwd.lse, ddout, o);
+  ctx.synchronize();
+
+  // The reference: the fp64 CPU forward's out / lse, then its backward.
+  const size_t rows = static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q;
+  std::vector<double> out64(rows * s.head_dim_v), lse64(rows);
+  cpu::CpuForwardOptions fo;
+  if (c.scale) fo.scale = *c.scale;
+  cpu::cpu_attention_forward_f64(c.mods, host_bindings, host_ref(q), host_ref(k), host_ref(v),
+                                 out64.data(), lse64.data(), fo);
+  cpu::CpuBackwardOptions cbo;
+  if (c.scale) cbo.scale = *c.scale;
+  cpu::CpuGradients<double> ref = cpu::cpu_attention_backward_f64(
+      c.mods, host_bindings, host_ref(q), host_ref(k), host_ref(v), out64.data(), lse64.data(),
+      host_ref(dout), cbo);
+  std::vector<GradCheck> checks;
+  checks.push_back({"dq", compare(download(g.dq), ref.dq)});
+  checks.push_back({"dk", compare(download(g.dk), ref.dk)});
+  checks.push_back({"dv", compare(download(g.dv), ref.dv)});
+  for (auto& [name, t] : g.buffer_grads) {
+    auto it = ref.buffers.find(name);
+    REQUIRE(it != ref.buffers.end());
+    checks.push_back({"d" + name, compare(download(t), it->second)});
+  }
+  return checks;
+}
+
+void check_backward_case(Context& ctx, BwdCase c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const AttentionShape& s = c.shape;
+  const std::string head =
+      fmt::format("{} {} B={} Hq={} Hkv={} Sq={} Skv={} D={}/{}{} (seed {})", c.label,
+                  to_string(c.dtype), s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_kv,
+                  s.head_dim_qk, s.head_dim_v, c.block_mask ? " block mask" : "", seed);
+  INFO(head);
+  const std::vector<GradCheck> checks = run_backward_case(ctx, c, rng);
+  std::string line = head + ":";
+  for (const GradCheck& gc : checks) {
+    INFO(gc.name << ": " << gc.err.str());
+    CHECK(gc.err.nonfinite == 0);
+    CHECK(gc.err.rel <= grad_tolerance(c.dtype));
+    line += fmt::format(" {} rel {:.2e} max {:.2e};", gc.name, gc.err.rel, gc.err.max_abs);
+  }
+  std::printf("  %s\n", line.c_str());
+}
+
+}  // namespace
+
+TEST_CASE("backward: every standard mod matches the fp64 CPU backward",
+          "[gpu][backward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  for (const std::string& name : standard_mod_names()) {
+    for (bool block_mask : {false, true}) {
+      BwdCase c;
+      c.mods = standard_mods(name);
+      if (block_mask && !c.mods.mask_mod.defined()) continue;
+      c.label = name;
+      c.block_mask = block_mask;
+      c.shape = make_shape(2, 4, 2, 200, 321, 128, 128);
+      check_backward_case(*ctx, c, seed + (block_mask ? 1 : 0));
+    }
+  }
+}
+
+TEST_CASE("backward: GQA ratios, head dims, lengths and dtypes", "[gpu][backward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  struct Shape {
+    int hq, hkv, sq, skv, dqk, dv;
+  };
+  const std::vector<Shape> shapes = {
+      {1, 1, 1, 1, 64, 64},      {2, 1, 17, 17, 64, 64},     {3, 1, 127, 129, 128, 128},
+      {4, 2, 128, 128, 128, 64}, {8, 1, 129, 1000, 64, 128}, {6, 2, 100, 300, 256, 256},
+      {2, 2, 64, 64, 256, 128}};
+  int i = 0;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    for (const Shape& sh : shapes) {
+      for (const char* mod : {"alibi_causal", "softcap", "relative_bias_causal"}) {
+        BwdCase c;
+        c.dtype = dt;
+        c.mods = standard_mods(mod);
+        c.label = mod;
+        c.shape = make_shape(1, sh.hq, sh.hkv, sh.sq, sh.skv, sh.dqk, sh.dv);
+        c.block_mask = (i % 2) == 1 && c.mods.mask_mod.defined();
+        check_backward_case(*ctx, c, seed + static_cast<uint64_t>(i++));
+      }
+    }
+  }
+}
+
+TEST_CASE("backward: a longer sequence and a custom scale", "[gpu][backward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  BwdCase c;
+  c.mods = standard_mods("causal");
+  c.label = "causal";
+  c.shape = make_shape(1, 2, 1, 1024, 1024, 128, 128);
+  c.block_mask = true;
+  c.scale = 0.05f;
+  check_backward_case(*ctx, c, seed);
+}
+
+TEST_CASE("backward: fully masked rows give zero gradients, never NaN", "[gpu][backward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  // kv_idx <= q_idx - 8: the first 8 query rows see nothing.
+  BwdCase c;
+  c.mods = Mods::from_mask([](Expr, Expr, Expr q, Expr kv) { return kv + 8 <= q; });
+  c.mods.name = "shifted_causal";
+  c.label = "shifted causal";
+  c.shape = make_shape(1, 2, 2, 70, 70, 64, 64);
+  check_backward_case(*ctx, c, seed);
+}
+
+TEST_CASE("backward: dlse = 0 gives the gradients without dlse", "[gpu][backward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  std::mt19937_64 rng(fresh_seed());
+  const int64_t B = 1, H = 2, S = 96, D = 64;
+  const HostTensor q = random_tensor(rng, DType::BF16, {B, H, S, D});
+  const HostTensor dout = random_tensor(rng, DType::BF16, {B, H, S, D});
+  const DeviceTensor dq = upload(*ctx, q), ddout = upload(*ctx, dout);
+  std::vector<float> zeros(static_cast<size_t>(B * H * S), 0.0f), ones(zeros.size(), 1.0f);
+  const DeviceTensor z = DeviceTensor::from_host(*ctx, DType::F32, {B, H, S}, zeros.data());
+  const DeviceTensor one = DeviceTensor::from_host(*ctx, DType::F32, {B, H, S}, ones.data());
+  AttentionOptions o;
+  o.mods = standard_mods("causal");
+  o.return_lse = true;
+  AttentionResult f = flex_attention(*ctx, dq, dq, dq, o);
+  BackwardResult a = flex_attention_backward(*ctx, dq, dq, dq, f.out, f.lse, ddout, o);
+  BackwardResult b = flex_attention_backward(*ctx, dq, dq, dq, f.out, f.lse, ddout, o,
+                                             {.dlse = &z.ref()});
+  // A dlse of ones adds P (the gradient of sum(lse) with respect to the scores) to dS': dQ
+  // changes, dV = P^T dO does not.
+  BackwardResult c = flex_attention_backward(*ctx, dq, dq, dq, f.out, f.lse, ddout, o,
+                                             {.dlse = &one.ref()});
+  ctx->synchronize();
+  CHECK(download(a.dq) == download(b.dq));
+  CHECK(download(a.dk) == download(b.dk));
+  CHECK(download(a.dv) == download(b.dv));
+  CHECK(download(a.dq) != download(c.dq));
+  CHECK(download(a.dv) == download(c.dv));  // dV = P^T dO does not see the lse gradient
+}
+
+TEST_CASE("backward: bad inputs are precise errors before any launch", "[gpu][backward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  std::mt19937_64 rng(fresh_seed());
+  const HostTensor q = random_tensor(rng, DType::BF16, {1, 2, 64, 64});
+  const DeviceTensor t = upload(*ctx, q);
+  AttentionOptions o;
+  o.return_lse = true;
+  AttentionResult f = flex_attention(*ctx, t, t, t, o);
+  const DeviceTensor wrong_dtype = DeviceTensor::empty(*ctx, DType::F16, {1, 2, 64, 64});
+  const DeviceTensor wrong_shape = DeviceTensor::empty(*ctx, DType::BF16, {1, 2, 63, 64});
+  const DeviceTensor lse_bad = DeviceTensor::empty(*ctx, DType::F32, {1, 2, 65});
+  CHECK_THROWS_WITH(flex_attention_backward(*ctx, t, t, t, f.out, f.lse, wrong_dtype, o),
+                    Catch::Contains("dout has dtype f16; expected bf16"));
+  CHECK_THROWS_WITH(flex_attention_backward(*ctx, t, t, t, f.out, f.lse, wrong_shape, o),
+                    Catch::Contains("dout has shape [1, 2, 63, 64]; expected [B, Hq, Sq, Dv]"));
+  CHECK_THROWS_WITH(flex_attention_backward(*ctx, t, t, t, f.out, lse_bad, f.out, o),
+                    Catch::Contains("lse has shape [1, 2, 65]; expected [B, Hq, Sq]"));
+  CHECK_THROWS_AS(flex_attention_backward(*ctx, t, t, t, f.out, f.lse, f.out, o,
+                                          {.deterministic = true}),
+                  UnsupportedError);
+  // A gradient asked for an integer buffer.
+  AttentionOptions od;
+  od.mods = standard_mods("document");
+  std::vector<int32_t> docs(64, 0);
+  const DeviceTensor doc = DeviceTensor::from_host(*ctx, DType::I32, {64}, docs.data());
+  od.bindings.buffers = {{"doc_ids", doc.ref()}};
+  DeviceTensor dq = DeviceTensor::empty(*ctx, DType::BF16, {1, 2, 64, 64});
+  DeviceTensor dg = DeviceTensor::empty(*ctx, DType::F32, {64});
+  BackwardOutputs outs{dq.ref(), dq.ref(), dq.ref(), {{"doc_ids", dg.ref()}}};
+  CHECK_THROWS_WITH(
+      flex_attention_backward_into(*ctx, t, t, t, f.out, f.lse, f.out, outs, od),
+      Catch::Contains("a gradient is given for buffer 'doc_ids', an integer or bool buffer"));
+}
