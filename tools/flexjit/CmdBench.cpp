@@ -420,9 +420,10 @@ void run_attention_bench(const AttentionBenchOptions& o) {
         DeviceTensor dv = DeviceTensor::empty(ctx, DType::BF16, kvshape);
         BackwardOutputs grads{dq.ref(), dk.ref(), dv.ref(), {}};
         std::vector<DeviceTensor> buffer_grads;
-        for (const auto& [name, t] : aopts.bindings.buffers) {
-          if (t.dtype != DType::F32 && t.dtype != DType::F16 && t.dtype != DType::BF16) continue;
-          buffer_grads.push_back(DeviceTensor::empty(ctx, DType::F32, t.shape));
+        for (const auto& [name, bound] : aopts.bindings.buffers) {
+          if (bound.dtype != DType::F32 && bound.dtype != DType::F16 && bound.dtype != DType::BF16)
+            continue;
+          buffer_grads.push_back(DeviceTensor::empty(ctx, DType::F32, bound.shape));
           grads.buffer_grads.emplace_back(name, buffer_grads.back().ref());
         }
         auto backward = [&] {
