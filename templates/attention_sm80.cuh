@@ -108,7 +108,8 @@ FJ_DEVICE FjKvSchedule fj_block_schedule(const FjBlockMaskArgs& bm, int num_cols
 
 // S = Q K^T for this warp's rows and one KV tile: s[mt][nt] is the C fragment of rows
 // mt*16.. and keys nt*8.. of the tile.
-template <class T>
+// kSplit (fp32 elements only): fp32-accurate products through FjMma<float>::mma_split.
+template <class T, bool kSplit = false>
 FJ_DEVICE void fj_qk(
     float (&s)[T::kMTiles][T::kNTiles][4],
     const fj_u32 (&q_regs)[T::kQInRegs ? T::kMTiles : 1][T::kQInRegs ? T::kKSteps : 1][4],
@@ -137,18 +138,27 @@ FJ_DEVICE void fj_qk(
           qa[mt][e] = q_regs[mt][kk][e];
       } else {
         fj_ldsm_x4(qa[mt], qa_addr.at(mt, kk));
-        T::Mma::prep(qa[mt]);
+        if constexpr (!kSplit) T::Mma::prep(qa[mt]);
       }
     }
 #pragma unroll
     for (int np = 0; np < T::kNTiles / 2; ++np) {
       fj_u32 kb[4];
       fj_ldsm_x4(kb, kb_addr.at(np, kk));
-      T::Mma::prep(kb);
+      if constexpr (kSplit) {
+        static_assert(T::kTf32 && !T::kQInRegs, "flexjit: split products are for fp32 tiles");
 #pragma unroll
-      for (int mt = 0; mt < T::kMTiles; ++mt) {
-        T::Mma::mma(s[mt][2 * np], qa[mt], kb[0], kb[1]);
-        T::Mma::mma(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        for (int mt = 0; mt < T::kMTiles; ++mt) {
+          T::Mma::mma_split(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+          T::Mma::mma_split(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
+      } else {
+        T::Mma::prep(kb);
+#pragma unroll
+        for (int mt = 0; mt < T::kMTiles; ++mt) {
+          T::Mma::mma(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+          T::Mma::mma(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
       }
     }
   }

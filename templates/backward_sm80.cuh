@@ -59,6 +59,9 @@ struct FjBwdTraits {
   static constexpr int kDimQK = Cfg::kHeadDimQK;
   static constexpr int kDimV = Cfg::kHeadDimV;
   static constexpr int kElemBytes = (int)sizeof(Element);
+  // fp32 inputs: S and dP to fp32 accuracy (3 tf32 products each). dS = P (dP - delta) cancels,
+  // and a tf32 dP alone leaves errors of 1e-3 of |dP| in dQ and dK.
+  static constexpr bool kSplit = kElemBytes == 4;
   using TileQK = FjSwizzledTile<kDimQK, kElemBytes>;
   using TileV = FjSwizzledTile<kDimV, kElemBytes>;
   static constexpr int kQKBytesM = kBlockM * kDimQK * kElemBytes;  // a Q (or dQ) tile
@@ -355,8 +358,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
             fj_smem + (st - sk) + T::kQKBytesM + T::kVBytesM);
         const float* s_delta = s_lse2 + kBM;
         float s[1][kBM / 8][4], dp[1][kBM / 8][4];
-        fj_qk<ShapeS>(s, dummy, sk_warp, sq, lane);
-        fj_qk<ShapeDP>(dp, dummy, sv_warp, sdo, lane);
+        fj_qk<ShapeS, T::kSplit>(s, dummy, sk_warp, sq, lane);
+        fj_qk<ShapeDP, T::kSplit>(dp, dummy, sv_warp, sdo, lane);
         const bool partial = i < sched.num_partial;
 #pragma unroll
         for (int nt = 0; nt < kBM / 8; ++nt) {
@@ -541,8 +544,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     if (n0 < args.seqlen_kv) {
       const fj_u32 st = skv + (i % T::kNumStages) * kStageBytes;
       float s[1][kBN / 8][4], dp[1][kBN / 8][4];
-      fj_qk<ShapeS>(s, dummy, sq_warp, st, lane);
-      fj_qk<ShapeDP>(dp, dummy, sdo_warp, st + T::kQKBytesN, lane);
+      fj_qk<ShapeS, T::kSplit>(s, dummy, sq_warp, st, lane);
+      fj_qk<ShapeDP, T::kSplit>(dp, dummy, sdo_warp, st + T::kQKBytesN, lane);
       const bool partial = i < sched.num_partial;
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {

@@ -134,6 +134,24 @@ struct FjMma<float> {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+  // D += A * B with fp32 operands (raw bits, not prepared) to about fp32 accuracy: each operand
+  // is split into a tf32 high part and a tf32 remainder, and three products are summed
+  // (lo*hi + hi*lo + hi*hi, the small ones first; lo*lo is below fp32's rounding). The
+  // backward uses it for S and dP, whose differences (dP - delta) cancel.
+  static FJ_DEVICE void mma_split(float (&d)[4], const fj_u32 (&a)[4], fj_u32 b0, fj_u32 b1) {
+    fj_u32 ah[4], al[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      ah[i] = tf32(__uint_as_float(a[i]));
+      al[i] = tf32(__uint_as_float(a[i]) - __uint_as_float(ah[i]));
+    }
+    const fj_u32 bh0 = tf32(__uint_as_float(b0)), bh1 = tf32(__uint_as_float(b1));
+    const fj_u32 bl0 = tf32(__uint_as_float(b0) - __uint_as_float(bh0));
+    const fj_u32 bl1 = tf32(__uint_as_float(b1) - __uint_as_float(bh1));
+    mma(d, al, bh0, bh1);
+    mma(d, ah, bl0, bl1);
+    mma(d, ah, bh0, bh1);
+  }
   // 8-byte aligned pointer.
   static FJ_DEVICE void store2(unsigned char* dst, float x0, float x1) {
     float* d = reinterpret_cast<float*>(dst);

@@ -134,6 +134,21 @@ FJ_DEVICE bool fj_ld_bool(const unsigned char* p, fj_i64 off) {
   return p[off] != 0;
 }
 
+// Adds v to *p from every lane of a converged warp (the backward's buffer gradients): when all 32
+// lanes add to one address (a per-head buffer such as ALiBi's slopes) they sum first and one
+// atomic goes out; otherwise each lane with a nonzero value adds its own.
+FJ_DEVICE void fj_grad_add(float* p, float v) {
+  const unsigned peers = __match_any_sync(0xffffffffu, (unsigned long long)p);
+  if (peers == 0xffffffffu) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0 && v != 0.0f) atomicAdd(p, v);
+  } else if (v != 0.0f) {
+    atomicAdd(p, v);
+  }
+}
+
 // An index clamped into [0, extent): where the backward adds a buffer's gradient.
 FJ_DEVICE fj_i64 fj_clamp_index(int i, fj_i64 extent) {
   return i < 0 ? 0 : (i >= extent ? extent - 1 : (fj_i64)i);

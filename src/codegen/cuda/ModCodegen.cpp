@@ -375,7 +375,9 @@ std::string generate_mod_grad_functions(const Mods& mods) {
     auto fn = w.block(
         "__device__ __forceinline__ void fj_bufgrad(const FjModParams& mp, const FjGradParams& "
         "gp, float ds, float score, int b, int h, int q_idx, int kv_idx)");
-    if (!sites.empty()) w.line("if (ds == 0.0f) return;");
+    // Called by every lane of a warp together (fj_grad_add combines lanes): the early return is
+    // a warp vote.
+    if (!sites.empty()) w.line("if (__all_sync(0xffffffffu, ds == 0.0f)) return;");
     ExprLowering lowering(w);
     for (const passes::BufferGrad* g : sites) {
       const std::string& name = g->buffer->name;
@@ -395,8 +397,8 @@ std::string generate_mod_grad_functions(const Mods& mods) {
         terms.push_back(fmt::format("{} * gp.gstride_{}[{}]", clamped, name, d));
       }
       const std::string offset = terms.empty() ? "0" : fmt::format("{}", fmt::join(terms, " + "));
-      w.line(fmt::format("if ({}) atomicAdd(gp.grad_{} + ({}), ds * {});", reached, name, offset,
-                         deriv));
+      w.line(fmt::format("fj_grad_add(gp.grad_{} + ({}), ({} && ds != 0.0f) ? ds * {} : 0.0f);",
+                         name, offset, reached, deriv));
     }
   }
   return w.str();

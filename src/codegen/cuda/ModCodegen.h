@@ -44,8 +44,10 @@ std::string generate_mod_functions(const Mods& mods);
 //   void fj_bufgrad(const FjModParams& mp, const FjGradParams& gp, float ds, float score,
 //                   int b, int h, int q_idx, int kv_idx);
 //       for every float load site of the score_mod that the forward evaluates at this point:
-//       atomicAdd(grad[idx], ds * d score_mod / d buffer[idx]), idx the load's indices clamped
-//       into the extents (so a gradient never lands outside its buffer); nothing when ds == 0.
+//       grad[idx] += ds * d score_mod / d buffer[idx] (fj_grad_add: fp32 atomics, lanes of a
+//       warp that share the address combined first), idx the load's indices clamped into the
+//       extents (so a gradient never lands outside its buffer). Every lane of a warp must call
+//       it together; nothing happens when ds is 0 in all of them.
 //   static constexpr bool kFjHasBufferGrads;   // whether fj_bufgrad does anything
 //
 // The layout of FjGradParams is grad_param_layout(); sizeof is static_asserted.
