@@ -1,11 +1,13 @@
 // flexjit run: flex_attention on .npy inputs, written to .npy outputs — the way to check flexjit
 // against any other implementation (PyTorch, JAX, a NumPy loop).
 #include <flexjit/attention.h>
+#include <flexjit/backward.h>
 #include <flexjit/cpu.h>
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
 
 #include "flexjit/Commands.h"
+#include "cpu/BackwardKernel.h"
 #include "flexjit/Options.h"
 #include "ir/Evaluate.h"
 #include "runtime/Device.h"
@@ -47,6 +49,10 @@ struct RunOptions {
   std::string random;  // "B,H,S,D": make q / k / v (and unbound buffers) instead of reading them
   bool check = false;
   int threads = 0;
+  // The backward (with --dout): gradients written to .npy files.
+  std::string dout, dq, dk, dv;
+  std::vector<std::string> dbuffers;  // NAME=FILE.npy
+  bool deterministic = false;
 };
 
 std::pair<std::string, std::string> split_binding(const std::string& s, const char* flag) {
@@ -377,8 +383,87 @@ void report(const RunOptions& o, const Inputs& in, const std::string& device, co
   }
 }
 
+// The backward's outputs by name: --dq / --dk / --dv and --dbuffer NAME=FILE.
+struct GradientFiles {
+  std::vector<std::pair<std::string, std::string>> buffers;  // name, file
+};
+
+// Checks the backward's flags against the mods before any work.
+GradientFiles gradient_files(const RunOptions& o, const Mods& mods) {
+  GradientFiles g;
+  for (const std::string& b : o.dbuffers) {
+    g.buffers.push_back(split_binding(b, "--dbuffer"));
+    const std::string& name = g.buffers.back().first;
+    const bool is_float = std::any_of(mods.buffers.begin(), mods.buffers.end(), [&](const Buffer& x) {
+      return x.name() == name &&
+             (x.dtype() == DType::F32 || x.dtype() == DType::F16 || x.dtype() == DType::BF16);
+    });
+    if (!is_float) {
+      throw Error(fmt::format("--dbuffer {}: the mods '{}' have no float buffer '{}'", name,
+                              mods.name, name));
+    }
+  }
+  if (o.dout.empty() && (!o.dq.empty() || !o.dk.empty() || !o.dv.empty() || !g.buffers.empty() ||
+                         o.deterministic)) {
+    throw Error("--dq, --dk, --dv, --dbuffer and --deterministic need --dout (the backward's input)");
+  }
+  if (o.deterministic) {
+    throw Error(
+        "--deterministic: deterministic buffer gradients are not implemented yet (the GPU "
+        "backward adds them with fp32 atomics)");
+  }
+  return g;
+}
+
+void print_gradient(const char* name, const npy::Array& a, const std::string& file) {
+  const Summary s = summarize(a);
+  std::printf("%s: checksum %.6f, max |%s| %.6f%s%s%s\n", name, s.checksum, name, s.max_abs,
+              s.nan > 0 ? fmt::format(", {} NaN", s.nan).c_str() : "", file.empty() ? "" : " -> ",
+              file.c_str());
+  if (!file.empty()) npy::write(file, a);
+}
+
+// Writes every buffer gradient the mods have; those without a --dbuffer file are summarized.
+void write_buffer_gradients(const GradientFiles& files,
+                            const std::vector<std::pair<std::string, npy::Array>>& grads) {
+  for (const auto& [name, a] : grads) {
+    std::string file;
+    for (const auto& [n, f] : files.buffers)
+      if (n == name) file = f;
+    print_gradient(("d" + name).c_str(), a, file);
+  }
+}
+
+void run_backward_cpu(const RunOptions& o, const Inputs& in, const AttentionOptions& opts,
+                      const npy::Array& out, const npy::Array& lse, const GradientFiles& files) {
+  const npy::Array dout = read_input(o.dout, "dout", o.dtype);
+  cpu::CpuBackwardOptions bo;
+  if (o.has_scale) bo.scale = o.scale;
+  bo.num_threads = o.threads;
+  const auto t0 = std::chrono::steady_clock::now();
+  const cpu::CpuGradients<float> g =
+      cpu::cpu_attention_backward(in.mods, opts.bindings, in.q.view(), in.k.view(), in.v.view(),
+                                  out.as<float>(), lse.as<float>(), dout.view(), bo);
+  std::printf("backward on cpu: %.2f ms\n", seconds_since(t0) * 1e3);
+  auto array = [](const std::vector<float>& v, const std::vector<int64_t>& shape) {
+    npy::Array a = npy::make_array(DType::F32, shape);
+    std::memcpy(a.bytes.data(), v.data(), v.size() * sizeof(float));
+    return a;
+  };
+  print_gradient("dq", array(g.dq, in.q.shape), o.dq);
+  print_gradient("dk", array(g.dk, in.k.shape), o.dk);
+  print_gradient("dv", array(g.dv, in.v.shape), o.dv);
+  std::vector<std::pair<std::string, npy::Array>> buffers;
+  for (const auto& [name, v] : g.buffers) {
+    for (const auto& [bname, b] : in.buffers)
+      if (bname == name) buffers.emplace_back(name, array(v, b.shape));
+  }
+  write_buffer_gradients(files, buffers);
+}
+
 void run_cpu(const RunOptions& o) {
   const Inputs in = prepare(o, true);
+  const GradientFiles grad_files = gradient_files(o, in.mods);
   const AttentionOptions opts = host_options(o, in);
   const QkvShape s = validate_qkv(in.q.view(), in.k.view(), in.v.view());
   CpuRunOptions cro;
@@ -410,6 +495,7 @@ void run_cpu(const RunOptions& o) {
   const std::string device = fmt::format("cpu ({} threads)", threads);
   // The CPU block mask is built inside each call (included in the times above).
   report(o, in, device, out, 0.0, /*has_mask=*/false, first_seconds, median, !times.empty());
+  if (!o.dout.empty()) run_backward_cpu(o, in, opts, out, lse, grad_files);
 }
 
 void run_cuda(const RunOptions& o) {
@@ -430,7 +516,8 @@ void run_cuda(const RunOptions& o) {
   }
   opts.bindings.params = in.params;
   if (o.has_scale) opts.scale = o.scale;
-  opts.return_lse = !o.lse.empty();
+  opts.return_lse = !o.lse.empty() || !o.dout.empty();
+  const GradientFiles grad_files = gradient_files(o, in.mods);
 
   DeviceBlockMask block_mask;
   double mask_seconds = 0;
@@ -462,13 +549,36 @@ void run_cuda(const RunOptions& o) {
   npy::Array out = npy::make_array(q.ref().dtype, r.out.ref().shape);
   r.out.copy_to_host(out.bytes.data());
   if (!o.out.empty()) npy::write(o.out, out);
-  if (opts.return_lse) {
+  if (!o.lse.empty()) {
     npy::Array lse = npy::make_array(DType::F32, r.lse.ref().shape);
     r.lse.copy_to_host(lse.bytes.data());
     npy::write(o.lse, lse);
   }
   report(o, in, fmt::format("{} ({})", ctx.device_name(), ctx.arch()), out, mask_seconds,
          opts.block_mask != nullptr, first_seconds, median, !times.empty());
+  if (o.dout.empty()) return;
+
+  // The backward on the forward's out and lse.
+  const npy::Array dout_host = read_input(o.dout, "dout", o.dtype);
+  const DeviceTensor dout =
+      DeviceTensor::from_host(ctx, dout_host.dtype, dout_host.shape, dout_host.bytes.data());
+  t0 = std::chrono::steady_clock::now();
+  const BackwardResult g = flex_attention_backward(ctx, q, k, v, r.out, r.lse, dout, opts);
+  ctx.synchronize();
+  std::printf("backward first call (compile or cache load + run): %.2f ms\n",
+              seconds_since(t0) * 1e3);
+  auto host = [](const DeviceTensor& t) {
+    npy::Array a = npy::make_array(t.ref().dtype, t.ref().shape);
+    t.copy_to_host(a.bytes.data());
+    return a;
+  };
+  print_gradient("dq", host(g.dq), o.dq);
+  print_gradient("dk", host(g.dk), o.dk);
+  print_gradient("dv", host(g.dv), o.dv);
+  std::vector<std::pair<std::string, npy::Array>> buffers;
+  for (const auto& [name, t] : g.buffer_grads)
+    buffers.emplace_back(name, host(t));
+  write_buffer_gradients(grad_files, buffers);
 }
 
 void run(const RunOptions& o) {
@@ -527,6 +637,17 @@ void register_run(CLI::App& app) {
   cmd->add_option("--out", o.out,
                   "Output [B, Hq, Sq, Dv] (.npy; dtype of q on a GPU, f32 on the CPU)");
   cmd->add_option("--lse", o.lse, "Also write the logsumexp [B, Hq, Sq] float32 (.npy)");
+  cmd->add_option("--dout", o.dout,
+                  "Also run the backward with this gradient of out [B, Hq, Sq, Dv] (.npy, dtype of "
+                  "q)");
+  cmd->add_option("--dq", o.dq, "With --dout: write dq [B, Hq, Sq, D] (.npy)");
+  cmd->add_option("--dk", o.dk, "With --dout: write dk [B, Hkv, Skv, D] (.npy)");
+  cmd->add_option("--dv", o.dv, "With --dout: write dv [B, Hkv, Skv, Dv] (.npy)");
+  cmd->add_option("--dbuffer", o.dbuffers,
+                  "With --dout: write the gradient of a float buffer, NAME=FILE.npy (f32, the "
+                  "buffer's shape; repeatable)");
+  cmd->add_flag("--deterministic", o.deterministic,
+                "With --dout: bitwise-reproducible buffer gradients (not implemented yet)");
   cmd->add_option("--block-size", o.block_size, "Sparse block size of the block mask")
       ->capture_default_str();
   cmd->add_option("--dtype", o.dtype,
