@@ -55,7 +55,6 @@ FJ_DEVICE void fj_load_tile(fj_u32 smem, const void* gmem, fj_i64 stride, int ro
   }
 }
 
-
 // The KV tiles one CTA visits, in order: partial tiles (mask_mod applied) then full tiles.
 struct FjKvSchedule {
   const int* partial_idx;  // sparse KV block indices of this q block, or null: tile i is tile i
@@ -71,7 +70,6 @@ struct FjKvSchedule {
     return list[j / tiles_per_block] * tiles_per_block + j % tiles_per_block;
   }
 };
-
 
 // The schedule of one CTA over a block mask's rows: row block `row_block` (of kRowTile rows) of
 // (b, h) visits the column tiles (of kColTile) listed by `bm`, partial ones first. The forward
@@ -246,6 +244,5 @@ FJ_DEVICE void fj_pv(float (&o)[T::kMTiles][T::kDTiles][4],
     fj_pv_16bit<T>(o, p, sv, lane);
   }
 }
-
 
 #endif  // FLEXJIT_ATTENTION_SM80_CUH_

@@ -142,7 +142,8 @@ struct FjDot16<float> {
   static FJ_DEVICE float dot(const fj_u32x4& a, const fj_u32x4& b) {
     return __uint_as_float(a.x) * __uint_as_float(b.x) +
            __uint_as_float(a.y) * __uint_as_float(b.y) +
-           __uint_as_float(a.z) * __uint_as_float(b.z) + __uint_as_float(a.w) * __uint_as_float(b.w);
+           __uint_as_float(a.z) * __uint_as_float(b.z) +
+           __uint_as_float(a.w) * __uint_as_float(b.w);
   }
 };
 
@@ -179,7 +180,8 @@ extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_preprocess(const F
     float lse2 = __int_as_float(0x7f800000);  // +inf: P = 0 in the row
     float delta = 0.0f;
     if (row < args.seqlen_q) {
-      const float lse = args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + row];
+      const float lse =
+          args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + row];
       if (lse != fj_neg_inf()) lse2 = lse * kLog2e;
       delta = acc;
       if (args.dlse != nullptr) {
@@ -241,10 +243,10 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   using ShapeDK = FjGemmShape<E, 1, kBM / 8, T::kDimQK, T::kDimQK, kDqkW>;
   constexpr bool kCheck = !Cfg::kIsDivisible;
   constexpr int kStageBytes = T::kQKBytesM + T::kVBytesM + 8 * kBM;
-  static_assert(T::kQKBytesN + T::kVBytesN + T::kNumStages * kStageBytes ==
-                    fj_bwd_dkdv_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, T::kElemBytes,
-                                           T::kNumStages),
-                "flexjit bwd_dkdv: shared-memory layout and fj_bwd_dkdv_smem_bytes disagree");
+  static_assert(
+      T::kQKBytesN + T::kVBytesN + T::kNumStages * kStageBytes ==
+          fj_bwd_dkdv_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, T::kElemBytes, T::kNumStages),
+      "flexjit bwd_dkdv: shared-memory layout and fj_bwd_dkdv_smem_bytes disagree");
   static_assert(kBM / 4 <= kThreads / 2, "flexjit bwd_dkdv: lse2 / delta copies per thread");
   extern __shared__ unsigned char fj_smem[];
 
@@ -291,10 +293,11 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
 
   for (int g = 0; g < Cfg::kGqaRatio; ++g) {
     const int h = h_kv * Cfg::kGqaRatio + g;
-    const FjKvSchedule sched = fj_block_schedule<kBN, kBM, Cfg::kHasFullBlocks>(
-        args.mask_t, args.seqlen_q, b, h, n_block);
-    const char* q_head = static_cast<const char*>(args.q) +
-                         T::kElemBytes * ((fj_i64)b * args.q_stride_b + (fj_i64)h * args.q_stride_h);
+    const FjKvSchedule sched =
+        fj_block_schedule<kBN, kBM, Cfg::kHasFullBlocks>(args.mask_t, args.seqlen_q, b, h, n_block);
+    const char* q_head =
+        static_cast<const char*>(args.q) +
+        T::kElemBytes * ((fj_i64)b * args.q_stride_b + (fj_i64)h * args.q_stride_h);
     const char* do_head =
         static_cast<const char*>(args.dout) +
         T::kElemBytes * ((fj_i64)b * args.do_stride_b + (fj_i64)h * args.do_stride_h);
@@ -354,8 +357,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       if (m0 < args.seqlen_q) {
         const fj_u32 st = sstage + (i % T::kNumStages) * kStageBytes;
         const fj_u32 sq = st, sdo = st + T::kQKBytesM;
-        const float* s_lse2 = reinterpret_cast<const float*>(
-            fj_smem + (st - sk) + T::kQKBytesM + T::kVBytesM);
+        const float* s_lse2 =
+            reinterpret_cast<const float*>(fj_smem + (st - sk) + T::kQKBytesM + T::kVBytesM);
         const float* s_delta = s_lse2 + kBM;
         float s[1][kBM / 8][4], dp[1][kBM / 8][4];
         fj_qk<ShapeS, T::kSplit>(s, dummy, sk_warp, sq, lane);
@@ -378,13 +381,13 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
               // Each warp of a kDSplit group sees the same elements: one adds the buffers'
               // gradients.
               if (partial) {
-                fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods,
-                                          grads, args.scale, lse2, delta, b, h, q_idx, kv_idx,
-                                          ok, part == 0);
+                fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, grads,
+                                          args.scale, lse2, delta, b, h, q_idx, kv_idx, ok,
+                                          part == 0);
               } else {
-                fj_bwd_element<Cfg, false>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods,
-                                           grads, args.scale, lse2, delta, b, h, q_idx, kv_idx,
-                                           ok, part == 0);
+                fj_bwd_element<Cfg, false>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, grads,
+                                           args.scale, lse2, delta, b, h, q_idx, kv_idx, ok,
+                                           part == 0);
               }
             }
           }
@@ -411,8 +414,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
                                     dk[0][dt][hr * 2], dk[0][dt][hr * 2 + 1], args.scale);
 #pragma unroll
     for (int dt = 0; dt < ShapeDV::kDTiles; ++dt)
-      fj_stage_fragment_row<StageV>(fj_smem + T::kQKBytesN, row, part * ShapeDV::kDTiles + dt,
-                                    lane, dv[0][dt][hr * 2], dv[0][dt][hr * 2 + 1], 1.0f);
+      fj_stage_fragment_row<StageV>(fj_smem + T::kQKBytesN, row, part * ShapeDV::kDTiles + dt, lane,
+                                    dv[0][dt][hr * 2], dv[0][dt][hr * 2 + 1], 1.0f);
   }
   __syncthreads();
   fj_store_tile<typename T::TileQK, kBN, kThreads>(
@@ -443,10 +446,10 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   using ShapeDQ = FjGemmShape<E, 1, kBN / 8, T::kDimQK, T::kDimQK, T::kDimQK>;
   constexpr bool kCheck = !Cfg::kIsDivisible;
   constexpr int kStageBytes = T::kQKBytesN + T::kVBytesN;
-  static_assert(T::kQKBytesM + T::kVBytesM + T::kNumStages * kStageBytes ==
-                    fj_bwd_dq_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, T::kElemBytes,
-                                         T::kNumStages),
-                "flexjit bwd_dq: shared-memory layout and fj_bwd_dq_smem_bytes disagree");
+  static_assert(
+      T::kQKBytesM + T::kVBytesM + T::kNumStages * kStageBytes ==
+          fj_bwd_dq_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, T::kElemBytes, T::kNumStages),
+      "flexjit bwd_dq: shared-memory layout and fj_bwd_dq_smem_bytes disagree");
   extern __shared__ unsigned char fj_smem[];
 
   const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest tiles first, as the forward
@@ -460,10 +463,12 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   const fj_u32 skv = sdo + T::kVBytesM;
   const fj_u32 sq_warp = sq + warp * 16 * T::TileQK::kRowBytes;
   const fj_u32 sdo_warp = sdo + warp * 16 * T::TileV::kRowBytes;
-  const char* k_head = static_cast<const char*>(args.k) +
-                       T::kElemBytes * ((fj_i64)b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h);
-  const char* v_head = static_cast<const char*>(args.v) +
-                       T::kElemBytes * ((fj_i64)b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h);
+  const char* k_head =
+      static_cast<const char*>(args.k) +
+      T::kElemBytes * ((fj_i64)b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h);
+  const char* v_head =
+      static_cast<const char*>(args.v) +
+      T::kElemBytes * ((fj_i64)b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h);
 
   fj_load_tile<typename T::TileQK, kBM, kThreads, kCheck>(
       sq,
@@ -489,8 +494,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
         st, k_head + T::kElemBytes * (fj_i64)n0 * args.k_stride_s, args.k_stride_s,
         args.seqlen_kv - n0, tid);
     fj_load_tile<typename T::TileV, kBN, kThreads, kCheck>(
-        st + T::kQKBytesN, v_head + T::kElemBytes * (fj_i64)n0 * args.v_stride_s,
-        args.v_stride_s, args.seqlen_kv - n0, tid);
+        st + T::kQKBytesN, v_head + T::kElemBytes * (fj_i64)n0 * args.v_stride_s, args.v_stride_s,
+        args.seqlen_kv - n0, tid);
   };
   int tiles[T::kNumStages];
 #pragma unroll
@@ -559,9 +564,9 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
             const bool ok = !kCheck || kv_idx < args.seqlen_kv;
             if constexpr (kCheck) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
             if (partial) {
-              fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods,
-                                        no_grads, args.scale, lse2[hr], delta[hr], b, h, q_idx,
-                                        kv_idx, ok, false);
+              fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, no_grads,
+                                        args.scale, lse2[hr], delta[hr], b, h, q_idx, kv_idx, ok,
+                                        false);
             } else {
               fj_bwd_element<Cfg, false>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods,
                                          no_grads, args.scale, lse2[hr], delta[hr], b, h, q_idx,

@@ -101,12 +101,12 @@ struct FjBlockMaskBuildArgs {
 // lse2 and delta are the plan's workspace: [batch * heads_q, seqlen_q_pad] f32 each, rows of
 // seqlen_q_pad (a multiple of 128) so that every q tile reads whole 16-byte chunks.
 struct FjBwdArgs {
-  const void* q;     // [B, Hq, Sq, Dqk]
-  const void* k;     // [B, Hkv, Skv, Dqk]
-  const void* v;     // [B, Hkv, Skv, Dv]
-  const void* out;   // [B, Hq, Sq, Dv], the forward's output
-  const void* dout;  // [B, Hq, Sq, Dv], dtype of q
-  const float* lse;  // [B, Hq, Sq], the forward's (natural log; -inf for a fully masked row)
+  const void* q;      // [B, Hq, Sq, Dqk]
+  const void* k;      // [B, Hkv, Skv, Dqk]
+  const void* v;      // [B, Hkv, Skv, Dv]
+  const void* out;    // [B, Hq, Sq, Dv], the forward's output
+  const void* dout;   // [B, Hq, Sq, Dv], dtype of q
+  const float* lse;   // [B, Hq, Sq], the forward's (natural log; -inf for a fully masked row)
   const float* dlse;  // [B, Hq, Sq] incoming gradient of lse, or null
   void* dq;           // [B, Hq, Sq, Dqk], dtype of q
   void* dk;           // [B, Hkv, Skv, Dqk]

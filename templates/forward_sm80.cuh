@@ -69,9 +69,8 @@ struct FjFwdTraits {
 
 template <class Cfg>
 FJ_DEVICE FjKvSchedule fj_kv_schedule(const FjFwdArgs& args, int b, int h, int m_block) {
-  return fj_block_schedule<Cfg::kBlockM, Cfg::kBlockN, Cfg::kHasFullBlocks>(args.mask,
-                                                                           args.seqlen_kv, b, h,
-                                                                           m_block);
+  return fj_block_schedule<Cfg::kBlockM, Cfg::kBlockN, Cfg::kHasFullBlocks>(
+      args.mask, args.seqlen_kv, b, h, m_block);
 }
 
 // Turns raw q·k into log2-domain scores: scale, score_mod, mask_mod (partial tiles) and the

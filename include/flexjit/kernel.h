@@ -26,9 +26,9 @@ namespace flexjit {
 struct KernelQuery {
   // "forward" | "block_mask" | "backward_preprocess" | "backward_dkdv" | "backward_dq"
   std::string family = "forward";
-  std::string variant;             // empty: chosen by the arch ("sm80_mma", ...)
-  std::string arch;                // "sm_80" ... "sm_90a"; empty: the current GPU's
-  DType dtype = DType::BF16;       // forward: of q, k, v
+  std::string variant;        // empty: chosen by the arch ("sm80_mma", ...)
+  std::string arch;           // "sm_80" ... "sm_90a"; empty: the current GPU's
+  DType dtype = DType::BF16;  // forward: of q, k, v
   int head_dim_qk = 128;
   int head_dim_v = 0;  // 0: head_dim_qk
   int gqa_ratio = 1;

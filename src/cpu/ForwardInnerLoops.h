@@ -12,7 +12,7 @@
 // outside the domain the result is x + 1, which keeps NaN (a NaN score makes its row NaN) and
 // +inf as they are.
 inline float exp_nonpositive(float x) {
-  const float xc = x >= -87.0f ? (x <= 0.0f ? x : 0.0f) : -87.0f;  // -inf and NaN: -87
+  const float xc = x >= -87.0f ? (x <= 0.0f ? x : 0.0f) : -87.0f;           // -inf and NaN: -87
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;

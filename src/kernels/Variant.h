@@ -139,8 +139,8 @@ Params apply_overrides(const Variant& variant, Params config, const Params& over
 // mods as text, `// source key: <sha256>`), then one `// ---- name ----` section each for the
 // templates before the mods, the config struct, the mods (generate_mod_functions) and the
 // templates after them (with `mod_grads`, the backward's generated gradient functions follow the
-// mods in a section of their own). No #include anywhere: NVRTC needs no headers. `what` describes the
-// kernel in the comment block ("forward kernel `flexjit_forward`").
+// mods in a section of their own). No #include anywhere: NVRTC needs no headers. `what` describes
+// the kernel in the comment block ("forward kernel `flexjit_forward`").
 cuda::GeneratedSource assemble_variant_source(const Variant& variant, const KernelDesc& desc,
                                               const Mods& mods, const std::string& config_struct,
                                               const std::string& what,

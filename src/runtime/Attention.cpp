@@ -34,8 +34,8 @@ void validate_outputs(const TensorRef& q, const QkvShape& s, const TensorRef& ou
   runtime::check_tensor("out", out, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v},
                         "[B, Hq, Sq, Dv]", q.dtype, q);
   if (lse != nullptr) {
-    runtime::check_tensor("lse", *lse, {s.batch, s.heads_q, s.seqlen_q}, "[B, Hq, Sq]",
-                          DType::F32, q);
+    runtime::check_tensor("lse", *lse, {s.batch, s.heads_q, s.seqlen_q}, "[B, Hq, Sq]", DType::F32,
+                          q);
   }
 }
 

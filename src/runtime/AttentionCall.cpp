@@ -26,8 +26,8 @@ void check_tensor(const char* name, const TensorRef& t, const std::vector<int64_
         fmt::format("{} has {} strides for {} dims", name, t.strides.size(), t.shape.size()));
   }
   if (t.dtype != dtype) {
-    throw RuntimeError(fmt::format("{} has dtype {}; expected {}", name, to_string(t.dtype),
-                                   to_string(dtype)));
+    throw RuntimeError(
+        fmt::format("{} has dtype {}; expected {}", name, to_string(t.dtype), to_string(dtype)));
   }
   if (t.device != like.device || t.device_index != like.device_index) {
     throw RuntimeError(fmt::format("{} is on {} but q is on {}", name,
@@ -35,8 +35,8 @@ void check_tensor(const char* name, const TensorRef& t, const std::vector<int64_
                                    to_string(like.device, like.device_index)));
   }
   if (!t.is_last_dim_contiguous()) {
-    throw RuntimeError(fmt::format("last dim of {} is not contiguous (stride {})", name,
-                                   t.strides.back()));
+    throw RuntimeError(
+        fmt::format("last dim of {} is not contiguous (stride {})", name, t.strides.back()));
   }
   for (size_t d = 0; d < t.strides.size(); ++d) {
     if (t.strides[d] < 0) {
@@ -69,7 +69,6 @@ void check_block_mask(const DeviceBlockMask& dbm, const QkvShape& s) {
   }
 }
 
-
 Mods effective_mods(const AttentionOptions& o) {
   if (o.mods.mask_mod.defined() || o.block_mask == nullptr) return o.mods;
   const Mods& from_mask = o.block_mask->meta().mods;
@@ -82,7 +81,6 @@ Mods effective_mods(const AttentionOptions& o) {
   if (!o.mods.score_mod.defined() && o.mods.buffers.empty() && o.mods.params.empty()) return m;
   return combine(o.mods, m);
 }
-
 
 void zero_fill(const TensorRef& t, CUstream stream) {
   if (t.numel() == 0) return;

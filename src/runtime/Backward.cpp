@@ -27,7 +27,7 @@ constexpr int64_t kMaxGridYZ = 65535;
 struct ValidatedBackward {
   Mods mods;
   kernels::BackwardInputs inputs;
-  bool empty = false;  // a zero length or count: gradients are zeros, no kernel
+  bool empty = false;                   // a zero length or count: gradients are zeros, no kernel
   std::vector<TensorRef> buffer_grads;  // per float buffer, in grad_param_layout order
 };
 
@@ -36,9 +36,9 @@ bool is_float(DType d) {
 }
 
 ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const TensorRef& k,
-                                    const TensorRef& v, const TensorRef& out,
-                                    const TensorRef& lse, const TensorRef& dout,
-                                    const BackwardOutputs& grads, const AttentionOptions& options,
+                                    const TensorRef& v, const TensorRef& out, const TensorRef& lse,
+                                    const TensorRef& dout, const BackwardOutputs& grads,
+                                    const AttentionOptions& options,
                                     const BackwardOptions& backward, const QkvShape& s) {
   const int device_index = impl_of(ctx).device->index();
   if (q.device != TensorRef::Device::CUDA || q.device_index != device_index) {
@@ -244,8 +244,8 @@ BackwardResult flex_attention_backward(Context& ctx, const TensorRef& q, const T
   return r;
 }
 
-size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q,
-                                               const TensorRef& k, const TensorRef& v,
+size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                               const TensorRef& v,
                                                const AttentionOptions& options) {
   const QkvShape s = validate_qkv(q, k, v);
   (void)ctx;

@@ -81,8 +81,8 @@ std::vector<GradCheck> run_backward_case(Context& ctx, BwdCase& c, std::mt19937_
   for (auto& [name, hb] : c.buffers) {
     keep.push_back(DeviceTensor::from_host(ctx, hb.dtype, hb.shape, hb.bytes.data()));
     dev_bindings.buffers.emplace_back(name, keep.back().ref());
-    host_bindings.buffers.emplace_back(
-        name, TensorRef::contiguous(hb.bytes.data(), hb.dtype, hb.shape));
+    host_bindings.buffers.emplace_back(name,
+                                       TensorRef::contiguous(hb.bytes.data(), hb.dtype, hb.shape));
   }
   dev_bindings.params = c.params;
   host_bindings.params = c.params;
@@ -101,8 +101,8 @@ std::vector<GradCheck> run_backward_case(Context& ctx, BwdCase& c, std::mt19937_
       for (const Param& p : mask_mods.params)
         if (p.name() == name) mask_bindings.params.emplace_back(name, x);
     }
-    mask.emplace(create_block_mask(ctx, mask_mods, s.batch, 1, s.seqlen_q, s.seqlen_kv, 128,
-                                   mask_bindings));
+    mask.emplace(
+        create_block_mask(ctx, mask_mods, s.batch, 1, s.seqlen_q, s.seqlen_kv, 128, mask_bindings));
   }
   AttentionOptions o;
   o.mods = c.mods;
@@ -123,9 +123,9 @@ std::vector<GradCheck> run_backward_case(Context& ctx, BwdCase& c, std::mt19937_
     lse64.push_back(x);
   cpu::CpuBackwardOptions cbo;
   if (c.scale) cbo.scale = *c.scale;
-  cpu::CpuGradients<double> ref = cpu::cpu_attention_backward_f64(
-      c.mods, host_bindings, host_ref(q), host_ref(k), host_ref(v), out64.data(), lse64.data(),
-      host_ref(dout), cbo);
+  cpu::CpuGradients<double> ref =
+      cpu::cpu_attention_backward_f64(c.mods, host_bindings, host_ref(q), host_ref(k), host_ref(v),
+                                      out64.data(), lse64.data(), host_ref(dout), cbo);
   std::vector<GradCheck> checks;
   checks.push_back({"dq", compare(download(g.dq), ref.dq)});
   checks.push_back({"dk", compare(download(g.dk), ref.dk)});
@@ -159,8 +159,7 @@ void check_backward_case(Context& ctx, BwdCase c, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("backward: every standard mod matches the fp64 CPU backward",
-          "[gpu][backward]") {
+TEST_CASE("backward: every standard mod matches the fp64 CPU backward", "[gpu][backward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
   const uint64_t seed = fresh_seed();
   for (const std::string& name : standard_mod_names()) {
@@ -182,10 +181,10 @@ TEST_CASE("backward: GQA ratios, head dims, lengths and dtypes", "[gpu][backward
   struct Shape {
     int hq, hkv, sq, skv, dqk, dv;
   };
-  const std::vector<Shape> shapes = {
-      {1, 1, 1, 1, 64, 64},      {2, 1, 17, 17, 64, 64},     {3, 1, 127, 129, 128, 128},
-      {4, 2, 128, 128, 128, 64}, {8, 1, 129, 1000, 64, 128}, {6, 2, 100, 300, 256, 256},
-      {2, 2, 64, 64, 256, 128}};
+  const std::vector<Shape> shapes = {{1, 1, 1, 1, 64, 64},       {2, 1, 17, 17, 64, 64},
+                                     {3, 1, 127, 129, 128, 128}, {4, 2, 128, 128, 128, 64},
+                                     {8, 1, 129, 1000, 64, 128}, {6, 2, 100, 300, 256, 256},
+                                     {2, 2, 64, 64, 256, 128}};
   int i = 0;
   for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
     for (const Shape& sh : shapes) {
@@ -241,12 +240,12 @@ TEST_CASE("backward: dlse = 0 gives the gradients without dlse", "[gpu][backward
   o.return_lse = true;
   AttentionResult f = flex_attention(*ctx, dq, dq, dq, o);
   BackwardResult a = flex_attention_backward(*ctx, dq, dq, dq, f.out, f.lse, ddout, o);
-  BackwardResult b = flex_attention_backward(*ctx, dq, dq, dq, f.out, f.lse, ddout, o,
-                                             {.dlse = &z.ref()});
+  BackwardResult b =
+      flex_attention_backward(*ctx, dq, dq, dq, f.out, f.lse, ddout, o, {.dlse = &z.ref()});
   // A dlse of ones adds P (the gradient of sum(lse) with respect to the scores) to dS': dQ
   // changes, dV = P^T dO does not.
-  BackwardResult c = flex_attention_backward(*ctx, dq, dq, dq, f.out, f.lse, ddout, o,
-                                             {.dlse = &one.ref()});
+  BackwardResult c =
+      flex_attention_backward(*ctx, dq, dq, dq, f.out, f.lse, ddout, o, {.dlse = &one.ref()});
   ctx->synchronize();
   CHECK(download(a.dq) == download(b.dq));
   CHECK(download(a.dk) == download(b.dk));
@@ -272,9 +271,9 @@ TEST_CASE("backward: bad inputs are precise errors before any launch", "[gpu][ba
                     Catch::Contains("dout has shape [1, 2, 63, 64]; expected [B, Hq, Sq, Dv]"));
   CHECK_THROWS_WITH(flex_attention_backward(*ctx, t, t, t, f.out, lse_bad, f.out, o),
                     Catch::Contains("lse has shape [1, 2, 65]; expected [B, Hq, Sq]"));
-  CHECK_THROWS_AS(flex_attention_backward(*ctx, t, t, t, f.out, f.lse, f.out, o,
-                                          {.deterministic = true}),
-                  UnsupportedError);
+  CHECK_THROWS_AS(
+      flex_attention_backward(*ctx, t, t, t, f.out, f.lse, f.out, o, {.deterministic = true}),
+      UnsupportedError);
   // A gradient asked for an integer buffer.
   AttentionOptions od;
   od.mods = standard_mods("document");

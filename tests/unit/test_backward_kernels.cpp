@@ -13,8 +13,8 @@
 #include "passes/TypeCheck.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <mutex>
@@ -88,8 +88,8 @@ TEST_CASE("backward variants: registration, descriptions and validation", "[back
   dq.config.set("block_m", 128);
   CHECK_THROWS_WITH(reg.find(Family::BackwardDq, "sm80_mma")->validate(dq),
                     Catch::Contains("block_m = 128 must be 16 * num_warps = 64"));
-  KernelDesc d96 = backward_problem(Family::BackwardDq, cuda::Arch::parse("sm_80"), DType::BF16,
-                                    96, 96, 1, false);
+  KernelDesc d96 = backward_problem(Family::BackwardDq, cuda::Arch::parse("sm_80"), DType::BF16, 96,
+                                    96, 1, false);
   CHECK_THROWS_WITH(reg.complete(d96, {}, {}), Catch::Contains("head_dim_qk = 96"));
 
   // Every config of the space validates; the defaults are in it.
@@ -102,8 +102,7 @@ TEST_CASE("backward variants: registration, descriptions and validation", "[back
   }
 }
 
-TEST_CASE("the backward kernels compile for every arch, dtype and head dim",
-          "[backward][nvrtc]") {
+TEST_CASE("the backward kernels compile for every arch, dtype and head dim", "[backward][nvrtc]") {
   struct Job {
     Family family;
     std::string arch, mods;
@@ -120,8 +119,8 @@ TEST_CASE("the backward kernels compile for every arch, dtype and head dim",
         jobs.push_back({f, "sm_80", "relative_bias_causal", dt, dqk, dv});
     }
   }
-  for (const char* mods : {"noop", "softcap_causal", "t5_bucketed_bias", "document_causal",
-                           "sliding_window"}) {
+  for (const char* mods :
+       {"noop", "softcap_causal", "t5_bucketed_bias", "document_causal", "sliding_window"}) {
     jobs.push_back({Family::BackwardDkDv, "sm_90a", mods, DType::BF16, 64, 64});
     jobs.push_back({Family::BackwardDq, "sm_90a", mods, DType::BF16, 256, 128});
   }

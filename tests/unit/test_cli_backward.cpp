@@ -104,9 +104,9 @@ TEST_CASE("flexjit run --dout: bad backward flags fail before any work", "[cli][
                       &out) == 1);
   CHECK_THAT(out, Catch::Contains("--dbuffer bias: the mods 'alibi_causal' have no float buffer"));
   CHECK_FALSE(fs::exists(f.path("x.npy")));
-  CHECK(test::run_cli("run --device cpu " + f.inputs() + " --dout " + f.path("do.npy") +
-                          " --deterministic",
-                      &out) == 1);
+  CHECK(test::run_cli(
+            "run --device cpu " + f.inputs() + " --dout " + f.path("do.npy") + " --deterministic",
+            &out) == 1);
   CHECK_THAT(out, Catch::Contains("not implemented yet"));
 }
 

@@ -303,7 +303,8 @@ TEST_CASE("emit_kernel / kernel_variants: the public view of the kernel layer", 
   const KernelSource dqk = emit_kernel(standard_mods("alibi_causal"), q);
   CHECK(dqk.kernel_name == "flexjit_bwd_dq");
   CHECK_THAT(dqk.description, Catch::StartsWith("backward_dq/sm80_mma "));
-  CHECK_THAT(dqk.source, Catch::Contains("fj_dscore") && Catch::Contains("fj_grad_add(gp.grad_slopes"));
+  CHECK_THAT(dqk.source,
+             Catch::Contains("fj_dscore") && Catch::Contains("fj_grad_add(gp.grad_slopes"));
   q.family = "forward";
   q.variant = "nope";
   CHECK_THROWS_WITH(emit_kernel(standard_mods("causal"), q),

@@ -216,9 +216,10 @@ void print_table_row(const AttentionRow& r) {
         r.density, r.fwd_ms, r.fwd_tflops, r.first_call_s,
         r.nonfinite ? fmt::format("  ({} non-finite outputs!)", r.nonfinite) : "");
     if (r.bwd_ms > 0) {
-      fmt::print("{:<18}   backward: {:.4f} ms, {:.1f} TFLOP/s (2.5 x forward FLOPs), first call "
-                 "{:.2f} s\n",
-                 "", r.bwd_ms, r.bwd_tflops, r.first_bwd_s);
+      fmt::print(
+          "{:<18}   backward: {:.4f} ms, {:.1f} TFLOP/s (2.5 x forward FLOPs), first call "
+          "{:.2f} s\n",
+          "", r.bwd_ms, r.bwd_tflops, r.first_bwd_s);
     }
   }
   std::fflush(stdout);

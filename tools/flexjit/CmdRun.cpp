@@ -6,8 +6,8 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
 
-#include "flexjit/Commands.h"
 #include "cpu/BackwardKernel.h"
+#include "flexjit/Commands.h"
 #include "flexjit/Options.h"
 #include "ir/Evaluate.h"
 #include "runtime/Device.h"
@@ -394,18 +394,20 @@ GradientFiles gradient_files(const RunOptions& o, const Mods& mods) {
   for (const std::string& b : o.dbuffers) {
     g.buffers.push_back(split_binding(b, "--dbuffer"));
     const std::string& name = g.buffers.back().first;
-    const bool is_float = std::any_of(mods.buffers.begin(), mods.buffers.end(), [&](const Buffer& x) {
-      return x.name() == name &&
-             (x.dtype() == DType::F32 || x.dtype() == DType::F16 || x.dtype() == DType::BF16);
-    });
+    const bool is_float =
+        std::any_of(mods.buffers.begin(), mods.buffers.end(), [&](const Buffer& x) {
+          return x.name() == name &&
+                 (x.dtype() == DType::F32 || x.dtype() == DType::F16 || x.dtype() == DType::BF16);
+        });
     if (!is_float) {
       throw Error(fmt::format("--dbuffer {}: the mods '{}' have no float buffer '{}'", name,
                               mods.name, name));
     }
   }
-  if (o.dout.empty() && (!o.dq.empty() || !o.dk.empty() || !o.dv.empty() || !g.buffers.empty() ||
-                         o.deterministic)) {
-    throw Error("--dq, --dk, --dv, --dbuffer and --deterministic need --dout (the backward's input)");
+  if (o.dout.empty() &&
+      (!o.dq.empty() || !o.dk.empty() || !o.dv.empty() || !g.buffers.empty() || o.deterministic)) {
+    throw Error(
+        "--dq, --dk, --dv, --dbuffer and --deterministic need --dout (the backward's input)");
   }
   if (o.deterministic) {
     throw Error(

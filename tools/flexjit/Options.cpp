@@ -11,7 +11,8 @@ namespace flexjit::cli {
 void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
   if (with_kernel) {
     app.add_option("--kernel", o.kernel,
-                   "Kernel family: forward | block_mask | backward_preprocess | backward_dkdv | backward_dq (see `flexjit kernels`)")
+                   "Kernel family: forward | block_mask | backward_preprocess | backward_dkdv | "
+                   "backward_dq (see `flexjit kernels`)")
         ->capture_default_str();
     app.add_option("--variant", o.variant,
                    "Kernel variant, e.g. sm80_mma (default: chosen by the arch; `flexjit kernels` "

@@ -345,10 +345,10 @@ std::string generate_mod_grad_functions(const Mods& mods) {
       w.line(fmt::format("fj_i64 gextent_{}[{}];", name, e.rank));
     }
   }
-  w.line(fmt::format(
-      "static_assert(sizeof(FjGradParams) == {}, \"FjGradParams size differs from "
-      "grad_param_layout\");",
-      layout.size));
+  w.line(
+      fmt::format("static_assert(sizeof(FjGradParams) == {}, \"FjGradParams size differs from "
+                  "grad_param_layout\");",
+                  layout.size));
   for (const GradParamLayout::Entry& e : layout.entries) {
     const std::string& name = mods.buffers[static_cast<size_t>(e.buffer_index)].name();
     w.line(fmt::format(
@@ -392,8 +392,8 @@ std::string generate_mod_grad_functions(const Mods& mods) {
       const std::string deriv = lowering.lower(g->derivative);
       std::vector<std::string> terms;
       for (size_t d = 0; d < idx.size(); ++d) {
-        const std::string clamped = w.ssa(
-            "fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx[d], name, d));
+        const std::string clamped =
+            w.ssa("fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx[d], name, d));
         terms.push_back(fmt::format("{} * gp.gstride_{}[{}]", clamped, name, d));
       }
       const std::string offset = terms.empty() ? "0" : fmt::format("{}", fmt::join(terms, " + "));

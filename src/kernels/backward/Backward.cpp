@@ -107,8 +107,8 @@ FjBwdArgs make_bwd_args(const BackwardInputs& in, void* scratch, bool full_block
   a.seqlen_q = static_cast<int>(s.seqlen_q);
   a.seqlen_kv = static_cast<int>(s.seqlen_kv);
   a.seqlen_q_pad = static_cast<int>(backward_padded_seqlen_q(s.seqlen_q));
-  a.scale =
-      in.scale ? *in.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim_qk)));
+  a.scale = in.scale ? *in.scale
+                     : static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim_qk)));
   if (in.block_mask != nullptr) {
     const DeviceBlockMask& d = *in.block_mask;
     a.mask = block_mask_args(d, full_blocks);
@@ -117,8 +117,7 @@ FjBwdArgs make_bwd_args(const BackwardInputs& in, void* scratch, bool full_block
     auto ptr = [](const DeviceTensor& x) {
       return x.defined() ? static_cast<const int*>(x.ref().data) : nullptr;
     };
-    const bool full_t =
-        full_blocks && d.full_q_num_blocks.defined() && d.full_q_indices.defined();
+    const bool full_t = full_blocks && d.full_q_num_blocks.defined() && d.full_q_indices.defined();
     FjBlockMaskArgs& t = a.mask_t;
     const fj_i64 mrows = m.num_kv_blocks, mcols = m.num_q_blocks;
     t.kv_num_blocks = ptr(d.q_num_blocks);

@@ -57,8 +57,8 @@ std::optional<std::string> alignment_reason(const InputFacts& facts) {
 void require_keys(const KernelDesc& d, std::initializer_list<const char*> names) {
   for (const char* name : names) {
     if (!d.config.has(name)) {
-      throw UnsupportedError(fmt::format("{} needs config '{}' ({})", d.family_variant(), name,
-                                         d.str()));
+      throw UnsupportedError(
+          fmt::format("{} needs config '{}' ({})", d.family_variant(), name, d.str()));
     }
   }
   if (d.config.items().size() != names.size()) {
@@ -81,9 +81,8 @@ int dkdv_smem(const KernelDesc& d) {
 }
 
 int dq_smem(const KernelDesc& d) {
-  return fj_bwd_dq_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
-                              d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
-                              d.config.at_int("num_stages"));
+  return fj_bwd_dq_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"), d.head_dim_qk,
+                              d.head_dim_v, dtype_size(d.dtype), d.config.at_int("num_stages"));
 }
 
 std::string grads_section(const Mods& mods) {
@@ -215,21 +214,22 @@ void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
           d.family_variant(), warps, row_warps));
     }
     const int64_t split = warps / row_warps;
-    if (split == 2 && ((d.head_dim_qk / 2) * es / 16 % 8 != 0 || (d.head_dim_v / 2) * es / 16 % 8 != 0)) {
+    if (split == 2 &&
+        ((d.head_dim_qk / 2) * es / 16 % 8 != 0 || (d.head_dim_v / 2) * es / 16 % 8 != 0)) {
       throw UnsupportedError(fmt::format(
           "{}: two warps per 16 kv rows split the head dims {}/{} into halves that are not whole "
           "128-byte rows; use num_warps = block_n / 16",
           d.family_variant(), d.head_dim_qk, d.head_dim_v));
     }
     if (bm / 4 > warps * 32 / 2) {
-      throw UnsupportedError(fmt::format("{}: block_m = {} is too large for {} warps",
-                                         d.family_variant(), bm, warps));
+      throw UnsupportedError(
+          fmt::format("{}: block_m = {} is too large for {} warps", d.family_variant(), bm, warps));
     }
   } else {
     if (bm != 16 * warps) {
-      throw UnsupportedError(fmt::format(
-          "{}: block_m = {} must be 16 * num_warps = {} (each warp owns 16 q rows)",
-          d.family_variant(), bm, 16 * warps));
+      throw UnsupportedError(
+          fmt::format("{}: block_m = {} must be 16 * num_warps = {} (each warp owns 16 q rows)",
+                      d.family_variant(), bm, 16 * warps));
     }
   }
   check_copies(bm, d.head_dim_qk, "q");
@@ -267,7 +267,8 @@ Params BackwardSm80Mma<F>::default_config(const KernelDesc& p) const {
     return f32 ? make_config(32, 32, 4, 1) : make_config(32, 64, 8, small_smem ? 1 : 2);
   } else {
     if (d <= 64) return make_config(64, 64, 4, 2);
-    if (d <= 128) return f32 ? make_config(64, 32, 4, small_smem ? 1 : 2) : make_config(64, 64, 4, 2);
+    if (d <= 128)
+      return f32 ? make_config(64, 32, 4, small_smem ? 1 : 2) : make_config(64, 64, 4, 2);
     return f32 ? make_config(32, 32, 2, 1) : make_config(64, 32, 4, small_smem ? 1 : 2);
   }
 }
@@ -316,7 +317,8 @@ Params BackwardSm80Mma<F>::resolve_config(const KernelDesc& problem, const Param
   if (!overrides.has("num_warps")) {
     if constexpr (F == Family::BackwardDkDv) {
       const int64_t row_warps = c.at("block_n") / 16;
-      const int64_t split = std::max<int64_t>(1, c.at("num_warps") / std::max<int64_t>(1, row_warps));
+      const int64_t split =
+          std::max<int64_t>(1, c.at("num_warps") / std::max<int64_t>(1, row_warps));
       c.set("num_warps", row_warps * std::min<int64_t>(split, 2));
     } else {
       c.set("num_warps", c.at("block_m") / 16);
@@ -354,8 +356,7 @@ std::vector<std::string> BackwardSm80Mma<F>::entry_points() const {
 }
 
 template <Family F>
-cuda::GeneratedSource BackwardSm80Mma<F>::generate(const Mods& mods,
-                                                   const KernelDesc& desc) const {
+cuda::GeneratedSource BackwardSm80Mma<F>::generate(const Mods& mods, const KernelDesc& desc) const {
   validate(desc);
   mods.check();
   const bool dkdv = F == Family::BackwardDkDv;

@@ -1,6 +1,7 @@
 // forward/sm80_mma: the FlashAttention-2-structured forward for sm_80 and newer —
 // mma.sync (m16n8k16 bf16/f16, m16n8k8 tf32 for f32 inputs), ldmatrix and a cp.async K/V
-// pipeline (templates/mma_sm80.cuh + attention_sm80.cuh + forward_sm80.cuh; docs/kernels/forward_sm80.md).
+// pipeline (templates/mma_sm80.cuh + attention_sm80.cuh + forward_sm80.cuh;
+// docs/kernels/forward_sm80.md).
 //
 // Config: block_m {64, 128} query rows per CTA, block_n {32, 64, 128} keys per iteration,
 // num_warps {4, 8} (block_m / num_warps a multiple of 16), num_stages {1, 2, 3}; the shared
