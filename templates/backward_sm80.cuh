@@ -149,7 +149,8 @@ struct FjDot16<float> {
 
 #if defined(FJ_BWD_PREPROCESS)
 // 4 warps, 16 rows each: lane l sums 16-byte chunks l, l + 32, ... of the row, then the warp
-// reduces. Rows in [seqlen_q, seqlen_q_pad) get lse2 = +inf and delta = 0.
+// reduces. Rows in [seqlen_q, seqlen_q_pad) get lse2 = +inf and delta = 0. With a dQ
+// accumulator, its rows are zeroed here too.
 extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_preprocess(const FjBwdArgs args) {
   using E = typename FjConfig::Element;
   constexpr int kChunks = FjConfig::kHeadDimV * (int)sizeof(E) / 16;
@@ -176,6 +177,12 @@ extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_preprocess(const F
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1)
       acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (args.dq_accum != nullptr) {  // the dK/dV kernel adds dQ into it
+      fj_u32x4* acc_row = reinterpret_cast<fj_u32x4*>(args.dq_accum +
+                                                      (ws_row0 + row) * FjConfig::kHeadDimQK);
+      for (int c = lane; c < FjConfig::kHeadDimQK / 4; c += 32)
+        acc_row[c] = fj_u32x4{0u, 0u, 0u, 0u};
+    }
     if (lane != 0) continue;
     float lse2 = __int_as_float(0x7f800000);  // +inf: P = 0 in the row
     float delta = 0.0f;
@@ -243,10 +250,21 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   using ShapeDK = FjGemmShape<E, 1, kBM / 8, T::kDimQK, T::kDimQK, kDqkW>;
   constexpr bool kCheck = !Cfg::kIsDivisible;
   constexpr int kStageBytes = T::kQKBytesM + T::kVBytesM + 8 * kBM;
-  static_assert(
-      T::kQKBytesN + T::kVBytesN + T::kNumStages * kStageBytes ==
-          fj_bwd_dkdv_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, T::kElemBytes, T::kNumStages),
-      "flexjit bwd_dkdv: shared-memory layout and fj_bwd_dkdv_smem_bytes disagree");
+  // dQ by atomics: the dS tile in f32, [q][kv] with a padded row (conflict-free transposing
+  // stores), read back by q-row slices; each slice's kDqWarps warps split the head dim.
+  constexpr int kDsStride = kBN + 4;
+  constexpr int kDsBytes = Cfg::kDqAtomic ? 4 * kBM * kDsStride : 0;
+  constexpr int kQSlices = kBM / 16;
+  constexpr int kDqWarps =
+      Cfg::kDqAtomic && T::kNumWarps / kQSlices > 0 ? T::kNumWarps / kQSlices : 1;
+  constexpr int kDqCols = T::kDimQK / kDqWarps;         // head-dim columns per warp
+  constexpr int kDqPass = kDqCols < 64 ? kDqCols : 64;  // columns per product (32 registers)
+  static_assert(!Cfg::kDqAtomic || (T::kNumWarps % kQSlices == 0 && kDqCols % 16 == 0),
+                "flexjit bwd_dkdv: dq_atomic needs num_warps a multiple of block_m / 16");
+  static_assert(T::kQKBytesN + T::kVBytesN + T::kNumStages * kStageBytes + kDsBytes ==
+                    fj_bwd_dkdv_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, T::kElemBytes,
+                                           T::kNumStages, Cfg::kDqAtomic ? 1 : 0),
+                "flexjit bwd_dkdv: shared-memory layout and fj_bwd_dkdv_smem_bytes disagree");
   static_assert(kBM / 4 <= kThreads / 2, "flexjit bwd_dkdv: lse2 / delta copies per thread");
   extern __shared__ unsigned char fj_smem[];
 
@@ -394,6 +412,56 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
         }
         fj_pv<ShapeDV>(dv, s, sdo + part * kDvW * T::kElemBytes, lane);
         fj_pv<ShapeDK>(dk, dp, sq + part * kDqkW * T::kElemBytes, lane);
+        if constexpr (Cfg::kDqAtomic) {
+          // dQ[q] += dS[q][kv] K[kv]: dS^T (rows kv) into shared memory as dS (rows q), then
+          // each q-row slice times the K tile, added into the f32 accumulator.
+          float* sds = reinterpret_cast<float*>(fj_smem + T::kQKBytesN + T::kVBytesN +
+                                                T::kNumStages * kStageBytes);
+          if (part == 0) {
+#pragma unroll
+            for (int nt = 0; nt < kBM / 8; ++nt)
+#pragma unroll
+              for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+                  sds[(nt * 8 + (lane & 3) * 2 + c) * kDsStride + row_warp * 16 + hr * 8 +
+                      (lane >> 2)] = dp[0][nt][hr * 2 + c];
+          }
+          __syncthreads();
+          const int slice = warp / kDqWarps, col_warp = (warp % kDqWarps) * kDqCols;
+          float ds[1][kBN / 8][4];
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const float* src = sds + (slice * 16 + hr * 8 + (lane >> 2)) * kDsStride + (lane & 3) * 2;
+#pragma unroll
+            for (int nt = 0; nt < kBN / 8; ++nt) {
+              ds[0][nt][hr * 2] = src[nt * 8];
+              ds[0][nt][hr * 2 + 1] = src[nt * 8 + 1];
+            }
+          }
+          using ShapeDQ = FjGemmShape<E, 1, kBN / 8, T::kDimQK, T::kDimQK, kDqPass>;
+          float* acc_base = args.dq_accum + (ws_row0 + m0 + slice * 16 + (lane >> 2)) * T::kDimQK;
+#pragma unroll
+          for (int col0 = 0; col0 < kDqCols; col0 += kDqPass) {
+            float part_dq[1][ShapeDQ::kDTiles][4];
+#pragma unroll
+            for (int dt = 0; dt < ShapeDQ::kDTiles; ++dt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                part_dq[0][dt][e] = 0.0f;
+            fj_pv<ShapeDQ>(part_dq, ds, sk + (col_warp + col0) * T::kElemBytes, lane);
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              if (kCheck && m0 + slice * 16 + hr * 8 + (lane >> 2) >= args.seqlen_q) continue;
+              float* row = acc_base + hr * 8 * T::kDimQK + col_warp + col0 + (lane & 3) * 2;
+#pragma unroll
+              for (int dt = 0; dt < ShapeDQ::kDTiles; ++dt) {
+                atomicAdd(row + dt * 8, part_dq[0][dt][hr * 2]);
+                atomicAdd(row + dt * 8 + 1, part_dq[0][dt][hr * 2 + 1]);
+              }
+            }
+          }
+        }
       }
       if constexpr (T::kNumStages == 1) __syncthreads();
     }
@@ -599,5 +667,37 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       T::kElemBytes * args.dq_stride_s, fj_smem, args.seqlen_q - m_start, tid);
 }
 #endif  // FJ_BWD_DQ
+
+// ---- dQ from the atomic accumulator ------------------------------------------------------------
+
+#if defined(FJ_BWD_DQ_CONVERT)
+// 64 rows per CTA, 128 threads: dq = scale * dq_accum, 4 elements per step.
+extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_dq_convert(const FjBwdArgs args) {
+  using E = typename FjConfig::Element;
+  constexpr int kD = FjConfig::kHeadDimQK;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const fj_i64 ws_row0 = ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
+  for (int idx = threadIdx.x; idx < 64 * kD / 4; idx += 128) {
+    const int r = idx / (kD / 4), c4 = idx % (kD / 4);
+    const int q = blockIdx.x * 64 + r;
+    if (q >= args.seqlen_q) continue;
+    const fj_u32x4 a =
+        *reinterpret_cast<const fj_u32x4*>(args.dq_accum + (ws_row0 + q) * kD + 4 * c4);
+    const float x0 = __uint_as_float(a.x) * args.scale, x1 = __uint_as_float(a.y) * args.scale;
+    const float x2 = __uint_as_float(a.z) * args.scale, x3 = __uint_as_float(a.w) * args.scale;
+    char* dst = static_cast<char*>(args.dq) +
+                sizeof(E) * ((fj_i64)b * args.dq_stride_b + (fj_i64)h * args.dq_stride_h +
+                             (fj_i64)q * args.dq_stride_s + 4 * c4);
+    if constexpr (sizeof(E) == 4) {
+      *reinterpret_cast<fj_u32x4*>(dst) = fj_u32x4{__float_as_uint(x0), __float_as_uint(x1),
+                                                   __float_as_uint(x2), __float_as_uint(x3)};
+    } else {
+      fj_u32* d32 = reinterpret_cast<fj_u32*>(dst);
+      d32[0] = FjMma<E>::pack(x0, x1);
+      d32[1] = FjMma<E>::pack(x2, x3);
+    }
+  }
+}
+#endif  // FJ_BWD_DQ_CONVERT
 
 #endif  // FLEXJIT_BACKWARD_SM80_CUH_

@@ -97,7 +97,10 @@ struct FjBlockMaskBuildArgs {
 //   flexjit_bwd_dkdv(args, mods, grads): grid (ceil(seqlen_kv / BLOCK_N), heads_kv, batch); one
 //     CTA per KV tile loops over the q heads of its GQA group and their q tiles (mask_t).
 //   flexjit_bwd_dq(args, mods): grid (ceil(seqlen_q / BLOCK_M), heads_q, batch); one CTA per
-//     q tile loops over its KV tiles (mask), as the forward does.
+//     q tile loops over its KV tiles (mask), as the forward does. Or, when the dK/dV kernel adds
+//     dQ into dq_accum with atomics (the preprocess zeroes it first):
+//   flexjit_bwd_dq_convert(args): grid (seqlen_q_pad / 64, heads_q, batch), 128 threads;
+//     dq = scale * dq_accum in q's dtype.
 // lse2 and delta are the plan's workspace: [batch * heads_q, seqlen_q_pad] f32 each, rows of
 // seqlen_q_pad (a multiple of 128) so that every q tile reads whole 16-byte chunks.
 struct FjBwdArgs {
@@ -113,6 +116,8 @@ struct FjBwdArgs {
   void* dv;           // [B, Hkv, Skv, Dv]
   float* lse2;        // workspace: lse * log2(e); +inf where lse is -inf or past seqlen_q
   float* delta;       // workspace: rowsum(dout * out) - dlse; 0 past seqlen_q
+  float* dq_accum;    // workspace [B * Hq, seqlen_q_pad, Dqk] f32 when the dK/dV kernel adds dQ
+                      // there with atomics (then flexjit_bwd_dq_convert writes dq); else null
   fj_i64 q_stride_b, q_stride_h, q_stride_s;  // in elements
   fj_i64 k_stride_b, k_stride_h, k_stride_s;
   fj_i64 v_stride_b, v_stride_h, v_stride_s;
@@ -131,12 +136,15 @@ struct FjBwdArgs {
 };
 
 // Dynamic shared memory of the dK/dV kernel: K and V tiles (kept), then num_stages buffers of a
-// Q tile, a dO tile and the tile's lse2 and delta (block_m floats each).
+// Q tile, a dO tile and the tile's lse2 and delta (block_m floats each), then with dq_atomic
+// the dS tile in f32 ([block_m][block_n + 4]) that the dQ products read.
 FJ_HOST_DEVICE inline constexpr int fj_bwd_dkdv_smem_bytes(int block_m, int block_n,
                                                            int head_dim_qk, int head_dim_v,
-                                                           int elem_bytes, int num_stages) {
+                                                           int elem_bytes, int num_stages,
+                                                           int dq_atomic) {
   return elem_bytes * block_n * (head_dim_qk + head_dim_v) +
-         num_stages * (elem_bytes * block_m * (head_dim_qk + head_dim_v) + 8 * block_m);
+         num_stages * (elem_bytes * block_m * (head_dim_qk + head_dim_v) + 8 * block_m) +
+         (dq_atomic ? 4 * block_m * (block_n + 4) : 0);
 }
 
 // Dynamic shared memory of the dQ kernel: Q and dO tiles (kept; the Q tile is reused to stage

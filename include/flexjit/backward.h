@@ -31,6 +31,11 @@ struct BackwardOptions {
   // Buffer gradients summed in a fixed order, bitwise the same on every run. Not available yet:
   // true is an UnsupportedError (the default accumulates with fp32 atomics).
   bool deterministic = false;
+  // How dQ is computed: a second pass over the KV tiles (deterministic, no workspace beyond
+  // lse2 / delta), or fp32 atomics from the dK/dV kernel into an accumulator of
+  // 4 * B * Hq * round_up(Sq, 128) * Dqk bytes plus a convert pass. Auto: the variant's default.
+  enum class DqMode { Auto, SecondPass, Atomic };
+  DqMode dq_mode = DqMode::Auto;
 };
 
 struct BackwardResult {
@@ -70,9 +75,11 @@ FLEXJIT_API void flex_attention_backward_into(Context& ctx, const TensorRef& q, 
                                               const BackwardOptions& backward = {});
 
 // The workspace bytes flex_attention_backward_into needs for this call (AttentionOptions::
-// workspace): the lse2 / delta arrays, 8 * B * Hq * round_up(Sq, 128).
+// workspace): the lse2 / delta arrays, 8 * B * Hq * round_up(Sq, 128), and the dQ accumulator
+// when dQ is added with atomics.
 FLEXJIT_API size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q,
                                                            const TensorRef& k, const TensorRef& v,
-                                                           const AttentionOptions& options = {});
+                                                           const AttentionOptions& options = {},
+                                                           const BackwardOptions& backward = {});
 
 }  // namespace flexjit

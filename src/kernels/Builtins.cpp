@@ -14,6 +14,7 @@ void register_builtin_variants(Registry& registry) {
   registry.add(std::make_unique<BackwardPreprocessSm80>());
   registry.add(std::make_unique<BackwardDkDvSm80Mma>());
   registry.add(std::make_unique<BackwardDqSm80Mma>());
+  registry.add(std::make_unique<BackwardDqAtomicConvert>());
 }
 
 }  // namespace flexjit::kernels

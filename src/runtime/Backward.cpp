@@ -151,9 +151,11 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
   return call;
 }
 
-// preprocess -> dK/dV -> dQ; the last two read the preprocess's slice of the workspace.
-runtime::Plan plan_backward(Context& ctx, const ValidatedBackward& call,
-                            const AttentionOptions& options) {
+// preprocess -> dK/dV -> dQ; the last two read the preprocess's slice of the workspace. The dK/dV
+// kernel's config decides how dQ is made: a second pass (backward_dq's auto-selected variant) or
+// atomics into an accumulator in that slice (then backward_dq/atomic_convert writes dq).
+runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const AttentionOptions& options,
+                            const BackwardOptions& backward) {
   const QkvShape& s = call.inputs.shape;
   const bool full_blocks = options.block_mask != nullptr &&
                            options.block_mask->full_kv_num_blocks.defined() &&
@@ -167,20 +169,32 @@ runtime::Plan plan_backward(Context& ctx, const ValidatedBackward& call,
                                      static_cast<int>(s.heads_q / s.heads_kv), full_blocks);
   };
   const kernels::InputFacts facts = kernels::backward_facts(call.inputs);
-  // A named variant (options.variant) applies to the dK/dV and dQ kernels; the block config
-  // too (the preprocess has neither choice).
-  const kernels::Params overrides = kernels::config_overrides(options.config);
+  // A named variant (options.variant) and the block config apply to the dK/dV and dQ kernels.
+  kernels::Params overrides = kernels::config_overrides(options.config);
+  kernels::Params dkdv_overrides = overrides;
+  if (backward.dq_mode != BackwardOptions::DqMode::Auto) {
+    dkdv_overrides.set("dq_atomic", backward.dq_mode == BackwardOptions::DqMode::Atomic ? 1 : 0);
+  }
+  const kernels::KernelDesc dkdv_desc = kernels::Registry::global().complete(
+      problem(kernels::Family::BackwardDkDv), facts, dkdv_overrides, options.variant);
+  call.inputs.dq_atomic = dkdv_desc.config.get("dq_atomic").value_or(0) == 1;
+
   runtime::Plan plan;
   plan.add(runtime::plan_step<kernels::BackwardPreprocessVariant>(
       problem(kernels::Family::BackwardPreprocess), call.inputs, facts, call.mods));
   runtime::PlanStep dkdv = runtime::plan_step<kernels::BackwardDkDvVariant>(
-      problem(kernels::Family::BackwardDkDv), call.inputs, facts, call.mods, overrides,
+      problem(kernels::Family::BackwardDkDv), call.inputs, facts, call.mods, dkdv_overrides,
       options.variant);
   dkdv.reads_workspace_of = 0;
   plan.add(std::move(dkdv));
-  runtime::PlanStep dq = runtime::plan_step<kernels::BackwardDqVariant>(
-      problem(kernels::Family::BackwardDq), call.inputs, facts, call.mods, overrides,
-      options.variant);
+  runtime::PlanStep dq =
+      call.inputs.dq_atomic
+          ? runtime::plan_step<kernels::BackwardDqVariant>(problem(kernels::Family::BackwardDq),
+                                                           call.inputs, facts, call.mods, {},
+                                                           "atomic_convert")
+          : runtime::plan_step<kernels::BackwardDqVariant>(problem(kernels::Family::BackwardDq),
+                                                           call.inputs, facts, call.mods,
+                                                           overrides, options.variant);
   dq.reads_workspace_of = 0;
   plan.add(std::move(dq));
   return plan;
@@ -199,7 +213,7 @@ void flex_attention_backward_into(Context& ctx, const TensorRef& q, const Tensor
         "flex_attention_backward takes CUDA tensors; q, k and v are on the CPU (the CPU backend's "
         "backward is `flexjit run --device cpu --dout ...`)");
   }
-  const ValidatedBackward call =
+  ValidatedBackward call =
       validate_backward(ctx, q, k, v, out, lse, dout, grads, options, backward, s);
   ContextImpl& impl = impl_of(ctx);
   impl.device->make_current();
@@ -213,7 +227,7 @@ void flex_attention_backward_into(Context& ctx, const TensorRef& q, const Tensor
     runtime::zero_fill(grads.dv, stream);
     return;
   }
-  const runtime::Plan plan = plan_backward(ctx, call, options);
+  const runtime::Plan plan = plan_backward(ctx, call, options, backward);
   const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
   runtime::launch_plan(*impl.device, plan, built, stream, options.workspace);
 }
@@ -244,14 +258,32 @@ BackwardResult flex_attention_backward(Context& ctx, const TensorRef& q, const T
   return r;
 }
 
-size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
-                                               const TensorRef& v,
-                                               const AttentionOptions& options) {
+size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q,
+                                               const TensorRef& k, const TensorRef& v,
+                                               const AttentionOptions& options,
+                                               const BackwardOptions& backward) {
   const QkvShape s = validate_qkv(q, k, v);
-  (void)ctx;
-  (void)options;
+  if (q.device == TensorRef::Device::CPU) return 0;
   if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0) return 0;
-  return kernels::backward_scratch_bytes(s);
+  // Stand-ins with the inputs' layouts: the plan does not depend on the outputs' data.
+  const TensorRef out = TensorRef::contiguous(
+      q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
+  const TensorRef lse = TensorRef::contiguous(q.data, DType::F32, {s.batch, s.heads_q, s.seqlen_q},
+                                              q.device, q.device_index);
+  BackwardOutputs grads{q, k, v, {}};
+  const Mods mods = runtime::effective_mods(options);
+  for (const Buffer& b : mods.buffers) {
+    if (!is_float(b.dtype())) continue;
+    for (const auto& [name, t] : options.bindings.buffers) {
+      if (name == b.name()) {
+        grads.buffer_grads.emplace_back(
+            name, TensorRef::contiguous(q.data, DType::F32, t.shape, q.device, q.device_index));
+      }
+    }
+  }
+  ValidatedBackward call =
+      validate_backward(ctx, q, k, v, out, lse, out, grads, options, backward, s);
+  return plan_backward(ctx, call, options, backward).workspace_bytes;
 }
 
 }  // namespace flexjit

@@ -42,6 +42,7 @@ struct BwdCase {
   AttentionShape shape;
   Mods mods;
   bool block_mask = false;  // build one from the mods' mask_mod on the device
+  BackwardOptions::DqMode dq_mode = BackwardOptions::DqMode::Auto;
   std::optional<float> scale;
   std::map<std::string, HostBuffer> buffers;
   std::vector<std::pair<std::string, double>> params;
@@ -111,7 +112,10 @@ std::vector<GradCheck> run_backward_case(Context& ctx, BwdCase& c, std::mt19937_
   o.return_lse = true;
   o.block_mask = mask ? &*mask : nullptr;
   AttentionResult fwd = flex_attention(ctx, dq_in, dk_in, dv_in, o);
-  BackwardResult g = flex_attention_backward(ctx, dq_in, dk_in, dv_in, fwd.out, fwd.lse, ddout, o);
+  BackwardOptions bo;
+  bo.dq_mode = c.dq_mode;
+  BackwardResult g =
+      flex_attention_backward(ctx, dq_in, dk_in, dv_in, fwd.out, fwd.lse, ddout, o, bo);
   ctx.synchronize();
 
   // The reference: the CPU backward in fp64 on the same inputs as the GPU's backward (its
@@ -142,9 +146,10 @@ void check_backward_case(Context& ctx, BwdCase c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const AttentionShape& s = c.shape;
   const std::string head =
-      fmt::format("{} {} B={} Hq={} Hkv={} Sq={} Skv={} D={}/{}{} (seed {})", c.label,
+      fmt::format("{} {} B={} Hq={} Hkv={} Sq={} Skv={} D={}/{}{}{} (seed {})", c.label,
                   to_string(c.dtype), s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_kv,
-                  s.head_dim_qk, s.head_dim_v, c.block_mask ? " block mask" : "", seed);
+                  s.head_dim_qk, s.head_dim_v, c.block_mask ? " block mask" : "",
+                  c.dq_mode == BackwardOptions::DqMode::Atomic ? " dQ atomic" : "", seed);
   INFO(head);
   const std::vector<GradCheck> checks = run_backward_case(ctx, c, rng);
   std::string line = head + ":";
@@ -169,6 +174,8 @@ TEST_CASE("backward: every standard mod matches the fp64 CPU backward", "[gpu][b
       if (block_mask && !c.mods.mask_mod.defined()) continue;
       c.label = name;
       c.block_mask = block_mask;
+      // Both ways of computing dQ: the second pass without a block mask, atomics with one.
+      c.dq_mode = block_mask ? BackwardOptions::DqMode::Atomic : BackwardOptions::DqMode::SecondPass;
       c.shape = make_shape(2, 4, 2, 200, 321, 128, 128);
       check_backward_case(*ctx, c, seed + (block_mask ? 1 : 0));
     }
@@ -195,6 +202,7 @@ TEST_CASE("backward: GQA ratios, head dims, lengths and dtypes", "[gpu][backward
         c.label = mod;
         c.shape = make_shape(1, sh.hq, sh.hkv, sh.sq, sh.skv, sh.dqk, sh.dv);
         c.block_mask = (i % 2) == 1 && c.mods.mask_mod.defined();
+        if (i % 3 == 1) c.dq_mode = BackwardOptions::DqMode::Atomic;
         check_backward_case(*ctx, c, seed + static_cast<uint64_t>(i++));
       }
     }

@@ -70,7 +70,15 @@ TEST_CASE("backward variants: registration, descriptions and validation", "[back
   const KernelDesc d = bwd_desc(Family::BackwardDkDv, "sm_90a", DType::BF16, 128, 128, 4);
   CHECK(d.str() ==
         "backward_dkdv/sm80_mma sm_90a bf16 d=128/128 gqa=4 divisible=0 full_blocks=1 | "
-        "block_m=64 block_n=64 num_stages=2 num_warps=4");
+        "block_m=64 block_n=64 dq_atomic=0 num_stages=2 num_warps=4");
+  // dq_atomic = 1 where the default tiles do not split the dQ products: 64 x 64 on 4 warps.
+  const KernelDesc a64 = reg.complete(backward_problem(Family::BackwardDkDv,
+                                                       cuda::Arch::parse("sm_90a"), DType::BF16,
+                                                       64, 64, 1, true),
+                                      {}, {{"dq_atomic", 1}});
+  CHECK(a64.config.str() == "block_m=64 block_n=64 dq_atomic=1 num_stages=2 num_warps=4");
+  CHECK(reg.find(Family::BackwardDq, "atomic_convert") != nullptr);
+  CHECK_FALSE(reg.find(Family::BackwardDq, "atomic_convert")->auto_select());
   CHECK(KernelDesc::parse(d.str()) == d);
   CHECK(KernelDesc::from_json(d.to_json()) == d);
   const KernelDesc p = bwd_desc(Family::BackwardPreprocess, "sm_80", DType::F16, 64, 128);
@@ -108,6 +116,7 @@ TEST_CASE("the backward kernels compile for every arch, dtype and head dim", "[b
     std::string arch, mods;
     DType dtype;
     int dqk, dv;
+    bool dq_atomic = false;
   };
   std::vector<Job> jobs;
   const Family families[] = {Family::BackwardPreprocess, Family::BackwardDkDv, Family::BackwardDq};
@@ -134,7 +143,14 @@ TEST_CASE("the backward kernels compile for every arch, dtype and head dim", "[b
     for (size_t i; (i = next++) < jobs.size();) {
       const Job& j = jobs[i];
       try {
-        const KernelDesc d = bwd_desc(j.family, j.arch, j.dtype, j.dqk, j.dv);
+        KernelDesc d = bwd_desc(j.family, j.arch, j.dtype, j.dqk, j.dv);
+        if (j.dq_atomic) {
+          const KernelDesc p = backward_problem(j.family, cuda::Arch::parse(j.arch), j.dtype,
+                                                j.dqk, j.dv, 1, true);
+          d = j.family == Family::BackwardDkDv
+                  ? Registry::global().complete(p, {}, {{"dq_atomic", 1}})
+                  : Registry::global().complete(p, {}, {}, "atomic_convert");
+        }
         const BuiltKernel k = builder.build(standard_mods(j.mods), d);
         if (k.compiled.kernel->usage.spill_store_bytes > 64) {
           std::lock_guard<std::mutex> lock(mu);

@@ -143,6 +143,7 @@ struct AttentionBenchOptions {
   int device = 0;
   BlockConfig config;     // zeros: the defaults table
   bool backward = false;  // also time flex_attention_backward (bwd_ms, bwd_tflops)
+  std::string bwd_dq = "auto";  // auto | atomic | pass: how the backward computes dQ
 };
 
 struct AttentionRow {
@@ -427,8 +428,12 @@ void run_attention_bench(const AttentionBenchOptions& o) {
           buffer_grads.push_back(DeviceTensor::empty(ctx, DType::F32, bound.shape));
           grads.buffer_grads.emplace_back(name, buffer_grads.back().ref());
         }
+        BackwardOptions bopts;
+        bopts.dq_mode = o.bwd_dq == "atomic" ? BackwardOptions::DqMode::Atomic
+                        : o.bwd_dq == "pass" ? BackwardOptions::DqMode::SecondPass
+                                             : BackwardOptions::DqMode::Auto;
         auto backward = [&] {
-          flex_attention_backward_into(ctx, in.q, in.k, in.v, out, lse, dout, grads, aopts);
+          flex_attention_backward_into(ctx, in.q, in.k, in.v, out, lse, dout, grads, aopts, bopts);
         };
         row.first_bwd_s = 1e-3 * time_ms([&] {
                             backward();
@@ -537,6 +542,11 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--backward", a.backward,
                 "Also time the backward (flex_attention_backward; TFLOP/s with 2.5 x the "
                 "forward's FLOPs, the anchors' rule)");
+  cmd->add_option("--bwd-dq", a.bwd_dq,
+                  "With --backward: how dQ is computed: auto (the defaults), atomic (fp32 atomics "
+                  "from the dK/dV kernel) or pass (a second pass over the KV tiles)")
+      ->check(CLI::IsMember({"auto", "atomic", "pass"}))
+      ->capture_default_str();
   cmd->callback([] {
     if (compile) {
       run_compile_bench(opts, mods_list, repeats > 0 ? repeats : 200, a.json);

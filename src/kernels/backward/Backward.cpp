@@ -66,9 +66,10 @@ int64_t backward_padded_seqlen_q(int64_t seqlen_q) {
   return (seqlen_q + 127) / 128 * 128;
 }
 
-size_t backward_scratch_bytes(const QkvShape& s) {
-  return 2 * sizeof(float) * static_cast<size_t>(s.batch * s.heads_q) *
-         static_cast<size_t>(backward_padded_seqlen_q(s.seqlen_q));
+size_t backward_scratch_bytes(const QkvShape& s, bool dq_atomic) {
+  const size_t rows = static_cast<size_t>(s.batch * s.heads_q) *
+                      static_cast<size_t>(backward_padded_seqlen_q(s.seqlen_q));
+  return sizeof(float) * rows * (2 + (dq_atomic ? static_cast<size_t>(s.head_dim_qk) : 0));
 }
 
 FjBwdArgs make_bwd_args(const BackwardInputs& in, void* scratch, bool full_blocks) {
@@ -88,6 +89,7 @@ FjBwdArgs make_bwd_args(const BackwardInputs& in, void* scratch, bool full_block
                       static_cast<size_t>(backward_padded_seqlen_q(s.seqlen_q));
   a.lse2 = static_cast<float*>(scratch);
   a.delta = scratch != nullptr ? static_cast<float*>(scratch) + rows : nullptr;
+  a.dq_accum = scratch != nullptr && in.dq_atomic ? static_cast<float*>(scratch) + 2 * rows : nullptr;
   auto strides3 = [](const TensorRef& t, fj_i64& b, fj_i64& h, fj_i64& sq) {
     b = t.strides[0], h = t.strides[1], sq = t.strides[2];
   };

@@ -35,6 +35,9 @@ struct BackwardInputs {
   const DeviceBlockMask* block_mask = nullptr;  // null: every tile, mask_mod everywhere
   std::vector<uint64_t> mod_params;             // the FjModParams bytes (runtime/ModArgs.h)
   std::vector<uint64_t> grad_params;            // the FjGradParams bytes (grad_param_layout)
+  // The dK/dV kernel adds dQ into an f32 accumulator in the workspace (its config's dq_atomic);
+  // the preprocess zeroes it and backward_dq/atomic_convert writes dq from it.
+  bool dq_atomic = false;
 };
 
 using BackwardPreprocessVariant = FamilyVariant<Family::BackwardPreprocess, BackwardInputs>;
@@ -50,10 +53,12 @@ InputFacts backward_facts(const BackwardInputs& in);
 
 // seqlen_q rounded up to 128: the row length of the lse2 / delta workspace arrays.
 int64_t backward_padded_seqlen_q(int64_t seqlen_q);
-// Bytes of the lse2 + delta workspace (two f32 arrays of [B * Hq, padded Sq]).
-size_t backward_scratch_bytes(const QkvShape& shape);
+// Bytes of the workspace: lse2 + delta (two f32 arrays of [B * Hq, padded Sq]) and, with
+// dq_atomic, the dQ accumulator (f32 [B * Hq, padded Sq, Dqk]).
+size_t backward_scratch_bytes(const QkvShape& shape, bool dq_atomic);
 
-// FjBwdArgs for the inputs; lse2 / delta point into `scratch` (backward_scratch_bytes).
+// FjBwdArgs for the inputs; lse2 / delta (and dq_accum with in.dq_atomic) point into `scratch`
+// (backward_scratch_bytes).
 FjBwdArgs make_bwd_args(const BackwardInputs& in, void* scratch, bool full_blocks);
 
 }  // namespace flexjit::kernels

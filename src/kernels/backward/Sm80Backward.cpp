@@ -5,7 +5,6 @@
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/SourceWriter.h"
 #include "kernels/forward/Forward.h"
-#include "kernels/forward/Sm80Mma.h"
 #include "util/Embedded.h"
 
 #include <fmt/format.h>
@@ -74,10 +73,42 @@ Params make_config(int block_m, int block_n, int num_warps, int num_stages) {
           {"num_stages", num_stages}};
 }
 
+// The dK/dV kernel's config: the tiles, and whether it also adds dQ (dq_atomic).
+Params dkdv_config(int block_m, int block_n, int num_warps, int num_stages, int dq_atomic) {
+  Params p = make_config(block_m, block_n, num_warps, num_stages);
+  p.set("dq_atomic", dq_atomic);
+  return p;
+}
+
+// The generated `struct FjConfig` of the dK/dV and dQ kernels (the forward's fields, and
+// kDqAtomic).
+std::string backward_config_struct(const Mods& mods, const KernelDesc& d) {
+  cuda::SourceWriter w;
+  w.line(fmt::format("// Compile-time configuration: {}", d.str()));
+  {
+    auto st = w.block("struct FjConfig", ";");
+    w.line(fmt::format(
+        "static constexpr int kBlockM = {}, kBlockN = {}, kNumWarps = {}, kNumStages = {};",
+        d.config.at("block_m"), d.config.at("block_n"), d.config.at("num_warps"),
+        d.config.at("num_stages")));
+    w.line(fmt::format("static constexpr int kHeadDimQK = {}, kHeadDimV = {}, kGqaRatio = {};",
+                       d.head_dim_qk, d.head_dim_v, d.gqa_ratio));
+    auto b = [](bool v) { return v ? "true" : "false"; };
+    w.line(fmt::format("static constexpr bool kIsDivisible = {}, kHasFullBlocks = {};",
+                       b(d.flags.at("divisible") != 0), b(d.flags.at("full_blocks") != 0)));
+    w.line(fmt::format("static constexpr bool kHasScoreMod = {}, kHasMaskMod = {};",
+                       b(cuda::has_score_mod(mods)), b(cuda::has_mask_mod(mods))));
+    w.line(fmt::format("static constexpr bool kDqAtomic = {};",
+                       b(d.config.get("dq_atomic").value_or(0) != 0)));
+    w.line(fmt::format("using Element = {};", element_type(d.dtype)));
+  }
+  return w.str();
+}
+
 int dkdv_smem(const KernelDesc& d) {
   return fj_bwd_dkdv_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
                                 d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
-                                d.config.at_int("num_stages"));
+                                d.config.at_int("num_stages"), d.config.at_int("dq_atomic"));
 }
 
 int dq_smem(const KernelDesc& d) {
@@ -136,7 +167,8 @@ cuda::GeneratedSource BackwardPreprocessSm80::generate(const Mods& mods,
   w.line("#define FJ_BWD_PREPROCESS 1");
   {
     auto s = w.block("struct FjConfig", ";");
-    w.line(fmt::format("static constexpr int kHeadDimV = {};", desc.head_dim_v));
+    w.line(fmt::format("static constexpr int kHeadDimQK = {}, kHeadDimV = {};", desc.head_dim_qk,
+                       desc.head_dim_v));
     w.line(fmt::format("using Element = {};", element_type(desc.dtype)));
   }
   return assemble_variant_source(*this, desc, mods, w.str(),
@@ -145,7 +177,7 @@ cuda::GeneratedSource BackwardPreprocessSm80::generate(const Mods& mods,
 }
 
 size_t BackwardPreprocessSm80::workspace_bytes(const KernelDesc&, const BackwardInputs& in) const {
-  return backward_scratch_bytes(in.shape);
+  return backward_scratch_bytes(in.shape, in.dq_atomic);
 }
 
 std::vector<Launch> BackwardPreprocessSm80::launches(const KernelDesc& desc,
@@ -187,7 +219,11 @@ std::optional<std::string> BackwardSm80Mma<F>::unsupported(const KernelDesc& pro
 template <Family F>
 void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
   if (auto r = problem_reason(d)) throw UnsupportedError(*r);
-  require_keys(d, {"block_m", "block_n", "num_warps", "num_stages"});
+  if constexpr (F == Family::BackwardDkDv) {
+    require_keys(d, {"block_m", "block_n", "dq_atomic", "num_warps", "num_stages"});
+  } else {
+    require_keys(d, {"block_m", "block_n", "num_warps", "num_stages"});
+  }
   const int64_t bm = d.config.at("block_m"), bn = d.config.at("block_n");
   const int64_t warps = d.config.at("num_warps"), stages = d.config.at("num_stages");
   if (auto r = not_in(d, "block_m", bm, {32, 64, 128})) throw UnsupportedError(*r);
@@ -224,6 +260,26 @@ void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
     if (bm / 4 > warps * 32 / 2) {
       throw UnsupportedError(
           fmt::format("{}: block_m = {} is too large for {} warps", d.family_variant(), bm, warps));
+    }
+    const int64_t dq_atomic = d.config.at("dq_atomic");
+    if (dq_atomic != 0 && dq_atomic != 1) {
+      throw UnsupportedError(
+          fmt::format("{}: dq_atomic must be 0 or 1, not {}", d.family_variant(), dq_atomic));
+    }
+    if (dq_atomic == 1) {
+      // Each 16-row q slice of the dS tile goes to num_warps / (block_m / 16) warps, which
+      // split the head dim into whole 128-byte swizzle rows.
+      const int64_t slices = bm / 16;
+      const int64_t per_slice = warps / slices;
+      const int64_t cols = per_slice > 0 ? d.head_dim_qk / per_slice : 0;
+      if (warps % slices != 0 || cols % 16 != 0 ||
+          (per_slice > 1 && (std::min<int64_t>(cols, 64) * es) % 128 != 0)) {
+        throw UnsupportedError(fmt::format(
+            "{}: dq_atomic with block_m = {} and num_warps = {} does not split the dQ products "
+            "evenly (num_warps must be a multiple of block_m / 16 = {}, each warp's share of "
+            "head_dim_qk = {} a multiple of 128 bytes)",
+            d.family_variant(), bm, warps, slices, d.head_dim_qk));
+      }
     }
   } else {
     if (bm != 16 * warps) {
@@ -262,9 +318,9 @@ Params BackwardSm80Mma<F>::default_config(const KernelDesc& p) const {
   if constexpr (F == Family::BackwardDkDv) {
     // Registers per thread ~ dK + dV accumulators (16 rows x d / 32 lanes each, halved with two
     // warps per row slice) + S^T and dP^T (16 x block_m / 32 each).
-    if (d <= 64) return f32 ? make_config(64, 64, 4, 2) : make_config(64, 128, 8, 2);
-    if (d <= 128) return f32 ? make_config(32, 64, 4, 1) : make_config(64, 64, 4, 2);
-    return f32 ? make_config(32, 32, 4, 1) : make_config(32, 64, 8, small_smem ? 1 : 2);
+    if (d <= 64) return f32 ? dkdv_config(64, 64, 4, 2, 0) : dkdv_config(64, 128, 8, 2, 0);
+    if (d <= 128) return f32 ? dkdv_config(32, 64, 4, 1, 0) : dkdv_config(64, 64, 4, 2, 0);
+    return f32 ? dkdv_config(32, 32, 4, 1, 0) : dkdv_config(32, 64, 8, small_smem ? 1 : 2, 0);
   } else {
     if (d <= 64) return make_config(64, 64, 4, 2);
     if (d <= 128)
@@ -280,16 +336,20 @@ std::vector<Params> BackwardSm80Mma<F>::config_space(const KernelDesc& p) const 
     for (int bn : {32, 64, 128}) {
       for (int w : {2, 4, 8}) {
         for (int s : {1, 2}) {
-          KernelDesc d = p;
-          d.config = make_config(bm, bn, w, s);
-          if (!d.flags.has("divisible")) d.flags.set("divisible", 0);
-          if (!d.flags.has("full_blocks")) d.flags.set("full_blocks", 0);
-          try {
-            validate(d);
-          } catch (const UnsupportedError&) {
-            continue;
+          for (int atomic : {0, 1}) {
+            if (F != Family::BackwardDkDv && atomic == 1) continue;
+            KernelDesc d = p;
+            d.config = F == Family::BackwardDkDv ? dkdv_config(bm, bn, w, s, atomic)
+                                                 : make_config(bm, bn, w, s);
+            if (!d.flags.has("divisible")) d.flags.set("divisible", 0);
+            if (!d.flags.has("full_blocks")) d.flags.set("full_blocks", 0);
+            try {
+              validate(d);
+            } catch (const UnsupportedError&) {
+              continue;
+            }
+            out.push_back(d.config);
           }
-          out.push_back(d.config);
         }
       }
     }
@@ -301,6 +361,23 @@ template <Family F>
 Params BackwardSm80Mma<F>::resolve_config(const KernelDesc& problem, const Params& overrides,
                                           const InputFacts& facts) const {
   Params c = apply_overrides(*this, default_config(problem), overrides);
+  if constexpr (F == Family::BackwardDkDv) {
+    // dq_atomic splits the dQ products over the warps of each 16-row q slice; where the default
+    // tiles do not split evenly, take 64 x 64 tiles on 4 warps (one warp per slice).
+    if (c.at("dq_atomic") == 1 && !overrides.has("num_warps") && !overrides.has("block_n")) {
+      KernelDesc d = problem;
+      d.config = c;
+      d.flags.set("divisible", 0);
+      if (!d.flags.has("full_blocks")) d.flags.set("full_blocks", 0);
+      try {
+        validate(d);
+      } catch (const UnsupportedError&) {
+        c.set("block_n", 64);
+        c.set("num_warps", 4);
+        if (!overrides.has("block_m")) c.set("block_m", 64);
+      }
+    }
+  }
   if (facts.mask_q_block == 0) return c;
   // Tiles must divide the block mask's sparse blocks: shrink one the caller left open.
   auto fit = [&](const char* name, int block) {
@@ -361,7 +438,7 @@ cuda::GeneratedSource BackwardSm80Mma<F>::generate(const Mods& mods, const Kerne
   mods.check();
   const bool dkdv = F == Family::BackwardDkDv;
   std::string config = fmt::format("#define {} 1\n", dkdv ? "FJ_BWD_DKDV" : "FJ_BWD_DQ");
-  config += ForwardSm80Mma::config_struct(mods, desc);
+  config += backward_config_struct(mods, desc);
   return assemble_variant_source(
       *this, desc, mods, config,
       dkdv ? "backward dK/dV kernel `flexjit_bwd_dkdv`" : "backward dQ kernel `flexjit_bwd_dq`",
@@ -396,6 +473,73 @@ std::vector<Launch> BackwardSm80Mma<F>::launches(const KernelDesc& desc, const B
     l.grid = {static_cast<unsigned>((s.seqlen_q + bm - 1) / bm), static_cast<unsigned>(s.heads_q),
               static_cast<unsigned>(s.batch)};
   }
+  std::vector<Launch> out;
+  out.push_back(std::move(l));
+  return out;
+}
+
+// ---- backward_dq/atomic_convert ---------------------------------------------------------------
+
+std::string_view BackwardDqAtomicConvert::summary() const {
+  return "dq = scale * the f32 accumulator of a dK/dV kernel with dq_atomic = 1; sm_80 and newer";
+}
+
+std::optional<std::string> BackwardDqAtomicConvert::unsupported(const KernelDesc& problem,
+                                                                const InputFacts& facts) const {
+  if (auto r = problem_reason(problem)) return r;
+  return alignment_reason(facts);
+}
+
+void BackwardDqAtomicConvert::validate(const KernelDesc& d) const {
+  if (auto r = problem_reason(d)) throw UnsupportedError(*r);
+  require_keys(d, {"num_warps"});
+  if (d.config.at("num_warps") != 4) {
+    throw UnsupportedError(fmt::format("{} runs 4 warps per block, not {}", d.family_variant(),
+                                       d.config.at("num_warps")));
+  }
+}
+
+Params BackwardDqAtomicConvert::default_config(const KernelDesc&) const {
+  return {{"num_warps", 4}};
+}
+
+std::vector<Params> BackwardDqAtomicConvert::config_space(const KernelDesc& p) const {
+  return {default_config(p)};
+}
+
+std::vector<TemplateText> BackwardDqAtomicConvert::templates() const {
+  return BackwardPreprocessSm80().templates();
+}
+
+cuda::GeneratedSource BackwardDqAtomicConvert::generate(const Mods& mods,
+                                                        const KernelDesc& desc) const {
+  validate(desc);
+  cuda::SourceWriter w;
+  w.line(fmt::format("// Compile-time configuration: {}", desc.str()));
+  w.line("#define FJ_BWD_DQ_CONVERT 1");
+  {
+    auto st = w.block("struct FjConfig", ";");
+    w.line(fmt::format("static constexpr int kHeadDimQK = {}, kHeadDimV = {};", desc.head_dim_qk,
+                       desc.head_dim_v));
+    w.line(fmt::format("using Element = {};", element_type(desc.dtype)));
+  }
+  return assemble_variant_source(*this, desc, mods, w.str(),
+                                 "backward dQ convert kernel `flexjit_bwd_dq_convert`", "mods",
+                                 grads_section(mods));
+}
+
+std::vector<Launch> BackwardDqAtomicConvert::launches(const KernelDesc& desc,
+                                                      const BackwardInputs& in,
+                                                      void* workspace) const {
+  FJ_ASSERT(workspace != nullptr && in.dq_atomic,
+            "the dQ convert kernel runs without the dQ accumulator");
+  const QkvShape& s = in.shape;
+  Launch l;
+  l.entry_point = "flexjit_bwd_dq_convert";
+  l.grid = {static_cast<unsigned>(backward_padded_seqlen_q(s.seqlen_q) / 64),
+            static_cast<unsigned>(s.heads_q), static_cast<unsigned>(s.batch)};
+  l.block = {static_cast<unsigned>(desc.config.at("num_warps") * 32), 1, 1};
+  l.args.add(make_bwd_args(in, workspace, false));
   std::vector<Launch> out;
   out.push_back(std::move(l));
   return out;

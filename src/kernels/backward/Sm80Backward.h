@@ -4,9 +4,11 @@
 //   backward_preprocess/sm80   lse2, delta          config: num_warps = 4 (fixed)
 //   backward_dkdv/sm80_mma     dK, dV, buffer grads config: block_m (q tile) {32, 64, 128},
 //                              block_n (kv tile) {32, 64, 128}, num_warps (a multiple of
-//                              block_n / 16: 1 or 2 warps per 16-row slice), num_stages {1, 2}
+//                              block_n / 16: 1 or 2 warps per 16-row slice), num_stages {1, 2},
+//                              dq_atomic {0, 1} (also add dQ into an f32 accumulator)
 //   backward_dq/sm80_mma       dQ                   config: block_m = 16 * num_warps {32, 64,
 //                              128}, block_n {32, 64, 128}, num_warps {2, 4, 8}, num_stages {1, 2}
+//   backward_dq/atomic_convert dQ from the accumulator of a dq_atomic dK/dV kernel
 //
 // Head dims 64 / 128 / 256 (qk and v independently), bf16 / f16 / f32 (tf32 tensor cores),
 // 16-byte aligned rows; the shared memory formulas fj_bwd_*_smem_bytes must fit the arch.
@@ -60,5 +62,27 @@ class BackwardSm80Mma : public FamilyVariant<F, BackwardInputs> {
 
 using BackwardDkDvSm80Mma = BackwardSm80Mma<Family::BackwardDkDv>;
 using BackwardDqSm80Mma = BackwardSm80Mma<Family::BackwardDq>;
+
+// backward_dq/atomic_convert: dq = scale * the f32 accumulator that a dK/dV kernel with
+// dq_atomic = 1 filled. Not auto-selected: the backward plan names it when its dK/dV step adds
+// dQ (runtime/Backward.cpp).
+class BackwardDqAtomicConvert : public BackwardDqVariant {
+ public:
+  std::string_view name() const override { return "atomic_convert"; }
+  std::string_view summary() const override;
+  bool auto_select() const override { return false; }
+  std::optional<std::string> unsupported(const KernelDesc& problem,
+                                         const InputFacts& facts) const override;
+  void validate(const KernelDesc& desc) const override;
+  Params default_config(const KernelDesc& problem) const override;
+  std::vector<Params> config_space(const KernelDesc& problem) const override;
+  std::vector<TemplateText> templates() const override;
+  std::vector<std::string> entry_points() const override { return {"flexjit_bwd_dq_convert"}; }
+  Mods kernel_mods(const Mods&) const override { return {}; }
+  cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
+  unsigned smem_bytes(const KernelDesc&) const override { return 0; }
+  std::vector<Launch> launches(const KernelDesc& desc, const BackwardInputs& in,
+                               void* workspace) const override;
+};
 
 }  // namespace flexjit::kernels
