@@ -670,6 +670,19 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
 
 // ---- dQ from the atomic accumulator ------------------------------------------------------------
 
+// Four f32 values stored as four consecutive elements of E (16-byte / 8-byte aligned).
+template <class E>
+FJ_DEVICE void fj_store4(char* dst, float x0, float x1, float x2, float x3) {
+  if constexpr (sizeof(E) == 4) {
+    *reinterpret_cast<fj_u32x4*>(dst) = fj_u32x4{__float_as_uint(x0), __float_as_uint(x1),
+                                                 __float_as_uint(x2), __float_as_uint(x3)};
+  } else {
+    fj_u32* d32 = reinterpret_cast<fj_u32*>(dst);
+    d32[0] = FjMma<E>::pack(x0, x1);
+    d32[1] = FjMma<E>::pack(x2, x3);
+  }
+}
+
 #if defined(FJ_BWD_DQ_CONVERT)
 // 64 rows per CTA, 128 threads: dq = scale * dq_accum, 4 elements per step.
 extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_dq_convert(const FjBwdArgs args) {
@@ -688,14 +701,7 @@ extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_dq_convert(const F
     char* dst = static_cast<char*>(args.dq) +
                 sizeof(E) * ((fj_i64)b * args.dq_stride_b + (fj_i64)h * args.dq_stride_h +
                              (fj_i64)q * args.dq_stride_s + 4 * c4);
-    if constexpr (sizeof(E) == 4) {
-      *reinterpret_cast<fj_u32x4*>(dst) = fj_u32x4{__float_as_uint(x0), __float_as_uint(x1),
-                                                   __float_as_uint(x2), __float_as_uint(x3)};
-    } else {
-      fj_u32* d32 = reinterpret_cast<fj_u32*>(dst);
-      d32[0] = FjMma<E>::pack(x0, x1);
-      d32[1] = FjMma<E>::pack(x2, x3);
-    }
+    fj_store4<E>(dst, x0, x1, x2, x3);
   }
 }
 #endif  // FJ_BWD_DQ_CONVERT
