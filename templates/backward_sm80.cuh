@@ -205,11 +205,13 @@ extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_preprocess(const F
 
 // For one element: the pre-mod score x = scale * q.k, its probability p (0 where masked or out
 // of bounds), and on return ds = d loss / d (scale * q.k) with dp = dO . v. `valid`: inside
-// the problem (bounds). With `add_grads` the buffer gradients get dS' = p (dp - delta).
+// the problem (bounds). With `add_grads` the buffer gradients get dS' = p (dp - delta): added at
+// once, or summed into grad_acc for the sites with one address per head (fj_bufgrad_flush).
 template <class Cfg, bool kApplyMask>
 FJ_DEVICE void fj_bwd_element(float& s_io, float& dp_io, const FjModParams& mods,
                               const FjGradParams& grads, float scale, float lse2, float delta,
-                              int b, int h, int q_idx, int kv_idx, bool valid, bool add_grads) {
+                              int b, int h, int q_idx, int kv_idx, bool valid, bool add_grads,
+                              float (&grad_acc)[kFjGradSlots]) {
   constexpr float kLog2e = 1.4426950408889634f;
   const float x = s_io * scale;
   float y = x;
@@ -222,7 +224,7 @@ FJ_DEVICE void fj_bwd_element(float& s_io, float& dp_io, const FjModParams& mods
   float ds = ds_mod;
   if constexpr (Cfg::kHasScoreMod) {
     if constexpr (kFjHasBufferGrads) {
-      if (add_grads) fj_bufgrad(mods, grads, ds_mod, x, b, h, q_idx, kv_idx);
+      if (add_grads) fj_bufgrad(mods, grads, ds_mod, x, b, h, q_idx, kv_idx, grad_acc);
     }
     ds = p == 0.0f ? 0.0f : ds_mod * fj_dscore(mods, x, b, h, q_idx, kv_idx);
   }
@@ -309,8 +311,12 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   // This thread's kv rows (g, g + 8 of the warp's slice), clamped for the mods.
   const int kv_row0 = n_start + row_warp * 16 + (lane >> 2);
 
+  float grad_acc[kFjGradSlots];  // buffer-gradient sums with one address per head
   for (int g = 0; g < Cfg::kGqaRatio; ++g) {
     const int h = h_kv * Cfg::kGqaRatio + g;
+#pragma unroll
+    for (int i = 0; i < kFjGradSlots; ++i)
+      grad_acc[i] = 0.0f;
     const FjKvSchedule sched =
         fj_block_schedule<kBN, kBM, Cfg::kHasFullBlocks>(args.mask_t, args.seqlen_q, b, h, n_block);
     const char* q_head =
@@ -401,11 +407,11 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
               if (partial) {
                 fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, grads,
                                           args.scale, lse2, delta, b, h, q_idx, kv_idx, ok,
-                                          part == 0);
+                                          part == 0, grad_acc);
               } else {
                 fj_bwd_element<Cfg, false>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, grads,
                                            args.scale, lse2, delta, b, h, q_idx, kv_idx, ok,
-                                           part == 0);
+                                           part == 0, grad_acc);
               }
             }
           }
@@ -467,6 +473,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     }
     fj_cp_async_wait<0>();
     __syncthreads();  // the next head's prologue overwrites the stages
+    if constexpr (kFjUniformGradSites > 0) fj_bufgrad_flush(mods, grads, b, h, grad_acc);
   }
 
   // Epilogue: dK (times scale) into the K tile's shared memory, dV into the V tile's, then
@@ -593,6 +600,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       dq[0][dt][e] = 0.0f;
   const fj_u32 dummy[1][1][4] = {};
   const FjGradParams no_grads = {};
+  float no_acc[kFjGradSlots] = {};
 
   for (int i = 0; i < sched.num_total; ++i) {
     if constexpr (T::kNumStages == 1) {
@@ -634,11 +642,11 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
             if (partial) {
               fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, no_grads,
                                         args.scale, lse2[hr], delta[hr], b, h, q_idx, kv_idx, ok,
-                                        false);
+                                        false, no_acc);
             } else {
               fj_bwd_element<Cfg, false>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods,
                                          no_grads, args.scale, lse2[hr], delta[hr], b, h, q_idx,
-                                         kv_idx, ok, false);
+                                         kv_idx, ok, false, no_acc);
             }
           }
         }

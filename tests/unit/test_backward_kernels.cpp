@@ -40,8 +40,15 @@ TEST_CASE("gradient hooks: FjGradParams, fj_dscore and fj_bufgrad from the autod
                       Catch::Contains("fj_i64 gstride_slopes[1];") &&
                       Catch::Contains("fj_i64 gextent_slopes[1];") &&
                       Catch::Contains("static constexpr bool kFjHasBufferGrads = true;") &&
+                      Catch::Contains("kFjUniformGradSites = 1") &&
+                      Catch::Contains("acc[0] += ") &&
                       Catch::Contains("fj_grad_add(gp.grad_slopes") &&
                       Catch::Contains("fj_clamp_index(h, gp.gextent_slopes[0])"));
+  // relative_bias reads bias[q_idx - kv_idx + offset]: one address per element.
+  const std::string rsrc = cuda::generate_mod_grad_functions(standard_mods("relative_bias"));
+  CHECK_THAT(rsrc, Catch::Contains("kFjUniformGradSites = 0") &&
+                       Catch::Contains("__all_sync(0xffffffffu, ds == 0.0f)") &&
+                       Catch::Contains("fj_grad_add(gp.grad_bias"));
   const cuda::GradParamLayout layout = cuda::grad_param_layout(alibi);
   REQUIRE(layout.entries.size() == 1);
   CHECK(layout.entries[0].offset == 0);

@@ -364,42 +364,91 @@ std::string generate_mod_grad_functions(const Mods& mods) {
                 grads.d_score, "1.0f");
   w.line("");
   // Only load sites of buffers that FjGradParams lists (float buffers) get a gradient; the
-  // autodiff pass gives none to integer buffers anyway.
-  std::vector<const passes::BufferGrad*> sites;
+  // autodiff pass gives none to integer buffers anyway. A site whose indices (and whether it is
+  // reached) depend on b, h and params only has one address per (b, h): its contributions are
+  // summed in a register by the kernel and added once per head (fj_bufgrad_flush); the others
+  // add at every element.
+  std::vector<const passes::BufferGrad*> uniform, per_element;
+  auto per_head = [](const passes::BufferGrad& g) {
+    bool fixed = true;
+    auto visit = [&](const Expr& root) {
+      ir::for_each_node(root, [&](const Expr& n) {
+        if (n->op == Op::Var && n->var != ir::VarKind::B && n->var != ir::VarKind::H)
+          fixed = false;
+      });
+    };
+    for (const Expr& e : g.indices)
+      visit(e);
+    visit(g.reached);
+    return fixed;
+  };
   for (const passes::BufferGrad& g : grads.buffers) {
-    if (is_float_buffer(g.buffer->dtype)) sites.push_back(&g);
+    if (!is_float_buffer(g.buffer->dtype)) continue;
+    (per_head(g) ? uniform : per_element).push_back(&g);
   }
-  w.line(fmt::format("static constexpr bool kFjHasBufferGrads = {};",
-                     sites.empty() ? "false" : "true"));
+  const bool any = !uniform.empty() || !per_element.empty();
+  w.line(fmt::format("static constexpr bool kFjHasBufferGrads = {};", any ? "true" : "false"));
+  w.line(fmt::format("static constexpr int kFjUniformGradSites = {};", uniform.size()));
+  w.line(fmt::format("static constexpr int kFjGradSlots = {};", std::max<size_t>(1, uniform.size())));
+  // The address of a site: its indices clamped into the extents, as an element offset.
+  auto address = [&](ExprLowering& lowering, const passes::BufferGrad& g) {
+    const std::string& name = g.buffer->name;
+    std::vector<std::string> index_text;
+    for (const Expr& e : g.indices)
+      index_text.push_back(ir::to_text(e));
+    w.line(fmt::format("// d / d {}[{}]", name, fmt::join(index_text, ", ")));
+    std::vector<std::string> terms;
+    for (size_t d = 0; d < g.indices.size(); ++d) {
+      const std::string idx = lowering.lower(g.indices[d]);
+      const std::string clamped = w.ssa(
+          "fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx, name, d));
+      terms.push_back(fmt::format("{} * gp.gstride_{}[{}]", clamped, name, d));
+    }
+    const std::string offset = terms.empty() ? "0" : fmt::format("{}", fmt::join(terms, " + "));
+    return fmt::format("gp.grad_{} + ({})", name, offset);
+  };
   {
     auto fn = w.block(
         "__device__ __forceinline__ void fj_bufgrad(const FjModParams& mp, const FjGradParams& "
-        "gp, float ds, float score, int b, int h, int q_idx, int kv_idx)");
-    // Called by every lane of a warp together (fj_grad_add combines lanes): the early return is
-    // a warp vote.
-    if (!sites.empty()) w.line("if (__all_sync(0xffffffffu, ds == 0.0f)) return;");
-    ExprLowering lowering(w);
-    for (const passes::BufferGrad* g : sites) {
-      const std::string& name = g->buffer->name;
-      std::vector<std::string> index_text;
-      for (const Expr& e : g->indices)
-        index_text.push_back(ir::to_text(e));
-      w.line(fmt::format("// d / d {}[{}]", name, fmt::join(index_text, ", ")));
-      const std::string reached = lowering.lower(g->reached);
-      std::vector<std::string> idx;
-      for (const Expr& e : g->indices)
-        idx.push_back(lowering.lower(e));
-      const std::string deriv = lowering.lower(g->derivative);
-      std::vector<std::string> terms;
-      for (size_t d = 0; d < idx.size(); ++d) {
-        const std::string clamped =
-            w.ssa("fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx[d], name, d));
-        terms.push_back(fmt::format("{} * gp.gstride_{}[{}]", clamped, name, d));
-      }
-      const std::string offset = terms.empty() ? "0" : fmt::format("{}", fmt::join(terms, " + "));
-      w.line(fmt::format("fj_grad_add(gp.grad_{} + ({}), ({} && ds != 0.0f) ? ds * {} : 0.0f);",
-                         name, offset, reached, deriv));
+        "gp, float ds, float score, int b, int h, int q_idx, int kv_idx, float (&acc)"
+        "[kFjGradSlots])");
+    if (!per_element.empty()) {
+      // Called by every lane of a warp together (fj_grad_add combines lanes): the early return
+      // is a warp vote.
+      w.line("if (__all_sync(0xffffffffu, ds == 0.0f)) return;");
+    } else if (!uniform.empty()) {
+      w.line("if (ds == 0.0f) return;");
     }
+    ExprLowering lowering(w);
+    for (size_t i = 0; i < uniform.size(); ++i) {
+      const std::string reached = lowering.lower(uniform[i]->reached);
+      const std::string deriv = lowering.lower(uniform[i]->derivative);
+      w.line(fmt::format("// d / d {} (one address per head: summed in acc[{}])",
+                         uniform[i]->buffer->name, i));
+      w.line(fmt::format("acc[{}] += {} ? ds * {} : 0.0f;", i, reached, deriv));
+    }
+    for (const passes::BufferGrad* g : per_element) {
+      const std::string reached = lowering.lower(g->reached);
+      const std::string deriv = lowering.lower(g->derivative);
+      const std::string addr = address(lowering, *g);
+      w.line(fmt::format("fj_grad_add({}, ({} && ds != 0.0f) ? ds * {} : 0.0f);", addr, reached,
+                         deriv));
+    }
+    if (!any) w.line("(void)acc;");
+  }
+  w.line("");
+  {
+    auto fn = w.block(
+        "__device__ __forceinline__ void fj_bufgrad_flush(const FjModParams& mp, const "
+        "FjGradParams& gp, int b, int h, float (&acc)[kFjGradSlots])");
+    w.line("// Every lane of a warp together: the warp's sums go out in one atomic per site.");
+    ExprLowering lowering(w);
+    for (size_t i = 0; i < uniform.size(); ++i) {
+      const std::string addr = address(lowering, *uniform[i]);
+      w.line(fmt::format("fj_grad_add({}, acc[{}]);", addr, i));
+      w.line(fmt::format("acc[{}] = 0.0f;", i));
+    }
+    if (uniform.empty()) w.line("(void)mp, (void)gp, (void)b, (void)h, (void)acc;");
   }
   return w.str();
 }

@@ -42,13 +42,18 @@ std::string generate_mod_functions(const Mods& mods);
 //   float fj_dscore(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx);
 //       d score_mod / d score at score (the pre-mod score, scale * q.k); 1 without a score_mod
 //   void fj_bufgrad(const FjModParams& mp, const FjGradParams& gp, float ds, float score,
-//                   int b, int h, int q_idx, int kv_idx);
-//       for every float load site of the score_mod that the forward evaluates at this point:
-//       grad[idx] += ds * d score_mod / d buffer[idx] (fj_grad_add: fp32 atomics, lanes of a
-//       warp that share the address combined first), idx the load's indices clamped into the
-//       extents (so a gradient never lands outside its buffer). Every lane of a warp must call
-//       it together; nothing happens when ds is 0 in all of them.
+//                   int b, int h, int q_idx, int kv_idx, float (&acc)[kFjGradSlots]);
+//       for every float load site of the score_mod that the forward evaluates at this point,
+//       the contribution ds * d score_mod / d buffer[idx] (idx: the load's indices clamped into
+//       the extents, so a gradient never lands outside its buffer). A site whose indices depend
+//       on b, h and params only (ALiBi's slopes[h]) has one address per head: the contribution
+//       is summed into acc[i]; the others are added at once with fj_grad_add (fp32 atomics,
+//       lanes of a warp that share the address combined first; every lane of a warp must call
+//       it together, and nothing happens when ds is 0 in all of them).
+//   void fj_bufgrad_flush(mp, gp, int b, int h, float (&acc)[kFjGradSlots]);
+//       adds the per-head sums at their addresses (one atomic per warp and site) and zeroes acc.
 //   static constexpr bool kFjHasBufferGrads;   // whether fj_bufgrad does anything
+//   static constexpr int kFjUniformGradSites;  // sites summed per head; kFjGradSlots = max(1, ..)
 //
 // The layout of FjGradParams is grad_param_layout(); sizeof is static_asserted.
 std::string generate_mod_grad_functions(const Mods& mods);
