@@ -5,7 +5,9 @@
 // passes them in. flexjit::Error subclasses become Python exceptions of the same names, and the
 // GIL is released while flexjit compiles and runs.
 #include <flexjit/flexjit.h>
+#include <flexjit/kernel.h>
 
+#include "cpu/BackwardKernel.h"        // the CPU backward (no public header yet)
 #include "cpu/InterpretedBlockMask.h"  // no public host builder from a mask_mod yet
 #include "ir/Evaluate.h"
 
@@ -13,12 +15,14 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include <dlpack/dlpack.h>
 
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -480,6 +484,137 @@ NB_MODULE(_flexjit, m) {
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "mods"_a, "block_mask"_a.none(), "buffers"_a,
       "params"_a, "scale"_a.none(), "stream"_a, "num_threads"_a);
+
+  m.def(
+      "_flex_attention_backward_into",
+      [](const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
+         const Array& dout, const Array& dq, const Array& dk, const Array& dv, const Mods& mods,
+         const PyBlockMask* block_mask, const std::vector<std::pair<std::string, Array>>& buffers,
+         const std::vector<std::pair<std::string, double>>& params,
+         const std::vector<std::pair<std::string, Array>>& buffer_grads,
+         std::optional<float> scale, uintptr_t stream, int num_threads) {
+        const TensorRef tq = to_tensor(q), tk = to_tensor(k), tv = to_tensor(v);
+        AttentionOptions o;
+        o.mods = mods;
+        o.bindings = to_bindings(buffers, params);
+        o.scale = scale;
+        o.stream = reinterpret_cast<void*>(stream);
+        BackwardOutputs g{to_tensor(dq), to_tensor(dk), to_tensor(dv), {}};
+        for (const auto& [name, a] : buffer_grads)
+          g.buffer_grads.emplace_back(name, to_tensor(a));
+        nb::gil_scoped_release release;
+        if (tq.device == TensorRef::Device::CPU) {
+          // The CPU backend's fp32 backward (f32 outputs, contiguous; out and lse as its forward
+          // writes them).
+          cpu::CpuBackwardOptions bo;
+          if (scale) bo.scale = *scale;
+          bo.num_threads = num_threads;
+          const cpu::CpuGradients<float> r = cpu::cpu_attention_backward(
+              o.mods, o.bindings, tq, tk, tv, static_cast<const float*>(to_tensor(out).data),
+              static_cast<const float*>(to_tensor(lse).data), to_tensor(dout), bo);
+          auto put = [](const TensorRef& t, const std::vector<float>& x) {
+            std::memcpy(t.data, x.data(), x.size() * sizeof(float));
+          };
+          put(g.dq, r.dq);
+          put(g.dk, r.dk);
+          put(g.dv, r.dv);
+          for (const auto& [name, t] : g.buffer_grads) put(t, r.buffers.at(name));
+          return;
+        }
+        Context& ctx = context_for(tq.device_index);
+        std::optional<DeviceBlockMask> uploaded;
+        if (block_mask != nullptr) {
+          if (block_mask->device) {
+            o.block_mask = block_mask->device.get();
+          } else {
+            uploaded = DeviceBlockMask::upload(ctx, block_mask->host);
+            o.block_mask = &*uploaded;
+          }
+        }
+        flex_attention_backward_into(ctx, tq, tk, tv, to_tensor(out), to_tensor(lse),
+                                     to_tensor(dout), g, o);
+      },
+      "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a, "mods"_a,
+      "block_mask"_a.none(), "buffers"_a, "params"_a, "buffer_grads"_a, "scale"_a.none(),
+      "stream"_a, "num_threads"_a);
+
+  // --- kernels (include/flexjit/kernel.h): emit, compile, inspect ---
+  auto query_of = [](const std::string& family, const std::string& variant,
+                     const std::string& arch, const std::string& dtype, int head_dim_qk,
+                     int head_dim_v, int gqa_ratio, int block_size) {
+    KernelQuery q;
+    q.family = family;
+    q.variant = variant;
+    q.arch = arch;
+    const std::optional<DType> dt = parse_dtype(dtype);
+    if (!dt) throw UnsupportedError("dtype '" + dtype + "': use bf16, f16 or f32");
+    q.dtype = *dt;
+    q.head_dim_qk = head_dim_qk;
+    q.head_dim_v = head_dim_v;
+    q.gqa_ratio = gqa_ratio;
+    q.block_size = block_size;
+    return q;
+  };
+  auto source_dict = [](const KernelSource& s) {
+    nb::dict d;
+    d["description"] = s.description;
+    d["selection"] = s.selection;
+    d["kernel_name"] = s.kernel_name;
+    d["source"] = s.source;
+    d["source_key"] = s.source_key;
+    d["dynamic_smem_bytes"] = s.dynamic_smem_bytes;
+    return d;
+  };
+  m.def(
+      "_emit_kernel",
+      [query_of, source_dict](const Mods& mods, const std::string& family,
+                              const std::string& variant, const std::string& arch,
+                              const std::string& dtype, int dqk, int dv, int gqa, int block_size) {
+        return source_dict(emit_kernel(mods, query_of(family, variant, arch, dtype, dqk, dv, gqa,
+                                                      block_size)));
+      },
+      "mods"_a, "family"_a, "variant"_a, "arch"_a, "dtype"_a, "head_dim_qk"_a, "head_dim_v"_a,
+      "gqa_ratio"_a, "block_size"_a);
+  m.def(
+      "_compile_kernel",
+      [query_of, source_dict](const Mods& mods, const std::string& family,
+                              const std::string& variant, const std::string& arch,
+                              const std::string& dtype, int dqk, int dv, int gqa, int block_size) {
+        KernelBinary b;
+        {
+          nb::gil_scoped_release release;
+          b = compile_kernel(mods,
+                             query_of(family, variant, arch, dtype, dqk, dv, gqa, block_size));
+        }
+        nb::dict d = source_dict(b.source);
+        d["cache"] = b.cache;
+        d["cache_key"] = b.cache_key;
+        d["compile_ms"] = b.compile_ms;
+        d["cubin_bytes"] = b.cubin.size();
+        d["registers"] = b.registers;
+        d["spill_store_bytes"] = b.spill_store_bytes;
+        d["spill_load_bytes"] = b.spill_load_bytes;
+        d["stack_frame_bytes"] = b.stack_frame_bytes;
+        d["static_shared_bytes"] = b.static_shared_bytes;
+        return d;
+      },
+      "mods"_a, "family"_a, "variant"_a, "arch"_a, "dtype"_a, "head_dim_qk"_a, "head_dim_v"_a,
+      "gqa_ratio"_a, "block_size"_a);
+  m.def("_kernel_variants", [] {
+    nb::list out;
+    for (const KernelVariantInfo& v : kernel_variants()) {
+      nb::dict d;
+      d["family"] = v.family;
+      d["name"] = v.name;
+      d["summary"] = v.summary;
+      d["auto_select"] = v.auto_select;
+      d["priority"] = v.priority;
+      d["templates"] = v.templates;
+      d["entry_points"] = v.entry_points;
+      out.append(d);
+    }
+    return out;
+  });
 
   m.def("_cuda_device_name", [](int device) { return context_for(device).device_name(); });
   m.def("_cuda_arch", [](int device) { return context_for(device).arch(); });

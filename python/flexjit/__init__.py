@@ -39,9 +39,9 @@ ModSpec = Union[None, str, "dsl.Expr", Mods, Callable[..., Any]]
 
 __all__ = [
     "BlockMask", "CacheError", "CompileError", "Error", "InternalError", "JitError", "Mods",
-    "RuntimeError", "UnsupportedError", "combine", "create_block_mask", "dsl", "flex_attention",
-    "load_mods_file", "make_mods", "parse_mods", "standard_mod_names", "standard_mod_source",
-    "standard_mods",
+    "RuntimeError", "UnsupportedError", "combine", "create_block_mask", "dsl", "emit",
+    "flex_attention", "flex_attention_backward", "inspect", "kernel_variants", "load_mods_file",
+    "make_mods", "parse_mods", "standard_mod_names", "standard_mod_source", "standard_mods",
 ]
 
 
@@ -253,3 +253,86 @@ def create_block_mask(mask_mod: ModSpec, B: int, H: int, Q_LEN: int, KV_LEN: int
         raise ValueError(f"device must be 'cpu' or 'cuda[:N]', not {device!r}")
     return _C._create_block_mask(mods, B, H, Q_LEN, KV_LEN, index, BLOCK_SIZE, _buffers(buffers),
                                  _params(params))
+
+
+def flex_attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any,
+                            score_mod: ModSpec = None, mask_mod: ModSpec = None,
+                            block_mask: Optional[BlockMask] = None,
+                            buffers: Optional[Mapping[str, Any]] = None,
+                            params: Optional[Mapping[str, Any]] = None,
+                            scale: Optional[float] = None, num_threads: int = 0):
+    """The gradients of ``flex_attention(q, k, v, ...)`` for an output gradient ``dout``.
+
+    ``out`` and ``lse`` are what ``flex_attention(..., return_lse=True)`` returned with the same
+    mods, block mask, buffers, params and scale. Returns ``(dq, dk, dv, buffer_grads)``: arrays
+    of q's framework (q / k / v's dtype on a GPU, f32 on the CPU backend) and a dict of f32
+    gradients, one per captured float buffer, in the buffer's shape.
+    """
+    mods = make_mods(score_mod, mask_mod)
+    _check_names(mods, block_mask, buffers, params)
+    device = _device(q)
+    dq = _empty(q, tuple(q.shape), gpu_dtype_of_q=device >= 0)
+    dk = _empty(k, tuple(k.shape), gpu_dtype_of_q=device >= 0)
+    dv = _empty(v, tuple(v.shape), gpu_dtype_of_q=device >= 0)
+    float_dtypes = ("f32", "f16", "bf16")
+    grads = {}
+    for decl in mods.buffers:
+        if decl.dtype in float_dtypes and buffers and decl.name in buffers:
+            grads[decl.name] = _zeros_f32(q, tuple(buffers[decl.name].shape))
+    _C._flex_attention_backward_into(q, k, v, out, lse, dout, dq, dk, dv, mods, block_mask,
+                                     _buffers(buffers), _params(params), list(grads.items()),
+                                     scale, _stream(q, device), num_threads)
+    return dq, dk, dv, grads
+
+
+def _zeros_f32(like: Any, shape) -> Any:
+    fw = _framework(like)
+    if fw == "torch":
+        import torch
+
+        return torch.zeros(shape, dtype=torch.float32, device=like.device)
+    if fw == "cupy":
+        import cupy
+
+        with like.device:
+            return cupy.zeros(shape, dtype=cupy.float32)
+    import numpy
+
+    return numpy.zeros(shape, dtype=numpy.float32)
+
+
+def _kernel_call(fn, score_mod: ModSpec, mask_mod: ModSpec, kernel: str, arch: str, dtype: str,
+                 head_dim: int, head_dim_v: Optional[int], gqa_ratio: int, variant: str,
+                 block_size: int):
+    mods = make_mods(score_mod, mask_mod)
+    return fn(mods, kernel, variant, arch, dtype, head_dim, head_dim_v or 0, gqa_ratio, block_size)
+
+
+def emit(score_mod: ModSpec = None, mask_mod: ModSpec = None, kernel: str = "forward",
+         arch: str = "", dtype: str = "bf16", head_dim: int = 128,
+         head_dim_v: Optional[int] = None, gqa_ratio: int = 1, variant: str = "",
+         block_size: int = 128) -> str:
+    """The CUDA source flexjit generates for a kernel (``flexjit emit``): ``kernel`` is a family
+    ("forward", "block_mask", "backward_dkdv", ...; ``kernel_variants()`` lists them), ``arch``
+    "sm_80" ... "sm_90a" (empty: the current GPU's). No compilation, no GPU needed with an
+    arch."""
+    return _kernel_call(_C._emit_kernel, score_mod, mask_mod, kernel, arch, dtype, head_dim,
+                        head_dim_v, gqa_ratio, variant, block_size)["source"]
+
+
+def inspect(score_mod: ModSpec = None, mask_mod: ModSpec = None, kernel: str = "forward",
+            arch: str = "", dtype: str = "bf16", head_dim: int = 128,
+            head_dim_v: Optional[int] = None, gqa_ratio: int = 1, variant: str = "",
+            block_size: int = 128) -> dict:
+    """Compiles a kernel with NVRTC (through the kernel caches) and returns what ``flexjit
+    inspect`` shows: description, selection, kernel_name, registers, spill_store_bytes,
+    spill_load_bytes, stack_frame_bytes, static_shared_bytes, dynamic_smem_bytes, cubin_bytes,
+    cache ("compiled" / "memory hit" / "disk hit"), compile_ms, source_key and source."""
+    return _kernel_call(_C._compile_kernel, score_mod, mask_mod, kernel, arch, dtype, head_dim,
+                        head_dim_v, gqa_ratio, variant, block_size)
+
+
+def kernel_variants() -> list:
+    """Every registered kernel variant (``flexjit kernels``): family, name, summary, auto_select,
+    priority, templates, entry_points."""
+    return _C._kernel_variants()

@@ -245,3 +245,56 @@ def test_gil_is_released_while_attention_runs():
     # The main thread kept ticking (1 ms waits) while the worker was inside flexjit; with the
     # GIL held it would get a tick or two.
     assert len(ticks) > 20
+
+
+# --- backward, kernels -----------------------------------------------------------------------
+
+
+def test_backward_on_the_cpu_matches_finite_differences_of_the_forward():
+    q, k, v = qkv(Hq=2, Sq=24, Skv=30, D=16, seed=3)
+    slopes = alibi_slopes(2)
+    rng = np.random.default_rng(4)
+    dout = rng.standard_normal((1, 2, 24, 16), dtype=np.float32)
+    kw = dict(score_mod="alibi", mask_mod="causal", buffers={"slopes": slopes})
+    out, lse = flexjit.flex_attention(q, k, v, return_lse=True, **kw)
+    dq, dk, dv, grads = flexjit.flex_attention_backward(q, k, v, out, lse, dout, **kw)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    assert set(grads) == {"slopes"} and grads["slopes"].shape == slopes.shape
+
+    def loss(q_, k_, v_, s_):
+        o = flexjit.flex_attention(q_, k_, v_, score_mod="alibi", mask_mod="causal",
+                                   buffers={"slopes": s_})
+        return float(np.sum(o.astype(np.float64) * dout))
+
+    eps = 1e-2
+    for name, x, g in (("q", q, dq), ("k", k, dk), ("v", v, dv), ("slopes", slopes,
+                                                                   grads["slopes"])):
+        for idx in [(0, 1, 5, 3), (0, 0, 20, 7)] if x.ndim == 4 else [(0,), (1,)]:
+            if x.ndim == 4 and idx[2] >= x.shape[2]:
+                continue
+            args = {"q": q, "k": k, "v": v, "slopes": slopes}
+            plus = {n: a.copy() for n, a in args.items()}
+            minus = {n: a.copy() for n, a in args.items()}
+            plus[name][idx] += eps
+            minus[name][idx] -= eps
+            fd = (loss(plus["q"], plus["k"], plus["v"], plus["slopes"]) -
+                  loss(minus["q"], minus["k"], minus["v"], minus["slopes"])) / (2 * eps)
+            assert abs(fd - g[idx]) <= 2e-2 * max(1.0, abs(fd)), (name, idx, fd, g[idx])
+
+
+def test_emit_inspect_and_kernel_variants_without_a_gpu():
+    src = flexjit.emit(score_mod="alibi", mask_mod="causal", arch="sm_90a")
+    assert "flexjit_forward" in src and "fj_score_mod" in src
+    bwd = flexjit.emit(score_mod="alibi", kernel="backward_dkdv", arch="sm_80", head_dim=64)
+    assert "flexjit_bwd_dkdv" in bwd and "fj_bufgrad" in bwd
+    info = flexjit.inspect(mask_mod="causal", arch="sm_80", head_dim=64)
+    assert info["kernel_name"] == "flexjit_forward"
+    assert info["description"].startswith("forward/sm80_mma sm_80 bf16 d=64/64")
+    assert 0 < info["registers"] <= 255 and info["cubin_bytes"] > 0
+    assert info["cache"] in ("compiled", "memory hit", "disk hit")
+    names = {(v["family"], v["name"]) for v in flexjit.kernel_variants()}
+    assert ("forward", "sm80_mma") in names and ("backward_dkdv", "sm80_mma") in names
+    with pytest.raises(flexjit.UnsupportedError, match="head_dim_qk = 96"):
+        flexjit.emit(arch="sm_80", head_dim=96)
+    with pytest.raises(flexjit.UnsupportedError, match="unknown kernel family 'nope'"):
+        flexjit.emit(arch="sm_80", kernel="nope")
