@@ -24,7 +24,7 @@
 namespace flexjit {
 
 struct KernelQuery {
-  std::string family = "forward";  // "forward" | "block_mask"
+  std::string family = "forward";  // "forward" | "block_mask" | "decode_split" | ...
   std::string variant;             // empty: chosen by the arch ("sm80_mma", ...)
   std::string arch;                // "sm_80" ... "sm_90a"; empty: the current GPU's
   DType dtype = DType::BF16;       // forward: of q, k, v
@@ -35,6 +35,8 @@ struct KernelQuery {
   bool full_blocks = true;  // forward: the block mask has full_* arrays
   int block_size = 128;     // block_mask: the sparse tile size
   BlockConfig config;       // forward: zeros take the defaults
+  int seqlen_q = 1;         // decode_split: query tokens (with gqa_ratio: the packed rows)
+  int page_size = 0;        // decode_split: 0 contiguous K / V, else the page size
 };
 
 struct KernelSource {

@@ -3,6 +3,8 @@
 // one line here (docs/kernels/README.md).
 #include "kernels/Registry.h"
 #include "kernels/block_mask/BlockMaskBuild.h"
+#include "kernels/decode/DecodeCombine.h"
+#include "kernels/decode/DecodeSplit.h"
 #include "kernels/forward/Sm80Mma.h"
 
 namespace flexjit::kernels {
@@ -10,6 +12,8 @@ namespace flexjit::kernels {
 void register_builtin_variants(Registry& registry) {
   registry.add(std::make_unique<ForwardSm80Mma>());
   registry.add(std::make_unique<BlockMaskWarpPerTile>());
+  registry.add(std::make_unique<DecodeSplitSm80Mma>());
+  registry.add(std::make_unique<DecodeCombineWarpPerRow>());
 }
 
 }  // namespace flexjit::kernels
