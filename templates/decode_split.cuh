@@ -66,10 +66,10 @@ struct FjDecTraits {
   static_assert(kBlockN * TileQK::kChunks % kThreads == 0 &&
                     kBlockN * TileV::kChunks % kThreads == 0,
                 "flexjit decode_split: KV tiles must split evenly into 16-byte copies per thread");
-  static_assert((kQBytes + kNumStages * kStageBytes > kRedBytes ? kQBytes + kNumStages * kStageBytes
-                                                                : kRedBytes) ==
-                    fj_decode_split_smem_bytes(kRows, kBlockN, kDimQK, kDimV, kElemBytes,
-                                               kNumStages, kNumWarps),
+  static_assert((kQBytes + kNumStages * kStageBytes > kRedBytes
+                     ? kQBytes + kNumStages * kStageBytes
+                     : kRedBytes) == fj_decode_split_smem_bytes(kRows, kBlockN, kDimQK, kDimV,
+                                                                kElemBytes, kNumStages, kNumWarps),
                 "flexjit decode_split: shared-memory layout and fj_decode_split_smem_bytes "
                 "disagree");
 };
@@ -174,7 +174,7 @@ FJ_DEVICE FjDecSchedule fj_dec_schedule(const FjDecodeArgs& args, int b, int h_m
   return s;
 }
 
-extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32)
+extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     flexjit_decode_split(const FjDecodeArgs args, const FjModParams mods) {
   using T = FjDecTraits<FjConfig>;
   using Cfg = FjConfig;
@@ -317,8 +317,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32)
         i + T::kNumStages < num_steps ? sched.tile(sched.begin + i + T::kNumStages) : 0;
     if (n_start < len) {
       const bool partial = sched.begin + i < sched.num_partial || sched.partial_idx == nullptr;
-      const fj_u32 sk = skv + (i % T::kNumStages) * T::kStageBytes +
-                        warp_n * T::kWarpN * T::TileQK::kRowBytes;
+      const fj_u32 sk =
+          skv + (i % T::kNumStages) * T::kStageBytes + warp_n * T::kWarpN * T::TileQK::kRowBytes;
       const fj_u32 sv = skv + (i % T::kNumStages) * T::kStageBytes + T::kKBytes +
                         warp_n * T::kWarpN * T::TileV::kRowBytes;
       // S = Q K^T for the warp's 16 rows and kWarpN keys.
@@ -432,9 +432,9 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32)
   // Epilogue: each warp publishes its rows' max, sum and unnormalized O; then the CTA merges the
   // kWarpsN partial softmaxes of every row and writes the split's partials.
   float* red = reinterpret_cast<float*>(fj_smem);
-  float* red_o = red;                                        // [kNumWarps][16][kDimV]
-  float* red_m = red + T::kNumWarps * 16 * T::kDimV;         // [kNumWarps][16]
-  float* red_s = red_m + T::kNumWarps * 16;                  // [kNumWarps][16]
+  float* red_o = red;                                 // [kNumWarps][16][kDimV]
+  float* red_m = red + T::kNumWarps * 16 * T::kDimV;  // [kNumWarps][16]
+  float* red_s = red_m + T::kNumWarps * 16;           // [kNumWarps][16]
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float sum = row_sum[hr];

@@ -54,10 +54,10 @@ kernels::KernelDesc kernels::desc_for_query(const KernelQuery& q, kernels::Selec
           kernels::block_mask_problem(arch, q.block_size, q.block_size), {}, overrides, q.variant,
           sel);
     case kernels::Family::DecodeSplit: {
-      for (auto [name, v] : {std::pair{"block_n", q.config.block_n},
-                             std::pair{"num_warps", q.config.num_warps},
-                             std::pair{"num_stages", q.config.num_stages},
-                             std::pair{"num_splits", q.config.num_splits}}) {
+      for (auto [name, v] :
+           {std::pair{"block_n", q.config.block_n}, std::pair{"num_warps", q.config.num_warps},
+            std::pair{"num_stages", q.config.num_stages},
+            std::pair{"num_splits", q.config.num_splits}}) {
         if (v < 0) throw UnsupportedError(fmt::format("{} must not be negative ({})", name, v));
         if (v > 0) overrides.set(name, v);
       }

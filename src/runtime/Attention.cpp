@@ -239,9 +239,9 @@ runtime::Plan plan_attention(Context& ctx, const ValidatedCall& call,
   const QkvShape& s = call.inputs.shape;
   if (s.seqlen_q <= runtime::kDecodeMaxQueries) {
     const kernels::ForwardInputs& f = call.inputs;
-    const kernels::DecodeInputs in = runtime::decode_inputs(
-        f.q, f.k, f.v, f.out, f.lse ? &*f.lse : nullptr, s, options, f.mod_params,
-        impl_of(ctx).device->sm_count());
+    const kernels::DecodeInputs in =
+        runtime::decode_inputs(f.q, f.k, f.v, f.out, f.lse ? &*f.lse : nullptr, s, options,
+                               f.mod_params, impl_of(ctx).device->sm_count());
     const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
     const auto why_not = runtime::decode_unsupported(arch, in, options, /*auto_dispatch=*/true);
     if (!why_not) return runtime::plan_decode(arch, in, call.mods, options);

@@ -127,8 +127,11 @@ std::optional<std::string> decode_unsupported(const cuda::Arch& arch,
         in.block_mask->meta().heads, gqa);
   }
   try {
-    kernels::Registry::global().select(split_problem(arch, in), kernels::decode_facts(in),
-                                       auto_dispatch ? std::string_view{} : options.variant);
+    // The whole description, config included: a caller's block_n / num_warps / num_stages that
+    // the decode kernel cannot take is a reason too (the forward may take them).
+    kernels::Registry::global().complete(split_problem(arch, in), kernels::decode_facts(in),
+                                         decode_overrides(options.config),
+                                         auto_dispatch ? std::string_view{} : options.variant);
   } catch (const UnsupportedError& e) {
     return std::string(e.what());
   }
@@ -144,9 +147,9 @@ Plan plan_decode(const cuda::Arch& arch, kernels::DecodeInputs in, const Mods& m
                    decode_overrides(options.config), options.variant, &split_sel);
   in.num_splits = kernels::resolve_num_splits(split, in);
   kernels::Selection combine_sel;
-  const kernels::KernelDesc combine =
-      reg.complete(kernels::decode_combine_problem(arch, in.q.dtype, static_cast<int>(in.head_dim_v)),
-                   kernels::decode_facts(in), {}, {}, &combine_sel);
+  const kernels::KernelDesc combine = reg.complete(
+      kernels::decode_combine_problem(arch, in.q.dtype, static_cast<int>(in.head_dim_v)),
+      kernels::decode_facts(in), {}, {}, &combine_sel);
   FJ_LOG("kernels", "flex_attention: decode plan, {} split(s) of the KV range (Sq={}, Skv={}{})",
          in.num_splits, in.seqlen_q, in.seqlen_kv,
          in.page_table != nullptr ? fmt::format(", pages of {}", in.page_size) : "");
@@ -282,8 +285,8 @@ void flex_attention_kv_cache_into(Context& ctx, const TensorRef& q, const Tensor
   launch_plan(*impl.device, plan, built, static_cast<CuStream>(options.stream), options.workspace);
 }
 
-size_t flex_attention_kv_cache_workspace_bytes(Context& ctx, const TensorRef& q,
-                                               const TensorRef& k, const TensorRef& v,
+size_t flex_attention_kv_cache_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                               const TensorRef& v,
                                                const AttentionOptions& options) {
   const KvCacheShape shape = validate_kv_cache(q, k, v, *options.kv_cache);
   const QkvShape& s = shape.qkv;

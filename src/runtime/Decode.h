@@ -48,9 +48,8 @@ kernels::DecodeInputs decode_inputs(const TensorRef& q, const TensorRef& k, cons
 void flex_attention_kv_cache_into(Context& ctx, const TensorRef& q, const TensorRef& k,
                                   const TensorRef& v, const TensorRef& out, const TensorRef* lse,
                                   const AttentionOptions& options);
-size_t flex_attention_kv_cache_workspace_bytes(Context& ctx, const TensorRef& q,
-                                               const TensorRef& k, const TensorRef& v,
-                                               const AttentionOptions& options);
+size_t flex_attention_kv_cache_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                               const TensorRef& v, const AttentionOptions& options);
 
 // check_pages: the host copies of the lengths ([B]) and the table ([B, max_pages], row stride
 // `table_stride`) checked; RuntimeError naming the first bad entry. Exposed for tests.

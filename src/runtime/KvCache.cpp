@@ -22,17 +22,15 @@ std::string shape_str(const std::vector<int64_t>& s) {
 void check_index_tensor(const TensorRef& t, const char* name, const char* layout, int rank,
                         const TensorRef& q) {
   if (t.ndim() != rank) {
-    throw RuntimeError(
-        fmt::format("{} has {} dims (shape {}); expected {}", name, t.ndim(), shape_str(t.shape),
-                    layout));
+    throw RuntimeError(fmt::format("{} has {} dims (shape {}); expected {}", name, t.ndim(),
+                                   shape_str(t.shape), layout));
   }
   if (t.strides.size() != t.shape.size()) {
-    throw RuntimeError(fmt::format("{} has {} strides for {} dims", name, t.strides.size(),
-                                   t.shape.size()));
+    throw RuntimeError(
+        fmt::format("{} has {} strides for {} dims", name, t.strides.size(), t.shape.size()));
   }
   if (t.dtype != DType::I32) {
-    throw RuntimeError(
-        fmt::format("{} has dtype {}; expected i32", name, to_string(t.dtype)));
+    throw RuntimeError(fmt::format("{} has dtype {}; expected i32", name, to_string(t.dtype)));
   }
   if (t.device != q.device || t.device_index != q.device_index) {
     throw RuntimeError(fmt::format("{} is on {} but q is on {}; it is read on the device", name,
@@ -122,7 +120,8 @@ KvCacheShape validate_kv_cache(const TensorRef& q, const TensorRef& k, const Ten
     }
     out.qkv.seqlen_kv = capacity;
     if (!given(cache.seq_lens)) {
-      throw RuntimeError("a paged KV cache needs seq_lens ([B] int32): the length of each sequence");
+      throw RuntimeError(
+          "a paged KV cache needs seq_lens ([B] int32): the length of each sequence");
     }
   }
   if (given(cache.seq_lens)) {
@@ -133,9 +132,9 @@ KvCacheShape validate_kv_cache(const TensorRef& q, const TensorRef& k, const Ten
     }
   }
   if (q.device != TensorRef::Device::CUDA) {
-    throw RuntimeError(fmt::format(
-        "a KV cache (ragged lengths, pages) runs on the GPU; q, k and v are on {}",
-        to_string(q.device, q.device_index)));
+    throw RuntimeError(
+        fmt::format("a KV cache (ragged lengths, pages) runs on the GPU; q, k and v are on {}",
+                    to_string(q.device, q.device_index)));
   }
   return out;
 }

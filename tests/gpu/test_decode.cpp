@@ -46,10 +46,10 @@ struct DecodeCase {
   std::string label;
   DType dtype = DType::BF16;
   int batch = 1, heads_q = 1, heads_kv = 1, seqlen_q = 1, dim_qk = 128, dim_v = 128;
-  int capacity = 1;       // Skv (contiguous) or max_pages * page_size
-  std::vector<int> lens;  // per sequence; empty: every sequence has `capacity` keys
-  int page_size = 0;      // 0: contiguous K / V
-  bool kv_cache = false;  // pass a KvCache (lengths / pages); else flex_attention's dispatch
+  int capacity = 1;            // Skv (contiguous) or max_pages * page_size
+  std::vector<int> lens;       // per sequence; empty: every sequence has `capacity` keys
+  int page_size = 0;           // 0: contiguous K / V
+  bool kv_cache = false;       // pass a KvCache (lengths / pages); else flex_attention's dispatch
   bool shared_prefix = false;  // sequences 0 and 1 share their first full pages
   Mods mods;
   std::map<std::string, HostBuffer> buffers;
@@ -178,8 +178,7 @@ Result run_case(Context& ctx, DecodeCase& c, std::mt19937_64& rng) {
             for (int h = 0; h < Hkv; ++h)
               for (int d = 0; d < D; ++d)
                 pool->values[((static_cast<size_t>(e) * ps + slot) * Hkv + h) * D + d] =
-                    src->values[((static_cast<size_t>(b) * Hkv + h) * cap + p * ps + slot) * D +
-                                d];
+                    src->values[((static_cast<size_t>(b) * Hkv + h) * cap + p * ps + slot) * D + d];
         }
       }
     }
@@ -238,9 +237,9 @@ Result run_case(Context& ctx, DecodeCase& c, std::mt19937_64& rng) {
     AttentionShape s;
     s.batch = 1, s.heads_q = Hq, s.heads_kv = Hkv, s.seqlen_q = Sq, s.seqlen_kv = lens[b];
     s.head_dim_qk = c.dim_qk, s.head_dim_v = c.dim_v;
-    auto slice_q = std::vector<float>(q.values.begin() + static_cast<size_t>(b) * Hq * Sq * c.dim_qk,
-                                      q.values.begin() +
-                                          static_cast<size_t>(b + 1) * Hq * Sq * c.dim_qk);
+    auto slice_q =
+        std::vector<float>(q.values.begin() + static_cast<size_t>(b) * Hq * Sq * c.dim_qk,
+                           q.values.begin() + static_cast<size_t>(b + 1) * Hq * Sq * c.dim_qk);
     auto gather = [&](const HostTensor& t) {
       const int D = static_cast<int>(t.shape[3]);
       std::vector<float> g;
@@ -263,8 +262,8 @@ Result run_case(Context& ctx, DecodeCase& c, std::mt19937_64& rng) {
     if (ref_inf != out_inf || std::isnan(r.lse[i])) {
       ++r.lse_mismatched_inf;
     } else if (!ref_inf) {
-      r.lse_max_err = std::max(r.lse_max_err, std::abs(r.lse[i] - r.ref_lse[i]) /
-                                                  std::max(1.0, std::abs(r.ref_lse[i])));
+      r.lse_max_err = std::max(
+          r.lse_max_err, std::abs(r.lse[i] - r.ref_lse[i]) / std::max(1.0, std::abs(r.ref_lse[i])));
     }
   }
   return r;
@@ -420,8 +419,8 @@ TEST_CASE("decode: block masks skip tiles and apply the mask_mod on partial ones
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
-  const Mods mask = parse_mods("mask_mod = kv_idx < 300 || (kv_idx >= 700 && kv_idx % 5 != q_idx)",
-                               "blocks.fx");
+  const Mods mask =
+      parse_mods("mask_mod = kv_idx < 300 || (kv_idx >= 700 && kv_idx % 5 != q_idx)", "blocks.fx");
   for (int paged = 0; paged < 2; ++paged) {
     DecodeCase c;
     c.label = paged ? "block mask, paged" : "block mask, contiguous";

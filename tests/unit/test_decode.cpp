@@ -104,8 +104,9 @@ TEST_CASE("decode: validate and unsupported name the value and the limits",
   };
   CHECK_THROWS_WITH(v.validate(with("rows", 48, true)),
                     Catch::Contains("rows = 48; supported: 16, 32, 64, 128"));
-  CHECK_THROWS_WITH(v.validate(with("page_size", 24, true)),
-                    Catch::Contains("page_size = 24") && Catch::Contains("power of two from 1 to 256"));
+  CHECK_THROWS_WITH(
+      v.validate(with("page_size", 24, true)),
+      Catch::Contains("page_size = 24") && Catch::Contains("power of two from 1 to 256"));
   CHECK_THROWS_WITH(v.validate(with("page_size", 512, true)), Catch::Contains("page_size = 512"));
   CHECK_THROWS_WITH(v.validate(with("num_splits", -1)), Catch::Contains("num_splits = -1"));
   CHECK_THROWS_WITH(v.validate(with("block_n", 48)),
@@ -121,8 +122,8 @@ TEST_CASE("decode: validate and unsupported name the value and the limits",
   KernelDesc big = split_desc("sm_86", DType::BF16, 256, 256, 1, 1, 0);
   big.config.set("block_n", 128);
   big.config.set("num_stages", 4);
-  CHECK_THROWS_WITH(v.validate(big), Catch::Contains("bytes of shared memory") &&
-                                         Catch::Contains("sm_86"));
+  CHECK_THROWS_WITH(v.validate(big),
+                    Catch::Contains("bytes of shared memory") && Catch::Contains("sm_86"));
   // Problems no variant runs: f32 inputs, head dim 96.
   CHECK_THROWS_WITH(split_desc("sm_80", DType::F32, 128, 128, 1, 1, 0),
                     Catch::Contains("bf16 or f16 inputs, not f32"));
@@ -134,7 +135,8 @@ TEST_CASE("decode: validate and unsupported name the value and the limits",
   InputFacts f;
   f.aligned16 = false;
   f.alignment_blocker = "stride of q in dim 2 is 6 bytes";
-  CHECK_THAT(*v.unsupported(d, f), Catch::Contains("16-byte aligned") && Catch::Contains("6 bytes"));
+  CHECK_THAT(*v.unsupported(d, f),
+             Catch::Contains("16-byte aligned") && Catch::Contains("6 bytes"));
   InputFacts m;
   m.mask_q_block = 8;
   m.mask_kv_block = 128;
@@ -148,9 +150,9 @@ TEST_CASE("decode: validate and unsupported name the value and the limits",
   const KernelDesc shrunk = Registry::global().complete(d, m32);
   CHECK(shrunk.config.at("block_n") == 32);
   CHECK(shrunk.config.at("num_warps") == 2);
-  CHECK_THROWS_WITH(Registry::global().complete(d, m32, {{"block_n", 64}}),
-                    Catch::Contains("kv block size 32 is not a multiple") &&
-                        Catch::Contains("block_n = 64"));
+  CHECK_THROWS_WITH(
+      Registry::global().complete(d, m32, {{"block_n", 64}}),
+      Catch::Contains("kv block size 32 is not a multiple") && Catch::Contains("block_n = 64"));
   const Variant& cv = Registry::global().get(Family::DecodeCombine, "warp_per_row");
   KernelDesc c = combine_desc("sm_80", DType::BF16, 128);
   c.config.set("num_warps", 3);
@@ -181,7 +183,8 @@ TEST_CASE("decode: the split heuristic fills the GPU once and keeps splits worth
   const int per_sm = cuda::max_smem_per_block(d.arch) /
                      static_cast<int>(Registry::global().get(d.family, d.variant).smem_bytes(d));
   CHECK(resolve_num_splits(d, in) == decode_num_splits(64, 8192, 64, 132, per_sm));
-  const KernelDesc fixed = split_desc("sm_90a", DType::BF16, 128, 128, 4, 1, 0, {{"num_splits", 7}});
+  const KernelDesc fixed =
+      split_desc("sm_90a", DType::BF16, 128, 128, 4, 1, 0, {{"num_splits", 7}});
   CHECK(resolve_num_splits(fixed, in) == 7);
 }
 
@@ -258,6 +261,11 @@ TEST_CASE("decode: flex_attention's dispatch reasons", "[decode][plan]") {
   o.config.block_m = 64;
   CHECK_THAT(*runtime::decode_unsupported(arch, in, o, true), Catch::Contains("block_m = 64"));
   o.config.block_m = 0;
+  // A forward config the decode kernel cannot take: the forward serves the call.
+  o.config.block_n = 32;
+  o.config.num_warps = 8;
+  CHECK_THAT(*runtime::decode_unsupported(arch, in, o, true), Catch::Contains("keys per warp"));
+  o.config = {};
   in.q.dtype = DType::F32;
   CHECK_THAT(*runtime::decode_unsupported(arch, in, o, true),
              Catch::Contains("bf16 or f16 inputs, not f32"));
@@ -308,27 +316,32 @@ TEST_CASE("decode: validate_kv_cache names the tensor, the value and what is acc
   CHECK_THAT(fails(pool, vpool, bad), Catch::Contains("page_table is on cpu but q is on cuda:0"));
   bad = c;
   bad.seq_lens = fake_cuda(DType::I32, {4});
-  CHECK_THAT(fails(pool, vpool, bad), Catch::Contains("seq_lens has shape [4]; expected [B] = [2]"));
+  CHECK_THAT(fails(pool, vpool, bad),
+             Catch::Contains("seq_lens has shape [4]; expected [B] = [2]"));
   bad.seq_lens = fake_cuda(DType::I32, {2, 1});
   CHECK_THAT(fails(pool, vpool, bad), Catch::Contains("seq_lens has 2 dims"));
   bad.seq_lens = TensorRef{};
   CHECK_THAT(fails(pool, vpool, bad), Catch::Contains("a paged KV cache needs seq_lens"));
   // Pools.
-  CHECK_THAT(fails(fake_cuda(DType::BF16, {64, 24, 2, 128}), fake_cuda(DType::BF16, {64, 24, 2, 64}), c),
-             Catch::Contains("page size 24") && Catch::Contains("power of two from 1 to 256"));
-  CHECK_THAT(fails(fake_cuda(DType::BF16, {64, 512, 2, 128}), fake_cuda(DType::BF16, {64, 512, 2, 64}), c),
-             Catch::Contains("page size 512"));
+  CHECK_THAT(
+      fails(fake_cuda(DType::BF16, {64, 24, 2, 128}), fake_cuda(DType::BF16, {64, 24, 2, 64}), c),
+      Catch::Contains("page size 24") && Catch::Contains("power of two from 1 to 256"));
+  CHECK_THAT(
+      fails(fake_cuda(DType::BF16, {64, 512, 2, 128}), fake_cuda(DType::BF16, {64, 512, 2, 64}), c),
+      Catch::Contains("page size 512"));
   CHECK_THAT(fails(pool, fake_cuda(DType::BF16, {64, 32, 2, 64}), c),
              Catch::Contains("the k and v pools differ"));
   CHECK_THAT(fails(fake_cuda(DType::BF16, {64, 16, 128}), vpool, c),
              Catch::Contains("k is a page pool [num_pages, page_size, Hkv, D]; it has 3 dims"));
-  CHECK_THAT(fails(fake_cuda(DType::BF16, {64, 16, 3, 128}), fake_cuda(DType::BF16, {64, 16, 3, 64}), c),
-             Catch::Contains("Hq=8 is not a multiple of Hkv=3"));
+  CHECK_THAT(
+      fails(fake_cuda(DType::BF16, {64, 16, 3, 128}), fake_cuda(DType::BF16, {64, 16, 3, 64}), c),
+      Catch::Contains("Hq=8 is not a multiple of Hkv=3"));
   CHECK_THAT(fails(fake_cuda(DType::F16, {64, 16, 2, 128}), vpool, c),
              Catch::Contains("must share one dtype"));
   KvCache huge = c;
   huge.page_table = fake_cuda(DType::I32, {2, int64_t{1} << 28});
-  CHECK_THAT(fails(fake_cuda(DType::BF16, {64, 256, 2, 128}), fake_cuda(DType::BF16, {64, 256, 2, 64}), huge),
+  CHECK_THAT(fails(fake_cuda(DType::BF16, {64, 256, 2, 128}),
+                   fake_cuda(DType::BF16, {64, 256, 2, 64}), huge),
              Catch::Contains("at most 2^31 - 1"));
   // Ragged contiguous K / V: lengths without a table.
   KvCache ragged;
@@ -337,8 +350,8 @@ TEST_CASE("decode: validate_kv_cache names the tensor, the value and what is acc
                                            fake_cuda(DType::BF16, {2, 2, 300, 128}), ragged);
   CHECK_FALSE(r.paged);
   CHECK(r.qkv.seqlen_kv == 300);
-  CHECK_THAT(fails(fake_cuda(DType::BF16, {2, 2, 300, 128}), fake_cuda(DType::BF16, {2, 2, 300, 128}),
-                   KvCache{}),
+  CHECK_THAT(fails(fake_cuda(DType::BF16, {2, 2, 300, 128}),
+                   fake_cuda(DType::BF16, {2, 2, 300, 128}), KvCache{}),
              Catch::Contains("neither seq_lens nor a page_table"));
   // Host tensors: a KV cache runs on the GPU.
   TensorRef hq = q;

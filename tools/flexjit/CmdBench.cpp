@@ -489,8 +489,8 @@ void run_attention_bench(const AttentionBenchOptions& o) {
     fmt::print("device copy bandwidth (read + write, 1 GiB): {:.2f} TB/s\n", copy);
     for (const AttentionRow& r : rows) {
       if (r.kv_tbps <= 0) continue;
-      fmt::print("  {:<14} {:<18} {:.3f} ms  {:.2f} TB/s  = {:.0f}% of copy\n", r.c.group,
-                 r.c.name, r.fwd_ms, r.kv_tbps, 100.0 * r.kv_tbps / copy);
+      fmt::print("  {:<14} {:<18} {:.3f} ms  {:.2f} TB/s  = {:.0f}% of copy\n", r.c.group, r.c.name,
+                 r.fwd_ms, r.kv_tbps, 100.0 * r.kv_tbps / copy);
     }
   }
   int failed = 0, nonfinite = 0;

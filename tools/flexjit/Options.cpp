@@ -10,9 +10,10 @@ namespace flexjit::cli {
 
 void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
   if (with_kernel) {
-    app.add_option("--kernel", o.kernel,
-                   "Kernel family: forward | block_mask | decode_split | decode_combine (see `flexjit "
-                   "kernels`)")
+    app.add_option(
+           "--kernel", o.kernel,
+           "Kernel family: forward | block_mask | decode_split | decode_combine (see `flexjit "
+           "kernels`)")
         ->capture_default_str();
     app.add_option("--variant", o.variant,
                    "Kernel variant, e.g. sm80_mma (default: chosen by the arch; `flexjit kernels` "

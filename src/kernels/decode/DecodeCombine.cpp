@@ -93,8 +93,8 @@ std::vector<Launch> DecodeCombineWarpPerRow::launches(const KernelDesc& desc,
   FjDecodeCombineArgs a{};
   const size_t packed = static_cast<size_t>(in.batch * in.heads_q * in.seqlen_q);
   a.o_part = static_cast<const float*>(workspace);
-  a.lse_part = a.o_part + packed * static_cast<size_t>(in.num_splits) *
-                              static_cast<size_t>(in.head_dim_v);
+  a.lse_part =
+      a.o_part + packed * static_cast<size_t>(in.num_splits) * static_cast<size_t>(in.head_dim_v);
   a.out = in.out.data;
   a.lse = in.lse ? static_cast<float*>(in.lse->data) : nullptr;
   a.o_stride_b = in.out.strides[0], a.o_stride_h = in.out.strides[1],

@@ -177,16 +177,22 @@ void DecodeSplitSm80Mma::validate(const KernelDesc& d) const {
 }
 
 Params DecodeSplitSm80Mma::default_config(const KernelDesc& p) const {
-  // Keys per tile: 64 (32 for d = 256, whose 64-key tiles take 64 KB a stage). Stages: the most
-  // (up to 3) that leave room for two CTAs per SM, else the most that fit.
+  // Keys per tile: 64 (32 for d = 256, whose 64-key tiles take 64 KB a stage), at most 32 per
+  // warp. Stages: the most (up to 3) that leave room for two CTAs per SM, else the most that fit.
+  // Warps: 4 (8 from 64 rows on; d = 256: one per 16 rows, at least 2), so that each keeps at
+  // most 32 keys of a tile (64 keys per warp reach 255 registers with a mask_mod that loads
+  // buffers: nvcc 13.0 ptxas, document_causal, 128 rows, sm_80).
   const int rows = static_cast<int>(p.flags.get("rows").value_or(16));
-  const int bn = std::max(p.head_dim_qk, p.head_dim_v) > 128 ? 32 : 64;
-  const int warps = default_warps(rows, bn);
+  const bool wide = std::max(p.head_dim_qk, p.head_dim_v) > 128;
+  const int warps_m = rows / 16;
+  const int warps = wide ? std::max(warps_m, 2) : (warps_m <= 2 ? 4 : 8);
+  const int bn = std::min(wide ? 32 : 64, 32 * (warps / warps_m));
   const int limit = cuda::max_smem_per_block(p.arch);
   const int es = dtype_size(p.dtype == DType::F16 ? DType::F16 : DType::BF16);
   int stages = 1;
   for (int s : {3, 2, 1}) {
-    const int smem = fj_decode_split_smem_bytes(rows, bn, p.head_dim_qk, p.head_dim_v, es, s, warps);
+    const int smem =
+        fj_decode_split_smem_bytes(rows, bn, p.head_dim_qk, p.head_dim_v, es, s, warps);
     if (smem <= std::min(limit, kTwoPerSmBytes)) {
       stages = s;
       break;
@@ -311,9 +317,8 @@ FjDecodeArgs make_decode_args(const DecodeInputs& in, int splits, int rows, void
   a.seqlen_q = static_cast<int>(in.seqlen_q);
   a.seqlen_kv = static_cast<int>(in.seqlen_kv);
   a.num_splits = splits;
-  a.row_groups =
-      static_cast<int>(decode_row_groups(in.heads_q / std::max<int64_t>(1, in.heads_kv),
-                                         in.seqlen_q, rows));
+  a.row_groups = static_cast<int>(
+      decode_row_groups(in.heads_q / std::max<int64_t>(1, in.heads_kv), in.seqlen_q, rows));
   a.scale = in.scale ? *in.scale
                      : static_cast<float>(1.0 / std::sqrt(static_cast<double>(in.head_dim_qk)));
   return a;
@@ -328,8 +333,8 @@ std::vector<Launch> DecodeSplitSm80Mma::launches(const KernelDesc& desc, const D
   }
   Launch l;
   l.entry_point = kEntry;
-  l.grid = {static_cast<unsigned>(in.num_splits),
-            static_cast<unsigned>(in.heads_kv * a.row_groups), static_cast<unsigned>(in.batch)};
+  l.grid = {static_cast<unsigned>(in.num_splits), static_cast<unsigned>(in.heads_kv * a.row_groups),
+            static_cast<unsigned>(in.batch)};
   l.block = {static_cast<unsigned>(desc.config.at("num_warps") * 32), 1, 1};
   l.smem_bytes = smem_bytes(desc);
   l.args.add(a);
