@@ -10,21 +10,28 @@
 #include <flexjit/paged_kv.h>
 
 #include "gpu/GpuTestUtil.h"
+#include "support/CliPath.h"
 #include "support/CpuReference.h"
+#include "util/Npy.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <numeric>
 
 using namespace flexjit;
 using namespace flexjit::test;
+using flexjit::test::run_cli;
 
 namespace {
 
@@ -472,4 +479,49 @@ TEST_CASE("decode: check_pages reports the first bad entry; bad inputs fail befo
   const DeviceTensor dq32 = upload(*ctx, q32), dp32 = upload(*ctx, p32);
   CHECK_THROWS_WITH(flex_attention(*ctx, dq32, dp32, dp32, o),
                     Catch::Contains("bf16 or f16 inputs, not f32"));
+}
+
+TEST_CASE("decode: flexjit run on a paged KV cache matches the fp64 reference (--check)",
+          "[gpu][decode]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("flexjit-decode-run-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const char* name, DType dtype, std::vector<int64_t> shape,
+                   const std::vector<char>& bytes) {
+    npy::Array a = npy::make_array(dtype, std::move(shape));
+    REQUIRE(a.bytes.size() == bytes.size());
+    std::memcpy(a.bytes.data(), bytes.data(), bytes.size());
+    npy::write((dir / name).string(), a);
+    return (dir / name).string();
+  };
+  auto ints = [](const std::vector<int32_t>& v) {
+    std::vector<char> b(v.size() * 4);
+    std::memcpy(b.data(), v.data(), b.size());
+    return b;
+  };
+  const HostTensor q = random_tensor(rng, DType::BF16, {2, 6, 2, 64});
+  const HostTensor pool = random_tensor(rng, DType::BF16, {12, 16, 2, 64});
+  const std::vector<int32_t> table = {7, 2, 9, 0, 11, 3, 5, 1, 4, 6, 8, 10};  // [2, 6]
+  const std::vector<int32_t> lens = {90, 33};
+  const std::string args = fmt::format(
+      "run --mods alibi --q {} --k {} --v {} --page-table {} --seq-lens {} --check-pages --check "
+      "--repeat 1 --json",
+      write("q.npy", DType::BF16, {2, 6, 2, 64}, q.bytes()),
+      write("k.npy", DType::BF16, {12, 16, 2, 64}, pool.bytes()),
+      write("v.npy", DType::BF16, {12, 16, 2, 64}, pool.bytes()),
+      write("table.npy", DType::I32, {2, 6}, ints(table)),
+      write("lens.npy", DType::I32, {2}, ints(lens)));
+  std::string out;
+  REQUIRE(run_cli(args, &out) == 0);
+  const auto brace = out.find('{');
+  REQUIRE(brace != std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(out.substr(brace));
+  CHECK(j.at("nan").get<int64_t>() == 0);
+  CHECK(j.at("nan_mismatches_vs_fp64").get<int64_t>() == 0);
+  CHECK(j.at("max_rel_error_vs_fp64").get<double>() <= 2e-2);
+  std::filesystem::remove_all(dir);
 }

@@ -15,11 +15,15 @@
 #include "kernels/decode/DecodeSplit.h"
 #include "runtime/Decode.h"
 #include "support/CliPath.h"
+#include "util/Npy.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -494,4 +498,27 @@ TEST_CASE("decode: both templates compile for every arch, mods, head dims and la
       }
     }
   }
+}
+
+TEST_CASE("decode: flexjit run reads a paged KV cache and says what it needs", "[decode][cli]") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("flexjit-decode-cli-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto path = [&](const char* name) { return (dir / name).string(); };
+  npy::write(path("q.npy"), npy::make_array(DType::BF16, {2, 4, 1, 64}));
+  npy::write(path("k.npy"), npy::make_array(DType::BF16, {8, 16, 2, 64}));
+  npy::write(path("table.npy"), npy::make_array(DType::I32, {2, 4}));
+  npy::write(path("lens.npy"), npy::make_array(DType::I32, {2}));
+  const std::string files = "--q " + path("q.npy") + " --k " + path("k.npy") + " --v " +
+                            path("k.npy") + " --page-table " + path("table.npy") + " --seq-lens " +
+                            path("lens.npy");
+  std::string out;
+  CHECK(test::run_cli("run --device cpu " + files, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("--page-table / --seq-lens run on a GPU"));
+  CHECK(test::run_cli("run --random 1,2,16,64 --page-table " + path("table.npy"), &out) == 1);
+  CHECK_THAT(out, Catch::Contains("give --q, --k, --v too"));
+  REQUIRE(test::run_cli("run --help", &out) == 0);
+  CHECK_THAT(out, Catch::Contains("--page-table") && Catch::Contains("--seq-lens") &&
+                      Catch::Contains("--check-pages"));
+  std::filesystem::remove_all(dir);
 }
