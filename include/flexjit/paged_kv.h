@@ -35,8 +35,10 @@ struct KvCache {
   // [B, max_pages] int32 on the device, rows contiguous: the pool pages of each sequence, in
   // order. Left empty (no data, no shape), K and V are contiguous [B, Hkv, Skv, D]; given, they
   // are pools [num_pages, page_size, Hkv, D] (page_size a power of two from 1 to 256, any
-  // strides with the last dim contiguous). Entries past a sequence's length are never read, so
-  // they may hold anything; pages may be shared between sequences (a common prefix).
+  // strides with the last dim contiguous: a head-major pool [num_pages, Hkv, page_size, D] is
+  // passed as that view, strides [Hkv * page_size * D, D, page_size * D, 1]). Entries past a
+  // sequence's length are never read, so they may hold anything; pages may be shared between
+  // sequences (a common prefix).
   TensorRef page_table;
   // Before launching, copy the lengths and the page table to the host (this synchronizes the
   // call's stream) and check every length against the capacity and every page a sequence reads

@@ -58,6 +58,7 @@ struct DecodeCase {
   int page_size = 0;           // 0: contiguous K / V
   bool kv_cache = false;       // pass a KvCache (lengths / pages); else flex_attention's dispatch
   bool shared_prefix = false;  // sequences 0 and 1 share their first full pages
+  bool head_major = false;     // pools stored [num_pages, Hkv, page_size, D], passed as a view
   Mods mods;
   std::map<std::string, HostBuffer> buffers;
   std::vector<std::pair<std::string, double>> params;
@@ -184,7 +185,10 @@ Result run_case(Context& ctx, DecodeCase& c, std::mt19937_64& rng) {
           for (int slot = 0; slot < ps; ++slot)
             for (int h = 0; h < Hkv; ++h)
               for (int d = 0; d < D; ++d)
-                pool->values[((static_cast<size_t>(e) * ps + slot) * Hkv + h) * D + d] =
+                pool->values[(c.head_major ? (static_cast<size_t>(e) * Hkv + h) * ps + slot
+                                           : (static_cast<size_t>(e) * ps + slot) * Hkv + h) *
+                                 D +
+                             d] =
                     src->values[((static_cast<size_t>(b) * Hkv + h) * cap + p * ps + slot) * D + d];
         }
       }
@@ -193,6 +197,12 @@ Result run_case(Context& ctx, DecodeCase& c, std::mt19937_64& rng) {
     dk = keep.back().ref();
     keep.push_back(upload(ctx, vp));
     dv = keep.back().ref();
+    if (c.head_major) {  // the [num_pages, page_size, Hkv, D] view of head-major storage
+      for (TensorRef* t : {&dk, &dv}) {
+        const int64_t D = t->shape[3];
+        t->strides = {Hkv * ps * D, D, ps * D, 1};
+      }
+    }
     keep.push_back(DeviceTensor::from_host(ctx, DType::I32, {B, max_pages}, table.data()));
     cache.page_table = keep.back().ref();
   } else {
@@ -336,20 +346,23 @@ TEST_CASE("decode: paged KV cache, ragged lengths, shuffled and shared pages, GQ
     int page, gqa, sq, cap;
     std::vector<int> lens;
     const char* mods;
+    bool head_major = false;
   };
   const std::vector<Shape> shapes = {
       {16, 1, 1, 1024, {1000, 17, 1, 0}, "noop"},
-      {16, 3, 4, 1024, {1000, 1000, 512, 33}, "alibi"},
+      {16, 3, 4, 1024, {1000, 1000, 512, 33}, "alibi", /*head_major=*/true},
       {1, 5, 1, 64, {17, 64, 1}, "softcap"},
       {256, 6, 2, 8448, {8193, 8193, 300}, "causal"},
       {1, 7, 16, 48, {48, 17}, "relative_bias"},
       {256, 8, 16, 1024, {1, 1000}, "sliding_window"},
       {16, 2, 8, 256, {200, 256, 129, 16}, "t5_bucketed_bias"},
-      {64, 4, 3, 512, {511, 400}, "document_causal"},
+      {64, 4, 3, 512, {511, 400}, "document_causal", /*head_major=*/true},
   };
   for (const Shape& sh : shapes) {
     DecodeCase c;
-    c.label = fmt::format("paged ({}-key pages, gqa {})", sh.page, sh.gqa);
+    c.label = fmt::format("paged ({}-key pages{}, gqa {})", sh.page,
+                          sh.head_major ? ", head-major" : "", sh.gqa);
+    c.head_major = sh.head_major;
     c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
     c.mods = standard_mods(sh.mods);
     c.batch = static_cast<int>(sh.lens.size());
@@ -523,5 +536,11 @@ TEST_CASE("decode: flexjit run on a paged KV cache matches the fp64 reference (-
   CHECK(j.at("nan").get<int64_t>() == 0);
   CHECK(j.at("nan_mismatches_vs_fp64").get<int64_t>() == 0);
   CHECK(j.at("max_rel_error_vs_fp64").get<double>() <= 2e-2);
+  // The plan is logged under FLEXJIT_LOG=kernels: split then combine.
+  REQUIRE(run_cli(args, &out, "FLEXJIT_LOG=kernels") == 0);
+  CHECK_THAT(out, Catch::Contains("flex_attention: decode plan") &&
+                      Catch::Contains("pages of 16") &&
+                      Catch::Contains("selected decode_split/sm80_mma") &&
+                      Catch::Contains("selected decode_combine/warp_per_row"));
   std::filesystem::remove_all(dir);
 }
