@@ -133,6 +133,15 @@ struct FjDecodeCombineArgs {
   int batch, heads_q, seqlen_q, num_splits;
 };
 
+// The page check of a KV cache (templates/decode_check.cuh): grid (batch), block 128.
+struct FjDecodeCheckArgs {
+  const int* page_table;  // [B, max_pages], or null (lengths only)
+  fj_i64 page_table_stride_b;
+  const int* seq_lens;  // [B]
+  unsigned long long* result;
+  fj_i64 max_pages, page_size, num_pages, capacity;
+};
+
 // Dynamic shared memory of flexjit_decode_split: the Q tile (rows x Dqk) and num_stages K / V
 // tiles, or the cross-warp reduction of the epilogue (num_warps x 16 rows x (Dv + 2) floats)
 // where that is larger (it reuses the same memory).

@@ -40,10 +40,11 @@ struct KvCache {
   // sequence's length are never read, so they may hold anything; pages may be shared between
   // sequences (a common prefix).
   TensorRef page_table;
-  // Before launching, copy the lengths and the page table to the host (this synchronizes the
-  // call's stream) and check every length against the capacity and every page a sequence reads
-  // against the pool: RuntimeError naming the first bad entry ("page_table[3][17] = 912 is not
-  // a page of the pool (0 .. 511)"). For debugging a cache manager; off by default.
+  // Before launching, check on the device every length against the capacity and every page a
+  // sequence reads against the pool (a small kernel on the call's stream, which is then
+  // synchronized to read the verdict): RuntimeError naming the first bad entry
+  // ("page_table[3][17] = 912 is not a page of the pool (0 .. 511); ..."). For debugging a
+  // cache manager; off by default.
   bool check_pages = false;
 };
 

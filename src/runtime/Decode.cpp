@@ -3,8 +3,10 @@
 #include "runtime/Decode.h"
 
 #include <flexjit/device_block_mask.h>
+#include <flexjit/device_tensor.h>
 #include <flexjit/error.h>
 
+#include "kernels/decode/DecodeCombine.h"
 #include "kernels/decode/DecodeSplit.h"
 #include "kernels/forward/Forward.h"
 #include "runtime/ContextImpl.h"
@@ -83,16 +85,29 @@ PlanStep make_step(const kernels::KernelDesc& desc, const kernels::Selection& se
   return step;
 }
 
-std::vector<int> copy_to_host(const TensorRef& t, CUstream stream, const char* what) {
-  std::vector<int> host(static_cast<size_t>(t.numel()));
-  if (host.empty()) return host;
-  // Rows may be strided: the span from the first to the last element.
-  const int64_t span = t.ndim() == 1 ? t.shape[0] : (t.shape[0] - 1) * t.strides[0] + t.shape[1];
-  host.resize(static_cast<size_t>(span));
-  FJ_CU(cuStreamSynchronize, what, stream);
-  FJ_CU(cuMemcpyDtoH, what, host.data(), reinterpret_cast<CUdeviceptr>(t.data),
-        host.size() * sizeof(int));
-  return host;
+// One int32 of a device tensor (the stream has been synchronized).
+int read_int(const TensorRef& t, int64_t offset, const char* what) {
+  int v = 0;
+  FJ_CU(cuMemcpyDtoH, what, &v,
+        reinterpret_cast<CUdeviceptr>(static_cast<const int*>(t.data) + offset), sizeof(int));
+  return v;
+}
+
+std::string length_error(int64_t b, int len, const KvCacheShape& shape) {
+  if (len < 0) return fmt::format("seq_lens[{}] = {} is negative", b, len);
+  return shape.paged ? fmt::format(
+                           "seq_lens[{}] = {} is beyond the page table's capacity of {} "
+                           "keys (max_pages {} x page_size {})",
+                           b, len, shape.qkv.seqlen_kv, shape.max_pages, shape.page_size)
+                     : fmt::format("seq_lens[{}] = {} is beyond the {} keys of k and v", b, len,
+                                   shape.qkv.seqlen_kv);
+}
+
+std::string page_error(int64_t b, int64_t p, int entry, int len, const KvCacheShape& shape) {
+  return fmt::format(
+      "page_table[{}][{}] = {} is not a page of the pool (0 .. {}); sequence {} reads it "
+      "(seq_lens[{}] = {})",
+      b, p, entry, shape.num_pages - 1, b, b, len);
 }
 
 }  // namespace
@@ -193,28 +208,65 @@ void check_kv_cache_entries(const std::vector<int>& seq_lens, const std::vector<
   const int64_t capacity = shape.qkv.seqlen_kv;
   for (size_t b = 0; b < seq_lens.size(); ++b) {
     const int len = seq_lens[b];
-    if (len < 0) throw RuntimeError(fmt::format("seq_lens[{}] = {} is negative", b, len));
-    if (len > capacity) {
-      throw RuntimeError(
-          shape.paged
-              ? fmt::format("seq_lens[{}] = {} is beyond the page table's capacity of {} keys "
-                            "(max_pages {} x page_size {})",
-                            b, len, capacity, shape.max_pages, shape.page_size)
-              : fmt::format("seq_lens[{}] = {} is beyond the {} keys of k and v", b, len,
-                            capacity));
-    }
+    if (len < 0 || len > capacity) throw RuntimeError(length_error(b, len, shape));
     if (!shape.paged) continue;
     const int64_t pages = (len + shape.page_size - 1) / shape.page_size;
     for (int64_t p = 0; p < pages; ++p) {
       const int e = table[static_cast<size_t>(b * table_stride + p)];
-      if (e < 0 || e >= shape.num_pages) {
-        throw RuntimeError(fmt::format(
-            "page_table[{}][{}] = {} is not a page of the pool (0 .. {}); sequence {} reads it "
-            "(seq_lens[{}] = {})",
-            b, p, e, shape.num_pages - 1, b, b, len));
-      }
+      if (e < 0 || e >= shape.num_pages) throw RuntimeError(page_error(b, p, e, len, shape));
     }
   }
+}
+
+void check_kv_cache_on_device(Context& ctx, const KvCache& cache, const KvCacheShape& shape,
+                              DType dtype, void* stream) {
+  ContextImpl& impl = impl_of(ctx);
+  const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
+  kernels::Selection sel;
+  const kernels::KernelDesc desc = kernels::Registry::global().complete(
+      kernels::decode_combine_problem(arch, dtype, static_cast<int>(shape.qkv.head_dim_v)), {}, {},
+      {}, &sel);
+  const DeviceTensor result = DeviceTensor::empty(ctx, DType::I32, {2});
+  FjDecodeCheckArgs a{};
+  a.page_table = shape.paged ? static_cast<const int*>(cache.page_table.data) : nullptr;
+  a.page_table_stride_b = shape.paged ? cache.page_table.strides[0] : 0;
+  a.seq_lens = static_cast<const int*>(cache.seq_lens.data);
+  a.result = static_cast<unsigned long long*>(result.ref().data);
+  a.max_pages = shape.paged ? shape.max_pages : 0;
+  a.page_size = shape.paged ? shape.page_size : 1;
+  a.num_pages = shape.num_pages;
+  a.capacity = shape.qkv.seqlen_kv;
+  const auto batch = static_cast<unsigned>(shape.qkv.batch);
+  PlanStep step;
+  step.desc = desc;
+  step.selection = sel;
+  step.launches = [a, batch](void*) {
+    std::vector<kernels::Launch> out(2);
+    out[0].entry_point = kernels::DecodeCombineWarpPerRow::kCheckInit;
+    out[0].grid = {1, 1, 1};
+    out[0].block = {32, 1, 1};
+    out[0].args.add(a);
+    out[1].entry_point = kernels::DecodeCombineWarpPerRow::kCheckPages;
+    out[1].grid = {batch, 1, 1};
+    out[1].block = {128, 1, 1};
+    out[1].args.add(a);
+    return out;
+  };
+  Plan plan;
+  plan.add(std::move(step));
+  const BuiltPlan built = build_plan(impl.builder, plan);
+  launch_plan(*impl.device, plan, built, static_cast<CuStream>(stream), {});
+  FJ_CU(cuStreamSynchronize, "the KV cache check", static_cast<CUstream>(stream));
+  unsigned long long key = 0;
+  result.copy_to_host(&key);
+  if (key == ~0ull) return;
+  const auto row = static_cast<unsigned long long>(a.max_pages + 1);
+  const auto b = static_cast<int64_t>(key / row);
+  const auto slot = static_cast<int64_t>(key % row);
+  const int len = read_int(cache.seq_lens, b * cache.seq_lens.strides[0], "seq_lens");
+  if (slot == 0) throw RuntimeError(length_error(b, len, shape));
+  const int entry = read_int(cache.page_table, b * a.page_table_stride_b + slot - 1, "page_table");
+  throw RuntimeError(page_error(b, slot - 1, entry, len, shape));
 }
 
 namespace {
@@ -267,14 +319,8 @@ void flex_attention_kv_cache_into(Context& ctx, const TensorRef& q, const Tensor
   impl.device->make_current();
   const QkvShape& s = call.shape.qkv;
   if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0) return;
-  const auto stream = static_cast<CUstream>(options.stream);
   if (options.kv_cache->check_pages) {
-    const KvCache& cache = *options.kv_cache;
-    const std::vector<int> lens = copy_to_host(cache.seq_lens, stream, "seq_lens");
-    std::vector<int> table;
-    if (call.shape.paged) table = copy_to_host(cache.page_table, stream, "page_table");
-    check_kv_cache_entries(lens, table, call.shape.paged ? cache.page_table.strides[0] : 0,
-                           call.shape);
+    check_kv_cache_on_device(ctx, *options.kv_cache, call.shape, q.dtype, options.stream);
   }
   if (s.seqlen_kv == 0) {
     write_empty_attention(out, lse, options.stream);

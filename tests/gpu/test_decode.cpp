@@ -480,6 +480,18 @@ TEST_CASE("decode: check_pages reports the first bad entry; bad inputs fail befo
   cache.seq_lens = dl2;
   CHECK_THROWS_WITH(flex_attention(*ctx, dq, dpool, dpool, o),
                     Catch::Contains("seq_lens[1] = 65 is beyond the page table's capacity of 64"));
+  // Ragged contiguous K / V: lengths only.
+  const HostTensor kc = random_tensor(rng, DType::BF16, {B, Hkv, 48, D});
+  const DeviceTensor dkc = upload(*ctx, kc);
+  const std::vector<int> ragged = {48, 49};
+  const DeviceTensor dr = DeviceTensor::from_host(*ctx, DType::I32, {B}, ragged.data());
+  KvCache lens_only;
+  lens_only.seq_lens = dr;
+  lens_only.check_pages = true;
+  AttentionOptions ro;
+  ro.kv_cache = &lens_only;
+  CHECK_THROWS_WITH(flex_attention(*ctx, dq, dkc, dkc, ro),
+                    Catch::Contains("seq_lens[1] = 49 is beyond the 48 keys of k and v"));
   // Unsupported head dim: an UnsupportedError before any launch.
   const HostTensor q96 = random_tensor(rng, DType::BF16, {B, 2, 1, 96});
   const HostTensor pool96 = random_tensor(rng, DType::BF16, {8, ps, Hkv, 96});

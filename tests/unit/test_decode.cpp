@@ -412,6 +412,7 @@ TEST_CASE("decode: emit through the public API and the CLI", "[decode][api]") {
   q.head_dim_v = 64;
   const KernelSource comb = emit_kernel(standard_mods("alibi_causal"), q);
   CHECK(comb.kernel_name == "flexjit_decode_combine");
+  CHECK_THAT(comb.source, Catch::Contains("flexjit_decode_check_pages(const FjDecodeCheckArgs"));
   CHECK_THAT(comb.source, Catch::Contains("kNumWarps = 4, kHeadDimV = 64"));
   // The combine kernel carries no mods: one per dtype and Dv.
   CHECK_THAT(comb.source, !Catch::Contains("slopes"));

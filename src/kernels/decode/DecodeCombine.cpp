@@ -68,6 +68,7 @@ std::vector<TemplateText> DecodeCombineWarpPerRow::templates() const {
   std::vector<TemplateText> t = common_templates();
   t.push_back({"mma_sm80.cuh", embedded::template_text("mma_sm80.cuh"), false});
   t.push_back({"decode_combine.cuh", embedded::template_text("decode_combine.cuh"), false});
+  t.push_back({"decode_check.cuh", embedded::template_text("decode_check.cuh"), false});
   return t;
 }
 
