@@ -156,4 +156,68 @@ FJ_HOST_DEVICE inline constexpr int fj_bwd_dq_smem_bytes(int block_m, int block_
          num_stages * elem_bytes * block_n * (head_dim_qk + head_dim_v);
 }
 
+// Split-KV decoding (templates/decode_split.cuh, decode_combine.cuh; docs/kernels/decode.md),
+// two kernels on one stream:
+//   flexjit_decode_split(args, params): grid (num_splits, heads_kv * row_groups, batch), block
+//     (NUM_WARPS * 32), dynamic shared memory fj_decode_split_smem_bytes(...). A CTA computes the
+//     rows (q head of the GQA group, query token) of one row group against its split of the KV
+//     range and writes unnormalized-free partials: o_part normalized by its own row sum, lse_part
+//     in the log2 domain (-inf when the split saw no key).
+//   flexjit_decode_combine(args): one warp per (b, h, q) row, LSE-weighted sum of the splits.
+// Workspace (f32): o_part [batch * heads_q * seqlen_q, num_splits, Dv] then lse_part
+// [batch * heads_q * seqlen_q, num_splits]; row index ((b * heads_q + h) * seqlen_q + q).
+// K and V are either contiguous [B, Hkv, Skv, D] (k_stride_b is the batch stride) or paged:
+// pools [num_pages, page_size, Hkv, D] (k_stride_b is the page stride) read through
+// page_table [B, max_pages] int32; then seqlen_kv is the table's capacity max_pages * page_size.
+struct FjDecodeArgs {
+  const void* q;  // [B, Hq, Sq, Dqk]
+  const void* k;
+  const void* v;
+  fj_i64 q_stride_b, q_stride_h, q_stride_s;  // in elements
+  fj_i64 k_stride_b, k_stride_h, k_stride_s;  // b: batch, or page when paged
+  fj_i64 v_stride_b, v_stride_h, v_stride_s;
+  const int* page_table;       // [B, max_pages] or null (contiguous K / V)
+  fj_i64 page_table_stride_b;  // elements; rows are contiguous
+  const int* seq_lens;         // [B] KV length per sequence, or null: seqlen_kv for all
+  float* o_part;               // workspace, see above
+  float* lse_part;
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_kv;
+  int num_splits;  // gridDim.x
+  int row_groups;  // CTAs per kv head along the packed rows: ceil(gqa * seqlen_q / ROWS)
+  float scale;
+  struct FjBlockMaskArgs mask;
+};
+
+struct FjDecodeCombineArgs {
+  const float* o_part;  // the split kernel's workspace
+  const float* lse_part;
+  void* out;   // [B, Hq, Sq, Dv], dtype of q
+  float* lse;  // [B, Hq, Sq] natural log; may be null
+  fj_i64 o_stride_b, o_stride_h, o_stride_s;
+  fj_i64 lse_stride_b, lse_stride_h;
+  int batch, heads_q, seqlen_q, num_splits;
+};
+
+// The page check of a KV cache (templates/decode_check.cuh): grid (batch), block 128.
+struct FjDecodeCheckArgs {
+  const int* page_table;  // [B, max_pages], or null (lengths only)
+  fj_i64 page_table_stride_b;
+  const int* seq_lens;  // [B]
+  unsigned long long* result;
+  fj_i64 max_pages, page_size, num_pages, capacity;
+};
+
+// Dynamic shared memory of flexjit_decode_split: the Q tile (rows x Dqk) and num_stages K / V
+// tiles, or the cross-warp reduction of the epilogue (num_warps x 16 rows x (Dv + 2) floats)
+// where that is larger (it reuses the same memory).
+FJ_HOST_DEVICE inline constexpr int fj_decode_split_smem_bytes(int rows, int block_n,
+                                                               int head_dim_qk, int head_dim_v,
+                                                               int elem_bytes, int num_stages,
+                                                               int num_warps) {
+  return elem_bytes * (rows * head_dim_qk + num_stages * block_n * (head_dim_qk + head_dim_v)) >
+                 num_warps * 16 * (head_dim_v + 2) * 4
+             ? elem_bytes * (rows * head_dim_qk + num_stages * block_n * (head_dim_qk + head_dim_v))
+             : num_warps * 16 * (head_dim_v + 2) * 4;
+}
+
 #endif  // FLEXJIT_ABI_H_

@@ -135,7 +135,7 @@ FJ_DEVICE bool fj_ld_bool(const unsigned char* p, fj_i64 off) {
 }
 
 // Adds v to *p from every lane of a converged warp (the backward's buffer gradients): when all 32
-// lanes add to one address (a per-head buffer such as ALiBi's slopes) they sum first and one
+// lanes add to one address (a buffer indexed by the head only) they sum first and one
 // atomic goes out; otherwise each lane with a nonzero value adds its own.
 FJ_DEVICE void fj_grad_add(float* p, float v) {
   const unsigned peers = __match_any_sync(0xffffffffu, (unsigned long long)p);

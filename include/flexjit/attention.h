@@ -27,6 +27,7 @@
 namespace flexjit {
 
 class DeviceBlockMask;
+struct KvCache;
 
 // Values for the captured buffers (device tensors) and runtime parameters of a Mods, by name.
 // A parameter left out takes its declared default; a buffer left out is an error.
@@ -39,6 +40,9 @@ struct ModBindings {
 // block mask, tiles that divide its sparse blocks).
 struct BlockConfig {
   int block_m = 0, block_n = 0, num_warps = 0, num_stages = 0;
+  // Split-KV decoding only (docs/kernels/decode.md): the splits of the KV range; 0 chooses
+  // them from the SM count and the KV length. block_m does not apply there.
+  int num_splits = 0;
 };
 
 // Device scratch memory for calls whose kernels need it (several kernels in one call, or a
@@ -67,6 +71,11 @@ struct AttentionOptions {
   // over). A named variant that cannot run the call is an UnsupportedError saying why.
   std::string variant;
   Workspace workspace;
+  // A KV cache (include/flexjit/paged_kv.h): per-sequence KV lengths and, optionally, K and V in
+  // page pools read through a page table. Such calls run the split-KV decode kernels for any Sq
+  // (docs/kernels/decode.md). Short queries (Sq <= 16) on contiguous K / V take those kernels
+  // without one when they support the call.
+  const KvCache* kv_cache = nullptr;
 };
 
 struct AttentionResult {
@@ -88,7 +97,9 @@ FLEXJIT_API void flex_attention_into(Context& ctx, const TensorRef& q, const Ten
                                      const TensorRef& v, const TensorRef& out, const TensorRef* lse,
                                      const AttentionOptions& options = {});
 
-// The workspace bytes flex_attention_into needs for this call (0 for the forward kernels).
+// The workspace bytes flex_attention_into needs for this call: 0 for the forward kernels; the
+// split-KV decode plan's partials (B x Hq x Sq x splits x (Dv + 1) floats) when the call decodes
+// (docs/kernels/decode.md).
 FLEXJIT_API size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q,
                                                   const TensorRef& k, const TensorRef& v,
                                                   const AttentionOptions& options = {});

@@ -12,5 +12,6 @@
 #include <flexjit/error.h>
 #include <flexjit/expr.h>
 #include <flexjit/mods.h>
+#include <flexjit/paged_kv.h>
 #include <flexjit/tensor.h>
 #include <flexjit/types.h>

@@ -24,7 +24,8 @@
 namespace flexjit {
 
 struct KernelQuery {
-  // "forward" | "block_mask" | "backward_preprocess" | "backward_dkdv" | "backward_dq"
+  // "forward" | "block_mask" | "backward_preprocess" | "backward_dkdv" | "backward_dq" |
+  // "decode_split" | "decode_combine"
   std::string family = "forward";
   std::string variant;        // empty: chosen by the arch ("sm80_mma", ...)
   std::string arch;           // "sm_80" ... "sm_90a"; empty: the current GPU's
@@ -36,6 +37,8 @@ struct KernelQuery {
   bool full_blocks = true;  // forward, backward: the block mask has full_* arrays
   int block_size = 128;     // block_mask: the sparse tile size
   BlockConfig config;       // forward: zeros take the defaults
+  int seqlen_q = 1;         // decode_split: query tokens (with gqa_ratio: the packed rows)
+  int page_size = 0;        // decode_split: 0 contiguous K / V, else the page size
 };
 
 struct KernelSource {

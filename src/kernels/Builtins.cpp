@@ -4,6 +4,8 @@
 #include "kernels/Registry.h"
 #include "kernels/backward/Sm80Backward.h"
 #include "kernels/block_mask/BlockMaskBuild.h"
+#include "kernels/decode/DecodeCombine.h"
+#include "kernels/decode/DecodeSplit.h"
 #include "kernels/forward/Sm80Mma.h"
 
 namespace flexjit::kernels {
@@ -15,6 +17,8 @@ void register_builtin_variants(Registry& registry) {
   registry.add(std::make_unique<BackwardDkDvSm80Mma>());
   registry.add(std::make_unique<BackwardDqSm80Mma>());
   registry.add(std::make_unique<BackwardDqAtomicConvert>());
+  registry.add(std::make_unique<DecodeSplitSm80Mma>());
+  registry.add(std::make_unique<DecodeCombineWarpPerRow>());
 }
 
 }  // namespace flexjit::kernels

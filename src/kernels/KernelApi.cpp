@@ -8,6 +8,7 @@
 #include "kernels/Registry.h"
 #include "kernels/backward/Backward.h"
 #include "kernels/block_mask/BlockMaskBuild.h"
+#include "kernels/decode/Decode.h"
 #include "kernels/forward/Forward.h"
 #include "runtime/Device.h"
 
@@ -67,12 +68,34 @@ kernels::KernelDesc kernels::desc_for_query(const KernelQuery& q, kernels::Selec
       }
       return kernels::Registry::global().complete(problem, {}, overrides, q.variant, sel);
     }
+    case kernels::Family::DecodeSplit: {
+      for (auto [name, v] :
+           {std::pair{"block_n", q.config.block_n}, std::pair{"num_warps", q.config.num_warps},
+            std::pair{"num_stages", q.config.num_stages},
+            std::pair{"num_splits", q.config.num_splits}}) {
+        if (v < 0) throw UnsupportedError(fmt::format("{} must not be negative ({})", name, v));
+        if (v > 0) overrides.set(name, v);
+      }
+      if (q.seqlen_q < 1) {
+        throw UnsupportedError(fmt::format("seqlen_q must be at least 1, not {}", q.seqlen_q));
+      }
+      const kernels::KernelDesc problem = kernels::decode_split_problem(
+          arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk, q.gqa_ratio,
+          kernels::decode_rows(q.gqa_ratio, q.seqlen_q), q.page_size, q.full_blocks);
+      return kernels::Registry::global().complete(problem, {}, overrides, q.variant, sel);
+    }
+    case kernels::Family::DecodeCombine:
+      if (q.config.num_warps > 0) overrides.set("num_warps", q.config.num_warps);
+      return kernels::Registry::global().complete(
+          kernels::decode_combine_problem(arch, q.dtype,
+                                          q.head_dim_v ? q.head_dim_v : q.head_dim_qk),
+          {}, overrides, q.variant, sel);
     default:
       break;
   }
   throw UnsupportedError(fmt::format(
       "the {} kernel family has no variants yet; the families with variants are forward, "
-      "block_mask and backward_*",
+      "block_mask, backward_* and decode_*",
       q.family));
 }
 

@@ -6,11 +6,13 @@
 #include <flexjit/cpu.h>
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
+#include <flexjit/paged_kv.h>
 
 #include "kernels/forward/Forward.h"
 #include "runtime/AttentionCall.h"
 #include "runtime/ContextImpl.h"
 #include "runtime/CudaDriver.h"
+#include "runtime/Decode.h"
 #include "runtime/ModArgs.h"
 #include "runtime/Plan.h"
 #include "util/Log.h"
@@ -127,11 +129,52 @@ runtime::Plan plan_forward(Context& ctx, const ValidatedCall& call,
   return plan;
 }
 
+// Short queries take the split-KV decode plan when it supports the call (runtime/Decode.h),
+// the forward otherwise; the choice and its reason are logged under FLEXJIT_LOG=kernels.
+runtime::Plan plan_attention(Context& ctx, const ValidatedCall& call,
+                             const AttentionOptions& options) {
+  const QkvShape& s = call.inputs.shape;
+  if (s.seqlen_q <= runtime::kDecodeMaxQueries) {
+    const kernels::ForwardInputs& f = call.inputs;
+    const kernels::DecodeInputs in =
+        runtime::decode_inputs(f.q, f.k, f.v, f.out, f.lse ? &*f.lse : nullptr, s, options,
+                               f.mod_params, impl_of(ctx).device->sm_count());
+    const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
+    const auto why_not = runtime::decode_unsupported(arch, in, options, /*auto_dispatch=*/true);
+    if (!why_not) return runtime::plan_decode(arch, in, call.mods, options);
+    FJ_LOG("kernels", "flex_attention: forward plan for Sq={}: the decode plan cannot serve it: {}",
+           s.seqlen_q, *why_not);
+  }
+  return plan_forward(ctx, call, options);
+}
+
 }  // namespace
+
+namespace runtime {
+
+void validate_attention_outputs(const TensorRef& q, const QkvShape& s, const TensorRef& out,
+                                const TensorRef* lse) {
+  validate_outputs(q, s, out, lse);
+}
+void write_empty_attention(const TensorRef& out, const TensorRef* lse, void* stream) {
+  write_empty_kv_result(out, lse, stream);
+}
+Mods attention_mods(const AttentionOptions& options) {
+  return effective_mods(options);
+}
+void check_attention_block_mask(const DeviceBlockMask& mask, const QkvShape& s) {
+  check_block_mask(mask, s);
+}
+
+}  // namespace runtime
 
 void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, const TensorRef& v,
                          const TensorRef& out, const TensorRef* lse,
                          const AttentionOptions& options) {
+  if (options.kv_cache != nullptr) {
+    runtime::flex_attention_kv_cache_into(ctx, q, k, v, out, lse, options);
+    return;
+  }
   const QkvShape s = validate_qkv(q, k, v);
   if (q.device == TensorRef::Device::CPU) {  // host tensors: the CPU backend (cpu.h)
     flex_attention_cpu_into(q, k, v, out, lse, options);
@@ -145,7 +188,7 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
     write_empty_kv_result(out, lse, options.stream);
     return;
   }
-  const runtime::Plan plan = plan_forward(ctx, call, options);
+  const runtime::Plan plan = plan_attention(ctx, call, options);
   const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
   runtime::launch_plan(*impl.device, plan, built, static_cast<runtime::CuStream>(options.stream),
                        options.workspace);
@@ -153,6 +196,9 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
 
 size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
                                       const TensorRef& v, const AttentionOptions& options) {
+  if (options.kv_cache != nullptr) {
+    return runtime::flex_attention_kv_cache_workspace_bytes(ctx, q, k, v, options);
+  }
   const QkvShape s = validate_qkv(q, k, v);
   if (q.device == TensorRef::Device::CPU) return 0;
   // A stand-in output with q's layout: the plan does not depend on out's data.
@@ -160,12 +206,13 @@ size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q, const Te
       q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
   const ValidatedCall call = validate_call(ctx, q, k, v, out, nullptr, options, s);
   if (call.empty_q || call.empty_kv) return 0;
-  return plan_forward(ctx, call, options).workspace_bytes;
+  return plan_attention(ctx, call, options).workspace_bytes;
 }
 
 AttentionResult flex_attention(Context& ctx, const TensorRef& q, const TensorRef& k,
                                const TensorRef& v, const AttentionOptions& options) {
-  const QkvShape s = validate_qkv(q, k, v);
+  const QkvShape s = options.kv_cache != nullptr ? validate_kv_cache(q, k, v, *options.kv_cache).qkv
+                                                 : validate_qkv(q, k, v);
   AttentionResult r;
   r.out = DeviceTensor::empty(ctx, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
   if (options.return_lse) {

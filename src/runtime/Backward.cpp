@@ -185,7 +185,7 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   runtime::PlanStep dkdv = runtime::plan_step<kernels::BackwardDkDvVariant>(
       problem(kernels::Family::BackwardDkDv), call.inputs, facts, call.mods, dkdv_overrides,
       options.variant);
-  dkdv.reads_workspace_of = 0;
+  dkdv.workspace_of = 0;
   plan.add(std::move(dkdv));
   runtime::PlanStep dq =
       call.inputs.dq_atomic
@@ -195,7 +195,7 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
           : runtime::plan_step<kernels::BackwardDqVariant>(problem(kernels::Family::BackwardDq),
                                                            call.inputs, facts, call.mods,
                                                            overrides, options.variant);
-  dq.reads_workspace_of = 0;
+  dq.workspace_of = 0;
   plan.add(std::move(dq));
   return plan;
 }

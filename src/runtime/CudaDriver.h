@@ -47,6 +47,7 @@ namespace flexjit::runtime {
   X(cuMemFreeAsync)                 \
   X(cuMemcpyHtoD)                   \
   X(cuMemcpyDtoH)                   \
+  X(cuMemcpyDtoDAsync)              \
   X(cuMemsetD8)                     \
   X(cuMemsetD8Async)                \
   X(cuMemsetD32Async)               \

@@ -83,9 +83,8 @@ void launch_plan(Device& device, const Plan& plan, const BuiltPlan& built, CuStr
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const PlanStep& step = plan.steps[i];
     const jit::CompiledKernel& ck = *built.kernels[i].compiled.kernel;
-    const PlanStep& owner = step.reads_workspace_of >= 0
-                                ? plan.steps.at(static_cast<size_t>(step.reads_workspace_of))
-                                : step;
+    const PlanStep& owner = step.workspace_of >= 0 ? plan.steps.at(step.workspace_of) : step;
+    FJ_ASSERT(step.workspace_of < static_cast<int>(i), "a step reads a later step's workspace");
     void* step_ws = owner.workspace_bytes > 0 ? ws + owner.workspace_offset : nullptr;
     for (kernels::Launch& l : step.launches(step_ws)) {
       const Kernel kernel = ModuleCache::global().get(ck.key, ck.cubin, l.entry_point, ck.label);

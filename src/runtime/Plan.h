@@ -31,9 +31,10 @@ struct PlanStep {
   kernels::Selection selection;
   size_t workspace_offset = 0;  // into the plan's workspace (256-byte aligned)
   size_t workspace_bytes = 0;
-  // >= 0: the step has no slice of its own and its launches get the slice of that earlier step
-  // (a later kernel reading what an earlier one wrote there: the backward's lse2 / delta).
-  int reads_workspace_of = -1;
+  // >= 0: the step launches on the slice of that earlier step instead of its own (a step that
+  // consumes what an earlier one left in its workspace: split-KV decoding's combine, the
+  // backward's dK/dV and dQ reading lse2 / delta).
+  int workspace_of = -1;
   // The step's launches on its slice of the workspace (null when it needs none).
   std::function<std::vector<kernels::Launch>(void* workspace)> launches;
 };

@@ -90,6 +90,13 @@ std::vector<BenchCase> standard_cases(const CaseSelection& sel) {
     add_shape(out, "long", {2, 16, 16, 16384, 16384, 128}, true);
     add_shape(out, "decode", {8, 32, 8, 1, 8192, 128}, true);
   }
+  if (sel.decode) {
+    const BenchShape anchor{8, 32, 8, 1, 8192, 128};
+    if (!sel.extra) add_shape(out, "decode", anchor, true);
+    out.push_back({"noop paged16", "decode", anchor, "noop", false, {}, 16});
+    out.push_back({"noop", "decode_128k", {1, 32, 8, 1, 131072, 128}, "noop", false, {}});
+    out.push_back({"noop", "decode_spec4", {8, 32, 8, 4, 8192, 128}, "noop", false, {}});
+  }
   return out;
 }
 
@@ -147,6 +154,10 @@ std::vector<int32_t> anchor_document_ids(int seqlen) {
     pos += n;
   }
   return ids;
+}
+
+double kv_bytes(const BenchShape& s) {
+  return 2.0 * 2.0 * s.batch * s.heads_kv * static_cast<double>(s.seqlen_kv) * s.head_dim;
 }
 
 double forward_flops(const BenchShape& s, double density) {

@@ -26,6 +26,7 @@ struct BenchCase {
   std::string mods;         // a standard mods name (dsl/)
   bool block_mask = false;  // build a block mask (block 128) from the mods' mask_mod
   std::vector<std::pair<std::string, double>> params;
+  int page_size = 0;  // > 0: K / V in a paged cache of this page size (shuffled page table)
 };
 
 // Which cases standard_cases returns.
@@ -34,7 +35,13 @@ struct CaseSelection {
   bool extra = false;  // GQA 4:1, D=64, S=16384 (quick subset each) and decode
   bool quick = false;  // main shape: noop, causal, alibi+causal, document+causal only
   bool small = false;  // only tiny shapes of every case (memcheck, smoke tests)
+  // The decoding cases (docs/kernels/decode.md): the anchors' decode shape contiguous and in
+  // 16-key pages, one 128k-key sequence, and 4 query tokens (speculative decoding).
+  bool decode = false;
 };
+
+// Bytes of K and V one decoding call reads (the effective-bandwidth numerator).
+double kv_bytes(const BenchShape& s);
 
 // The cases of `sel`, in the anchors' order.
 std::vector<BenchCase> standard_cases(const CaseSelection& sel);

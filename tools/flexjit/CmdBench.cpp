@@ -7,12 +7,14 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/device_tensor.h>
 #include <flexjit/error.h>
+#include <flexjit/paged_kv.h>
 
 #include "Pipeline.h"
 #include "flexjit/BenchCases.h"
 #include "flexjit/Commands.h"
 #include "flexjit/Options.h"
 #include "kernels/KernelQuery.h"
+#include "runtime/CudaDriver.h"
 #include "runtime/Device.h"
 #include "runtime/Timer.h"
 
@@ -151,6 +153,7 @@ struct AttentionRow {
   double density = 1, fwd_ms = 0, fwd_tflops = 0, first_call_s = 0, mask_ms = 0;
   double min_ms = 0, max_ms = 0;
   double bwd_ms = 0, bwd_tflops = 0, first_bwd_s = 0;  // with --backward
+  double kv_tbps = 0;  // decoding cases: bytes of K and V read / time (TB/s)
   int repeats = 0;
   int64_t nonfinite = 0;  // non-finite outputs after the first call (must be 0)
   std::string error;      // the case failed: the message; the numbers are meaningless
@@ -197,6 +200,8 @@ nlohmann::json json_row(const AttentionRow& r) {
   if (r.bwd_ms > 0) {
     j.update({{"bwd_ms", r.bwd_ms}, {"bwd_tflops", r.bwd_tflops}, {"first_bwd_s", r.first_bwd_s}});
   }
+  if (r.kv_tbps > 0) j["kv_tbps"] = r.kv_tbps;
+  if (r.c.page_size > 0) j["page_size"] = r.c.page_size;
   return j;
 }
 
@@ -222,6 +227,7 @@ void print_table_row(const AttentionRow& r) {
           "{:.2f} s\n",
           "", r.bwd_ms, r.bwd_tflops, r.first_bwd_s);
     }
+    if (r.kv_tbps > 0) fmt::print("{:>20} K/V read at {:.2f} TB/s\n", "", r.kv_tbps);
   }
   std::fflush(stdout);
 }
@@ -247,7 +253,43 @@ class InputPool {
 
 struct InputSet {
   DeviceTensor q, k, v;
+  DeviceTensor page_table, seq_lens;  // paged cases
+  KvCache cache;
 };
+
+// A paged set: K / V pools of `page_size`-key pages holding B x Skv keys, a shuffled page table
+// (consecutive pages of a sequence are not adjacent in the pool) and full lengths.
+void make_paged(Context& ctx, InputSet& in, const BenchShape& s, int page_size, InputPool& pool) {
+  const int64_t max_pages = (s.seqlen_kv + page_size - 1) / page_size;
+  const int64_t num_pages = s.batch * max_pages;
+  const std::vector<int64_t> pshape{num_pages, page_size, s.heads_kv, s.head_dim};
+  const size_t n = static_cast<size_t>(num_pages) * page_size * s.heads_kv * s.head_dim;
+  in.k = DeviceTensor::from_host(ctx, DType::BF16, pshape, pool.take(n).data());
+  in.v = DeviceTensor::from_host(ctx, DType::BF16, pshape, pool.take(n).data());
+  std::vector<int32_t> table(static_cast<size_t>(num_pages));
+  for (size_t i = 0; i < table.size(); ++i)
+    table[i] = static_cast<int32_t>(i);
+  std::shuffle(table.begin(), table.end(), std::mt19937(0x9a6e));
+  const std::vector<int32_t> lens(static_cast<size_t>(s.batch), s.seqlen_kv);
+  in.page_table = DeviceTensor::from_host(ctx, DType::I32, {s.batch, max_pages}, table.data());
+  in.seq_lens = DeviceTensor::from_host(ctx, DType::I32, {s.batch}, lens.data());
+  in.cache.page_table = in.page_table.ref();
+  in.cache.seq_lens = in.seq_lens.ref();
+}
+
+// Device-to-device copy bandwidth (read + write bytes / time) of a 1 GiB buffer: the reference
+// for the decoding cases' K/V bandwidth.
+double copy_tbps(Context& ctx, runtime::DeviceTimer& timer) {
+  const size_t bytes = size_t{1} << 30;
+  const DeviceTensor a = DeviceTensor::empty(ctx, DType::I32, {static_cast<int64_t>(bytes / 4)});
+  const DeviceTensor b = DeviceTensor::empty(ctx, DType::I32, {static_cast<int64_t>(bytes / 4)});
+  const runtime::Timing t = timer.time([&] {
+    FJ_CU(cuMemcpyDtoDAsync, "the copy-bandwidth reference",
+          reinterpret_cast<CUdeviceptr>(b.ref().data), reinterpret_cast<CUdeviceptr>(a.ref().data),
+          bytes, nullptr);
+  });
+  return 2.0 * static_cast<double>(bytes) / (t.median_ms * 1e-3) / 1e12;
+}
 
 bool same_shape(const BenchShape& a, const BenchShape& b) {
   return a.batch == b.batch && a.heads_q == b.heads_q && a.heads_kv == b.heads_kv &&
@@ -333,12 +375,14 @@ void run_attention_bench(const AttentionBenchOptions& o) {
   std::vector<InputSet> sets;
   DeviceTensor out;
   std::optional<BenchShape> current;
+  int current_page = 0;
   for (const BenchCase& c : cases) {
     AttentionRow row;
     row.c = c;
     try {
       const BenchShape& s = c.shape;
-      if (!current || !same_shape(*current, s)) {
+      if (!current || !same_shape(*current, s) || current_page != c.page_size) {
+        current_page = c.page_size;
         sets.clear();
         out = DeviceTensor();
         const std::vector<int64_t> qshape{s.batch, s.heads_q, s.seqlen_q, s.head_dim};
@@ -356,8 +400,12 @@ void run_attention_bench(const AttentionBenchOptions& o) {
         for (size_t i = 0; i < nsets; ++i) {
           InputSet in;
           in.q = DeviceTensor::from_host(ctx, DType::BF16, qshape, pool.take(qn).data());
-          in.k = DeviceTensor::from_host(ctx, DType::BF16, kvshape, pool.take(kvn).data());
-          in.v = DeviceTensor::from_host(ctx, DType::BF16, kvshape, pool.take(kvn).data());
+          if (c.page_size > 0) {
+            make_paged(ctx, in, s, c.page_size, pool);
+          } else {
+            in.k = DeviceTensor::from_host(ctx, DType::BF16, kvshape, pool.take(kvn).data());
+            in.v = DeviceTensor::from_host(ctx, DType::BF16, kvshape, pool.take(kvn).data());
+          }
           sets.push_back(std::move(in));
         }
         out = DeviceTensor::empty(ctx, DType::BF16, qshape);
@@ -387,6 +435,15 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       // First call: compile (cold unless --use-cache) and run, output poisoned with NaN
       // (0xffff) first so that an element the kernel never writes is counted.
       out.fill_bytes(0xff);
+      if (c.page_size > 0) aopts.kv_cache = &sets[0].cache;
+      // A multi-kernel plan (split-KV decoding) gets its workspace once, as a serving loop
+      // would give it, rather than from the stream-ordered allocator on every call.
+      DeviceTensor workspace;
+      if (const size_t ws =
+              flex_attention_workspace_bytes(ctx, sets[0].q, sets[0].k, sets[0].v, aopts)) {
+        workspace = DeviceTensor::empty(ctx, DType::I32, {static_cast<int64_t>((ws + 3) / 4)});
+        aopts.workspace = {workspace.ref().data, ws};
+      }
       row.first_call_s =
           1e-3 * time_ms([&] {
             flex_attention_into(ctx, sets[0].q, sets[0].k, sets[0].v, out, nullptr, aopts);
@@ -398,6 +455,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       const runtime::Timing t = timer.time(
           [&] {
             const InputSet& in = sets[next++ % sets.size()];
+            if (c.page_size > 0) aopts.kv_cache = &in.cache;
             flex_attention_into(ctx, in.q, in.k, in.v, out, nullptr, aopts);
           },
           topts);
@@ -444,6 +502,9 @@ void run_attention_bench(const AttentionBenchOptions& o) {
         row.bwd_ms = tb.median_ms;
         row.bwd_tflops = 2.5 * forward_flops(s, row.density) / (tb.median_ms * 1e-3) / 1e12;
       }
+      if (s.seqlen_q <= 16 && s.seqlen_kv > s.seqlen_q) {
+        row.kv_tbps = kv_bytes(s) / (t.median_ms * 1e-3) / 1e12;
+      }
     } catch (const std::exception& e) {
       // One failing case must not hide the others' numbers.
       row.error = e.what();
@@ -482,6 +543,17 @@ void run_attention_bench(const AttentionBenchOptions& o) {
     if (!v) return std::string("not run");
     return fmt::format("{:.1f} ({} {})", *v, *v >= target ? "meets" : "below", target);
   };
+  if (o.selection.decode) {
+    // The decoding cases against the copy bandwidth of the same GPU (issue: >= 2.5 TB/s on the
+    // H100 for the anchors' shape, 128k keys; 2.2 TB/s with 4 query tokens).
+    const double copy = copy_tbps(ctx, timer);
+    fmt::print("device copy bandwidth (read + write, 1 GiB): {:.2f} TB/s\n", copy);
+    for (const AttentionRow& r : rows) {
+      if (r.kv_tbps <= 0) continue;
+      fmt::print("  {:<14} {:<18} {:.3f} ms  {:.2f} TB/s  = {:.0f}% of copy\n", r.c.group, r.c.name,
+                 r.fwd_ms, r.kv_tbps, 100.0 * r.kv_tbps / copy);
+    }
+  }
   int failed = 0, nonfinite = 0;
   for (const AttentionRow& r : rows) {
     failed += !r.error.empty();
@@ -506,6 +578,7 @@ void register_bench(CLI::App& app) {
       "  flexjit bench --case causal,alibi+causal --json\n"
       "  flexjit bench --backward                     # forward and backward\n"
       "  flexjit bench --small --repeats 2            # tiny shapes (compute-sanitizer)\n"
+      "  flexjit bench --decode                       # decoding: K/V TB/s vs copy bandwidth\n"
       "  flexjit bench --compile --arch sm_90a\n"
       "  flexjit bench --compile --arch sm_80 --compile-mods causal,alibi_causal --json");
   static KernelOptions opts;
@@ -526,6 +599,11 @@ void register_bench(CLI::App& app) {
                 "Also the extra shapes: GQA 4:1, D=64, S=16384 (noop, causal, alibi+causal, "
                 "document+causal) and decode (noop, alibi)");
   cmd->add_flag("--only-extra", only_extra, "Only the extra shapes");
+  static bool only_decode = false;
+  cmd->add_flag("--decode", only_decode,
+                "Only the decoding cases: the anchors' decode shape (B=8 Hq=32 Hkv=8 Sq=1 "
+                "Skv=8192 D=128) contiguous and in 16-key pages, 128k keys, 4 query tokens; "
+                "reports the K/V bandwidth (TB/s) against the device's copy bandwidth");
   cmd->add_flag("--quick", a.selection.quick,
                 "Main shape: only noop, causal, alibi+causal, document+causal");
   cmd->add_flag("--small", a.selection.small,
@@ -556,8 +634,12 @@ void register_bench(CLI::App& app) {
       a.selection.main = false;
       a.selection.extra = true;
     }
+    if (only_decode) {
+      a.selection.main = false;
+      a.selection.decode = true;
+    }
     a.repeats = repeats;
-    a.config = {opts.block_m, opts.block_n, opts.warps, opts.stages};
+    a.config = {opts.block_m, opts.block_n, opts.warps, opts.stages, opts.splits};
     run_attention_bench(a);
   });
 }

@@ -5,6 +5,7 @@
 #include <flexjit/cpu.h>
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
+#include <flexjit/paged_kv.h>
 
 #include "cpu/BackwardKernel.h"
 #include "flexjit/Commands.h"
@@ -18,12 +19,14 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -53,6 +56,9 @@ struct RunOptions {
   std::string dout, dq, dk, dv;
   std::vector<std::string> dbuffers;  // NAME=FILE.npy
   bool deterministic = false;
+  // A KV cache (include/flexjit/paged_kv.h): int32 .npy files.
+  std::string page_table, seq_lens;
+  bool check_pages = false;
 };
 
 std::pair<std::string, std::string> split_binding(const std::string& s, const char* flag) {
@@ -209,6 +215,7 @@ float element(const npy::Array& a, int64_t i) {
 struct Inputs {
   Mods mods;
   npy::Array q, k, v;
+  npy::Array page_table, seq_lens;  // numel 0 / empty shape: not given
   std::vector<std::pair<std::string, npy::Array>> buffers;
   std::vector<std::pair<std::string, double>> params;
 };
@@ -240,6 +247,13 @@ Inputs prepare(const RunOptions& o, bool on_cpu) {
     in.q = read_input(o.q, "q", o.dtype);
     in.k = read_input(o.k, "k", o.dtype);
     in.v = read_input(o.v, "v", o.dtype);
+  }
+  if (!o.page_table.empty() || !o.seq_lens.empty()) {
+    if (!o.random.empty()) {
+      throw Error("--page-table / --seq-lens read a KV cache from files: give --q, --k, --v too");
+    }
+    if (!o.page_table.empty()) in.page_table = npy::read(o.page_table);
+    if (!o.seq_lens.empty()) in.seq_lens = npy::read(o.seq_lens);
   }
   for (const std::string& b : o.buffers) {
     auto [name, path] = split_binding(b, "--buffer");
@@ -314,17 +328,72 @@ struct CheckResult {
   int64_t nan_mismatches = 0;
 };
 
+bool has_kv_cache(const Inputs& in) {
+  return !in.page_table.shape.empty() || !in.seq_lens.shape.empty();
+}
+
+// Sequence b of a KV-cache call as a contiguous batch of one: q[b] and its first seq_lens[b]
+// keys, gathered through the page table (what the reference runs on; mods see b = 0).
+std::array<npy::Array, 3> gather_sequence(const Inputs& in, int64_t b) {
+  const bool paged = !in.page_table.shape.empty();
+  const int64_t hq = in.q.shape[1], sq = in.q.shape[2], dqk = in.q.shape[3];
+  const int64_t hkv = paged ? in.k.shape[2] : in.k.shape[1];
+  const int64_t ps = paged ? in.k.shape[1] : 0;
+  const int64_t len = in.seq_lens.shape.empty() ? in.k.shape[2] : in.seq_lens.as<int32_t>()[b];
+  const int es = dtype_size(in.q.dtype);
+  std::array<npy::Array, 3> r;
+  r[0] = npy::make_array(in.q.dtype, {1, hq, sq, dqk});
+  std::memcpy(r[0].bytes.data(), in.q.bytes.data() + b * hq * sq * dqk * es, r[0].bytes.size());
+  for (int t = 0; t < 2; ++t) {
+    const npy::Array& src = t == 0 ? in.k : in.v;
+    const int64_t d = src.shape[3];
+    npy::Array& dst = r[1 + t];
+    dst = npy::make_array(src.dtype, {1, hkv, len, d});
+    for (int64_t h = 0; h < hkv; ++h) {
+      for (int64_t n = 0; n < len; ++n) {
+        int64_t row;  // element offset of key n of head h
+        if (paged) {
+          const int64_t max_pages = in.page_table.shape[1];
+          const int64_t page = in.page_table.as<int32_t>()[b * max_pages + n / ps];
+          row = ((page * ps + n % ps) * hkv + h) * d;
+        } else {
+          row = ((b * hkv + h) * src.shape[2] + n) * d;
+        }
+        std::memcpy(dst.bytes.data() + (h * len + n) * d * es, src.bytes.data() + row * es,
+                    static_cast<size_t>(d * es));
+      }
+    }
+  }
+  return r;
+}
+
 CheckResult check_against_reference(const RunOptions& o, const Inputs& in, const npy::Array& out) {
   AttentionOptions opts = host_options(o, in);
   CpuRunOptions cro;
   cro.reference_f64 = true;
   cro.num_threads = o.threads;
-  const CpuAttentionResult ref =
-      flex_attention_cpu(in.q.view(), in.k.view(), in.v.view(), opts, cro);
+  std::vector<double> ref_out;
+  if (has_kv_cache(in)) {
+    const int64_t rows = in.q.shape[1] * in.q.shape[2] * out.shape[3];
+    for (int64_t b = 0; b < in.q.shape[0]; ++b) {
+      const auto seq = gather_sequence(in, b);
+      if (seq[1].shape[2] == 0) {  // an empty sequence: out 0
+        ref_out.insert(ref_out.end(), static_cast<size_t>(rows), 0.0);
+        continue;
+      }
+      const CpuAttentionResult rb =
+          flex_attention_cpu(seq[0].view(), seq[1].view(), seq[2].view(), opts, cro);
+      ref_out.insert(ref_out.end(), rb.out.begin(), rb.out.end());
+    }
+  } else {
+    const CpuAttentionResult all =
+        flex_attention_cpu(in.q.view(), in.k.view(), in.v.view(), opts, cro);
+    ref_out.assign(all.out.begin(), all.out.end());
+  }
   CheckResult r;
   double err = 0, scale = 0;
-  for (size_t i = 0; i < ref.out.size(); ++i) {
-    const double x = element(out, static_cast<int64_t>(i)), want = ref.out[i];
+  for (size_t i = 0; i < ref_out.size(); ++i) {
+    const double x = element(out, static_cast<int64_t>(i)), want = ref_out[i];
     if (std::isnan(x) != std::isnan(want)) ++r.nan_mismatches;
     if (std::isnan(x) || std::isnan(want)) continue;
     const double diff = x == want ? 0.0 : std::abs(x - want);  // inf == inf: no error
@@ -466,6 +535,9 @@ void run_backward_cpu(const RunOptions& o, const Inputs& in, const AttentionOpti
 void run_cpu(const RunOptions& o) {
   const Inputs in = prepare(o, true);
   const GradientFiles grad_files = gradient_files(o, in.mods);
+  if (has_kv_cache(in)) {
+    throw Error("--page-table / --seq-lens run on a GPU (the decode kernels); use --device cuda");
+  }
   const AttentionOptions opts = host_options(o, in);
   const QkvShape s = validate_qkv(in.q.view(), in.k.view(), in.v.view());
   CpuRunOptions cro;
@@ -506,7 +578,20 @@ void run_cuda(const RunOptions& o) {
   const DeviceTensor q = DeviceTensor::from_host(ctx, in.q.dtype, in.q.shape, in.q.bytes.data());
   const DeviceTensor k = DeviceTensor::from_host(ctx, in.k.dtype, in.k.shape, in.k.bytes.data());
   const DeviceTensor v = DeviceTensor::from_host(ctx, in.v.dtype, in.v.shape, in.v.bytes.data());
-  const QkvShape s = validate_qkv(q, k, v);
+  KvCache cache;
+  DeviceTensor page_table, seq_lens;
+  const bool kv_cache = has_kv_cache(in);
+  if (kv_cache) {
+    auto upload_index = [&](const npy::Array& a) {
+      return DeviceTensor::from_host(ctx, a.dtype, a.shape, a.bytes.data());
+    };
+    if (!in.page_table.shape.empty()) page_table = upload_index(in.page_table);
+    if (!in.seq_lens.shape.empty()) seq_lens = upload_index(in.seq_lens);
+    cache.page_table = page_table.defined() ? page_table.ref() : TensorRef{};
+    cache.seq_lens = seq_lens.defined() ? seq_lens.ref() : TensorRef{};
+    cache.check_pages = o.check_pages;
+  }
+  const QkvShape s = kv_cache ? validate_kv_cache(q, k, v, cache).qkv : validate_qkv(q, k, v);
 
   AttentionOptions opts;
   opts.mods = in.mods;
@@ -519,11 +604,13 @@ void run_cuda(const RunOptions& o) {
   opts.bindings.params = in.params;
   if (o.has_scale) opts.scale = o.scale;
   opts.return_lse = !o.lse.empty() || !o.dout.empty();
+  if (kv_cache) opts.kv_cache = &cache;
   const GradientFiles grad_files = gradient_files(o, in.mods);
 
   DeviceBlockMask block_mask;
   double mask_seconds = 0;
-  if (in.mods.mask_mod.defined() && s.seqlen_q > 0 && s.seqlen_kv > 0) {
+  // (A KV cache applies the mask_mod on every tile: no block mask.)
+  if (!kv_cache && in.mods.mask_mod.defined() && s.seqlen_q > 0 && s.seqlen_kv > 0) {
     auto t0 = std::chrono::steady_clock::now();
     block_mask = create_block_mask(ctx, in.mods, static_cast<int>(s.batch),
                                    static_cast<int>(s.heads_q), static_cast<int>(s.seqlen_q),
@@ -613,7 +700,11 @@ void register_run(CLI::App& app) {
       "      --q q.npy --k k.npy --v v.npy --out out.npy --lse lse.npy --json\n"
       "  flexjit run --mods softcap --param cap=20 --dtype f16 --q q.npy --k k.npy --v v.npy "
       "--out o.npy\n"
-      "  flexjit run --device cpu --mods alibi_causal --random 1,8,512,64 --check");
+      "  flexjit run --device cpu --mods alibi_causal --random 1,8,512,64 --check\n"
+      "  flexjit run --mods softcap --q q.npy --k k_pages.npy --v v_pages.npy \\\n"
+      "      --page-table table.npy --seq-lens lens.npy --out out.npy --check\n\n"
+      "A KV cache: --seq-lens [B] int32 (ragged lengths) and, with --page-table [B, max_pages]\n"
+      "int32, --k / --v are page pools [num_pages, page_size, Hkv, D] (docs/kernels/decode.md).");
   static RunOptions o;
   cmd->add_option("--mods", o.mods, "Mods: a standard name, a .fx file or inline text");
   cmd->add_option("--score-mod", o.score_mod, "A score_mod: standard name, .fx file or text");
@@ -658,6 +749,13 @@ void register_run(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--repeat", o.repeat, "Timed runs after the first")->capture_default_str();
   cmd->add_flag("--json", o.json, "Print the timing as JSON");
+  cmd->add_option("--page-table", o.page_table,
+                  "Page table [B, max_pages] int32 (.npy): --k / --v are page pools [num_pages, "
+                  "page_size, Hkv, D]");
+  cmd->add_option("--seq-lens", o.seq_lens,
+                  "KV length of each sequence [B] int32 (.npy); needed with --page-table");
+  cmd->add_flag("--check-pages", o.check_pages,
+                "Check the lengths and page indices against the pool before launching");
   cmd->callback([] {
     try {
       run(o);

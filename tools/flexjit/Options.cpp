@@ -12,13 +12,23 @@ void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
   if (with_kernel) {
     app.add_option("--kernel", o.kernel,
                    "Kernel family: forward | block_mask | backward_preprocess | backward_dkdv | "
-                   "backward_dq (see `flexjit kernels`)")
+                   "backward_dq | decode_split | decode_combine (see `flexjit kernels`)")
         ->capture_default_str();
     app.add_option("--variant", o.variant,
                    "Kernel variant, e.g. sm80_mma (default: chosen by the arch; `flexjit kernels` "
                    "lists them)");
     app.add_option("--block-size", o.block_size, "--kernel block_mask: the sparse tile size")
         ->capture_default_str();
+    app.add_option("--queries", o.queries,
+                   "--kernel decode_split: query tokens per sequence (with --gqa: packed rows)")
+        ->check(CLI::Range(1, 65536))
+        ->capture_default_str();
+    app.add_option("--page-size", o.page_size,
+                   "--kernel decode_split: page size of a paged KV cache (0: contiguous K/V)")
+        ->capture_default_str();
+    app.add_option("--splits", o.splits,
+                   "--kernel decode_split: KV splits (default 0: from the SM count and length)")
+        ->check(CLI::Range(0, 1024));
   }
   app.add_option("--mods", o.mods,
                  "Mods: a standard name (see `flexjit mods list`), a .fx file, or inline text");
@@ -92,7 +102,9 @@ KernelQuery make_query(const KernelOptions& o) {
   q.head_dim_qk = o.head_dim;
   q.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim;
   q.gqa_ratio = o.gqa;
-  q.config = {o.block_m, o.block_n, o.warps, o.stages};
+  q.config = {o.block_m, o.block_n, o.warps, o.stages, o.splits};
+  q.seqlen_q = o.queries;
+  q.page_size = o.page_size;
   q.block_size = o.block_size;
   q.divisible = o.divisible;
   q.full_blocks = !o.no_full_blocks;

@@ -14,7 +14,7 @@
 namespace flexjit::cli {
 
 struct KernelOptions {
-  std::string kernel = "forward";  // --kernel: forward | block_mask
+  std::string kernel = "forward";  // --kernel: forward | block_mask | decode_split | ...
   std::string variant;             // --variant: empty = chosen by the arch
   std::string mods;                // --mods: standard name, .fx file or inline text
   std::string score_mod;           // --score-mod: same forms; must define a score_mod
@@ -28,6 +28,9 @@ struct KernelOptions {
   int block_size = 128;                                 // --kernel block_mask: tile size
   bool divisible = false;
   bool no_full_blocks = false;
+  int queries = 1;    // --kernel decode_split: query tokens per sequence
+  int page_size = 0;  // --kernel decode_split: 0 contiguous K / V, else the page size
+  int splits = 0;     // --kernel decode_split: 0 = from the SM count and the KV length
 };
 
 // Registers the options on a subcommand (`with_kernel`: also --kernel, --variant and

@@ -1,0 +1,91 @@
+#include "kernels/decode/Decode.h"
+
+#include "kernels/Registry.h"
+
+#include <flexjit_abi.h>
+
+#include <algorithm>
+
+namespace flexjit::kernels {
+
+int decode_rows(int64_t gqa_ratio, int64_t seqlen_q) {
+  const int64_t packed = std::max<int64_t>(1, gqa_ratio * seqlen_q);
+  for (int rows : {16, 32, 64}) {
+    if (packed <= rows) return rows;
+  }
+  return 128;
+}
+
+int64_t decode_row_groups(int64_t gqa_ratio, int64_t seqlen_q, int rows) {
+  const int64_t packed = std::max<int64_t>(1, gqa_ratio * seqlen_q);
+  return (packed + rows - 1) / rows;
+}
+
+KernelDesc decode_split_problem(const cuda::Arch& arch, DType dtype, int head_dim_qk,
+                                int head_dim_v, int gqa_ratio, int rows, int page_size,
+                                bool full_blocks) {
+  KernelDesc d;
+  d.family = Family::DecodeSplit;
+  d.arch = arch;
+  d.dtype = dtype;
+  d.head_dim_qk = head_dim_qk;
+  d.head_dim_v = head_dim_v;
+  d.gqa_ratio = gqa_ratio;
+  d.flags.set("rows", rows);
+  d.flags.set("page_size", page_size);
+  d.flags.set("full_blocks", full_blocks ? 1 : 0);
+  return d;
+}
+
+KernelDesc decode_combine_problem(const cuda::Arch& arch, DType dtype, int head_dim_v) {
+  KernelDesc d;
+  d.family = Family::DecodeCombine;
+  d.arch = arch;
+  d.dtype = dtype;
+  d.head_dim_qk = head_dim_v;
+  d.head_dim_v = head_dim_v;
+  return d;
+}
+
+InputFacts decode_facts(const DecodeInputs& in) {
+  InputFacts f;
+  f.aligned16 = in.aligned16;
+  f.alignment_blocker = in.alignment_blocker;
+  if (in.block_mask != nullptr) {
+    f.mask_q_block = in.block_mask->meta().q_block_size;
+    f.mask_kv_block = in.block_mask->meta().kv_block_size;
+  }
+  f.seqlen_q = in.seqlen_q;
+  f.seqlen_kv = in.seqlen_kv;
+  return f;
+}
+
+int decode_num_splits(int64_t ctas_per_split, int64_t seqlen_kv, int block_n, int sm_count,
+                      int ctas_per_sm) {
+  const int64_t slots = static_cast<int64_t>(std::max(1, sm_count)) * std::max(1, ctas_per_sm);
+  int64_t splits = slots / std::max<int64_t>(1, ctas_per_split);
+  const int64_t tiles = (seqlen_kv + block_n - 1) / block_n;
+  splits = std::min(splits, tiles / kMinTilesPerSplit);
+  splits = std::min<int64_t>(splits, kMaxDecodeSplits);
+  return static_cast<int>(std::max<int64_t>(1, splits));
+}
+
+int resolve_num_splits(const KernelDesc& d, const DecodeInputs& in) {
+  const int64_t fixed = d.config.at("num_splits");
+  if (fixed > 0) return static_cast<int>(fixed);
+  const Variant& v = Registry::global().get(d.family, d.variant);
+  const unsigned smem = std::max(1u, v.smem_bytes(d));
+  // Shared memory bounds the CTAs an SM holds; 4 are plenty to keep its loads in flight.
+  const int per_sm = std::clamp(static_cast<int>(cuda::max_smem_per_block(d.arch) / smem), 1, 4);
+  const int rows = d.flags.at_int("rows");
+  const int64_t ctas = in.batch * in.heads_kv * decode_row_groups(d.gqa_ratio, in.seqlen_q, rows);
+  return decode_num_splits(ctas, in.seqlen_kv, d.config.at_int("block_n"), in.sm_count, per_sm);
+}
+
+size_t decode_workspace_bytes(const DecodeInputs& in, int splits) {
+  const auto rows = static_cast<size_t>(in.batch * in.heads_q * in.seqlen_q);
+  return rows * static_cast<size_t>(splits) * (static_cast<size_t>(in.head_dim_v) + 1) *
+         sizeof(float);
+}
+
+}  // namespace flexjit::kernels

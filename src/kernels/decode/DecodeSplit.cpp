@@ -1,0 +1,347 @@
+#include "kernels/decode/DecodeSplit.h"
+
+#include <flexjit/error.h>
+
+#include "codegen/cuda/ModCodegen.h"
+#include "codegen/cuda/SourceWriter.h"
+#include "kernels/forward/Forward.h"
+#include "kernels/forward/ForwardArgs.h"
+#include "util/Embedded.h"
+
+#include <flexjit_abi.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+
+namespace flexjit::kernels {
+
+namespace {
+
+bool one_of(int64_t v, std::initializer_list<int> allowed) {
+  return std::find(allowed.begin(), allowed.end(), v) != allowed.end();
+}
+
+std::optional<std::string> not_in(const char* what, int64_t v, std::initializer_list<int> allowed) {
+  if (one_of(v, allowed)) return std::nullopt;
+  return fmt::format("the decode kernel does not support {} = {}; supported: {}", what, v,
+                     fmt::join(allowed, ", "));
+}
+
+bool is_pow2(int64_t v) {
+  return v > 0 && (v & (v - 1)) == 0;
+}
+
+// The problem checks shared by unsupported() and validate().
+std::optional<std::string> problem_reason(const KernelDesc& p) {
+  try {
+    cuda::Arch::parse(p.arch.str());
+  } catch (const UnsupportedError& e) {
+    return e.what();
+  }
+  if (p.dtype != DType::BF16 && p.dtype != DType::F16) {
+    return fmt::format("the decode kernel runs on bf16 or f16 inputs, not {}", to_string(p.dtype));
+  }
+  if (auto r = not_in("head_dim_qk", p.head_dim_qk, {64, 128, 256})) return r;
+  if (auto r = not_in("head_dim_v", p.head_dim_v, {64, 128, 256})) return r;
+  if (p.gqa_ratio < 1) {
+    return fmt::format("gqa_ratio (heads_q / heads_kv) must be at least 1, not {}", p.gqa_ratio);
+  }
+  for (const char* flag : {"rows", "page_size", "full_blocks"}) {
+    if (!p.flags.has(flag)) {
+      return fmt::format("decode_split/sm80_mma needs flag '{}' ({})", flag, p.str());
+    }
+  }
+  if (auto r = not_in("rows", p.flags.at("rows"), {16, 32, 64, 128})) return r;
+  const int64_t page = p.flags.at("page_size");
+  if (page != 0 && (!is_pow2(page) || page > 256)) {
+    return fmt::format(
+        "the decode kernel does not support page_size = {}; supported: 0 (contiguous K / V) or a "
+        "power of two from 1 to 256",
+        page);
+  }
+  const int64_t full = p.flags.at("full_blocks");
+  if (full != 0 && full != 1) {
+    return fmt::format("decode_split/sm80_mma needs flag 'full_blocks' = 0 or 1 ({})", p.str());
+  }
+  return std::nullopt;
+}
+
+int split_smem(const KernelDesc& d) {
+  return fj_decode_split_smem_bytes(d.flags.at_int("rows"), d.config.at_int("block_n"),
+                                    d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
+                                    d.config.at_int("num_stages"), d.config.at_int("num_warps"));
+}
+
+// Warps for `rows` packed rows and `block_n` keys: one per m16 row block, times up to 4 along N
+// while each keeps 16 keys.
+int default_warps(int rows, int block_n) {
+  return std::max(rows / 16, std::min(4, block_n / 16));
+}
+
+Params make_config(int block_n, int num_warps, int num_stages, int num_splits) {
+  return {{"block_n", block_n},
+          {"num_warps", num_warps},
+          {"num_stages", num_stages},
+          {"num_splits", num_splits}};
+}
+
+// Shared memory that leaves room for two CTAs per SM on sm_80 (164 KB) and sm_90 (228 KB).
+constexpr int kTwoPerSmBytes = 113 * 1024;
+
+}  // namespace
+
+std::string_view DecodeSplitSm80Mma::summary() const {
+  return "split-KV decoding: GQA group x query tokens packed into mma.sync M, cp.async K/V "
+         "pipeline, contiguous or paged K/V; bf16/f16; d 64/128/256; sm_80 and newer";
+}
+
+std::optional<std::string> DecodeSplitSm80Mma::unsupported(const KernelDesc& problem,
+                                                           const InputFacts& facts) const {
+  if (auto r = problem_reason(problem)) return r;
+  if (!facts.aligned16) {
+    return fmt::format("the decode kernel needs 16-byte aligned data pointers and strides: {}",
+                       facts.alignment_blocker);
+  }
+  if (facts.mask_q_block > 0 && facts.seqlen_q > facts.mask_q_block) {
+    return fmt::format(
+        "the decode kernel reads one query block of the block mask, but Sq = {} spans more than "
+        "its q block size {}",
+        facts.seqlen_q, facts.mask_q_block);
+  }
+  if (facts.mask_kv_block > 0 && facts.mask_kv_block % 32 != 0) {
+    return fmt::format(
+        "the decode kernel's KV tiles (32, 64 or 128 keys) must divide the block mask's kv block "
+        "size {}",
+        facts.mask_kv_block);
+  }
+  return std::nullopt;
+}
+
+void DecodeSplitSm80Mma::validate(const KernelDesc& d) const {
+  if (auto r = problem_reason(d)) throw UnsupportedError(*r);
+  for (const char* name : {"block_n", "num_warps", "num_stages", "num_splits"}) {
+    if (!d.config.has(name)) {
+      throw UnsupportedError(
+          fmt::format("decode_split/sm80_mma needs config '{}' ({})", name, d.str()));
+    }
+  }
+  if (d.config.items().size() != 4) {
+    throw UnsupportedError(fmt::format(
+        "decode_split/sm80_mma takes block_n, num_warps, num_stages and num_splits; got {}",
+        d.config.str()));
+  }
+  const int64_t rows = d.flags.at("rows"), bn = d.config.at("block_n");
+  const int64_t warps = d.config.at("num_warps"), stages = d.config.at("num_stages");
+  const int64_t splits = d.config.at("num_splits");
+  if (auto r = not_in("block_n", bn, {32, 64, 128})) throw UnsupportedError(*r);
+  if (auto r = not_in("num_warps", warps, {2, 4, 8})) throw UnsupportedError(*r);
+  if (auto r = not_in("num_stages", stages, {1, 2, 3, 4})) throw UnsupportedError(*r);
+  if (splits < 0 || splits > kMaxSplitsConfig) {
+    throw UnsupportedError(fmt::format(
+        "num_splits = {} is out of range; 0 (chosen from the SM count and the KV length) or "
+        "1..{}",
+        splits, kMaxSplitsConfig));
+  }
+  const int64_t warps_m = rows / 16;
+  if (warps % warps_m != 0) {
+    throw UnsupportedError(fmt::format(
+        "num_warps = {} cannot cover {} packed rows: each warp owns 16 rows, so num_warps must be "
+        "a multiple of {}",
+        warps, rows, warps_m));
+  }
+  const int64_t warp_keys = bn / (warps / warps_m);
+  if (warp_keys % 16 != 0 || warp_keys == 0) {
+    throw UnsupportedError(fmt::format(
+        "block_n = {} over {} warps along the keys gives {} keys per warp; each warp needs a "
+        "multiple of 16 (raise block_n or lower num_warps)",
+        bn, warps / warps_m, bn / (warps / warps_m)));
+  }
+  const int threads = static_cast<int>(warps) * 32;
+  for (int dim : {d.head_dim_qk, d.head_dim_v}) {
+    if (bn * (dim * 2 / 16) % threads != 0) {
+      throw UnsupportedError(fmt::format(
+          "a {}-key tile of head dim {} does not split into 16-byte copies over {} threads", bn,
+          dim, threads));
+    }
+  }
+  const int smem = split_smem(d);
+  const int limit = cuda::max_smem_per_block(d.arch);
+  if (smem > limit) {
+    throw UnsupportedError(fmt::format(
+        "decode config block_n = {} with {} stages needs {} bytes of shared memory for head dims "
+        "{}/{}, more than the {} bytes a block may use on {}; lower num_stages or block_n",
+        bn, stages, smem, d.head_dim_qk, d.head_dim_v, limit, d.arch.str()));
+  }
+}
+
+Params DecodeSplitSm80Mma::default_config(const KernelDesc& p) const {
+  // Keys per tile: 64 (32 for d = 256, whose 64-key tiles take 64 KB a stage), at most 32 per
+  // warp. Stages: the most (up to 3) that leave room for two CTAs per SM, else the most that fit.
+  // Warps: 4 (8 from 64 rows on; d = 256: one per 16 rows, at least 2), so that each keeps at
+  // most 32 keys of a tile (64 keys per warp reach 255 registers with a mask_mod that loads
+  // buffers: nvcc 13.0 ptxas, document_causal, 128 rows, sm_80).
+  const int rows = static_cast<int>(p.flags.get("rows").value_or(16));
+  const bool wide = std::max(p.head_dim_qk, p.head_dim_v) > 128;
+  const int warps_m = rows / 16;
+  const int warps = wide ? std::max(warps_m, 2) : (warps_m <= 2 ? 4 : 8);
+  const int bn = std::min(wide ? 32 : 64, 32 * (warps / warps_m));
+  const int limit = cuda::max_smem_per_block(p.arch);
+  const int es = dtype_size(p.dtype == DType::F16 ? DType::F16 : DType::BF16);
+  int stages = 1;
+  for (int s : {3, 2, 1}) {
+    const int smem =
+        fj_decode_split_smem_bytes(rows, bn, p.head_dim_qk, p.head_dim_v, es, s, warps);
+    if (smem <= std::min(limit, kTwoPerSmBytes)) {
+      stages = s;
+      break;
+    }
+  }
+  return make_config(bn, warps, stages, 0);
+}
+
+std::vector<Params> DecodeSplitSm80Mma::config_space(const KernelDesc& p) const {
+  std::vector<Params> out;
+  for (int bn : {32, 64, 128}) {
+    for (int w : {2, 4, 8}) {
+      for (int s : {2, 3, 4}) {
+        for (int splits : {0, 1, 2, 4, 8, 16, 32}) {
+          KernelDesc d = p;
+          d.config = make_config(bn, w, s, splits);
+          try {
+            validate(d);
+          } catch (const UnsupportedError&) {
+            continue;
+          }
+          out.push_back(d.config);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+Params DecodeSplitSm80Mma::resolve_config(const KernelDesc& problem, const Params& overrides,
+                                          const InputFacts& facts) const {
+  Params c = apply_overrides(*this, default_config(problem), overrides);
+  const int rows = static_cast<int>(problem.flags.get("rows").value_or(16));
+  if (facts.mask_kv_block > 0 && facts.mask_kv_block % c.at("block_n") != 0 &&
+      !overrides.has("block_n")) {
+    for (int n : {128, 64, 32}) {
+      if (n <= c.at("block_n") && facts.mask_kv_block % n == 0) {
+        c.set("block_n", n);
+        break;
+      }
+    }
+    if (!overrides.has("num_warps")) {
+      c.set("num_warps", default_warps(rows, static_cast<int>(c.at("block_n"))));
+    }
+  }
+  if (facts.mask_kv_block > 0 && facts.mask_kv_block % c.at("block_n") != 0) {
+    throw UnsupportedError(fmt::format(
+        "the block mask's kv block size {} is not a multiple of the decode kernel's block_n = {}",
+        facts.mask_kv_block, c.at("block_n")));
+  }
+  return c;
+}
+
+std::vector<TemplateText> DecodeSplitSm80Mma::templates() const {
+  std::vector<TemplateText> t = common_templates();
+  t.push_back({"mma_sm80.cuh", embedded::template_text("mma_sm80.cuh"), false});
+  t.push_back({"decode_split.cuh", embedded::template_text("decode_split.cuh"), false});
+  return t;
+}
+
+std::string DecodeSplitSm80Mma::config_struct(const Mods& mods, const KernelDesc& d) {
+  cuda::SourceWriter w;
+  w.line(fmt::format("// Compile-time configuration: {}", d.str()));
+  {
+    auto s = w.block("struct FjConfig", ";");
+    w.line(fmt::format(
+        "static constexpr int kRows = {}, kBlockN = {}, kNumWarps = {}, kNumStages = {};",
+        d.flags.at("rows"), d.config.at("block_n"), d.config.at("num_warps"),
+        d.config.at("num_stages")));
+    w.line(fmt::format(
+        "static constexpr int kHeadDimQK = {}, kHeadDimV = {}, kGqaRatio = {}, kPageSize = {};",
+        d.head_dim_qk, d.head_dim_v, d.gqa_ratio, d.flags.at("page_size")));
+    auto b = [](bool v) { return v ? "true" : "false"; };
+    w.line(fmt::format("static constexpr bool kHasFullBlocks = {};",
+                       b(d.flags.at("full_blocks") != 0)));
+    w.line(fmt::format("static constexpr bool kHasScoreMod = {}, kHasMaskMod = {};",
+                       b(cuda::has_score_mod(mods)), b(cuda::has_mask_mod(mods))));
+    w.line(fmt::format("using Element = {};", element_type(d.dtype)));
+  }
+  return w.str();
+}
+
+cuda::GeneratedSource DecodeSplitSm80Mma::generate(const Mods& mods, const KernelDesc& desc) const {
+  validate(desc);
+  mods.check();
+  return assemble_variant_source(*this, desc, mods, config_struct(mods, desc),
+                                 fmt::format("split-KV decoding kernel `{}`", kEntry));
+}
+
+unsigned DecodeSplitSm80Mma::smem_bytes(const KernelDesc& desc) const {
+  return static_cast<unsigned>(split_smem(desc));
+}
+
+size_t DecodeSplitSm80Mma::workspace_bytes(const KernelDesc&, const DecodeInputs& in) const {
+  return decode_workspace_bytes(in, in.num_splits);
+}
+
+FjDecodeArgs make_decode_args(const DecodeInputs& in, int splits, int rows, void* workspace) {
+  FjDecodeArgs a{};
+  a.q = in.q.data;
+  a.k = in.k.data;
+  a.v = in.v.data;
+  a.q_stride_b = in.q.strides[0], a.q_stride_h = in.q.strides[1], a.q_stride_s = in.q.strides[2];
+  if (in.page_table != nullptr) {  // pools [num_pages, page_size, Hkv, D]
+    a.k_stride_b = in.k.strides[0], a.k_stride_s = in.k.strides[1], a.k_stride_h = in.k.strides[2];
+    a.v_stride_b = in.v.strides[0], a.v_stride_s = in.v.strides[1], a.v_stride_h = in.v.strides[2];
+  } else {
+    a.k_stride_b = in.k.strides[0], a.k_stride_h = in.k.strides[1], a.k_stride_s = in.k.strides[2];
+    a.v_stride_b = in.v.strides[0], a.v_stride_h = in.v.strides[1], a.v_stride_s = in.v.strides[2];
+  }
+  a.page_table = in.page_table;
+  a.page_table_stride_b = in.page_table_stride_b;
+  a.seq_lens = in.seq_lens;
+  if (workspace != nullptr) {
+    const size_t packed = static_cast<size_t>(in.batch * in.heads_q * in.seqlen_q) * splits;
+    a.o_part = static_cast<float*>(workspace);
+    a.lse_part = a.o_part + packed * static_cast<size_t>(in.head_dim_v);
+  }
+  a.batch = static_cast<int>(in.batch);
+  a.heads_q = static_cast<int>(in.heads_q);
+  a.heads_kv = static_cast<int>(in.heads_kv);
+  a.seqlen_q = static_cast<int>(in.seqlen_q);
+  a.seqlen_kv = static_cast<int>(in.seqlen_kv);
+  a.num_splits = splits;
+  a.row_groups = static_cast<int>(
+      decode_row_groups(in.heads_q / std::max<int64_t>(1, in.heads_kv), in.seqlen_q, rows));
+  a.scale = in.scale ? *in.scale
+                     : static_cast<float>(1.0 / std::sqrt(static_cast<double>(in.head_dim_qk)));
+  return a;
+}
+
+std::vector<Launch> DecodeSplitSm80Mma::launches(const KernelDesc& desc, const DecodeInputs& in,
+                                                 void* workspace) const {
+  const int rows = desc.flags.at_int("rows");
+  FjDecodeArgs a = make_decode_args(in, in.num_splits, rows, workspace);
+  if (in.block_mask != nullptr) {
+    a.mask = block_mask_args(*in.block_mask, desc.flags.at("full_blocks") != 0);
+  }
+  Launch l;
+  l.entry_point = kEntry;
+  l.grid = {static_cast<unsigned>(in.num_splits), static_cast<unsigned>(in.heads_kv * a.row_groups),
+            static_cast<unsigned>(in.batch)};
+  l.block = {static_cast<unsigned>(desc.config.at("num_warps") * 32), 1, 1};
+  l.smem_bytes = smem_bytes(desc);
+  l.args.add(a);
+  l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
+  std::vector<Launch> out;
+  out.push_back(std::move(l));
+  return out;
+}
+
+}  // namespace flexjit::kernels

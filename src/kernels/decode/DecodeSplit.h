@@ -1,0 +1,49 @@
+// decode_split/sm80_mma: the split-KV decoding kernel for sm_80 and newer (templates/
+// mma_sm80.cuh + templates/decode_split.cuh; docs/kernels/decode.md). mma.sync m16n8k16 on
+// bf16 / f16, the q heads of a GQA group times the query tokens packed into M, cp.async K / V
+// pipeline, contiguous or paged K / V.
+//
+// Config: block_n {32, 64, 128} keys per tile, num_warps {2, 4, 8} (a multiple of rows / 16; the
+// warps along N get block_n / (num_warps / (rows / 16)) keys each, a multiple of 16),
+// num_stages {1, 2, 3, 4}, num_splits (0: the heuristic, 1..1024: fixed). Needs 16-byte aligned
+// rows.
+#pragma once
+
+#include "kernels/decode/Decode.h"
+
+#include <flexjit_abi.h>
+
+namespace flexjit::kernels {
+
+class DecodeSplitSm80Mma : public DecodeSplitVariant {
+ public:
+  static constexpr const char* kEntry = "flexjit_decode_split";
+  static constexpr int kMaxSplitsConfig = 1024;
+
+  std::string_view name() const override { return "sm80_mma"; }
+  std::string_view summary() const override;
+  std::optional<std::string> unsupported(const KernelDesc& problem,
+                                         const InputFacts& facts) const override;
+  void validate(const KernelDesc& desc) const override;
+  Params default_config(const KernelDesc& problem) const override;
+  std::vector<Params> config_space(const KernelDesc& problem) const override;
+  Params resolve_config(const KernelDesc& problem, const Params& overrides,
+                        const InputFacts& facts) const override;
+  std::vector<TemplateText> templates() const override;
+  std::vector<std::string> entry_points() const override { return {kEntry}; }
+  cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
+  unsigned smem_bytes(const KernelDesc& desc) const override;
+  size_t workspace_bytes(const KernelDesc& desc, const DecodeInputs& in) const override;
+  std::vector<Launch> launches(const KernelDesc& desc, const DecodeInputs& in,
+                               void* workspace) const override;
+
+  // struct FjConfig { static constexpr int kRows, kBlockN, kNumWarps, kNumStages, kHeadDimQK,
+  //   kHeadDimV, kGqaRatio, kPageSize; static constexpr bool kHasFullBlocks, kHasScoreMod,
+  //   kHasMaskMod; using Element = fj_bf16 | fj_f16; };
+  static std::string config_struct(const Mods& mods, const KernelDesc& desc);
+};
+
+// The FjDecodeArgs of a call on `workspace` (null: the partial pointers stay null).
+FjDecodeArgs make_decode_args(const DecodeInputs& in, int splits, int rows, void* workspace);
+
+}  // namespace flexjit::kernels

@@ -1,0 +1,347 @@
+// flex_attention's decode path: validate (paged_kv.h's validate_kv_cache, the outputs, the
+// bindings), plan split + combine on one workspace, build, launch. docs/kernels/decode.md.
+#include "runtime/Decode.h"
+
+#include <flexjit/device_block_mask.h>
+#include <flexjit/device_tensor.h>
+#include <flexjit/error.h>
+
+#include "kernels/decode/DecodeCombine.h"
+#include "kernels/decode/DecodeSplit.h"
+#include "kernels/forward/Forward.h"
+#include "runtime/ContextImpl.h"
+#include "runtime/CudaDriver.h"
+#include "runtime/ModArgs.h"
+#include "util/Log.h"
+
+#include <fmt/format.h>
+
+#include <climits>
+#include <cstdint>
+
+namespace flexjit::runtime {
+
+namespace {
+
+constexpr int64_t kMaxGridYZ = 65535;
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// The output's part of the 16-byte alignment fact (q, k and v come from validate_qkv).
+void check_out_alignment(kernels::DecodeInputs& in) {
+  if (!in.aligned16) return;
+  if (!aligned16(in.out.data)) {
+    in.aligned16 = false;
+    in.alignment_blocker = "data pointer of out is not 16-byte aligned";
+    return;
+  }
+  const int es = dtype_size(in.out.dtype);
+  for (int d = 0; d < 3; ++d) {
+    if (in.out.shape[d] > 1 && (in.out.strides[d] * es) % 16 != 0) {
+      in.aligned16 = false;
+      in.alignment_blocker = fmt::format(
+          "stride of out in dim {} ({} elements = {} bytes) is not a multiple of 16 bytes", d,
+          in.out.strides[d], in.out.strides[d] * es);
+      return;
+    }
+  }
+}
+
+kernels::Params decode_overrides(const BlockConfig& c) {
+  kernels::Params p;
+  for (auto [name, v] :
+       {std::pair{"block_n", c.block_n}, std::pair{"num_warps", c.num_warps},
+        std::pair{"num_stages", c.num_stages}, std::pair{"num_splits", c.num_splits}}) {
+    if (v < 0) throw UnsupportedError(fmt::format("{} must not be negative ({})", name, v));
+    if (v > 0) p.set(name, v);
+  }
+  return p;
+}
+
+kernels::KernelDesc split_problem(const cuda::Arch& arch, const kernels::DecodeInputs& in) {
+  const int64_t gqa = in.heads_q / in.heads_kv;
+  const bool full_blocks = in.block_mask != nullptr &&
+                           in.block_mask->full_kv_num_blocks.defined() &&
+                           in.block_mask->full_kv_indices.defined();
+  return kernels::decode_split_problem(
+      arch, in.q.dtype, static_cast<int>(in.head_dim_qk), static_cast<int>(in.head_dim_v),
+      static_cast<int>(gqa), kernels::decode_rows(gqa, in.seqlen_q), in.page_size, full_blocks);
+}
+
+// A step of variant family V with a complete description (the split step: its workspace
+// depends on the splits, which depend on the config).
+template <typename V>
+PlanStep make_step(const kernels::KernelDesc& desc, const kernels::Selection& sel,
+                   const kernels::DecodeInputs& in, const Mods& mods) {
+  const V& variant = kernels::variant_as<V>(kernels::Registry::global(), desc);
+  PlanStep step;
+  step.desc = desc;
+  step.selection = sel;
+  step.mods = mods;
+  step.workspace_bytes = variant.workspace_bytes(desc, in);
+  step.launches = [&variant, desc, in](void* ws) { return variant.launches(desc, in, ws); };
+  return step;
+}
+
+// One int32 of a device tensor (the stream has been synchronized).
+int read_int(const TensorRef& t, int64_t offset, const char* what) {
+  int v = 0;
+  FJ_CU(cuMemcpyDtoH, what, &v,
+        reinterpret_cast<CUdeviceptr>(static_cast<const int*>(t.data) + offset), sizeof(int));
+  return v;
+}
+
+std::string length_error(int64_t b, int len, const KvCacheShape& shape) {
+  if (len < 0) return fmt::format("seq_lens[{}] = {} is negative", b, len);
+  return shape.paged ? fmt::format(
+                           "seq_lens[{}] = {} is beyond the page table's capacity of {} "
+                           "keys (max_pages {} x page_size {})",
+                           b, len, shape.qkv.seqlen_kv, shape.max_pages, shape.page_size)
+                     : fmt::format("seq_lens[{}] = {} is beyond the {} keys of k and v", b, len,
+                                   shape.qkv.seqlen_kv);
+}
+
+std::string page_error(int64_t b, int64_t p, int entry, int len, const KvCacheShape& shape) {
+  return fmt::format(
+      "page_table[{}][{}] = {} is not a page of the pool (0 .. {}); sequence {} reads it "
+      "(seq_lens[{}] = {})",
+      b, p, entry, shape.num_pages - 1, b, b, len);
+}
+
+}  // namespace
+
+std::optional<std::string> decode_unsupported(const cuda::Arch& arch,
+                                              const kernels::DecodeInputs& in,
+                                              const AttentionOptions& options, bool auto_dispatch) {
+  if (auto_dispatch) {
+    if (!options.variant.empty()) {
+      return fmt::format("the call names the forward variant '{}'", options.variant);
+    }
+    if (options.config.block_m != 0) {
+      return fmt::format("the call sets block_m = {}, a forward config", options.config.block_m);
+    }
+    if (in.seqlen_q > kDecodeMaxQueries) {
+      return fmt::format("Sq = {} is more than the {} query tokens the decode plan is for",
+                         in.seqlen_q, kDecodeMaxQueries);
+    }
+  }
+  const int64_t gqa = in.heads_q / in.heads_kv;
+  const int rows = kernels::decode_rows(gqa, in.seqlen_q);
+  const int64_t grid_y = in.heads_kv * kernels::decode_row_groups(gqa, in.seqlen_q, rows);
+  if (grid_y > kMaxGridYZ || in.batch > kMaxGridYZ) {
+    return fmt::format(
+        "the decode grid needs Hkv x row groups = {} and B = {} CTAs along y and z; at most {}",
+        grid_y, in.batch, kMaxGridYZ);
+  }
+  if (in.block_mask != nullptr && in.block_mask->meta().heads > 1 && gqa > 1) {
+    return fmt::format(
+        "the block mask differs per head ({} heads) while the decode kernel runs the {} q heads "
+        "of a GQA group together; build the mask with heads = 1 (or use Hq = Hkv)",
+        in.block_mask->meta().heads, gqa);
+  }
+  try {
+    // The whole description, config included: a caller's block_n / num_warps / num_stages that
+    // the decode kernel cannot take is a reason too (the forward may take them).
+    kernels::Registry::global().complete(split_problem(arch, in), kernels::decode_facts(in),
+                                         decode_overrides(options.config),
+                                         auto_dispatch ? std::string_view{} : options.variant);
+  } catch (const UnsupportedError& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
+}
+
+Plan plan_decode(const cuda::Arch& arch, kernels::DecodeInputs in, const Mods& mods,
+                 const AttentionOptions& options) {
+  const kernels::Registry& reg = kernels::Registry::global();
+  kernels::Selection split_sel;
+  const kernels::KernelDesc split =
+      reg.complete(split_problem(arch, in), kernels::decode_facts(in),
+                   decode_overrides(options.config), options.variant, &split_sel);
+  in.num_splits = kernels::resolve_num_splits(split, in);
+  kernels::Selection combine_sel;
+  const kernels::KernelDesc combine = reg.complete(
+      kernels::decode_combine_problem(arch, in.q.dtype, static_cast<int>(in.head_dim_v)),
+      kernels::decode_facts(in), {}, {}, &combine_sel);
+  FJ_LOG("kernels", "flex_attention: decode plan, {} split(s) of the KV range (Sq={}, Skv={}{})",
+         in.num_splits, in.seqlen_q, in.seqlen_kv,
+         in.page_table != nullptr ? fmt::format(", pages of {}", in.page_size) : "");
+  Plan plan;
+  plan.add(make_step<kernels::DecodeSplitVariant>(split, split_sel, in, mods));
+  PlanStep combine_step = make_step<kernels::DecodeCombineVariant>(combine, combine_sel, in, mods);
+  combine_step.workspace_of = 0;
+  plan.add(std::move(combine_step));
+  return plan;
+}
+
+kernels::DecodeInputs decode_inputs(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                                    const TensorRef& out, const TensorRef* lse, const QkvShape& s,
+                                    const AttentionOptions& options,
+                                    std::vector<uint64_t> mod_params, int sm_count) {
+  kernels::DecodeInputs in;
+  in.q = q;
+  in.k = k;
+  in.v = v;
+  in.out = out;
+  if (lse != nullptr) in.lse = *lse;
+  in.batch = s.batch;
+  in.heads_q = s.heads_q;
+  in.heads_kv = s.heads_kv;
+  in.seqlen_q = s.seqlen_q;
+  in.seqlen_kv = s.seqlen_kv;
+  in.head_dim_qk = s.head_dim_qk;
+  in.head_dim_v = s.head_dim_v;
+  in.scale = options.scale;
+  in.block_mask = options.block_mask;
+  in.mod_params = std::move(mod_params);
+  in.sm_count = sm_count;
+  in.aligned16 = s.fast_path;
+  in.alignment_blocker = s.fast_path_blocker;
+  check_out_alignment(in);
+  return in;
+}
+
+void check_kv_cache_entries(const std::vector<int>& seq_lens, const std::vector<int>& table,
+                            int64_t table_stride, const KvCacheShape& shape) {
+  const int64_t capacity = shape.qkv.seqlen_kv;
+  for (size_t b = 0; b < seq_lens.size(); ++b) {
+    const int len = seq_lens[b];
+    if (len < 0 || len > capacity) throw RuntimeError(length_error(b, len, shape));
+    if (!shape.paged) continue;
+    const int64_t pages = (len + shape.page_size - 1) / shape.page_size;
+    for (int64_t p = 0; p < pages; ++p) {
+      const int e = table[static_cast<size_t>(b * table_stride + p)];
+      if (e < 0 || e >= shape.num_pages) throw RuntimeError(page_error(b, p, e, len, shape));
+    }
+  }
+}
+
+void check_kv_cache_on_device(Context& ctx, const KvCache& cache, const KvCacheShape& shape,
+                              DType dtype, void* stream) {
+  ContextImpl& impl = impl_of(ctx);
+  const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
+  kernels::Selection sel;
+  const kernels::KernelDesc desc = kernels::Registry::global().complete(
+      kernels::decode_combine_problem(arch, dtype, static_cast<int>(shape.qkv.head_dim_v)), {}, {},
+      {}, &sel);
+  const DeviceTensor result = DeviceTensor::empty(ctx, DType::I32, {2});
+  FjDecodeCheckArgs a{};
+  a.page_table = shape.paged ? static_cast<const int*>(cache.page_table.data) : nullptr;
+  a.page_table_stride_b = shape.paged ? cache.page_table.strides[0] : 0;
+  a.seq_lens = static_cast<const int*>(cache.seq_lens.data);
+  a.result = static_cast<unsigned long long*>(result.ref().data);
+  a.max_pages = shape.paged ? shape.max_pages : 0;
+  a.page_size = shape.paged ? shape.page_size : 1;
+  a.num_pages = shape.num_pages;
+  a.capacity = shape.qkv.seqlen_kv;
+  const auto batch = static_cast<unsigned>(shape.qkv.batch);
+  PlanStep step;
+  step.desc = desc;
+  step.selection = sel;
+  step.launches = [a, batch](void*) {
+    std::vector<kernels::Launch> out(2);
+    out[0].entry_point = kernels::DecodeCombineWarpPerRow::kCheckInit;
+    out[0].grid = {1, 1, 1};
+    out[0].block = {32, 1, 1};
+    out[0].args.add(a);
+    out[1].entry_point = kernels::DecodeCombineWarpPerRow::kCheckPages;
+    out[1].grid = {batch, 1, 1};
+    out[1].block = {128, 1, 1};
+    out[1].args.add(a);
+    return out;
+  };
+  Plan plan;
+  plan.add(std::move(step));
+  const BuiltPlan built = build_plan(impl.builder, plan);
+  launch_plan(*impl.device, plan, built, static_cast<CuStream>(stream), {});
+  FJ_CU(cuStreamSynchronize, "the KV cache check", static_cast<CUstream>(stream));
+  unsigned long long key = 0;
+  result.copy_to_host(&key);
+  if (key == ~0ull) return;
+  const auto row = static_cast<unsigned long long>(a.max_pages + 1);
+  const auto b = static_cast<int64_t>(key / row);
+  const auto slot = static_cast<int64_t>(key % row);
+  const int len = read_int(cache.seq_lens, b * cache.seq_lens.strides[0], "seq_lens");
+  if (slot == 0) throw RuntimeError(length_error(b, len, shape));
+  const int entry = read_int(cache.page_table, b * a.page_table_stride_b + slot - 1, "page_table");
+  throw RuntimeError(page_error(b, slot - 1, entry, len, shape));
+}
+
+namespace {
+
+struct KvCacheCall {
+  KvCacheShape shape;
+  Mods mods;
+  kernels::DecodeInputs inputs;
+};
+
+KvCacheCall validate_kv_cache_call(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                   const TensorRef& v, const TensorRef& out, const TensorRef* lse,
+                                   const AttentionOptions& options) {
+  const KvCache& cache = *options.kv_cache;
+  KvCacheCall call;
+  call.shape = validate_kv_cache(q, k, v, cache);
+  const QkvShape& s = call.shape.qkv;
+  ContextImpl& impl = impl_of(ctx);
+  const int device_index = impl.device->index();
+  if (q.device_index != device_index) {
+    throw RuntimeError(fmt::format("q, k and v are on {}; the context's device is {}",
+                                   to_string(q.device, q.device_index),
+                                   to_string(TensorRef::Device::CUDA, device_index)));
+  }
+  validate_attention_outputs(q, s, out, lse);
+  if (options.block_mask != nullptr) check_attention_block_mask(*options.block_mask, s);
+  call.mods = attention_mods(options);
+  call.inputs = decode_inputs(q, k, v, out, lse, s, options,
+                              pack_mod_params(call.mods, options.bindings, device_index),
+                              impl.device->sm_count());
+  call.inputs.seq_lens = static_cast<const int*>(cache.seq_lens.data);
+  if (call.shape.paged) {
+    call.inputs.page_table = static_cast<const int*>(cache.page_table.data);
+    call.inputs.page_table_stride_b = cache.page_table.strides[0];
+    call.inputs.page_size = static_cast<int>(call.shape.page_size);
+  }
+  if (auto why = decode_unsupported(cuda::Arch::parse(ctx.arch()), call.inputs, options, false)) {
+    throw UnsupportedError("flex_attention on a KV cache: " + *why);
+  }
+  return call;
+}
+
+}  // namespace
+
+void flex_attention_kv_cache_into(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                  const TensorRef& v, const TensorRef& out, const TensorRef* lse,
+                                  const AttentionOptions& options) {
+  const KvCacheCall call = validate_kv_cache_call(ctx, q, k, v, out, lse, options);
+  ContextImpl& impl = impl_of(ctx);
+  impl.device->make_current();
+  const QkvShape& s = call.shape.qkv;
+  if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0) return;
+  if (options.kv_cache->check_pages) {
+    check_kv_cache_on_device(ctx, *options.kv_cache, call.shape, q.dtype, options.stream);
+  }
+  if (s.seqlen_kv == 0) {
+    write_empty_attention(out, lse, options.stream);
+    return;
+  }
+  const Plan plan = plan_decode(cuda::Arch::parse(ctx.arch()), call.inputs, call.mods, options);
+  const BuiltPlan built = build_plan(impl.builder, plan);
+  launch_plan(*impl.device, plan, built, static_cast<CuStream>(options.stream), options.workspace);
+}
+
+size_t flex_attention_kv_cache_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                               const TensorRef& v,
+                                               const AttentionOptions& options) {
+  const KvCacheShape shape = validate_kv_cache(q, k, v, *options.kv_cache);
+  const QkvShape& s = shape.qkv;
+  TensorRef out = TensorRef::contiguous(
+      q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
+  const KvCacheCall call = validate_kv_cache_call(ctx, q, k, v, out, nullptr, options);
+  if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0) return 0;
+  return plan_decode(cuda::Arch::parse(ctx.arch()), call.inputs, call.mods, options)
+      .workspace_bytes;
+}
+
+}  // namespace flexjit::runtime

@@ -1,0 +1,142 @@
+// validate_kv_cache (include/flexjit/paged_kv.h): the host-side checks of a call on a KV cache.
+#include <flexjit/error.h>
+#include <flexjit/paged_kv.h>
+
+#include <fmt/format.h>
+
+#include <climits>
+
+namespace flexjit {
+
+namespace {
+
+bool given(const TensorRef& t) {
+  return t.data != nullptr || !t.shape.empty();
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
+
+// An int32 index tensor of `rank` dims on q's device with contiguous rows.
+void check_index_tensor(const TensorRef& t, const char* name, const char* layout, int rank,
+                        const TensorRef& q) {
+  if (t.ndim() != rank) {
+    throw RuntimeError(fmt::format("{} has {} dims (shape {}); expected {}", name, t.ndim(),
+                                   shape_str(t.shape), layout));
+  }
+  if (t.strides.size() != t.shape.size()) {
+    throw RuntimeError(
+        fmt::format("{} has {} strides for {} dims", name, t.strides.size(), t.shape.size()));
+  }
+  if (t.dtype != DType::I32) {
+    throw RuntimeError(fmt::format("{} has dtype {}; expected i32", name, to_string(t.dtype)));
+  }
+  if (t.device != q.device || t.device_index != q.device_index) {
+    throw RuntimeError(fmt::format("{} is on {} but q is on {}; it is read on the device", name,
+                                   to_string(t.device, t.device_index),
+                                   to_string(q.device, q.device_index)));
+  }
+  if (!t.is_last_dim_contiguous()) {
+    throw RuntimeError(
+        fmt::format("last dim of {} is not contiguous (stride {})", name, t.strides.back()));
+  }
+  for (int i = 0; i < t.ndim(); ++i) {
+    if (t.strides[i] < 0) {
+      throw RuntimeError(
+          fmt::format("{} has a negative stride in dim {} ({})", name, i, t.strides[i]));
+    }
+  }
+  if (t.data == nullptr && t.numel() > 0) {
+    throw RuntimeError(fmt::format("{} has a null data pointer", name));
+  }
+}
+
+// The pool [num_pages, page_size, Hkv, D] as the [B, Hkv, page_size, D] view validate_qkv reads
+// (dim 0 strides over pages; only its layout matters).
+TensorRef pool_view(const TensorRef& pool, int64_t batch) {
+  TensorRef v = pool;
+  v.shape = {batch, pool.shape[2], pool.shape[1], pool.shape[3]};
+  v.strides = {pool.strides[0], pool.strides[2], pool.strides[1], pool.strides[3]};
+  return v;
+}
+
+}  // namespace
+
+KvCacheShape validate_kv_cache(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                               const KvCache& cache) {
+  KvCacheShape out;
+  out.paged = given(cache.page_table);
+  if (q.ndim() != 4) {
+    throw RuntimeError(fmt::format("q has {} dims; expected [B, Hq, Sq, D]", q.ndim()));
+  }
+  const int64_t batch = q.shape[0];
+  if (!out.paged) {
+    out.qkv = validate_qkv(q, k, v);
+    if (!given(cache.seq_lens)) {
+      throw RuntimeError(
+          "the KV cache has neither seq_lens nor a page_table; without either, call "
+          "flex_attention with no kv_cache");
+    }
+  } else {
+    for (auto [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+      if (t->ndim() != 4) {
+        throw RuntimeError(fmt::format(
+            "with a page table, {} is a page pool [num_pages, page_size, Hkv, D]; it has {} dims",
+            name, t->ndim()));
+      }
+      if (t->strides.size() != 4) {
+        throw RuntimeError(fmt::format("{} has {} strides for 4 dims", name, t->strides.size()));
+      }
+    }
+    if (k.shape[0] != v.shape[0] || k.shape[1] != v.shape[1]) {
+      throw RuntimeError(fmt::format(
+          "the k and v pools differ in pages or page size: k {} vs v {} ([num_pages, page_size, "
+          "Hkv, D])",
+          shape_str(k.shape), shape_str(v.shape)));
+    }
+    out.num_pages = k.shape[0];
+    out.page_size = k.shape[1];
+    if (out.num_pages < 1) throw RuntimeError("the k and v pools have no pages");
+    if (out.page_size < 1 || out.page_size > 256 || (out.page_size & (out.page_size - 1)) != 0) {
+      throw RuntimeError(fmt::format(
+          "page size {} (dim 1 of the k and v pools) is not supported; it must be a power of two "
+          "from 1 to 256",
+          out.page_size));
+    }
+    out.qkv = validate_qkv(q, pool_view(k, batch), pool_view(v, batch));
+    check_index_tensor(cache.page_table, "page_table", "[B, max_pages]", 2, q);
+    if (cache.page_table.shape[0] != batch) {
+      throw RuntimeError(fmt::format("page_table has shape {}; expected [B = {}, max_pages]",
+                                     shape_str(cache.page_table.shape), batch));
+    }
+    out.max_pages = cache.page_table.shape[1];
+    if (out.max_pages < 1) throw RuntimeError("page_table has no columns (max_pages = 0)");
+    const int64_t capacity = out.max_pages * out.page_size;
+    if (capacity > INT_MAX) {
+      throw RuntimeError(fmt::format(
+          "the page table holds {} pages of {} keys = {} keys per sequence; at most 2^31 - 1",
+          out.max_pages, out.page_size, capacity));
+    }
+    out.qkv.seqlen_kv = capacity;
+    if (!given(cache.seq_lens)) {
+      throw RuntimeError(
+          "a paged KV cache needs seq_lens ([B] int32): the length of each sequence");
+    }
+  }
+  if (given(cache.seq_lens)) {
+    check_index_tensor(cache.seq_lens, "seq_lens", "[B]", 1, q);
+    if (cache.seq_lens.shape[0] != batch) {
+      throw RuntimeError(fmt::format("seq_lens has shape {}; expected [B] = [{}]",
+                                     shape_str(cache.seq_lens.shape), batch));
+    }
+  }
+  if (q.device != TensorRef::Device::CUDA) {
+    throw RuntimeError(
+        fmt::format("a KV cache (ragged lengths, pages) runs on the GPU; q, k and v are on {}",
+                    to_string(q.device, q.device_index)));
+  }
+  return out;
+}
+
+}  // namespace flexjit

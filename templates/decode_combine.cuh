@@ -1,0 +1,80 @@
+// flexjit split-KV decoding: the combine kernel (docs/kernels/decode.md).
+//
+// Spliced after flexjit_abi.h, prelude.cuh, the generated FjConfig (kNumWarps, kHeadDimV,
+// Element) and mods (none reach it) and mma_sm80.cuh (FjMma<Element>::store2).
+// One warp per output row (b, h, q): with the splits' log2-domain LSEs l_s and normalized partial
+// outputs o_s, m = max_s l_s, w_s = 2^(l_s - m), out = sum_s w_s o_s / sum_s w_s and
+// lse = (m + log2(sum_s w_s)) * ln 2. A row no split saw a key for (every l_s = -inf) gets
+// out 0 and lse -inf, as the forward writes a fully masked row. Lane l owns the element pairs
+// d = 64 i + 2 l of the row: float2 reads of the workspace, one 4-byte (16-bit Element) or
+// 8-byte (float) store per pair.
+#ifndef FLEXJIT_DECODE_COMBINE_CUH_
+#define FLEXJIT_DECODE_COMBINE_CUH_
+
+struct alignas(8) fj_f32x2 {
+  float x, y;
+};
+
+extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32)
+    flexjit_decode_combine(const FjDecodeCombineArgs args) {
+  using Cfg = FjConfig;
+  using Element = typename Cfg::Element;
+  constexpr int kDimV = Cfg::kHeadDimV;
+  constexpr int kPairs = kDimV / 64;  // element pairs per lane
+  static_assert(kDimV % 64 == 0, "flexjit decode_combine: Dv must be a multiple of 64");
+  constexpr float kLn2 = 0.6931471805599453f;
+  const float neg_inf = __int_as_float(0xff800000u);
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const fj_i64 row = (fj_i64)blockIdx.x * Cfg::kNumWarps + warp;
+  const fj_i64 rows = (fj_i64)args.batch * args.heads_q * args.seqlen_q;
+  if (row >= rows) return;
+  const int qi = (int)(row % args.seqlen_q);
+  const int h = (int)((row / args.seqlen_q) % args.heads_q);
+  const int b = (int)(row / ((fj_i64)args.seqlen_q * args.heads_q));
+  const int splits = args.num_splits;
+  const float* lse = args.lse_part + row * splits;
+
+  float m = neg_inf;
+  for (int s = lane; s < splits; s += 32)
+    m = fmaxf(m, lse[s]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1)
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+
+  float acc[kPairs][2];
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i)
+    acc[i][0] = acc[i][1] = 0.0f;
+  float denom = 0.0f;
+  if (m != neg_inf) {
+    const float* o = args.o_part + row * splits * kDimV;
+    for (int s = 0; s < splits; ++s) {
+      const float w = exp2f(lse[s] - m);  // the same value in every lane: no divergence
+      if (w == 0.0f) continue;
+      denom += w;
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) {
+        const fj_f32x2 x = *reinterpret_cast<const fj_f32x2*>(o + s * kDimV + 64 * i + 2 * lane);
+        acc[i][0] += w * x.x;
+        acc[i][1] += w * x.y;
+      }
+    }
+  }
+  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  unsigned char* out_row =
+      static_cast<unsigned char*>(args.out) +
+      sizeof(Element) * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
+                         (fj_i64)qi * args.o_stride_s);
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i)
+    FjMma<Element>::store2(out_row + sizeof(Element) * (64 * i + 2 * lane), acc[i][0] * inv,
+                           acc[i][1] * inv);
+  if (args.lse != nullptr && lane == 0) {
+    args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + qi] =
+        denom > 0.0f ? (m + log2f(denom)) * kLn2 : neg_inf;
+  }
+}
+
+#endif  // FLEXJIT_DECODE_COMBINE_CUH_

@@ -1,0 +1,558 @@
+// Split-KV decoding on the GPU against the CPU backend's fp64 reference, on fresh random inputs
+// every run (the seed is printed on failure): contiguous K / V through flex_attention's automatic
+// dispatch, ragged lengths, paged pools with shuffled and shared pages, every standard mod, GQA
+// ratios 1..8, 1..16 query tokens, KV lengths 1 .. 131072, fully masked rows, block masks, and
+// check_pages. The reference runs per sequence on the gathered (contiguous) K / V of its length.
+// Skips with "skipped: no GPU (...)" on machines without one.
+#include <flexjit/attention.h>
+#include <flexjit/device_block_mask.h>
+#include <flexjit/error.h>
+#include <flexjit/paged_kv.h>
+
+#include "gpu/GpuTestUtil.h"
+#include "support/CliPath.h"
+#include "support/CpuReference.h"
+#include "util/Npy.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <numeric>
+
+using namespace flexjit;
+using namespace flexjit::test;
+using flexjit::test::run_cli;
+
+namespace {
+
+struct HostBuffer {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::vector<char> bytes;
+};
+
+template <typename T>
+HostBuffer host_buffer(DType dtype, std::vector<int64_t> shape, const std::vector<T>& v) {
+  HostBuffer b{dtype, std::move(shape), {}};
+  b.bytes.resize(v.size() * sizeof(T));
+  std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
+  return b;
+}
+
+struct DecodeCase {
+  std::string label;
+  DType dtype = DType::BF16;
+  int batch = 1, heads_q = 1, heads_kv = 1, seqlen_q = 1, dim_qk = 128, dim_v = 128;
+  int capacity = 1;            // Skv (contiguous) or max_pages * page_size
+  std::vector<int> lens;       // per sequence; empty: every sequence has `capacity` keys
+  int page_size = 0;           // 0: contiguous K / V
+  bool kv_cache = false;       // pass a KvCache (lengths / pages); else flex_attention's dispatch
+  bool shared_prefix = false;  // sequences 0 and 1 share their first full pages
+  bool head_major = false;     // pools stored [num_pages, Hkv, page_size, D], passed as a view
+  Mods mods;
+  std::map<std::string, HostBuffer> buffers;
+  std::vector<std::pair<std::string, double>> params;
+  const DeviceBlockMask* block_mask = nullptr;
+};
+
+// Buffers and params of the standard mods, sized for indices up to the capacity.
+void bind_standard(DecodeCase& c, std::mt19937_64& rng) {
+  const int S = std::max(c.seqlen_q, c.capacity);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const Buffer& b : c.mods.buffers) {
+    if (b.name() == "slopes") {
+      std::vector<float> v(c.heads_q);
+      for (int h = 0; h < c.heads_q; ++h)
+        v[h] = std::exp2(-8.0f * (h + 1) / c.heads_q);
+      c.buffers[b.name()] = host_buffer(DType::F32, {c.heads_q}, v);
+    } else if (b.name() == "doc_id") {
+      std::vector<int32_t> v(S);
+      int doc = 0;
+      for (int i = 0; i < S; ++i) {
+        if (i > 0 && rng() % std::max(2, S / 3) == 0) ++doc;
+        v[i] = doc;
+      }
+      c.buffers[b.name()] = host_buffer(DType::I32, {S}, v);
+    } else if (b.name() == "bias" && b.rank() == 1) {
+      std::vector<float> v(c.seqlen_q + c.capacity + 1);
+      for (float& x : v)
+        x = 0.5f * u(rng);
+      c.buffers[b.name()] = host_buffer(DType::F32, {static_cast<int64_t>(v.size())}, v);
+      c.params.emplace_back("offset", c.capacity);
+    } else if (b.name() == "bias" && b.rank() == 2) {
+      std::vector<float> v(static_cast<size_t>(c.heads_q) * 32);
+      for (float& x : v)
+        x = 0.5f * u(rng);
+      c.buffers[b.name()] = host_buffer(DType::F32, {c.heads_q, 32}, v);
+    } else {
+      FAIL("no binding rule for buffer " << b.name());
+    }
+  }
+  const int cap = std::max(c.capacity, 1);
+  for (const Param& p : c.mods.params) {
+    if (p.name() == "window") c.params.emplace_back("window", 1 + rng() % cap);
+    if (p.name() == "chunk") c.params.emplace_back("chunk", 16 + rng() % 240);
+    if (p.name() == "prefix") c.params.emplace_back("prefix", rng() % cap);
+    if (p.name() == "dilation") c.params.emplace_back("dilation", 1 + rng() % 3);
+    if (p.name() == "cap") c.params.emplace_back("cap", 5.0 + (rng() % 45));
+  }
+}
+
+struct Result {
+  ErrorStats out_err;
+  double lse_max_err = 0;
+  int64_t lse_mismatched_inf = 0;
+  size_t workspace_bytes = 0;
+  std::vector<float> out, lse;
+  std::vector<double> ref_lse;
+};
+
+Result run_case(Context& ctx, DecodeCase& c, std::mt19937_64& rng) {
+  const int B = c.batch, Hq = c.heads_q, Hkv = c.heads_kv, Sq = c.seqlen_q, cap = c.capacity;
+  std::vector<int> lens = c.lens.empty() ? std::vector<int>(B, cap) : c.lens;
+  REQUIRE(static_cast<int>(lens.size()) == B);
+  const HostTensor q = random_tensor(rng, c.dtype, {B, Hq, Sq, c.dim_qk});
+  // Logical K / V [B, Hkv, cap, D]; keys past a sequence's length are NaN (never read).
+  HostTensor k = random_tensor(rng, c.dtype, {B, Hkv, cap, c.dim_qk});
+  HostTensor v = random_tensor(rng, c.dtype, {B, Hkv, cap, c.dim_v});
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int ps = c.page_size;
+  const int shared_pages =
+      c.shared_prefix && B >= 2 && ps > 0 ? std::min(lens[0], lens[1]) / ps : 0;
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < Hkv; ++h) {
+      for (int n = 0; n < cap; ++n) {
+        for (HostTensor* t : {&k, &v}) {
+          const int D = static_cast<int>(t->shape[3]);
+          float* row = &t->values[((static_cast<size_t>(b) * Hkv + h) * cap + n) * D];
+          if (n >= lens[b]) {
+            std::fill(row, row + D, nan);
+          } else if (b == 1 && n < shared_pages * ps) {  // a common prefix: sequence 0's keys
+            const float* src = &t->values[((static_cast<size_t>(0) * Hkv + h) * cap + n) * D];
+            std::copy(src, src + D, row);
+          }
+        }
+      }
+    }
+  }
+
+  std::vector<DeviceTensor> keep;
+  TensorRef dk, dv;
+  KvCache cache;
+  if (ps > 0) {
+    // Pools with shuffled pages (plus spare NaN pages); sequence 1 reuses sequence 0's first
+    // `shared_pages` pages.
+    const int max_pages = cap / ps;
+    const int pages_needed = B * max_pages - shared_pages;
+    const int num_pages = pages_needed + 3;
+    std::vector<int> perm(num_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int> table(static_cast<size_t>(B) * max_pages, -1);
+    int next = 0;
+    for (int b = 0; b < B; ++b) {
+      for (int p = 0; p < max_pages; ++p) {
+        const bool reads = p * ps < lens[b];
+        int& e = table[static_cast<size_t>(b) * max_pages + p];
+        if (b == 1 && p < shared_pages) {
+          e = table[p];
+        } else {
+          e = perm[next++];
+        }
+        if (!reads && rng() % 2 == 0) e = -7;  // never read: may hold anything
+      }
+    }
+    HostTensor kp, vp;
+    for (auto [pool, src] : {std::pair{&kp, &k}, std::pair{&vp, &v}}) {
+      const int D = static_cast<int>(src->shape[3]);
+      pool->dtype = c.dtype;
+      pool->shape = {num_pages, ps, Hkv, D};
+      pool->values.assign(static_cast<size_t>(num_pages) * ps * Hkv * D, nan);
+      for (int b = 0; b < B; ++b) {
+        for (int p = 0; p < max_pages; ++p) {
+          const int e = table[static_cast<size_t>(b) * max_pages + p];
+          if (e < 0) continue;
+          for (int slot = 0; slot < ps; ++slot)
+            for (int h = 0; h < Hkv; ++h)
+              for (int d = 0; d < D; ++d)
+                pool->values[(c.head_major ? (static_cast<size_t>(e) * Hkv + h) * ps + slot
+                                           : (static_cast<size_t>(e) * ps + slot) * Hkv + h) *
+                                 D +
+                             d] =
+                    src->values[((static_cast<size_t>(b) * Hkv + h) * cap + p * ps + slot) * D + d];
+        }
+      }
+    }
+    keep.push_back(upload(ctx, kp));
+    dk = keep.back().ref();
+    keep.push_back(upload(ctx, vp));
+    dv = keep.back().ref();
+    if (c.head_major) {  // the [num_pages, page_size, Hkv, D] view of head-major storage
+      for (TensorRef* t : {&dk, &dv}) {
+        const int64_t D = t->shape[3];
+        t->strides = {Hkv * ps * D, D, ps * D, 1};
+      }
+    }
+    keep.push_back(DeviceTensor::from_host(ctx, DType::I32, {B, max_pages}, table.data()));
+    cache.page_table = keep.back().ref();
+  } else {
+    keep.push_back(upload(ctx, k));
+    dk = keep.back().ref();
+    keep.push_back(upload(ctx, v));
+    dv = keep.back().ref();
+  }
+  keep.push_back(DeviceTensor::from_host(ctx, DType::I32, {B}, lens.data()));
+  cache.seq_lens = keep.back().ref();
+  const DeviceTensor dq = upload(ctx, q);
+
+  ModBindings bindings;
+  ir::EvalEnv env;
+  for (auto& [name, hb] : c.buffers) {
+    keep.push_back(DeviceTensor::from_host(ctx, hb.dtype, hb.shape, hb.bytes.data()));
+    bindings.buffers.emplace_back(name, keep.back().ref());
+    env.buffers[name] = ir::BufferView{hb.bytes.data(), hb.dtype, hb.shape, {}};
+  }
+  bindings.params = c.params;
+  for (auto& [n, val] : c.params)
+    env.params[n] = val;
+
+  DeviceTensor out = DeviceTensor::empty(ctx, c.dtype, {B, Hq, Sq, c.dim_v});
+  DeviceTensor lse = DeviceTensor::empty(ctx, DType::F32, {B, Hq, Sq});
+  out.fill_bytes(0xFF);  // NaN: an element the kernels do not write fails
+  lse.fill_bytes(0xFF);
+  AttentionOptions o;
+  o.mods = c.mods;
+  o.bindings = bindings;
+  o.block_mask = c.block_mask;
+  if (c.kv_cache || ps > 0) o.kv_cache = &cache;
+  Result r;
+  r.workspace_bytes = flex_attention_workspace_bytes(ctx, dq, dk, dv, o);
+  flex_attention_into(ctx, dq, dk, dv, out, &lse.ref(), o);
+  ctx.synchronize();
+  r.out = download(out);
+  r.lse = download(lse);
+
+  // The reference, sequence by sequence on its gathered keys.
+  std::vector<double> ref_out(r.out.size(), 0.0);
+  r.ref_lse.assign(r.lse.size(), -std::numeric_limits<double>::infinity());
+  Mods ref_mods = c.mods;
+  if (!ref_mods.mask_mod.defined() && c.block_mask && c.block_mask->meta().mods.mask_mod.defined())
+    ref_mods = combine(c.mods, c.block_mask->meta().mods);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.dim_qk));
+  for (int b = 0; b < B; ++b) {
+    if (lens[b] == 0) continue;  // out 0, lse -inf
+    AttentionShape s;
+    s.batch = 1, s.heads_q = Hq, s.heads_kv = Hkv, s.seqlen_q = Sq, s.seqlen_kv = lens[b];
+    s.head_dim_qk = c.dim_qk, s.head_dim_v = c.dim_v;
+    auto slice_q =
+        std::vector<float>(q.values.begin() + static_cast<size_t>(b) * Hq * Sq * c.dim_qk,
+                           q.values.begin() + static_cast<size_t>(b + 1) * Hq * Sq * c.dim_qk);
+    auto gather = [&](const HostTensor& t) {
+      const int D = static_cast<int>(t.shape[3]);
+      std::vector<float> g;
+      for (int h = 0; h < Hkv; ++h) {
+        const float* base = &t.values[((static_cast<size_t>(b) * Hkv + h) * cap) * D];
+        g.insert(g.end(), base, base + static_cast<size_t>(lens[b]) * D);
+      }
+      return g;
+    };
+    const ReferenceResult rr =
+        cpu_reference_attention(ref_mods, s, slice_q, gather(k), gather(v), scale, env);
+    std::copy(rr.out.begin(), rr.out.end(),
+              ref_out.begin() + static_cast<size_t>(b) * Hq * Sq * c.dim_v);
+    std::copy(rr.lse.begin(), rr.lse.end(), r.ref_lse.begin() + static_cast<size_t>(b) * Hq * Sq);
+  }
+  r.out_err = compare(r.out, ref_out);
+  for (size_t i = 0; i < r.ref_lse.size(); ++i) {
+    const bool ref_inf = std::isinf(r.ref_lse[i]) && r.ref_lse[i] < 0;
+    const bool out_inf = std::isinf(r.lse[i]) && r.lse[i] < 0;
+    if (ref_inf != out_inf || std::isnan(r.lse[i])) {
+      ++r.lse_mismatched_inf;
+    } else if (!ref_inf) {
+      r.lse_max_err = std::max(
+          r.lse_max_err, std::abs(r.lse[i] - r.ref_lse[i]) / std::max(1.0, std::abs(r.ref_lse[i])));
+    }
+  }
+  return r;
+}
+
+Result check_case(Context& ctx, DecodeCase& c, std::mt19937_64& rng, uint64_t seed) {
+  const Result r = run_case(ctx, c, rng);
+  const std::string lens = fmt::format("{}", fmt::join(c.lens, ","));
+  const std::string summary = fmt::format(
+      "{} {} B={} Hq={} Hkv={} Sq={} cap={} lens=[{}] page={} D={}/{} mods {}: out {}; lse max "
+      "rel err {:.3e}, {} -inf mismatches (seed {})",
+      c.label, to_string(c.dtype), c.batch, c.heads_q, c.heads_kv, c.seqlen_q, c.capacity, lens,
+      c.page_size, c.dim_qk, c.dim_v, c.mods.name, r.out_err.str(), r.lse_max_err,
+      r.lse_mismatched_inf, seed);
+  INFO(summary);
+  CHECK(r.out_err.nonfinite == 0);
+  CHECK(r.out_err.rel <= tolerance(c.dtype));
+  CHECK(r.lse_mismatched_inf == 0);
+  CHECK(r.lse_max_err <= 1e-2);
+  // The decode plan ran (the forward needs no workspace; split + combine do).
+  CHECK(r.workspace_bytes > 0);
+  std::printf("  %s\n", summary.c_str());
+  return r;
+}
+
+template <typename T>
+const T& pick(std::mt19937_64& rng, const std::vector<T>& v) {
+  return v[rng() % v.size()];
+}
+
+}  // namespace
+
+TEST_CASE("decode: every standard mod, contiguous K/V, flex_attention's automatic dispatch",
+          "[gpu][decode]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const std::vector<std::pair<int, int>> dims = {{64, 64}, {128, 128}, {256, 256}, {128, 64}};
+  for (const std::string& name : standard_mod_names()) {
+    DecodeCase c;
+    c.label = "contiguous " + name;
+    c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+    c.mods = standard_mods(name);
+    c.batch = 2;
+    c.heads_kv = 2;
+    c.heads_q = 2 * (1 + static_cast<int>(rng() % 8));
+    c.seqlen_q = 1 + static_cast<int>(rng() % 16);
+    c.capacity = pick(rng, std::vector<int>{1, 17, 1000});
+    std::tie(c.dim_qk, c.dim_v) = pick(rng, dims);
+    bind_standard(c, rng);
+    check_case(*ctx, c, rng, seed);
+  }
+}
+
+TEST_CASE("decode: paged KV cache, ragged lengths, shuffled and shared pages, GQA 1..8",
+          "[gpu][decode]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  struct Shape {
+    int page, gqa, sq, cap;
+    std::vector<int> lens;
+    const char* mods;
+    bool head_major = false;
+  };
+  const std::vector<Shape> shapes = {
+      {16, 1, 1, 1024, {1000, 17, 1, 0}, "noop"},
+      {16, 3, 4, 1024, {1000, 1000, 512, 33}, "alibi", /*head_major=*/true},
+      {1, 5, 1, 64, {17, 64, 1}, "softcap"},
+      {256, 6, 2, 8448, {8193, 8193, 300}, "causal"},
+      {1, 7, 16, 48, {48, 17}, "relative_bias"},
+      {256, 8, 16, 1024, {1, 1000}, "sliding_window"},
+      {16, 2, 8, 256, {200, 256, 129, 16}, "t5_bucketed_bias"},
+      {64, 4, 3, 512, {511, 400}, "document_causal", /*head_major=*/true},
+  };
+  for (const Shape& sh : shapes) {
+    DecodeCase c;
+    c.label = fmt::format("paged ({}-key pages{}, gqa {})", sh.page,
+                          sh.head_major ? ", head-major" : "", sh.gqa);
+    c.head_major = sh.head_major;
+    c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+    c.mods = standard_mods(sh.mods);
+    c.batch = static_cast<int>(sh.lens.size());
+    c.heads_kv = 1 + static_cast<int>(rng() % 2);
+    c.heads_q = c.heads_kv * sh.gqa;
+    c.seqlen_q = sh.sq;
+    c.capacity = sh.cap;
+    c.lens = sh.lens;
+    c.page_size = sh.page;
+    c.shared_prefix = true;
+    c.dim_qk = c.dim_v = pick(rng, std::vector<int>{64, 128});
+    bind_standard(c, rng);
+    check_case(*ctx, c, rng, seed);
+  }
+}
+
+TEST_CASE("decode: ragged contiguous K/V and a 131072-key sequence", "[gpu][decode]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  DecodeCase ragged;
+  ragged.label = "ragged contiguous";
+  ragged.mods = standard_mods("alibi_causal");
+  ragged.batch = 3, ragged.heads_kv = 2, ragged.heads_q = 8, ragged.seqlen_q = 2;
+  ragged.capacity = 1000;
+  ragged.lens = {1000, 17, 0};
+  ragged.kv_cache = true;
+  bind_standard(ragged, rng);
+  check_case(*ctx, ragged, rng, seed);
+
+  DecodeCase big;
+  big.label = "long paged";
+  big.mods = standard_mods("softcap");
+  big.batch = 1, big.heads_kv = 1, big.heads_q = 4, big.seqlen_q = 1;
+  big.capacity = 131072;
+  big.lens = {131072};
+  big.page_size = 256;
+  bind_standard(big, rng);
+  check_case(*ctx, big, rng, seed);
+}
+
+TEST_CASE("decode: fully masked rows give out 0 and lse -inf, never NaN", "[gpu][decode]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  DecodeCase c;
+  c.label = "masked rows";
+  // Query 0 sees nothing; head 1 sees nothing; the others see keys up to their index * 100.
+  c.mods = parse_mods("mask_mod = q_idx > 0 && h != 1 && kv_idx <= q_idx * 100", "masked.fx");
+  c.batch = 2, c.heads_kv = 1, c.heads_q = 4, c.seqlen_q = 3;
+  c.capacity = 1024;
+  c.lens = {1024, 150};
+  c.page_size = 16;
+  const Result r = check_case(*ctx, c, rng, seed);
+  for (int b = 0; b < 2; ++b) {
+    for (int h = 0; h < 4; ++h) {
+      for (int qi = 0; qi < 3; ++qi) {
+        const size_t row = (static_cast<size_t>(b) * 4 + h) * 3 + qi;
+        if (qi != 0 && h != 1) continue;
+        INFO("b=" << b << " h=" << h << " q=" << qi);
+        CHECK((std::isinf(r.lse[row]) && r.lse[row] < 0));
+        for (int d = 0; d < 128; ++d)
+          CHECK(r.out[row * 128 + d] == 0.0f);
+      }
+    }
+  }
+}
+
+TEST_CASE("decode: block masks skip tiles and apply the mask_mod on partial ones",
+          "[gpu][decode]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const Mods mask =
+      parse_mods("mask_mod = kv_idx < 300 || (kv_idx >= 700 && kv_idx % 5 != q_idx)", "blocks.fx");
+  for (int paged = 0; paged < 2; ++paged) {
+    DecodeCase c;
+    c.label = paged ? "block mask, paged" : "block mask, contiguous";
+    c.batch = 2, c.heads_kv = 2, c.heads_q = 8, c.seqlen_q = 4;
+    c.capacity = 1024;
+    c.lens = {1024, 800};
+    c.page_size = paged ? 16 : 0;
+    c.kv_cache = true;
+    const DeviceBlockMask bm = create_block_mask(*ctx, mask, 1, 1, c.seqlen_q, c.capacity, 128);
+    c.block_mask = &bm;
+    check_case(*ctx, c, rng, seed);
+  }
+}
+
+TEST_CASE("decode: check_pages reports the first bad entry; bad inputs fail before launch",
+          "[gpu][decode]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const int B = 2, max_pages = 4, ps = 16, Hkv = 1, D = 64;
+  std::mt19937_64 rng(fresh_seed());
+  const HostTensor q = random_tensor(rng, DType::BF16, {B, 2, 1, D});
+  const HostTensor pool = random_tensor(rng, DType::BF16, {8, ps, Hkv, D});
+  const DeviceTensor dq = upload(*ctx, q), dpool = upload(*ctx, pool);
+  std::vector<int> table = {0, 1, 2, 3, 4, 5, 9, 7};  // [1][2] = 9: not a page of 8
+  std::vector<int> lens = {64, 40};
+  const DeviceTensor dt = DeviceTensor::from_host(*ctx, DType::I32, {B, max_pages}, table.data());
+  const DeviceTensor dl = DeviceTensor::from_host(*ctx, DType::I32, {B}, lens.data());
+  KvCache cache;
+  cache.page_table = dt;
+  cache.seq_lens = dl;
+  cache.check_pages = true;
+  AttentionOptions o;
+  o.kv_cache = &cache;
+  CHECK_THROWS_WITH(flex_attention(*ctx, dq, dpool, dpool, o),
+                    Catch::Contains("page_table[1][2] = 9 is not a page of the pool (0 .. 7)"));
+  lens[1] = 65;
+  const DeviceTensor dl2 = DeviceTensor::from_host(*ctx, DType::I32, {B}, lens.data());
+  cache.seq_lens = dl2;
+  CHECK_THROWS_WITH(flex_attention(*ctx, dq, dpool, dpool, o),
+                    Catch::Contains("seq_lens[1] = 65 is beyond the page table's capacity of 64"));
+  // Ragged contiguous K / V: lengths only.
+  const HostTensor kc = random_tensor(rng, DType::BF16, {B, Hkv, 48, D});
+  const DeviceTensor dkc = upload(*ctx, kc);
+  const std::vector<int> ragged = {48, 49};
+  const DeviceTensor dr = DeviceTensor::from_host(*ctx, DType::I32, {B}, ragged.data());
+  KvCache lens_only;
+  lens_only.seq_lens = dr;
+  lens_only.check_pages = true;
+  AttentionOptions ro;
+  ro.kv_cache = &lens_only;
+  CHECK_THROWS_WITH(flex_attention(*ctx, dq, dkc, dkc, ro),
+                    Catch::Contains("seq_lens[1] = 49 is beyond the 48 keys of k and v"));
+  // Unsupported head dim: an UnsupportedError before any launch.
+  const HostTensor q96 = random_tensor(rng, DType::BF16, {B, 2, 1, 96});
+  const HostTensor pool96 = random_tensor(rng, DType::BF16, {8, ps, Hkv, 96});
+  const DeviceTensor dq96 = upload(*ctx, q96), dp96 = upload(*ctx, pool96);
+  cache.check_pages = false;
+  CHECK_THROWS_AS(flex_attention(*ctx, dq96, dp96, dp96, o), UnsupportedError);
+  // f32 pools: the decode kernels take bf16 / f16.
+  const HostTensor q32 = random_tensor(rng, DType::F32, {B, 2, 1, D});
+  const HostTensor p32 = random_tensor(rng, DType::F32, {8, ps, Hkv, D});
+  const DeviceTensor dq32 = upload(*ctx, q32), dp32 = upload(*ctx, p32);
+  CHECK_THROWS_WITH(flex_attention(*ctx, dq32, dp32, dp32, o),
+                    Catch::Contains("bf16 or f16 inputs, not f32"));
+}
+
+TEST_CASE("decode: flexjit run on a paged KV cache matches the fp64 reference (--check)",
+          "[gpu][decode]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("flexjit-decode-run-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const char* name, DType dtype, std::vector<int64_t> shape,
+                   const std::vector<char>& bytes) {
+    npy::Array a = npy::make_array(dtype, std::move(shape));
+    REQUIRE(a.bytes.size() == bytes.size());
+    std::memcpy(a.bytes.data(), bytes.data(), bytes.size());
+    npy::write((dir / name).string(), a);
+    return (dir / name).string();
+  };
+  auto ints = [](const std::vector<int32_t>& v) {
+    std::vector<char> b(v.size() * 4);
+    std::memcpy(b.data(), v.data(), b.size());
+    return b;
+  };
+  const HostTensor q = random_tensor(rng, DType::BF16, {2, 6, 2, 64});
+  const HostTensor pool = random_tensor(rng, DType::BF16, {12, 16, 2, 64});
+  const std::vector<int32_t> table = {7, 2, 9, 0, 11, 3, 5, 1, 4, 6, 8, 10};  // [2, 6]
+  const std::vector<int32_t> lens = {90, 33};
+  const std::string args = fmt::format(
+      "run --mods alibi --q {} --k {} --v {} --page-table {} --seq-lens {} --check-pages --check "
+      "--repeat 1 --json",
+      write("q.npy", DType::BF16, {2, 6, 2, 64}, q.bytes()),
+      write("k.npy", DType::BF16, {12, 16, 2, 64}, pool.bytes()),
+      write("v.npy", DType::BF16, {12, 16, 2, 64}, pool.bytes()),
+      write("table.npy", DType::I32, {2, 6}, ints(table)),
+      write("lens.npy", DType::I32, {2}, ints(lens)));
+  std::string out;
+  REQUIRE(run_cli(args, &out) == 0);
+  const auto brace = out.find('{');
+  REQUIRE(brace != std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(out.substr(brace));
+  CHECK(j.at("nan").get<int64_t>() == 0);
+  CHECK(j.at("nan_mismatches_vs_fp64").get<int64_t>() == 0);
+  CHECK(j.at("max_rel_error_vs_fp64").get<double>() <= 2e-2);
+  // The plan is logged under FLEXJIT_LOG=kernels: split then combine.
+  REQUIRE(run_cli(args, &out, "FLEXJIT_LOG=kernels") == 0);
+  CHECK_THAT(out, Catch::Contains("flex_attention: decode plan") &&
+                      Catch::Contains("pages of 16") &&
+                      Catch::Contains("selected decode_split/sm80_mma") &&
+                      Catch::Contains("selected decode_combine/warp_per_row"));
+  std::filesystem::remove_all(dir);
+}
