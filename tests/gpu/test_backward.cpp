@@ -199,10 +199,14 @@ TEST_CASE("backward: GQA ratios, head dims, lengths and dtypes", "[gpu][backward
                                      {3, 1, 127, 129, 128, 128}, {4, 2, 128, 128, 128, 64},
                                      {8, 1, 129, 1000, 64, 128}, {6, 2, 100, 300, 256, 256},
                                      {2, 2, 64, 64, 256, 128}};
+  // Each (dtype, shape) with one of three mods in turn (a buffer gradient with one address per
+  // head, a non-linear score_mod without buffers, a buffer gradient per element), alternating
+  // block masks and both ways of computing dQ.
+  const char* mods[] = {"alibi_causal", "softcap", "relative_bias_causal"};
   int i = 0;
   for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
     for (const Shape& sh : shapes) {
-      for (const char* mod : {"alibi_causal", "softcap", "relative_bias_causal"}) {
+      for (const char* mod : {mods[i % 3], mods[(i + 1) % 3]}) {
         BwdCase c;
         c.dtype = dt;
         c.mods = standard_mods(mod);
