@@ -11,6 +11,7 @@
 #include "runtime/ContextImpl.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/ModArgs.h"
+#include "runtime/ForwardPlan.h"
 #include "runtime/Plan.h"
 #include "util/Log.h"
 
@@ -214,7 +215,7 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
 // One forward step: the registry's variant for this arch and these inputs (or the one named in
 // options.variant), its config resolved from options.config.
 runtime::Plan plan_forward(Context& ctx, const ValidatedCall& call,
-                           const AttentionOptions& options) {
+                           const AttentionOptions& options, const tune::StepTuning& tuning) {
   const QkvShape& s = call.inputs.shape;
   const bool full_blocks = options.block_mask != nullptr &&
                            options.block_mask->full_kv_num_blocks.defined() &&
@@ -226,8 +227,16 @@ runtime::Plan plan_forward(Context& ctx, const ValidatedCall& call,
   runtime::Plan plan;
   plan.add(runtime::plan_step<kernels::ForwardVariant>(
       problem, call.inputs, kernels::forward_facts(call.inputs), call.mods,
-      kernels::config_overrides(options.config), options.variant));
+      kernels::config_overrides(options.config), options.variant, tuning));
   return plan;
+}
+
+// The tuning of a call that plans without launching: a stored winner is looked up (so the plan
+// matches what the call itself runs after a search), nothing is searched.
+tune::StepTuning lookup_only(Context& ctx, const AttentionOptions& options) {
+  tune::StepTuning t = tune::step_tuning(ctx, options.autotune, options.stream);
+  if (t.mode == tune::Mode::Search) t.mode = tune::Mode::Cached;
+  return t;
 }
 
 }  // namespace
@@ -248,7 +257,8 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
     write_empty_kv_result(out, lse, options.stream);
     return;
   }
-  const runtime::Plan plan = plan_forward(ctx, call, options);
+  const runtime::Plan plan = plan_forward(
+      ctx, call, options, tune::step_tuning(ctx, options.autotune, options.stream));
   const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
   runtime::launch_plan(*impl.device, plan, built, static_cast<runtime::CuStream>(options.stream),
                        options.workspace);
@@ -263,7 +273,17 @@ size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q, const Te
       q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
   const ValidatedCall call = validate_call(ctx, q, k, v, out, nullptr, options, s);
   if (call.empty_q || call.empty_kv) return 0;
-  return plan_forward(ctx, call, options).workspace_bytes;
+  return plan_forward(ctx, call, options, lookup_only(ctx, options)).workspace_bytes;
+}
+
+std::string runtime::describe_forward_plan(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                           const TensorRef& v, const AttentionOptions& options) {
+  const QkvShape s = validate_qkv(q, k, v);
+  TensorRef out = TensorRef::contiguous(
+      q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
+  const ValidatedCall call = validate_call(ctx, q, k, v, out, nullptr, options, s);
+  if (call.empty_q || call.empty_kv) return "(no kernel)";
+  return plan_forward(ctx, call, options, lookup_only(ctx, options)).str();
 }
 
 AttentionResult flex_attention(Context& ctx, const TensorRef& q, const TensorRef& k,

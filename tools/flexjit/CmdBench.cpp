@@ -13,7 +13,9 @@
 #include "flexjit/Options.h"
 #include "kernels/KernelQuery.h"
 #include "runtime/Device.h"
+#include "runtime/ForwardPlan.h"
 #include "runtime/Timer.h"
+#include "tune/StepTuner.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -141,6 +143,7 @@ struct AttentionBenchOptions {
   bool use_cache = false;  // the user's kernel cache instead of a fresh one
   int device = 0;
   BlockConfig config;  // zeros: the defaults table
+  std::string autotune;  // empty: FLEXJIT_AUTOTUNE; else off | cached | search, beside the default
 };
 
 struct AttentionRow {
@@ -150,7 +153,19 @@ struct AttentionRow {
   int repeats = 0;
   int64_t nonfinite = 0;  // non-finite outputs after the first call (must be 0)
   std::string error;      // the case failed: the message; the numbers are meaningless
+  // --autotune cached|search: the config of the default run, and the tuned run beside it.
+  std::string config, tuned_config;
+  double tuned_ms = 0, tuned_tflops = 0, tune_s = 0;
+  bool tuned = false;
 };
+
+// The config part of a plan description ("block_m=128 block_n=64 ...").
+std::string config_of(const std::string& plan) {
+  const size_t bar = plan.find(" | ");
+  const size_t end = plan.find(" (workspace");
+  if (bar == std::string::npos) return plan;
+  return plan.substr(bar + 3, end == std::string::npos ? std::string::npos : end - bar - 3);
+}
 
 // The anchors' CSV columns (torch_flex_bench.py); bwd_* and first_bwd_s stay empty.
 constexpr const char* kCsvHeader =
@@ -187,6 +202,13 @@ nlohmann::json json_row(const AttentionRow& r) {
             {"first_call_s", r.first_call_s},
             {"block_mask_first_call_ms", r.mask_ms},
             {"nonfinite_outputs", r.nonfinite}});
+  if (!r.config.empty()) j["config"] = r.config;
+  if (r.tuned) {
+    j.update({{"tuned_config", r.tuned_config},
+              {"tuned_fwd_ms", r.tuned_ms},
+              {"tuned_fwd_tflops", r.tuned_tflops},
+              {"tune_s", r.tune_s}});
+  }
   return j;
 }
 
@@ -206,6 +228,14 @@ void print_table_row(const AttentionRow& r) {
         r.c.name, r.c.group, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_kv, s.head_dim,
         r.density, r.fwd_ms, r.fwd_tflops, r.first_call_s,
         r.nonfinite ? fmt::format("  ({} non-finite outputs!)", r.nonfinite) : "");
+    if (r.tuned) {
+      fmt::print("{:<18} default {} {:.1f} TFLOP/s -> tuned {} {:.1f} TFLOP/s ({:+.1f}%, tuning "
+                 "{:.1f} s)\n",
+                 "", r.config, r.fwd_tflops, r.tuned_config, r.tuned_tflops,
+                 r.fwd_tflops > 0 ? 100.0 * (r.tuned_tflops / r.fwd_tflops - 1) : 0.0, r.tune_s);
+    } else if (!r.config.empty()) {
+      fmt::print("{:<18} config {}\n", "", r.config);
+    }
   }
   std::fflush(stdout);
 }
@@ -350,6 +380,11 @@ void run_attention_bench(const AttentionBenchOptions& o) {
 
       AttentionOptions aopts;
       aopts.config = o.config;
+      std::optional<tune::Mode> tuned_mode;
+      if (!o.autotune.empty()) {
+        tuned_mode = tune::parse_mode(o.autotune);
+        aopts.autotune = AutotuneMode::Off;  // the default run, beside the tuned one
+      }
       aopts.mods = case_mods(c);
       aopts.bindings.params = c.params;
       std::vector<DeviceTensor> buffers;
@@ -391,6 +426,34 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       row.max_ms = t.max_ms;
       row.repeats = t.repeats;
       row.fwd_tflops = forward_flops(s, row.density) / (t.median_ms * 1e-3) / 1e12;
+      if (tuned_mode) {
+        const InputSet& in0 = sets[0];
+        row.config = config_of(runtime::describe_forward_plan(ctx, in0.q, in0.k, in0.v, aopts));
+      }
+      if (tuned_mode && *tuned_mode != tune::Mode::Off) {
+        AttentionOptions topt = aopts;
+        topt.autotune =
+            *tuned_mode == tune::Mode::Search ? AutotuneMode::Search : AutotuneMode::Cached;
+        // The first tuned call searches (or finds the stored winner), then runs the winner.
+        row.tune_s = 1e-3 * time_ms([&] {
+                       flex_attention_into(ctx, sets[0].q, sets[0].k, sets[0].v, out, nullptr,
+                                           topt);
+                       ctx.synchronize();
+                     });
+        row.tuned_config =
+            config_of(runtime::describe_forward_plan(ctx, sets[0].q, sets[0].k, sets[0].v, topt));
+        size_t next2 = 0;
+        const runtime::Timing tt = timer.time(
+            [&] {
+              const InputSet& in = sets[next2++ % sets.size()];
+              flex_attention_into(ctx, in.q, in.k, in.v, out, nullptr, topt);
+            },
+            topts);
+        ctx.synchronize();
+        row.tuned_ms = tt.median_ms;
+        row.tuned_tflops = forward_flops(s, row.density) / (tt.median_ms * 1e-3) / 1e12;
+        row.tuned = true;
+      }
     } catch (const std::exception& e) {
       // One failing case must not hide the others' numbers.
       row.error = e.what();
@@ -452,6 +515,7 @@ void register_bench(CLI::App& app) {
       "  flexjit bench --extra --csv flexjit.csv      # + GQA, D=64, 16k, decode\n"
       "  flexjit bench --case causal,alibi+causal --json\n"
       "  flexjit bench --small --repeats 2            # tiny shapes (compute-sanitizer)\n"
+      "  flexjit bench --quick --autotune search      # default vs tuned config per case\n"
       "  flexjit bench --compile --arch sm_90a\n"
       "  flexjit bench --compile --arch sm_80 --compile-mods causal,alibi_causal --json");
   static KernelOptions opts;
@@ -485,6 +549,11 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--use-cache", a.use_cache,
                 "Use the kernel cache (default: a fresh one, so first_call_s is a cold compile)");
   cmd->add_option("--device", a.device, "CUDA device ordinal")->capture_default_str();
+  cmd->add_option("--autotune", a.autotune,
+                  "off | cached | search: time each case with the defaults and, beside it, with "
+                  "the tuned config (search: tuned now on the case's inputs; docs/tuning.md); "
+                  "prints both configs")
+      ->check(CLI::IsMember({"off", "cached", "search"}));
   cmd->callback([] {
     if (compile) {
       run_compile_bench(opts, mods_list, repeats > 0 ? repeats : 200, a.json);
