@@ -380,7 +380,8 @@ kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelD
   const kernels::Variant& variant = *reg.select(problem, facts, forced).variant;
   kernels::KernelDesc keyed = problem;
   keyed.variant = std::string(variant.name());
-  const TuningKey key = make_key(identity_of(*tuning.ctx->device), keyed, mods.hash(), facts);
+  const TuningKey key =
+      make_key(identity_of(*tuning.ctx->device), keyed, mods.hash(), facts, caller);
   TuningStore& store = store_of(*tuning.ctx);
   if (auto rec = store.find(key)) {
     try {

@@ -28,13 +28,15 @@ std::string shape_bucket(const kernels::InputFacts& facts) {
 }
 
 std::string TuningKey::str() const {
-  return fmt::format("{}|{}.{}|{}|{}|mods {}|{}|{}/{}|gqa{}|{}", device.name, device.cc_major,
-                     device.cc_minor, device.sm_count, kernel, mods_hash, to_string(dtype),
-                     head_dim_qk, head_dim_v, gqa_ratio, bucket);
+  return fmt::format("{}|{}.{}|{}|{}|mods {}|{}|{}/{}|gqa{}|{}|fixed {}", device.name,
+                     device.cc_major, device.cc_minor, device.sm_count, kernel, mods_hash,
+                     to_string(dtype), head_dim_qk, head_dim_v, gqa_ratio, bucket,
+                     fixed.empty() ? "none" : fixed);
 }
 
 TuningKey make_key(const DeviceIdentity& device, const kernels::KernelDesc& problem,
-                   uint64_t mods_hash, const kernels::InputFacts& facts) {
+                   uint64_t mods_hash, const kernels::InputFacts& facts,
+                   const kernels::Params& fixed) {
   kernels::KernelDesc d = problem;
   d.config = {};
   TuningKey k;
@@ -49,6 +51,7 @@ TuningKey make_key(const DeviceIdentity& device, const kernels::KernelDesc& prob
   k.head_dim_v = problem.head_dim_v;
   k.gqa_ratio = problem.gqa_ratio;
   k.bucket = shape_bucket(facts);
+  k.fixed = fixed.str();
   return k;
 }
 

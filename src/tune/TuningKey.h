@@ -37,15 +37,20 @@ struct TuningKey {
   DType dtype = DType::BF16;
   int head_dim_qk = 0, head_dim_v = 0, gqa_ratio = 1;
   std::string bucket;
+  // The config values the caller fixed ("num_warps=4"; empty: none): a search under them
+  // varies the rest only, so its winner is stored apart from an unconstrained one.
+  std::string fixed;
 
   // One line, the record's identity in the tuning file:
-  // "NVIDIA H100 80GB HBM3|9.0|132|forward/sm80_mma sm_90a ...|mods 5f1e...|bf16|128/128|gqa1|q4096 ..."
+  // "NVIDIA H100 80GB HBM3|9.0|132|forward/sm80_mma sm_90a ...|mods 5f1e...|bf16|128/128|gqa1|
+  //  q4096 kv4096 mask128x128|fixed none"
   std::string str() const;
   bool operator==(const TuningKey&) const = default;
 };
 
 // The key of a planned step: `problem` with its variant set (its config is dropped).
 TuningKey make_key(const DeviceIdentity& device, const kernels::KernelDesc& problem,
-                   uint64_t mods_hash, const kernels::InputFacts& facts);
+                   uint64_t mods_hash, const kernels::InputFacts& facts,
+                   const kernels::Params& fixed = {});
 
 }  // namespace flexjit::tune

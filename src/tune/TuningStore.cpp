@@ -80,6 +80,7 @@ json record_to_json(const TuningRecord& r) {
           {"head_dims", {k.head_dim_qk, k.head_dim_v}},
           {"gqa_ratio", k.gqa_ratio},
           {"bucket", k.bucket},
+          {"fixed", k.fixed},
           {"config", params_json(r.config)},
           {"time_ms", r.time_ms},
           {"default_config", params_json(r.default_config)},
@@ -112,6 +113,7 @@ TuningRecord record_from_json(const json& j) {
   k.head_dim_v = dims[1];
   k.gqa_ratio = field<int>(j, "gqa_ratio");
   k.bucket = field<std::string>(j, "bucket");
+  k.fixed = field<std::string>(j, "fixed");
   if (field<std::string>(j, "key") != k.str()) {
     throw UnsupportedError("its 'key' does not match its fields (edited or corrupted)");
   }

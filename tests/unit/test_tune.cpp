@@ -181,6 +181,11 @@ TEST_CASE("shape buckets and tuning keys", "[tune]") {
   CHECK(!(tune::make_key(h100, p, 0xabcULL, f2) == k));
   CHECK(!(tune::make_key({"NVIDIA A100", 8, 0, 108}, p, 0xabcULL, f) == k));
   CHECK(!(tune::make_key(h100, p, 0xabdULL, f) == k));
+  // A search under values the caller fixed is stored apart.
+  const tune::TuningKey fixed = tune::make_key(h100, p, 0xabcULL, f, Params{{"num_warps", 4}});
+  CHECK(!(fixed == k));
+  CHECK_THAT(fixed.str(), Catch::EndsWith("|fixed num_warps=4"));
+  CHECK_THAT(k.str(), Catch::EndsWith("|q4096 kv4096 mask128x128|fixed none"));
   // The mods' structure, not their parameter values or names.
   Mods a = standard_mods("softcap_causal"), b = standard_mods("softcap_causal");
   b.name = "other";

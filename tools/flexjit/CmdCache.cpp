@@ -157,8 +157,10 @@ void register_cache(CLI::App& app) {
     fmt::print("tuning    {} ({} tuned workloads)\n", store.file().string(), records.size());
     if (!store.problem().empty()) fmt::print("          {}\n", store.problem());
     for (const auto& r : records) {
-      fmt::print("  {} [{}] mods {} on {}: {} {:.4f} ms (default {} {:.4f} ms)\n",
-                 printable(r.key.kernel), printable(r.key.bucket), r.key.mods_hash.substr(0, 8),
+      fmt::print("  {} [{}{}] mods {} on {}: {} {:.4f} ms (default {} {:.4f} ms)\n",
+                 printable(r.key.kernel), printable(r.key.bucket),
+                 r.key.fixed.empty() ? "" : ", fixed " + printable(r.key.fixed),
+                 printable(r.key.mods_hash.substr(0, 8)),
                  printable(r.key.device.name), r.config.str(), r.time_ms,
                  r.default_config.str(), r.default_ms);
     }
