@@ -10,8 +10,8 @@
 #include "kernels/forward/Forward.h"
 #include "runtime/ContextImpl.h"
 #include "runtime/CudaDriver.h"
-#include "runtime/ModArgs.h"
 #include "runtime/ForwardPlan.h"
+#include "runtime/ModArgs.h"
 #include "runtime/Plan.h"
 #include "util/Log.h"
 
@@ -214,8 +214,8 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
 
 // One forward step: the registry's variant for this arch and these inputs (or the one named in
 // options.variant), its config resolved from options.config.
-runtime::Plan plan_forward(Context& ctx, const ValidatedCall& call,
-                           const AttentionOptions& options, const tune::StepTuning& tuning) {
+runtime::Plan plan_forward(Context& ctx, const ValidatedCall& call, const AttentionOptions& options,
+                           const tune::StepTuning& tuning) {
   const QkvShape& s = call.inputs.shape;
   const bool full_blocks = options.block_mask != nullptr &&
                            options.block_mask->full_kv_num_blocks.defined() &&
@@ -257,8 +257,8 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
     write_empty_kv_result(out, lse, options.stream);
     return;
   }
-  const runtime::Plan plan = plan_forward(
-      ctx, call, options, tune::step_tuning(ctx, options.autotune, options.stream));
+  const runtime::Plan plan =
+      plan_forward(ctx, call, options, tune::step_tuning(ctx, options.autotune, options.stream));
   const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
   runtime::launch_plan(*impl.device, plan, built, static_cast<runtime::CuStream>(options.stream),
                        options.workspace);

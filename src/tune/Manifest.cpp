@@ -23,9 +23,9 @@ namespace {
 
 using nlohmann::json;
 
-const std::set<std::string> kWorkloadKeys = {"name",       "kind",       "mods",   "mods_file",
-                                             "mods_text",  "dtypes",     "head_dims",
-                                             "gqa_ratios", "shapes",     "archs",  "block_size"};
+const std::set<std::string> kWorkloadKeys = {"name",      "kind",   "mods",      "mods_file",
+                                             "mods_text", "dtypes", "head_dims", "gqa_ratios",
+                                             "shapes",    "archs",  "block_size"};
 
 class EntryError {
  public:
@@ -91,8 +91,9 @@ Workload parse_workload(const json& j, size_t index, const std::filesystem::path
   }
   const int sources = j.contains("mods") + j.contains("mods_file") + j.contains("mods_text");
   if (sources != 1) {
-    err.fail("give the mods as exactly one of \"mods\" (a standard name), \"mods_file\" (a .fx "
-             "file) or \"mods_text\" (inline .fx text)");
+    err.fail(
+        "give the mods as exactly one of \"mods\" (a standard name), \"mods_file\" (a .fx "
+        "file) or \"mods_text\" (inline .fx text)");
   }
   try {
     if (j.contains("mods")) {
@@ -123,7 +124,8 @@ Workload parse_workload(const json& j, size_t index, const std::filesystem::path
   }
 
   if (j.contains("dtypes")) {
-    if (!j.at("dtypes").is_array() || j.at("dtypes").empty()) err.fail("'dtypes' must be a non-empty list");
+    if (!j.at("dtypes").is_array() || j.at("dtypes").empty())
+      err.fail("'dtypes' must be a non-empty list");
     for (const json& d : j.at("dtypes")) {
       auto dt = d.is_string() ? parse_dtype(d.get<std::string>()) : std::nullopt;
       if (!dt || (*dt != DType::BF16 && *dt != DType::F16 && *dt != DType::F32)) {
@@ -171,8 +173,9 @@ Workload parse_workload(const json& j, size_t index, const std::filesystem::path
     w.gqa_ratios = {1};
   }
   if (!j.contains("shapes") || !j.at("shapes").is_array() || j.at("shapes").empty()) {
-    err.fail("'shapes' must be a non-empty list of {\"batch\", \"heads\", \"seqlen\"} objects "
-             "(or seqlen_q / seqlen_kv)");
+    err.fail(
+        "'shapes' must be a non-empty list of {\"batch\", \"heads\", \"seqlen\"} objects "
+        "(or seqlen_q / seqlen_kv)");
   }
   for (const json& s : j.at("shapes")) {
     if (!s.is_object()) err.fail(fmt::format("shape {} is not an object", s.dump()));
@@ -195,8 +198,8 @@ Workload parse_workload(const json& j, size_t index, const std::filesystem::path
   if (j.contains("block_size")) {
     const json& b = j.at("block_size");
     if (!b.is_number_integer() || b.get<int>() < 0 || b.get<int>() % 16 != 0) {
-      err.fail(fmt::format("block_size {} must be 0 (no block mask) or a multiple of 16",
-                           b.dump()));
+      err.fail(
+          fmt::format("block_size {} must be 0 (no block mask) or a multiple of 16", b.dump()));
     }
     w.block_size = b.get<int>();
   }
@@ -219,9 +222,10 @@ Manifest parse_manifest(const std::string& text, const std::filesystem::path& fi
   if (j.is_object()) {
     for (const auto& [key, _] : j.items()) {
       if (key != "archs" && key != "workloads") {
-        throw Error(fmt::format("{}: unknown top-level field '{}'; a manifest has \"archs\" and "
-                                "\"workloads\"",
-                                file.string(), key));
+        throw Error(
+            fmt::format("{}: unknown top-level field '{}'; a manifest has \"archs\" and "
+                        "\"workloads\"",
+                        file.string(), key));
       }
     }
     if (j.contains("archs")) m.archs = arch_list(j.at("archs"), EntryError(file, 0, ""), "archs");
@@ -267,7 +271,8 @@ kernels::InputFacts workload_forward_facts(const Workload& w, const WorkloadShap
   kernels::InputFacts f;
   f.seqlen_q = s.seqlen_q;
   f.seqlen_kv = s.seqlen_kv;
-  if (w.block_size > 0 && w.mods.mask_mod.defined()) f.mask_q_block = f.mask_kv_block = w.block_size;
+  if (w.block_size > 0 && w.mods.mask_mod.defined())
+    f.mask_q_block = f.mask_kv_block = w.block_size;
   return f;
 }
 
@@ -291,11 +296,11 @@ WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& a
     }
     for (kernels::Family fam : families_of_kind(w.kind)) {
       if (reg.variants(fam).empty()) {
-        plan.notes.push_back(fmt::format("{}: workload {}{}: no variant registered for "
-                                         "family {} (kind {}); nothing to compile for it",
-                                         manifest.file.string(), w.index,
-                                         w.named ? fmt::format(" ('{}')", w.name) : "",
-                                         kernels::to_string(fam), w.kind));
+        plan.notes.push_back(fmt::format(
+            "{}: workload {}{}: no variant registered for "
+            "family {} (kind {}); nothing to compile for it",
+            manifest.file.string(), w.index, w.named ? fmt::format(" ('{}')", w.name) : "",
+            kernels::to_string(fam), w.kind));
         continue;
       }
       for (const std::string& arch : archs) {
@@ -304,7 +309,8 @@ WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& a
             for (int gqa : w.gqa_ratios) {
               try {
                 if (fam == kernels::Family::Forward) {
-                  const kernels::KernelDesc problem = workload_forward_problem(w, arch, dt, hd, gqa);
+                  const kernels::KernelDesc problem =
+                      workload_forward_problem(w, arch, dt, hd, gqa);
                   for (const WorkloadShape& s : w.shapes) {
                     const kernels::InputFacts facts = workload_forward_facts(w, s);
                     add(w, reg.complete(problem, facts), true);

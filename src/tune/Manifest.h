@@ -30,17 +30,17 @@ struct WorkloadShape {
 
 struct Workload {
   size_t index = 0;
-  std::string name;           // "workload 3" when not given
-  bool named = false;         // the manifest gave the name
-  std::string kind;           // "forward" | "backward" | "decode"
-  std::string mods_spec;      // the standard name, the file, or "<inline>"
+  std::string name;            // "workload 3" when not given
+  bool named = false;          // the manifest gave the name
+  std::string kind;            // "forward" | "backward" | "decode"
+  std::string mods_spec;       // the standard name, the file, or "<inline>"
   bool standard_mods = false;  // mods_spec is a standard name
   Mods mods;
-  std::vector<DType> dtypes;                    // default: bf16
-  std::vector<std::pair<int, int>> head_dims;   // (qk, v); default: (128, 128)
-  std::vector<int> gqa_ratios;                  // default: 1
-  std::vector<WorkloadShape> shapes;            // at least one
-  std::vector<std::string> archs;               // default: the manifest's
+  std::vector<DType> dtypes;                   // default: bf16
+  std::vector<std::pair<int, int>> head_dims;  // (qk, v); default: (128, 128)
+  std::vector<int> gqa_ratios;                 // default: 1
+  std::vector<WorkloadShape> shapes;           // at least one
+  std::vector<std::string> archs;              // default: the manifest's
   int block_size = 128;  // the block mask's sparse block when the mods have a mask_mod (0: none)
 };
 
@@ -82,8 +82,8 @@ WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& a
                      bool all_configs);
 
 // The forward problem and input facts of a workload shape as flex_attention plans them.
-kernels::KernelDesc workload_forward_problem(const Workload& w, const std::string& arch, DType dtype,
-                                             std::pair<int, int> head_dims, int gqa);
+kernels::KernelDesc workload_forward_problem(const Workload& w, const std::string& arch,
+                                             DType dtype, std::pair<int, int> head_dims, int gqa);
 kernels::InputFacts workload_forward_facts(const Workload& w, const WorkloadShape& s);
 
 }  // namespace flexjit::tune

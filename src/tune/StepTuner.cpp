@@ -124,9 +124,9 @@ std::string config_text(const kernels::Params& p) {
 }
 
 void print_record(const TuningRecord& r, double seconds) {
-  std::string s = fmt::format("flexjit autotune: {} [{}] on {} ({} candidates, {} pruned, {:.1f} s)\n",
-                              r.key.kernel, r.key.bucket, r.key.device.str(), r.candidates.size(),
-                              r.pruned.size(), seconds);
+  std::string s = fmt::format(
+      "flexjit autotune: {} [{}] on {} ({} candidates, {} pruned, {:.1f} s)\n", r.key.kernel,
+      r.key.bucket, r.key.device.str(), r.candidates.size(), r.pruned.size(), seconds);
   for (const CandidateTiming& c : r.candidates) {
     const bool is_default = c.config == r.default_config;
     if (c.median_ms >= 0) {
@@ -181,7 +181,8 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
   }
   // Compile in parallel through the context's builder (memo, memory and disk caches, NVRTC).
   {
-    ThreadPool pool(std::min<size_t>(cands.size(), std::max(1u, std::thread::hardware_concurrency())));
+    ThreadPool pool(
+        std::min<size_t>(cands.size(), std::max(1u, std::thread::hardware_concurrency())));
     parallel_for(pool, cands.size(), [&](size_t i) {
       Candidate& c = cands[i];
       if (c.status != "ok") return;
@@ -229,7 +230,8 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
   run(cands[0]);
   sync();
   const std::vector<std::vector<double>> reference = read_outputs();
-  if (io.outputs.empty()) FJ_LOG("tune", "{}: outputs not compared (the family names none)", key.kernel);
+  if (io.outputs.empty())
+    FJ_LOG("tune", "{}: outputs not compared (the family names none)", key.kernel);
   for (size_t i = 1; i < cands.size(); ++i) {
     Candidate& c = cands[i];
     if (c.status != "ok") continue;
@@ -394,11 +396,11 @@ kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelD
       }
       return rec->config;
     } catch (const UnsupportedError& e) {
-      files::warn_once("tune",
-                       fmt::format("the stored tuned config {} for {} [{}] is not valid any more "
-                                   "({}); {}",
-                                   rec->config.str(), key.kernel, key.bucket, first_line(e.what()),
-                                   tuning.mode == Mode::Search ? "retuning" : "using the defaults"));
+      files::warn_once(
+          "tune", fmt::format("the stored tuned config {} for {} [{}] is not valid any more "
+                              "({}); {}",
+                              rec->config.str(), key.kernel, key.bucket, first_line(e.what()),
+                              tuning.mode == Mode::Search ? "retuning" : "using the defaults"));
     }
   }
   if (tuning.mode != Mode::Search) {

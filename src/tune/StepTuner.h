@@ -52,8 +52,7 @@ StepTuning step_tuning(Context& ctx, AutotuneMode mode, void* stream);
 
 // What the tuner needs of a step beyond the Variant interface; plan_step binds it.
 struct StepIo {
-  std::function<std::vector<kernels::Launch>(const kernels::KernelDesc&, void* workspace)>
-      launches;
+  std::function<std::vector<kernels::Launch>(const kernels::KernelDesc&, void* workspace)> launches;
   std::function<size_t(const kernels::KernelDesc&)> workspace_bytes;
   std::vector<TensorRef> outputs;  // compared with the default's; empty: not compared
 };

@@ -52,8 +52,8 @@ T field(const json& j, const char* name) {
 }
 
 std::string now_utc() {
-  return fmt::format("{:%FT%TZ}", std::chrono::floor<std::chrono::seconds>(
-                                      std::chrono::system_clock::now()));
+  return fmt::format("{:%FT%TZ}",
+                     std::chrono::floor<std::chrono::seconds>(std::chrono::system_clock::now()));
 }
 
 }  // namespace
@@ -125,9 +125,8 @@ TuningRecord record_from_json(const json& j) {
   for (const json& c : field<json>(j, "candidates")) {
     CandidateTiming t;
     t.config = params_from(field<json>(c, "config"), "candidates[].config");
-    t.median_ms = c.contains("time_ms") && c.at("time_ms").is_number()
-                      ? c.at("time_ms").get<double>()
-                      : -1;
+    t.median_ms =
+        c.contains("time_ms") && c.at("time_ms").is_number() ? c.at("time_ms").get<double>() : -1;
     t.status = field<std::string>(c, "status");
     r.candidates.push_back(std::move(t));
   }
@@ -163,14 +162,14 @@ std::vector<TuningRecord> parse_tuning_file(const std::string& text) {
   }
   const int version = j.value("version", -1);
   if (version != kTuningFormatVersion) {
-    throw UnsupportedError(
-        fmt::format("it has format version {}; this flexjit reads {}", version, kTuningFormatVersion));
+    throw UnsupportedError(fmt::format("it has format version {}; this flexjit reads {}", version,
+                                       kTuningFormatVersion));
   }
   const std::string by = j.value("flexjit", "");
   if (by != FLEXJIT_VERSION) {
-    throw UnsupportedError(fmt::format(
-        "it was written by flexjit {}; this is {} (kernels may have changed: stale)", by,
-        FLEXJIT_VERSION));
+    throw UnsupportedError(
+        fmt::format("it was written by flexjit {}; this is {} (kernels may have changed: stale)",
+                    by, FLEXJIT_VERSION));
   }
   if (!j.contains("records") || !j.at("records").is_array()) {
     throw UnsupportedError("'records' is not a list");
@@ -225,9 +224,10 @@ void TuningStore::load_locked() {
       why = e.what();
     }
   }
-  problem_ = fmt::format("the tuning file {} is ignored: {}; its workloads are retuned (search) or "
-                         "use the defaults (cached), and the next tuning result replaces it",
-                         file_.string(), why);
+  problem_ = fmt::format(
+      "the tuning file {} is ignored: {}; its workloads are retuned (search) or "
+      "use the defaults (cached), and the next tuning result replaces it",
+      file_.string(), why);
   files::warn_once("tune", problem_);
   // What this process tuned is kept; the file's contents are not trusted.
 }
@@ -265,7 +265,8 @@ void TuningStore::put(const TuningRecord& r) {
   if (!replaced) records_.push_back(rec);
   if (file_.empty()) return;
   try {
-    const files::DirCheck dir = files::open_private_dir(file_.parent_path(), "kernel cache directory");
+    const files::DirCheck dir =
+        files::open_private_dir(file_.parent_path(), "kernel cache directory");
     if (dir.state != files::DirState::Writable) {
       throw CacheError(dir.problem.empty() ? "the directory is not writable" : dir.problem);
     }

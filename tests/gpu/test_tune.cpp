@@ -48,8 +48,7 @@ class WrongConfigProbe : public kernels::ForwardSm80Mma {
     return {default_config(p), bad()};
   }
   std::vector<kernels::Launch> launches(const kernels::KernelDesc& desc,
-                                        const kernels::ForwardInputs& in,
-                                        void* ws) const override {
+                                        const kernels::ForwardInputs& in, void* ws) const override {
     if (!(desc.config == bad())) return ForwardSm80Mma::launches(desc, in, ws);
     kernels::ForwardInputs wrong = in;
     wrong.scale = 2.0f / std::sqrt(static_cast<float>(desc.head_dim_qk));
@@ -133,14 +132,12 @@ TEST_CASE("search stores a winner; a cached call uses it without timing", "[gpu]
              Catch::Contains("block_m=" + std::to_string(o.config.block_m)));
 }
 
-TEST_CASE("a candidate config whose output differs from the default's is rejected",
-          "[gpu][tune]") {
+TEST_CASE("a candidate config whose output differs from the default's is rejected", "[gpu][tune]") {
   FJ_REQUIRE_GPU_OR_SKIP(shared);
   (void)shared;
   static std::once_flag once;
-  std::call_once(once, [] {
-    kernels::Registry::global().add(std::make_unique<WrongConfigProbe>());
-  });
+  std::call_once(once,
+                 [] { kernels::Registry::global().add(std::make_unique<WrongConfigProbe>()); });
   TempDir dir;
   ContextOptions copts;
   copts.cache_dir = dir.path().string();

@@ -142,8 +142,8 @@ TEST_CASE("flexjit tune warms a cache that is resumable and relocatable", "[cli]
   CHECK_THAT(r.output, Catch::Contains("sm_80    forward                1"));
   CHECK_THAT(r.output, Catch::Contains("sm_80    block_mask             1"));
   CHECK_THAT(r.output, Catch::Contains("(1 tuned workloads)"));
-  CHECK_THAT(r.output, Catch::Contains("[q256 kv256 mask128x128]") &&
-                           Catch::Contains("block_m=64"));
+  CHECK_THAT(r.output,
+             Catch::Contains("[q256 kv256 mask128x128]") && Catch::Contains("block_m=64"));
   r = cli(env_for(a), "cache stats --json");
   CHECK(json_of(r.output)["by_arch_family"]["sm_80"]["forward"] == 1);
   CHECK(json_of(r.output)["tuning"].size() == 1);

@@ -35,8 +35,8 @@ const kernels::Variant& sm80() {
 }
 
 kernels::KernelDesc fwd_problem(const char* arch = "sm_90a", int d = 128) {
-  kernels::KernelDesc p = kernels::forward_problem(cuda::Arch::parse(arch), DType::BF16, d, d, 1,
-                                                   false, true);
+  kernels::KernelDesc p =
+      kernels::forward_problem(cuda::Arch::parse(arch), DType::BF16, d, d, 1, false, true);
   p.variant = "sm80_mma";
   return p;
 }
@@ -56,7 +56,8 @@ tune::TuningRecord sample_record() {
   r.time_ms = 0.5;
   r.default_config = {{"block_m", 128}, {"block_n", 64}, {"num_stages", 2}, {"num_warps", 4}};
   r.default_ms = 0.6;
-  r.candidates = {{r.default_config, 0.6, "ok"}, {r.config, 0.5, "ok"},
+  r.candidates = {{r.default_config, 0.6, "ok"},
+                  {r.config, 0.5, "ok"},
                   {{{"block_m", 64}, {"block_n", 32}, {"num_stages", 1}, {"num_warps", 4}},
                    -1,
                    "compile failed: x"}};
@@ -316,7 +317,8 @@ TEST_CASE("a candidate's output is compared with the dtype's tolerance", "[tune]
   CHECK_THAT(tune::compare_outputs(DType::BF16, {1.0, 0.5}, {1.0, 0.75}),
              Catch::Contains("element 1: 0.75 vs 0.5"));
   CHECK(!tune::compare_outputs(DType::F16, {1.0}, {1.01}).empty());
-  CHECK(tune::compare_outputs(DType::F32, {-inf, 3.0}, {-inf, 3.001}).empty());  // LSE of empty rows
+  CHECK(
+      tune::compare_outputs(DType::F32, {-inf, 3.0}, {-inf, 3.001}).empty());  // LSE of empty rows
   CHECK(!tune::compare_outputs(DType::F32, {-inf}, {0.0}).empty());
   CHECK(!tune::compare_outputs(DType::F32, {1.0}, {nan}).empty());
   CHECK(!tune::compare_outputs(DType::F32, {1.0, 2.0}, {1.0}).empty());
@@ -366,35 +368,52 @@ std::string manifest_error(const std::string& text) {
 TEST_CASE("bad manifests fail with the file, the entry's index and the problem", "[tune]") {
   const std::string ok = R"({"mods": "causal", "shapes": [{"heads": 4, "seqlen": 512}]})";
   CHECK(manifest_error("[" + ok + "]").empty());
-  CHECK_THAT(manifest_error("[" + ok + ","),
-             Catch::StartsWith("deploy.json: not valid JSON"));
-  CHECK_THAT(manifest_error("[" + ok + R"(, {"mods": "casual", "shapes": [{"heads": 4, "seqlen": 8}]}])"),
-             Catch::StartsWith("deploy.json: workload 1: unknown mod 'casual'; the standard mods "
-                               "are: alibi"));
-  CHECK_THAT(manifest_error(R"([{"name": "x", "mods": "causal", "dtypes": ["f64"], "shapes": [{"heads": 4, "seqlen": 8}]}])"),
-             Catch::StartsWith("deploy.json: workload 0 ('x'): dtype \"f64\" is not one of bf16, "
-                               "f16, f32"));
-  CHECK_THAT(manifest_error(R"([{"mods": "causal", "head_dims": [96], "shapes": [{"heads": 4, "seqlen": 8}]}])"),
-             Catch::StartsWith("deploy.json: workload 0: forward bf16 d=96/96 gqa=1 for sm_80:") &&
-                 Catch::Contains("head_dim_qk = 96; supported: 64, 128, 256"));
-  CHECK_THAT(manifest_error(R"([{"mods": "causal", "head_dims": [-1], "shapes": [{"heads": 4, "seqlen": 8}]}])"),
-             Catch::Contains("workload 0: head dim -1 is out of range"));
-  CHECK_THAT(manifest_error(R"([{"mods": "causal", "gqa_ratios": [3], "shapes": [{"heads": 4, "seqlen": 8}]}])"),
-             Catch::Contains("workload 0: heads 4 is not a multiple of gqa ratio 3"));
+  CHECK_THAT(manifest_error("[" + ok + ","), Catch::StartsWith("deploy.json: not valid JSON"));
+  CHECK_THAT(
+      manifest_error("[" + ok + R"(, {"mods": "casual", "shapes": [{"heads": 4, "seqlen": 8}]}])"),
+      Catch::StartsWith("deploy.json: workload 1: unknown mod 'casual'; the standard mods "
+                        "are: alibi"));
+  CHECK_THAT(
+      manifest_error(
+          R"([{"name": "x", "mods": "causal", "dtypes": ["f64"], "shapes": [{"heads": 4, "seqlen": 8}]}])"),
+      Catch::StartsWith("deploy.json: workload 0 ('x'): dtype \"f64\" is not one of bf16, "
+                        "f16, f32"));
+  CHECK_THAT(
+      manifest_error(
+          R"([{"mods": "causal", "head_dims": [96], "shapes": [{"heads": 4, "seqlen": 8}]}])"),
+      Catch::StartsWith("deploy.json: workload 0: forward bf16 d=96/96 gqa=1 for sm_80:") &&
+          Catch::Contains("head_dim_qk = 96; supported: 64, 128, 256"));
+  CHECK_THAT(
+      manifest_error(
+          R"([{"mods": "causal", "head_dims": [-1], "shapes": [{"heads": 4, "seqlen": 8}]}])"),
+      Catch::Contains("workload 0: head dim -1 is out of range"));
+  CHECK_THAT(
+      manifest_error(
+          R"([{"mods": "causal", "gqa_ratios": [3], "shapes": [{"heads": 4, "seqlen": 8}]}])"),
+      Catch::Contains("workload 0: heads 4 is not a multiple of gqa ratio 3"));
   CHECK_THAT(manifest_error(R"([{"mods": "causal", "shape": []}])"),
              Catch::Contains("workload 0: unknown field 'shape'"));
-  CHECK_THAT(manifest_error(R"([{"mods": "causal", "mods_text": "x", "shapes": [{"heads": 4, "seqlen": 8}]}])"),
-             Catch::Contains("workload 0: give the mods as exactly one of"));
-  CHECK_THAT(manifest_error(R"([{"mods_text": "score_mod = score +", "shapes": [{"heads": 4, "seqlen": 8}]}])"),
-             Catch::StartsWith("deploy.json: workload 0: mods:"));
-  CHECK_THAT(manifest_error(R"([{"mods": "causal", "kind": "training", "shapes": [{"heads": 4, "seqlen": 8}]}])"),
-             Catch::Contains("kind 'training' is not one of forward, backward, decode"));
-  CHECK_THAT(manifest_error(R"([{"mods": "causal", "archs": ["sm_70"], "shapes": [{"heads": 4, "seqlen": 8}]}])"),
-             Catch::Contains("workload 0: ") && Catch::Contains("sm_70"));
+  CHECK_THAT(
+      manifest_error(
+          R"([{"mods": "causal", "mods_text": "x", "shapes": [{"heads": 4, "seqlen": 8}]}])"),
+      Catch::Contains("workload 0: give the mods as exactly one of"));
+  CHECK_THAT(
+      manifest_error(
+          R"([{"mods_text": "score_mod = score +", "shapes": [{"heads": 4, "seqlen": 8}]}])"),
+      Catch::StartsWith("deploy.json: workload 0: mods:"));
+  CHECK_THAT(
+      manifest_error(
+          R"([{"mods": "causal", "kind": "training", "shapes": [{"heads": 4, "seqlen": 8}]}])"),
+      Catch::Contains("kind 'training' is not one of forward, backward, decode"));
+  CHECK_THAT(
+      manifest_error(
+          R"([{"mods": "causal", "archs": ["sm_70"], "shapes": [{"heads": 4, "seqlen": 8}]}])"),
+      Catch::Contains("workload 0: ") && Catch::Contains("sm_70"));
   CHECK_THAT(manifest_error(R"([{"mods": "causal", "shapes": [{"heads": 0, "seqlen": 8}]}])"),
              Catch::Contains("shape field 'heads' is 0"));
   CHECK_THAT(manifest_error("[]"), Catch::Contains("deploy.json: the workload list is empty"));
-  CHECK_THAT(manifest_error(R"({"workload": []})"), Catch::Contains("unknown top-level field 'workload'"));
+  CHECK_THAT(manifest_error(R"({"workload": []})"),
+             Catch::Contains("unknown top-level field 'workload'"));
 }
 
 TEST_CASE("the example manifest covers the standard mods; unregistered families are reported",
@@ -412,7 +431,8 @@ TEST_CASE("the example manifest covers the standard mods; unregistered families 
   bool noted = false;
   for (const std::string& n : plan.notes) {
     if (kernels::Registry::global().variants(kernels::Family::BackwardDkDv).empty()) {
-      noted = noted || n.find("no variant registered for family backward_dkdv") != std::string::npos;
+      noted =
+          noted || n.find("no variant registered for family backward_dkdv") != std::string::npos;
     } else {
       noted = true;
     }

@@ -142,7 +142,7 @@ struct AttentionBenchOptions {
   bool no_flush = false;
   bool use_cache = false;  // the user's kernel cache instead of a fresh one
   int device = 0;
-  BlockConfig config;  // zeros: the defaults table
+  BlockConfig config;    // zeros: the defaults table
   std::string autotune;  // empty: FLEXJIT_AUTOTUNE; else off | cached | search, beside the default
 };
 
@@ -229,10 +229,11 @@ void print_table_row(const AttentionRow& r) {
         r.density, r.fwd_ms, r.fwd_tflops, r.first_call_s,
         r.nonfinite ? fmt::format("  ({} non-finite outputs!)", r.nonfinite) : "");
     if (r.tuned) {
-      fmt::print("{:<18} default {} {:.1f} TFLOP/s -> tuned {} {:.1f} TFLOP/s ({:+.1f}%, tuning "
-                 "{:.1f} s)\n",
-                 "", r.config, r.fwd_tflops, r.tuned_config, r.tuned_tflops,
-                 r.fwd_tflops > 0 ? 100.0 * (r.tuned_tflops / r.fwd_tflops - 1) : 0.0, r.tune_s);
+      fmt::print(
+          "{:<18} default {} {:.1f} TFLOP/s -> tuned {} {:.1f} TFLOP/s ({:+.1f}%, tuning "
+          "{:.1f} s)\n",
+          "", r.config, r.fwd_tflops, r.tuned_config, r.tuned_tflops,
+          r.fwd_tflops > 0 ? 100.0 * (r.tuned_tflops / r.fwd_tflops - 1) : 0.0, r.tune_s);
     } else if (!r.config.empty()) {
       fmt::print("{:<18} config {}\n", "", r.config);
     }
@@ -435,11 +436,11 @@ void run_attention_bench(const AttentionBenchOptions& o) {
         topt.autotune =
             *tuned_mode == tune::Mode::Search ? AutotuneMode::Search : AutotuneMode::Cached;
         // The first tuned call searches (or finds the stored winner), then runs the winner.
-        row.tune_s = 1e-3 * time_ms([&] {
-                       flex_attention_into(ctx, sets[0].q, sets[0].k, sets[0].v, out, nullptr,
-                                           topt);
-                       ctx.synchronize();
-                     });
+        row.tune_s =
+            1e-3 * time_ms([&] {
+              flex_attention_into(ctx, sets[0].q, sets[0].k, sets[0].v, out, nullptr, topt);
+              ctx.synchronize();
+            });
         row.tuned_config =
             config_of(runtime::describe_forward_plan(ctx, sets[0].q, sets[0].k, sets[0].v, topt));
         size_t next2 = 0;

@@ -160,9 +160,8 @@ void register_cache(CLI::App& app) {
       fmt::print("  {} [{}{}] mods {} on {}: {} {:.4f} ms (default {} {:.4f} ms)\n",
                  printable(r.key.kernel), printable(r.key.bucket),
                  r.key.fixed.empty() ? "" : ", fixed " + printable(r.key.fixed),
-                 printable(r.key.mods_hash.substr(0, 8)),
-                 printable(r.key.device.name), r.config.str(), r.time_ms,
-                 r.default_config.str(), r.default_ms);
+                 printable(r.key.mods_hash.substr(0, 8)), printable(r.key.device.name),
+                 r.config.str(), r.time_ms, r.default_config.str(), r.default_ms);
     }
   });
 

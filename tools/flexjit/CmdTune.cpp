@@ -26,10 +26,10 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstring>
-#include <map>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -58,7 +58,9 @@ double seconds_since(Clock::time_point t0) {
 class Progress {
  public:
   Progress(size_t total, bool quiet)
-      : total_(total), tty_(!quiet && isatty(fileno(stderr)) != 0), quiet_(quiet),
+      : total_(total),
+        tty_(!quiet && isatty(fileno(stderr)) != 0),
+        quiet_(quiet),
         start_(Clock::now()) {}
   void step(const std::string& what, const std::string& outcome) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -184,8 +186,8 @@ struct TimedItem {
 };
 
 // Times every forward workload shape on the GPU (search mode: a stored winner is kept).
-std::vector<TimedItem> time_workloads(const tune::Manifest& m, const std::vector<std::string>& archs,
-                                      bool quiet) {
+std::vector<TimedItem> time_workloads(const tune::Manifest& m,
+                                      const std::vector<std::string>& archs, bool quiet) {
   std::vector<TimedItem> items;
   Context ctx;
   const std::string device_arch = ctx.arch();
@@ -205,9 +207,10 @@ std::vector<TimedItem> time_workloads(const tune::Manifest& m, const std::vector
       }
     }
     if (!unknown.empty()) {
-      items.push_back({w.name, fmt::format("skipped: buffer {} has a dimension flexjit tune cannot "
-                                           "size (it knows B, H, Hq, Hkv, S, Sq, Skv, R and numbers)",
-                                           unknown)});
+      items.push_back(
+          {w.name, fmt::format("skipped: buffer {} has a dimension flexjit tune cannot "
+                               "size (it knows B, H, Hq, Hkv, S, Sq, Skv, R and numbers)",
+                               unknown)});
       continue;
     }
     for (DType dt : w.dtypes) {
@@ -215,9 +218,9 @@ std::vector<TimedItem> time_workloads(const tune::Manifest& m, const std::vector
         for (int gqa : w.gqa_ratios) {
           for (const tune::WorkloadShape& s : w.shapes) {
             TimedItem item;
-            item.what = fmt::format("{} {} d={}/{} gqa={} B={} H={} Sq={} Skv={}", w.name,
-                                    to_string(dt), hd.first, hd.second, gqa, s.batch, s.heads_q,
-                                    s.seqlen_q, s.seqlen_kv);
+            item.what =
+                fmt::format("{} {} d={}/{} gqa={} B={} H={} Sq={} Skv={}", w.name, to_string(dt),
+                            hd.first, hd.second, gqa, s.batch, s.heads_q, s.seqlen_q, s.seqlen_kv);
             const auto t0 = Clock::now();
             try {
               const int64_t hkv = s.heads_q / gqa;
@@ -230,12 +233,12 @@ std::vector<TimedItem> time_workloads(const tune::Manifest& m, const std::vector
                   n *= static_cast<size_t>(x);
                 return n;
               };
-              DeviceTensor q = DeviceTensor::from_host(ctx, dt, qs,
-                                                       random_tensor(dt, numel(qs), 1).data());
-              DeviceTensor k = DeviceTensor::from_host(ctx, dt, ks,
-                                                       random_tensor(dt, numel(ks), 2).data());
-              DeviceTensor v = DeviceTensor::from_host(ctx, dt, vs,
-                                                       random_tensor(dt, numel(vs), 3).data());
+              DeviceTensor q =
+                  DeviceTensor::from_host(ctx, dt, qs, random_tensor(dt, numel(qs), 1).data());
+              DeviceTensor k =
+                  DeviceTensor::from_host(ctx, dt, ks, random_tensor(dt, numel(ks), 2).data());
+              DeviceTensor v =
+                  DeviceTensor::from_host(ctx, dt, vs, random_tensor(dt, numel(vs), 3).data());
               AttentionOptions o;
               o.mods = w.mods;
               o.autotune = AutotuneMode::Search;
@@ -275,7 +278,8 @@ std::vector<TimedItem> time_workloads(const tune::Manifest& m, const std::vector
 
 void run_tune(const TuneArgs& a) {
   const auto t0 = Clock::now();
-  if (a.jobs < 0) throw Error(fmt::format("--jobs is {}; it must be 0 (all cores) or more", a.jobs));
+  if (a.jobs < 0)
+    throw Error(fmt::format("--jobs is {}; it must be 0 (all cores) or more", a.jobs));
   const std::vector<std::string> archs = split_archs(a.archs);
   // Everything is checked before any work.
   const tune::Manifest manifest = tune::load_manifest(a.manifest);
@@ -297,7 +301,9 @@ void run_tune(const TuneArgs& a) {
       }
     }
     if (a.json) {
-      std::cout << nlohmann::json{{"kernels", items}, {"notes", plan.notes}, {"pruned", plan.pruned}}
+      std::cout << nlohmann::json{{"kernels", items},
+                                  {"notes", plan.notes},
+                                  {"pruned", plan.pruned}}
                        .dump(2)
                 << "\n";
     } else {
@@ -383,17 +389,18 @@ void run_tune(const TuneArgs& a) {
                      .dump(2)
               << "\n";
   } else {
-    fmt::print("{} kernels: {} compiled, {} already cached, {} failed ({} configs pruned) in "
-               "{:.1f} s\n",
-               plan.kernels.size(), compiled, cached, failed, plan.pruned, compile_s);
+    fmt::print(
+        "{} kernels: {} compiled, {} already cached, {} failed ({} configs pruned) in "
+        "{:.1f} s\n",
+        plan.kernels.size(), compiled, cached, failed, plan.pruned, compile_s);
     if (!timing_note.empty()) fmt::print("{}\n", timing_note);
     size_t tuned = 0;
     for (const TimedItem& t : timed)
       tuned += t.outcome == "tuned";
     if (!timed.empty()) fmt::print("{} workload shapes timed ({} tuned)\n", timed.size(), tuned);
   }
-  if (failed > 0) throw Error(fmt::format("{} of {} kernels failed to compile", failed,
-                                          plan.kernels.size()));
+  if (failed > 0)
+    throw Error(fmt::format("{} of {} kernels failed to compile", failed, plan.kernels.size()));
 }
 
 }  // namespace
