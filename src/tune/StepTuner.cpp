@@ -358,6 +358,7 @@ std::string compare_outputs(DType dtype, const std::vector<double>& reference,
   double atol = 2e-3, rtol = 2e-3;
   if (dtype == DType::BF16) atol = rtol = 2e-2;
   if (dtype == DType::F16) atol = rtol = 5e-3;
+  if (dtype == DType::I32 || dtype == DType::Bool) atol = rtol = 0;  // indices: exact
   for (size_t i = 0; i < reference.size(); ++i) {
     const double r = reference[i], c = candidate[i];
     if (!std::isfinite(r) || !std::isfinite(c)) {

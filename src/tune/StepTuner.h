@@ -73,7 +73,8 @@ uint64_t search_count();
 
 // Elementwise agreement of a candidate's output with the reference's, values widened to double:
 // |a - r| <= atol + rtol |r| with the dtype's tolerance (bf16 2e-2, f16 5e-3, f32 2e-3: tiles
-// change the order of fp32 sums, rounding then differs in the last bits); a NaN or infinity is
+// change the order of fp32 sums, rounding then differs in the last bits; i32 and bool exact);
+// a NaN or infinity is
 // accepted only where the reference has the same. Empty when they agree, else the first
 // mismatch: "element 1234: 0.51 vs 0.75 (tolerance 0.035)".
 std::string compare_outputs(DType dtype, const std::vector<double>& reference,

@@ -3,6 +3,8 @@
 // wrong result is rejected. Small shapes and config spaces bounded by the caller's fixed
 // values keep the whole file to a few seconds of compiles on a 16-core machine.
 #include <flexjit/attention.h>
+#include <flexjit/block_mask.h>
+#include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
 
 #include "gpu/GpuTestUtil.h"
@@ -167,4 +169,36 @@ TEST_CASE("a candidate config whose output differs from the default's is rejecte
   CHECK(r.candidates[1].median_ms < 0);
   CHECK(r.config == r.default_config);
   CHECK(compare(download(tuned.out), download(base.out)).max_abs == 0);
+}
+
+TEST_CASE("create_block_mask is tuned under FLEXJIT_AUTOTUNE=search, arrays unchanged",
+          "[gpu][tune]") {
+  FJ_REQUIRE_GPU_OR_SKIP(shared);
+  (void)shared;
+  TempDir dir;
+  ContextOptions copts;
+  copts.cache_dir = dir.path().string();
+  Context ctx(copts);
+  // sliding_window leaves tiles undecided on the host, so the classify kernel (tuned) runs.
+  const Mods mods = standard_mods("sliding_window");
+  const BlockMask base = [&] {
+    ScopedEnv off("FLEXJIT_AUTOTUNE", "off");
+    return create_block_mask(ctx, mods, 1, 2, 1024, 1024, 128).to_host();
+  }();
+  ScopedEnv search("FLEXJIT_AUTOTUNE", "search");
+  const BlockMask tuned = create_block_mask(ctx, mods, 1, 2, 1024, 1024, 128).to_host();
+  const std::vector<tune::TuningRecord> recs = records_in(dir.path());
+  REQUIRE(recs.size() == 1);
+  CHECK_THAT(recs[0].key.kernel, Catch::StartsWith("block_mask/warp_per_tile"));
+  CHECK(recs[0].key.bucket == "q1024 kv1024 masknone");
+  CHECK(recs[0].candidates.size() == 3);  // num_warps 4, 8, 16
+  for (const tune::CandidateTiming& c : recs[0].candidates) {
+    INFO(c.config.str() << ": " << c.status);
+    CHECK(c.status == "ok");
+  }
+  CHECK(tuned.kv_num_blocks == base.kv_num_blocks);
+  CHECK(tuned.kv_indices == base.kv_indices);
+  CHECK(tuned.full_kv_num_blocks == base.full_kv_num_blocks);
+  CHECK(tuned.q_num_blocks == base.q_num_blocks);
+  CHECK(tuned.q_indices == base.q_indices);
 }

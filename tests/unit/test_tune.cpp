@@ -322,6 +322,7 @@ TEST_CASE("a candidate's output is compared with the dtype's tolerance", "[tune]
   CHECK(!tune::compare_outputs(DType::F32, {-inf}, {0.0}).empty());
   CHECK(!tune::compare_outputs(DType::F32, {1.0}, {nan}).empty());
   CHECK(!tune::compare_outputs(DType::F32, {1.0, 2.0}, {1.0}).empty());
+  CHECK(!tune::compare_outputs(DType::I32, {1000.0}, {1001.0}).empty());  // block indices: exact
 }
 
 TEST_CASE("the thread pool runs every task, in parallel, and keeps failures apart", "[tune]") {

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -366,6 +367,8 @@ void run_tune(const TuneArgs& a) {
   } else if (!runtime::cuda_available(&why)) {
     timing_note = fmt::format("not timed: no GPU ({})", why);
   } else {
+    // create_block_mask reads its mode from the environment: search its kernels too.
+    ::setenv("FLEXJIT_AUTOTUNE", "search", 1);
     timed = time_workloads(manifest, archs, a.json);
   }
   nlohmann::json timed_json = nlohmann::json::array();
