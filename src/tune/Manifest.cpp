@@ -85,6 +85,9 @@ Workload parse_workload(const json& j, size_t index, const std::filesystem::path
   }
   w.name = name.empty() ? fmt::format("workload {}", index) : name;
   w.named = !name.empty();
+  if (j.contains("kind") && !j.at("kind").is_string()) {
+    err.fail("'kind' must be one of \"forward\", \"backward\", \"decode\"");
+  }
   w.kind = j.value("kind", "forward");
   if (w.kind != "forward" && w.kind != "backward" && w.kind != "decode") {
     err.fail(fmt::format("kind '{}' is not one of forward, backward, decode", w.kind));
@@ -238,8 +241,14 @@ Manifest parse_manifest(const std::string& text, const std::filesystem::path& fi
     throw Error(fmt::format("{}: the workloads must be a JSON list", file.string()));
   }
   if (list->empty()) throw Error(fmt::format("{}: the workload list is empty", file.string()));
-  for (size_t i = 0; i < list->size(); ++i)
-    m.workloads.push_back(parse_workload((*list)[i], i, file, base_dir, m.archs));
+  for (size_t i = 0; i < list->size(); ++i) {
+    try {
+      m.workloads.push_back(parse_workload((*list)[i], i, file, base_dir, m.archs));
+    } catch (const json::exception& e) {
+      // A value of an unexpected JSON type that the checks above did not name.
+      throw Error(fmt::format("{}: workload {}: {}", file.string(), i, e.what()));
+    }
+  }
   return m;
 }
 

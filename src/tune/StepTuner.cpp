@@ -193,7 +193,7 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
       }
     });
   }
-  device.make_current();  // the pool's threads may have left another context current
+  device.make_current();  // compiles need no context; the launches below do
   if (cands.empty() || cands[0].status != "ok") {
     // The default does not build: the call fails the same way untuned, with the full message.
     FJ_LOG("tune", "no search for {}: the default config does not build", key.kernel);

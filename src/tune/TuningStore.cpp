@@ -157,15 +157,19 @@ std::vector<TuningRecord> parse_tuning_file(const std::string& text) {
   } catch (const json::parse_error& e) {
     throw UnsupportedError(fmt::format("it is not valid JSON ({})", e.what()));
   }
-  if (!j.is_object() || j.value("format", "") != "flexjit-tuning") {
+  if (!j.is_object() || !j.contains("format") || j.at("format") != "flexjit-tuning") {
     throw UnsupportedError("it is not a flexjit tuning file (no \"format\": \"flexjit-tuning\")");
   }
-  const int version = j.value("version", -1);
+  const int version = j.contains("version") && j.at("version").is_number_integer()
+                          ? j.at("version").get<int>()
+                          : -1;
   if (version != kTuningFormatVersion) {
     throw UnsupportedError(fmt::format("it has format version {}; this flexjit reads {}", version,
                                        kTuningFormatVersion));
   }
-  const std::string by = j.value("flexjit", "");
+  const std::string by = j.contains("flexjit") && j.at("flexjit").is_string()
+                             ? j.at("flexjit").get<std::string>()
+                             : "";
   if (by != FLEXJIT_VERSION) {
     throw UnsupportedError(
         fmt::format("it was written by flexjit {}; this is {} (kernels may have changed: stale)",
@@ -180,6 +184,8 @@ std::vector<TuningRecord> parse_tuning_file(const std::string& text) {
     try {
       out.push_back(record_from_json(r));
     } catch (const UnsupportedError& e) {
+      throw UnsupportedError(fmt::format("record {}: {}", i, e.what()));
+    } catch (const json::exception& e) {
       throw UnsupportedError(fmt::format("record {}: {}", i, e.what()));
     }
     ++i;

@@ -235,6 +235,13 @@ TEST_CASE("a corrupt or stale tuning file is refused with the reason", "[tune]")
   j = nlohmann::json::parse(good);
   j["records"][0]["config"]["block_m"] = "big";
   CHECK_THAT(refused(j.dump()), Catch::Contains("'config.block_m' is not an integer"));
+  CHECK_THAT(refused(R"({"format": 7, "version": "x"})"), Catch::Contains("not a flexjit"));
+  j = nlohmann::json::parse(good);
+  j["version"] = "one";
+  CHECK_THAT(refused(j.dump()), Catch::Contains("format version -1"));
+  j = nlohmann::json::parse(good);
+  j["records"][0]["candidates"] = 5;
+  CHECK(!refused(j.dump()).empty());
   j = nlohmann::json::parse(good);
   j["records"][0].erase("time_ms");
   CHECK_THAT(refused(j.dump()), Catch::Contains("missing 'time_ms'"));
@@ -412,6 +419,13 @@ TEST_CASE("bad manifests fail with the file, the entry's index and the problem",
       Catch::Contains("workload 0: ") && Catch::Contains("sm_70"));
   CHECK_THAT(manifest_error(R"([{"mods": "causal", "shapes": [{"heads": 0, "seqlen": 8}]}])"),
              Catch::Contains("shape field 'heads' is 0"));
+  CHECK_THAT(
+      manifest_error(R"([{"mods": "causal", "kind": 3, "shapes": [{"heads": 4, "seqlen": 8}]}])"),
+      Catch::Contains("workload 0: 'kind' must be one of"));
+  CHECK_THAT(
+      manifest_error(
+          R"([{"mods": "causal", "block_size": "x", "shapes": [{"heads": 4, "seqlen": 8}]}])"),
+      Catch::Contains("workload 0: block_size \"x\""));
   CHECK_THAT(manifest_error("[]"), Catch::Contains("deploy.json: the workload list is empty"));
   CHECK_THAT(manifest_error(R"({"workload": []})"),
              Catch::Contains("unknown top-level field 'workload'"));
