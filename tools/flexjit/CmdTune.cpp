@@ -182,7 +182,7 @@ std::vector<char> buffer_data(const Buffer& b, const tune::WorkloadShape& s, int
 
 struct TimedItem {
   std::string what;
-  std::string outcome;  // "tuned", "skipped: ..."
+  std::string outcome;  // "tuned", "already tuned", "skipped: ...", "failed: ..."
   double seconds = 0;
 };
 
@@ -250,6 +250,13 @@ std::vector<TimedItem> time_workloads(const tune::Manifest& m,
                 buffers.push_back(DeviceTensor::from_host(ctx, b.dtype(), shape, data.data()));
                 o.bindings.buffers.emplace_back(b.name(), buffers.back().ref());
               }
+              // The standard relative-bias mods index bias[q - kv + offset]: offset = Skv keeps
+              // the index in [1, Sq + Skv) for the R = Sq + Skv entries made above.
+              for (const Param& p : w.mods.params) {
+                if (p.name() == "offset") {
+                  o.bindings.params.emplace_back("offset", static_cast<double>(s.seqlen_kv));
+                }
+              }
               DeviceBlockMask mask;
               if (w.block_size > 0 && w.mods.mask_mod.defined()) {
                 // The workload's own mask at the target shape: what its calls will pass.
@@ -257,9 +264,10 @@ std::vector<TimedItem> time_workloads(const tune::Manifest& m,
                                          static_cast<int>(s.seqlen_kv), w.block_size, o.bindings);
                 o.block_mask = &mask;
               }
+              const uint64_t searches = tune::search_count();
               flex_attention(ctx, q, k, v, o);
               ctx.synchronize();
-              item.outcome = "tuned";
+              item.outcome = tune::search_count() > searches ? "tuned" : "already tuned";
             } catch (const Error& e) {
               item.outcome = fmt::format("failed: {}", e.what());
             }
@@ -397,10 +405,15 @@ void run_tune(const TuneArgs& a) {
         "{:.1f} s\n",
         plan.kernels.size(), compiled, cached, failed, plan.pruned, compile_s);
     if (!timing_note.empty()) fmt::print("{}\n", timing_note);
-    size_t tuned = 0;
-    for (const TimedItem& t : timed)
+    size_t tuned = 0, stored = 0;
+    for (const TimedItem& t : timed) {
       tuned += t.outcome == "tuned";
-    if (!timed.empty()) fmt::print("{} workload shapes timed ({} tuned)\n", timed.size(), tuned);
+      stored += t.outcome == "already tuned";
+    }
+    if (!timed.empty()) {
+      fmt::print("{} workload shapes: {} tuned now, {} already tuned, {} skipped or failed\n",
+                 timed.size(), tuned, stored, timed.size() - tuned - stored);
+    }
   }
   if (failed > 0)
     throw Error(fmt::format("{} of {} kernels failed to compile", failed, plan.kernels.size()));
