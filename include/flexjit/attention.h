@@ -55,6 +55,14 @@ struct Workspace {
   size_t bytes = 0;
 };
 
+// How a call's block config is chosen (docs/tuning.md). FromEnv reads FLEXJIT_AUTOTUNE
+// (off | cached | search; unset: off). Off: the variant's defaults table. Cached: a winner stored
+// for this device and workload (beside the kernel cache), else the defaults. Search: a stored
+// winner, else every candidate config is compiled, checked against the default's output and
+// timed on the call's own inputs, and the fastest is stored. The caller's nonzero BlockConfig
+// fields always win over a tuned config.
+enum class AutotuneMode { FromEnv, Off, Cached, Search };
+
 struct AttentionOptions {
   Mods mods;  // score_mod and/or mask_mod; none means plain softmax attention
   // Tiles to visit. With a block mask, its partial tiles apply `mods.mask_mod` (or, when
@@ -76,6 +84,7 @@ struct AttentionOptions {
   // (docs/kernels/decode.md). Short queries (Sq <= 16) on contiguous K / V take those kernels
   // without one when they support the call.
   const KvCache* kv_cache = nullptr;
+  AutotuneMode autotune = AutotuneMode::FromEnv;
 };
 
 struct AttentionResult {

@@ -6,6 +6,7 @@
 #include <nvrtc.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <regex>
 #include <set>
@@ -105,8 +106,17 @@ std::vector<std::string> nvrtc_options(const CompileRequest& req) {
   return opts;
 }
 
+namespace {
+std::atomic<uint64_t> g_nvrtc_compiles{0};
+}  // namespace
+
+uint64_t nvrtc_compile_count() {
+  return g_nvrtc_compiles.load(std::memory_order_relaxed);
+}
+
 CompiledKernel nvrtc_compile(const CompileRequest& req) {
   auto start = std::chrono::steady_clock::now();
+  g_nvrtc_compiles.fetch_add(1, std::memory_order_relaxed);
   const std::vector<std::string> opts = nvrtc_options(req);
   std::vector<const char*> argv;
   for (const auto& o : opts)

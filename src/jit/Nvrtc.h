@@ -3,6 +3,7 @@
 
 #include "jit/ResourceUsage.h"
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -40,5 +41,9 @@ std::vector<std::string> nvrtc_options(const CompileRequest& req);
 // the source or options: the message names the label, kernel, arch and options and carries the
 // log with the numbered source lines around each error.
 CompiledKernel nvrtc_compile(const CompileRequest& req);
+
+// How many times this process has called NVRTC (nvrtc_compile, successful or not): what tests
+// read to show that a warmed cache compiles nothing (docs/tuning.md, "Relocation").
+uint64_t nvrtc_compile_count();
 
 }  // namespace flexjit::jit

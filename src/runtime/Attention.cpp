@@ -13,6 +13,7 @@
 #include "runtime/ContextImpl.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/Decode.h"
+#include "runtime/ForwardPlan.h"
 #include "runtime/ModArgs.h"
 #include "runtime/Plan.h"
 #include "util/Log.h"
@@ -112,8 +113,8 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
 
 // One forward step: the registry's variant for this arch and these inputs (or the one named in
 // options.variant), its config resolved from options.config.
-runtime::Plan plan_forward(Context& ctx, const ValidatedCall& call,
-                           const AttentionOptions& options) {
+runtime::Plan plan_forward(Context& ctx, const ValidatedCall& call, const AttentionOptions& options,
+                           const tune::StepTuning& tuning) {
   const QkvShape& s = call.inputs.shape;
   const bool full_blocks = options.block_mask != nullptr &&
                            options.block_mask->full_kv_num_blocks.defined() &&
@@ -125,14 +126,14 @@ runtime::Plan plan_forward(Context& ctx, const ValidatedCall& call,
   runtime::Plan plan;
   plan.add(runtime::plan_step<kernels::ForwardVariant>(
       problem, call.inputs, kernels::forward_facts(call.inputs), call.mods,
-      kernels::config_overrides(options.config), options.variant));
+      kernels::config_overrides(options.config), options.variant, tuning));
   return plan;
 }
 
 // Short queries take the split-KV decode plan when it supports the call (runtime/Decode.h),
 // the forward otherwise; the choice and its reason are logged under FLEXJIT_LOG=kernels.
 runtime::Plan plan_attention(Context& ctx, const ValidatedCall& call,
-                             const AttentionOptions& options) {
+                             const AttentionOptions& options, const tune::StepTuning& tuning) {
   const QkvShape& s = call.inputs.shape;
   if (s.seqlen_q <= runtime::kDecodeMaxQueries) {
     const kernels::ForwardInputs& f = call.inputs;
@@ -145,7 +146,15 @@ runtime::Plan plan_attention(Context& ctx, const ValidatedCall& call,
     FJ_LOG("kernels", "flex_attention: forward plan for Sq={}: the decode plan cannot serve it: {}",
            s.seqlen_q, *why_not);
   }
-  return plan_forward(ctx, call, options);
+  return plan_forward(ctx, call, options, tuning);
+}
+
+// The tuning of a call that plans without launching: a stored winner is looked up (so the plan
+// matches what the call itself runs after a search), nothing is searched.
+tune::StepTuning lookup_only(Context& ctx, const AttentionOptions& options) {
+  tune::StepTuning t = tune::step_tuning(ctx, options.autotune, options.stream);
+  if (t.mode == tune::Mode::Search) t.mode = tune::Mode::Cached;
+  return t;
 }
 
 }  // namespace
@@ -188,7 +197,8 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
     write_empty_kv_result(out, lse, options.stream);
     return;
   }
-  const runtime::Plan plan = plan_attention(ctx, call, options);
+  const runtime::Plan plan =
+      plan_attention(ctx, call, options, tune::step_tuning(ctx, options.autotune, options.stream));
   const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
   runtime::launch_plan(*impl.device, plan, built, static_cast<runtime::CuStream>(options.stream),
                        options.workspace);
@@ -206,7 +216,17 @@ size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q, const Te
       q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
   const ValidatedCall call = validate_call(ctx, q, k, v, out, nullptr, options, s);
   if (call.empty_q || call.empty_kv) return 0;
-  return plan_attention(ctx, call, options).workspace_bytes;
+  return plan_attention(ctx, call, options, lookup_only(ctx, options)).workspace_bytes;
+}
+
+std::string runtime::describe_forward_plan(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                           const TensorRef& v, const AttentionOptions& options) {
+  const QkvShape s = validate_qkv(q, k, v);
+  TensorRef out = TensorRef::contiguous(
+      q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
+  const ValidatedCall call = validate_call(ctx, q, k, v, out, nullptr, options, s);
+  if (call.empty_q || call.empty_kv) return "(no kernel)";
+  return plan_attention(ctx, call, options, lookup_only(ctx, options)).str();
 }
 
 AttentionResult flex_attention(Context& ctx, const TensorRef& q, const TensorRef& k,

@@ -193,9 +193,13 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
   in.num_unknown = static_cast<int64_t>(hints->num_unknown);
 
   runtime::Plan plan;
+  // Tuned under FLEXJIT_AUTOTUNE (docs/tuning.md); the lengths only bucket the tuning key.
+  kernels::InputFacts facts;
+  facts.seqlen_q = seqlen_q;
+  facts.seqlen_kv = seqlen_kv;
   plan.add(runtime::plan_step<kernels::BlockMaskVariant>(
-      kernels::block_mask_problem(cuda::Arch::parse(ctx.arch()), block_size, block_size), in,
-      kernels::InputFacts{}, mask));
+      kernels::block_mask_problem(cuda::Arch::parse(ctx.arch()), block_size, block_size), in, facts,
+      mask, {}, {}, tune::step_tuning(ctx, AutotuneMode::FromEnv, nullptr)));
   const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
   runtime::launch_plan(*impl.device, plan, built, nullptr, Workspace{});
   return out;

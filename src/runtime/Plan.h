@@ -17,6 +17,7 @@
 #include "Pipeline.h"
 #include "kernels/Registry.h"
 #include "runtime/ModuleCache.h"
+#include "tune/StepTuner.h"
 
 #include <functional>
 #include <memory>
@@ -51,14 +52,29 @@ struct Plan {
 
 // Plans one step of family variant V for `inputs`: the registry selects the variant for
 // `problem` (or takes `forced`), resolves its config with `overrides`, and the step launches
-// V::launches(desc, inputs, workspace).
+// V::launches(desc, inputs, workspace). With `tuning` active (tune::step_tuning(ctx,
+// options.autotune, options.stream)), a tuned config (stored, or searched now on these inputs)
+// comes in below `overrides` (tune/StepTuner.h, docs/tuning.md).
 template <typename V>
 PlanStep plan_step(const kernels::KernelDesc& problem, const typename V::InputsType& inputs,
                    const kernels::InputFacts& facts, const Mods& mods,
-                   const kernels::Params& overrides = {}, std::string_view forced = {}) {
+                   const kernels::Params& overrides = {}, std::string_view forced = {},
+                   const tune::StepTuning& tuning = {}) {
   const kernels::Registry& reg = kernels::Registry::global();
+  kernels::Params tuned;
+  if (tuning.active()) {
+    tune::StepIo io;
+    io.launches = [&inputs](const kernels::KernelDesc& d, void* ws) {
+      return kernels::variant_as<V>(kernels::Registry::global(), d).launches(d, inputs, ws);
+    };
+    io.workspace_bytes = [&inputs](const kernels::KernelDesc& d) {
+      return kernels::variant_as<V>(kernels::Registry::global(), d).workspace_bytes(d, inputs);
+    };
+    io.outputs = tune::TuningOutputs<typename V::InputsType>::of(inputs);
+    tuned = tune::tuned_overrides(tuning, problem, facts, mods, overrides, forced, io);
+  }
   PlanStep step;
-  step.desc = reg.complete(problem, facts, overrides, forced, &step.selection);
+  step.desc = reg.complete(problem, facts, tune::below(overrides, tuned), forced, &step.selection);
   const V& variant = kernels::variant_as<V>(reg, step.desc);
   step.mods = mods;
   step.workspace_bytes = variant.workspace_bytes(step.desc, inputs);

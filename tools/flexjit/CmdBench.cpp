@@ -16,7 +16,9 @@
 #include "kernels/KernelQuery.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/Device.h"
+#include "runtime/ForwardPlan.h"
 #include "runtime/Timer.h"
+#include "tune/StepTuner.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -146,6 +148,7 @@ struct AttentionBenchOptions {
   BlockConfig config;     // zeros: the defaults table
   bool backward = false;  // also time flex_attention_backward (bwd_ms, bwd_tflops)
   std::string bwd_dq = "auto";  // auto | atomic | pass: how the backward computes dQ
+  std::string autotune;  // empty: FLEXJIT_AUTOTUNE; else off | cached | search, beside the default
 };
 
 struct AttentionRow {
@@ -157,7 +160,19 @@ struct AttentionRow {
   int repeats = 0;
   int64_t nonfinite = 0;  // non-finite outputs after the first call (must be 0)
   std::string error;      // the case failed: the message; the numbers are meaningless
+  // --autotune cached|search: the config of the default run, and the tuned run beside it.
+  std::string config, tuned_config;
+  double tuned_ms = 0, tuned_tflops = 0, tune_s = 0;
+  bool tuned = false;
 };
+
+// The config part of a plan description ("block_m=128 block_n=64 ...").
+std::string config_of(const std::string& plan) {
+  const size_t bar = plan.find(" | ");
+  const size_t end = plan.find(" (workspace");
+  if (bar == std::string::npos) return plan;
+  return plan.substr(bar + 3, end == std::string::npos ? std::string::npos : end - bar - 3);
+}
 
 // The anchors' CSV columns (torch_flex_bench.py); bwd_* and first_bwd_s only with --backward.
 constexpr const char* kCsvHeader =
@@ -202,6 +217,13 @@ nlohmann::json json_row(const AttentionRow& r) {
   }
   if (r.kv_tbps > 0) j["kv_tbps"] = r.kv_tbps;
   if (r.c.page_size > 0) j["page_size"] = r.c.page_size;
+  if (!r.config.empty()) j["config"] = r.config;
+  if (r.tuned) {
+    j.update({{"tuned_config", r.tuned_config},
+              {"tuned_fwd_ms", r.tuned_ms},
+              {"tuned_fwd_tflops", r.tuned_tflops},
+              {"tune_s", r.tune_s}});
+  }
   return j;
 }
 
@@ -228,6 +250,15 @@ void print_table_row(const AttentionRow& r) {
           "", r.bwd_ms, r.bwd_tflops, r.first_bwd_s);
     }
     if (r.kv_tbps > 0) fmt::print("{:>20} K/V read at {:.2f} TB/s\n", "", r.kv_tbps);
+    if (r.tuned) {
+      fmt::print(
+          "{:<18} default {} {:.1f} TFLOP/s -> tuned {} {:.1f} TFLOP/s ({:+.1f}%, tuning "
+          "{:.1f} s)\n",
+          "", r.config, r.fwd_tflops, r.tuned_config, r.tuned_tflops,
+          r.fwd_tflops > 0 ? 100.0 * (r.tuned_tflops / r.fwd_tflops - 1) : 0.0, r.tune_s);
+    } else if (!r.config.empty()) {
+      fmt::print("{:<18} config {}\n", "", r.config);
+    }
   }
   std::fflush(stdout);
 }
@@ -414,6 +445,11 @@ void run_attention_bench(const AttentionBenchOptions& o) {
 
       AttentionOptions aopts;
       aopts.config = o.config;
+      std::optional<tune::Mode> tuned_mode;
+      if (!o.autotune.empty()) {
+        tuned_mode = tune::parse_mode(o.autotune);
+        aopts.autotune = AutotuneMode::Off;  // the default run, beside the tuned one
+      }
       aopts.mods = case_mods(c);
       aopts.bindings.params = c.params;
       std::vector<DeviceTensor> buffers;
@@ -505,6 +541,34 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       if (s.seqlen_q <= 16 && s.seqlen_kv > s.seqlen_q) {
         row.kv_tbps = kv_bytes(s) / (t.median_ms * 1e-3) / 1e12;
       }
+      if (tuned_mode) {
+        const InputSet& in0 = sets[0];
+        row.config = config_of(runtime::describe_forward_plan(ctx, in0.q, in0.k, in0.v, aopts));
+      }
+      if (tuned_mode && *tuned_mode != tune::Mode::Off) {
+        AttentionOptions topt = aopts;
+        topt.autotune =
+            *tuned_mode == tune::Mode::Search ? AutotuneMode::Search : AutotuneMode::Cached;
+        // The first tuned call searches (or finds the stored winner), then runs the winner.
+        row.tune_s =
+            1e-3 * time_ms([&] {
+              flex_attention_into(ctx, sets[0].q, sets[0].k, sets[0].v, out, nullptr, topt);
+              ctx.synchronize();
+            });
+        row.tuned_config =
+            config_of(runtime::describe_forward_plan(ctx, sets[0].q, sets[0].k, sets[0].v, topt));
+        size_t next2 = 0;
+        const runtime::Timing tt = timer.time(
+            [&] {
+              const InputSet& in = sets[next2++ % sets.size()];
+              flex_attention_into(ctx, in.q, in.k, in.v, out, nullptr, topt);
+            },
+            topts);
+        ctx.synchronize();
+        row.tuned_ms = tt.median_ms;
+        row.tuned_tflops = forward_flops(s, row.density) / (tt.median_ms * 1e-3) / 1e12;
+        row.tuned = true;
+      }
     } catch (const std::exception& e) {
       // One failing case must not hide the others' numbers.
       row.error = e.what();
@@ -579,6 +643,7 @@ void register_bench(CLI::App& app) {
       "  flexjit bench --backward                     # forward and backward\n"
       "  flexjit bench --small --repeats 2            # tiny shapes (compute-sanitizer)\n"
       "  flexjit bench --decode                       # decoding: K/V TB/s vs copy bandwidth\n"
+      "  flexjit bench --quick --autotune search      # default vs tuned config per case\n"
       "  flexjit bench --compile --arch sm_90a\n"
       "  flexjit bench --compile --arch sm_80 --compile-mods causal,alibi_causal --json");
   static KernelOptions opts;
@@ -625,6 +690,11 @@ void register_bench(CLI::App& app) {
                   "from the dK/dV kernel) or pass (a second pass over the KV tiles)")
       ->check(CLI::IsMember({"auto", "atomic", "pass"}))
       ->capture_default_str();
+  cmd->add_option("--autotune", a.autotune,
+                  "off | cached | search: time each case with the defaults and, beside it, with "
+                  "the tuned config (search: tuned now on the case's inputs; docs/tuning.md); "
+                  "prints both configs")
+      ->check(CLI::IsMember({"off", "cached", "search"}));
   cmd->callback([] {
     if (compile) {
       run_compile_bench(opts, mods_list, repeats > 0 ? repeats : 200, a.json);

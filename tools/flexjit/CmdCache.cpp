@@ -3,6 +3,7 @@
 #include "flexjit/Commands.h"
 #include "jit/CacheSettings.h"
 #include "jit/DiskCache.h"
+#include "tune/TuningStore.h"
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <map>
 
 namespace flexjit::cli {
 
@@ -115,21 +117,52 @@ void register_cache(CLI::App& app) {
     if (json) std::cout << j.dump(2) << "\n";
   });
 
-  auto* stats = cmd->add_subcommand("stats", "Entry count, size and limit");
+  auto* stats = cmd->add_subcommand(
+      "stats", "Entry count, size and limit; entries per arch and family; the tuning table");
   stats->add_flag("--json", json, "Print JSON");
   stats->callback([] {
-    auto s = open_disk_cache().stats();
+    jit::DiskCache d = open_disk_cache();
+    auto s = d.stats();
+    // Entries per arch and kernel family (the family is the label's first word: "forward/...").
+    std::map<std::string, std::map<std::string, uint64_t>> per;
+    for (const auto& e : d.list()) {
+      const size_t slash = e.label.find('/');
+      const std::string family = slash == std::string::npos ? "other" : e.label.substr(0, slash);
+      ++per[printable(e.arch)][printable(family)];
+    }
+    auto& store = tune::TuningStore::for_cache_dir(s.dir);
+    const auto records = store.records();
     if (json) {
+      nlohmann::json tuning = nlohmann::json::array();
+      for (const auto& r : records)
+        tuning.push_back(tune::record_to_json(r));
       std::cout << nlohmann::json{{"dir", s.dir.string()},
                                   {"entries", s.entries},
                                   {"bytes", s.bytes},
-                                  {"max_bytes", s.max_bytes}}
+                                  {"max_bytes", s.max_bytes},
+                                  {"by_arch_family", per},
+                                  {"tuning_file", store.file().string()},
+                                  {"tuning_problem", store.problem()},
+                                  {"tuning", tuning}}
                        .dump(2)
                 << "\n";
       return;
     }
     fmt::print("dir       {}\nentries   {}\nsize      {}\nlimit     {}\n", s.dir.string(),
                s.entries, human_bytes(s.bytes), human_bytes(s.max_bytes));
+    for (const auto& [arch, families] : per) {
+      for (const auto& [family, n] : families)
+        fmt::print("  {:<8} {:<22} {}\n", arch, family, n);
+    }
+    fmt::print("tuning    {} ({} tuned workloads)\n", store.file().string(), records.size());
+    if (!store.problem().empty()) fmt::print("          {}\n", store.problem());
+    for (const auto& r : records) {
+      fmt::print("  {} [{}{}] mods {} on {}: {} {:.4f} ms (default {} {:.4f} ms)\n",
+                 printable(r.key.kernel), printable(r.key.bucket),
+                 r.key.fixed.empty() ? "" : ", fixed " + printable(r.key.fixed),
+                 printable(r.key.mods_hash.substr(0, 8)), printable(r.key.device.name),
+                 r.config.str(), r.time_ms, r.default_config.str(), r.default_ms);
+    }
   });
 
   auto* clear = cmd->add_subcommand("clear", "Remove every entry");

@@ -14,5 +14,6 @@ void register_bench(CLI::App& app);
 void register_mods(CLI::App& app);
 void register_mask(CLI::App& app);  // mask show | bench
 void register_run(CLI::App& app);
+void register_tune(CLI::App& app);
 
 }  // namespace flexjit::cli

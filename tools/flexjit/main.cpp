@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
       "  flexjit kernels\n"
       "  flexjit cache stats --json\n"
       "  flexjit bench --compile --arch sm_90a\n"
-      "  flexjit mask show --mask-mod causal --seqlen 4096\n",
+      "  flexjit mask show --mask-mod causal --seqlen 4096\n"
+      "  flexjit tune --manifest examples/tune/standard_manifest.json --arch sm_90a\n",
       "flexjit"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("flexjit ") + FLEXJIT_VERSION_STRING);
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   flexjit::cli::register_bench(app);
   flexjit::cli::register_mask(app);
   flexjit::cli::register_run(app);
+  flexjit::cli::register_tune(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

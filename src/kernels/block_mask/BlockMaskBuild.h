@@ -9,6 +9,7 @@
 #pragma once
 
 #include "kernels/Variant.h"
+#include "tune/TuningOutputs.h"
 
 #include <flexjit_abi.h>
 
@@ -29,6 +30,36 @@ struct BlockMaskInputs {
 };
 
 using BlockMaskVariant = FamilyVariant<Family::BlockMask, BlockMaskInputs>;
+
+}  // namespace flexjit::kernels
+
+// The autotuner compares every array a candidate config writes with the default's (exactly).
+template <>
+struct flexjit::tune::TuningOutputs<flexjit::kernels::BlockMaskInputs> {
+  static constexpr bool kCompared = true;
+  static std::vector<TensorRef> of(const kernels::BlockMaskInputs& in) {
+    const FjBlockMaskBuildArgs& a = in.args;
+    const int64_t B = a.batch, H = a.heads, nq = a.num_q_blocks, nkv = a.num_kv_blocks;
+    std::vector<TensorRef> v;
+    auto add = [&](int* p, std::vector<int64_t> shape) {
+      if (p != nullptr) {
+        v.push_back(
+            TensorRef::contiguous(p, DType::I32, std::move(shape), TensorRef::Device::CUDA));
+      }
+    };
+    add(a.kv_num_blocks, {B, H, nq});
+    add(a.kv_indices, {B, H, nq, nkv});
+    add(a.full_kv_num_blocks, {B, H, nq});
+    add(a.full_kv_indices, {B, H, nq, nkv});
+    add(a.q_num_blocks, {B, H, nkv});
+    add(a.q_indices, {B, H, nkv, nq});
+    add(a.full_q_num_blocks, {B, H, nkv});
+    add(a.full_q_indices, {B, H, nkv, nq});
+    return v;
+  }
+};
+
+namespace flexjit::kernels {
 
 KernelDesc block_mask_problem(const cuda::Arch& arch, int q_block, int kv_block);
 

@@ -13,6 +13,7 @@
 #include <flexjit/tensor.h>
 
 #include "kernels/Variant.h"
+#include "tune/TuningOutputs.h"
 
 #include <cstdint>
 #include <optional>
@@ -31,6 +32,21 @@ struct ForwardInputs {
 };
 
 using ForwardVariant = FamilyVariant<Family::Forward, ForwardInputs>;
+
+}  // namespace flexjit::kernels
+
+// The autotuner compares out and lse of a candidate config with the default's.
+template <>
+struct flexjit::tune::TuningOutputs<flexjit::kernels::ForwardInputs> {
+  static constexpr bool kCompared = true;
+  static std::vector<TensorRef> of(const kernels::ForwardInputs& in) {
+    std::vector<TensorRef> v = {in.out};
+    if (in.lse) v.push_back(*in.lse);
+    return v;
+  }
+};
+
+namespace flexjit::kernels {
 
 // The forward problem of a call (no variant, no config yet).
 KernelDesc forward_problem(const cuda::Arch& arch, DType dtype, int head_dim_qk, int head_dim_v,

@@ -1,0 +1,380 @@
+#include "tune/Manifest.h"
+
+#include <flexjit/error.h>
+#include <flexjit/kernel.h>
+
+#include "codegen/cuda/Arch.h"
+#include "kernels/KernelQuery.h"
+#include "kernels/Registry.h"
+#include "kernels/block_mask/BlockMaskBuild.h"
+#include "kernels/forward/Forward.h"
+#include "tune/Prune.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace flexjit::tune {
+
+namespace {
+
+using nlohmann::json;
+
+const std::set<std::string> kWorkloadKeys = {"name",      "kind",   "mods",      "mods_file",
+                                             "mods_text", "dtypes", "head_dims", "gqa_ratios",
+                                             "shapes",    "archs",  "block_size"};
+
+class EntryError {
+ public:
+  EntryError(const std::filesystem::path& file, size_t index, std::string name)
+      : prefix_(fmt::format("{}: workload {}{}", file.string(), index,
+                            name.empty() ? "" : fmt::format(" ('{}')", name))) {}
+  [[noreturn]] void fail(const std::string& problem) const {
+    throw Error(fmt::format("{}: {}", prefix_, problem));
+  }
+
+ private:
+  std::string prefix_;
+};
+
+std::vector<std::string> arch_list(const json& j, const EntryError& err, const char* what) {
+  std::vector<std::string> out;
+  if (!j.is_array()) err.fail(fmt::format("'{}' must be a list of archs such as \"sm_90a\"", what));
+  for (const json& a : j) {
+    if (!a.is_string()) err.fail(fmt::format("'{}' holds {}, not an arch name", what, a.dump()));
+    try {
+      cuda::Arch::parse(a.get<std::string>());
+    } catch (const UnsupportedError& e) {
+      err.fail(e.what());
+    }
+    out.push_back(a.get<std::string>());
+  }
+  return out;
+}
+
+int64_t positive(const json& j, const char* key, const EntryError& err, int64_t fallback) {
+  if (!j.contains(key)) {
+    if (fallback > 0) return fallback;
+    err.fail(fmt::format("a shape needs '{}'", key));
+  }
+  const json& v = j.at(key);
+  if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
+    err.fail(fmt::format("shape field '{}' is {}; it must be a positive integer", key, v.dump()));
+  }
+  return v.get<int64_t>();
+}
+
+Workload parse_workload(const json& j, size_t index, const std::filesystem::path& file,
+                        const std::filesystem::path& base_dir,
+                        const std::vector<std::string>& default_archs) {
+  Workload w;
+  w.index = index;
+  const std::string name = j.is_object() && j.contains("name") && j.at("name").is_string()
+                               ? j.at("name").get<std::string>()
+                               : "";
+  const EntryError err(file, index, name);
+  if (!j.is_object()) err.fail("a workload must be a JSON object");
+  for (const auto& [key, _] : j.items()) {
+    if (!kWorkloadKeys.count(key)) {
+      err.fail(fmt::format("unknown field '{}'; the fields are: {}", key,
+                           fmt::join(kWorkloadKeys, ", ")));
+    }
+  }
+  w.name = name.empty() ? fmt::format("workload {}", index) : name;
+  w.named = !name.empty();
+  if (j.contains("kind") && !j.at("kind").is_string()) {
+    err.fail("'kind' must be one of \"forward\", \"backward\", \"decode\"");
+  }
+  w.kind = j.value("kind", "forward");
+  if (w.kind != "forward" && w.kind != "backward" && w.kind != "decode") {
+    err.fail(fmt::format("kind '{}' is not one of forward, backward, decode", w.kind));
+  }
+  const int sources = j.contains("mods") + j.contains("mods_file") + j.contains("mods_text");
+  if (sources != 1) {
+    err.fail(
+        "give the mods as exactly one of \"mods\" (a standard name), \"mods_file\" (a .fx "
+        "file) or \"mods_text\" (inline .fx text)");
+  }
+  try {
+    if (j.contains("mods")) {
+      if (!j.at("mods").is_string()) err.fail("'mods' must be a standard mods name");
+      w.mods_spec = j.at("mods").get<std::string>();
+      const std::vector<std::string> names = standard_mod_names();
+      if (std::find(names.begin(), names.end(), w.mods_spec) == names.end()) {
+        err.fail(fmt::format("unknown mod '{}'; the standard mods are: {}", w.mods_spec,
+                             fmt::join(names, ", ")));
+      }
+      w.mods = standard_mods(w.mods_spec);
+      w.standard_mods = true;
+    } else if (j.contains("mods_file")) {
+      if (!j.at("mods_file").is_string()) err.fail("'mods_file' must be a path");
+      std::filesystem::path p = j.at("mods_file").get<std::string>();
+      if (p.is_relative()) p = base_dir / p;
+      w.mods_spec = p.string();
+      w.mods = load_mods_file(p.string());
+    } else {
+      if (!j.at("mods_text").is_string()) err.fail("'mods_text' must be .fx text");
+      w.mods_spec = "<inline>";
+      w.mods = parse_mods(j.at("mods_text").get<std::string>(), "<manifest>");
+    }
+    w.mods.check();
+  } catch (const Error& e) {
+    if (std::string(e.what()).rfind(file.string(), 0) == 0) throw;
+    err.fail(fmt::format("mods: {}", e.what()));
+  }
+
+  if (j.contains("dtypes")) {
+    if (!j.at("dtypes").is_array() || j.at("dtypes").empty())
+      err.fail("'dtypes' must be a non-empty list");
+    for (const json& d : j.at("dtypes")) {
+      auto dt = d.is_string() ? parse_dtype(d.get<std::string>()) : std::nullopt;
+      if (!dt || (*dt != DType::BF16 && *dt != DType::F16 && *dt != DType::F32)) {
+        err.fail(fmt::format("dtype {} is not one of bf16, f16, f32", d.dump()));
+      }
+      w.dtypes.push_back(*dt);
+    }
+  } else {
+    w.dtypes = {DType::BF16};
+  }
+  if (j.contains("head_dims")) {
+    if (!j.at("head_dims").is_array() || j.at("head_dims").empty()) {
+      err.fail("'head_dims' must be a non-empty list of head dims (128) or pairs ([192, 128])");
+    }
+    for (const json& h : j.at("head_dims")) {
+      int qk = 0, v = 0;
+      if (h.is_number_integer()) {
+        qk = v = h.get<int>();
+      } else if (h.is_array() && h.size() == 2 && h[0].is_number_integer() &&
+                 h[1].is_number_integer()) {
+        qk = h[0].get<int>();
+        v = h[1].get<int>();
+      } else {
+        err.fail(fmt::format("head dim {} is neither an integer nor a [qk, v] pair", h.dump()));
+      }
+      if (qk <= 0 || v <= 0 || qk > 1024 || v > 1024) {
+        err.fail(fmt::format("head dim {} is out of range (1 to 1024)", h.dump()));
+      }
+      w.head_dims.emplace_back(qk, v);
+    }
+  } else {
+    w.head_dims = {{128, 128}};
+  }
+  if (j.contains("gqa_ratios")) {
+    if (!j.at("gqa_ratios").is_array() || j.at("gqa_ratios").empty()) {
+      err.fail("'gqa_ratios' must be a non-empty list of positive integers");
+    }
+    for (const json& g : j.at("gqa_ratios")) {
+      if (!g.is_number_integer() || g.get<int>() < 1) {
+        err.fail(fmt::format("gqa ratio {} is not a positive integer", g.dump()));
+      }
+      w.gqa_ratios.push_back(g.get<int>());
+    }
+  } else {
+    w.gqa_ratios = {1};
+  }
+  if (!j.contains("shapes") || !j.at("shapes").is_array() || j.at("shapes").empty()) {
+    err.fail(
+        "'shapes' must be a non-empty list of {\"batch\", \"heads\", \"seqlen\"} objects "
+        "(or seqlen_q / seqlen_kv)");
+  }
+  for (const json& s : j.at("shapes")) {
+    if (!s.is_object()) err.fail(fmt::format("shape {} is not an object", s.dump()));
+    WorkloadShape sh;
+    sh.batch = positive(s, "batch", err, 1);
+    sh.heads_q = positive(s, "heads", err, 0);
+    const int64_t seqlen = s.contains("seqlen") ? positive(s, "seqlen", err, 0) : 0;
+    sh.seqlen_q = positive(s, "seqlen_q", err, seqlen);
+    sh.seqlen_kv = positive(s, "seqlen_kv", err, seqlen);
+    w.shapes.push_back(sh);
+  }
+  for (int g : w.gqa_ratios) {
+    for (const WorkloadShape& s : w.shapes) {
+      if (s.heads_q % g != 0) {
+        err.fail(fmt::format("heads {} is not a multiple of gqa ratio {}", s.heads_q, g));
+      }
+    }
+  }
+  w.archs = j.contains("archs") ? arch_list(j.at("archs"), err, "archs") : default_archs;
+  if (j.contains("block_size")) {
+    const json& b = j.at("block_size");
+    if (!b.is_number_integer() || b.get<int>() < 0 || b.get<int>() % 16 != 0) {
+      err.fail(
+          fmt::format("block_size {} must be 0 (no block mask) or a multiple of 16", b.dump()));
+    }
+    w.block_size = b.get<int>();
+  }
+  return w;
+}
+
+}  // namespace
+
+Manifest parse_manifest(const std::string& text, const std::filesystem::path& file,
+                        const std::filesystem::path& base_dir) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw Error(fmt::format("{}: not valid JSON: {}", file.string(), e.what()));
+  }
+  Manifest m;
+  m.file = file;
+  const json* list = &j;
+  if (j.is_object()) {
+    for (const auto& [key, _] : j.items()) {
+      if (key != "archs" && key != "workloads") {
+        throw Error(
+            fmt::format("{}: unknown top-level field '{}'; a manifest has \"archs\" and "
+                        "\"workloads\"",
+                        file.string(), key));
+      }
+    }
+    if (j.contains("archs")) m.archs = arch_list(j.at("archs"), EntryError(file, 0, ""), "archs");
+    if (!j.contains("workloads")) {
+      throw Error(fmt::format("{}: no \"workloads\" list", file.string()));
+    }
+    list = &j.at("workloads");
+  }
+  if (!list->is_array()) {
+    throw Error(fmt::format("{}: the workloads must be a JSON list", file.string()));
+  }
+  if (list->empty()) throw Error(fmt::format("{}: the workload list is empty", file.string()));
+  for (size_t i = 0; i < list->size(); ++i) {
+    try {
+      m.workloads.push_back(parse_workload((*list)[i], i, file, base_dir, m.archs));
+    } catch (const json::exception& e) {
+      // A value of an unexpected JSON type that the checks above did not name.
+      throw Error(fmt::format("{}: workload {}: {}", file.string(), i, e.what()));
+    }
+  }
+  return m;
+}
+
+Manifest load_manifest(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw Error(fmt::format("{}: cannot read the manifest", file.string()));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_manifest(ss.str(), file, file.parent_path());
+}
+
+std::vector<kernels::Family> families_of_kind(const std::string& kind) {
+  using kernels::Family;
+  if (kind == "backward") {
+    return {Family::BackwardPreprocess, Family::BackwardDkDv, Family::BackwardDq};
+  }
+  if (kind == "decode") return {Family::DecodeSplit, Family::DecodeCombine};
+  return {Family::Forward};
+}
+
+kernels::KernelDesc workload_forward_problem(const Workload& w, const std::string& arch,
+                                             DType dtype, std::pair<int, int> hd, int gqa) {
+  const bool mask = w.block_size > 0 && w.mods.mask_mod.defined();
+  return kernels::forward_problem(cuda::Arch::parse(arch), dtype, hd.first, hd.second, gqa,
+                                  /*divisible=*/false, /*full_blocks=*/mask);
+}
+
+kernels::InputFacts workload_forward_facts(const Workload& w, const WorkloadShape& s) {
+  kernels::InputFacts f;
+  f.seqlen_q = s.seqlen_q;
+  f.seqlen_kv = s.seqlen_kv;
+  if (w.block_size > 0 && w.mods.mask_mod.defined())
+    f.mask_q_block = f.mask_kv_block = w.block_size;
+  return f;
+}
+
+WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& arch_override,
+                     bool all_configs) {
+  const kernels::Registry& reg = kernels::Registry::global();
+  WarmPlan plan;
+  std::set<std::string> seen;
+  auto add = [&](const Workload& w, const kernels::KernelDesc& d, bool is_default) {
+    // Keyed by the mods the kernel is generated from (a block-mask kernel keeps the mask_mod).
+    const Mods kernel_mods = reg.get(d.family, d.variant).kernel_mods(w.mods);
+    const std::string id = fmt::format("{}|{:016x}", d.str(), kernel_mods.hash());
+    if (!seen.insert(id).second) return;
+    plan.kernels.push_back({w.index, d, w.mods, is_default});
+  };
+  for (const Workload& w : manifest.workloads) {
+    const EntryError err(manifest.file, w.index, w.named ? w.name : "");
+    const std::vector<std::string>& archs = arch_override.empty() ? w.archs : arch_override;
+    if (archs.empty()) {
+      err.fail("no archs: give \"archs\" in the manifest or --arch on the command line");
+    }
+    for (kernels::Family fam : families_of_kind(w.kind)) {
+      if (reg.variants(fam).empty()) {
+        plan.notes.push_back(fmt::format(
+            "{}: workload {}{}: no variant registered for "
+            "family {} (kind {}); nothing to compile for it",
+            manifest.file.string(), w.index, w.named ? fmt::format(" ('{}')", w.name) : "",
+            kernels::to_string(fam), w.kind));
+        continue;
+      }
+      for (const std::string& arch : archs) {
+        for (DType dt : w.dtypes) {
+          for (auto hd : w.head_dims) {
+            for (int gqa : w.gqa_ratios) {
+              try {
+                if (fam == kernels::Family::Forward) {
+                  const kernels::KernelDesc problem =
+                      workload_forward_problem(w, arch, dt, hd, gqa);
+                  for (const WorkloadShape& s : w.shapes) {
+                    const kernels::InputFacts facts = workload_forward_facts(w, s);
+                    add(w, reg.complete(problem, facts), true);
+                    if (!all_configs) continue;
+                    kernels::Selection sel = reg.select(problem, facts);
+                    kernels::KernelDesc keyed = problem;
+                    keyed.variant = std::string(sel.variant->name());
+                    const CandidateSet set = prune_configs(*sel.variant, keyed, facts);
+                    plan.pruned += set.pruned.size();
+                    for (const kernels::Params& c : set.candidates)
+                      add(w, reg.complete(problem, facts, c), c == set.default_config);
+                  }
+                  if (w.block_size > 0 && w.mods.mask_mod.defined()) {
+                    add(w,
+                        reg.complete(kernels::block_mask_problem(cuda::Arch::parse(arch),
+                                                                 w.block_size, w.block_size),
+                                     {}),
+                        true);
+                  }
+                  continue;
+                }
+                // A family without a runtime-shaped problem here: its query, as emit builds it.
+                KernelQuery q;
+                q.family = std::string(kernels::to_string(fam));
+                q.arch = arch;
+                q.dtype = dt;
+                q.head_dim_qk = hd.first;
+                q.head_dim_v = hd.second;
+                q.gqa_ratio = gqa;
+                q.block_size = w.block_size > 0 ? w.block_size : 128;
+                kernels::Selection sel;
+                const kernels::KernelDesc d = kernels::desc_for_query(q, &sel);
+                add(w, d, true);
+                if (!all_configs) continue;
+                kernels::KernelDesc problem = d;
+                problem.config = {};
+                const CandidateSet set = prune_configs(*sel.variant, problem, {});
+                plan.pruned += set.pruned.size();
+                for (const kernels::Params& c : set.candidates) {
+                  kernels::KernelDesc cd = problem;
+                  cd.config = c;
+                  sel.variant->specialize(cd, {});
+                  add(w, cd, c == set.default_config);
+                }
+              } catch (const UnsupportedError& e) {
+                err.fail(fmt::format("{} {} d={}/{} gqa={} for {}: {}", kernels::to_string(fam),
+                                     to_string(dt), hd.first, hd.second, gqa, arch, e.what()));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return plan;
+}
+
+}  // namespace flexjit::tune

@@ -1,0 +1,425 @@
+#include "tune/StepTuner.h"
+
+#include <flexjit/error.h>
+
+#include "kernels/Registry.h"
+#include "runtime/CudaDriver.h"
+#include "runtime/Plan.h"
+#include "runtime/Timer.h"
+#include "tune/Prune.h"
+#include "tune/ThreadPool.h"
+#include "tune/TuningStore.h"
+#include "util/Env.h"
+#include "util/Log.h"
+#include "util/PrivateFiles.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <optional>
+
+namespace flexjit::tune {
+
+namespace {
+
+std::atomic<uint64_t> g_searches{0};
+
+std::string first_line(const std::string& s) {
+  const size_t nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+double bits_to_double(DType dt, const char* p) {
+  switch (dt) {
+    case DType::F32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::BF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      const uint32_t u = static_cast<uint32_t>(h) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    }
+    case DType::F16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      const int sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+      double v;
+      if (exp == 0)
+        v = std::ldexp(mant, -24);
+      else if (exp == 31)
+        v = mant ? std::numeric_limits<double>::quiet_NaN()
+                 : std::numeric_limits<double>::infinity();
+      else
+        v = std::ldexp(mant + 1024, exp - 25);
+      return sign ? -v : v;
+    }
+    case DType::I32: {
+      int32_t i;
+      std::memcpy(&i, p, 4);
+      return i;
+    }
+    case DType::Bool:
+      return *p != 0 ? 1 : 0;
+  }
+  return 0;
+}
+
+// The elements of a device tensor (any strides), in C order, widened to double.
+std::vector<double> read_tensor(const TensorRef& t) {
+  const int es = dtype_size(t.dtype);
+  int64_t n = 1, span = 1;
+  for (size_t d = 0; d < t.shape.size(); ++d) {
+    n *= t.shape[d];
+    if (t.shape[d] == 0) return {};
+    span += (t.shape[d] - 1) * t.strides[d];
+  }
+  std::string bytes(static_cast<size_t>(span) * es, '\0');
+  FJ_CU(cuMemcpyDtoH, "a tuning output", bytes.data(), reinterpret_cast<CUdeviceptr>(t.data),
+        bytes.size());
+  std::vector<double> out;
+  out.reserve(static_cast<size_t>(n));
+  std::vector<int64_t> idx(t.shape.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t off = 0;
+    for (size_t d = 0; d < idx.size(); ++d)
+      off += idx[d] * t.strides[d];
+    out.push_back(bits_to_double(t.dtype, bytes.data() + off * es));
+    for (size_t d = idx.size(); d-- > 0;) {
+      if (++idx[d] < t.shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+runtime::CuStream as_stream(void* s) {
+  return static_cast<runtime::CuStream>(s);
+}
+
+DeviceIdentity identity_of(const runtime::Device& d) {
+  return {d.name(), d.cc_major(), d.cc_minor(), d.sm_count()};
+}
+
+// The store of the context's cache directory; in memory when the disk cache is off or untrusted.
+TuningStore& store_of(ContextImpl& ctx) {
+  jit::KernelCompiler& c = ctx.builder.compiler();
+  return TuningStore::for_cache_dir(c.disk() != nullptr ? c.settings().dir
+                                                        : std::filesystem::path());
+}
+
+std::string config_text(const kernels::Params& p) {
+  return p.str();
+}
+
+void print_record(const TuningRecord& r, double seconds) {
+  std::string s = fmt::format(
+      "flexjit autotune: {} [{}] on {} ({} candidates, {} pruned, {:.1f} s)\n", r.key.kernel,
+      r.key.bucket, r.key.device.str(), r.candidates.size(), r.pruned.size(), seconds);
+  for (const CandidateTiming& c : r.candidates) {
+    const bool is_default = c.config == r.default_config;
+    if (c.median_ms >= 0) {
+      s += fmt::format("  {:<52} {:>9.4f} ms{}{}\n", config_text(c.config), c.median_ms,
+                       is_default ? "  (default)" : "", c.config == r.config ? "  <- winner" : "");
+    } else {
+      s += fmt::format("  {:<52} {}{}\n", config_text(c.config), c.status,
+                       is_default ? "  (default)" : "");
+    }
+  }
+  for (const auto& [config, reason] : r.pruned)
+    s += fmt::format("  {:<52} pruned: {}\n", config_text(config), reason);
+  s += fmt::format("  winner: {} {:.4f} ms (default {:.4f} ms, {:.2f}x)\n", config_text(r.config),
+                   r.time_ms, r.default_ms, r.time_ms > 0 ? r.default_ms / r.time_ms : 0.0);
+  std::fputs(s.c_str(), stderr);
+}
+
+struct Candidate {
+  kernels::Params config;
+  kernels::KernelDesc desc;
+  std::optional<BuiltKernel> built;
+  std::string status = "ok";
+  double median_ms = -1;
+};
+
+// Times every candidate of `set`; the record of the search (winner and all timings).
+std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::KernelDesc& problem,
+                                   const TuningKey& key, const kernels::InputFacts& facts,
+                                   const Mods& mods, const kernels::Params& caller,
+                                   std::string_view forced, const StepIo& io,
+                                   const kernels::Variant& variant) {
+  ContextImpl& ctx = *tuning.ctx;
+  runtime::Device& device = *ctx.device;
+  const kernels::Registry& reg = kernels::Registry::global();
+  kernels::KernelDesc keyed = problem;
+  keyed.variant = std::string(variant.name());
+  const CandidateSet set =
+      prune_configs(variant, keyed, facts, caller, device.max_shared_memory_optin());
+  for (const PrunedConfig& p : set.pruned)
+    FJ_LOG("tune", "pruned {} for {}: {}", p.config.str(), key.kernel, p.reason);
+
+  std::vector<Candidate> cands;
+  for (const kernels::Params& c : set.candidates) {
+    Candidate cand;
+    cand.config = c;
+    try {
+      cand.desc = reg.complete(problem, facts, below(caller, c), forced);
+    } catch (const UnsupportedError& e) {
+      cand.status = fmt::format("unsupported: {}", first_line(e.what()));
+    }
+    cands.push_back(std::move(cand));
+  }
+  // Compile in parallel through the context's builder (memo, memory and disk caches, NVRTC).
+  {
+    ThreadPool pool(
+        std::min<size_t>(cands.size(), std::max(1u, std::thread::hardware_concurrency())));
+    parallel_for(pool, cands.size(), [&](size_t i) {
+      Candidate& c = cands[i];
+      if (c.status != "ok") return;
+      try {
+        c.built = ctx.builder.build(mods, c.desc);
+      } catch (const Error& e) {
+        c.status = fmt::format("compile failed: {}", first_line(e.what()));
+      }
+    });
+  }
+  device.make_current();  // compiles need no context; the launches below do
+  if (cands.empty() || cands[0].status != "ok") {
+    // The default does not build: the call fails the same way untuned, with the full message.
+    FJ_LOG("tune", "no search for {}: the default config does not build", key.kernel);
+    return std::nullopt;
+  }
+
+  size_t ws_bytes = 0;
+  for (const Candidate& c : cands) {
+    if (c.status == "ok") ws_bytes = std::max(ws_bytes, io.workspace_bytes(c.desc));
+  }
+  runtime::DeviceBuffer scratch(device, ws_bytes);
+  const runtime::CuStream stream = tuning.stream;
+  auto run = [&](const Candidate& c) {
+    runtime::Plan plan;
+    runtime::PlanStep step;
+    step.desc = c.desc;
+    step.mods = mods;
+    step.workspace_bytes = io.workspace_bytes(c.desc);
+    step.launches = [&io, desc = c.desc](void* ws) { return io.launches(desc, ws); };
+    plan.add(std::move(step));
+    runtime::BuiltPlan built;
+    built.kernels.push_back(*c.built);
+    runtime::launch_plan(device, plan, built, stream, Workspace{scratch.data(), scratch.size()});
+  };
+  auto sync = [&] { FJ_CU(cuStreamSynchronize, "the tuning stream", stream); };
+  auto read_outputs = [&] {
+    std::vector<std::vector<double>> v;
+    for (const TensorRef& t : io.outputs)
+      v.push_back(read_tensor(t));
+    return v;
+  };
+
+  // The default's outputs are the reference; a launch error there is the call's own error.
+  run(cands[0]);
+  sync();
+  const std::vector<std::vector<double>> reference = read_outputs();
+  if (io.outputs.empty())
+    FJ_LOG("tune", "{}: outputs not compared (the family names none)", key.kernel);
+  for (size_t i = 1; i < cands.size(); ++i) {
+    Candidate& c = cands[i];
+    if (c.status != "ok") continue;
+    try {
+      run(c);
+      sync();
+      const std::vector<std::vector<double>> got = read_outputs();
+      for (size_t o = 0; o < got.size(); ++o) {
+        std::string why = compare_outputs(io.outputs[o].dtype, reference[o], got[o]);
+        if (!why.empty()) {
+          c.status = fmt::format("wrong output {}: {}", o, why);
+          break;
+        }
+      }
+    } catch (const Error& e) {
+      c.status = fmt::format("launch failed: {}", first_line(e.what()));
+    }
+  }
+  runtime::DeviceTimer timer(device, stream);
+  runtime::TimingOptions opts;
+  opts.warmup_ms = 5;
+  opts.repeat_ms = 40;
+  opts.min_repeats = 5;
+  opts.max_repeats = 200;
+  for (Candidate& c : cands) {
+    if (c.status != "ok") continue;
+    try {
+      c.median_ms = timer.time([&] { run(c); }, opts).median_ms;
+    } catch (const Error& e) {
+      c.status = fmt::format("launch failed: {}", first_line(e.what()));
+    }
+  }
+  if (cands[0].median_ms < 0) return std::nullopt;  // the default itself failed to time
+
+  TuningRecord rec;
+  rec.key = key;
+  rec.default_config = cands[0].config;
+  rec.default_ms = cands[0].median_ms;
+  size_t best = 0;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const Candidate& c = cands[i];
+    rec.candidates.push_back({c.config, c.median_ms, c.status});
+    if (c.median_ms >= 0 && c.median_ms < cands[best].median_ms) best = i;
+  }
+  rec.config = cands[best].config;
+  rec.time_ms = cands[best].median_ms;
+  for (const PrunedConfig& p : set.pruned)
+    rec.pruned.emplace_back(p.config, p.reason);
+  return rec;
+}
+
+}  // namespace
+
+uint64_t search_count() {
+  return g_searches.load(std::memory_order_relaxed);
+}
+
+const char* to_string(Mode m) {
+  switch (m) {
+    case Mode::Off:
+      return "off";
+    case Mode::Cached:
+      return "cached";
+    case Mode::Search:
+      return "search";
+  }
+  return "off";
+}
+
+std::optional<Mode> parse_mode(std::string_view s) {
+  std::string l(s);
+  for (char& c : l)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (l == "off") return Mode::Off;
+  if (l == "cached") return Mode::Cached;
+  if (l == "search") return Mode::Search;
+  return std::nullopt;
+}
+
+Mode resolve_mode(AutotuneMode m) {
+  switch (m) {
+    case AutotuneMode::Off:
+      return Mode::Off;
+    case AutotuneMode::Cached:
+      return Mode::Cached;
+    case AutotuneMode::Search:
+      return Mode::Search;
+    case AutotuneMode::FromEnv:
+      break;
+  }
+  const auto v = env::get("FLEXJIT_AUTOTUNE");
+  if (!v) return Mode::Off;
+  if (auto mode = parse_mode(*v)) return *mode;
+  files::warn_once("tune", fmt::format("FLEXJIT_AUTOTUNE='{}' is not one of off, cached, search; "
+                                       "autotuning is off",
+                                       *v));
+  return Mode::Off;
+}
+
+bool print_enabled() {
+  return env::flag("FLEXJIT_PRINT_AUTOTUNING");
+}
+
+StepTuning step_tuning(Context& ctx, AutotuneMode mode, void* stream) {
+  StepTuning t;
+  t.ctx = &impl_of(ctx);
+  t.mode = resolve_mode(mode);
+  t.stream = as_stream(stream);
+  return t;
+}
+
+kernels::Params below(const kernels::Params& caller, const kernels::Params& tuned) {
+  kernels::Params out = tuned;
+  for (const auto& [name, value] : caller.items())
+    out.set(name, value);
+  return out;
+}
+
+std::string compare_outputs(DType dtype, const std::vector<double>& reference,
+                            const std::vector<double>& candidate) {
+  if (reference.size() != candidate.size()) {
+    return fmt::format("{} elements vs {}", candidate.size(), reference.size());
+  }
+  double atol = 2e-3, rtol = 2e-3;
+  if (dtype == DType::BF16) atol = rtol = 2e-2;
+  if (dtype == DType::F16) atol = rtol = 5e-3;
+  if (dtype == DType::I32 || dtype == DType::Bool) atol = rtol = 0;  // indices: exact
+  for (size_t i = 0; i < reference.size(); ++i) {
+    const double r = reference[i], c = candidate[i];
+    if (!std::isfinite(r) || !std::isfinite(c)) {
+      const bool same = (std::isnan(r) && std::isnan(c)) || r == c;
+      if (!same) return fmt::format("element {}: {} vs {}", i, c, r);
+      continue;
+    }
+    const double tol = atol + rtol * std::abs(r);
+    if (std::abs(c - r) > tol) {
+      return fmt::format("element {}: {} vs {} (tolerance {:.3g})", i, c, r, tol);
+    }
+  }
+  return {};
+}
+
+kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelDesc& problem,
+                                const kernels::InputFacts& facts, const Mods& mods,
+                                const kernels::Params& caller, std::string_view forced,
+                                const StepIo& io) {
+  if (!tuning.active()) return {};
+  const kernels::Registry& reg = kernels::Registry::global();
+  const kernels::Variant& variant = *reg.select(problem, facts, forced).variant;
+  kernels::KernelDesc keyed = problem;
+  keyed.variant = std::string(variant.name());
+  const TuningKey key =
+      make_key(identity_of(*tuning.ctx->device), keyed, mods.hash(), facts, caller);
+  TuningStore& store = store_of(*tuning.ctx);
+  if (auto rec = store.find(key)) {
+    try {
+      reg.complete(problem, facts, below(caller, rec->config), forced);
+      FJ_LOG("tune", "tuned config {} for {} [{}]", rec->config.str(), key.kernel, key.bucket);
+      if (print_enabled()) {
+        std::fprintf(stderr, "flexjit autotune: %s [%s]: stored winner %s (%.4f ms)\n",
+                     key.kernel.c_str(), key.bucket.c_str(), rec->config.str().c_str(),
+                     rec->time_ms);
+      }
+      return rec->config;
+    } catch (const UnsupportedError& e) {
+      files::warn_once(
+          "tune", fmt::format("the stored tuned config {} for {} [{}] is not valid any more "
+                              "({}); {}",
+                              rec->config.str(), key.kernel, key.bucket, first_line(e.what()),
+                              tuning.mode == Mode::Search ? "retuning" : "using the defaults"));
+    }
+  }
+  if (tuning.mode != Mode::Search) {
+    FJ_LOG("tune", "no tuned config for {} [{}]: defaults", key.kernel, key.bucket);
+    return {};
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  g_searches.fetch_add(1, std::memory_order_relaxed);
+  std::optional<TuningRecord> rec =
+      search(tuning, problem, key, facts, mods, caller, forced, io, variant);
+  if (!rec) return {};
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  FJ_LOG("tune", "searched {} [{}]: {} ({:.4f} ms; default {:.4f} ms) in {:.1f} s", key.kernel,
+         key.bucket, rec->config.str(), rec->time_ms, rec->default_ms, seconds);
+  if (print_enabled()) print_record(*rec, seconds);
+  store.put(*rec);
+  return rec->config;
+}
+
+}  // namespace flexjit::tune

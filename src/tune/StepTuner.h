@@ -1,0 +1,83 @@
+// Autotuning at plan time (docs/tuning.md): runtime::plan_step asks tuned_overrides() for the
+// config overrides of a step before the registry completes it, so every family's plan is tuned
+// the same way, through the Variant interface and the family's launches. The caller's explicit
+// config values always win over tuned ones (below()).
+//
+//   off     no lookup: the variant's defaults table;
+//   cached  the stored winner for this key (tune/TuningKey.h), else the defaults;
+//   search  the stored winner, else: prune the config space (tune/Prune.h), compile every
+//           candidate in parallel, run the default and compare every candidate's outputs with
+//           its (the dtype's tolerance), time the survivors with CUDA events (warm-up, median of
+//           repeats, L2 flushed before each), store the fastest.
+// Candidates run on the call's own inputs and outputs (the outputs are rewritten by the winner
+// afterwards), on a scratch workspace: a family's launches must be repeatable (each writes its
+// outputs from its inputs). A candidate that fails to compile, launch or match is reported and
+// skipped, never fatal; a kernel fault that poisons the CUDA context is not recoverable.
+#pragma once
+
+#include <flexjit/attention.h>
+#include <flexjit/tensor.h>
+
+#include "kernels/Variant.h"
+#include "runtime/ContextImpl.h"
+#include "tune/TuningOutputs.h"
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flexjit::tune {
+
+enum class Mode { Off, Cached, Search };
+const char* to_string(Mode m);  // "off", "cached", "search"
+// "off" | "cached" | "search" (any case); nullopt otherwise.
+std::optional<Mode> parse_mode(std::string_view s);
+// The mode of an AutotuneMode: FromEnv reads FLEXJIT_AUTOTUNE (unset or empty: off; a value
+// that is none of the three is a warning, then off).
+Mode resolve_mode(AutotuneMode m);
+// FLEXJIT_PRINT_AUTOTUNING=1: every candidate's time, each pruned config's reason and the winner
+// go to stderr.
+bool print_enabled();
+
+// How a step is tuned: the context (device, builder, its cache directory) and the mode.
+struct StepTuning {
+  ContextImpl* ctx = nullptr;
+  Mode mode = Mode::Off;
+  runtime::CuStream stream = nullptr;  // where candidates run (the caller's stream)
+  bool active() const { return ctx != nullptr && mode != Mode::Off; }
+};
+// For a call on `ctx` with `mode`; `stream` is a CUstream (null: the default stream).
+StepTuning step_tuning(Context& ctx, AutotuneMode mode, void* stream);
+
+// What the tuner needs of a step beyond the Variant interface; plan_step binds it.
+struct StepIo {
+  std::function<std::vector<kernels::Launch>(const kernels::KernelDesc&, void* workspace)> launches;
+  std::function<size_t(const kernels::KernelDesc&)> workspace_bytes;
+  std::vector<TensorRef> outputs;  // compared with the default's; empty: not compared
+};
+
+// The caller's overrides with the tuned values below them: a value the caller set wins.
+kernels::Params below(const kernels::Params& caller, const kernels::Params& tuned);
+
+// The tuned config of a step (empty: use the defaults). `problem` is the step's problem as given
+// to Registry::complete; `caller` the caller's overrides; `forced` a variant the caller named.
+kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelDesc& problem,
+                                const kernels::InputFacts& facts, const Mods& mods,
+                                const kernels::Params& caller, std::string_view forced,
+                                const StepIo& io);
+
+// How many searches this process has run (each times a step's candidates): what tests read to
+// see that a stored winner is used without timing.
+uint64_t search_count();
+
+// Elementwise agreement of a candidate's output with the reference's, values widened to double:
+// |a - r| <= atol + rtol |r| with the dtype's tolerance (bf16 2e-2, f16 5e-3, f32 2e-3: tiles
+// change the order of fp32 sums, rounding then differs in the last bits; i32 and bool exact);
+// a NaN or infinity is
+// accepted only where the reference has the same. Empty when they agree, else the first
+// mismatch: "element 1234: 0.51 vs 0.75 (tolerance 0.035)".
+std::string compare_outputs(DType dtype, const std::vector<double>& reference,
+                            const std::vector<double>& candidate);
+
+}  // namespace flexjit::tune
