@@ -30,9 +30,7 @@ ninja -C "$B" flexjit-tests flexjit-cli flexjit-fuzz-parser
 echo "== sanitizer build: $(($(now) - t0)) s"
 
 # Reports abort the process (exit code != 0), with a stack trace. Leak checking stays on.
-# allocator_may_return_null: an impossible allocation throws std::bad_alloc (which flexjit turns
-# into an error naming the size) instead of ASan aborting the process.
-export ASAN_OPTIONS="abort_on_error=1:detect_leaks=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1:allocator_may_return_null=1"
+export ASAN_OPTIONS="abort_on_error=1:detect_leaks=1:strict_string_checks=1:check_initialization_order=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 
 if [ "${SKIP_SAN_TESTS:-0}" != 1 ]; then
