@@ -532,16 +532,24 @@ TEST_CASE("decode: flexjit run on a paged KV cache matches the fp64 reference (-
   const HostTensor pool = random_tensor(rng, DType::BF16, {12, 16, 2, 64});
   const std::vector<int32_t> table = {7, 2, 9, 0, 11, 3, 5, 1, 4, 6, 8, 10};  // [2, 6]
   const std::vector<int32_t> lens = {90, 33};
+  std::vector<float> slopes(6);
+  for (int h = 0; h < 6; ++h)
+    slopes[h] = std::exp2(-8.0f * (h + 1) / 6);
+  std::vector<char> slope_bytes(slopes.size() * 4);
+  std::memcpy(slope_bytes.data(), slopes.data(), slope_bytes.size());
   const std::string args = fmt::format(
-      "run --mods alibi --q {} --k {} --v {} --page-table {} --seq-lens {} --check-pages --check "
-      "--repeat 1 --json",
+      "run --mods alibi --buffer slopes={} --q {} --k {} --v {} --page-table {} --seq-lens {} "
+      "--check-pages --check --repeat 1 --json",
+      write("slopes.npy", DType::F32, {6}, slope_bytes),
       write("q.npy", DType::BF16, {2, 6, 2, 64}, q.bytes()),
       write("k.npy", DType::BF16, {12, 16, 2, 64}, pool.bytes()),
       write("v.npy", DType::BF16, {12, 16, 2, 64}, pool.bytes()),
       write("table.npy", DType::I32, {2, 6}, ints(table)),
       write("lens.npy", DType::I32, {2}, ints(lens)));
   std::string out;
-  REQUIRE(run_cli(args, &out) == 0);
+  const int rc = run_cli(args, &out);
+  INFO("flexjit " << args << "\n" << out);
+  REQUIRE(rc == 0);
   const auto brace = out.find('{');
   REQUIRE(brace != std::string::npos);
   const nlohmann::json j = nlohmann::json::parse(out.substr(brace));
