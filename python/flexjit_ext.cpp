@@ -13,9 +13,9 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
-#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
@@ -491,8 +491,8 @@ NB_MODULE(_flexjit, m) {
          const Array& dout, const Array& dq, const Array& dk, const Array& dv, const Mods& mods,
          const PyBlockMask* block_mask, const std::vector<std::pair<std::string, Array>>& buffers,
          const std::vector<std::pair<std::string, double>>& params,
-         const std::vector<std::pair<std::string, Array>>& buffer_grads,
-         std::optional<float> scale, uintptr_t stream, int num_threads) {
+         const std::vector<std::pair<std::string, Array>>& buffer_grads, std::optional<float> scale,
+         uintptr_t stream, int num_threads) {
         const TensorRef tq = to_tensor(q), tk = to_tensor(k), tv = to_tensor(v);
         AttentionOptions o;
         o.mods = mods;
@@ -518,7 +518,8 @@ NB_MODULE(_flexjit, m) {
           put(g.dq, r.dq);
           put(g.dk, r.dk);
           put(g.dv, r.dv);
-          for (const auto& [name, t] : g.buffer_grads) put(t, r.buffers.at(name));
+          for (const auto& [name, t] : g.buffer_grads)
+            put(t, r.buffers.at(name));
           return;
         }
         Context& ctx = context_for(tq.device_index);
@@ -539,9 +540,9 @@ NB_MODULE(_flexjit, m) {
       "stream"_a, "num_threads"_a);
 
   // --- kernels (include/flexjit/kernel.h): emit, compile, inspect ---
-  auto query_of = [](const std::string& family, const std::string& variant,
-                     const std::string& arch, const std::string& dtype, int head_dim_qk,
-                     int head_dim_v, int gqa_ratio, int block_size) {
+  auto query_of = [](const std::string& family, const std::string& variant, const std::string& arch,
+                     const std::string& dtype, int head_dim_qk, int head_dim_v, int gqa_ratio,
+                     int block_size) {
     KernelQuery q;
     q.family = family;
     q.variant = variant;
@@ -570,8 +571,8 @@ NB_MODULE(_flexjit, m) {
       [query_of, source_dict](const Mods& mods, const std::string& family,
                               const std::string& variant, const std::string& arch,
                               const std::string& dtype, int dqk, int dv, int gqa, int block_size) {
-        return source_dict(emit_kernel(mods, query_of(family, variant, arch, dtype, dqk, dv, gqa,
-                                                      block_size)));
+        return source_dict(
+            emit_kernel(mods, query_of(family, variant, arch, dtype, dqk, dv, gqa, block_size)));
       },
       "mods"_a, "family"_a, "variant"_a, "arch"_a, "dtype"_a, "head_dim_qk"_a, "head_dim_v"_a,
       "gqa_ratio"_a, "block_size"_a);

@@ -178,8 +178,8 @@ extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_preprocess(const F
     for (int off = 16; off > 0; off >>= 1)
       acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (args.dq_accum != nullptr) {  // the dK/dV kernel adds dQ into it
-      fj_u32x4* acc_row = reinterpret_cast<fj_u32x4*>(args.dq_accum +
-                                                      (ws_row0 + row) * FjConfig::kHeadDimQK);
+      fj_u32x4* acc_row =
+          reinterpret_cast<fj_u32x4*>(args.dq_accum + (ws_row0 + row) * FjConfig::kHeadDimQK);
       for (int c = lane; c < FjConfig::kHeadDimQK / 4; c += 32)
         acc_row[c] = fj_u32x4{0u, 0u, 0u, 0u};
     }
@@ -438,7 +438,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
           float ds[1][kBN / 8][4];
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
-            const float* src = sds + (slice * 16 + hr * 8 + (lane >> 2)) * kDsStride + (lane & 3) * 2;
+            const float* src =
+                sds + (slice * 16 + hr * 8 + (lane >> 2)) * kDsStride + (lane & 3) * 2;
 #pragma unroll
             for (int nt = 0; nt < kBN / 8; ++nt) {
               ds[0][nt][hr * 2] = src[nt * 8];

@@ -187,14 +187,13 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
       options.variant);
   dkdv.workspace_of = 0;
   plan.add(std::move(dkdv));
-  runtime::PlanStep dq =
-      call.inputs.dq_atomic
-          ? runtime::plan_step<kernels::BackwardDqVariant>(problem(kernels::Family::BackwardDq),
-                                                           call.inputs, facts, call.mods, {},
-                                                           "atomic_convert")
-          : runtime::plan_step<kernels::BackwardDqVariant>(problem(kernels::Family::BackwardDq),
-                                                           call.inputs, facts, call.mods,
-                                                           overrides, options.variant);
+  runtime::PlanStep dq = call.inputs.dq_atomic
+                             ? runtime::plan_step<kernels::BackwardDqVariant>(
+                                   problem(kernels::Family::BackwardDq), call.inputs, facts,
+                                   call.mods, {}, "atomic_convert")
+                             : runtime::plan_step<kernels::BackwardDqVariant>(
+                                   problem(kernels::Family::BackwardDq), call.inputs, facts,
+                                   call.mods, overrides, options.variant);
   dq.workspace_of = 0;
   plan.add(std::move(dq));
   return plan;
@@ -258,9 +257,8 @@ BackwardResult flex_attention_backward(Context& ctx, const TensorRef& q, const T
   return r;
 }
 
-size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q,
-                                               const TensorRef& k, const TensorRef& v,
-                                               const AttentionOptions& options,
+size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                               const TensorRef& v, const AttentionOptions& options,
                                                const BackwardOptions& backward) {
   const QkvShape s = validate_qkv(q, k, v);
   if (q.device == TensorRef::Device::CPU) return 0;

@@ -40,8 +40,7 @@ TEST_CASE("gradient hooks: FjGradParams, fj_dscore and fj_bufgrad from the autod
                       Catch::Contains("fj_i64 gstride_slopes[1];") &&
                       Catch::Contains("fj_i64 gextent_slopes[1];") &&
                       Catch::Contains("static constexpr bool kFjHasBufferGrads = true;") &&
-                      Catch::Contains("kFjUniformGradSites = 1") &&
-                      Catch::Contains("acc[0] += ") &&
+                      Catch::Contains("kFjUniformGradSites = 1") && Catch::Contains("acc[0] += ") &&
                       Catch::Contains("fj_grad_add(gp.grad_slopes") &&
                       Catch::Contains("fj_clamp_index(h, gp.gextent_slopes[0])"));
   // relative_bias reads bias[q_idx - kv_idx + offset]: one address per element.
@@ -79,10 +78,10 @@ TEST_CASE("backward variants: registration, descriptions and validation", "[back
         "backward_dkdv/sm80_mma sm_90a bf16 d=128/128 gqa=4 divisible=0 full_blocks=1 | "
         "block_m=64 block_n=64 dq_atomic=0 num_stages=2 num_warps=4");
   // dq_atomic = 1 where the default tiles do not split the dQ products: 64 x 64 on 4 warps.
-  const KernelDesc a64 = reg.complete(backward_problem(Family::BackwardDkDv,
-                                                       cuda::Arch::parse("sm_90a"), DType::BF16,
-                                                       64, 64, 1, true),
-                                      {}, {{"dq_atomic", 1}});
+  const KernelDesc a64 =
+      reg.complete(backward_problem(Family::BackwardDkDv, cuda::Arch::parse("sm_90a"), DType::BF16,
+                                    64, 64, 1, true),
+                   {}, {{"dq_atomic", 1}});
   CHECK(a64.config.str() == "block_m=64 block_n=64 dq_atomic=1 num_stages=2 num_warps=4");
   CHECK(reg.find(Family::BackwardDq, "atomic_convert") != nullptr);
   CHECK_FALSE(reg.find(Family::BackwardDq, "atomic_convert")->auto_select());
@@ -152,8 +151,8 @@ TEST_CASE("the backward kernels compile for every arch, dtype and head dim", "[b
       try {
         KernelDesc d = bwd_desc(j.family, j.arch, j.dtype, j.dqk, j.dv);
         if (j.dq_atomic) {
-          const KernelDesc p = backward_problem(j.family, cuda::Arch::parse(j.arch), j.dtype,
-                                                j.dqk, j.dv, 1, true);
+          const KernelDesc p =
+              backward_problem(j.family, cuda::Arch::parse(j.arch), j.dtype, j.dqk, j.dv, 1, true);
           d = j.family == Family::BackwardDkDv
                   ? Registry::global().complete(p, {}, {{"dq_atomic", 1}})
                   : Registry::global().complete(p, {}, {}, "atomic_convert");

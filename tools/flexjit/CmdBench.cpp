@@ -145,8 +145,8 @@ struct AttentionBenchOptions {
   bool no_flush = false;
   bool use_cache = false;  // the user's kernel cache instead of a fresh one
   int device = 0;
-  BlockConfig config;     // zeros: the defaults table
-  bool backward = false;  // also time flex_attention_backward (bwd_ms, bwd_tflops)
+  BlockConfig config;           // zeros: the defaults table
+  bool backward = false;        // also time flex_attention_backward (bwd_ms, bwd_tflops)
   std::string bwd_dq = "auto";  // auto | atomic | pass: how the backward computes dQ
   std::string autotune;  // empty: FLEXJIT_AUTOTUNE; else off | cached | search, beside the default
 };

@@ -373,8 +373,7 @@ std::string generate_mod_grad_functions(const Mods& mods) {
     bool fixed = true;
     auto visit = [&](const Expr& root) {
       ir::for_each_node(root, [&](const Expr& n) {
-        if (n->op == Op::Var && n->var != ir::VarKind::B && n->var != ir::VarKind::H)
-          fixed = false;
+        if (n->op == Op::Var && n->var != ir::VarKind::B && n->var != ir::VarKind::H) fixed = false;
       });
     };
     for (const Expr& e : g.indices)
@@ -389,7 +388,8 @@ std::string generate_mod_grad_functions(const Mods& mods) {
   const bool any = !uniform.empty() || !per_element.empty();
   w.line(fmt::format("static constexpr bool kFjHasBufferGrads = {};", any ? "true" : "false"));
   w.line(fmt::format("static constexpr int kFjUniformGradSites = {};", uniform.size()));
-  w.line(fmt::format("static constexpr int kFjGradSlots = {};", std::max<size_t>(1, uniform.size())));
+  w.line(
+      fmt::format("static constexpr int kFjGradSlots = {};", std::max<size_t>(1, uniform.size())));
   // The address of a site: its indices clamped into the extents, as an element offset.
   auto address = [&](ExprLowering& lowering, const passes::BufferGrad& g) {
     const std::string& name = g.buffer->name;
@@ -400,8 +400,8 @@ std::string generate_mod_grad_functions(const Mods& mods) {
     std::vector<std::string> terms;
     for (size_t d = 0; d < g.indices.size(); ++d) {
       const std::string idx = lowering.lower(g.indices[d]);
-      const std::string clamped = w.ssa(
-          "fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx, name, d));
+      const std::string clamped =
+          w.ssa("fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx, name, d));
       terms.push_back(fmt::format("{} * gp.gstride_{}[{}]", clamped, name, d));
     }
     const std::string offset = terms.empty() ? "0" : fmt::format("{}", fmt::join(terms, " + "));

@@ -89,7 +89,8 @@ FjBwdArgs make_bwd_args(const BackwardInputs& in, void* scratch, bool full_block
                       static_cast<size_t>(backward_padded_seqlen_q(s.seqlen_q));
   a.lse2 = static_cast<float*>(scratch);
   a.delta = scratch != nullptr ? static_cast<float*>(scratch) + rows : nullptr;
-  a.dq_accum = scratch != nullptr && in.dq_atomic ? static_cast<float*>(scratch) + 2 * rows : nullptr;
+  a.dq_accum =
+      scratch != nullptr && in.dq_atomic ? static_cast<float*>(scratch) + 2 * rows : nullptr;
   auto strides3 = [](const TensorRef& t, fj_i64& b, fj_i64& h, fj_i64& sq) {
     b = t.strides[0], h = t.strides[1], sq = t.strides[2];
   };
