@@ -12,6 +12,8 @@
 #include <new>
 #include <optional>
 #include <sstream>
+
+#include <unistd.h>
 #include <stdexcept>
 
 namespace flexjit::npy {
@@ -175,6 +177,15 @@ std::string human_bytes(double b) {
   return u == 0 ? fmt::format("{:.0f} bytes", b) : fmt::format("{:.1f} {}", b, units[u]);
 }
 
+// The machine's physical memory in bytes (0 when unknown): an array larger than that cannot be
+// held, so it is refused before asking the allocator (which may overcommit, or, under
+// AddressSanitizer, abort instead of throwing std::bad_alloc).
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return checked_mul(static_cast<int64_t>(pages), static_cast<int64_t>(page)).value_or(0);
+}
+
 }  // namespace
 
 Array make_array(DType dtype, std::vector<int64_t> shape) {
@@ -182,6 +193,12 @@ Array make_array(DType dtype, std::vector<int64_t> shape) {
   if (!bytes) {
     throw Error(fmt::format("an array of {} {} has a negative extent or more than 2^63 bytes",
                             to_string(dtype), shape_str(shape)));
+  }
+  const int64_t memory = physical_memory_bytes();
+  if (memory > 0 && *bytes > memory) {
+    throw Error(fmt::format("cannot allocate {} for an array of {} {}: the machine has {}",
+                            human_bytes(static_cast<double>(*bytes)), to_string(dtype),
+                            shape_str(shape), human_bytes(static_cast<double>(memory))));
   }
   Array a;
   a.dtype = dtype;
