@@ -90,7 +90,7 @@ void transpose(const BlockMask& m, const std::vector<int32_t>& num, const std::v
     }
     for (int kvb = 0; kvb < nkv; ++kvb) {
       const size_t row = static_cast<size_t>(bh) * nkv + kvb;
-      write_row(sel[kvb], &tnum[row], &tidx[row * nq]);
+      write_row(sel[kvb], &tnum[row], tidx.data() + row * nq);  // no [] on an empty array
     }
   }
 }
