@@ -141,9 +141,9 @@ TEST_CASE("npy checks every size before allocating or reading (issue 14)", "[npy
   // make_array: overflow and allocation failures are errors with the shape.
   CHECK_THROWS_WITH(npy::make_array(DType::F32, {1 << 24, 1 << 24, 1 << 24, 1 << 24}),
                     Catch::Contains("more than 2^63 bytes"));
-  CHECK_THROWS_WITH(npy::make_array(DType::F32, {int64_t{1} << 58}),
-                    Catch::Contains("cannot allocate 1.0 EiB") &&
-                        Catch::Contains("the machine has"));
+  CHECK_THROWS_WITH(
+      npy::make_array(DType::F32, {int64_t{1} << 58}),
+      Catch::Contains("cannot allocate 1.0 EiB") && Catch::Contains("the machine has"));
 }
 
 TEST_CASE("npy::Array::view is a contiguous CPU TensorRef of its bytes", "[npy]") {
