@@ -5,6 +5,7 @@
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/SourceWriter.h"
 #include "kernels/forward/Forward.h"
+#include "kernels/forward/Sm80Mma.h"
 #include "util/Embedded.h"
 
 #include <fmt/format.h>
@@ -80,29 +81,13 @@ Params dkdv_config(int block_m, int block_n, int num_warps, int num_stages, int 
   return p;
 }
 
-// The generated `struct FjConfig` of the dK/dV and dQ kernels (the forward's fields, and
-// kDqAtomic).
+// The generated `struct FjConfig` of the dK/dV and dQ kernels: the forward's fields and
+// kDqAtomic (whether the dK/dV kernel adds dQ).
 std::string backward_config_struct(const Mods& mods, const KernelDesc& d) {
-  cuda::SourceWriter w;
-  w.line(fmt::format("// Compile-time configuration: {}", d.str()));
-  {
-    auto st = w.block("struct FjConfig", ";");
-    w.line(fmt::format(
-        "static constexpr int kBlockM = {}, kBlockN = {}, kNumWarps = {}, kNumStages = {};",
-        d.config.at("block_m"), d.config.at("block_n"), d.config.at("num_warps"),
-        d.config.at("num_stages")));
-    w.line(fmt::format("static constexpr int kHeadDimQK = {}, kHeadDimV = {}, kGqaRatio = {};",
-                       d.head_dim_qk, d.head_dim_v, d.gqa_ratio));
-    auto b = [](bool v) { return v ? "true" : "false"; };
-    w.line(fmt::format("static constexpr bool kIsDivisible = {}, kHasFullBlocks = {};",
-                       b(d.flags.at("divisible") != 0), b(d.flags.at("full_blocks") != 0)));
-    w.line(fmt::format("static constexpr bool kHasScoreMod = {}, kHasMaskMod = {};",
-                       b(cuda::has_score_mod(mods)), b(cuda::has_mask_mod(mods))));
-    w.line(fmt::format("static constexpr bool kDqAtomic = {};",
-                       b(d.config.get("dq_atomic").value_or(0) != 0)));
-    w.line(fmt::format("using Element = {};", element_type(d.dtype)));
-  }
-  return w.str();
+  return ForwardSm80Mma::config_struct(
+      mods, d,
+      {fmt::format("static constexpr bool kDqAtomic = {};",
+                   d.config.get("dq_atomic").value_or(0) != 0 ? "true" : "false")});
 }
 
 int dkdv_smem(const KernelDesc& d) {

@@ -232,7 +232,8 @@ std::vector<TemplateText> ForwardSm80Mma::templates() const {
           {"forward_sm80.cuh", templates_.kernel, false}};
 }
 
-std::string ForwardSm80Mma::config_struct(const Mods& mods, const KernelDesc& d) {
+std::string ForwardSm80Mma::config_struct(const Mods& mods, const KernelDesc& d,
+                                          const std::vector<std::string>& extra) {
   cuda::SourceWriter w;
   w.line(fmt::format("// Compile-time configuration: {}", d.str()));
   {
@@ -248,6 +249,8 @@ std::string ForwardSm80Mma::config_struct(const Mods& mods, const KernelDesc& d)
                        b(d.flags.at("divisible") != 0), b(d.flags.at("full_blocks") != 0)));
     w.line(fmt::format("static constexpr bool kHasScoreMod = {}, kHasMaskMod = {};",
                        b(cuda::has_score_mod(mods)), b(cuda::has_mask_mod(mods))));
+    for (const std::string& line : extra)
+      w.line(line);
     w.line(fmt::format("using Element = {};", element_type(d.dtype)));
   }
   return w.str();

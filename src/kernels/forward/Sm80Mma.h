@@ -44,7 +44,10 @@ class ForwardSm80Mma : public ForwardVariant {
   //     kHeadDimQK, kHeadDimV, kGqaRatio; static constexpr bool kIsDivisible, kHasFullBlocks,
   //     kHasScoreMod, kHasMaskMod; using Element = fj_bf16 | fj_f16 | float; };
   // kHasScoreMod / kHasMaskMod are false for absent or identity mods (see ModCodegen.h).
-  static std::string config_struct(const Mods& mods, const KernelDesc& desc);
+  // `extra` members (whole declarations) come before Element: the backward's kernels share the
+  // struct and add theirs.
+  static std::string config_struct(const Mods& mods, const KernelDesc& desc,
+                                   const std::vector<std::string>& extra = {});
 
  private:
   Templates templates_;
