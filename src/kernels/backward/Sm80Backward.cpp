@@ -105,21 +105,28 @@ std::string grads_section(const Mods& mods) {
   return cuda::generate_mod_grad_functions(mods);
 }
 
-}  // namespace
-
-// ---- backward_preprocess/sm80 ------------------------------------------------------------------
-
-std::string_view BackwardPreprocessSm80::summary() const {
-  return "lse2 = lse log2(e) and delta = rowsum(dO O) - dlse per q row (fp32); sm_80 and newer";
+// Every backward kernel's templates: one file, the entry point picked by a #define.
+std::vector<TemplateText> backward_templates() {
+  std::vector<TemplateText> t = common_templates();
+  t.push_back({"mma_sm80.cuh", embedded::template_text("mma_sm80.cuh"), false});
+  t.push_back({"attention_sm80.cuh", embedded::template_text("attention_sm80.cuh"), false});
+  t.push_back({"backward_sm80.cuh", embedded::template_text("backward_sm80.cuh"), false});
+  return t;
 }
 
-std::optional<std::string> BackwardPreprocessSm80::unsupported(const KernelDesc& problem,
-                                                               const InputFacts& facts) const {
+}  // namespace
+
+// ---- the row kernels: backward_preprocess/sm80, backward_dq/atomic_convert ----------------------
+
+template <Family F>
+std::optional<std::string> BackwardRowKernelSm80<F>::unsupported(const KernelDesc& problem,
+                                                                 const InputFacts& facts) const {
   if (auto r = problem_reason(problem)) return r;
   return alignment_reason(facts);
 }
 
-void BackwardPreprocessSm80::validate(const KernelDesc& d) const {
+template <Family F>
+void BackwardRowKernelSm80<F>::validate(const KernelDesc& d) const {
   if (auto r = problem_reason(d)) throw UnsupportedError(*r);
   require_keys(d, {"num_warps"});
   if (d.config.at("num_warps") != 4) {
@@ -128,50 +135,49 @@ void BackwardPreprocessSm80::validate(const KernelDesc& d) const {
   }
 }
 
-Params BackwardPreprocessSm80::default_config(const KernelDesc&) const {
+template <Family F>
+Params BackwardRowKernelSm80<F>::default_config(const KernelDesc&) const {
   return {{"num_warps", 4}};
 }
 
-std::vector<Params> BackwardPreprocessSm80::config_space(const KernelDesc& p) const {
+template <Family F>
+std::vector<Params> BackwardRowKernelSm80<F>::config_space(const KernelDesc& p) const {
   return {default_config(p)};
 }
 
-std::vector<TemplateText> BackwardPreprocessSm80::templates() const {
-  std::vector<TemplateText> t = common_templates();
-  t.push_back({"mma_sm80.cuh", embedded::template_text("mma_sm80.cuh"), false});
-  t.push_back({"attention_sm80.cuh", embedded::template_text("attention_sm80.cuh"), false});
-  t.push_back({"backward_sm80.cuh", embedded::template_text("backward_sm80.cuh"), false});
-  return t;
+template <Family F>
+std::vector<TemplateText> BackwardRowKernelSm80<F>::templates() const {
+  return backward_templates();
 }
 
-cuda::GeneratedSource BackwardPreprocessSm80::generate(const Mods& mods,
-                                                       const KernelDesc& desc) const {
+template <Family F>
+cuda::GeneratedSource BackwardRowKernelSm80<F>::generate(const Mods& mods,
+                                                         const KernelDesc& desc) const {
   validate(desc);
   cuda::SourceWriter w;
   w.line(fmt::format("// Compile-time configuration: {}", desc.str()));
-  w.line("#define FJ_BWD_PREPROCESS 1");
+  w.line(fmt::format("#define {} 1", spec_.define));
   {
     auto s = w.block("struct FjConfig", ";");
     w.line(fmt::format("static constexpr int kHeadDimQK = {}, kHeadDimV = {};", desc.head_dim_qk,
                        desc.head_dim_v));
     w.line(fmt::format("using Element = {};", element_type(desc.dtype)));
   }
-  return assemble_variant_source(*this, desc, mods, w.str(),
-                                 "backward preprocess kernel `flexjit_bwd_preprocess`", "mods",
+  return assemble_variant_source(*this, desc, mods, w.str(), std::string(spec_.what), "mods",
                                  grads_section(mods));
 }
 
-size_t BackwardPreprocessSm80::workspace_bytes(const KernelDesc&, const BackwardInputs& in) const {
-  return backward_scratch_bytes(in.shape, in.dq_atomic);
-}
-
-std::vector<Launch> BackwardPreprocessSm80::launches(const KernelDesc& desc,
-                                                     const BackwardInputs& in,
-                                                     void* workspace) const {
-  FJ_ASSERT(workspace != nullptr, "the backward preprocess runs without its workspace");
+template <Family F>
+std::vector<Launch> BackwardRowKernelSm80<F>::launches(const KernelDesc& desc,
+                                                       const BackwardInputs& in,
+                                                       void* workspace) const {
+  FJ_ASSERT(workspace != nullptr, fmt::format("{} runs without the backward's workspace",
+                                              desc.family_variant()));
+  FJ_ASSERT(F != Family::BackwardDq || in.dq_atomic,
+            "the dQ convert kernel runs without the dQ accumulator");
   const QkvShape& s = in.shape;
   Launch l;
-  l.entry_point = "flexjit_bwd_preprocess";
+  l.entry_point = std::string(spec_.entry_point);
   l.grid = {static_cast<unsigned>(backward_padded_seqlen_q(s.seqlen_q) / 64),
             static_cast<unsigned>(s.heads_q), static_cast<unsigned>(s.batch)};
   l.block = {static_cast<unsigned>(desc.config.at("num_warps") * 32), 1, 1};
@@ -180,6 +186,27 @@ std::vector<Launch> BackwardPreprocessSm80::launches(const KernelDesc& desc,
   out.push_back(std::move(l));
   return out;
 }
+
+template class BackwardRowKernelSm80<Family::BackwardPreprocess>;
+template class BackwardRowKernelSm80<Family::BackwardDq>;
+
+BackwardPreprocessSm80::BackwardPreprocessSm80()
+    : BackwardRowKernelSm80({"sm80",
+                             "lse2 = lse log2(e) and delta = rowsum(dO O) - dlse per q row "
+                             "(fp32); sm_80 and newer",
+                             "flexjit_bwd_preprocess", "FJ_BWD_PREPROCESS",
+                             "backward preprocess kernel `flexjit_bwd_preprocess`", true}) {}
+
+size_t BackwardPreprocessSm80::workspace_bytes(const KernelDesc&, const BackwardInputs& in) const {
+  return backward_scratch_bytes(in.shape, in.dq_atomic);
+}
+
+BackwardDqAtomicConvert::BackwardDqAtomicConvert()
+    : BackwardRowKernelSm80({"atomic_convert",
+                             "dq = scale * the f32 accumulator of a dK/dV kernel with dq_atomic = "
+                             "1; sm_80 and newer",
+                             "flexjit_bwd_dq_convert", "FJ_BWD_DQ_CONVERT",
+                             "backward dQ convert kernel `flexjit_bwd_dq_convert`", false}) {}
 
 // ---- backward_dkdv/sm80_mma and backward_dq/sm80_mma ------------------------------------------
 
@@ -405,7 +432,7 @@ void BackwardSm80Mma<F>::specialize(KernelDesc& d, const InputFacts& facts) cons
 
 template <Family F>
 std::vector<TemplateText> BackwardSm80Mma<F>::templates() const {
-  return BackwardPreprocessSm80().templates();
+  return backward_templates();
 }
 
 template <Family F>
@@ -458,73 +485,6 @@ std::vector<Launch> BackwardSm80Mma<F>::launches(const KernelDesc& desc, const B
     l.grid = {static_cast<unsigned>((s.seqlen_q + bm - 1) / bm), static_cast<unsigned>(s.heads_q),
               static_cast<unsigned>(s.batch)};
   }
-  std::vector<Launch> out;
-  out.push_back(std::move(l));
-  return out;
-}
-
-// ---- backward_dq/atomic_convert ---------------------------------------------------------------
-
-std::string_view BackwardDqAtomicConvert::summary() const {
-  return "dq = scale * the f32 accumulator of a dK/dV kernel with dq_atomic = 1; sm_80 and newer";
-}
-
-std::optional<std::string> BackwardDqAtomicConvert::unsupported(const KernelDesc& problem,
-                                                                const InputFacts& facts) const {
-  if (auto r = problem_reason(problem)) return r;
-  return alignment_reason(facts);
-}
-
-void BackwardDqAtomicConvert::validate(const KernelDesc& d) const {
-  if (auto r = problem_reason(d)) throw UnsupportedError(*r);
-  require_keys(d, {"num_warps"});
-  if (d.config.at("num_warps") != 4) {
-    throw UnsupportedError(fmt::format("{} runs 4 warps per block, not {}", d.family_variant(),
-                                       d.config.at("num_warps")));
-  }
-}
-
-Params BackwardDqAtomicConvert::default_config(const KernelDesc&) const {
-  return {{"num_warps", 4}};
-}
-
-std::vector<Params> BackwardDqAtomicConvert::config_space(const KernelDesc& p) const {
-  return {default_config(p)};
-}
-
-std::vector<TemplateText> BackwardDqAtomicConvert::templates() const {
-  return BackwardPreprocessSm80().templates();
-}
-
-cuda::GeneratedSource BackwardDqAtomicConvert::generate(const Mods& mods,
-                                                        const KernelDesc& desc) const {
-  validate(desc);
-  cuda::SourceWriter w;
-  w.line(fmt::format("// Compile-time configuration: {}", desc.str()));
-  w.line("#define FJ_BWD_DQ_CONVERT 1");
-  {
-    auto st = w.block("struct FjConfig", ";");
-    w.line(fmt::format("static constexpr int kHeadDimQK = {}, kHeadDimV = {};", desc.head_dim_qk,
-                       desc.head_dim_v));
-    w.line(fmt::format("using Element = {};", element_type(desc.dtype)));
-  }
-  return assemble_variant_source(*this, desc, mods, w.str(),
-                                 "backward dQ convert kernel `flexjit_bwd_dq_convert`", "mods",
-                                 grads_section(mods));
-}
-
-std::vector<Launch> BackwardDqAtomicConvert::launches(const KernelDesc& desc,
-                                                      const BackwardInputs& in,
-                                                      void* workspace) const {
-  FJ_ASSERT(workspace != nullptr && in.dq_atomic,
-            "the dQ convert kernel runs without the dQ accumulator");
-  const QkvShape& s = in.shape;
-  Launch l;
-  l.entry_point = "flexjit_bwd_dq_convert";
-  l.grid = {static_cast<unsigned>(backward_padded_seqlen_q(s.seqlen_q) / 64),
-            static_cast<unsigned>(s.heads_q), static_cast<unsigned>(s.batch)};
-  l.block = {static_cast<unsigned>(desc.config.at("num_warps") * 32), 1, 1};
-  l.args.add(make_bwd_args(in, workspace, false));
   std::vector<Launch> out;
   out.push_back(std::move(l));
   return out;

@@ -18,23 +18,48 @@
 
 namespace flexjit::kernels {
 
-class BackwardPreprocessSm80 : public BackwardPreprocessVariant {
+// The row kernels of the sm_80 backward: a block of 4 warps per 64 q rows of one (batch, q
+// head), no shared memory, no config to tune. Two instances below: the preprocess and the dQ
+// convert; `Spec` is all that differs between them.
+template <Family F>
+class BackwardRowKernelSm80 : public FamilyVariant<F, BackwardInputs> {
  public:
-  std::string_view name() const override { return "sm80"; }
-  std::string_view summary() const override;
+  struct Spec {
+    std::string_view name, summary;
+    std::string_view entry_point;  // the kernel, compiled under `define` in backward_sm80.cuh
+    std::string_view define;
+    std::string_view what;  // for the generated source's comment block
+    bool auto_select = true;
+  };
+  explicit BackwardRowKernelSm80(Spec spec) : spec_(spec) {}
+
+  std::string_view name() const override { return spec_.name; }
+  std::string_view summary() const override { return spec_.summary; }
+  bool auto_select() const override { return spec_.auto_select; }
   std::optional<std::string> unsupported(const KernelDesc& problem,
                                          const InputFacts& facts) const override;
   void validate(const KernelDesc& desc) const override;
   Params default_config(const KernelDesc& problem) const override;
   std::vector<Params> config_space(const KernelDesc& problem) const override;
   std::vector<TemplateText> templates() const override;
-  std::vector<std::string> entry_points() const override { return {"flexjit_bwd_preprocess"}; }
+  std::vector<std::string> entry_points() const override {
+    return {std::string(spec_.entry_point)};
+  }
   Mods kernel_mods(const Mods&) const override { return {}; }
   cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
   unsigned smem_bytes(const KernelDesc&) const override { return 0; }
-  size_t workspace_bytes(const KernelDesc& desc, const BackwardInputs& in) const override;
   std::vector<Launch> launches(const KernelDesc& desc, const BackwardInputs& in,
                                void* workspace) const override;
+
+ private:
+  Spec spec_;
+};
+
+// backward_preprocess/sm80: lse2 and delta (and a zeroed dQ accumulator) in its workspace.
+class BackwardPreprocessSm80 : public BackwardRowKernelSm80<Family::BackwardPreprocess> {
+ public:
+  BackwardPreprocessSm80();
+  size_t workspace_bytes(const KernelDesc& desc, const BackwardInputs& in) const override;
 };
 
 // dK / dV and dQ: the mma.sync kernels of family F.
@@ -66,23 +91,9 @@ using BackwardDqSm80Mma = BackwardSm80Mma<Family::BackwardDq>;
 // backward_dq/atomic_convert: dq = scale * the f32 accumulator that a dK/dV kernel with
 // dq_atomic = 1 filled. Not auto-selected: the backward plan names it when its dK/dV step adds
 // dQ (runtime/Backward.cpp).
-class BackwardDqAtomicConvert : public BackwardDqVariant {
+class BackwardDqAtomicConvert : public BackwardRowKernelSm80<Family::BackwardDq> {
  public:
-  std::string_view name() const override { return "atomic_convert"; }
-  std::string_view summary() const override;
-  bool auto_select() const override { return false; }
-  std::optional<std::string> unsupported(const KernelDesc& problem,
-                                         const InputFacts& facts) const override;
-  void validate(const KernelDesc& desc) const override;
-  Params default_config(const KernelDesc& problem) const override;
-  std::vector<Params> config_space(const KernelDesc& problem) const override;
-  std::vector<TemplateText> templates() const override;
-  std::vector<std::string> entry_points() const override { return {"flexjit_bwd_dq_convert"}; }
-  Mods kernel_mods(const Mods&) const override { return {}; }
-  cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
-  unsigned smem_bytes(const KernelDesc&) const override { return 0; }
-  std::vector<Launch> launches(const KernelDesc& desc, const BackwardInputs& in,
-                               void* workspace) const override;
+  BackwardDqAtomicConvert();
 };
 
 }  // namespace flexjit::kernels
