@@ -26,6 +26,25 @@ void** KernelArgs::pointers() {
   return pointers_.data();
 }
 
+void check_aligned16(const TensorRef& t, const char* name, bool& aligned16, std::string& blocker) {
+  if (!aligned16) return;
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
+    aligned16 = false;
+    blocker = fmt::format("data pointer of {} is not 16-byte aligned", name);
+    return;
+  }
+  const int es = dtype_size(t.dtype);
+  for (size_t d = 0; d + 1 < t.shape.size(); ++d) {
+    if (t.shape[d] > 1 && (t.strides[d] * es) % 16 != 0) {
+      aligned16 = false;
+      blocker = fmt::format(
+          "stride of {} in dim {} ({} elements = {} bytes) is not a multiple of 16 bytes", name, d,
+          t.strides[d], t.strides[d] * es);
+      return;
+    }
+  }
+}
+
 std::vector<TemplateText> common_templates() {
   return {{"flexjit_abi.h", embedded::template_text("flexjit_abi.h"), true},
           {"prelude.cuh", embedded::template_text("prelude.cuh"), true}};

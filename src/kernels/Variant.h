@@ -14,6 +14,7 @@
 #include "runtime/ModuleCache.h"
 
 #include <flexjit/mods.h>
+#include <flexjit/tensor.h>
 
 #include <cstring>
 #include <optional>
@@ -36,6 +37,11 @@ struct InputFacts {
   // The sequence lengths of the call; -1 when unknown.
   int64_t seqlen_q = -1, seqlen_kv = -1;
 };
+
+// Clears `aligned16` (saying why in `blocker`) unless t's data pointer and its strides of the
+// leading dims (those of extent > 1; the last dim is contiguous) are multiples of 16 bytes.
+// Nothing once aligned16 is false: the first blocker is the one reported.
+void check_aligned16(const TensorRef& t, const char* name, bool& aligned16, std::string& blocker);
 
 // A template spliced into a variant's source, under its file name in templates/. Templates
 // `before_mods` come ahead of the generated config struct and mods (the ABI and prelude every

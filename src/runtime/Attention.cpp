@@ -29,44 +29,6 @@ namespace flexjit {
 
 namespace {
 
-constexpr int64_t kMaxGridYZ = 65535;  // gridDim.y / gridDim.z limit (heads, batch)
-
-// out [B, Hq, Sq, Dv] (dtype of q) and lse [B, Hq, Sq] f32 on the context's device.
-void validate_outputs(const TensorRef& q, const QkvShape& s, const TensorRef& out,
-                      const TensorRef* lse) {
-  runtime::check_tensor("out", out, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v},
-                        "[B, Hq, Sq, Dv]", q.dtype, q);
-  if (lse != nullptr) {
-    runtime::check_tensor("lse", *lse, {s.batch, s.heads_q, s.seqlen_q}, "[B, Hq, Sq]", DType::F32,
-                          q);
-  }
-}
-
-CUstream as_stream(void* s) {
-  return static_cast<CUstream>(s);
-}
-
-// Zero-length KV: softmax over nothing. out = 0 and lse = -inf (DESIGN.md "Semantics at the
-// edges"), written with memsets on the stream; no kernel.
-void write_empty_kv_result(const TensorRef& out, const TensorRef* lse, void* stream) {
-  const CUstream st = as_stream(stream);
-  runtime::zero_fill(out, st);
-  if (lse == nullptr || lse->numel() == 0) return;
-  constexpr unsigned kNegInfBits = 0xff800000u;
-  if (lse->is_contiguous()) {
-    FJ_CU(cuMemsetD32Async, "lse", reinterpret_cast<CUdeviceptr>(lse->data), kNegInfBits,
-          static_cast<size_t>(lse->numel()), st);
-    return;
-  }
-  for (int64_t b = 0; b < lse->shape[0]; ++b) {
-    for (int64_t h = 0; h < lse->shape[1]; ++h) {
-      auto* base = static_cast<float*>(lse->data) + b * lse->strides[0] + h * lse->strides[1];
-      FJ_CU(cuMemsetD32Async, "lse", reinterpret_cast<CUdeviceptr>(base), kNegInfBits,
-            static_cast<size_t>(lse->shape[2]), st);
-    }
-  }
-}
-
 // A validated call: what planning needs, and whether there is anything to launch.
 struct ValidatedCall {
   Mods mods;
@@ -79,20 +41,9 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
                             const TensorRef& v, const TensorRef& out, const TensorRef* lse,
                             const AttentionOptions& options, const QkvShape& s) {
   const int device_index = impl_of(ctx).device->index();
-  if (q.device != TensorRef::Device::CUDA || q.device_index != device_index) {
-    throw RuntimeError(fmt::format("q, k and v are on {}; the context's device is {}",
-                                   to_string(q.device, q.device_index),
-                                   to_string(TensorRef::Device::CUDA, device_index)));
-  }
-  validate_outputs(q, s, out, lse);
-  if (s.seqlen_q > INT_MAX || s.seqlen_kv > INT_MAX) {
-    throw RuntimeError(fmt::format("sequence lengths must be below 2^31 (Sq={}, Skv={})",
-                                   s.seqlen_q, s.seqlen_kv));
-  }
-  if (s.heads_q > kMaxGridYZ || s.batch > kMaxGridYZ) {
-    throw RuntimeError(fmt::format("at most {} heads and {} batches per call (Hq={}, B={})",
-                                   kMaxGridYZ, kMaxGridYZ, s.heads_q, s.batch));
-  }
+  runtime::check_on_device(q, device_index);
+  runtime::check_attention_outputs(q, s, out, lse);
+  runtime::check_launch_limits(s);
   if (options.block_mask != nullptr) runtime::check_block_mask(*options.block_mask, s);
   ValidatedCall call;
   call.mods = runtime::effective_mods(options);
@@ -159,23 +110,6 @@ tune::StepTuning lookup_only(Context& ctx, const AttentionOptions& options) {
 
 }  // namespace
 
-namespace runtime {
-
-void validate_attention_outputs(const TensorRef& q, const QkvShape& s, const TensorRef& out,
-                                const TensorRef* lse) {
-  validate_outputs(q, s, out, lse);
-}
-void write_empty_attention(const TensorRef& out, const TensorRef* lse, void* stream) {
-  write_empty_kv_result(out, lse, stream);
-}
-Mods attention_mods(const AttentionOptions& options) {
-  return effective_mods(options);
-}
-void check_attention_block_mask(const DeviceBlockMask& mask, const QkvShape& s) {
-  check_block_mask(mask, s);
-}
-
-}  // namespace runtime
 
 void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, const TensorRef& v,
                          const TensorRef& out, const TensorRef* lse,
@@ -194,7 +128,7 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
   impl.device->make_current();
   if (call.empty_q) return;  // nothing to write
   if (call.empty_kv) {
-    write_empty_kv_result(out, lse, options.stream);
+    runtime::write_empty_attention(out, lse, static_cast<CUstream>(options.stream));
     return;
   }
   const runtime::Plan plan =

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <climits>
+
 namespace flexjit::runtime {
 
 namespace {
@@ -46,6 +48,53 @@ void check_tensor(const char* name, const TensorRef& t, const std::vector<int64_
   }
   if (t.data == nullptr && t.numel() > 0) {
     throw RuntimeError(fmt::format("{} has a null data pointer", name));
+  }
+}
+
+void check_on_device(const TensorRef& q, int device_index) {
+  if (q.device != TensorRef::Device::CUDA || q.device_index != device_index) {
+    throw RuntimeError(fmt::format("q, k and v are on {}; the context's device is {}",
+                                   to_string(q.device, q.device_index),
+                                   to_string(TensorRef::Device::CUDA, device_index)));
+  }
+}
+
+void check_launch_limits(const QkvShape& s) {
+  constexpr int64_t kMaxGridYZ = 65535;  // gridDim.y / gridDim.z (heads, batch)
+  if (s.seqlen_q > INT_MAX || s.seqlen_kv > INT_MAX) {
+    throw RuntimeError(fmt::format("sequence lengths must be below 2^31 (Sq={}, Skv={})",
+                                   s.seqlen_q, s.seqlen_kv));
+  }
+  if (s.heads_q > kMaxGridYZ || s.batch > kMaxGridYZ) {
+    throw RuntimeError(fmt::format("at most {} heads and {} batches per call (Hq={}, B={})",
+                                   kMaxGridYZ, kMaxGridYZ, s.heads_q, s.batch));
+  }
+}
+
+void check_attention_outputs(const TensorRef& q, const QkvShape& s, const TensorRef& out,
+                             const TensorRef* lse) {
+  check_tensor("out", out, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, "[B, Hq, Sq, Dv]",
+               q.dtype, q);
+  if (lse != nullptr) {
+    check_tensor("lse", *lse, {s.batch, s.heads_q, s.seqlen_q}, "[B, Hq, Sq]", DType::F32, q);
+  }
+}
+
+void write_empty_attention(const TensorRef& out, const TensorRef* lse, CUstream stream) {
+  zero_fill(out, stream);
+  if (lse == nullptr || lse->numel() == 0) return;
+  constexpr unsigned kNegInfBits = 0xff800000u;
+  if (lse->is_contiguous()) {
+    FJ_CU(cuMemsetD32Async, "lse", reinterpret_cast<CUdeviceptr>(lse->data), kNegInfBits,
+          static_cast<size_t>(lse->numel()), stream);
+    return;
+  }
+  for (int64_t b = 0; b < lse->shape[0]; ++b) {
+    for (int64_t h = 0; h < lse->shape[1]; ++h) {
+      auto* base = static_cast<float*>(lse->data) + b * lse->strides[0] + h * lse->strides[1];
+      FJ_CU(cuMemsetD32Async, "lse", reinterpret_cast<CUdeviceptr>(base), kNegInfBits,
+            static_cast<size_t>(lse->shape[2]), stream);
+    }
   }
 }
 

@@ -19,6 +19,21 @@ namespace flexjit::runtime {
 void check_tensor(const char* name, const TensorRef& t, const std::vector<int64_t>& shape,
                   const char* what, DType dtype, const TensorRef& like);
 
+// RuntimeError unless q (and so k, v) is on the context's CUDA device `device_index`.
+void check_on_device(const TensorRef& q, int device_index);
+
+// RuntimeError unless the call fits the kernels' launch limits: sequence lengths below 2^31,
+// heads and batches within gridDim.y / gridDim.z (65535).
+void check_launch_limits(const QkvShape& shape);
+
+// out [B, Hq, Sq, Dv] (dtype of q) and lse [B, Hq, Sq] f32 (may be null) on q's device.
+void check_attention_outputs(const TensorRef& q, const QkvShape& shape, const TensorRef& out,
+                             const TensorRef* lse);
+
+// Zero-length KV: softmax over nothing. out = 0 and lse = -inf (DESIGN.md "Semantics at the
+// edges"), written with memsets on `stream`; no kernel.
+void write_empty_attention(const TensorRef& out, const TensorRef* lse, CUstream stream);
+
 // RuntimeError unless the block mask was built for these lengths, a batch and head count of 1
 // or the call's, and has its kv_* arrays on the device.
 void check_block_mask(const DeviceBlockMask& mask, const QkvShape& shape);

@@ -22,8 +22,6 @@ namespace flexjit {
 
 namespace {
 
-constexpr int64_t kMaxGridYZ = 65535;
-
 struct ValidatedBackward {
   Mods mods;
   kernels::BackwardInputs inputs;
@@ -41,11 +39,7 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
                                     const AttentionOptions& options,
                                     const BackwardOptions& backward, const QkvShape& s) {
   const int device_index = impl_of(ctx).device->index();
-  if (q.device != TensorRef::Device::CUDA || q.device_index != device_index) {
-    throw RuntimeError(fmt::format("q, k and v are on {}; the context's device is {}",
-                                   to_string(q.device, q.device_index),
-                                   to_string(TensorRef::Device::CUDA, device_index)));
-  }
+  runtime::check_on_device(q, device_index);
   if (backward.deterministic) {
     throw UnsupportedError(
         "deterministic buffer gradients are not implemented yet; the backward accumulates them "
@@ -53,8 +47,7 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
   }
   const std::vector<int64_t> o_shape = {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v};
   const std::vector<int64_t> rows = {s.batch, s.heads_q, s.seqlen_q};
-  runtime::check_tensor("out", out, o_shape, "[B, Hq, Sq, Dv]", q.dtype, q);
-  runtime::check_tensor("lse", lse, rows, "[B, Hq, Sq]", DType::F32, q);
+  runtime::check_attention_outputs(q, s, out, &lse);
   runtime::check_tensor("dout", dout, o_shape, "[B, Hq, Sq, Dv]", q.dtype, q);
   if (backward.dlse != nullptr) {
     runtime::check_tensor("dlse", *backward.dlse, rows, "[B, Hq, Sq]", DType::F32, q);
@@ -62,14 +55,7 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
   runtime::check_tensor("dq", grads.dq, q.shape, "the shape of q", q.dtype, q);
   runtime::check_tensor("dk", grads.dk, k.shape, "the shape of k", k.dtype, q);
   runtime::check_tensor("dv", grads.dv, v.shape, "the shape of v", v.dtype, q);
-  if (s.seqlen_q > INT_MAX || s.seqlen_kv > INT_MAX) {
-    throw RuntimeError(fmt::format("sequence lengths must be below 2^31 (Sq={}, Skv={})",
-                                   s.seqlen_q, s.seqlen_kv));
-  }
-  if (s.heads_q > kMaxGridYZ || s.batch > kMaxGridYZ) {
-    throw RuntimeError(fmt::format("at most {} heads and {} batches per call (Hq={}, B={})",
-                                   kMaxGridYZ, kMaxGridYZ, s.heads_q, s.batch));
-  }
+  runtime::check_launch_limits(s);
   if (options.block_mask != nullptr) {
     runtime::check_block_mask(*options.block_mask, s);
     if (!options.block_mask->q_num_blocks.defined() || !options.block_mask->q_indices.defined()) {

@@ -9,6 +9,7 @@
 #include "kernels/decode/DecodeCombine.h"
 #include "kernels/decode/DecodeSplit.h"
 #include "kernels/forward/Forward.h"
+#include "runtime/AttentionCall.h"
 #include "runtime/ContextImpl.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/ModArgs.h"
@@ -24,30 +25,6 @@ namespace flexjit::runtime {
 namespace {
 
 constexpr int64_t kMaxGridYZ = 65535;
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
-// The output's part of the 16-byte alignment fact (q, k and v come from validate_qkv).
-void check_out_alignment(kernels::DecodeInputs& in) {
-  if (!in.aligned16) return;
-  if (!aligned16(in.out.data)) {
-    in.aligned16 = false;
-    in.alignment_blocker = "data pointer of out is not 16-byte aligned";
-    return;
-  }
-  const int es = dtype_size(in.out.dtype);
-  for (int d = 0; d < 3; ++d) {
-    if (in.out.shape[d] > 1 && (in.out.strides[d] * es) % 16 != 0) {
-      in.aligned16 = false;
-      in.alignment_blocker = fmt::format(
-          "stride of out in dim {} ({} elements = {} bytes) is not a multiple of 16 bytes", d,
-          in.out.strides[d], in.out.strides[d] * es);
-      return;
-    }
-  }
-}
 
 kernels::Params decode_overrides(const BlockConfig& c) {
   kernels::Params p;
@@ -199,7 +176,7 @@ kernels::DecodeInputs decode_inputs(const TensorRef& q, const TensorRef& k, cons
   in.sm_count = sm_count;
   in.aligned16 = s.fast_path;
   in.alignment_blocker = s.fast_path_blocker;
-  check_out_alignment(in);
+  kernels::check_aligned16(in.out, "out", in.aligned16, in.alignment_blocker);
   return in;
 }
 
@@ -286,14 +263,10 @@ KvCacheCall validate_kv_cache_call(Context& ctx, const TensorRef& q, const Tenso
   const QkvShape& s = call.shape.qkv;
   ContextImpl& impl = impl_of(ctx);
   const int device_index = impl.device->index();
-  if (q.device_index != device_index) {
-    throw RuntimeError(fmt::format("q, k and v are on {}; the context's device is {}",
-                                   to_string(q.device, q.device_index),
-                                   to_string(TensorRef::Device::CUDA, device_index)));
-  }
-  validate_attention_outputs(q, s, out, lse);
-  if (options.block_mask != nullptr) check_attention_block_mask(*options.block_mask, s);
-  call.mods = attention_mods(options);
+  check_on_device(q, device_index);
+  check_attention_outputs(q, s, out, lse);
+  if (options.block_mask != nullptr) check_block_mask(*options.block_mask, s);
+  call.mods = effective_mods(options);
   call.inputs = decode_inputs(q, k, v, out, lse, s, options,
                               pack_mod_params(call.mods, options.bindings, device_index),
                               impl.device->sm_count());
@@ -323,7 +296,7 @@ void flex_attention_kv_cache_into(Context& ctx, const TensorRef& q, const Tensor
     check_kv_cache_on_device(ctx, *options.kv_cache, call.shape, q.dtype, options.stream);
   }
   if (s.seqlen_kv == 0) {
-    write_empty_attention(out, lse, options.stream);
+    write_empty_attention(out, lse, static_cast<CUstream>(options.stream));
     return;
   }
   const Plan plan = plan_decode(cuda::Arch::parse(ctx.arch()), call.inputs, call.mods, options);

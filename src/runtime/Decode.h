@@ -19,13 +19,6 @@ namespace flexjit::runtime {
 // splits fill the GPU where the forward's one CTA per 128-row query tile would leave it idle.
 inline constexpr int64_t kDecodeMaxQueries = 16;
 
-// Shared with Attention.cpp's forward path (defined there).
-void validate_attention_outputs(const TensorRef& q, const QkvShape& s, const TensorRef& out,
-                                const TensorRef* lse);
-void write_empty_attention(const TensorRef& out, const TensorRef* lse, void* stream);
-Mods attention_mods(const AttentionOptions& options);
-void check_attention_block_mask(const DeviceBlockMask& mask, const QkvShape& s);
-
 // Why the decode plan cannot serve a call with these inputs on `arch`; nullopt when it can.
 // `auto_dispatch`: the call did not ask for a KV cache, so the forward is the alternative (the
 // query length and a named forward variant are then reasons too).

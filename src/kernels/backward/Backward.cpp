@@ -30,29 +30,9 @@ InputFacts backward_facts(const BackwardInputs& in) {
   InputFacts f;
   f.aligned16 = in.shape.fast_path;
   f.alignment_blocker = in.shape.fast_path_blocker;
-  auto check = [&](const TensorRef& t, const char* name) {
-    if (!f.aligned16) return;
-    if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
-      f.aligned16 = false;
-      f.alignment_blocker = fmt::format("data pointer of {} is not 16-byte aligned", name);
-      return;
-    }
-    const int es = dtype_size(t.dtype);
-    for (int d = 0; d < 3; ++d) {
-      if (t.shape[d] > 1 && (t.strides[d] * es) % 16 != 0) {
-        f.aligned16 = false;
-        f.alignment_blocker = fmt::format(
-            "stride of {} in dim {} ({} elements = {} bytes) is not a multiple of 16 bytes", name,
-            d, t.strides[d], t.strides[d] * es);
-        return;
-      }
-    }
-  };
-  check(in.out, "out");
-  check(in.dout, "dout");
-  check(in.dq, "dq");
-  check(in.dk, "dk");
-  check(in.dv, "dv");
+  for (auto [t, name] : {std::pair{&in.out, "out"}, std::pair{&in.dout, "dout"},
+                         std::pair{&in.dq, "dq"}, std::pair{&in.dk, "dk"}, std::pair{&in.dv, "dv"}})
+    check_aligned16(*t, name, f.aligned16, f.alignment_blocker);
   if (in.block_mask != nullptr) {
     f.mask_q_block = in.block_mask->meta().q_block_size;
     f.mask_kv_block = in.block_mask->meta().kv_block_size;
@@ -115,25 +95,7 @@ FjBwdArgs make_bwd_args(const BackwardInputs& in, void* scratch, bool full_block
   if (in.block_mask != nullptr) {
     const DeviceBlockMask& d = *in.block_mask;
     a.mask = block_mask_args(d, full_blocks);
-    // The transposed arrays in the kv_* roles: rows are kv blocks, columns q blocks.
-    const BlockMask& m = d.meta();
-    auto ptr = [](const DeviceTensor& x) {
-      return x.defined() ? static_cast<const int*>(x.ref().data) : nullptr;
-    };
-    const bool full_t = full_blocks && d.full_q_num_blocks.defined() && d.full_q_indices.defined();
-    FjBlockMaskArgs& t = a.mask_t;
-    const fj_i64 mrows = m.num_kv_blocks, mcols = m.num_q_blocks;
-    t.kv_num_blocks = ptr(d.q_num_blocks);
-    t.kv_indices = ptr(d.q_indices);
-    t.full_kv_num_blocks = full_t ? ptr(d.full_q_num_blocks) : nullptr;
-    t.full_kv_indices = full_t ? ptr(d.full_q_indices) : nullptr;
-    t.num_stride_h = m.heads == 1 ? 0 : mrows;
-    t.num_stride_b = m.batch == 1 ? 0 : m.heads * mrows;
-    t.idx_stride_m = mcols;
-    t.idx_stride_h = m.heads == 1 ? 0 : mrows * mcols;
-    t.idx_stride_b = m.batch == 1 ? 0 : m.heads * mrows * mcols;
-    t.q_block_size = m.kv_block_size;
-    t.kv_block_size = m.q_block_size;
+    a.mask_t = transposed_block_mask_args(d, full_blocks);
   }
   return a;
 }

@@ -26,20 +26,7 @@ InputFacts forward_facts(const ForwardInputs& in) {
   InputFacts f;
   f.aligned16 = in.shape.fast_path;
   f.alignment_blocker = in.shape.fast_path_blocker;
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (f.aligned16 && !aligned(in.out.data)) {
-    f.aligned16 = false;
-    f.alignment_blocker = "data pointer of out is not 16-byte aligned";
-  }
-  const int es = dtype_size(in.out.dtype);
-  for (int d = 0; d < 3 && f.aligned16; ++d) {
-    if (in.out.shape[d] > 1 && (in.out.strides[d] * es) % 16 != 0) {
-      f.aligned16 = false;
-      f.alignment_blocker = fmt::format(
-          "stride of out in dim {} ({} elements = {} bytes) is not a multiple of 16 bytes", d,
-          in.out.strides[d], in.out.strides[d] * es);
-    }
-  }
+  check_aligned16(in.out, "out", f.aligned16, f.alignment_blocker);
   if (in.block_mask != nullptr) {
     f.mask_q_block = in.block_mask->meta().q_block_size;
     f.mask_kv_block = in.block_mask->meta().kv_block_size;

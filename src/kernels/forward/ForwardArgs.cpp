@@ -28,34 +28,58 @@ FjFwdArgs make_fwd_args(const TensorRef& q, const TensorRef& k, const TensorRef&
   return a;
 }
 
-FjBlockMaskArgs block_mask_args(const BlockMask& mask, const int* kv_num_blocks,
-                                const int* kv_indices, const int* full_kv_num_blocks,
-                                const int* full_kv_indices) {
+namespace {
+
+// FjBlockMaskArgs over a [batch, heads, rows(, cols)] pair of arrays (batch / heads of 1
+// broadcast): rows of row_block positions, columns of col_block.
+FjBlockMaskArgs mask_args(int batch, int heads, fj_i64 rows, fj_i64 cols, int row_block,
+                          int col_block, const int* num, const int* idx, const int* full_num,
+                          const int* full_idx) {
   FjBlockMaskArgs out{};
-  const fj_i64 nq = mask.num_q_blocks, nkv = mask.num_kv_blocks;
-  out.kv_num_blocks = kv_num_blocks;
-  out.kv_indices = kv_indices;
-  out.full_kv_num_blocks = full_kv_num_blocks;
-  out.full_kv_indices = full_kv_indices;
-  out.num_stride_h = mask.heads == 1 ? 0 : nq;
-  out.num_stride_b = mask.batch == 1 ? 0 : mask.heads * nq;
-  out.idx_stride_m = nkv;
-  out.idx_stride_h = mask.heads == 1 ? 0 : nq * nkv;
-  out.idx_stride_b = mask.batch == 1 ? 0 : mask.heads * nq * nkv;
-  out.q_block_size = mask.q_block_size;
-  out.kv_block_size = mask.kv_block_size;
+  out.kv_num_blocks = num;
+  out.kv_indices = idx;
+  out.full_kv_num_blocks = full_num;
+  out.full_kv_indices = full_idx;
+  out.num_stride_h = heads == 1 ? 0 : rows;
+  out.num_stride_b = batch == 1 ? 0 : heads * rows;
+  out.idx_stride_m = cols;
+  out.idx_stride_h = heads == 1 ? 0 : rows * cols;
+  out.idx_stride_b = batch == 1 ? 0 : heads * rows * cols;
+  out.q_block_size = row_block;
+  out.kv_block_size = col_block;
   return out;
 }
 
+const int* device_ptr(const DeviceTensor& t) {
+  return t.defined() ? static_cast<const int*>(t.ref().data) : nullptr;
+}
+
+}  // namespace
+
+FjBlockMaskArgs block_mask_args(const BlockMask& mask, const int* kv_num_blocks,
+                                const int* kv_indices, const int* full_kv_num_blocks,
+                                const int* full_kv_indices) {
+  return mask_args(mask.batch, mask.heads, mask.num_q_blocks, mask.num_kv_blocks,
+                   mask.q_block_size, mask.kv_block_size, kv_num_blocks, kv_indices,
+                   full_kv_num_blocks, full_kv_indices);
+}
+
 FjBlockMaskArgs block_mask_args(const DeviceBlockMask& d, bool with_full_blocks) {
-  auto ptr = [](const DeviceTensor& t) {
-    return t.defined() ? static_cast<const int*>(t.ref().data) : nullptr;
-  };
   const bool full =
       with_full_blocks && d.full_kv_num_blocks.defined() && d.full_kv_indices.defined();
-  return block_mask_args(d.meta(), ptr(d.kv_num_blocks), ptr(d.kv_indices),
-                         full ? ptr(d.full_kv_num_blocks) : nullptr,
-                         full ? ptr(d.full_kv_indices) : nullptr);
+  return block_mask_args(d.meta(), device_ptr(d.kv_num_blocks), device_ptr(d.kv_indices),
+                         full ? device_ptr(d.full_kv_num_blocks) : nullptr,
+                         full ? device_ptr(d.full_kv_indices) : nullptr);
+}
+
+FjBlockMaskArgs transposed_block_mask_args(const DeviceBlockMask& d, bool with_full_blocks) {
+  const BlockMask& m = d.meta();
+  const bool full =
+      with_full_blocks && d.full_q_num_blocks.defined() && d.full_q_indices.defined();
+  return mask_args(m.batch, m.heads, m.num_kv_blocks, m.num_q_blocks, m.kv_block_size,
+                   m.q_block_size, device_ptr(d.q_num_blocks), device_ptr(d.q_indices),
+                   full ? device_ptr(d.full_q_num_blocks) : nullptr,
+                   full ? device_ptr(d.full_q_indices) : nullptr);
 }
 
 }  // namespace flexjit::kernels

@@ -22,6 +22,10 @@ FjFwdArgs make_fwd_args(const TensorRef& q, const TensorRef& k, const TensorRef&
 // full_* pointers only when `with_full_blocks` and the mask has them.
 FjBlockMaskArgs block_mask_args(const DeviceBlockMask& mask, bool with_full_blocks);
 
+// The transposed q_* arrays in the kv_* fields (rows are kv blocks, columns q blocks,
+// q_block_size the kv block size): the backward's dK/dV kernel walks them (FjBwdArgs::mask_t).
+FjBlockMaskArgs transposed_block_mask_args(const DeviceBlockMask& mask, bool with_full_blocks);
+
 // The same from a host mask's shape and the device addresses of its arrays (any may be null).
 FjBlockMaskArgs block_mask_args(const BlockMask& meta, const int* kv_num_blocks,
                                 const int* kv_indices, const int* full_kv_num_blocks,
