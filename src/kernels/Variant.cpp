@@ -55,6 +55,18 @@ Params Variant::resolve_config(const KernelDesc& problem, const Params& override
   return apply_overrides(*this, default_config(problem), overrides);
 }
 
+bool fit_tile_to_block(Params& config, const char* name, int64_t block, const Params& overrides,
+                       std::initializer_list<int> sizes) {
+  if (block % config.at(name) == 0 || overrides.has(name)) return false;
+  for (int t : sizes) {
+    if (t <= config.at(name) && block % t == 0) {
+      config.set(name, t);
+      break;
+    }
+  }
+  return true;
+}
+
 Params apply_overrides(const Variant& variant, Params config, const Params& overrides) {
   for (const auto& [name, value] : overrides.items()) {
     if (!config.has(name)) {

@@ -17,6 +17,7 @@
 #include <flexjit/tensor.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -137,6 +138,13 @@ class FamilyVariant : public Variant {
   virtual std::vector<Launch> launches(const KernelDesc& desc, const Inputs& in,
                                        void* workspace) const = 0;
 };
+
+// A block mask's sparse blocks must be multiples of a kernel's tiles: when config[name] does
+// not divide `block` and the caller left it open (not in `overrides`), sets it to the largest
+// of `sizes` (descending) that is not above it and divides `block`, if any. Returns whether
+// the tile needed fitting (the caller may then adjust what depends on it).
+bool fit_tile_to_block(Params& config, const char* name, int64_t block, const Params& overrides,
+                       std::initializer_list<int> sizes);
 
 // Applies `overrides` on `config`: UnsupportedError naming `variant` for unknown names.
 Params apply_overrides(const Variant& variant, Params config, const Params& overrides);

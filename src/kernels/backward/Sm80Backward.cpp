@@ -392,17 +392,8 @@ Params BackwardSm80Mma<F>::resolve_config(const KernelDesc& problem, const Param
   }
   if (facts.mask_q_block == 0) return c;
   // Tiles must divide the block mask's sparse blocks: shrink one the caller left open.
-  auto fit = [&](const char* name, int block) {
-    if (block % c.at(name) == 0 || overrides.has(name)) return;
-    for (int t : {128, 64, 32}) {
-      if (t <= c.at(name) && block % t == 0) {
-        c.set(name, t);
-        return;
-      }
-    }
-  };
-  fit("block_m", facts.mask_q_block);
-  fit("block_n", facts.mask_kv_block);
+  fit_tile_to_block(c, "block_m", facts.mask_q_block, overrides, {128, 64, 32});
+  fit_tile_to_block(c, "block_n", facts.mask_kv_block, overrides, {128, 64, 32});
   if (!overrides.has("num_warps")) {
     if constexpr (F == Family::BackwardDkDv) {
       const int64_t row_warps = c.at("block_n") / 16;

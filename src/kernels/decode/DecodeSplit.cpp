@@ -226,17 +226,9 @@ Params DecodeSplitSm80Mma::resolve_config(const KernelDesc& problem, const Param
                                           const InputFacts& facts) const {
   Params c = apply_overrides(*this, default_config(problem), overrides);
   const int rows = static_cast<int>(problem.flags.get("rows").value_or(16));
-  if (facts.mask_kv_block > 0 && facts.mask_kv_block % c.at("block_n") != 0 &&
-      !overrides.has("block_n")) {
-    for (int n : {128, 64, 32}) {
-      if (n <= c.at("block_n") && facts.mask_kv_block % n == 0) {
-        c.set("block_n", n);
-        break;
-      }
-    }
-    if (!overrides.has("num_warps")) {
-      c.set("num_warps", default_warps(rows, static_cast<int>(c.at("block_n"))));
-    }
+  if (fit_tile_to_block(c, "block_n", facts.mask_kv_block, overrides, {128, 64, 32}) &&
+      !overrides.has("num_warps")) {
+    c.set("num_warps", default_warps(rows, static_cast<int>(c.at("block_n"))));
   }
   if (facts.mask_kv_block > 0 && facts.mask_kv_block % c.at("block_n") != 0) {
     throw UnsupportedError(fmt::format(

@@ -188,25 +188,11 @@ Params ForwardSm80Mma::resolve_config(const KernelDesc& problem, const Params& o
   if (facts.mask_q_block == 0) return c;
   // The block mask's sparse blocks must be multiples of the tiles: shrink a tile the caller
   // left open to the largest that divides them.
-  if (facts.mask_q_block % c.at("block_m") != 0 && !overrides.has("block_m")) {
-    for (int m : {128, 64}) {
-      if (m <= c.at("block_m") && facts.mask_q_block % m == 0) {
-        c.set("block_m", m);
-        break;
-      }
-    }
-    if (!overrides.has("num_warps")) {
-      c.set("num_warps", std::min<int64_t>(c.at("num_warps"), c.at("block_m") / 16));
-    }
+  if (fit_tile_to_block(c, "block_m", facts.mask_q_block, overrides, {128, 64}) &&
+      !overrides.has("num_warps")) {
+    c.set("num_warps", std::min<int64_t>(c.at("num_warps"), c.at("block_m") / 16));
   }
-  if (facts.mask_kv_block % c.at("block_n") != 0 && !overrides.has("block_n")) {
-    for (int n : {128, 64, 32}) {
-      if (n <= c.at("block_n") && facts.mask_kv_block % n == 0) {
-        c.set("block_n", n);
-        break;
-      }
-    }
-  }
+  fit_tile_to_block(c, "block_n", facts.mask_kv_block, overrides, {128, 64, 32});
   if (facts.mask_q_block % c.at("block_m") != 0 || facts.mask_kv_block % c.at("block_n") != 0) {
     throw UnsupportedError(fmt::format(
         "the block mask's sparse blocks ({}x{}) are not multiples of the kernel's {}x{} tiles; "
