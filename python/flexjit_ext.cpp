@@ -176,6 +176,29 @@ struct PyBlockMask {
   BlockMask to_host() const { return device ? device->to_host() : host; }
 };
 
+// The CPU backend builds its block mask from the mask_mod: without one in `mods`, a block mask's
+// mask_mod is taken (as flex_attention does on the GPU).
+Mods cpu_mods(const Mods& mods, const PyBlockMask* block_mask) {
+  if (block_mask == nullptr || mods.mask_mod.defined()) return mods;
+  const Mods& bm = block_mask->meta().mods;
+  if (!bm.mask_mod.defined()) {
+    throw UnsupportedError(
+        "the CPU backend needs the mask_mod a block mask was built from; this block mask has "
+        "none (pass mask_mod=...)");
+  }
+  return combine(mods, Mods::from_mask([&](Expr, Expr, Expr, Expr) { return bm.mask_mod; }));
+}
+
+// The block mask of a GPU call: the mask's own device arrays, or the host mask uploaded into
+// `uploaded` (which must outlive the call).
+const DeviceBlockMask* device_block_mask(Context& ctx, const PyBlockMask* block_mask,
+                                         std::optional<DeviceBlockMask>& uploaded) {
+  if (block_mask == nullptr) return nullptr;
+  if (block_mask->device) return block_mask->device.get();
+  uploaded = DeviceBlockMask::upload(ctx, block_mask->host);
+  return &*uploaded;
+}
+
 nb::ndarray<nb::numpy, int32_t> int_array(const std::vector<int32_t>& v,
                                           std::vector<size_t> shape) {
   auto* copy = new std::vector<int32_t>(v);
@@ -454,17 +477,7 @@ NB_MODULE(_flexjit, m) {
         o.stream = reinterpret_cast<void*>(stream);
         nb::gil_scoped_release release;
         if (tq.device == TensorRef::Device::CPU) {
-          if (block_mask != nullptr && !o.mods.mask_mod.defined()) {
-            // The CPU backend builds its block mask from the mask_mod; take the mask's.
-            const Mods& bm = block_mask->meta().mods;
-            if (!bm.mask_mod.defined()) {
-              throw UnsupportedError(
-                  "the CPU backend needs the mask_mod a block mask was built from; this block "
-                  "mask has none (pass mask_mod=...)");
-            }
-            o.mods = combine(o.mods,
-                             Mods::from_mask([&](Expr, Expr, Expr, Expr) { return bm.mask_mod; }));
-          }
+          o.mods = cpu_mods(o.mods, block_mask);
           CpuRunOptions cpu;
           cpu.num_threads = num_threads;
           flex_attention_cpu_into(tq, tk, tv, tout, tlse ? &*tlse : nullptr, o, cpu);
@@ -472,14 +485,7 @@ NB_MODULE(_flexjit, m) {
         }
         Context& ctx = context_for(tq.device_index);
         std::optional<DeviceBlockMask> uploaded;
-        if (block_mask != nullptr) {
-          if (block_mask->device) {
-            o.block_mask = block_mask->device.get();
-          } else {
-            uploaded = DeviceBlockMask::upload(ctx, block_mask->host);
-            o.block_mask = &*uploaded;
-          }
-        }
+        o.block_mask = device_block_mask(ctx, block_mask, uploaded);
         flex_attention_into(ctx, tq, tk, tv, tout, tlse ? &*tlse : nullptr, o);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "mods"_a, "block_mask"_a.none(), "buffers"_a,
@@ -510,7 +516,7 @@ NB_MODULE(_flexjit, m) {
           if (scale) bo.scale = *scale;
           bo.num_threads = num_threads;
           const cpu::CpuGradients<float> r = cpu::cpu_attention_backward(
-              o.mods, o.bindings, tq, tk, tv, static_cast<const float*>(to_tensor(out).data),
+              cpu_mods(o.mods, block_mask), o.bindings, tq, tk, tv, static_cast<const float*>(to_tensor(out).data),
               static_cast<const float*>(to_tensor(lse).data), to_tensor(dout), bo);
           auto put = [](const TensorRef& t, const std::vector<float>& x) {
             std::memcpy(t.data, x.data(), x.size() * sizeof(float));
@@ -524,14 +530,7 @@ NB_MODULE(_flexjit, m) {
         }
         Context& ctx = context_for(tq.device_index);
         std::optional<DeviceBlockMask> uploaded;
-        if (block_mask != nullptr) {
-          if (block_mask->device) {
-            o.block_mask = block_mask->device.get();
-          } else {
-            uploaded = DeviceBlockMask::upload(ctx, block_mask->host);
-            o.block_mask = &*uploaded;
-          }
-        }
+        o.block_mask = device_block_mask(ctx, block_mask, uploaded);
         flex_attention_backward_into(ctx, tq, tk, tv, to_tensor(out), to_tensor(lse),
                                      to_tensor(dout), g, o);
       },

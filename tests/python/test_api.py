@@ -298,3 +298,14 @@ def test_emit_inspect_and_kernel_variants_without_a_gpu():
         flexjit.emit(arch="sm_80", head_dim=96)
     with pytest.raises(flexjit.UnsupportedError, match="unknown kernel family 'nope'"):
         flexjit.emit(arch="sm_80", kernel="nope")
+
+
+def test_cpu_backward_takes_a_block_masks_mask_mod_as_the_forward_does():
+    q, k, v = qkv(Hq=2, Sq=40, D=16, seed=5)
+    dout = np.random.default_rng(6).standard_normal(q.shape, dtype=np.float32)
+    bm = flexjit.create_block_mask("causal", 1, 1, 40, 40)
+    out, lse = flexjit.flex_attention(q, k, v, block_mask=bm, return_lse=True)
+    with_mask = flexjit.flex_attention_backward(q, k, v, out, lse, dout, mask_mod="causal")
+    with_block_mask = flexjit.flex_attention_backward(q, k, v, out, lse, dout, block_mask=bm)
+    for a, b in zip(with_mask[:3], with_block_mask[:3]):
+        np.testing.assert_array_equal(a, b)
