@@ -10,6 +10,7 @@
 #include <flexjit/paged_kv.h>
 
 #include "gpu/GpuTestUtil.h"
+#include "gpu/StandardBindings.h"
 #include "support/CliPath.h"
 #include "support/CpuReference.h"
 #include "util/Npy.h"
@@ -35,20 +36,6 @@ using flexjit::test::run_cli;
 
 namespace {
 
-struct HostBuffer {
-  DType dtype = DType::F32;
-  std::vector<int64_t> shape;
-  std::vector<char> bytes;
-};
-
-template <typename T>
-HostBuffer host_buffer(DType dtype, std::vector<int64_t> shape, const std::vector<T>& v) {
-  HostBuffer b{dtype, std::move(shape), {}};
-  b.bytes.resize(v.size() * sizeof(T));
-  std::memcpy(b.bytes.data(), v.data(), b.bytes.size());
-  return b;
-}
-
 struct DecodeCase {
   std::string label;
   DType dtype = DType::BF16;
@@ -66,46 +53,13 @@ struct DecodeCase {
 };
 
 // Buffers and params of the standard mods, sized for indices up to the capacity.
+// The standard mods' buffers and params (gpu/StandardBindings.h), sized for the KV capacity.
 void bind_standard(DecodeCase& c, std::mt19937_64& rng) {
-  const int S = std::max(c.seqlen_q, c.capacity);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (const Buffer& b : c.mods.buffers) {
-    if (b.name() == "slopes") {
-      std::vector<float> v(c.heads_q);
-      for (int h = 0; h < c.heads_q; ++h)
-        v[h] = std::exp2(-8.0f * (h + 1) / c.heads_q);
-      c.buffers[b.name()] = host_buffer(DType::F32, {c.heads_q}, v);
-    } else if (b.name() == "doc_id") {
-      std::vector<int32_t> v(S);
-      int doc = 0;
-      for (int i = 0; i < S; ++i) {
-        if (i > 0 && rng() % std::max(2, S / 3) == 0) ++doc;
-        v[i] = doc;
-      }
-      c.buffers[b.name()] = host_buffer(DType::I32, {S}, v);
-    } else if (b.name() == "bias" && b.rank() == 1) {
-      std::vector<float> v(c.seqlen_q + c.capacity + 1);
-      for (float& x : v)
-        x = 0.5f * u(rng);
-      c.buffers[b.name()] = host_buffer(DType::F32, {static_cast<int64_t>(v.size())}, v);
-      c.params.emplace_back("offset", c.capacity);
-    } else if (b.name() == "bias" && b.rank() == 2) {
-      std::vector<float> v(static_cast<size_t>(c.heads_q) * 32);
-      for (float& x : v)
-        x = 0.5f * u(rng);
-      c.buffers[b.name()] = host_buffer(DType::F32, {c.heads_q, 32}, v);
-    } else {
-      FAIL("no binding rule for buffer " << b.name());
-    }
-  }
-  const int cap = std::max(c.capacity, 1);
-  for (const Param& p : c.mods.params) {
-    if (p.name() == "window") c.params.emplace_back("window", 1 + rng() % cap);
-    if (p.name() == "chunk") c.params.emplace_back("chunk", 16 + rng() % 240);
-    if (p.name() == "prefix") c.params.emplace_back("prefix", rng() % cap);
-    if (p.name() == "dilation") c.params.emplace_back("dilation", 1 + rng() % 3);
-    if (p.name() == "cap") c.params.emplace_back("cap", 5.0 + (rng() % 45));
-  }
+  AttentionShape s;
+  s.heads_q = c.heads_q;
+  s.seqlen_q = c.seqlen_q;
+  s.seqlen_kv = c.capacity;
+  bind_standard_mods(c.mods, s, rng, c.buffers, c.params);
 }
 
 struct Result {
