@@ -104,6 +104,62 @@ FJ_DEVICE FjKvSchedule fj_block_schedule(const FjBlockMaskArgs& bm, int num_cols
   return s;
 }
 
+// The cp.async pipeline over a schedule's tiles, kStages deep: tiles[k] is the tile of step
+// i + k (block-sparse schedules read tile indices from global memory; holding them ahead in
+// registers keeps that load out of the path between the barrier and the next copy). Used as
+//   FjTilePipeline<S> pipe;  pipe.start(sched, load);
+//   for (int i = 0; i < sched.num_total; ++i) {
+//     const int tile = pipe.next(i, sched, load);  // step i's copies landed, i + S - 1's issued
+//     ... compute on stage i % S ...
+//     if constexpr (S == 1) __syncthreads();
+//   }
+//   fj_cp_async_wait<0>();
+// `load(tile, stage)` issues one tile's copies into a stage (no commit). Every step commits one
+// group (empty ones too), so the wait_group counts hold.
+template <int kStages>
+struct FjTilePipeline {
+  int tiles[kStages];
+
+  // Reads the first kStages tile indices and issues the first kStages - 1 tiles.
+  template <class Load>
+  FJ_DEVICE void start(const FjKvSchedule& sched, Load& load) {
+#pragma unroll
+    for (int k = 0; k < kStages; ++k)
+      tiles[k] = k < sched.num_total ? sched.tile(k) : 0;
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < sched.num_total) load(tiles[st], st);
+      fj_cp_async_commit();
+    }
+  }
+
+  // Waits until step i's tile is in shared memory for every thread (and everyone is done with
+  // step i - 1's stage), issues step i + kStages - 1's copies, shifts the window; returns step
+  // i's tile.
+  template <class Load>
+  FJ_DEVICE int next(int i, const FjKvSchedule& sched, Load& load) {
+    if constexpr (kStages == 1) {
+      load(tiles[0], 0);
+      fj_cp_async_commit();
+      fj_cp_async_wait<0>();
+    } else {
+      fj_cp_async_wait<kStages - 2>();
+    }
+    __syncthreads();
+    if constexpr (kStages > 1) {
+      const int ahead = i + kStages - 1;
+      if (ahead < sched.num_total) load(tiles[kStages - 1], ahead % kStages);
+      fj_cp_async_commit();
+    }
+    const int tile = tiles[0];
+#pragma unroll
+    for (int k = 0; k + 1 < kStages; ++k)
+      tiles[k] = tiles[k + 1];
+    tiles[kStages - 1] = i + kStages < sched.num_total ? sched.tile(i + kStages) : 0;
+    return tile;
+  }
+};
+
 // S = Q K^T for this warp's rows and one KV tile: s[mt][nt] is the C fragment of rows
 // mt*16.. and keys nt*8.. of the tile.
 // kSplit (fp32 elements only): fp32-accurate products through FjMma<float>::mma_split.

@@ -348,36 +348,10 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       }
     };
 
-    int tiles[T::kNumStages];
-#pragma unroll
-    for (int k = 0; k < T::kNumStages; ++k)
-      tiles[k] = k < sched.num_total ? sched.tile(k) : 0;
-#pragma unroll
-    for (int st = 0; st < T::kNumStages - 1; ++st) {
-      if (st < sched.num_total) load_q(tiles[st], st);
-      fj_cp_async_commit();
-    }
-
+    FjTilePipeline<T::kNumStages> pipe;
+    pipe.start(sched, load_q);
     for (int i = 0; i < sched.num_total; ++i) {
-      if constexpr (T::kNumStages == 1) {
-        load_q(tiles[0], 0);
-        fj_cp_async_commit();
-        fj_cp_async_wait<0>();
-      } else {
-        fj_cp_async_wait<T::kNumStages - 2>();
-      }
-      __syncthreads();
-      if constexpr (T::kNumStages > 1) {
-        const int next = i + T::kNumStages - 1;
-        if (next < sched.num_total) load_q(tiles[T::kNumStages - 1], next % T::kNumStages);
-        fj_cp_async_commit();
-      }
-      const int m0 = tiles[0] * kBM;
-#pragma unroll
-      for (int k = 0; k + 1 < T::kNumStages; ++k)
-        tiles[k] = tiles[k + 1];
-      tiles[T::kNumStages - 1] =
-          i + T::kNumStages < sched.num_total ? sched.tile(i + T::kNumStages) : 0;
+      const int m0 = pipe.next(i, sched, load_q) * kBM;
       if (m0 < args.seqlen_q) {
         const fj_u32 st = sstage + (i % T::kNumStages) * kStageBytes;
         const fj_u32 sq = st, sdo = st + T::kQKBytesM;
@@ -573,15 +547,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
         st + T::kQKBytesN, v_head + T::kElemBytes * (fj_i64)n0 * args.v_stride_s, args.v_stride_s,
         args.seqlen_kv - n0, tid);
   };
-  int tiles[T::kNumStages];
-#pragma unroll
-  for (int k = 0; k < T::kNumStages; ++k)
-    tiles[k] = k < sched.num_total ? sched.tile(k) : 0;
-#pragma unroll
-  for (int st = 0; st < T::kNumStages - 1; ++st) {
-    if (st < sched.num_total) load_kv(tiles[st], st);
-    fj_cp_async_commit();
-  }
+  FjTilePipeline<T::kNumStages> pipe;
+  pipe.start(sched, load_kv);
 
   // This thread's rows g and g + 8 of the warp's slice: their lse2 and delta.
   const int q_row0 = m_start + warp * 16 + (lane >> 2);
@@ -604,25 +571,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   float no_acc[kFjGradSlots] = {};
 
   for (int i = 0; i < sched.num_total; ++i) {
-    if constexpr (T::kNumStages == 1) {
-      load_kv(tiles[0], 0);
-      fj_cp_async_commit();
-      fj_cp_async_wait<0>();
-    } else {
-      fj_cp_async_wait<T::kNumStages - 2>();
-    }
-    __syncthreads();
-    if constexpr (T::kNumStages > 1) {
-      const int next = i + T::kNumStages - 1;
-      if (next < sched.num_total) load_kv(tiles[T::kNumStages - 1], next % T::kNumStages);
-      fj_cp_async_commit();
-    }
-    const int n0 = tiles[0] * kBN;
-#pragma unroll
-    for (int k = 0; k + 1 < T::kNumStages; ++k)
-      tiles[k] = tiles[k + 1];
-    tiles[T::kNumStages - 1] =
-        i + T::kNumStages < sched.num_total ? sched.tile(i + T::kNumStages) : 0;
+    const int n0 = pipe.next(i, sched, load_kv) * kBN;
     if (n0 < args.seqlen_kv) {
       const fj_u32 st = skv + (i % T::kNumStages) * kStageBytes;
       float s[1][kBN / 8][4], dp[1][kBN / 8][4];
