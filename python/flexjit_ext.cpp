@@ -516,7 +516,8 @@ NB_MODULE(_flexjit, m) {
           if (scale) bo.scale = *scale;
           bo.num_threads = num_threads;
           const cpu::CpuGradients<float> r = cpu::cpu_attention_backward(
-              cpu_mods(o.mods, block_mask), o.bindings, tq, tk, tv, static_cast<const float*>(to_tensor(out).data),
+              cpu_mods(o.mods, block_mask), o.bindings, tq, tk, tv,
+              static_cast<const float*>(to_tensor(out).data),
               static_cast<const float*>(to_tensor(lse).data), to_tensor(dout), bo);
           auto put = [](const TensorRef& t, const std::vector<float>& x) {
             std::memcpy(t.data, x.data(), x.size() * sizeof(float));

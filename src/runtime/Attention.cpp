@@ -110,7 +110,6 @@ tune::StepTuning lookup_only(Context& ctx, const AttentionOptions& options) {
 
 }  // namespace
 
-
 void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, const TensorRef& v,
                          const TensorRef& out, const TensorRef* lse,
                          const AttentionOptions& options) {

@@ -171,8 +171,8 @@ template <Family F>
 std::vector<Launch> BackwardRowKernelSm80<F>::launches(const KernelDesc& desc,
                                                        const BackwardInputs& in,
                                                        void* workspace) const {
-  FJ_ASSERT(workspace != nullptr, fmt::format("{} runs without the backward's workspace",
-                                              desc.family_variant()));
+  FJ_ASSERT(workspace != nullptr,
+            fmt::format("{} runs without the backward's workspace", desc.family_variant()));
   FJ_ASSERT(F != Family::BackwardDq || in.dq_atomic,
             "the dQ convert kernel runs without the dQ accumulator");
   const QkvShape& s = in.shape;

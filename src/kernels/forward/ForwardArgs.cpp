@@ -59,9 +59,9 @@ const int* device_ptr(const DeviceTensor& t) {
 FjBlockMaskArgs block_mask_args(const BlockMask& mask, const int* kv_num_blocks,
                                 const int* kv_indices, const int* full_kv_num_blocks,
                                 const int* full_kv_indices) {
-  return mask_args(mask.batch, mask.heads, mask.num_q_blocks, mask.num_kv_blocks,
-                   mask.q_block_size, mask.kv_block_size, kv_num_blocks, kv_indices,
-                   full_kv_num_blocks, full_kv_indices);
+  return mask_args(mask.batch, mask.heads, mask.num_q_blocks, mask.num_kv_blocks, mask.q_block_size,
+                   mask.kv_block_size, kv_num_blocks, kv_indices, full_kv_num_blocks,
+                   full_kv_indices);
 }
 
 FjBlockMaskArgs block_mask_args(const DeviceBlockMask& d, bool with_full_blocks) {
@@ -74,8 +74,7 @@ FjBlockMaskArgs block_mask_args(const DeviceBlockMask& d, bool with_full_blocks)
 
 FjBlockMaskArgs transposed_block_mask_args(const DeviceBlockMask& d, bool with_full_blocks) {
   const BlockMask& m = d.meta();
-  const bool full =
-      with_full_blocks && d.full_q_num_blocks.defined() && d.full_q_indices.defined();
+  const bool full = with_full_blocks && d.full_q_num_blocks.defined() && d.full_q_indices.defined();
   return mask_args(m.batch, m.heads, m.num_kv_blocks, m.num_q_blocks, m.kv_block_size,
                    m.q_block_size, device_ptr(d.q_num_blocks), device_ptr(d.q_indices),
                    full ? device_ptr(d.full_q_num_blocks) : nullptr,
