@@ -634,7 +634,10 @@ TEST_CASE("the buffer cases index in range and their strided views read the same
         }
       }
       CHECK(mismatches == 0);
-      CHECK(kept > points / 10);
+      // Not trivially masked. The i32 case's mask is a random document mask (a new document
+      // with probability 1/12 per position): its kept fraction is about 18% with a 1st
+      // percentile near 9%, so the bound sits well below that (2%; the diagonal alone is 1.1%).
+      CHECK(kept > points / 50);
       CHECK(kept < points);
       CHECK(offsets.size() >= (dtype == DType::Bool ? 2u : 3u));  // bool: score ± 0.5
     }
