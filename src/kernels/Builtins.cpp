@@ -7,11 +7,13 @@
 #include "kernels/decode/DecodeCombine.h"
 #include "kernels/decode/DecodeSplit.h"
 #include "kernels/forward/Sm80Mma.h"
+#include "kernels/forward/Sm90Wgmma.h"
 
 namespace flexjit::kernels {
 
 void register_builtin_variants(Registry& registry) {
   registry.add(std::make_unique<ForwardSm80Mma>());
+  registry.add(std::make_unique<ForwardSm90Wgmma>());
   registry.add(std::make_unique<BlockMaskWarpPerTile>());
   registry.add(std::make_unique<BackwardPreprocessSm80>());
   registry.add(std::make_unique<BackwardDkDvSm80Mma>());

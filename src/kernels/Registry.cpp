@@ -1,5 +1,6 @@
 #include "kernels/Registry.h"
 
+#include "util/Env.h"
 #include "util/Log.h"
 
 #include <fmt/format.h>
@@ -19,6 +20,7 @@ Registry& Registry::global() {
   static Registry* r = [] {
     auto* reg = new Registry();  // never destroyed: variants may be used at exit
     register_builtin_variants(*reg);
+    reg->set_excluded(env::list("FLEXJIT_EXCLUDE_VARIANTS"));
     return reg;
   }();
   return *r;
@@ -35,6 +37,30 @@ const Variant& Registry::add(std::unique_ptr<Variant> variant) {
   }
   variants_.push_back(std::move(variant));
   return *variants_.back();
+}
+
+void Registry::set_excluded(const std::vector<std::string>& family_variants) {
+  for (const std::string& fv : family_variants) {
+    bool known = false;
+    for (const Variant* v : all())
+      known |= fmt::format("{}/{}", to_string(v->family()), v->name()) == fv;
+    if (!known) {
+      std::vector<std::string> names;
+      for (const Variant* v : all())
+        names.push_back(fmt::format("{}/{}", to_string(v->family()), v->name()));
+      throw UnsupportedError(fmt::format(
+          "cannot exclude kernel variant '{}' (FLEXJIT_EXCLUDE_VARIANTS): no such variant; the "
+          "registered ones are {}",
+          fv, fmt::join(names, ", ")));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  excluded_ = family_variants;
+}
+
+std::vector<std::string> Registry::excluded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return excluded_;
 }
 
 const Variant* Registry::find(Family family, std::string_view name) const {
@@ -93,8 +119,14 @@ Selection Registry::select(const KernelDesc& problem, const InputFacts& facts,
     sel.variant = v;
     sel.forced = true;
   } else {
+    const std::vector<std::string> excluded_list = excluded();
     for (const Variant* v : candidates) {
       if (!v->auto_select()) continue;
+      const std::string fv = fmt::format("{}/{}", family, v->name());
+      if (std::find(excluded_list.begin(), excluded_list.end(), fv) != excluded_list.end()) {
+        sel.skipped.push_back(fv + ": excluded (FLEXJIT_EXCLUDE_VARIANTS)");
+        continue;
+      }
       if (auto why = v->unsupported(problem, facts)) {
         sel.skipped.push_back(fmt::format("{}/{}: {}", family, v->name(), *why));
         continue;

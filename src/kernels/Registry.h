@@ -47,6 +47,13 @@ class Registry {
   std::vector<const Variant*> variants(Family family) const;
   std::vector<const Variant*> all() const;
 
+  // Variants that automatic selection passes over ("forward/sm90a_wgmma"), e.g. to compare
+  // families or to step around a variant that misbehaves; a caller may still name one. The
+  // global registry starts with FLEXJIT_EXCLUDE_VARIANTS (a comma-separated list). An unknown
+  // name is an UnsupportedError listing the registered variants.
+  void set_excluded(const std::vector<std::string>& family_variants);
+  std::vector<std::string> excluded() const;
+
   Selection select(const KernelDesc& problem, const InputFacts& facts,
                    std::string_view forced = {}) const;
 
@@ -63,6 +70,7 @@ class Registry {
  private:
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Variant>> variants_;
+  std::vector<std::string> excluded_;
 };
 
 // The variant of `desc` (by family and name) as its family's class; InternalError if it is not

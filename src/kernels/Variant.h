@@ -37,6 +37,9 @@ struct InputFacts {
   int mask_q_block = 0, mask_kv_block = 0;
   // The sequence lengths of the call; -1 when unknown.
   int64_t seqlen_q = -1, seqlen_kv = -1;
+  // Why the TMA tensor maps of the sm_90a kernels cannot describe q, k or v (a stride TMA cannot
+  // express); empty when they can or when there are no inputs.
+  std::string tma_blocker;
 };
 
 // Clears `aligned16` (saying why in `blocker`) unless t's data pointer and its strides of the

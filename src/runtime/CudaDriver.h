@@ -58,7 +58,8 @@ namespace flexjit::runtime {
   X(cuEventDestroy)                 \
   X(cuEventRecord)                  \
   X(cuEventSynchronize)             \
-  X(cuEventElapsedTime)
+  X(cuEventElapsedTime)             \
+  X(cuTensorMapEncodeTiled)
 
 // The loaded driver. Obtain it with Driver::get(); check available() before calling anything.
 class Driver {

@@ -3,6 +3,7 @@
 #include <flexjit/error.h>
 
 #include "ir/Evaluate.h"
+#include "kernels/Registry.h"
 #include "runtime/Device.h"
 
 #include <fmt/format.h>
@@ -126,6 +127,22 @@ template ErrorStats compare<double>(const std::vector<float>&, const std::vector
 double tolerance(DType dtype) {
   if (dtype == DType::F32) return 1e-3;
   return dtype == DType::F16 ? 3e-3 : 1e-2;
+}
+
+std::vector<std::string> forward_families(Context& ctx) {
+  if (ctx.arch() == "sm_90a") return {"auto", "sm80_mma"};
+  return {"auto"};
+}
+
+ForwardFamilyScope::ForwardFamilyScope(const std::string& family)
+    : saved_(kernels::Registry::global().excluded()) {
+  std::vector<std::string> excluded = saved_;
+  if (family == "sm80_mma") excluded.push_back("forward/sm90a_wgmma");
+  kernels::Registry::global().set_excluded(excluded);
+}
+
+ForwardFamilyScope::~ForwardFamilyScope() {
+  kernels::Registry::global().set_excluded(saved_);
 }
 
 }  // namespace flexjit::test

@@ -60,4 +60,21 @@ ErrorStats compare(const std::vector<float>& out, const std::vector<R>& ref);
 // The tolerance on ErrorStats::rel for a dtype: 1e-2 bf16, 3e-3 f16.
 double tolerance(DType dtype);
 
+// The forward kernel families the GPU suite runs against on this device: "auto" (flexjit's own
+// selection: sm90a_wgmma on sm_90a where it applies, sm80_mma elsewhere) and, on sm_90a, also
+// "sm80_mma" (the sm_90a family excluded). Tests parametrize over them:
+//   const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
+//   test::ForwardFamilyScope scope(family);
+std::vector<std::string> forward_families(Context& ctx);
+class ForwardFamilyScope {
+ public:
+  explicit ForwardFamilyScope(const std::string& family);
+  ~ForwardFamilyScope();
+  ForwardFamilyScope(const ForwardFamilyScope&) = delete;
+  ForwardFamilyScope& operator=(const ForwardFamilyScope&) = delete;
+
+ private:
+  std::vector<std::string> saved_;
+};
+
 }  // namespace flexjit::test

@@ -339,6 +339,9 @@ std::vector<std::pair<std::string, double>> param_values(bool strided) {
 TEST_CASE("forward: captured buffers of every dtype and rank 1-4, contiguous and strided",
           "[gpu][forward][buffers]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
+  test::ForwardFamilyScope family_scope(family);
+  INFO("forward family: " << family);
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
@@ -385,6 +388,9 @@ TEST_CASE("forward: the buffers of a case change the answer", "[gpu][forward][bu
   // Guards the test above against a reference and kernel that both ignore the buffers: with
   // every buffer contents replaced, the output moves far beyond the tolerance.
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
+  test::ForwardFamilyScope family_scope(family);
+  INFO("forward family: " << family);
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   const CaseParams params;
@@ -428,6 +434,9 @@ TEST_CASE("forward: the buffers of a case change the answer", "[gpu][forward][bu
 TEST_CASE("forward: bad buffer bindings are precise errors before any launch",
           "[gpu][forward][buffers]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
+  test::ForwardFamilyScope family_scope(family);
+  INFO("forward family: " << family);
   std::mt19937_64 rng(fresh_seed());
   const DeviceTensor q = upload(*ctx, random_tensor(rng, DType::BF16, {kB, kH, 64, kD}));
   const CaseParams params;

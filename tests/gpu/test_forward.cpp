@@ -224,6 +224,9 @@ const T& pick(std::mt19937_64& rng, const std::vector<T>& v) {
 
 TEST_CASE("forward: every standard mod matches the reference", "[gpu][forward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
+  test::ForwardFamilyScope family_scope(family);
+  INFO("forward family: " << family);
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
@@ -244,6 +247,9 @@ TEST_CASE("forward: every standard mod matches the reference", "[gpu][forward]")
 
 TEST_CASE("forward: random shapes, GQA, head dims, dtypes and layouts", "[gpu][forward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
+  test::ForwardFamilyScope family_scope(family);
+  INFO("forward family: " << family);
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
@@ -316,6 +322,9 @@ TEST_CASE("forward: fp32 inputs on tf32 tensor cores match the fp64 reference",
 
 TEST_CASE("forward: random mods", "[gpu][forward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
+  test::ForwardFamilyScope family_scope(family);
+  INFO("forward family: " << family);
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
@@ -350,6 +359,9 @@ TEST_CASE("forward: random mods", "[gpu][forward]") {
 
 TEST_CASE("forward: fully masked rows give 0 and lse -inf", "[gpu][forward][small]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
+  test::ForwardFamilyScope family_scope(family);
+  INFO("forward family: " << family);
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
@@ -376,6 +388,9 @@ TEST_CASE("forward: fully masked rows give 0 and lse -inf", "[gpu][forward][smal
 
 TEST_CASE("forward: zero-length Q and KV", "[gpu][forward][small]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
+  test::ForwardFamilyScope family_scope(family);
+  INFO("forward family: " << family);
   std::mt19937_64 rng(fresh_seed());
   for (DType dt : {DType::BF16, DType::F16}) {
     const HostTensor q = random_tensor(rng, dt, {2, 4, 33, 64});
@@ -424,6 +439,9 @@ TEST_CASE("forward: a new param value does not recompile and changes the answer"
 
 TEST_CASE("forward: uploaded block masks give the dense-mask result", "[gpu][forward][small]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
+  test::ForwardFamilyScope family_scope(family);
+  INFO("forward family: " << family);
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
@@ -513,6 +531,9 @@ TEST_CASE("forward: invalid inputs are precise errors", "[gpu][forward]") {
 
 TEST_CASE("forward: K/V beyond 2^31 elements", "[gpu][big]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
+  test::ForwardFamilyScope family_scope(family);
+  INFO("forward family: " << family);
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);

@@ -145,11 +145,12 @@ std::string abi_text() {
 // forward/sm80_mma with the test prelude and kernel in place of the real templates.
 ForwardSm80Mma test_variant() {
   static const std::string abi = abi_text();
-  return ForwardSm80Mma({abi, kTestPrelude, {}, {}, kTestForwardKernel});
+  return ForwardSm80Mma({abi, kTestPrelude, {}, {}, {}, kTestForwardKernel});
 }
 
+// The sm80_mma forward (the stand-in kernel and config struct below are its contract).
 KernelDesc spec_for(const std::string& arch) {
-  return test::forward_desc(arch, DType::BF16, 128, 128);
+  return test::forward_desc(arch, DType::BF16, 128, 128, 1, "sm80_mma");
 }
 
 std::string generate_config(const Mods& mods, const KernelDesc& desc) {
@@ -652,11 +653,11 @@ TEST_CASE("forward/sm80_mma defaults fit every arch, and its config space valida
         INFO(arch << " " << to_string(dt) << " d=" << d);
         if (no_config) {
           // fp32 tiles of d=256 do not fit 99 KiB: the error says what to do.
-          CHECK_THROWS_WITH(test::forward_desc(arch, dt, d, d),
+          CHECK_THROWS_WITH(test::forward_desc(arch, dt, d, d, 1, "sm80_mma"),
                             Catch::Contains("convert q, k, v to bf16 or f16"));
           continue;
         }
-        const KernelDesc desc = test::forward_desc(arch, dt, d, d);
+        const KernelDesc desc = test::forward_desc(arch, dt, d, d, 1, "sm80_mma");
         CHECK(desc.variant == "sm80_mma");
         CHECK(desc.config == v.default_config(desc));
         const std::vector<kernels::Params> space = v.config_space(desc);
@@ -683,8 +684,9 @@ TEST_CASE("forward/sm80_mma resolves a config: overrides, then tiles that divide
   CHECK(v.resolve_config(p, {}, mask).str() == "block_m=64 block_n=64 num_stages=2 num_warps=4");
   mask.mask_q_block = mask.mask_kv_block = 96;
   CHECK_THROWS_WITH(v.resolve_config(p, {}, mask), Catch::Contains("96x96"));
-  CHECK_THROWS_WITH(v.resolve_config(p, {{"block_m", 128}}, kernels::InputFacts{0, {}, 64, 64}),
-                    Catch::Contains("not multiples"));
+  CHECK_THROWS_WITH(
+      v.resolve_config(p, {{"block_m", 128}}, kernels::InputFacts{0, {}, 64, 64, -1, -1, {}}),
+      Catch::Contains("not multiples"));
   // divisible follows the lengths and the tiles.
   KernelDesc d = p;
   d.config = v.resolve_config(p, {}, none);

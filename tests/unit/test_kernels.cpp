@@ -44,7 +44,7 @@ KernelDesc all_fields() {
 class OnlyHopper : public ForwardSm80Mma {
  public:
   std::string_view name() const override { return "only_hopper"; }
-  int priority() const override { return 10; }
+  int priority() const override { return 100; }
   std::optional<std::string> unsupported(const KernelDesc& p, const InputFacts& f) const override {
     if (!p.arch.accelerated) return "needs sm_90a; the target is " + p.arch.str();
     return ForwardSm80Mma::unsupported(p, f);
@@ -138,7 +138,7 @@ TEST_CASE("Registry: built-in variants and selection by arch, with reasons",
   CHECK_THROWS_WITH(r.add(std::make_unique<OnlyHopper>()),
                     Catch::Contains("forward/only_hopper is already registered"));
   // Higher priority first.
-  REQUIRE(r.variants(Family::Forward).size() == 2);
+  REQUIRE(r.variants(Family::Forward).size() == 3);  // + sm90a_wgmma and sm80_mma
   CHECK(r.variants(Family::Forward)[0]->name() == "only_hopper");
 
   Selection on_hopper = r.select(forward_problem_for("sm_90a"), {});
@@ -146,8 +146,9 @@ TEST_CASE("Registry: built-in variants and selection by arch, with reasons",
   CHECK(on_hopper.skipped.empty());
   Selection on_ampere = r.select(forward_problem_for("sm_80"), {});
   CHECK(on_ampere.variant->name() == "sm80_mma");
-  REQUIRE(on_ampere.skipped.size() == 1);
+  REQUIRE(on_ampere.skipped.size() == 2);
   CHECK(on_ampere.skipped[0] == "forward/only_hopper: needs sm_90a; the target is sm_80");
+  CHECK(on_ampere.skipped[1] == "forward/sm90a_wgmma: wgmma and setmaxnreg need sm_90a, not sm_80");
   CHECK_THAT(on_ampere.str(),
              Catch::Contains("forward/sm80_mma (passed over: forward/only_hopper"));
 
@@ -159,16 +160,30 @@ TEST_CASE("Registry: built-in variants and selection by arch, with reasons",
                     Catch::Contains("no forward kernel variant supports") &&
                         Catch::Contains("forward/only_hopper: the forward kernel needs 16-byte") &&
                         Catch::Contains("forward/sm80_mma: the forward kernel needs 16-byte") &&
+                        Catch::Contains("forward/sm90a_wgmma: TMA needs 16-byte") &&
                         Catch::Contains("6 bytes"));
   // Named variants: unknown, unsupported, and taken even at lower priority.
   CHECK_THROWS_WITH(r.select(forward_problem_for("sm_80"), {}, "wgmma"),
                     Catch::Contains("no forward kernel variant 'wgmma'") &&
-                        Catch::Contains("only_hopper, sm80_mma"));
+                        Catch::Contains("only_hopper, sm90a_wgmma, sm80_mma"));
   CHECK_THROWS_WITH(r.select(forward_problem_for("sm_80"), {}, "only_hopper"),
                     Catch::Contains("forward/only_hopper cannot run this call: needs sm_90a"));
   Selection forced = r.select(forward_problem_for("sm_90a"), {}, "sm80_mma");
   CHECK(forced.forced);
   CHECK(forced.variant->name() == "sm80_mma");
+  // Excluded variants are passed over by automatic selection (with the reason), still taken
+  // when named; an unknown name is refused with the list.
+  r.set_excluded({"forward/only_hopper", "forward/sm90a_wgmma"});
+  Selection excluded = r.select(forward_problem_for("sm_90a"), {});
+  CHECK(excluded.variant->name() == "sm80_mma");
+  CHECK_THAT(excluded.str(),
+             Catch::Contains("forward/only_hopper: excluded (FLEXJIT_EXCLUDE_VARIANTS)"));
+  CHECK(r.select(forward_problem_for("sm_90a"), {}, "sm90a_wgmma").variant->name() ==
+        "sm90a_wgmma");
+  CHECK_THROWS_WITH(r.set_excluded({"forward/sm100"}),
+                    Catch::Contains("no such variant") && Catch::Contains("forward/sm80_mma"));
+  CHECK(r.excluded().size() == 2);
+  r.set_excluded({});
   // A family without variants (in a registry that has none of it).
   Registry empty;
   KernelDesc dq = forward_problem_for("sm_80");
@@ -278,14 +293,16 @@ TEST_CASE("block_mask_args gives broadcast strides of zero", "[kernels][blockmas
 
 TEST_CASE("emit_kernel / kernel_variants: the public view of the kernel layer", "[kernels][api]") {
   KernelQuery q;
-  q.arch = "sm_90a";
+  q.arch = "sm_80";
   q.head_dim_qk = 64;
   const KernelSource src = emit_kernel(standard_mods("alibi_causal"), q);
   CHECK(src.kernel_name == "flexjit_forward");
-  CHECK_THAT(src.description, Catch::StartsWith("forward/sm80_mma sm_90a bf16 d=64/64"));
+  CHECK_THAT(src.description, Catch::StartsWith("forward/sm80_mma sm_80 bf16 d=64/64"));
   CHECK(KernelDesc::from_json(nlohmann::json::parse(src.description_json)).str() ==
         src.description);
-  CHECK(src.selection == "forward/sm80_mma");
+  CHECK(src.selection ==
+        "forward/sm80_mma (passed over: forward/sm90a_wgmma: wgmma and setmaxnreg need sm_90a, "
+        "not sm_80)");
   CHECK(src.dynamic_smem_bytes == 2 * (128 * 64 + 2 * 64 * 128));
   CHECK_THAT(src.source, Catch::Contains("// spec: " + src.description));
 
@@ -308,14 +325,15 @@ TEST_CASE("emit_kernel / kernel_variants: the public view of the kernel layer", 
   q.family = "forward";
   q.variant = "nope";
   CHECK_THROWS_WITH(emit_kernel(standard_mods("causal"), q),
-                    Catch::Contains("the forward variants are: sm80_mma"));
+                    Catch::Contains("the forward variants are: sm90a_wgmma, sm80_mma"));
 
   bool forward = false, block_mask = false;
   for (const KernelVariantInfo& v : kernel_variants()) {
     if (v.family == "forward" && v.name == "sm80_mma") {
       forward = true;
       CHECK(v.templates == std::vector<std::string>{"flexjit_abi.h", "prelude.cuh", "mma_sm80.cuh",
-                                                    "attention_sm80.cuh", "forward_sm80.cuh"});
+                                                    "attention_sm80.cuh", "forward_common.cuh",
+                                                    "forward_sm80.cuh"});
     }
     block_mask |= v.family == "block_mask" && v.name == "warp_per_tile";
   }

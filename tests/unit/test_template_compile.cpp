@@ -1,7 +1,7 @@
 // Compiles the forward kernel template through NVRTC exactly as the codegen assembles it
-// (abi + prelude + FjConfig + mods + mma_sm80 + attention_sm80 + forward_sm80, one header-free
-// string), with hand-written stand-ins for the generated parts (tests/templates/mods_*.cuh). No GPU
-// needed.
+// (abi + prelude + FjConfig + mods + mma_sm80 + attention_sm80 + forward_common + forward_sm80, one
+// header-free string), with hand-written stand-ins for the generated parts
+// (tests/templates/mods_*.cuh). No GPU needed.
 #include <flexjit/error.h>
 #include <nvrtc.h>
 
@@ -55,7 +55,8 @@ std::string compose(const TestConfig& c) {
   return "// flexjit template compile test\n" + read_source("templates/flexjit_abi.h") +
          read_source("templates/prelude.cuh") + config_source(c) +
          read_source("tests/templates/" + c.mods) + read_source("templates/mma_sm80.cuh") +
-         read_source("templates/attention_sm80.cuh") + read_source("templates/forward_sm80.cuh");
+         read_source("templates/attention_sm80.cuh") + read_source("templates/forward_common.cuh") +
+         read_source("templates/forward_sm80.cuh");
 }
 
 struct CompileResult {

@@ -51,7 +51,7 @@ bool has_reason(const tune::CandidateSet& s, const std::string& needle) {
 tune::TuningRecord sample_record() {
   tune::TuningRecord r;
   r.key = tune::make_key({"NVIDIA H100 80GB HBM3", 9, 0, 132}, fwd_problem(), 0x1234abcdULL,
-                         kernels::InputFacts{true, "", 128, 128, 4096, 4096});
+                         kernels::InputFacts{true, "", 128, 128, 4096, 4096, {}});
   r.config = {{"block_m", 128}, {"block_n", 128}, {"num_stages", 2}, {"num_warps", 8}};
   r.time_ms = 0.5;
   r.default_config = {{"block_m", 128}, {"block_n", 64}, {"num_stages", 2}, {"num_warps", 4}};

@@ -1,5 +1,7 @@
 #include "kernels/forward/Forward.h"
 
+#include "runtime/TensorMap.h"
+
 #include <flexjit/error.h>
 
 #include <fmt/format.h>
@@ -30,6 +32,11 @@ InputFacts forward_facts(const ForwardInputs& in) {
   if (in.block_mask != nullptr) {
     f.mask_q_block = in.block_mask->meta().q_block_size;
     f.mask_kv_block = in.block_mask->meta().kv_block_size;
+  }
+  for (auto [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}}) {
+    if (auto why = runtime::bhsd_tma_blocker(*t, name); why && f.tma_blocker.empty()) {
+      f.tma_blocker = *why;
+    }
   }
   f.seqlen_q = in.shape.seqlen_q;
   f.seqlen_kv = in.shape.seqlen_kv;

@@ -71,9 +71,11 @@ Params make_config(int block_m, int block_n, int num_warps, int num_stages) {
 }  // namespace
 
 ForwardSm80Mma::ForwardSm80Mma()
-    : templates_{embedded::template_text("flexjit_abi.h"), embedded::template_text("prelude.cuh"),
+    : templates_{embedded::template_text("flexjit_abi.h"),
+                 embedded::template_text("prelude.cuh"),
                  embedded::template_text("mma_sm80.cuh"),
                  embedded::template_text("attention_sm80.cuh"),
+                 embedded::template_text("forward_common.cuh"),
                  embedded::template_text("forward_sm80.cuh")} {}
 
 std::string_view ForwardSm80Mma::summary() const {
@@ -215,6 +217,7 @@ std::vector<TemplateText> ForwardSm80Mma::templates() const {
           {"prelude.cuh", templates_.prelude, true},
           {"mma_sm80.cuh", templates_.mma, false},
           {"attention_sm80.cuh", templates_.attention, false},
+          {"forward_common.cuh", templates_.common, false},
           {"forward_sm80.cuh", templates_.kernel, false}};
 }
 

@@ -1,6 +1,6 @@
 // forward/sm80_mma: the FlashAttention-2-structured forward for sm_80 and newer —
 // mma.sync (m16n8k16 bf16/f16, m16n8k8 tf32 for f32 inputs), ldmatrix and a cp.async K/V
-// pipeline (templates/mma_sm80.cuh + attention_sm80.cuh + forward_sm80.cuh;
+// pipeline (templates/mma_sm80.cuh + attention_sm80.cuh + forward_common.cuh + forward_sm80.cuh;
 // docs/kernels/forward_sm80.md).
 //
 // Config: block_m {64, 128} query rows per CTA, block_n {32, 64, 128} keys per iteration,
@@ -17,7 +17,7 @@ class ForwardSm80Mma : public ForwardVariant {
   // The texts spliced around the generated parts; the defaults are the embedded templates.
   // Tests pass their own to check the assembly with a small kernel.
   struct Templates {
-    std::string_view abi, prelude, mma, attention, kernel;
+    std::string_view abi, prelude, mma, attention, common, kernel;
   };
   ForwardSm80Mma();
   explicit ForwardSm80Mma(Templates templates) : templates_(templates) {}

@@ -1,0 +1,28 @@
+// The wgmma.mma_async instructions an sm_90a kernel uses, as generated inline-PTX wrappers.
+//
+// Each shape m64nNk16 has its own operand list (N / 2 f32 accumulator registers), so rather
+// than spelling every N out in a template, the variant asks for the N values its config needs:
+//
+//   void fj_wgmma_ss(float (&d)[N / 8][4], fj_u64 desc_a, fj_u64 desc_b, int accumulate);
+//     D (+)= A B^T, A (64 x 16) and B (N x 16) both K-major in shared memory (descriptors);
+//     accumulate == 0 overwrites D.
+//   void fj_wgmma_rs(float (&d)[N / 8][4], const fj_u32 (&a)[4], fj_u64 desc_b, int accumulate);
+//     D (+)= A B, A (64 x 16) from registers (the m16n8k16 A fragment of each warp's 16 rows), B
+//     (16 x N) MN-major in shared memory.
+//
+// Overloads differ by the accumulator's extent, so a kernel calls fj_wgmma_ss(s, ...) for any
+// generated N. Operands are bf16 or f16 with f32 accumulation; scale-a/b are +1.
+#pragma once
+
+#include <flexjit/types.h>
+
+#include <string>
+#include <vector>
+
+namespace flexjit::cuda {
+
+// The wrappers for `dtype` (BF16 or F16; InternalError otherwise) and the N of each form
+// (duplicates ignored; each N a multiple of 8 in [8, 256], else InternalError).
+std::string wgmma_wrappers(DType dtype, const std::vector<int>& ss_n, const std::vector<int>& rs_n);
+
+}  // namespace flexjit::cuda

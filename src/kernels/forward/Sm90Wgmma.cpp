@@ -1,0 +1,245 @@
+#include "kernels/forward/Sm90Wgmma.h"
+
+#include <flexjit/error.h>
+
+#include "codegen/cuda/ModCodegen.h"
+#include "codegen/cuda/SourceWriter.h"
+#include "codegen/cuda/Wgmma.h"
+#include "kernels/forward/ForwardArgs.h"
+#include "kernels/forward/Sm80Mma.h"
+#include "runtime/TensorMap.h"
+#include "util/Embedded.h"
+
+#include <flexjit_abi.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <initializer_list>
+
+namespace flexjit::kernels {
+
+namespace {
+
+constexpr std::initializer_list<int> kBlockMs = {128};
+constexpr std::initializer_list<int> kBlockNs = {64, 128, 176};
+constexpr std::initializer_list<int> kStages = {2, 3, 4};
+
+bool one_of(int64_t v, std::initializer_list<int> allowed) {
+  return std::find(allowed.begin(), allowed.end(), v) != allowed.end();
+}
+
+std::optional<std::string> not_in(const char* what, int64_t v, std::initializer_list<int> allowed) {
+  if (one_of(v, allowed)) return std::nullopt;
+  return fmt::format("forward/sm90a_wgmma does not support {} = {}; supported: {}", what, v,
+                     fmt::join(allowed, ", "));
+}
+
+std::optional<std::string> problem_reason(const KernelDesc& p) {
+  if (!(p.arch.cc() == 90 && p.arch.accelerated)) {
+    return fmt::format("wgmma and setmaxnreg need sm_90a, not {}", p.arch.str());
+  }
+  if (p.dtype != DType::BF16 && p.dtype != DType::F16) {
+    return fmt::format(
+        "{} inputs run on the tf32 tensor cores of sm80_mma (this variant takes bf16 and f16)",
+        to_string(p.dtype));
+  }
+  for (auto [what, d] : {std::pair{"head_dim_qk", p.head_dim_qk}, {"head_dim_v", p.head_dim_v}}) {
+    if (auto r = not_in(what, d, {64, 128, 256})) return r;
+  }
+  if (p.gqa_ratio < 1) {
+    return fmt::format("gqa_ratio (heads_q / heads_kv) must be at least 1, not {}", p.gqa_ratio);
+  }
+  return std::nullopt;
+}
+
+int sm90_smem(const KernelDesc& d) {
+  return fj_forward_sm90_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
+                                    d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
+                                    d.config.at_int("num_stages"));
+}
+
+Params make_config(int block_m, int block_n, int num_stages) {
+  return {{"block_m", block_m}, {"block_n", block_n}, {"num_stages", num_stages}};
+}
+
+}  // namespace
+
+std::string_view ForwardSm90Wgmma::summary() const {
+  return "FlashAttention-3 structure: TMA, wgmma, producer/consumer warpgroups with setmaxnreg; "
+         "bf16/f16; d 64/128/256; sm_90a";
+}
+
+std::optional<std::string> ForwardSm90Wgmma::unsupported(const KernelDesc& problem,
+                                                         const InputFacts& facts) const {
+  if (auto r = problem_reason(problem)) return r;
+  if (!facts.aligned16) {
+    return fmt::format("TMA needs 16-byte aligned pointers and strides: {}",
+                       facts.alignment_blocker);
+  }
+  if (!facts.tma_blocker.empty()) return facts.tma_blocker;
+  if (facts.mask_q_block != 0 && facts.mask_q_block % 128 != 0) {
+    return fmt::format(
+        "the block mask's q block size {} is not a multiple of this kernel's 128-row tiles",
+        facts.mask_q_block);
+  }
+  if (facts.mask_kv_block != 0 && facts.mask_kv_block % 64 != 0) {
+    return fmt::format(
+        "the block mask's kv block size {} is not a multiple of 64 (this kernel's smallest KV "
+        "tile)",
+        facts.mask_kv_block);
+  }
+  return std::nullopt;
+}
+
+void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
+  if (auto r = problem_reason(d)) throw UnsupportedError(*r);
+  for (const char* name : {"block_m", "block_n", "num_stages"}) {
+    if (!d.config.has(name)) {
+      throw UnsupportedError(
+          fmt::format("forward/sm90a_wgmma needs config '{}' ({})", name, d.str()));
+    }
+  }
+  if (d.config.items().size() != 3) {
+    throw UnsupportedError(fmt::format(
+        "forward/sm90a_wgmma takes block_m, block_n and num_stages (its warpgroups follow from "
+        "block_m); got {}",
+        d.config.str()));
+  }
+  if (auto r = not_in("block_m", d.config.at("block_m"), kBlockMs)) throw UnsupportedError(*r);
+  if (auto r = not_in("block_n", d.config.at("block_n"), kBlockNs)) throw UnsupportedError(*r);
+  if (auto r = not_in("num_stages", d.config.at("num_stages"), kStages)) {
+    throw UnsupportedError(*r);
+  }
+  for (const char* flag : {"divisible", "full_blocks"}) {
+    auto v = d.flags.get(flag);
+    if (!v || (*v != 0 && *v != 1)) {
+      throw UnsupportedError(
+          fmt::format("forward/sm90a_wgmma needs flag '{}' = 0 or 1 ({})", flag, d.str()));
+    }
+  }
+  // Accumulators of S (block_n / 2) and O (head_dim_v / 2) plus P (block_n / 4) per thread must
+  // fit the consumers' 240 registers with room for addresses and the softmax state.
+  const int64_t live = d.config.at("block_n") / 2 + d.head_dim_v / 2 + d.config.at("block_n") / 4;
+  if (live > 200) {
+    throw UnsupportedError(fmt::format(
+        "block_n = {} with head_dim_v = {} needs {} accumulator and operand registers per "
+        "consumer thread, more than the 200 of 240 this kernel allows; use block_n = 64",
+        d.config.at("block_n"), d.head_dim_v, live));
+  }
+  const int smem = sm90_smem(d);
+  const int limit = cuda::max_smem_per_block(d.arch);
+  if (smem > limit) {
+    throw UnsupportedError(fmt::format(
+        "config {}x{} with {} stages needs {} bytes of shared memory for head dims {}/{}, more "
+        "than the {} bytes a block may use on {}; lower num_stages or block_n",
+        d.config.at("block_m"), d.config.at("block_n"), d.config.at("num_stages"), smem,
+        d.head_dim_qk, d.head_dim_v, limit, d.arch.str()));
+  }
+}
+
+Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
+  const int d = std::max(p.head_dim_qk, p.head_dim_v);
+  if (d <= 64) return make_config(128, 128, 3);
+  if (d <= 128) return make_config(128, 128, 2);
+  return make_config(128, 64, 2);
+}
+
+std::vector<Params> ForwardSm90Wgmma::config_space(const KernelDesc& p) const {
+  std::vector<Params> out;
+  for (int bm : kBlockMs) {
+    for (int bn : kBlockNs) {
+      for (int s : kStages) {
+        KernelDesc d = p;
+        d.config = make_config(bm, bn, s);
+        try {
+          validate(d);
+        } catch (const UnsupportedError&) {
+          continue;
+        }
+        out.push_back(d.config);
+      }
+    }
+  }
+  return out;
+}
+
+Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params& overrides,
+                                        const InputFacts& facts) const {
+  Params c = apply_overrides(*this, default_config(problem), overrides);
+  if (facts.mask_kv_block == 0) return c;
+  fit_tile_to_block(c, "block_n", facts.mask_kv_block, overrides, {128, 64});
+  if (facts.mask_q_block % c.at("block_m") != 0 || facts.mask_kv_block % c.at("block_n") != 0) {
+    throw UnsupportedError(fmt::format(
+        "the block mask's sparse blocks ({}x{}) are not multiples of forward/sm90a_wgmma's "
+        "{}x{} tiles; build the mask with a block size that is a multiple of 128, or pass a "
+        "block_n that divides it",
+        facts.mask_q_block, facts.mask_kv_block, c.at("block_m"), c.at("block_n")));
+  }
+  return c;
+}
+
+void ForwardSm90Wgmma::specialize(KernelDesc& d, const InputFacts& facts) const {
+  if (facts.seqlen_q < 0 || facts.seqlen_kv < 0) return;
+  const bool divisible =
+      facts.seqlen_q % d.config.at("block_m") == 0 && facts.seqlen_kv % d.config.at("block_n") == 0;
+  d.flags.set("divisible", divisible ? 1 : 0);
+}
+
+std::vector<TemplateText> ForwardSm90Wgmma::templates() const {
+  std::vector<TemplateText> t = common_templates();
+  for (const char* name : {"mma_sm80.cuh", "attention_sm80.cuh", "forward_common.cuh",
+                           "wgmma_sm90.cuh", "forward_sm90.cuh"})
+    t.push_back({name, embedded::template_text(name), false});
+  return t;
+}
+
+cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelDesc& desc) const {
+  validate(desc);
+  mods.check();
+  // The config struct (the same members as sm80_mma's; kNumWarps is the consumers' warps) and
+  // the wgmma shapes the kernel uses: S (n = block_n) and O (n = head_dim_v).
+  const int bm = desc.config.at_int("block_m");
+  std::string config = ForwardSm80Mma::config_struct(mods, [&] {
+    KernelDesc d = desc;
+    d.config.set("num_warps", bm / 16);
+    return d;
+  }());
+  const std::string wrappers =
+      cuda::wgmma_wrappers(desc.dtype, {desc.config.at_int("block_n")}, {desc.head_dim_v});
+  config.push_back('\n');
+  config.append(wrappers);
+  return assemble_variant_source(*this, desc, mods, config, "forward kernel `flexjit_forward`");
+}
+
+unsigned ForwardSm90Wgmma::smem_bytes(const KernelDesc& desc) const {
+  return static_cast<unsigned>(sm90_smem(desc));
+}
+
+std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const ForwardInputs& in,
+                                               void*) const {
+  const QkvShape& s = in.shape;
+  FjFwdArgs a = make_fwd_args(in.q, in.k, in.v, in.out, in.lse ? &*in.lse : nullptr, s, in.scale);
+  if (in.block_mask != nullptr) {
+    a.mask = block_mask_args(*in.block_mask, desc.flags.at("full_blocks") != 0);
+  }
+  const int bm = desc.config.at_int("block_m");
+  const int bn = desc.config.at_int("block_n");
+  FjFwdTmaMaps maps;
+  maps.q = runtime::encode_bhsd_tma(in.q, bm, "q");
+  maps.k = runtime::encode_bhsd_tma(in.k, bn, "k");
+  maps.v = runtime::encode_bhsd_tma(in.v, bn, "v");
+  Launch l;
+  l.entry_point = "flexjit_forward";
+  l.grid = {static_cast<unsigned>((s.seqlen_q + bm - 1) / bm), static_cast<unsigned>(s.heads_q),
+            static_cast<unsigned>(s.batch)};
+  l.block = {static_cast<unsigned>((bm / 64 + 1) * 128), 1, 1};
+  l.smem_bytes = smem_bytes(desc);
+  l.args.add(a);
+  l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
+  l.args.add(maps);
+  std::vector<Launch> out;
+  out.push_back(std::move(l));
+  return out;
+}
+
+}  // namespace flexjit::kernels

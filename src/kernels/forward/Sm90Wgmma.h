@@ -1,0 +1,38 @@
+// forward/sm90a_wgmma: the Hopper forward (FlashAttention-3 structure) — TMA loads into a
+// multi-stage shared-memory ring, a producer warpgroup and 64-row consumer warpgroups with
+// register reallocation, wgmma for Q K^T (both operands in shared memory) and P V (P from
+// registers) (templates/wgmma_sm90.cuh + forward_sm90.cuh; docs/kernels/forward_sm90.md).
+//
+// Serves sm_90a only, bf16 and f16 (f32 inputs stay on sm80_mma's tf32 path), head dims
+// 64/128/256, inputs a TMA tensor map can describe (16-byte aligned, strides positive multiples
+// of 16 bytes); everything else falls back to forward/sm80_mma with the reason in the
+// `kernels` log. Config: block_m {128} (two consumer warpgroups), block_n {64, 128, 176},
+// num_stages {2, 3, 4}; the shared memory fj_forward_sm90_smem_bytes() must fit.
+#pragma once
+
+#include "kernels/forward/Forward.h"
+
+namespace flexjit::kernels {
+
+class ForwardSm90Wgmma : public ForwardVariant {
+ public:
+  std::string_view name() const override { return "sm90a_wgmma"; }
+  std::string_view summary() const override;
+  int priority() const override { return 10; }  // ahead of sm80_mma where it applies
+  std::optional<std::string> unsupported(const KernelDesc& problem,
+                                         const InputFacts& facts) const override;
+  void validate(const KernelDesc& desc) const override;
+  Params default_config(const KernelDesc& problem) const override;
+  std::vector<Params> config_space(const KernelDesc& problem) const override;
+  Params resolve_config(const KernelDesc& problem, const Params& overrides,
+                        const InputFacts& facts) const override;
+  void specialize(KernelDesc& desc, const InputFacts& facts) const override;
+  std::vector<TemplateText> templates() const override;
+  std::vector<std::string> entry_points() const override { return {"flexjit_forward"}; }
+  cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
+  unsigned smem_bytes(const KernelDesc& desc) const override;
+  std::vector<Launch> launches(const KernelDesc& desc, const ForwardInputs& in,
+                               void* workspace) const override;
+};
+
+}  // namespace flexjit::kernels

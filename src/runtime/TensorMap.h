@@ -1,0 +1,27 @@
+// TMA tensor maps (CUtensorMap) for the sm_90a kernels: encoded on the host through the driver
+// (cuTensorMapEncodeTiled) and passed by value as a kernel parameter (FjTmaDesc in
+// templates/flexjit_abi.h). cuda.h-free interface.
+#pragma once
+
+#include <flexjit/tensor.h>
+
+#include <flexjit_abi.h>
+
+#include <optional>
+#include <string>
+
+namespace flexjit::runtime {
+
+// Why `t` ([B, H, S, D], D contiguous, 16-bit elements) cannot be read through the tiled tensor
+// map encode_bhsd_tma builds: a stride that is not a positive multiple of 16 bytes below 2^40
+// (a dim of extent 1 may have any stride), a pointer not 16-byte aligned, an extent past 2^31.
+// nullopt when it can. Needs no driver (selection asks it before any launch).
+std::optional<std::string> bhsd_tma_blocker(const TensorRef& t, const char* name);
+
+// The tensor map of `t` read in boxes of 64 elements (128 bytes) x `box_rows` rows of one
+// (b, h), stored with the 128-byte swizzle; rows past S read as zero. Coordinates (innermost
+// first): d, s, h, b. Throws UnsupportedError (the blocker) or RuntimeError (the driver's
+// refusal, naming `name`).
+FjTmaDesc encode_bhsd_tma(const TensorRef& t, int box_rows, const char* name);
+
+}  // namespace flexjit::runtime

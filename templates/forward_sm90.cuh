@@ -1,0 +1,283 @@
+// flexjit forward attention kernel for sm_90a (Hopper): TMA loads, wgmma, warp specialization.
+//
+// Spliced last, after flexjit_abi.h, prelude.cuh, the generated FjConfig, mods and wgmma
+// wrappers, mma_sm80.cuh (16-bit packing), attention_sm80.cuh (the block schedule),
+// forward_common.cuh (scores, online softmax) and wgmma_sm90.cuh. docs/kernels/forward_sm90.md
+// describes the design.
+//
+// One CTA computes kBlockM = 64 * kConsumers query rows of one (batch, query head) with
+// kConsumers + 1 warpgroups:
+//   warpgroup 0, the producer (registers lowered to kProducerRegs): one thread walks the KV
+//     schedule (block mask: partial tiles, then full ones) and issues the TMA loads of Q once and
+//     of K and V per tile into a kNumStages-deep ring of shared-memory stages; per stage a
+//     "K full" and a "V full" mbarrier (transaction counted) and a "KV empty" mbarrier that the
+//     consumers release;
+//   warpgroups 1..kConsumers, the consumers (registers raised to kConsumerRegs): warpgroup c owns
+//     query rows [64c, 64c + 64) and per tile computes S = Q K^T (wgmma, both operands in shared
+//     memory, K-major), the scores (scale, score_mod, mask_mod on partial tiles, bounds) on the
+//     accumulator fragment, the online softmax, and O += P V (wgmma, P from registers, V
+//     MN-major); then releases the stage.
+// The wgmma accumulator of m64nN gives warp w of a warpgroup rows 16w.. with the m16n8 fragment
+// of mma.sync repeated N / 8 times, so forward_common.cuh's fj_scores / fj_softmax_update run on
+// it unchanged (kMTiles = 1), and the C fragments of S are the A fragments of P V.
+// Shared memory (dynamic, aligned here to 1024 bytes; fj_forward_sm90_smem_bytes):
+//   Q tile kBlockM x max(kHeadDimQK, kHeadDimV) (reused for the O tile), kNumStages K tiles
+//   (kBlockN x kHeadDimQK), kNumStages V tiles (kBlockN x kHeadDimV), the mbarriers, and the
+//   tile index of each stage (written by the producer before it arrives, read by the consumers
+//   after the wait).
+#ifndef FLEXJIT_FORWARD_SM90_CUH_
+#define FLEXJIT_FORWARD_SM90_CUH_
+
+template <class Cfg>
+struct FjSm90Traits {
+  using Element = typename Cfg::Element;
+  using Mma = FjMma<Element>;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kNumStages = Cfg::kNumStages;
+  static constexpr int kDimQK = Cfg::kHeadDimQK;
+  static constexpr int kDimV = Cfg::kHeadDimV;
+  static constexpr int kConsumers = kBlockM / 64;
+  static constexpr int kThreads = (kConsumers + 1) * 128;
+  static constexpr int kMTiles = 1;            // one m16 row block per warp
+  static constexpr int kNTiles = kBlockN / 8;  // n8 fragments of S
+  static constexpr int kDTiles = kDimV / 8;    // n8 fragments of O
+  static constexpr int kElemBytes = 2;
+  static constexpr int kDimQO = kDimQK > kDimV ? kDimQK : kDimV;
+  static constexpr int kQBytes = kBlockM * kDimQO * kElemBytes;
+  static constexpr int kQLoadBytes = kBlockM * kDimQK * kElemBytes;
+  static constexpr int kKBytes = kBlockN * kDimQK * kElemBytes;
+  static constexpr int kVBytes = kBlockN * kDimV * kElemBytes;
+  static constexpr int kOffK = kQBytes;
+  static constexpr int kOffV = kOffK + kNumStages * kKBytes;
+  static constexpr int kOffBar = kOffV + kNumStages * kVBytes;
+  static constexpr int kOffTile = kOffBar + 8 * (1 + 3 * kNumStages);
+  // Register split (65536 per SM, one CTA): the producer keeps few, the consumers take the rest.
+  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+
+  static_assert(sizeof(Element) == 2, "flexjit forward_sm90: bf16 or f16 elements");
+  static_assert(kConsumers == 2 || kConsumers == 3, "flexjit forward_sm90: kBlockM is 128 or 192");
+  static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256,
+                "flexjit forward_sm90: kBlockN must be a multiple of 16 up to 256");
+  static_assert(kDimQK % 64 == 0 && kDimV % 64 == 0 && kDimV <= 256,
+                "flexjit forward_sm90: head dims must be multiples of 64 (v at most 256)");
+  static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm90: 1..4 stages");
+  static_assert(kOffTile + 4 * kNumStages + 1024 ==
+                    fj_forward_sm90_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV, kElemBytes,
+                                               kNumStages),
+                "flexjit forward_sm90: shared-memory layout and fj_forward_sm90_smem_bytes "
+                "disagree");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
+                "flexjit forward_sm90: register split exceeds the register file");
+};
+
+extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128, 1)
+    flexjit_forward(const FjFwdArgs args, const FjModParams mods,
+                    const __grid_constant__ FjFwdTmaMaps maps) {
+  using T = FjSm90Traits<FjConfig>;
+  using Cfg = FjConfig;
+  extern __shared__ unsigned char fj_smem_raw[];
+  // The 128-byte swizzle repeats every 1024 bytes: tiles start on such a boundary.
+  const fj_u32 smem_base = (fj_smem_addr(fj_smem_raw) + 1023u) & ~1023u;
+  unsigned char* smem_ptr = fj_smem_raw + (smem_base - fj_smem_addr(fj_smem_raw));
+  const fj_u32 sq = smem_base;
+  const fj_u32 sk = smem_base + T::kOffK;
+  const fj_u32 sv = smem_base + T::kOffV;
+  const fj_u32 bar_q = smem_base + T::kOffBar;
+  // Per stage s: K full at bar_k + 8s, V full at bar_v + 8s, KV empty at bar_e + 8s.
+  const fj_u32 bar_k = bar_q + 8;
+  const fj_u32 bar_v = bar_k + 8 * T::kNumStages;
+  const fj_u32 bar_e = bar_v + 8 * T::kNumStages;
+  volatile int* stage_tile = reinterpret_cast<volatile int*>(smem_ptr + T::kOffTile);
+
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest query tiles first (causal)
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int h_kv = h / Cfg::kGqaRatio;
+  const int m_start = m_block * T::kBlockM;
+
+  if (tid == 0) {
+    fj_mbar_init(bar_q, 1);
+#pragma unroll
+    for (int s = 0; s < T::kNumStages; ++s) {
+      fj_mbar_init(bar_k + 8 * s, 1);
+      fj_mbar_init(bar_v + 8 * s, 1);
+      fj_mbar_init(bar_e + 8 * s, 4 * T::kConsumers);  // lane 0 of every consumer warp
+    }
+    fj_mbar_init_fence();
+  }
+  __syncthreads();
+
+  const FjKvSchedule sched = fj_block_schedule<T::kBlockM, T::kBlockN, Cfg::kHasFullBlocks>(
+      args.mask, args.seqlen_kv, b, h, m_block);
+
+  if (wg == 0) {
+    // ---- producer ----
+    fj_setmaxnreg_dec<T::kProducerRegs>();
+    if (tid == 0) {
+      fj_tma_prefetch_desc(&maps.q);
+      fj_tma_prefetch_desc(&maps.k);
+      fj_tma_prefetch_desc(&maps.v);
+      fj_mbar_arrive_expect_tx(bar_q, T::kQLoadBytes);
+#pragma unroll
+      for (int c = 0; c < T::kDimQK / 64; ++c)
+        fj_tma_load_4d(sq + c * T::kBlockM * 128, &maps.q, c * 64, m_start, h, b, bar_q);
+      int next_tile = sched.num_total > 0 ? sched.tile(0) : 0;
+      for (int i = 0; i < sched.num_total; ++i) {
+        const int tile = next_tile;
+        if (i + 1 < sched.num_total) next_tile = sched.tile(i + 1);
+        const int stage = i % T::kNumStages;
+        if (i >= T::kNumStages) fj_mbar_wait(bar_e + 8 * stage, ((i / T::kNumStages) & 1) ^ 1);
+        stage_tile[stage] = tile;
+        const int n_start = tile * T::kBlockN;
+        if (n_start >= args.seqlen_kv) {
+          // Past the end of a ragged sparse block: nothing to load, the consumers skip it.
+          fj_mbar_arrive(bar_k + 8 * stage);
+          fj_mbar_arrive(bar_v + 8 * stage);
+          continue;
+        }
+        fj_mbar_arrive_expect_tx(bar_k + 8 * stage, T::kKBytes);
+#pragma unroll
+        for (int c = 0; c < T::kDimQK / 64; ++c)
+          fj_tma_load_4d(sk + stage * T::kKBytes + c * T::kBlockN * 128, &maps.k, c * 64, n_start,
+                         h_kv, b, bar_k + 8 * stage);
+        fj_mbar_arrive_expect_tx(bar_v + 8 * stage, T::kVBytes);
+#pragma unroll
+        for (int c = 0; c < T::kDimV / 64; ++c)
+          fj_tma_load_4d(sv + stage * T::kVBytes + c * T::kBlockN * 128, &maps.v, c * 64, n_start,
+                         h_kv, b, bar_v + 8 * stage);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  fj_setmaxnreg_inc<T::kConsumerRegs>();
+  const int cw = wg - 1;  // consumer warpgroup: query rows [64 cw, 64 cw + 64) of the tile
+  const int wtid = tid % 128;
+  const int warp = wtid / 32;
+  const int lane = tid % 32;
+  const fj_u32 sq_wg = sq + cw * 64 * 128;
+
+  float o[1][T::kDTiles][4];
+  float row_max[1][2] = {{fj_neg_inf(), fj_neg_inf()}};
+  float row_sum[1][2] = {{0.0f, 0.0f}};
+#pragma unroll
+  for (int dt = 0; dt < T::kDTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      o[0][dt][e] = 0.0f;
+
+  const int q_row0 = m_start + cw * 64 + warp * 16 + (lane >> 2);
+  fj_mbar_wait(bar_q, 0);
+  for (int i = 0; i < sched.num_total; ++i) {
+    const int stage = i % T::kNumStages;
+    const int parity = (i / T::kNumStages) & 1;
+    fj_mbar_wait(bar_k + 8 * stage, parity);
+    const int n_start = stage_tile[stage] * T::kBlockN;
+    if (n_start < args.seqlen_kv) {
+      // S = Q K^T: k16 steps over the head dim, 64-element chunks of Q and K.
+      float s[1][T::kNTiles][4];
+      const fj_u32 sk_stage = sk + stage * T::kKBytes;
+      fj_wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < T::kDimQK / 16; ++kk) {
+        const int chunk = kk / 4, sub = kk % 4;
+        const fj_u64 da = fj_smem_desc_sw128(sq_wg + chunk * T::kBlockM * 128 + sub * 32, 16, 1024);
+        const fj_u64 db =
+            fj_smem_desc_sw128(sk_stage + chunk * T::kBlockN * 128 + sub * 32, 16, 1024);
+        fj_wgmma_ss(s[0], da, db, kk > 0 ? 1 : 0);
+      }
+      fj_wgmma_commit();
+      fj_fence_regs(s[0]);
+      fj_wgmma_wait<0>();
+      fj_fence_regs(s[0]);
+
+      const int kv_col0 = n_start + (lane & 3) * 2;
+      if (i < sched.num_partial)
+        fj_scores<Cfg, T, true>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+      else
+        fj_scores<Cfg, T, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+      fj_softmax_update<T>(s, o, row_max, row_sum);
+
+      // O += P V: P from registers (the C fragments of n8 tiles 2j, 2j+1 are the A fragment of
+      // k16 step j), V MN-major: 64-element chunks of the head dim LBO apart.
+      fj_u32 pa[T::kBlockN / 16][4];
+#pragma unroll
+      for (int j = 0; j < T::kBlockN / 16; ++j) {
+        pa[j][0] = T::Mma::pack(s[0][2 * j][0], s[0][2 * j][1]);
+        pa[j][1] = T::Mma::pack(s[0][2 * j][2], s[0][2 * j][3]);
+        pa[j][2] = T::Mma::pack(s[0][2 * j + 1][0], s[0][2 * j + 1][1]);
+        pa[j][3] = T::Mma::pack(s[0][2 * j + 1][2], s[0][2 * j + 1][3]);
+      }
+      const fj_u32 sv_stage = sv + stage * T::kVBytes;
+      fj_mbar_wait(bar_v + 8 * stage, parity);
+      fj_wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < T::kBlockN / 16; ++j) {
+        const fj_u64 dv = fj_smem_desc_sw128(sv_stage + j * 16 * 128, T::kBlockN * 128, 1024);
+        fj_wgmma_rs(o[0], pa[j], dv, 1);
+      }
+      fj_wgmma_commit();
+      fj_fence_regs(o[0]);
+      fj_wgmma_wait<0>();
+      fj_fence_regs(o[0]);
+    } else {
+      fj_mbar_wait(bar_v + 8 * stage, parity);
+    }
+    __syncwarp();
+    if (lane == 0) fj_mbar_arrive(bar_e + 8 * stage);
+  }
+
+  // ---- epilogue: normalize, LSE, O through shared memory (this warpgroup's Q rows) ----
+  constexpr float kLn2 = 0.6931471805599453f;
+  fj_fence_proxy_async();  // the Q rows were last read by wgmma (async proxy)
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float sum = row_sum[0][hr];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;  // fully masked row: 0, LSE -inf
+    const int row = q_row0 + hr * 8;
+    if (args.lse != nullptr && (lane & 3) == 0 && row < args.seqlen_q) {
+      const float lse = sum == 0.0f ? fj_neg_inf() : row_max[0][hr] * kLn2 + logf(sum);
+      args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + row] = lse;
+    }
+    const int tile_row = cw * 64 + warp * 16 + hr * 8 + (lane >> 2);
+#pragma unroll
+    for (int dt = 0; dt < T::kDTiles; ++dt) {
+      // Elements d = 8 dt + 2t, +1: chunk dt / 8, 16-byte unit dt % 8 (swizzled), 4 bytes in.
+      const fj_u32 addr = sq + (dt / 8) * T::kBlockM * 128 + tile_row * 128 +
+                          (((dt % 8) ^ (tile_row % 8)) << 4) + (lane & 3) * 4;
+      const fj_u32 packed = T::Mma::pack(o[0][dt][hr * 2] * inv, o[0][dt][hr * 2 + 1] * inv);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
+    }
+  }
+  fj_bar_sync(1 + cw, 128);
+  char* out_tile = static_cast<char*>(args.out) +
+                   T::kElemBytes * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
+                                    (fj_i64)(m_start + cw * 64) * args.o_stride_s);
+  constexpr int kUnitsPerRow = T::kDimV / 8;
+  constexpr int kOutPerThread = 64 * kUnitsPerRow / 128;
+#pragma unroll
+  for (int it = 0; it < kOutPerThread; ++it) {
+    const int idx = it * 128 + wtid;
+    const int r = idx / kUnitsPerRow;  // row within this warpgroup's 64
+    const int u = idx % kUnitsPerRow;
+    if (m_start + cw * 64 + r >= args.seqlen_q) continue;
+    const int tile_row = cw * 64 + r;
+    const fj_u32 addr =
+        sq + (u / 8) * T::kBlockM * 128 + tile_row * 128 + (((u % 8) ^ (tile_row % 8)) << 4);
+    fj_u32x4 val;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                 : "r"(addr));
+    *reinterpret_cast<fj_u32x4*>(out_tile + T::kElemBytes * (fj_i64)r * args.o_stride_s + u * 16) =
+        val;
+  }
+}
+
+#endif  // FLEXJIT_FORWARD_SM90_CUH_

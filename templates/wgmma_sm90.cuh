@@ -1,0 +1,127 @@
+// flexjit sm_90a building blocks: thin inline-PTX wrappers for mbarriers, TMA tile loads,
+// warpgroup MMA (wgmma) fences and shared-memory matrix descriptors, register reallocation
+// and named barriers (PTX ISA 8.x, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate",
+// "Tensor copy", "mbarrier"). The wgmma instructions themselves (one operand list per shape) are
+// generated into the kernel's source: fj_wgmma_ss (A and B from shared memory) and fj_wgmma_rs
+// (A from registers), overloaded on the accumulator array float[N / 8][4] (codegen/cuda/Wgmma.h).
+//
+// Shared-memory tiles use the 128-byte swizzle that TMA writes and wgmma reads: a tile of R rows
+// x 64 16-bit elements (128 bytes a row) is R / 8 atoms of 1024 bytes; inside an atom the
+// 16-byte unit u of row r lives at unit u ^ (r % 8). Wider rows are split into 64-element column
+// chunks stored one after another (chunk c of an R-row tile at c * R * 128). Tiles start on
+// 1024-byte boundaries.
+//
+// Spliced after the generated mods (and the wgmma wrappers) and before forward_sm90.cuh.
+#ifndef FLEXJIT_WGMMA_SM90_CUH_
+#define FLEXJIT_WGMMA_SM90_CUH_
+
+typedef unsigned long long fj_u64;
+
+// ---- mbarriers (shared::cta, 64-bit) ------------------------------------------------------
+FJ_DEVICE void fj_mbar_init(fj_u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the other threads and to the async proxy (TMA).
+FJ_DEVICE void fj_mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also expects `bytes` of asynchronous transactions (TMA) in this phase.
+FJ_DEVICE void fj_mbar_arrive_expect_tx(fj_u32 bar, fj_u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+FJ_DEVICE void fj_mbar_arrive(fj_u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` has completed (acquire: what the arriving threads
+// wrote before arriving, and the transactions, are visible after it).
+FJ_DEVICE void fj_mbar_wait(fj_u32 bar, int parity) {
+  fj_u32 done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// ---- TMA ----------------------------------------------------------------------------------
+// Loads the box at coordinates (c0 innermost .. c3) of a 4-D tensor map into shared memory at
+// `dst`, completing `bytes` (the whole box, out-of-bounds parts zero-filled) on barrier `bar`.
+FJ_DEVICE void fj_tma_load_4d(fj_u32 dst, const FjTmaDesc* map, int c0, int c1, int c2, int c3,
+                              fj_u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+FJ_DEVICE void fj_tma_prefetch_desc(const FjTmaDesc* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
+// ---- wgmma --------------------------------------------------------------------------------
+// Orders this warpgroup's register and shared-memory accesses before the wgmma that follow
+// (needed before the first wgmma and whenever accumulators or A registers changed since).
+FJ_DEVICE void fj_wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+FJ_DEVICE void fj_wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// Waits until at most N committed wgmma groups of the warpgroup are pending.
+template <int N>
+FJ_DEVICE void fj_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of accumulator registers across a wgmma sequence
+// (the hardware writes them asynchronously until fj_wgmma_wait).
+template <int N>
+FJ_DEVICE void fj_fence_regs(float (&d)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+// A shared-memory matrix descriptor for the 128-byte swizzle: start address, leading and stride
+// byte offsets (PTX ISA "Matrix Descriptor Format"; bits 0-13 address >> 4, 16-29 LBO >> 4,
+// 32-45 SBO >> 4, 62-63 swizzle mode, 1 = 128 bytes).
+//   K-major operand (rows of the M or N dimension, 128-byte rows along K): SBO = 1024 (the next
+//     8 rows), LBO unused; the k16 step j inside a 64-element chunk starts 32 * j bytes in.
+//   MN-major operand (rows along K, 64 elements of N per 128-byte row): LBO = the distance
+//     between 64-element chunks of N, SBO = 1024 (the next 8 rows of K).
+FJ_DEVICE fj_u64 fj_smem_desc_sw128(fj_u32 addr, fj_u32 lbo_bytes, fj_u32 sbo_bytes) {
+  fj_u64 d = (fj_u64)((addr & 0x3FFFFu) >> 4);
+  d |= (fj_u64)((lbo_bytes >> 4) & 0x3FFFu) << 16;
+  d |= (fj_u64)((sbo_bytes >> 4) & 0x3FFFu) << 32;
+  d |= (fj_u64)1 << 62;
+  return d;
+}
+
+// ---- warpgroups ---------------------------------------------------------------------------
+// Register reallocation between warpgroups (every thread of the warpgroup executes it).
+template <int kRegs>
+FJ_DEVICE void fj_setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+FJ_DEVICE void fj_setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+// Named barriers (ids 1..15; 0 is __syncthreads): `threads` a multiple of 32.
+FJ_DEVICE void fj_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+FJ_DEVICE void fj_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Orders this thread's generic-proxy shared-memory accesses with the async proxy (TMA, wgmma).
+FJ_DEVICE void fj_fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+#endif  // FLEXJIT_WGMMA_SM90_CUH_
