@@ -6,7 +6,8 @@
 //
 // Every fj_* function has the semantics of the flexjit language (DESIGN.md), not of C:
 //  - float functions are the accurate CUDA ones (no fast-math intrinsics): mods must match an fp64
-//    reference to fp32 accuracy. Compile without --use_fast_math.
+//    reference to fp32 accuracy. Compile without --use_fast_math. The *_approx functions below
+//    are the exception a kernel opts into (fast_math=1; docs/math.md).
 //  - integer arithmetic wraps modulo 2^32 (computed in unsigned, so no undefined behaviour);
 //    division and modulo floor (Python semantics); x / 0 == 0 and x % 0 == 0.
 #ifndef FLEXJIT_PRELUDE_CUH_
@@ -71,6 +72,42 @@ FJ_DEVICE float fj_fmaxf(float a, float b) {
 // Floor modulo: the result has the divisor's sign (Python's %, torch.remainder).
 FJ_DEVICE float fj_fmod_floor(float a, float b) {
   return a - b * floorf(a / b);
+}
+
+// ---- approximate transcendentals (fast_math=1 kernels; docs/math.md) --------------------------
+// One hardware instruction each (the multi-function unit), or one and a multiply. The codegen
+// calls these instead of fj_exp / fj_exp2 / fj_log / fj_log2 / fj_tanh / fj_sigmoid in the
+// score_mod (and its derivatives) of a kernel described with fast_math=1; mask_mods stay exact.
+// Errors from the PTX ISA: tanh.approx.f32 2^-11 relative over the whole range (subnormals pass
+// through); ex2.approx 2 ulp; lg2.approx 2^-22 absolute on (0.5, 2), else 2^-22 relative. The
+// .ftz forms flush subnormal inputs and results to zero.
+FJ_DEVICE float fj_tanh_approx(float x) {
+  float r;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+FJ_DEVICE float fj_exp2_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+// e^x = 2^(x log2 e): the rounding of the product adds |x| * 2^-24 to the relative error
+// (CUDA's __expf does the same).
+FJ_DEVICE float fj_exp_approx(float x) {
+  return fj_exp2_approx(x * 1.44269504088896341f);
+}
+FJ_DEVICE float fj_log2_approx(float x) {
+  float r;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+FJ_DEVICE float fj_log_approx(float x) {
+  return fj_log2_approx(x) * 0.693147180559945309f;
+}
+// 1 / (1 + e^-x) with the division exact: relative error within a few ulp of e^-x's, unlike
+// 0.5 + 0.5 tanh(x / 2), whose absolute 2^-12 would swamp sigmoid's small values.
+FJ_DEVICE float fj_sigmoid_approx(float x) {
+  return 1.0f / (1.0f + fj_exp_approx(-x));
 }
 
 // ---- int math (wrapping, floor division) ------------------------------------------------------

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -63,6 +64,17 @@ struct Workspace {
 // fields always win over a tuned config.
 enum class AutotuneMode { FromEnv, Off, Cached, Search };
 
+// How the GPU kernels compute the score_mod's transcendentals (exp, exp2, log, log2, tanh,
+// sigmoid) and their derivatives; docs/math.md lists the instructions and their errors.
+// Exact: the accurate CUDA functions (tanhf, expf, ...). Approx: one hardware instruction each
+// (tanh.approx.f32, ex2.approx.ftz.f32, lg2.approx.ftz.f32): softcap's tanh costs a fraction.
+// Auto: FLEXJIT_MATH (auto | exact | approx) when set, else Approx for bf16 / f16 inputs (whose
+// own rounding is larger than the approximations' error) and Exact for f32. Division, sqrt, pow
+// and mask_mods are exact in every mode; the CPU backend is always exact.
+enum class MathMode { Auto, Exact, Approx };
+FLEXJIT_API std::string_view to_string(MathMode m);  // "auto", "exact", "approx"
+FLEXJIT_API std::optional<MathMode> parse_math_mode(std::string_view s);  // those three words
+
 struct AttentionOptions {
   Mods mods;  // score_mod and/or mask_mod; none means plain softmax attention
   // Tiles to visit. With a block mask, its partial tiles apply `mods.mask_mod` (or, when
@@ -85,6 +97,8 @@ struct AttentionOptions {
   // without one when they support the call.
   const KvCache* kv_cache = nullptr;
   AutotuneMode autotune = AutotuneMode::FromEnv;
+  // The forward, the backward (which must take the forward's options) and decoding alike.
+  MathMode math = MathMode::Auto;
 };
 
 struct AttentionResult {

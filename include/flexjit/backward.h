@@ -8,7 +8,8 @@
 //   // g.dq, g.dk, g.dv; g.buffer_grads: {"slopes", f32 tensor of the slopes' shape}, ...
 //
 // The call takes the same AttentionOptions as the forward (mods, block mask, bindings, scale,
-// stream, variant); they must be the forward's. It needs the forward's lse (return_lse = true).
+// stream, variant, math); they must be the forward's. It needs the forward's lse (return_lse =
+// true). The math mode (docs/math.md) applies to the score_mod it recomputes and its derivatives.
 #pragma once
 
 #include <flexjit/export.h>

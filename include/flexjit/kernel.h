@@ -33,12 +33,13 @@ struct KernelQuery {
   int head_dim_qk = 128;
   int head_dim_v = 0;  // 0: head_dim_qk
   int gqa_ratio = 1;
-  bool divisible = false;   // forward, backward: Sq and Skv are multiples of the tiles
-  bool full_blocks = true;  // forward, backward: the block mask has full_* arrays
-  int block_size = 128;     // block_mask: the sparse tile size
-  BlockConfig config;       // forward: zeros take the defaults
-  int seqlen_q = 1;         // decode_split: query tokens (with gqa_ratio: the packed rows)
-  int page_size = 0;        // decode_split: 0 contiguous K / V, else the page size
+  bool divisible = false;          // forward, backward: Sq and Skv are multiples of the tiles
+  bool full_blocks = true;         // forward, backward: the block mask has full_* arrays
+  int block_size = 128;            // block_mask: the sparse tile size
+  BlockConfig config;              // forward: zeros take the defaults
+  int seqlen_q = 1;                // decode_split: query tokens (with gqa_ratio: the packed rows)
+  int page_size = 0;               // decode_split: 0 contiguous K / V, else the page size
+  MathMode math = MathMode::Auto;  // forward, backward_dkdv / dq, decode_split (docs/math.md)
 };
 
 struct KernelSource {

@@ -5,6 +5,7 @@
 
 #include "Pipeline.h"
 #include "kernels/KernelQuery.h"
+#include "kernels/MathMode.h"
 #include "kernels/Registry.h"
 #include "kernels/backward/Backward.h"
 #include "kernels/block_mask/BlockMaskBuild.h"
@@ -41,13 +42,23 @@ kernels::KernelDesc kernels::desc_for_query(const KernelQuery& q, kernels::Selec
                                        fmt::join(names, ", ")));
   }
   const cuda::Arch arch = target_of(q);
+  const bool has_math =
+      *family == kernels::Family::Forward || *family == kernels::Family::BackwardDkDv ||
+      *family == kernels::Family::BackwardDq || *family == kernels::Family::DecodeSplit;
+  if (!has_math && q.math != MathMode::Auto) {
+    throw UnsupportedError(fmt::format(
+        "math mode '{}' does not apply to the {} kernel, which evaluates no score_mod; it applies "
+        "to forward, backward_dkdv, backward_dq and decode_split (mask_mods are always exact)",
+        to_string(q.math), q.family));
+  }
   kernels::Params overrides;
   switch (*family) {
     case kernels::Family::Forward: {
       overrides = kernels::config_overrides(q.config);
-      const kernels::KernelDesc problem = kernels::forward_problem(
+      kernels::KernelDesc problem = kernels::forward_problem(
           arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk, q.gqa_ratio,
           q.divisible, q.full_blocks);
+      kernels::set_math_mode(problem, q.math);
       return kernels::Registry::global().complete(problem, {}, overrides, q.variant, sel);
     }
     case kernels::Family::BlockMask:
@@ -65,6 +76,7 @@ kernels::KernelDesc kernels::desc_for_query(const KernelQuery& q, kernels::Selec
           q.gqa_ratio, q.full_blocks);
       if (*family != kernels::Family::BackwardPreprocess) {
         problem.flags.set("divisible", q.divisible ? 1 : 0);
+        kernels::set_math_mode(problem, q.math);
       }
       return kernels::Registry::global().complete(problem, {}, overrides, q.variant, sel);
     }
@@ -79,9 +91,10 @@ kernels::KernelDesc kernels::desc_for_query(const KernelQuery& q, kernels::Selec
       if (q.seqlen_q < 1) {
         throw UnsupportedError(fmt::format("seqlen_q must be at least 1, not {}", q.seqlen_q));
       }
-      const kernels::KernelDesc problem = kernels::decode_split_problem(
+      kernels::KernelDesc problem = kernels::decode_split_problem(
           arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk, q.gqa_ratio,
           kernels::decode_rows(q.gqa_ratio, q.seqlen_q), q.page_size, q.full_blocks);
+      kernels::set_math_mode(problem, q.math);
       return kernels::Registry::global().complete(problem, {}, overrides, q.variant, sel);
     }
     case kernels::Family::DecodeCombine:

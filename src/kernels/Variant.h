@@ -154,7 +154,8 @@ Params apply_overrides(const Variant& variant, Params config, const Params& over
 
 // A variant's translation unit: the comment block (flexjit and NVRTC versions, desc.str(), the
 // mods as text, `// source key: <sha256>`), then one `// ---- name ----` section each for the
-// templates before the mods, the config struct, the mods (generate_mod_functions) and the
+// templates before the mods, the config struct, the mods (generate_mod_functions, with the
+// math functions of desc's fast_math flag: kernels/MathMode.h) and the
 // templates after them (with `mod_grads`, the backward's generated gradient functions follow the
 // mods in a section of their own). No #include anywhere: NVRTC needs no headers. `what` describes
 // the kernel in the comment block ("forward kernel `flexjit_forward`").

@@ -8,6 +8,7 @@
 #include <flexjit/error.h>
 #include <flexjit/paged_kv.h>
 
+#include "kernels/MathMode.h"
 #include "kernels/forward/Forward.h"
 #include "runtime/AttentionCall.h"
 #include "runtime/ContextImpl.h"
@@ -70,10 +71,11 @@ runtime::Plan plan_forward(Context& ctx, const ValidatedCall& call, const Attent
   const bool full_blocks = options.block_mask != nullptr &&
                            options.block_mask->full_kv_num_blocks.defined() &&
                            options.block_mask->full_kv_indices.defined();
-  const kernels::KernelDesc problem = kernels::forward_problem(
+  kernels::KernelDesc problem = kernels::forward_problem(
       cuda::Arch::parse(ctx.arch()), call.inputs.q.dtype, static_cast<int>(s.head_dim_qk),
       static_cast<int>(s.head_dim_v), static_cast<int>(s.heads_q / s.heads_kv),
       /*divisible=*/false, full_blocks);
+  kernels::set_math_mode(problem, options.math);
   runtime::Plan plan;
   plan.add(runtime::plan_step<kernels::ForwardVariant>(
       problem, call.inputs, kernels::forward_facts(call.inputs), call.mods,

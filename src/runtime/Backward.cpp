@@ -6,6 +6,7 @@
 #include <flexjit/error.h>
 
 #include "codegen/cuda/ModCodegen.h"
+#include "kernels/MathMode.h"
 #include "kernels/backward/Backward.h"
 #include "kernels/forward/Forward.h"
 #include "runtime/AttentionCall.h"
@@ -150,9 +151,12 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
                            options.block_mask->full_q_indices.defined();
   const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
   auto problem = [&](kernels::Family f) {
-    return kernels::backward_problem(f, arch, call.inputs.q.dtype, static_cast<int>(s.head_dim_qk),
-                                     static_cast<int>(s.head_dim_v),
-                                     static_cast<int>(s.heads_q / s.heads_kv), full_blocks);
+    kernels::KernelDesc d = kernels::backward_problem(
+        f, arch, call.inputs.q.dtype, static_cast<int>(s.head_dim_qk),
+        static_cast<int>(s.head_dim_v), static_cast<int>(s.heads_q / s.heads_kv), full_blocks);
+    // The forward's math mode: the backward recomputes its probabilities against its lse.
+    if (f != kernels::Family::BackwardPreprocess) kernels::set_math_mode(d, options.math);
+    return d;
   };
   const kernels::InputFacts facts = kernels::backward_facts(call.inputs);
   // A named variant (options.variant) and the block config apply to the dK/dV and dQ kernels.

@@ -6,6 +6,7 @@
 #include <flexjit/device_tensor.h>
 #include <flexjit/error.h>
 
+#include "kernels/MathMode.h"
 #include "kernels/decode/DecodeCombine.h"
 #include "kernels/decode/DecodeSplit.h"
 #include "kernels/forward/Forward.h"
@@ -37,14 +38,17 @@ kernels::Params decode_overrides(const BlockConfig& c) {
   return p;
 }
 
-kernels::KernelDesc split_problem(const cuda::Arch& arch, const kernels::DecodeInputs& in) {
+kernels::KernelDesc split_problem(const cuda::Arch& arch, const kernels::DecodeInputs& in,
+                                  MathMode math) {
   const int64_t gqa = in.heads_q / in.heads_kv;
   const bool full_blocks = in.block_mask != nullptr &&
                            in.block_mask->full_kv_num_blocks.defined() &&
                            in.block_mask->full_kv_indices.defined();
-  return kernels::decode_split_problem(
+  kernels::KernelDesc d = kernels::decode_split_problem(
       arch, in.q.dtype, static_cast<int>(in.head_dim_qk), static_cast<int>(in.head_dim_v),
       static_cast<int>(gqa), kernels::decode_rows(gqa, in.seqlen_q), in.page_size, full_blocks);
+  kernels::set_math_mode(d, math);
+  return d;
 }
 
 // A step of variant family V with a complete description (the split step: its workspace
@@ -121,9 +125,9 @@ std::optional<std::string> decode_unsupported(const cuda::Arch& arch,
   try {
     // The whole description, config included: a caller's block_n / num_warps / num_stages that
     // the decode kernel cannot take is a reason too (the forward may take them).
-    kernels::Registry::global().complete(split_problem(arch, in), kernels::decode_facts(in),
-                                         decode_overrides(options.config),
-                                         auto_dispatch ? std::string_view{} : options.variant);
+    kernels::Registry::global().complete(
+        split_problem(arch, in, options.math), kernels::decode_facts(in),
+        decode_overrides(options.config), auto_dispatch ? std::string_view{} : options.variant);
   } catch (const UnsupportedError& e) {
     return std::string(e.what());
   }
@@ -135,7 +139,7 @@ Plan plan_decode(const cuda::Arch& arch, kernels::DecodeInputs in, const Mods& m
   const kernels::Registry& reg = kernels::Registry::global();
   kernels::Selection split_sel;
   const kernels::KernelDesc split =
-      reg.complete(split_problem(arch, in), kernels::decode_facts(in),
+      reg.complete(split_problem(arch, in, options.math), kernels::decode_facts(in),
                    decode_overrides(options.config), options.variant, &split_sel);
   in.num_splits = kernels::resolve_num_splits(split, in);
   kernels::Selection combine_sel;

@@ -126,6 +126,7 @@ void reference_attention_into(Context& ctx, const TensorRef& q, const TensorRef&
   o.bindings = bindings;
   o.scale = scale;
   o.variant = ForwardReference::kName;
+  o.math = MathMode::Exact;  // a reference, whatever the inputs' dtype or FLEXJIT_MATH
   flex_attention_into(ctx, q, k, v, out, lse, o);
   ctx.synchronize();
 }

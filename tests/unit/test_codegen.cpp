@@ -73,6 +73,12 @@ FJ_D float fj_log(float x) { return logf(x); }
 FJ_D float fj_log2(float x) { return log2f(x); }
 FJ_D float fj_tanh(float x) { return tanhf(x); }
 FJ_D float fj_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+FJ_D float fj_tanh_approx(float x) { float r; asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+FJ_D float fj_exp2_approx(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+FJ_D float fj_exp_approx(float x) { return fj_exp2_approx(x * 1.44269504f); }
+FJ_D float fj_log2_approx(float x) { float r; asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
+FJ_D float fj_log_approx(float x) { return fj_log2_approx(x) * 0.693147181f; }
+FJ_D float fj_sigmoid_approx(float x) { return 1.0f / (1.0f + fj_exp_approx(-x)); }
 FJ_D float fj_sqrt(float x) { return sqrtf(x); }
 FJ_D float fj_rsqrt(float x) { return rsqrtf(x); }
 FJ_D float fj_floor(float x) { return floorf(x); }

@@ -149,6 +149,7 @@ struct AttentionBenchOptions {
   bool backward = false;        // also time flex_attention_backward (bwd_ms, bwd_tflops)
   std::string bwd_dq = "auto";  // auto | atomic | pass: how the backward computes dQ
   std::string autotune;  // empty: FLEXJIT_AUTOTUNE; else off | cached | search, beside the default
+  MathMode math = MathMode::Auto;  // --math
 };
 
 struct AttentionRow {
@@ -445,6 +446,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
 
       AttentionOptions aopts;
       aopts.config = o.config;
+      aopts.math = o.math;
       std::optional<tune::Mode> tuned_mode;
       if (!o.autotune.empty()) {
         tuned_mode = tune::parse_mode(o.autotune);
@@ -710,6 +712,7 @@ void register_bench(CLI::App& app) {
     }
     a.repeats = repeats;
     a.config = {opts.block_m, opts.block_n, opts.warps, opts.stages, opts.splits};
+    a.math = math_mode(opts.math);
     run_attention_bench(a);
   });
 }

@@ -59,6 +59,7 @@ struct RunOptions {
   // A KV cache (include/flexjit/paged_kv.h): int32 .npy files.
   std::string page_table, seq_lens;
   bool check_pages = false;
+  std::string math = "auto";  // --math: the GPU kernels' transcendentals (the CPU is exact)
 };
 
 std::pair<std::string, std::string> split_binding(const std::string& s, const char* flag) {
@@ -603,6 +604,7 @@ void run_cuda(const RunOptions& o) {
   }
   opts.bindings.params = in.params;
   if (o.has_scale) opts.scale = o.scale;
+  opts.math = math_mode(o.math);
   opts.return_lse = !o.lse.empty() || !o.dout.empty();
   if (kv_cache) opts.kv_cache = &cache;
   const GradientFiles grad_files = gradient_files(o, in.mods);
@@ -756,6 +758,7 @@ void register_run(CLI::App& app) {
                   "KV length of each sequence [B] int32 (.npy); needed with --page-table");
   cmd->add_flag("--check-pages", o.check_pages,
                 "Check the lengths and page indices against the pool before launching");
+  add_math_option(*cmd, o.math);
   cmd->callback([] {
     try {
       run(o);

@@ -57,6 +57,29 @@ void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
                "Assume Sq and Skv are multiples of the block sizes (skips bounds checks)");
   app.add_flag("--no-full-blocks", o.no_full_blocks,
                "Kernel for block masks without full_* blocks");
+  add_math_option(app, o.math);
+}
+
+void add_math_option(CLI::App& app, std::string& value) {
+  app.add_option("--math", value,
+                 "Transcendentals of the score_mod: auto (FLEXJIT_MATH, else approx for bf16 / "
+                 "f16 and exact for f32) | exact (tanhf, expf, ...) | approx (tanh.approx, "
+                 "ex2.approx, lg2.approx); docs/math.md")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            if (parse_math_mode(s)) return {};
+            return fmt::format("'{}' is not a math mode; use auto, exact or approx", s);
+          },
+          "auto|exact|approx", "math mode"))
+      ->capture_default_str();
+}
+
+MathMode math_mode(const std::string& value) {
+  const auto m = parse_math_mode(value);
+  if (!m) {
+    throw Error(fmt::format("--math '{}' is not a math mode; use auto, exact or approx", value));
+  }
+  return *m;
 }
 
 namespace {
@@ -108,6 +131,7 @@ KernelQuery make_query(const KernelOptions& o) {
   q.block_size = o.block_size;
   q.divisible = o.divisible;
   q.full_blocks = !o.no_full_blocks;
+  q.math = math_mode(o.math);
   return q;
 }
 

@@ -28,14 +28,20 @@ struct KernelOptions {
   int block_size = 128;                                 // --kernel block_mask: tile size
   bool divisible = false;
   bool no_full_blocks = false;
-  int queries = 1;    // --kernel decode_split: query tokens per sequence
-  int page_size = 0;  // --kernel decode_split: 0 contiguous K / V, else the page size
-  int splits = 0;     // --kernel decode_split: 0 = from the SM count and the KV length
+  int queries = 1;            // --kernel decode_split: query tokens per sequence
+  int page_size = 0;          // --kernel decode_split: 0 contiguous K / V, else the page size
+  int splits = 0;             // --kernel decode_split: 0 = from the SM count and the KV length
+  std::string math = "auto";  // --math: auto | exact | approx (docs/math.md)
 };
 
 // Registers the options on a subcommand (`with_kernel`: also --kernel, --variant and
 // --block-size, for the subcommands that emit or compile any family).
 void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel = true);
+
+// --math (auto | exact | approx; anything else is a parse error naming the three) into `value`,
+// and its MathMode.
+void add_math_option(CLI::App& app, std::string& value);
+MathMode math_mode(const std::string& value);
 
 // Resolves --mods / --score-mod / --mask-mod into one Mods (combined); defaults to noop.
 Mods resolve(const KernelOptions& o);

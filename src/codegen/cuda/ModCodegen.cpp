@@ -48,9 +48,11 @@ std::string_view load_function(DType dtype) {
   FJ_ASSERT(false, "bad DType");
 }
 
-// The prelude function implementing a unary op on `t`; "" where a C operator is exact.
-std::string_view unary_function(Op op, ScalarType t) {
+// The prelude function implementing a unary op on `t`; "" where a C operator is exact. With
+// MathFunctions::Approx, the transcendentals that have a hardware approximation take it.
+std::string_view unary_function(Op op, ScalarType t, MathFunctions math) {
   const bool f = t == ScalarType::F32;
+  const bool approx = math == MathFunctions::Approx;
   switch (op) {
     case Op::Neg:
       return f ? "" : "fj_neg_i";  // -INT_MIN wraps
@@ -59,17 +61,17 @@ std::string_view unary_function(Op op, ScalarType t) {
     case Op::Abs:
       return f ? "fj_fabs" : "fj_iabs";
     case Op::Exp:
-      return "fj_exp";
+      return approx ? "fj_exp_approx" : "fj_exp";
     case Op::Exp2:
-      return "fj_exp2";
+      return approx ? "fj_exp2_approx" : "fj_exp2";
     case Op::Log:
-      return "fj_log";
+      return approx ? "fj_log_approx" : "fj_log";
     case Op::Log2:
-      return "fj_log2";
+      return approx ? "fj_log2_approx" : "fj_log2";
     case Op::Tanh:
-      return "fj_tanh";
+      return approx ? "fj_tanh_approx" : "fj_tanh";
     case Op::Sigmoid:
-      return "fj_sigmoid";
+      return approx ? "fj_sigmoid_approx" : "fj_sigmoid";
     case Op::Sqrt:
       return "fj_sqrt";
     case Op::Rsqrt:
@@ -113,7 +115,7 @@ std::string_view binary_function(Op op, ScalarType t) {
 // Lowers the expressions of one function body into SSA temporaries of a SourceWriter.
 class ExprLowering {
  public:
-  explicit ExprLowering(SourceWriter& w) : w_(w) {}
+  ExprLowering(SourceWriter& w, MathFunctions math) : w_(w), math_(math) {}
 
   // Returns the C value of `root`: a temporary, a function argument or a literal.
   std::string lower(const Expr& root) {
@@ -162,7 +164,7 @@ class ExprLowering {
     }
     if (ir::is_unary(n.op)) {
       const std::string& a = value(n.args[0]);
-      std::string_view fn = unary_function(n.op, n.type);
+      std::string_view fn = unary_function(n.op, n.type, math_);
       if (fn.empty()) return w_.ssa(type, fmt::format("{}{}", ir::op_spelling(n.op), a));
       return w_.ssa(type, fmt::format("{}({})", fn, a));
     }
@@ -190,6 +192,7 @@ class ExprLowering {
   }
 
   SourceWriter& w_;
+  MathFunctions math_;
   std::unordered_map<const ir::Node*, std::string> values_;
 };
 
@@ -248,14 +251,14 @@ void emit_struct(SourceWriter& w, const Mods& mods) {
 }
 
 void emit_function(SourceWriter& w, const char* signature, const Expr& body,
-                   const char* absent_value) {
+                   const char* absent_value, MathFunctions math) {
   if (body.defined()) w.line("// " + ir::to_text(body));
   auto fn = w.block(signature);
   if (!body.defined()) {
     w.line(fmt::format("return {};", absent_value));
     return;
   }
-  ExprLowering lowering(w);
+  ExprLowering lowering(w, math);
   w.line("return " + lowering.lower(body) + ";");
 }
 
@@ -293,19 +296,29 @@ bool has_mask_mod(const Mods& mods) {
   return e.defined() && !(e->op == Op::BoolImm && e->ival == 1);
 }
 
-std::string generate_mod_functions(const Mods& mods) {
+std::string_view to_string(MathFunctions math) {
+  return math == MathFunctions::Approx ? "approx" : "exact";
+}
+
+std::string generate_mod_functions(const Mods& mods, MathFunctions math) {
   SourceWriter w;
   emit_struct(w, mods);
   w.line("");
+  if (math == MathFunctions::Approx) {
+    w.line("// fast_math=1: the score_mod's exp / exp2 / log / log2 / tanh / sigmoid use the");
+    w.line("// hardware approximations (fj_*_approx in the prelude; docs/math.md).");
+  }
   emit_function(w,
                 "__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, "
                 "int b, int h, int q_idx, int kv_idx)",
-                mods.score_mod, "score");
+                mods.score_mod, "score", math);
   w.line("");
+  // Always exact: a mask is a yes / no that an approximation could flip at a boundary, and the
+  // block-mask kernel and the CPU reference must decide every position the same way.
   emit_function(w,
                 "__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, "
                 "int q_idx, int kv_idx)",
-                mods.mask_mod, "true");
+                mods.mask_mod, "true", MathFunctions::Exact);
   return w.str();
 }
 
@@ -330,7 +343,7 @@ GradParamLayout grad_param_layout(const Mods& mods) {
   return layout;
 }
 
-std::string generate_mod_grad_functions(const Mods& mods) {
+std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math) {
   SourceWriter w;
   const GradParamLayout layout = grad_param_layout(mods);
   w.line("// Gradients of the captured float buffers (f32, in the bound buffer's shape): the");
@@ -361,7 +374,7 @@ std::string generate_mod_grad_functions(const Mods& mods) {
   emit_function(w,
                 "__device__ __forceinline__ float fj_dscore(const FjModParams& mp, float score, "
                 "int b, int h, int q_idx, int kv_idx)",
-                grads.d_score, "1.0f");
+                grads.d_score, "1.0f", math);
   w.line("");
   // Only load sites of buffers that FjGradParams lists (float buffers) get a gradient; the
   // autodiff pass gives none to integer buffers anyway. A site whose indices (and whether it is
@@ -419,7 +432,7 @@ std::string generate_mod_grad_functions(const Mods& mods) {
     } else if (!uniform.empty()) {
       w.line("if (ds == 0.0f) return;");
     }
-    ExprLowering lowering(w);
+    ExprLowering lowering(w, math);
     for (size_t i = 0; i < uniform.size(); ++i) {
       const std::string reached = lowering.lower(uniform[i]->reached);
       const std::string deriv = lowering.lower(uniform[i]->derivative);
@@ -442,7 +455,7 @@ std::string generate_mod_grad_functions(const Mods& mods) {
         "__device__ __forceinline__ void fj_bufgrad_flush(const FjModParams& mp, const "
         "FjGradParams& gp, int b, int h, float (&acc)[kFjGradSlots])");
     w.line("// Every lane of a warp together: the warp's sums go out in one atomic per site.");
-    ExprLowering lowering(w);
+    ExprLowering lowering(w, math);
     for (size_t i = 0; i < uniform.size(); ++i) {
       const std::string addr = address(lowering, *uniform[i]);
       w.line(fmt::format("fj_grad_add({}, acc[{}]);", addr, i));

@@ -24,13 +24,21 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace flexjit::cuda {
 
+// How the score_mod's transcendentals lower (docs/math.md): Exact calls the accurate CUDA
+// functions (fj_tanh -> tanhf, fj_exp -> expf, ...); Approx the hardware approximations
+// (fj_tanh_approx -> tanh.approx.f32, fj_exp_approx -> ex2.approx.ftz.f32, fj_log_approx ->
+// lg2.approx.ftz.f32, ...). Division, sqrt, pow and the mask_mod are exact either way.
+enum class MathFunctions { Exact, Approx };
+std::string_view to_string(MathFunctions math);  // "exact" | "approx"
+
 // The FjModParams struct, its layout asserts and the two device functions, for type-checked
 // mods. Throws CompileError if a buffer or param name is not an identifier.
-std::string generate_mod_functions(const Mods& mods);
+std::string generate_mod_functions(const Mods& mods, MathFunctions math = MathFunctions::Exact);
 
 // The backward's hooks (templates/backward_sm80.cuh), from passes::differentiate(score_mod):
 //
@@ -56,7 +64,10 @@ std::string generate_mod_functions(const Mods& mods);
 //   static constexpr int kFjUniformGradSites;  // sites summed per head; kFjGradSlots = max(1, ..)
 //
 // The layout of FjGradParams is grad_param_layout(); sizeof is static_asserted.
-std::string generate_mod_grad_functions(const Mods& mods);
+// The score_mod's derivatives lower with `math` as the score_mod itself does (the backward must
+// recompute the forward's probabilities).
+std::string generate_mod_grad_functions(const Mods& mods,
+                                        MathFunctions math = MathFunctions::Exact);
 
 // The byte layout of FjGradParams: per float buffer (index into Mods::buffers), the offset of
 // its pointer; strides and extents follow it (8 bytes each). size: a multiple of 8, at least 8.

@@ -2,6 +2,7 @@
 
 #include <flexjit/error.h>
 
+#include "kernels/MathMode.h"
 #include "kernels/forward/ForwardArgs.h"
 
 #include <fmt/format.h>
@@ -22,6 +23,7 @@ KernelDesc backward_problem(Family family, const cuda::Arch& arch, DType dtype, 
   if (family != Family::BackwardPreprocess) {
     d.flags.set("divisible", 0);
     d.flags.set("full_blocks", full_blocks ? 1 : 0);
+    set_math_mode(d, MathMode::Auto);
   }
   return d;
 }

@@ -8,7 +8,8 @@
 //
 // The three share the inputs type (BackwardInputs), the problem description and the kernel ABI
 // (FjBwdArgs in templates/flexjit_abi.h). Problem flags as the forward's: `divisible` (every tile
-// full: bounds checks compiled out) and `full_blocks` (the block mask has full_* arrays).
+// full: bounds checks compiled out), `full_blocks` (the block mask has full_* arrays) and, for
+// dK/dV and dQ, `fast_math` (the score_mod and its derivatives; must be the forward's).
 #pragma once
 
 #include <flexjit/attention.h>
@@ -44,7 +45,8 @@ using BackwardPreprocessVariant = FamilyVariant<Family::BackwardPreprocess, Back
 using BackwardDkDvVariant = FamilyVariant<Family::BackwardDkDv, BackwardInputs>;
 using BackwardDqVariant = FamilyVariant<Family::BackwardDq, BackwardInputs>;
 
-// The problem of one backward family for a call (no variant, no config yet).
+// The problem of one backward family for a call (no variant, no config yet); dK/dV and dQ get
+// fast_math as MathMode::Auto resolves it (set_math_mode changes it; MathMode.h).
 KernelDesc backward_problem(Family family, const cuda::Arch& arch, DType dtype, int head_dim_qk,
                             int head_dim_v, int gqa_ratio, bool full_blocks);
 

@@ -4,6 +4,7 @@
 
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/SourceWriter.h"
+#include "kernels/MathMode.h"
 #include "kernels/forward/Forward.h"
 #include "kernels/forward/Sm80Mma.h"
 #include "util/Embedded.h"
@@ -101,8 +102,8 @@ int dq_smem(const KernelDesc& d) {
                               d.head_dim_v, dtype_size(d.dtype), d.config.at_int("num_stages"));
 }
 
-std::string grads_section(const Mods& mods) {
-  return cuda::generate_mod_grad_functions(mods);
+std::string grads_section(const Mods& mods, const KernelDesc& desc) {
+  return cuda::generate_mod_grad_functions(mods, math_functions(desc));
 }
 
 // Every backward kernel's templates: one file, the entry point picked by a #define.
@@ -164,7 +165,7 @@ cuda::GeneratedSource BackwardRowKernelSm80<F>::generate(const Mods& mods,
     w.line(fmt::format("using Element = {};", element_type(desc.dtype)));
   }
   return assemble_variant_source(*this, desc, mods, w.str(), std::string(spec_.what), "mods",
-                                 grads_section(mods));
+                                 grads_section(mods, desc));
 }
 
 template <Family F>
@@ -311,6 +312,7 @@ void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
           fmt::format("{} needs flag '{}' = 0 or 1 ({})", d.family_variant(), flag, d.str()));
     }
   }
+  if (auto r = fast_math_flag_error(d)) throw UnsupportedError(*r);
   const int smem = static_cast<int>(smem_bytes(d));
   const int limit = cuda::max_smem_per_block(d.arch);
   if (smem > limit) {
@@ -445,7 +447,7 @@ cuda::GeneratedSource BackwardSm80Mma<F>::generate(const Mods& mods, const Kerne
   return assemble_variant_source(
       *this, desc, mods, config,
       dkdv ? "backward dK/dV kernel `flexjit_bwd_dkdv`" : "backward dQ kernel `flexjit_bwd_dq`",
-      "mods", grads_section(mods));
+      "mods", grads_section(mods, desc));
 }
 
 template <Family F>

@@ -1,5 +1,6 @@
 #include "kernels/decode/Decode.h"
 
+#include "kernels/MathMode.h"
 #include "kernels/Registry.h"
 
 #include <flexjit_abi.h>
@@ -34,6 +35,7 @@ KernelDesc decode_split_problem(const cuda::Arch& arch, DType dtype, int head_di
   d.flags.set("rows", rows);
   d.flags.set("page_size", page_size);
   d.flags.set("full_blocks", full_blocks ? 1 : 0);
+  set_math_mode(d, MathMode::Auto);
   return d;
 }
 

@@ -9,6 +9,7 @@
 //   rows         packed rows per CTA: 16, 32, 64 or 128 (gqa * Sq rounded up, at most 128)
 //   page_size    0 for contiguous K / V, else the page size of the paged pools (1..256, 2^k)
 //   full_blocks  1 when the block mask carries full_* arrays (full tiles skip the mask_mod)
+//   fast_math    1: the score_mod's transcendentals use hardware approximations (MathMode.h)
 // decode_split config: block_n, num_warps, num_stages, and num_splits (0: from the SM count and
 // the KV length at plan time, decode_num_splits; otherwise that many).
 #pragma once
@@ -58,7 +59,8 @@ int decode_rows(int64_t gqa_ratio, int64_t seqlen_q);
 // CTAs along the packed rows of one kv head: ceil(gqa_ratio * seqlen_q / rows).
 int64_t decode_row_groups(int64_t gqa_ratio, int64_t seqlen_q, int rows);
 
-// The decode_split problem of a call (no variant, no config yet).
+// The decode_split problem of a call (no variant, no config yet); fast_math as MathMode::Auto
+// resolves it (set_math_mode changes it; MathMode.h).
 KernelDesc decode_split_problem(const cuda::Arch& arch, DType dtype, int head_dim_qk,
                                 int head_dim_v, int gqa_ratio, int rows, int page_size,
                                 bool full_blocks);

@@ -4,6 +4,7 @@
 
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/SourceWriter.h"
+#include "kernels/MathMode.h"
 #include "kernels/forward/Forward.h"
 #include "kernels/forward/ForwardArgs.h"
 #include "util/Embedded.h"
@@ -65,6 +66,7 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
   if (full != 0 && full != 1) {
     return fmt::format("decode_split/sm80_mma needs flag 'full_blocks' = 0 or 1 ({})", p.str());
   }
+  if (auto r = fast_math_flag_error(p)) return r;
   return std::nullopt;
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/forward/Forward.h"
 
+#include "kernels/MathMode.h"
 #include "runtime/TensorMap.h"
 
 #include <flexjit/error.h>
@@ -21,6 +22,7 @@ KernelDesc forward_problem(const cuda::Arch& arch, DType dtype, int head_dim_qk,
   d.gqa_ratio = gqa_ratio;
   d.flags.set("divisible", divisible ? 1 : 0);
   d.flags.set("full_blocks", full_blocks ? 1 : 0);
+  set_math_mode(d, MathMode::Auto);
   return d;
 }
 

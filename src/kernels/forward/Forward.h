@@ -6,6 +6,7 @@
 // Problem flags (KernelDesc::flags):
 //   divisible    1 when Sq % block_m == 0 and Skv % block_n == 0 (bounds checks compiled out)
 //   full_blocks  1 when the block mask carries full_* arrays (full tiles skip the mask_mod)
+//   fast_math    1: the score_mod's transcendentals use hardware approximations (MathMode.h)
 #pragma once
 
 #include <flexjit/attention.h>
@@ -48,7 +49,8 @@ struct flexjit::tune::TuningOutputs<flexjit::kernels::ForwardInputs> {
 
 namespace flexjit::kernels {
 
-// The forward problem of a call (no variant, no config yet).
+// The forward problem of a call (no variant, no config yet); fast_math as MathMode::Auto resolves
+// it (set_math_mode changes it).
 KernelDesc forward_problem(const cuda::Arch& arch, DType dtype, int head_dim_qk, int head_dim_v,
                            int gqa_ratio, bool divisible, bool full_blocks);
 

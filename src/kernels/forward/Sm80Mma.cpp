@@ -4,6 +4,7 @@
 
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/SourceWriter.h"
+#include "kernels/MathMode.h"
 #include "kernels/forward/ForwardArgs.h"
 #include "util/Embedded.h"
 
@@ -128,6 +129,7 @@ void ForwardSm80Mma::validate(const KernelDesc& d) const {
           fmt::format("forward/sm80_mma needs flag '{}' = 0 or 1 ({})", flag, d.str()));
     }
   }
+  if (auto r = fast_math_flag_error(d)) throw UnsupportedError(*r);
   const int smem = fwd_smem(d);
   const int limit = cuda::max_smem_per_block(d.arch);
   if (smem > limit) {

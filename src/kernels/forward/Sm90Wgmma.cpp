@@ -5,6 +5,7 @@
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/SourceWriter.h"
 #include "codegen/cuda/Wgmma.h"
+#include "kernels/MathMode.h"
 #include "kernels/forward/ForwardArgs.h"
 #include "kernels/forward/Sm80Mma.h"
 #include "runtime/TensorMap.h"
@@ -117,6 +118,7 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
           fmt::format("forward/sm90a_wgmma needs flag '{}' = 0 or 1 ({})", flag, d.str()));
     }
   }
+  if (auto r = fast_math_flag_error(d)) throw UnsupportedError(*r);
   // Accumulators of S (block_n / 2) and O (head_dim_v / 2) plus P (block_n / 4) per thread must
   // fit the consumers' 240 registers with room for addresses and the softmax state.
   const int64_t live = d.config.at("block_n") / 2 + d.head_dim_v / 2 + d.config.at("block_n") / 4;
