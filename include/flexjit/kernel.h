@@ -82,6 +82,9 @@ struct KernelVariantInfo {
   std::string summary;  // one line
   bool auto_select = true;
   int priority = 0;
+  // Not yet verified on its hardware: selected automatically only when FLEXJIT_ENABLE_VARIANTS
+  // names it.
+  bool experimental = false;
   std::vector<std::string> templates;     // spliced template files
   std::vector<std::string> entry_points;  // kernel names
 };

@@ -169,6 +169,7 @@ std::vector<KernelVariantInfo> kernel_variants() {
     i.summary = std::string(v->summary());
     i.auto_select = v->auto_select();
     i.priority = v->priority();
+    i.experimental = v->experimental();
     for (const kernels::TemplateText& t : v->templates())
       i.templates.push_back(t.name);
     i.entry_points = v->entry_points();

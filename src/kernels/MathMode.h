@@ -18,7 +18,8 @@ namespace flexjit::kernels {
 
 inline constexpr const char* kFastMathFlag = "fast_math";
 
-// Auto's rule without the environment: approximate for bf16 / f16 inputs, exact otherwise.
+// Auto's rule without the environment: exact for every dtype today (docs/math.md says why and
+// when bf16 / f16 switch to the approximations).
 bool default_fast_math(DType dtype);
 
 // Whether `mode` asks for approximations for inputs of `dtype`. Auto reads FLEXJIT_MATH (auto |

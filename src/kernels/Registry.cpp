@@ -21,6 +21,7 @@ Registry& Registry::global() {
     auto* reg = new Registry();  // never destroyed: variants may be used at exit
     register_builtin_variants(*reg);
     reg->set_excluded(env::list("FLEXJIT_EXCLUDE_VARIANTS"));
+    reg->set_enabled(env::list("FLEXJIT_ENABLE_VARIANTS"));
     return reg;
   }();
   return *r;
@@ -39,23 +40,41 @@ const Variant& Registry::add(std::unique_ptr<Variant> variant) {
   return *variants_.back();
 }
 
-void Registry::set_excluded(const std::vector<std::string>& family_variants) {
-  for (const std::string& fv : family_variants) {
-    bool known = false;
-    for (const Variant* v : all())
-      known |= fmt::format("{}/{}", to_string(v->family()), v->name()) == fv;
-    if (!known) {
-      std::vector<std::string> names;
-      for (const Variant* v : all())
-        names.push_back(fmt::format("{}/{}", to_string(v->family()), v->name()));
-      throw UnsupportedError(fmt::format(
-          "cannot exclude kernel variant '{}' (FLEXJIT_EXCLUDE_VARIANTS): no such variant; the "
-          "registered ones are {}",
-          fv, fmt::join(names, ", ")));
+namespace {
+
+// UnsupportedError unless every name is a registered "family/variant"; `what` names the setting.
+void check_names(const std::vector<const Variant*>& all, const std::vector<std::string>& names,
+                 const char* verb, const char* what) {
+  std::vector<std::string> known;
+  for (const Variant* v : all)
+    known.push_back(fmt::format("{}/{}", to_string(v->family()), v->name()));
+  for (const std::string& fv : names) {
+    if (std::find(known.begin(), known.end(), fv) == known.end()) {
+      throw UnsupportedError(
+          fmt::format("cannot {} kernel variant '{}' ({}): no such variant; the registered ones "
+                      "are {}",
+                      verb, fv, what, fmt::join(known, ", ")));
     }
   }
+}
+
+}  // namespace
+
+void Registry::set_excluded(const std::vector<std::string>& family_variants) {
+  check_names(all(), family_variants, "exclude", "FLEXJIT_EXCLUDE_VARIANTS");
   std::lock_guard<std::mutex> lock(mu_);
   excluded_ = family_variants;
+}
+
+void Registry::set_enabled(const std::vector<std::string>& family_variants) {
+  check_names(all(), family_variants, "enable", "FLEXJIT_ENABLE_VARIANTS");
+  std::lock_guard<std::mutex> lock(mu_);
+  enabled_ = family_variants;
+}
+
+std::vector<std::string> Registry::enabled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return enabled_;
 }
 
 std::vector<std::string> Registry::excluded() const {
@@ -120,6 +139,7 @@ Selection Registry::select(const KernelDesc& problem, const InputFacts& facts,
     sel.forced = true;
   } else {
     const std::vector<std::string> excluded_list = excluded();
+    const std::vector<std::string> enabled_list = enabled();
     for (const Variant* v : candidates) {
       if (!v->auto_select()) continue;
       const std::string fv = fmt::format("{}/{}", family, v->name());
@@ -129,6 +149,14 @@ Selection Registry::select(const KernelDesc& problem, const InputFacts& facts,
       }
       if (auto why = v->unsupported(problem, facts)) {
         sel.skipped.push_back(fmt::format("{}/{}: {}", family, v->name(), *why));
+        continue;
+      }
+      if (v->experimental() &&
+          std::find(enabled_list.begin(), enabled_list.end(), fv) == enabled_list.end()) {
+        sel.skipped.push_back(
+            fv +
+            ": experimental, not yet verified on the GPU it targets (FLEXJIT_ENABLE_VARIANTS=" +
+            fv + " selects it)");
         continue;
       }
       sel.variant = v;

@@ -4,7 +4,8 @@
 //   - a variant named by the caller is used if it exists and supports the problem, else
 //     UnsupportedError says why (unknown: the list of the family's variants);
 //   - otherwise the auto-selected variants of the family are tried by priority, and the first
-//     that supports the problem wins; the reasons of those passed over are kept
+//     that supports the problem wins (excluded variants and experimental ones not enabled are
+//     passed over); the reasons of those passed over are kept
 //     (Selection::skipped) and logged under FLEXJIT_LOG=kernels, so a fallback is never silent;
 //   - none: UnsupportedError listing every variant's reason.
 //
@@ -53,6 +54,10 @@ class Registry {
   // name is an UnsupportedError listing the registered variants.
   void set_excluded(const std::vector<std::string>& family_variants);
   std::vector<std::string> excluded() const;
+  // Experimental variants that automatic selection may take (Variant::experimental); the global
+  // registry starts with FLEXJIT_ENABLE_VARIANTS. Unknown names as for set_excluded.
+  void set_enabled(const std::vector<std::string>& family_variants);
+  std::vector<std::string> enabled() const;
 
   Selection select(const KernelDesc& problem, const InputFacts& facts,
                    std::string_view forced = {}) const;
@@ -71,6 +76,7 @@ class Registry {
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Variant>> variants_;
   std::vector<std::string> excluded_;
+  std::vector<std::string> enabled_;
 };
 
 // The variant of `desc` (by family and name) as its family's class; InternalError if it is not

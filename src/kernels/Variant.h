@@ -95,6 +95,10 @@ class Variant {
   // caller names them (AttentionOptions::variant, `--variant`).
   virtual bool auto_select() const { return true; }
   virtual int priority() const { return 0; }
+  // An experimental variant is not yet verified on the hardware it targets: automatic selection
+  // passes over it (saying so) unless it is enabled (FLEXJIT_ENABLE_VARIANTS,
+  // Registry::set_enabled); a caller may always name it.
+  virtual bool experimental() const { return false; }
 
   // Why this variant cannot serve `problem` (config ignored) with these inputs: a sentence that
   // names the value and what would be accepted. nullopt when it can.

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -130,19 +131,37 @@ double tolerance(DType dtype) {
 }
 
 std::vector<std::string> forward_families(Context& ctx) {
-  if (ctx.arch() == "sm_90a") return {"auto", "sm80_mma"};
-  return {"auto"};
+  if (ctx.arch() != "sm_90a") return {"auto"};
+  // An experimental sm_90a family is tested where it is enabled (FLEXJIT_ENABLE_VARIANTS), so
+  // the default suite does not depend on a kernel not yet verified on this GPU.
+  const kernels::Registry& reg = kernels::Registry::global();
+  const kernels::Variant* v = reg.find(kernels::Family::Forward, "sm90a_wgmma");
+  const std::vector<std::string> enabled = reg.enabled();
+  const bool on =
+      v != nullptr && (!v->experimental() || std::find(enabled.begin(), enabled.end(),
+                                                       "forward/sm90a_wgmma") != enabled.end());
+  if (!on) return {"auto"};
+  return {"sm90a_wgmma", "sm80_mma"};
 }
 
 ForwardFamilyScope::ForwardFamilyScope(const std::string& family)
-    : saved_(kernels::Registry::global().excluded()) {
-  std::vector<std::string> excluded = saved_;
-  if (family == "sm80_mma") excluded.push_back("forward/sm90a_wgmma");
-  kernels::Registry::global().set_excluded(excluded);
+    : saved_excluded_(kernels::Registry::global().excluded()),
+      saved_enabled_(kernels::Registry::global().enabled()) {
+  kernels::Registry& reg = kernels::Registry::global();
+  if (family == "sm80_mma") {
+    std::vector<std::string> excluded = saved_excluded_;
+    excluded.push_back("forward/sm90a_wgmma");
+    reg.set_excluded(excluded);
+  } else if (family == "sm90a_wgmma") {
+    std::vector<std::string> enabled = saved_enabled_;
+    enabled.push_back("forward/sm90a_wgmma");
+    reg.set_enabled(enabled);
+  }
 }
 
 ForwardFamilyScope::~ForwardFamilyScope() {
-  kernels::Registry::global().set_excluded(saved_);
+  kernels::Registry::global().set_excluded(saved_excluded_);
+  kernels::Registry::global().set_enabled(saved_enabled_);
 }
 
 }  // namespace flexjit::test

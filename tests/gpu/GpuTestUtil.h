@@ -60,9 +60,10 @@ ErrorStats compare(const std::vector<float>& out, const std::vector<R>& ref);
 // The tolerance on ErrorStats::rel for a dtype: 1e-2 bf16, 3e-3 f16.
 double tolerance(DType dtype);
 
-// The forward kernel families the GPU suite runs against on this device: "auto" (flexjit's own
-// selection: sm90a_wgmma on sm_90a where it applies, sm80_mma elsewhere) and, on sm_90a, also
-// "sm80_mma" (the sm_90a family excluded). Tests parametrize over them:
+// The forward kernel families the GPU suite runs against on this device: on sm_90a with the
+// sm90a_wgmma family enabled (it is experimental until verified: FLEXJIT_ENABLE_VARIANTS),
+// "sm90a_wgmma" (selected where it applies, sm80_mma elsewhere) and "sm80_mma" (the sm_90a
+// family excluded); otherwise "auto" (flexjit's own selection). Tests parametrize over them:
 //   const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
 //   test::ForwardFamilyScope scope(family);
 std::vector<std::string> forward_families(Context& ctx);
@@ -74,7 +75,7 @@ class ForwardFamilyScope {
   ForwardFamilyScope& operator=(const ForwardFamilyScope&) = delete;
 
  private:
-  std::vector<std::string> saved_;
+  std::vector<std::string> saved_excluded_, saved_enabled_;
 };
 
 }  // namespace flexjit::test

@@ -183,6 +183,17 @@ TEST_CASE("Registry: built-in variants and selection by arch, with reasons",
   CHECK_THROWS_WITH(r.set_excluded({"forward/sm100"}),
                     Catch::Contains("no such variant") && Catch::Contains("forward/sm80_mma"));
   CHECK(r.excluded().size() == 2);
+  // An experimental variant (sm90a_wgmma until verified on an H100) is passed over unless
+  // enabled.
+  r.set_excluded({"forward/only_hopper"});
+  Selection not_enabled = r.select(forward_problem_for("sm_90a"), {});
+  CHECK(not_enabled.variant->name() == "sm80_mma");
+  CHECK_THAT(not_enabled.str(), Catch::Contains("forward/sm90a_wgmma: experimental") &&
+                                    Catch::Contains("FLEXJIT_ENABLE_VARIANTS=forward/sm90a_wgmma"));
+  r.set_enabled({"forward/sm90a_wgmma"});
+  CHECK(r.select(forward_problem_for("sm_90a"), {}).variant->name() == "sm90a_wgmma");
+  CHECK_THROWS_WITH(r.set_enabled({"forward/sm91"}), Catch::Contains("FLEXJIT_ENABLE_VARIANTS"));
+  r.set_enabled({});
   r.set_excluded({});
   // A family without variants (in a registry that has none of it).
   Registry empty;
@@ -200,7 +211,7 @@ TEST_CASE("Registry::complete resolves, specializes and validates the config",
   facts.seqlen_kv = 4096;
   const KernelDesc d = Registry::global().complete(problem, facts, {}, {}, &sel);
   CHECK(d.str() ==
-        "forward/sm80_mma sm_80 bf16 d=128/128 gqa=1 divisible=1 fast_math=1 full_blocks=1 | "
+        "forward/sm80_mma sm_80 bf16 d=128/128 gqa=1 divisible=1 fast_math=0 full_blocks=1 | "
         "block_m=128 block_n=64 num_stages=2 num_warps=4");
   CHECK(sel.variant->name() == "sm80_mma");
   CHECK_THROWS_WITH(Registry::global().complete(problem, facts, {{"num_stages", 7}}),

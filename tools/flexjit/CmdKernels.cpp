@@ -31,6 +31,7 @@ void register_kernels(CLI::App& app) {
                      {"summary", v.summary},
                      {"auto_select", v.auto_select},
                      {"priority", v.priority},
+                     {"experimental", v.experimental},
                      {"templates", v.templates},
                      {"entry_points", v.entry_points}});
       }
@@ -39,8 +40,10 @@ void register_kernels(CLI::App& app) {
     }
     for (const KernelVariantInfo& v : all) {
       fmt::print("{}/{}{}\n  {}\n  templates: {}\n  kernels: {}\n", v.family, v.name,
-                 v.auto_select ? "" : "  (only when named)", v.summary,
-                 fmt::join(v.templates, ", "), fmt::join(v.entry_points, ", "));
+                 !v.auto_select   ? "  (only when named)"
+                 : v.experimental ? "  (experimental: FLEXJIT_ENABLE_VARIANTS)"
+                                  : "",
+                 v.summary, fmt::join(v.templates, ", "), fmt::join(v.entry_points, ", "));
     }
   });
 }

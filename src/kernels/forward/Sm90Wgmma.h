@@ -19,6 +19,9 @@ class ForwardSm90Wgmma : public ForwardVariant {
   std::string_view name() const override { return "sm90a_wgmma"; }
   std::string_view summary() const override;
   int priority() const override { return 10; }  // ahead of sm80_mma where it applies
+  // Until its first run on an H100 (the session that wrote it had no GPU time left): selected
+  // automatically only with FLEXJIT_ENABLE_VARIANTS=forward/sm90a_wgmma, or when named.
+  bool experimental() const override { return true; }
   std::optional<std::string> unsupported(const KernelDesc& problem,
                                          const InputFacts& facts) const override;
   void validate(const KernelDesc& desc) const override;
