@@ -1,0 +1,210 @@
+// forward/sm90a_wgmma without a GPU: what it serves and refuses (with reasons), its configs,
+// the wgmma wrappers it generates, the TMA blockers, and NVRTC compiles of every standard mod
+// and head-dim combination with their register / spill / shared-memory budget.
+#include <flexjit/error.h>
+#include <flexjit/kernel.h>
+#include <flexjit/mods.h>
+
+#include "Pipeline.h"
+#include "codegen/cuda/Wgmma.h"
+#include "kernels/Registry.h"
+#include "kernels/forward/Forward.h"
+#include "kernels/forward/Sm90Wgmma.h"
+#include "runtime/TensorMap.h"
+#include "support/KernelDescs.h"
+
+#include <flexjit_abi.h>
+#include <fmt/format.h>
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+using namespace flexjit;
+using namespace flexjit::kernels;
+
+namespace {
+
+KernelDesc sm90_desc(DType dtype, int dqk, int dv, const Params& overrides = {},
+                     int gqa_ratio = 1) {
+  return test::forward_desc("sm_90a", dtype, dqk, dv, gqa_ratio, "sm90a_wgmma", overrides);
+}
+
+}  // namespace
+
+TEST_CASE("sm90a_wgmma serves sm_90a bf16 / f16 and says why it cannot serve the rest",
+          "[sm90][kernels]") {
+  const ForwardSm90Wgmma v;
+  auto problem = [](const char* arch, DType dt, int dqk = 128, int dv = 128) {
+    return forward_problem(cuda::Arch::parse(arch), dt, dqk, dv, 1, false, true);
+  };
+  CHECK_FALSE(v.unsupported(problem("sm_90a", DType::BF16), {}).has_value());
+  CHECK_FALSE(v.unsupported(problem("sm_90a", DType::F16, 64, 256), {}).has_value());
+  CHECK(v.unsupported(problem("sm_90", DType::BF16), {}).value() ==
+        "wgmma and setmaxnreg need sm_90a, not sm_90");
+  CHECK_THAT(v.unsupported(problem("sm_80", DType::BF16), {}).value(), Catch::Contains("sm_80"));
+  CHECK_THAT(v.unsupported(problem("sm_90a", DType::F32), {}).value(),
+             Catch::Contains("f32 inputs run on the tf32 tensor cores of sm80_mma"));
+  CHECK_THAT(v.unsupported(problem("sm_90a", DType::BF16, 96), {}).value(),
+             Catch::Contains("head_dim_qk = 96") && Catch::Contains("64, 128, 256"));
+
+  InputFacts facts;
+  facts.tma_blocker = "k's sequence stride is 0 bytes; ...";
+  CHECK(v.unsupported(problem("sm_90a", DType::BF16), facts).value() == facts.tma_blocker);
+  InputFacts mask64;
+  mask64.mask_q_block = mask64.mask_kv_block = 64;
+  CHECK_THAT(v.unsupported(problem("sm_90a", DType::BF16), mask64).value(),
+             Catch::Contains("q block size 64") && Catch::Contains("128-row tiles"));
+  InputFacts mask_128x64;
+  mask_128x64.mask_q_block = 128;
+  mask_128x64.mask_kv_block = 64;
+  CHECK_FALSE(v.unsupported(problem("sm_90a", DType::BF16), mask_128x64).has_value());
+  // The block mask's KV tile shrinks block_n to fit, unless the caller fixed it.
+  CHECK(v.resolve_config(problem("sm_90a", DType::BF16), {}, mask_128x64).at("block_n") == 64);
+  CHECK_THROWS_WITH(
+      v.resolve_config(problem("sm_90a", DType::BF16), {{"block_n", 128}}, mask_128x64),
+      Catch::Contains("not multiples") && Catch::Contains("128x128 tiles"));
+}
+
+TEST_CASE("sm90a_wgmma configs: defaults, the space, and precise refusals", "[sm90][kernels]") {
+  const ForwardSm90Wgmma v;
+  for (DType dt : {DType::BF16, DType::F16}) {
+    for (auto [dqk, dv] : {std::pair{64, 64}, {128, 128}, {256, 256}, {128, 64}, {64, 256}}) {
+      INFO(to_string(dt) << " d=" << dqk << "/" << dv);
+      const KernelDesc d = sm90_desc(dt, dqk, dv);
+      CHECK(d.variant == "sm90a_wgmma");
+      CHECK_NOTHROW(v.validate(d));
+      const std::vector<Params> space = v.config_space(d);
+      CHECK(std::find(space.begin(), space.end(), d.config) != space.end());
+      for (const Params& c : space) {
+        KernelDesc e = d;
+        e.config = c;
+        CHECK(v.smem_bytes(e) <= 232448u);  // sm_90's 227 KiB per block
+      }
+    }
+  }
+  CHECK_THROWS_WITH(sm90_desc(DType::BF16, 128, 128, {{"block_n", 96}}),
+                    Catch::Contains("block_n = 96") && Catch::Contains("64, 128, 176"));
+  CHECK_THROWS_WITH(sm90_desc(DType::BF16, 128, 128, {{"num_warps", 8}}),
+                    Catch::Contains("num_warps"));
+  CHECK_THROWS_WITH(sm90_desc(DType::BF16, 128, 128, {{"num_stages", 4}}),
+                    Catch::Contains("shared memory") && Catch::Contains("lower num_stages"));
+  CHECK_THROWS_WITH(sm90_desc(DType::BF16, 256, 256, {{"block_n", 176}}),
+                    Catch::Contains("registers per consumer thread"));
+  // The layout formula: 1024 bytes of alignment slack, Q (the wider head dim), the stages,
+  // 1 + 3 * stages mbarriers and a tile index per stage.
+  CHECK(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 2) ==
+        1024 + 2 * (128 * 128 + 2 * 128 * 256) + 8 * 7 + 4 * 2);
+  const KernelDesc d = sm90_desc(DType::BF16, 128, 128);
+  CHECK(v.smem_bytes(d) == static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128,
+                                                                            2, 2)));
+}
+
+TEST_CASE("wgmma wrappers: one overload per N with N / 2 accumulators", "[sm90][codegen]") {
+  const std::string bf = cuda::wgmma_wrappers(DType::BF16, {128, 128}, {64});
+  CHECK_THAT(bf, Catch::Contains("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"));
+  CHECK_THAT(bf, Catch::Contains("fj_wgmma_ss(float (&d)[16][4]"));
+  CHECK_THAT(bf, Catch::Contains("fj_wgmma_rs(float (&d)[8][4]"));
+  CHECK_THAT(bf, Catch::Contains("\"+f\"(d[15][3])") && !Catch::Contains("d[16][0]"));
+  CHECK_THAT(bf, Catch::Contains("%63") && Catch::Contains("p, 1, 1, 0, 0;"));  // K-major B
+  CHECK_THAT(bf, Catch::Contains("p, 1, 1, 1;"));  // the rs form's B is MN-major (V)
+  // Duplicates are generated once.
+  CHECK(bf.find("fj_wgmma_ss(") == bf.rfind("fj_wgmma_ss("));
+  const std::string h = cuda::wgmma_wrappers(DType::F16, {176}, {256});
+  CHECK_THAT(h, Catch::Contains("m64n176k16.f32.f16.f16") && Catch::Contains("m64n256k16"));
+  CHECK_THAT(h, Catch::Contains("\"+f\"(d[31][3])"));
+  CHECK_THROWS_AS(cuda::wgmma_wrappers(DType::F32, {128}, {}), InternalError);
+  CHECK_THROWS_AS(cuda::wgmma_wrappers(DType::BF16, {100}, {}), InternalError);
+}
+
+TEST_CASE("TMA blockers name the stride a tensor map cannot express", "[sm90][runtime]") {
+  alignas(16) static char storage[64];
+  TensorRef t = TensorRef::contiguous(storage, DType::BF16, {2, 4, 100, 128});
+  CHECK_FALSE(runtime::bhsd_tma_blocker(t, "q").has_value());
+  // [B, S, H, D] views (heads interleaved in the sequence) are fine: any positive multiple of 16.
+  t.strides = {100 * 4 * 128, 128, 4 * 128, 1};
+  CHECK_FALSE(runtime::bhsd_tma_blocker(t, "q").has_value());
+  t.strides = {100 * 4 * 128, 0, 4 * 128, 1};  // a broadcast head
+  CHECK(runtime::bhsd_tma_blocker(t, "k").value() ==
+        "k's head stride is 0 bytes; a TMA tensor map needs a positive multiple of 16 below 2^40");
+  t.strides = {100 * 4 * 128, 128, 4 * 128 + 4, 1};
+  CHECK_THAT(runtime::bhsd_tma_blocker(t, "v").value(),
+             Catch::Contains("v's sequence stride is 1032 bytes"));
+  t = TensorRef::contiguous(storage, DType::F32, {1, 1, 8, 64});
+  CHECK_THAT(runtime::bhsd_tma_blocker(t, "q").value(), Catch::Contains("16-bit"));
+  t = TensorRef::contiguous(storage + 2, DType::BF16, {1, 1, 8, 64});
+  CHECK_THAT(runtime::bhsd_tma_blocker(t, "q").value(), Catch::Contains("16-byte aligned"));
+  // Extent-1 dims may have any stride (their coordinate is always 0).
+  t = TensorRef::contiguous(storage, DType::BF16, {1, 1, 8, 64});
+  t.strides = {0, 3, 64, 1};
+  CHECK_FALSE(runtime::bhsd_tma_blocker(t, "q").has_value());
+}
+
+TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spills",
+          "[sm90][nvrtc]") {
+  struct Job {
+    std::string mods;
+    DType dtype;
+    int dqk, dv;
+    Params overrides;
+  };
+  std::vector<Job> jobs;
+  for (const std::string& m : standard_mod_names())
+    jobs.push_back({m, DType::BF16, 128, 128, {}});
+  for (auto [dqk, dv] : {std::pair{64, 64}, {256, 256}, {128, 64}, {64, 256}}) {
+    jobs.push_back({"alibi_causal", DType::F16, dqk, dv, {}});
+    jobs.push_back({"softcap", DType::BF16, dqk, dv, {}});
+  }
+  jobs.push_back({"noop", DType::BF16, 128, 128, {{"block_n", 176}}});
+  jobs.push_back({"causal", DType::BF16, 64, 64, {{"block_n", 176}, {"num_stages", 4}}});
+  jobs.push_back({"document_causal", DType::BF16, 128, 128, {{"block_n", 64}}});
+
+  jit::CacheSettings settings;
+  settings.enabled = false;
+  KernelBuilder builder(settings);
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::vector<std::string> failures, report;
+  auto worker = [&] {
+    for (size_t i; (i = next++) < jobs.size();) {
+      const Job& j = jobs[i];
+      try {
+        const KernelDesc d = sm90_desc(j.dtype, j.dqk, j.dv, j.overrides);
+        const BuiltKernel k = builder.build(standard_mods(j.mods), d);
+        const auto& u = k.compiled.kernel->usage;
+        std::lock_guard<std::mutex> lock(mu);
+        report.push_back(fmt::format("{} {}: {} registers (launch bound), {} B spills, {} B smem",
+                                     d.str(), j.mods, u.registers, u.spill_store_bytes,
+                                     ForwardSm90Wgmma().smem_bytes(d)));
+        // Known: relative_bias(_causal) spill 48-80 bytes (the bias loads of 64 scores are all
+        // in flight at once; docs/perf/NOTES.md v7). Every other mod: none.
+        const bool known = j.mods.rfind("relative_bias", 0) == 0;
+        const int64_t allowed = known ? 128 : 0;
+        if (u.spill_store_bytes > allowed || u.spill_load_bytes > allowed) {
+          failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),
+                                         j.mods, u.spill_store_bytes, u.spill_load_bytes));
+        }
+        for (const char* needle :
+             {"wgmma.mma_async", "cp.async.bulk.tensor.4d", "setmaxnreg.inc", "mbarrier.try_wait"}) {
+          if (k.source->source.find(needle) == std::string::npos)
+            failures.push_back(fmt::format("{} {}: source lacks {}", d.str(), j.mods, needle));
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        failures.push_back(j.mods + ": " + e.what());
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  const unsigned n = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+  for (unsigned t = 0; t < n; ++t)
+    pool.emplace_back(worker);
+  for (auto& t : pool)
+    t.join();
+  std::sort(report.begin(), report.end());
+  WARN(fmt::format("{}", fmt::join(report, "\n")));
+  CHECK(failures.empty());
+  for (const std::string& f : failures)
+    FAIL_CHECK(f);
+}
