@@ -93,7 +93,7 @@ runtime::Plan plan_attention(Context& ctx, const ValidatedCall& call,
                                f.mod_params, impl_of(ctx).device->sm_count());
     const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
     const auto why_not = runtime::decode_unsupported(arch, in, options, /*auto_dispatch=*/true);
-    if (!why_not) return runtime::plan_decode(arch, in, call.mods, options);
+    if (!why_not) return runtime::plan_decode(arch, in, call.mods, options, tuning);
     FJ_LOG("kernels", "flex_attention: forward plan for Sq={}: the decode plan cannot serve it: {}",
            s.seqlen_q, *why_not);
   }

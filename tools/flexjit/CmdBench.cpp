@@ -164,6 +164,8 @@ struct AttentionRow {
   std::string config, tuned_config;
   double tuned_ms = 0, tuned_tflops = 0, tune_s = 0;
   bool tuned = false;
+  // --autotune with --backward: the backward with its tuned dK/dV and dQ configs.
+  double tuned_bwd_ms = 0, tuned_bwd_tflops = 0, bwd_tune_s = 0;
 };
 
 // The config part of a plan description ("block_m=128 block_n=64 ...").
@@ -224,6 +226,11 @@ nlohmann::json json_row(const AttentionRow& r) {
               {"tuned_fwd_tflops", r.tuned_tflops},
               {"tune_s", r.tune_s}});
   }
+  if (r.tuned_bwd_ms > 0) {
+    j.update({{"tuned_bwd_ms", r.tuned_bwd_ms},
+              {"tuned_bwd_tflops", r.tuned_bwd_tflops},
+              {"bwd_tune_s", r.bwd_tune_s}});
+  }
   return j;
 }
 
@@ -258,6 +265,13 @@ void print_table_row(const AttentionRow& r) {
           r.fwd_tflops > 0 ? 100.0 * (r.tuned_tflops / r.fwd_tflops - 1) : 0.0, r.tune_s);
     } else if (!r.config.empty()) {
       fmt::print("{:<18} config {}\n", "", r.config);
+    }
+    if (r.tuned_bwd_ms > 0) {
+      fmt::print(
+          "{:<18} backward: default {:.1f} TFLOP/s -> tuned {:.1f} TFLOP/s ({:+.1f}%, tuning "
+          "{:.1f} s)\n",
+          "", r.bwd_tflops, r.tuned_bwd_tflops,
+          r.bwd_tflops > 0 ? 100.0 * (r.tuned_bwd_tflops / r.bwd_tflops - 1) : 0.0, r.bwd_tune_s);
     }
   }
   std::fflush(stdout);
@@ -537,6 +551,26 @@ void run_attention_bench(const AttentionBenchOptions& o) {
         ctx.synchronize();
         row.bwd_ms = tb.median_ms;
         row.bwd_tflops = 2.5 * forward_flops(s, row.density) / (tb.median_ms * 1e-3) / 1e12;
+        if (tuned_mode && *tuned_mode != tune::Mode::Off) {
+          // The same backward with its dK/dV and dQ steps tuned (searched on the first call).
+          AttentionOptions tuned_opts = aopts;
+          tuned_opts.autotune =
+              *tuned_mode == tune::Mode::Search ? AutotuneMode::Search : AutotuneMode::Cached;
+          row.bwd_tune_s = 1e-3 * time_ms([&] {
+                             flex_attention_backward_into(ctx, in.q, in.k, in.v, out, lse, dout,
+                                                          grads, tuned_opts, bopts);
+                             ctx.synchronize();
+                           });
+          const runtime::Timing tt = timer.time(
+              [&] {
+                flex_attention_backward_into(ctx, in.q, in.k, in.v, out, lse, dout, grads,
+                                             tuned_opts, bopts);
+              },
+              topts);
+          ctx.synchronize();
+          row.tuned_bwd_ms = tt.median_ms;
+          row.tuned_bwd_tflops = 2.5 * forward_flops(s, row.density) / (tt.median_ms * 1e-3) / 1e12;
+        }
       }
       if (s.seqlen_q <= 16 && s.seqlen_kv > s.seqlen_q) {
         row.kv_tbps = kv_bytes(s) / (t.median_ms * 1e-3) / 1e12;
@@ -693,7 +727,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--autotune", a.autotune,
                   "off | cached | search: time each case with the defaults and, beside it, with "
                   "the tuned config (search: tuned now on the case's inputs; docs/tuning.md); "
-                  "prints both configs")
+                  "prints both configs; with --backward, the backward too")
       ->check(CLI::IsMember({"off", "cached", "search"}));
   cmd->callback([] {
     if (compile) {
