@@ -56,6 +56,9 @@ elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 json_num() {
   grep -o "\"$2\": *[-0-9.eE+]*" "$1" | head -n 1 | sed 's/.*: *//'
 }
+# A number with one decimal, or "n/a" (the command failed: see its log).
+one() { [[ -n "$1" ]] && awk -v x="$1" 'BEGIN { printf "%.1f", x }' || echo "n/a"; }
+three() { [[ -n "$1" ]] && awk -v x="$1" 'BEGIN { printf "%.3f", x }' || echo "n/a"; }
 # A fresh private cache directory (flexjit trusts only 0700 directories of the user).
 fresh_cache() {
   local d
@@ -129,7 +132,7 @@ for jobs in 1 "$JOBS"; do
     --arch "$ARCH" --jobs "$jobs" --no-time --json > "$OUT/compile20_jobs$jobs.json" 2>&1 || true
   printf '%-8s %8s %10s %10s\n' "$jobs" "$(json_num "$OUT/compile20_jobs$jobs.json" kernels)" \
     "$(json_num "$OUT/compile20_jobs$jobs.json" compiled)" \
-    "$(json_num "$OUT/compile20_jobs$jobs.json" compile_seconds)" | tee -a "$SUMMARY"
+    "$(one "$(json_num "$OUT/compile20_jobs$jobs.json" compile_seconds)")" | tee -a "$SUMMARY"
 done
 
 # ---- 4. first call: warmed cache vs cold --------------------------------------------------------
@@ -144,8 +147,10 @@ FLEXJIT_CACHE_DIR="$warm" "$FLEXJIT" tune --manifest "$SCRATCH/one_forward.json"
 FLEXJIT_CACHE_DIR="$warm" "$FLEXJIT" bench --case causal --use-cache --repeats 3 --json \
   > "$OUT/first_call_warm.json" 2> "$OUT/first_call_warm.log" || true
 printf '%-8s %14s\n' "cache" "first_call_s" | tee -a "$SUMMARY"
-printf '%-8s %14s\n' "cold" "$(json_num "$OUT/first_call_cold.json" first_call_s)" | tee -a "$SUMMARY"
-printf '%-8s %14s\n' "warmed" "$(json_num "$OUT/first_call_warm.json" first_call_s)" | tee -a "$SUMMARY"
+printf '%-8s %14s\n' "cold" "$(three "$(json_num "$OUT/first_call_cold.json" first_call_s)")" |
+  tee -a "$SUMMARY"
+printf '%-8s %14s\n' "warmed" "$(three "$(json_num "$OUT/first_call_warm.json" first_call_s)")" |
+  tee -a "$SUMMARY"
 
 say ""
 say "logs: $OUT"

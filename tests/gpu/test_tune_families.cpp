@@ -110,6 +110,7 @@ TEST_CASE("backward: search tunes dK/dV and dQ; gradients and buffer gradients m
           "[gpu][tune][backward]") {
   FJ_REQUIRE_GPU_OR_SKIP(shared);
   (void)shared;
+  ScopedEnv env_off("FLEXJIT_AUTOTUNE", "off");  // create_block_mask: not tuned here
   TempDir dir;
   ContextOptions copts;
   copts.cache_dir = dir.path().string();
@@ -163,6 +164,7 @@ TEST_CASE("backward: with dQ by atomics, the dK/dV search keeps the strategy",
           "[gpu][tune][backward]") {
   FJ_REQUIRE_GPU_OR_SKIP(shared);
   (void)shared;
+  ScopedEnv env_off("FLEXJIT_AUTOTUNE", "off");  // create_block_mask: not tuned here
   TempDir dir;
   ContextOptions copts;
   copts.cache_dir = dir.path().string();
@@ -201,6 +203,7 @@ TEST_CASE("decode: search tunes the split (with its split count) and the combine
           "[gpu][tune][decode]") {
   FJ_REQUIRE_GPU_OR_SKIP(shared);
   (void)shared;
+  ScopedEnv env_off("FLEXJIT_AUTOTUNE", "off");  // create_block_mask: not tuned here
   TempDir dir;
   ContextOptions copts;
   copts.cache_dir = dir.path().string();

@@ -5,17 +5,20 @@
 #include <flexjit/error.h>
 
 #include "Pipeline.h"
+#include "jit/Nvrtc.h"
 #include "kernels/Registry.h"
 #include "kernels/backward/Backward.h"
 #include "kernels/decode/Decode.h"
 #include "kernels/decode/DecodeSplit.h"
 #include "runtime/Decode.h"
 #include "support/CacheTest.h"
+#include "support/CliPath.h"
 #include "tune/Manifest.h"
 #include "tune/Prune.h"
 
 #include <catch2/catch.hpp>
 
+#include <fstream>
 #include <set>
 
 using namespace flexjit;
@@ -319,4 +322,49 @@ TEST_CASE("the example manifest warms backward and decode plans at their shapes"
   CHECK(of_family(plan, Family::DecodeSplit).size() >= 2);  // contiguous and paged
   for (const tune::WarmKernel& k : of_family(plan, Family::BackwardDkDv))
     CHECK(k.desc.flags.at("divisible") == 1);  // 4096 divides by every tile
+}
+
+TEST_CASE("flexjit tune warms backward and decode kernels that the runtime then finds",
+          "[cli][tune][nvrtc]") {
+  TempDir dir;
+  const fs::path cache = dir.path() / "cache";
+  const fs::path m = dir.path() / "m.json";
+  std::ofstream(m) << R"([
+    {"name": "bwd", "kind": "backward", "mods": "alibi_causal", "head_dims": [64],
+     "shapes": [{"batch": 1, "heads": 2, "seqlen": 256}], "archs": ["sm_80"]},
+    {"name": "dec", "kind": "decode", "mods": "alibi", "gqa_ratios": [4], "page_size": 16,
+     "shapes": [{"batch": 2, "heads": 8, "seqlen_q": 1, "seqlen_kv": 1000}],
+     "archs": ["sm_80"]}])";
+  const std::string env = "FLEXJIT_CACHE_DIR='" + cache.string() + "' timeout 300";
+  std::string out;
+  REQUIRE(run_cli("tune --jobs 2 --manifest '" + m.string() + "'", &out, env) == 0);
+  INFO(out);
+  // preprocess, dK/dV, dQ, the block mask; the decode split and combine.
+  CHECK_THAT(out, Catch::Contains("6 kernels: 6 compiled, 0 already cached, 0 failed"));
+  REQUIRE(run_cli("tune --manifest '" + m.string() + "'", &out, env) == 0);
+  CHECK_THAT(out, Catch::Contains("6 kernels: 0 compiled, 6 already cached"));
+
+  // The kernels the runtime completes for these calls come from the disk cache, a tuned split
+  // count included (one split kernel serves them all).
+  ScopedEnv cache_env("FLEXJIT_CACHE_DIR", cache.c_str());
+  KernelBuilder builder;
+  const cuda::Arch sm80 = cuda::Arch::parse("sm_80");
+  kernels::InputFacts bwd;
+  bwd.seqlen_q = bwd.seqlen_kv = 256;
+  bwd.mask_q_block = bwd.mask_kv_block = 128;
+  kernels::DecodeInputs in = decode_inputs();
+  in.batch = 2, in.heads_q = 8, in.heads_kv = 2, in.page_size = 16, in.seqlen_kv = 1008;
+  const uint64_t before = jit::nvrtc_compile_count();
+  for (Family f : {Family::BackwardPreprocess, Family::BackwardDkDv, Family::BackwardDq}) {
+    const KernelDesc d =
+        reg().complete(kernels::backward_problem(f, sm80, DType::BF16, 64, 64, 1, true), bwd);
+    CHECK(builder.build(standard_mods("alibi_causal"), d).compiled.outcome ==
+          jit::CacheOutcome::DiskHit);
+  }
+  const KernelDesc split =
+      reg().complete(kernels::decode_split_problem(sm80, DType::BF16, 128, 128, 4, 16, 16, false),
+                     kernels::decode_facts(in), {{"num_splits", 16}});
+  CHECK(builder.build(standard_mods("alibi"), split).compiled.outcome ==
+        jit::CacheOutcome::DiskHit);
+  CHECK(jit::nvrtc_compile_count() == before);
 }
