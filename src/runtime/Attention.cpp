@@ -154,6 +154,7 @@ size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q, const Te
 
 std::string runtime::describe_forward_plan(Context& ctx, const TensorRef& q, const TensorRef& k,
                                            const TensorRef& v, const AttentionOptions& options) {
+  if (options.kv_cache != nullptr) return runtime::describe_kv_cache_plan(ctx, q, k, v, options);
   const QkvShape s = validate_qkv(q, k, v);
   TensorRef out = TensorRef::contiguous(
       q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);

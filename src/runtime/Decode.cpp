@@ -152,6 +152,8 @@ Plan plan_decode(const cuda::Arch& arch, kernels::DecodeInputs in, const Mods& m
     while (bucket < ctas)
       bucket *= 2;
     split_tuning.bucket_extra = fmt::format("ctas{}", bucket);
+    // The split step's slice is the first of the plan's workspace.
+    if (options.workspace.data != nullptr) split_tuning.workspace_limit = options.workspace.bytes;
     split_tuning.after = [&](const kernels::KernelDesc& split) {
       kernels::DecodeInputs with = in;
       with.num_splits = kernels::resolve_num_splits(split, in);
@@ -327,6 +329,19 @@ void flex_attention_kv_cache_into(Context& ctx, const TensorRef& q, const Tensor
                                 tune::step_tuning(ctx, options.autotune, options.stream));
   const BuiltPlan built = build_plan(impl.builder, plan);
   launch_plan(*impl.device, plan, built, static_cast<CuStream>(options.stream), options.workspace);
+}
+
+std::string describe_kv_cache_plan(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                   const TensorRef& v, const AttentionOptions& options) {
+  const KvCacheShape shape = validate_kv_cache(q, k, v, *options.kv_cache);
+  const QkvShape& s = shape.qkv;
+  TensorRef out = TensorRef::contiguous(
+      q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
+  const KvCacheCall call = validate_kv_cache_call(ctx, q, k, v, out, nullptr, options);
+  if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0) return "(no kernel)";
+  return plan_decode(cuda::Arch::parse(ctx.arch()), call.inputs, call.mods, options,
+                     tune::lookup_only(tune::step_tuning(ctx, options.autotune, options.stream)))
+      .str();
 }
 
 size_t flex_attention_kv_cache_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,

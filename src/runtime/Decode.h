@@ -46,6 +46,9 @@ void flex_attention_kv_cache_into(Context& ctx, const TensorRef& q, const Tensor
                                   const AttentionOptions& options);
 size_t flex_attention_kv_cache_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
                                                const TensorRef& v, const AttentionOptions& options);
+// describe_forward_plan (runtime/ForwardPlan.h) with options.kv_cache set.
+std::string describe_kv_cache_plan(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                   const TensorRef& v, const AttentionOptions& options);
 
 // KvCache::check_pages on the device: the decode_combine module's check kernels
 // (templates/decode_check.cuh) find the first bad length or page entry on the call's stream, the

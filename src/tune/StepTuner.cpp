@@ -193,17 +193,26 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
     FJ_LOG("tune", "pruned {} for {}: {}", p.config.str(), key.kernel, p.reason);
 
   std::vector<Candidate> cands;
+  std::vector<PrunedConfig> too_large;  // for the caller's workspace
   for (const kernels::Params& c : set.candidates) {
     Candidate cand;
     cand.config = c;
     try {
       cand.desc = reg.complete(problem, facts, below(caller, c), forced);
+      const size_t need = aligned(io.workspace_bytes(cand.desc));
+      if (tuning.workspace_limit > 0 && need > tuning.workspace_limit && !cands.empty()) {
+        too_large.push_back({c, fmt::format("needs {} bytes of workspace; the call gives {}", need,
+                                            tuning.workspace_limit)});
+        continue;
+      }
       if (tuning.after) cand.after = tuning.after(cand.desc);
     } catch (const UnsupportedError& e) {
       cand.status = fmt::format("unsupported: {}", first_line(e.what()));
     }
     cands.push_back(std::move(cand));
   }
+  for (const PrunedConfig& p : too_large)
+    FJ_LOG("tune", "pruned {} for {}: {}", p.config.str(), key.kernel, p.reason);
   // The step whose workspace the candidates read: built once (a failure here is the call's own).
   std::optional<BuiltKernel> before_built;
   if (tuning.before) {
@@ -335,6 +344,8 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
   rec.time_ms = cands[best].median_ms;
   for (const PrunedConfig& p : set.pruned)
     rec.pruned.emplace_back(p.config, p.reason);
+  for (const PrunedConfig& p : too_large)
+    rec.pruned.emplace_back(p.config, p.reason);
   return rec;
 }
 
@@ -449,7 +460,16 @@ kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelD
   TuningStore& store = store_of(*tuning.ctx);
   if (auto rec = store.find(key)) {
     try {
-      reg.complete(problem, facts, below(caller, rec->config), forced);
+      const kernels::KernelDesc d =
+          reg.complete(problem, facts, below(caller, rec->config), forced);
+      const size_t need = io.workspace_bytes(d);
+      if (tuning.workspace_limit > 0 && aligned(need) > tuning.workspace_limit) {
+        FJ_LOG("tune",
+               "the stored tuned config {} for {} [{}] needs {} bytes of workspace; the call "
+               "gives {}: defaults",
+               rec->config.str(), key.kernel, key.bucket, need, tuning.workspace_limit);
+        return {};
+      }
       FJ_LOG("tune", "tuned config {} for {} [{}]", rec->config.str(), key.kernel, key.bucket);
       if (print_enabled()) {
         std::fprintf(stderr, "flexjit autotune: %s [%s]: stored winner %s (%.4f ms)\n",

@@ -72,6 +72,10 @@ struct StepTuning {
   // Appended to the shape bucket of the key: what else decides the family's best config
   // ("ctas64": decoding's split count follows the CTAs of one split). Empty: nothing.
   std::string bucket_extra;
+  // > 0: the workspace the caller gave (AttentionOptions::workspace) and the step's slice of it:
+  // candidates that need more are pruned, and a stored winner that needs more is not used (the
+  // defaults run). 0: the plan allocates its own.
+  size_t workspace_limit = 0;
   bool active() const { return ctx != nullptr && mode != Mode::Off; }
 };
 // For a call on `ctx` with `mode`; `stream` is a CUstream (null: the default stream).

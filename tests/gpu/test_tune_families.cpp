@@ -13,7 +13,9 @@
 #include "Pipeline.h"
 #include "gpu/GpuTestUtil.h"
 #include "jit/Nvrtc.h"
+#include "runtime/Device.h"
 #include "runtime/ForwardPlan.h"
+#include "runtime/Timer.h"
 #include "support/CacheTest.h"
 #include "tune/Manifest.h"
 #include "tune/StepTuner.h"
@@ -121,7 +123,7 @@ TEST_CASE("backward: search tunes dK/dV and dQ; gradients and buffer gradients m
   BackwardCase c;
   make_backward_case(ctx, rng, c);
   AttentionOptions o = c.o;
-  o.config.num_warps = 4;  // fixed by the caller: the tuner varies the tiles and stages
+  o.config.num_stages = 1;  // fixed by the caller: the tuner varies the tiles and warps
   const BackwardResult base =
       flex_attention_backward(ctx, c.q, c.k, c.v, c.fwd.out, c.fwd.lse, c.dout, o);
 
@@ -140,11 +142,12 @@ TEST_CASE("backward: search tunes dK/dV and dQ; gradients and buffer gradients m
   REQUIRE(dkdv != nullptr);
   REQUIRE(dq != nullptr);
   CHECK(dkdv->key.bucket == "q256 kv256 mask128x128");
-  CHECK(dkdv->key.fixed == "dq_atomic=0 num_warps=4");  // the plan's dQ strategy, the caller's
-  CHECK(dq->key.fixed == "num_warps=4");
+  CHECK(dkdv->key.fixed == "dq_atomic=0 num_stages=1");  // the plan's dQ strategy, the caller's
+  CHECK(dq->key.fixed == "num_stages=1");
   check_all_ok(*dkdv);
   check_all_ok(*dq);
-  CHECK(dkdv->config.at("num_warps") == 4);
+  CHECK(dkdv->config.at("num_stages") == 1);
+  CHECK(dkdv->config.at("dq_atomic") == 0);
   check_same_gradients(tuned, base);
 
   // Again (search and cached): the stored winners, no timing, the same gradients.
@@ -175,7 +178,6 @@ TEST_CASE("backward: with dQ by atomics, the dK/dV search keeps the strategy",
   BackwardCase c;
   make_backward_case(ctx, rng, c);
   AttentionOptions o = c.o;
-  o.config.num_warps = 4;
   o.config.num_stages = 1;
   BackwardOptions atomic;
   atomic.dq_mode = BackwardOptions::DqMode::Atomic;
@@ -190,7 +192,7 @@ TEST_CASE("backward: with dQ by atomics, the dK/dV search keeps the strategy",
   const std::vector<tune::TuningRecord> recs = records_in(dir.path());
   REQUIRE(recs.size() == 1);
   CHECK_THAT(recs[0].key.kernel, Catch::StartsWith("backward_dkdv/sm80_mma"));
-  CHECK(recs[0].key.fixed == "dq_atomic=1 num_stages=1 num_warps=4");
+  CHECK(recs[0].key.fixed == "dq_atomic=1 num_stages=1");
   for (const tune::CandidateTiming& t : recs[0].candidates) {
     INFO(t.config.str() << ": " << t.status);
     CHECK(t.config.at("dq_atomic") == 1);
@@ -313,4 +315,28 @@ TEST_CASE("a warmed manifest's forward, backward and decode calls compile nothin
   CHECK(jit::nvrtc_compile_count() == before);
   (void)g;
   (void)d;
+}
+
+TEST_CASE("timer: before_each runs before every run, outside the timed region",
+          "[gpu][tune][timer]") {
+  FJ_REQUIRE_GPU_OR_SKIP(shared);
+  (void)shared;
+  runtime::Device& dev = runtime::Device::get(0);
+  runtime::DeviceTimer timer(dev);
+  runtime::DeviceTimer other(dev);  // its flush is the untimed work
+  int before = 0, runs = 0;
+  runtime::TimingOptions o;
+  o.flush_l2 = false;
+  o.fixed_repeats = 5;
+  o.before_each = [&] {
+    ++before;
+    other.flush_l2();  // a memset of 2 x L2 (at least 64 MiB) enqueued before the start event
+  };
+  const runtime::Timing t = timer.time([&] { ++runs; }, o);
+  CHECK(runs == 6);  // one warm-up run and the repeats
+  CHECK(before == runs);
+  // The flush alone takes tens of microseconds at least; the timed region holds nothing.
+  const runtime::Timing flush = timer.time([&] { other.flush_l2(); }, o);
+  INFO("empty " << t.median_ms << " ms, flush " << flush.median_ms << " ms");
+  CHECK(t.median_ms < 0.5 * flush.median_ms);
 }

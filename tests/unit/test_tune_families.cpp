@@ -368,3 +368,44 @@ TEST_CASE("flexjit tune warms backward and decode kernels that the runtime then 
         jit::CacheOutcome::DiskHit);
   CHECK(jit::nvrtc_compile_count() == before);
 }
+
+TEST_CASE("the searches of the GPU tuning tests have a valid default and candidates to time",
+          "[tune]") {
+  // tests/gpu/test_tune_families.cpp: alibi_causal backward at B=1 H=2 S=256 D=64 with its
+  // 128-block mask, num_stages fixed to 1 (dQ by a second pass, then by atomics); alibi decoding
+  // at B=2 Hq=8 Hkv=2 Sq=1 Skv=1024 D=128 with num_warps 4 and num_stages 2 fixed.
+  const cuda::Arch sm90 = cuda::Arch::parse("sm_90a");
+  kernels::InputFacts bwd;
+  bwd.seqlen_q = bwd.seqlen_kv = 256;
+  bwd.mask_q_block = bwd.mask_kv_block = 128;
+  auto candidates = [&](const KernelDesc& problem, const kernels::InputFacts& facts,
+                        const Params& caller) {
+    const kernels::Variant& v = *reg().select(problem, facts).variant;
+    KernelDesc keyed = problem;
+    keyed.variant = std::string(v.name());
+    const tune::CandidateSet set = tune::prune_configs(v, keyed, facts, caller, 232448);
+    // The default is valid (the untuned call runs it).
+    KernelDesc d = reg().complete(problem, facts, caller);
+    CHECK_NOTHROW(v.validate(d));
+    return set.candidates.size();
+  };
+  for (int atomic : {0, 1}) {
+    INFO("dq_atomic " << atomic);
+    const size_t dkdv = candidates(
+        kernels::backward_problem(Family::BackwardDkDv, sm90, DType::BF16, 64, 64, 1, true), bwd,
+        {{"dq_atomic", atomic}, {"num_stages", 1}});
+    CHECK(dkdv >= 2);
+    WARN("backward_dkdv candidates (dq_atomic " << atomic << "): " << dkdv);
+  }
+  const size_t dq =
+      candidates(kernels::backward_problem(Family::BackwardDq, sm90, DType::BF16, 64, 64, 1, true),
+                 bwd, {{"num_stages", 1}});
+  CHECK(dq >= 2);
+  kernels::DecodeInputs in = decode_inputs();
+  in.batch = 2, in.heads_q = 8, in.heads_kv = 2, in.seqlen_kv = 1024;
+  const size_t split =
+      candidates(kernels::decode_split_problem(sm90, DType::BF16, 128, 128, 4, 16, 0, false),
+                 kernels::decode_facts(in), {{"num_stages", 2}, {"num_warps", 4}});
+  CHECK(split >= 10);  // two tile configs x the split counts
+  WARN("backward_dq candidates: " << dq << ", decode_split candidates: " << split);
+}

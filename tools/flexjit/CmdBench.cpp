@@ -583,6 +583,8 @@ void run_attention_bench(const AttentionBenchOptions& o) {
         AttentionOptions topt = aopts;
         topt.autotune =
             *tuned_mode == tune::Mode::Search ? AutotuneMode::Search : AutotuneMode::Cached;
+        // The tuned plan's own workspace: a tuned split count changes decoding's.
+        topt.workspace = {};
         // The first tuned call searches (or finds the stored winner), then runs the winner.
         row.tune_s =
             1e-3 * time_ms([&] {
@@ -591,10 +593,18 @@ void run_attention_bench(const AttentionBenchOptions& o) {
             });
         row.tuned_config =
             config_of(runtime::describe_forward_plan(ctx, sets[0].q, sets[0].k, sets[0].v, topt));
+        DeviceTensor tuned_workspace;
+        if (const size_t ws =
+                flex_attention_workspace_bytes(ctx, sets[0].q, sets[0].k, sets[0].v, topt)) {
+          tuned_workspace =
+              DeviceTensor::empty(ctx, DType::I32, {static_cast<int64_t>((ws + 3) / 4)});
+          topt.workspace = {tuned_workspace.ref().data, ws};
+        }
         size_t next2 = 0;
         const runtime::Timing tt = timer.time(
             [&] {
               const InputSet& in = sets[next2++ % sets.size()];
+              if (c.page_size > 0) topt.kv_cache = &in.cache;
               flex_attention_into(ctx, in.q, in.k, in.v, out, nullptr, topt);
             },
             topts);
