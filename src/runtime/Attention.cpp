@@ -95,7 +95,7 @@ runtime::Plan plan_attention(Context& ctx, const ValidatedCall& call,
                                f.mod_params, impl_of(ctx).device->sm_count());
     const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
     const auto why_not = runtime::decode_unsupported(arch, in, options, /*auto_dispatch=*/true);
-    if (!why_not) return runtime::plan_decode(arch, in, call.mods, options);
+    if (!why_not) return runtime::plan_decode(arch, in, call.mods, options, tuning);
     FJ_LOG("kernels", "flex_attention: forward plan for Sq={}: the decode plan cannot serve it: {}",
            s.seqlen_q, *why_not);
   }
@@ -156,6 +156,7 @@ size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q, const Te
 
 std::string runtime::describe_forward_plan(Context& ctx, const TensorRef& q, const TensorRef& k,
                                            const TensorRef& v, const AttentionOptions& options) {
+  if (options.kv_cache != nullptr) return runtime::describe_kv_cache_plan(ctx, q, k, v, options);
   const QkvShape s = validate_qkv(q, k, v);
   TensorRef out = TensorRef::contiguous(
       q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);

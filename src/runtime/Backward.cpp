@@ -114,6 +114,7 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
     runtime::check_tensor(what.c_str(), *given, bound_t.shape, "the bound buffer's shape",
                           DType::F32, q);
     call.buffer_grads.push_back(*given);
+    call.inputs.buffer_grads.push_back(*given);
     packed[static_cast<size_t>(e.offset) / 8] = reinterpret_cast<uint64_t>(given->data);
     for (int d = 0; d < e.rank; ++d) {
       put(e.offset + 8 * (1 + d), given->strides[static_cast<size_t>(d)]);
@@ -140,9 +141,12 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
 
 // preprocess -> dK/dV -> dQ; the last two read the preprocess's slice of the workspace. The dK/dV
 // kernel's config decides how dQ is made: a second pass (backward_dq's auto-selected variant) or
-// atomics into an accumulator in that slice (then backward_dq/atomic_convert writes dq).
+// atomics into an accumulator in that slice (then backward_dq/atomic_convert writes dq). With
+// `tuning` active, the dK/dV and dQ steps are tuned (docs/tuning.md) on the preprocess's
+// workspace, the dQ strategy (dq_atomic) fixed as BackwardOptions::dq_mode or the defaults set it:
+// the tiles of each kernel are searched, not the choice between the two plans.
 runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const AttentionOptions& options,
-                            const BackwardOptions& backward) {
+                            const BackwardOptions& backward, const tune::StepTuning& tuning) {
   const QkvShape& s = call.inputs.shape;
   const bool full_blocks = options.block_mask != nullptr &&
                            options.block_mask->full_kv_num_blocks.defined() &&
@@ -172,9 +176,16 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   runtime::Plan plan;
   plan.add(runtime::plan_step<kernels::BackwardPreprocessVariant>(
       problem(kernels::Family::BackwardPreprocess), call.inputs, facts, call.mods));
+  // The tuned steps run on the preprocess's workspace, made again before every candidate run.
+  tune::StepTuning on_preprocess = tuning;
+  if (tuning.active()) {
+    on_preprocess.before = runtime::companion_of(plan.steps[0]);
+    // The plan's dQ strategy holds for every candidate (the workspace was sized for it).
+    dkdv_overrides.set("dq_atomic", call.inputs.dq_atomic ? 1 : 0);
+  }
   runtime::PlanStep dkdv = runtime::plan_step<kernels::BackwardDkDvVariant>(
       problem(kernels::Family::BackwardDkDv), call.inputs, facts, call.mods, dkdv_overrides,
-      options.variant);
+      options.variant, on_preprocess);
   dkdv.workspace_of = 0;
   plan.add(std::move(dkdv));
   runtime::PlanStep dq = call.inputs.dq_atomic
@@ -183,7 +194,7 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
                                    call.mods, {}, "atomic_convert")
                              : runtime::plan_step<kernels::BackwardDqVariant>(
                                    problem(kernels::Family::BackwardDq), call.inputs, facts,
-                                   call.mods, overrides, options.variant);
+                                   call.mods, overrides, options.variant, on_preprocess);
   dq.workspace_of = 0;
   plan.add(std::move(dq));
   return plan;
@@ -207,17 +218,21 @@ void flex_attention_backward_into(Context& ctx, const TensorRef& q, const Tensor
   ContextImpl& impl = impl_of(ctx);
   impl.device->make_current();
   const auto stream = static_cast<runtime::CuStream>(options.stream);
-  // Atomics add into the buffer gradients: they start at zero.
-  for (const TensorRef& g : call.buffer_grads)
-    runtime::zero_fill(g, stream);
   if (call.empty) {  // softmax over nothing, or nothing to differentiate: zero gradients
+    for (const TensorRef& g : call.buffer_grads)
+      runtime::zero_fill(g, stream);
     runtime::zero_fill(grads.dq, stream);
     runtime::zero_fill(grads.dk, stream);
     runtime::zero_fill(grads.dv, stream);
     return;
   }
-  const runtime::Plan plan = plan_backward(ctx, call, options, backward);
+  const runtime::Plan plan =
+      plan_backward(ctx, call, options, backward, tune::step_tuning(ctx, options.autotune, stream));
   const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
+  // Atomics add into the buffer gradients: they start at zero (after planning, whose tuning
+  // runs candidates on these tensors).
+  for (const TensorRef& g : call.buffer_grads)
+    runtime::zero_fill(g, stream);
   runtime::launch_plan(*impl.device, plan, built, stream, options.workspace);
 }
 
@@ -271,7 +286,9 @@ size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q,
   }
   ValidatedBackward call =
       validate_backward(ctx, q, k, v, out, lse, out, grads, options, backward, s);
-  return plan_backward(ctx, call, options, backward).workspace_bytes;
+  return plan_backward(ctx, call, options, backward,
+                       tune::lookup_only(tune::step_tuning(ctx, options.autotune, options.stream)))
+      .workspace_bytes;
 }
 
 }  // namespace flexjit

@@ -51,8 +51,8 @@ kernels::KernelDesc split_problem(const cuda::Arch& arch, const kernels::DecodeI
   return d;
 }
 
-// A step of variant family V with a complete description (the split step: its workspace
-// depends on the splits, which depend on the config).
+// A step of variant family V with a complete description (the combine that the tuner runs after
+// each split candidate, with that candidate's split count).
 template <typename V>
 PlanStep make_step(const kernels::KernelDesc& desc, const kernels::Selection& sel,
                    const kernels::DecodeInputs& in, const Mods& mods) {
@@ -135,24 +135,50 @@ std::optional<std::string> decode_unsupported(const cuda::Arch& arch,
 }
 
 Plan plan_decode(const cuda::Arch& arch, kernels::DecodeInputs in, const Mods& mods,
-                 const AttentionOptions& options) {
+                 const AttentionOptions& options, const tune::StepTuning& tuning) {
   const kernels::Registry& reg = kernels::Registry::global();
-  kernels::Selection split_sel;
-  const kernels::KernelDesc split =
-      reg.complete(split_problem(arch, in, options.math), kernels::decode_facts(in),
-                   decode_overrides(options.config), options.variant, &split_sel);
-  in.num_splits = kernels::resolve_num_splits(split, in);
+  const kernels::InputFacts facts = kernels::decode_facts(in);
+  const kernels::KernelDesc combine_problem =
+      kernels::decode_combine_problem(arch, in.q.dtype, static_cast<int>(in.head_dim_v));
+  // The split's candidates are timed and checked with the untuned combine after each: their
+  // partials differ in number (num_splits), only the combined out and LSE compare.
   kernels::Selection combine_sel;
-  const kernels::KernelDesc combine = reg.complete(
-      kernels::decode_combine_problem(arch, in.q.dtype, static_cast<int>(in.head_dim_v)),
-      kernels::decode_facts(in), {}, {}, &combine_sel);
+  const kernels::KernelDesc combine_default =
+      reg.complete(combine_problem, facts, {}, {}, &combine_sel);
+  tune::StepTuning split_tuning = tuning;
+  if (tuning.active()) {
+    // The best split count follows the grid of one split (batch x kv heads x row groups).
+    const int64_t gqa = in.heads_q / in.heads_kv;
+    const int64_t ctas =
+        in.batch * in.heads_kv *
+        kernels::decode_row_groups(gqa, in.seqlen_q, kernels::decode_rows(gqa, in.seqlen_q));
+    int64_t bucket = 1;
+    while (bucket < ctas)
+      bucket *= 2;
+    split_tuning.bucket_extra = fmt::format("ctas{}", bucket);
+    // The split step's slice is the first of the plan's workspace.
+    if (options.workspace.data != nullptr) split_tuning.workspace_limit = options.workspace.bytes;
+    split_tuning.after = [&](const kernels::KernelDesc& split) {
+      kernels::DecodeInputs with = in;
+      with.num_splits = kernels::resolve_num_splits(split, in);
+      return std::vector<tune::CompanionStep>{companion_of(
+          make_step<kernels::DecodeCombineVariant>(combine_default, combine_sel, with, mods))};
+    };
+  }
+  PlanStep split_step = plan_step<kernels::DecodeSplitVariant>(
+      split_problem(arch, in, options.math), in, facts, mods, decode_overrides(options.config),
+      options.variant, split_tuning);
+  in.num_splits = kernels::resolve_num_splits(split_step.desc, in);
   FJ_LOG("kernels", "flex_attention: decode plan, {} split(s) of the KV range (Sq={}, Skv={}{})",
          in.num_splits, in.seqlen_q, in.seqlen_kv,
          in.page_table != nullptr ? fmt::format(", pages of {}", in.page_size) : "");
-  Plan plan;
-  plan.add(make_step<kernels::DecodeSplitVariant>(split, split_sel, in, mods));
-  PlanStep combine_step = make_step<kernels::DecodeCombineVariant>(combine, combine_sel, in, mods);
+  tune::StepTuning combine_tuning = tuning;
+  if (tuning.active()) combine_tuning.before = companion_of(split_step);
+  PlanStep combine_step = plan_step<kernels::DecodeCombineVariant>(combine_problem, in, facts, mods,
+                                                                   {}, {}, combine_tuning);
   combine_step.workspace_of = 0;
+  Plan plan;
+  plan.add(std::move(split_step));
   plan.add(std::move(combine_step));
   return plan;
 }
@@ -303,9 +329,23 @@ void flex_attention_kv_cache_into(Context& ctx, const TensorRef& q, const Tensor
     write_empty_attention(out, lse, static_cast<CUstream>(options.stream));
     return;
   }
-  const Plan plan = plan_decode(cuda::Arch::parse(ctx.arch()), call.inputs, call.mods, options);
+  const Plan plan = plan_decode(cuda::Arch::parse(ctx.arch()), call.inputs, call.mods, options,
+                                tune::step_tuning(ctx, options.autotune, options.stream));
   const BuiltPlan built = build_plan(impl.builder, plan);
   launch_plan(*impl.device, plan, built, static_cast<CuStream>(options.stream), options.workspace);
+}
+
+std::string describe_kv_cache_plan(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                   const TensorRef& v, const AttentionOptions& options) {
+  const KvCacheShape shape = validate_kv_cache(q, k, v, *options.kv_cache);
+  const QkvShape& s = shape.qkv;
+  TensorRef out = TensorRef::contiguous(
+      q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
+  const KvCacheCall call = validate_kv_cache_call(ctx, q, k, v, out, nullptr, options);
+  if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0) return "(no kernel)";
+  return plan_decode(cuda::Arch::parse(ctx.arch()), call.inputs, call.mods, options,
+                     tune::lookup_only(tune::step_tuning(ctx, options.autotune, options.stream)))
+      .str();
 }
 
 size_t flex_attention_kv_cache_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
@@ -317,7 +357,8 @@ size_t flex_attention_kv_cache_workspace_bytes(Context& ctx, const TensorRef& q,
       q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
   const KvCacheCall call = validate_kv_cache_call(ctx, q, k, v, out, nullptr, options);
   if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0) return 0;
-  return plan_decode(cuda::Arch::parse(ctx.arch()), call.inputs, call.mods, options)
+  return plan_decode(cuda::Arch::parse(ctx.arch()), call.inputs, call.mods, options,
+                     tune::lookup_only(tune::step_tuning(ctx, options.autotune, options.stream)))
       .workspace_bytes;
 }
 

@@ -27,9 +27,12 @@ std::optional<std::string> decode_unsupported(const cuda::Arch& arch,
                                               const AttentionOptions& options, bool auto_dispatch);
 
 // The two-step plan: decode_split (its workspace: the partials) then decode_combine on the same
-// slice. `in.num_splits` is resolved here (config num_splits or the heuristic).
+// slice. `in.num_splits` is resolved here (config num_splits or the heuristic). With `tuning`
+// active both steps are tuned (docs/tuning.md): the split's candidates with the combine after
+// each (their split counts differ), keyed also by the CTAs of one split; the combine's after the
+// planned split.
 Plan plan_decode(const cuda::Arch& arch, kernels::DecodeInputs in, const Mods& mods,
-                 const AttentionOptions& options);
+                 const AttentionOptions& options, const tune::StepTuning& tuning = {});
 
 // The decode inputs of a contiguous call validated for the forward.
 kernels::DecodeInputs decode_inputs(const TensorRef& q, const TensorRef& k, const TensorRef& v,
@@ -43,6 +46,9 @@ void flex_attention_kv_cache_into(Context& ctx, const TensorRef& q, const Tensor
                                   const AttentionOptions& options);
 size_t flex_attention_kv_cache_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
                                                const TensorRef& v, const AttentionOptions& options);
+// describe_forward_plan (runtime/ForwardPlan.h) with options.kv_cache set.
+std::string describe_kv_cache_plan(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                   const TensorRef& v, const AttentionOptions& options);
 
 // KvCache::check_pages on the device: the decode_combine module's check kernels
 // (templates/decode_check.cuh) find the first bad length or page entry on the call's stream, the

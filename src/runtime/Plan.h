@@ -70,7 +70,8 @@ PlanStep plan_step(const kernels::KernelDesc& problem, const typename V::InputsT
     io.workspace_bytes = [&inputs](const kernels::KernelDesc& d) {
       return kernels::variant_as<V>(kernels::Registry::global(), d).workspace_bytes(d, inputs);
     };
-    io.outputs = tune::TuningOutputs<typename V::InputsType>::of(inputs);
+    io.outputs = tune::TuningOutputs<typename V::InputsType>::of(inputs, V::kFamily);
+    io.accumulated = tune::TuningOutputs<typename V::InputsType>::accumulated(inputs, V::kFamily);
     tuned = tune::tuned_overrides(tuning, problem, facts, mods, overrides, forced, io);
   }
   PlanStep step;
@@ -82,6 +83,12 @@ PlanStep plan_step(const kernels::KernelDesc& problem, const typename V::InputsT
     return variant.launches(desc, inputs, ws);
   };
   return step;
+}
+
+// A planned step as the tuner runs it beside another's candidates (tune::StepTuning::before,
+// ::after).
+inline tune::CompanionStep companion_of(const PlanStep& step) {
+  return {step.desc, step.mods, step.workspace_bytes, step.launches};
 }
 
 // The built kernels of a plan, one per step (modules loaded on the context's device).

@@ -70,6 +70,7 @@ Timing DeviceTimer::time(const std::function<void()>& fn, const TimingOptions& o
     int runs = 0;
     double spent_ms = 0;
     while (runs < 1 || spent_ms < o.warmup_ms) {
+      if (o.before_each) o.before_each();
       if (o.flush_l2) flush_l2();
       start.record(stream_);
       fn();
@@ -85,6 +86,7 @@ Timing DeviceTimer::time(const std::function<void()>& fn, const TimingOptions& o
         estimate_ms > 0 ? static_cast<int>(std::lround(o.repeat_ms / estimate_ms)) : o.max_repeats;
     repeats = std::clamp(repeats, std::max(1, o.min_repeats), std::max(1, o.max_repeats));
   } else {
+    if (o.before_each) o.before_each();
     fn();
     device_.synchronize();
   }
@@ -97,6 +99,7 @@ Timing DeviceTimer::time(const std::function<void()>& fn, const TimingOptions& o
     stops.emplace_back(device_);
   }
   for (int i = 0; i < repeats; ++i) {
+    if (o.before_each) o.before_each();
     if (o.flush_l2) flush_l2();
     starts[i].record(stream_);
     fn();

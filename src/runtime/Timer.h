@@ -43,6 +43,9 @@ struct TimingOptions {
   int max_repeats = 1000;
   int fixed_repeats = 0;  // > 0: exactly this many repeats and a single warm-up run
   bool flush_l2 = true;   // write a buffer of 2 x L2 before each repeat
+  // Enqueued before every run (warm-up and repeats), ahead of the flush and outside the timed
+  // region: restores what a run consumes (the tuner zeroes outputs that kernels add into).
+  std::function<void()> before_each;
 };
 
 struct Timing {

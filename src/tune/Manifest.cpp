@@ -4,9 +4,10 @@
 #include <flexjit/kernel.h>
 
 #include "codegen/cuda/Arch.h"
-#include "kernels/KernelQuery.h"
 #include "kernels/Registry.h"
+#include "kernels/backward/Backward.h"
 #include "kernels/block_mask/BlockMaskBuild.h"
+#include "kernels/decode/Decode.h"
 #include "kernels/forward/Forward.h"
 #include "tune/Prune.h"
 
@@ -23,9 +24,9 @@ namespace {
 
 using nlohmann::json;
 
-const std::set<std::string> kWorkloadKeys = {"name",      "kind",   "mods",      "mods_file",
-                                             "mods_text", "dtypes", "head_dims", "gqa_ratios",
-                                             "shapes",    "archs",  "block_size"};
+const std::set<std::string> kWorkloadKeys = {"name",      "kind",   "mods",       "mods_file",
+                                             "mods_text", "dtypes", "head_dims",  "gqa_ratios",
+                                             "shapes",    "archs",  "block_size", "page_size"};
 
 class EntryError {
  public:
@@ -206,6 +207,21 @@ Workload parse_workload(const json& j, size_t index, const std::filesystem::path
     }
     w.block_size = b.get<int>();
   }
+  if (j.contains("page_size")) {
+    const json& p = j.at("page_size");
+    if (w.kind != "decode") {
+      err.fail(
+          fmt::format("'page_size' applies to decode workloads (a paged KV cache); this one "
+                      "is a {} workload",
+                      w.kind));
+    }
+    const int64_t v = p.is_number_integer() ? p.get<int64_t>() : -1;
+    if (v < 0 || v > 256 || (v & (v - 1)) != 0) {
+      err.fail(fmt::format(
+          "page_size {} must be 0 (contiguous K / V) or a power of two from 1 to 256", p.dump()));
+    }
+    w.page_size = static_cast<int>(v);
+  }
   return w;
 }
 
@@ -285,17 +301,66 @@ kernels::InputFacts workload_forward_facts(const Workload& w, const WorkloadShap
   return f;
 }
 
+std::vector<WarmStep> workload_steps(const Workload& w, const std::string& arch_name, DType dtype,
+                                     std::pair<int, int> hd, int gqa, const WorkloadShape& s) {
+  const cuda::Arch arch = cuda::Arch::parse(arch_name);
+  const bool mask = w.block_size > 0 && w.mods.mask_mod.defined();
+  std::vector<WarmStep> steps;
+  if (w.kind == "backward") {
+    const kernels::InputFacts facts = workload_forward_facts(w, s);
+    for (kernels::Family f : families_of_kind("backward")) {
+      steps.push_back(
+          {kernels::backward_problem(f, arch, dtype, hd.first, hd.second, gqa, mask), facts, ""});
+    }
+  } else if (w.kind == "decode") {
+    kernels::InputFacts facts = workload_forward_facts(w, s);
+    // A paged call's KV length is the page table's capacity: whole pages.
+    if (w.page_size > 0)
+      facts.seqlen_kv = (s.seqlen_kv + w.page_size - 1) / w.page_size * w.page_size;
+    steps.push_back(
+        {kernels::decode_split_problem(arch, dtype, hd.first, hd.second, gqa,
+                                       kernels::decode_rows(gqa, s.seqlen_q), w.page_size, mask),
+         facts, ""});
+    steps.push_back({kernels::decode_combine_problem(arch, dtype, hd.second), facts, ""});
+  } else {
+    steps.push_back(
+        {workload_forward_problem(w, arch_name, dtype, hd, gqa), workload_forward_facts(w, s), ""});
+  }
+  return steps;
+}
+
 WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& arch_override,
                      bool all_configs) {
   const kernels::Registry& reg = kernels::Registry::global();
   WarmPlan plan;
   std::set<std::string> seen;
-  auto add = [&](const Workload& w, const kernels::KernelDesc& d, bool is_default) {
+  auto add = [&](const Workload& w, kernels::KernelDesc d, bool is_default) {
+    // One decode_split kernel serves every split count (a launch parameter: the source is the
+    // one of num_splits = 0), so the candidates that differ only in it are one kernel.
+    if (d.family == kernels::Family::DecodeSplit) d.config.set("num_splits", 0);
     // Keyed by the mods the kernel is generated from (a block-mask kernel keeps the mask_mod).
     const Mods kernel_mods = reg.get(d.family, d.variant).kernel_mods(w.mods);
     const std::string id = fmt::format("{}|{:016x}", d.str(), kernel_mods.hash());
     if (!seen.insert(id).second) return;
     plan.kernels.push_back({w.index, d, w.mods, is_default});
+  };
+  // The default of a step and, with --all-configs, every pruned candidate; whether any of them
+  // adds dQ with atomics (a dK/dV config with dq_atomic = 1: the plan then converts dQ).
+  auto add_step = [&](const Workload& w, const WarmStep& st) {
+    const kernels::KernelDesc d = reg.complete(st.problem, st.facts, {}, st.forced);
+    bool dq_atomic = d.config.get("dq_atomic").value_or(0) == 1;
+    add(w, d, true);
+    if (!all_configs) return dq_atomic;
+    const kernels::Selection sel = reg.select(st.problem, st.facts, st.forced);
+    kernels::KernelDesc keyed = st.problem;
+    keyed.variant = std::string(sel.variant->name());
+    const CandidateSet set = prune_configs(*sel.variant, keyed, st.facts);
+    plan.pruned += set.pruned.size();
+    for (const kernels::Params& c : set.candidates) {
+      add(w, reg.complete(st.problem, st.facts, c, st.forced), c == set.default_config);
+      dq_atomic = dq_atomic || c.get("dq_atomic").value_or(0) == 1;
+    }
+    return dq_atomic;
   };
   for (const Workload& w : manifest.workloads) {
     const EntryError err(manifest.file, w.index, w.named ? w.name : "");
@@ -303,66 +368,46 @@ WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& a
     if (archs.empty()) {
       err.fail("no archs: give \"archs\" in the manifest or --arch on the command line");
     }
+    bool registered = true;
     for (kernels::Family fam : families_of_kind(w.kind)) {
-      if (reg.variants(fam).empty()) {
-        plan.notes.push_back(fmt::format(
-            "{}: workload {}{}: no variant registered for "
-            "family {} (kind {}); nothing to compile for it",
-            manifest.file.string(), w.index, w.named ? fmt::format(" ('{}')", w.name) : "",
-            kernels::to_string(fam), w.kind));
-        continue;
-      }
-      for (const std::string& arch : archs) {
-        for (DType dt : w.dtypes) {
-          for (auto hd : w.head_dims) {
-            for (int gqa : w.gqa_ratios) {
+      if (!reg.variants(fam).empty()) continue;
+      registered = false;
+      plan.notes.push_back(fmt::format(
+          "{}: workload {}{}: no variant registered for "
+          "family {} (kind {}); nothing to compile for it",
+          manifest.file.string(), w.index, w.named ? fmt::format(" ('{}')", w.name) : "",
+          kernels::to_string(fam), w.kind));
+    }
+    if (!registered) continue;
+    const bool mask = w.block_size > 0 && w.mods.mask_mod.defined();
+    for (const std::string& arch : archs) {
+      for (DType dt : w.dtypes) {
+        for (auto hd : w.head_dims) {
+          for (int gqa : w.gqa_ratios) {
+            for (const WorkloadShape& s : w.shapes) {
+              kernels::Family fam = families_of_kind(w.kind).front();
               try {
-                if (fam == kernels::Family::Forward) {
-                  const kernels::KernelDesc problem =
-                      workload_forward_problem(w, arch, dt, hd, gqa);
-                  for (const WorkloadShape& s : w.shapes) {
-                    const kernels::InputFacts facts = workload_forward_facts(w, s);
-                    add(w, reg.complete(problem, facts), true);
-                    if (!all_configs) continue;
-                    kernels::Selection sel = reg.select(problem, facts);
-                    kernels::KernelDesc keyed = problem;
-                    keyed.variant = std::string(sel.variant->name());
-                    const CandidateSet set = prune_configs(*sel.variant, keyed, facts);
-                    plan.pruned += set.pruned.size();
-                    for (const kernels::Params& c : set.candidates)
-                      add(w, reg.complete(problem, facts, c), c == set.default_config);
-                  }
-                  if (w.block_size > 0 && w.mods.mask_mod.defined()) {
+                for (const WarmStep& st : workload_steps(w, arch, dt, hd, gqa, s)) {
+                  fam = st.problem.family;
+                  const bool dq_atomic = add_step(w, st);
+                  if (dq_atomic && st.problem.family == kernels::Family::BackwardDkDv) {
+                    // The dQ convert of the plans whose dK/dV kernel adds dQ.
+                    fam = kernels::Family::BackwardDq;
                     add(w,
-                        reg.complete(kernels::block_mask_problem(cuda::Arch::parse(arch),
-                                                                 w.block_size, w.block_size),
-                                     {}),
+                        reg.complete(kernels::backward_problem(kernels::Family::BackwardDq,
+                                                               cuda::Arch::parse(arch), dt,
+                                                               hd.first, hd.second, gqa, mask),
+                                     st.facts, {}, "atomic_convert"),
                         true);
                   }
-                  continue;
                 }
-                // A family without a runtime-shaped problem here: its query, as emit builds it.
-                KernelQuery q;
-                q.family = std::string(kernels::to_string(fam));
-                q.arch = arch;
-                q.dtype = dt;
-                q.head_dim_qk = hd.first;
-                q.head_dim_v = hd.second;
-                q.gqa_ratio = gqa;
-                q.block_size = w.block_size > 0 ? w.block_size : 128;
-                kernels::Selection sel;
-                const kernels::KernelDesc d = kernels::desc_for_query(q, &sel);
-                add(w, d, true);
-                if (!all_configs) continue;
-                kernels::KernelDesc problem = d;
-                problem.config = {};
-                const CandidateSet set = prune_configs(*sel.variant, problem, {});
-                plan.pruned += set.pruned.size();
-                for (const kernels::Params& c : set.candidates) {
-                  kernels::KernelDesc cd = problem;
-                  cd.config = c;
-                  sel.variant->specialize(cd, {});
-                  add(w, cd, c == set.default_config);
+                if (mask) {
+                  fam = kernels::Family::BlockMask;
+                  add(w,
+                      reg.complete(kernels::block_mask_problem(cuda::Arch::parse(arch),
+                                                               w.block_size, w.block_size),
+                                   {}),
+                      true);
                 }
               } catch (const UnsupportedError& e) {
                 err.fail(fmt::format("{} {} d={}/{} gqa={} for {}: {}", kernels::to_string(fam),

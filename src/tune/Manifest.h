@@ -42,6 +42,7 @@ struct Workload {
   std::vector<WorkloadShape> shapes;           // at least one
   std::vector<std::string> archs;              // default: the manifest's
   int block_size = 128;  // the block mask's sparse block when the mods have a mask_mod (0: none)
+  int page_size = 0;     // decode: the KV cache's page size (0: contiguous K / V)
 };
 
 struct Manifest {
@@ -76,10 +77,23 @@ struct WarmPlan {
 };
 
 // The kernels `manifest` needs for `archs` (empty: each workload's), defaults only or every
-// pruned candidate. Errors (a head dim or dtype no variant supports for an arch) name the file,
-// the workload and the problem, before anything is compiled.
+// pruned candidate: per workload shape, its plan's kernels as the runtime completes them (a
+// backward's dQ convert where a dK/dV config adds dQ with atomics; decode_split once for every
+// split count) and the block-mask kernel of a mask_mod. Errors (a head dim or dtype no variant
+// supports for an arch) name the file, the workload and the problem, before anything is compiled.
 WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& archs,
                      bool all_configs);
+
+// One step of a workload's plan: its problem and input facts as the runtime plans them for a
+// shape (the backward: preprocess, dK/dV, dQ; decoding: split, combine), and a variant it names.
+struct WarmStep {
+  kernels::KernelDesc problem;
+  kernels::InputFacts facts;
+  std::string forced;
+};
+std::vector<WarmStep> workload_steps(const Workload& w, const std::string& arch, DType dtype,
+                                     std::pair<int, int> head_dims, int gqa,
+                                     const WorkloadShape& shape);
 
 // The forward problem and input facts of a workload shape as flex_attention plans them.
 kernels::KernelDesc workload_forward_problem(const Workload& w, const std::string& arch,

@@ -3,6 +3,7 @@
 #include <flexjit/error.h>
 
 #include "kernels/Registry.h"
+#include "runtime/AttentionCall.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/Plan.h"
 #include "runtime/Timer.h"
@@ -23,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 
 namespace flexjit::tune {
@@ -148,9 +150,31 @@ struct Candidate {
   kernels::Params config;
   kernels::KernelDesc desc;
   std::optional<BuiltKernel> built;
+  std::vector<CompanionStep> after;  // StepTuning::after for this config
+  std::vector<BuiltKernel> after_built;
   std::string status = "ok";
   double median_ms = -1;
 };
+
+// Launches one step's kernel on explicit workspace pointers (bound by `launches`).
+void launch_step(runtime::Device& device, const kernels::KernelDesc& desc, const Mods& mods,
+                 const BuiltKernel& built, std::vector<kernels::Launch> launches,
+                 runtime::CuStream stream) {
+  runtime::Plan plan;
+  runtime::PlanStep step;
+  step.desc = desc;
+  step.mods = mods;
+  auto shared = std::make_shared<std::vector<kernels::Launch>>(std::move(launches));
+  step.launches = [shared](void*) { return std::move(*shared); };
+  plan.add(std::move(step));
+  runtime::BuiltPlan bp;
+  bp.kernels.push_back(built);
+  runtime::launch_plan(device, plan, bp, stream, Workspace{});
+}
+
+size_t aligned(size_t n) {
+  return (n + 255) / 256 * 256;
+}
 
 // Times every candidate of `set`; the record of the search (winner and all timings).
 std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::KernelDesc& problem,
@@ -169,15 +193,36 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
     FJ_LOG("tune", "pruned {} for {}: {}", p.config.str(), key.kernel, p.reason);
 
   std::vector<Candidate> cands;
+  std::vector<PrunedConfig> too_large;  // for the caller's workspace
   for (const kernels::Params& c : set.candidates) {
     Candidate cand;
     cand.config = c;
     try {
       cand.desc = reg.complete(problem, facts, below(caller, c), forced);
+      const size_t need = aligned(io.workspace_bytes(cand.desc));
+      if (tuning.workspace_limit > 0 && need > tuning.workspace_limit && !cands.empty()) {
+        too_large.push_back({c, fmt::format("needs {} bytes of workspace; the call gives {}", need,
+                                            tuning.workspace_limit)});
+        continue;
+      }
+      if (tuning.after) cand.after = tuning.after(cand.desc);
     } catch (const UnsupportedError& e) {
       cand.status = fmt::format("unsupported: {}", first_line(e.what()));
     }
     cands.push_back(std::move(cand));
+  }
+  for (const PrunedConfig& p : too_large)
+    FJ_LOG("tune", "pruned {} for {}: {}", p.config.str(), key.kernel, p.reason);
+  // The step whose workspace the candidates read: built once (a failure here is the call's own).
+  std::optional<BuiltKernel> before_built;
+  if (tuning.before) {
+    try {
+      before_built = ctx.builder.build(tuning.before->mods, tuning.before->desc);
+    } catch (const Error& e) {
+      FJ_LOG("tune", "no search for {}: the step before it does not build: {}", key.kernel,
+             first_line(e.what()));
+      return std::nullopt;
+    }
   }
   // Compile in parallel through the context's builder (memo, memory and disk caches, NVRTC).
   {
@@ -188,6 +233,8 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
       if (c.status != "ok") return;
       try {
         c.built = ctx.builder.build(mods, c.desc);
+        for (const CompanionStep& a : c.after)
+          c.after_built.push_back(ctx.builder.build(a.mods, a.desc));
       } catch (const Error& e) {
         c.status = fmt::format("compile failed: {}", first_line(e.what()));
       }
@@ -200,23 +247,34 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
     return std::nullopt;
   }
 
-  size_t ws_bytes = 0;
+  // Scratch: the earlier step's slice (the candidates launch on it), else the candidates' own.
+  size_t own_bytes = 0;
   for (const Candidate& c : cands) {
-    if (c.status == "ok") ws_bytes = std::max(ws_bytes, io.workspace_bytes(c.desc));
+    if (c.status == "ok") own_bytes = std::max(own_bytes, io.workspace_bytes(c.desc));
   }
-  runtime::DeviceBuffer scratch(device, ws_bytes);
+  const size_t before_bytes = tuning.before ? aligned(tuning.before->workspace_bytes) : 0;
+  runtime::DeviceBuffer scratch(device, before_bytes + own_bytes);
+  char* const base = static_cast<char*>(scratch.data());
+  void* const before_ws = tuning.before && tuning.before->workspace_bytes > 0 ? base : nullptr;
+  void* const own_ws = own_bytes > 0 ? base + before_bytes : nullptr;
   const runtime::CuStream stream = tuning.stream;
+  // What every run starts from: accumulated outputs zeroed, the earlier step's workspace made.
+  auto prepare = [&] {
+    for (const TensorRef& t : io.accumulated)
+      runtime::zero_fill(t, static_cast<CUstream>(stream));
+    if (tuning.before) {
+      launch_step(device, tuning.before->desc, tuning.before->mods, *before_built,
+                  tuning.before->launches(before_ws), stream);
+    }
+  };
   auto run = [&](const Candidate& c) {
-    runtime::Plan plan;
-    runtime::PlanStep step;
-    step.desc = c.desc;
-    step.mods = mods;
-    step.workspace_bytes = io.workspace_bytes(c.desc);
-    step.launches = [&io, desc = c.desc](void* ws) { return io.launches(desc, ws); };
-    plan.add(std::move(step));
-    runtime::BuiltPlan built;
-    built.kernels.push_back(*c.built);
-    runtime::launch_plan(device, plan, built, stream, Workspace{scratch.data(), scratch.size()});
+    void* ws = tuning.before ? before_ws : own_ws;
+    launch_step(device, c.desc, mods, *c.built, io.launches(c.desc, ws), stream);
+    for (size_t a = 0; a < c.after.size(); ++a) {
+      FJ_ASSERT(c.after[a].workspace_bytes == 0, "a step after a tuned one has its own workspace");
+      launch_step(device, c.after[a].desc, c.after[a].mods, c.after_built[a],
+                  c.after[a].launches(ws), stream);
+    }
   };
   auto sync = [&] { FJ_CU(cuStreamSynchronize, "the tuning stream", stream); };
   auto read_outputs = [&] {
@@ -227,6 +285,7 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
   };
 
   // The default's outputs are the reference; a launch error there is the call's own error.
+  prepare();
   run(cands[0]);
   sync();
   const std::vector<std::vector<double>> reference = read_outputs();
@@ -236,6 +295,7 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
     Candidate& c = cands[i];
     if (c.status != "ok") continue;
     try {
+      prepare();
       run(c);
       sync();
       const std::vector<std::vector<double>> got = read_outputs();
@@ -256,6 +316,7 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
   opts.repeat_ms = 40;
   opts.min_repeats = 5;
   opts.max_repeats = 200;
+  if (!io.accumulated.empty() || tuning.before) opts.before_each = prepare;
   for (Candidate& c : cands) {
     if (c.status != "ok") continue;
     try {
@@ -264,6 +325,9 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
       c.status = fmt::format("launch failed: {}", first_line(e.what()));
     }
   }
+  // Leave the accumulated outputs as the call's own launch expects them: zero.
+  for (const TensorRef& t : io.accumulated)
+    runtime::zero_fill(t, static_cast<CUstream>(stream));
   if (cands[0].median_ms < 0) return std::nullopt;  // the default itself failed to time
 
   TuningRecord rec;
@@ -279,6 +343,8 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
   rec.config = cands[best].config;
   rec.time_ms = cands[best].median_ms;
   for (const PrunedConfig& p : set.pruned)
+    rec.pruned.emplace_back(p.config, p.reason);
+  for (const PrunedConfig& p : too_large)
     rec.pruned.emplace_back(p.config, p.reason);
   return rec;
 }
@@ -343,6 +409,11 @@ StepTuning step_tuning(Context& ctx, AutotuneMode mode, void* stream) {
   return t;
 }
 
+StepTuning lookup_only(StepTuning tuning) {
+  if (tuning.mode == Mode::Search) tuning.mode = Mode::Cached;
+  return tuning;
+}
+
 kernels::Params below(const kernels::Params& caller, const kernels::Params& tuned) {
   kernels::Params out = tuned;
   for (const auto& [name, value] : caller.items())
@@ -383,12 +454,22 @@ kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelD
   const kernels::Variant& variant = *reg.select(problem, facts, forced).variant;
   kernels::KernelDesc keyed = problem;
   keyed.variant = std::string(variant.name());
-  const TuningKey key =
-      make_key(identity_of(*tuning.ctx->device), keyed, mods.hash(), facts, caller);
+  if (variant.config_space(keyed).size() <= 1) return {};  // nothing to choose
+  TuningKey key = make_key(identity_of(*tuning.ctx->device), keyed, mods.hash(), facts, caller);
+  if (!tuning.bucket_extra.empty()) key.bucket += " " + tuning.bucket_extra;
   TuningStore& store = store_of(*tuning.ctx);
   if (auto rec = store.find(key)) {
     try {
-      reg.complete(problem, facts, below(caller, rec->config), forced);
+      const kernels::KernelDesc d =
+          reg.complete(problem, facts, below(caller, rec->config), forced);
+      const size_t need = io.workspace_bytes(d);
+      if (tuning.workspace_limit > 0 && aligned(need) > tuning.workspace_limit) {
+        FJ_LOG("tune",
+               "the stored tuned config {} for {} [{}] needs {} bytes of workspace; the call "
+               "gives {}: defaults",
+               rec->config.str(), key.kernel, key.bucket, need, tuning.workspace_limit);
+        return {};
+      }
       FJ_LOG("tune", "tuned config {} for {} [{}]", rec->config.str(), key.kernel, key.bucket);
       if (print_enabled()) {
         std::fprintf(stderr, "flexjit autotune: %s [%s]: stored winner %s (%.4f ms)\n",

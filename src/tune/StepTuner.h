@@ -10,9 +10,15 @@
 //           its (the dtype's tolerance), time the survivors with CUDA events (warm-up, median of
 //           repeats, L2 flushed before each), store the fastest.
 // Candidates run on the call's own inputs and outputs (the outputs are rewritten by the winner
-// afterwards), on a scratch workspace: a family's launches must be repeatable (each writes its
-// outputs from its inputs). A candidate that fails to compile, launch or match is reported and
-// skipped, never fatal; a kernel fault that poisons the CUDA context is not recoverable.
+// afterwards), on a scratch workspace. Every run of a candidate starts from the same state: the
+// outputs the family adds into (TuningOutputs::accumulated: the backward's buffer gradients) are
+// zeroed and the step it reads the workspace of (StepTuning::before: the backward's preprocess,
+// which also zeroes the dQ accumulator) runs again, outside the timed region. Steps that turn a
+// candidate's workspace into the outputs (StepTuning::after: decoding's combine after the split)
+// run with it, inside the timed region, so that a config that moves work between them (the
+// split count) is timed and checked whole. A candidate that fails to compile, launch or match is
+// reported and skipped, never fatal; a kernel fault that poisons the CUDA context is not
+// recoverable.
 #pragma once
 
 #include <flexjit/attention.h>
@@ -23,6 +29,7 @@
 #include "tune/TuningOutputs.h"
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,21 +47,49 @@ Mode resolve_mode(AutotuneMode m);
 // go to stderr.
 bool print_enabled();
 
+// A step of the same plan that runs with every candidate of the step being tuned: complete,
+// built by the tuner through the context's builder (runtime::PlanStep has the same members;
+// runtime::companion_of makes one from it).
+struct CompanionStep {
+  kernels::KernelDesc desc;
+  Mods mods;
+  size_t workspace_bytes = 0;
+  std::function<std::vector<kernels::Launch>(void* workspace)> launches;
+};
+
 // How a step is tuned: the context (device, builder, its cache directory) and the mode.
 struct StepTuning {
   ContextImpl* ctx = nullptr;
   Mode mode = Mode::Off;
   runtime::CuStream stream = nullptr;  // where candidates run (the caller's stream)
+  // The earlier step whose workspace slice the tuned step reads (PlanStep::workspace_of): run on
+  // a scratch slice before every run of a candidate (untimed), which launches on that slice.
+  std::optional<CompanionStep> before;
+  // The later steps that read the candidate's workspace and write the compared outputs, made for
+  // each candidate (their launches may depend on its config); timed with the candidate. Their
+  // own workspace_bytes must be 0: they launch on the candidate's workspace.
+  std::function<std::vector<CompanionStep>(const kernels::KernelDesc& candidate)> after;
+  // Appended to the shape bucket of the key: what else decides the family's best config
+  // ("ctas64": decoding's split count follows the CTAs of one split). Empty: nothing.
+  std::string bucket_extra;
+  // > 0: the workspace the caller gave (AttentionOptions::workspace) and the step's slice of it:
+  // candidates that need more are pruned, and a stored winner that needs more is not used (the
+  // defaults run). 0: the plan allocates its own.
+  size_t workspace_limit = 0;
   bool active() const { return ctx != nullptr && mode != Mode::Off; }
 };
 // For a call on `ctx` with `mode`; `stream` is a CUstream (null: the default stream).
 StepTuning step_tuning(Context& ctx, AutotuneMode mode, void* stream);
+// The tuning of a call that plans without launching (a workspace size, a plan description):
+// `search` becomes `cached`, so the plan is the one the call itself runs after a search.
+StepTuning lookup_only(StepTuning tuning);
 
 // What the tuner needs of a step beyond the Variant interface; plan_step binds it.
 struct StepIo {
   std::function<std::vector<kernels::Launch>(const kernels::KernelDesc&, void* workspace)> launches;
   std::function<size_t(const kernels::KernelDesc&)> workspace_bytes;
-  std::vector<TensorRef> outputs;  // compared with the default's; empty: not compared
+  std::vector<TensorRef> outputs;      // compared with the default's; empty: not compared
+  std::vector<TensorRef> accumulated;  // zeroed before every run (TuningOutputs::accumulated)
 };
 
 // The caller's overrides with the tuned values below them: a value the caller set wins.
@@ -62,6 +97,7 @@ kernels::Params below(const kernels::Params& caller, const kernels::Params& tune
 
 // The tuned config of a step (empty: use the defaults). `problem` is the step's problem as given
 // to Registry::complete; `caller` the caller's overrides; `forced` a variant the caller named.
+// A variant whose config space holds one config is not searched (nothing to choose).
 kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelDesc& problem,
                                 const kernels::InputFacts& facts, const Mods& mods,
                                 const kernels::Params& caller, std::string_view forced,

@@ -1,10 +1,13 @@
 // What the tuner compares between a candidate config and the default one: the output tensors of
 // a family's launches. A family states them by specializing TuningOutputs for its inputs type
 // next to that type (kernels/forward/Forward.h does); without one, candidates are timed but their
-// outputs are not compared (the tuning log says so).
+// outputs are not compared (the tuning log says so). The families of one inputs type (the
+// backward's three) tell their outputs apart by `family`.
 #pragma once
 
 #include <flexjit/tensor.h>
+
+#include "kernels/KernelDesc.h"
 
 #include <vector>
 
@@ -13,7 +16,11 @@ namespace flexjit::tune {
 template <typename Inputs>
 struct TuningOutputs {
   static constexpr bool kCompared = false;
-  static std::vector<TensorRef> of(const Inputs&) { return {}; }
+  // What a step of `family` writes: compared with the default's.
+  static std::vector<TensorRef> of(const Inputs&, kernels::Family) { return {}; }
+  // What a step of `family` adds into (atomics) rather than writes: zeroed before every run of
+  // a candidate, so that each starts where the call's own launch starts.
+  static std::vector<TensorRef> accumulated(const Inputs&, kernels::Family) { return {}; }
 };
 
 }  // namespace flexjit::tune

@@ -165,6 +165,8 @@ struct AttentionRow {
   std::string config, tuned_config;
   double tuned_ms = 0, tuned_tflops = 0, tune_s = 0;
   bool tuned = false;
+  // --autotune with --backward: the backward with its tuned dK/dV and dQ configs.
+  double tuned_bwd_ms = 0, tuned_bwd_tflops = 0, bwd_tune_s = 0;
 };
 
 // The config part of a plan description ("block_m=128 block_n=64 ...").
@@ -225,6 +227,11 @@ nlohmann::json json_row(const AttentionRow& r) {
               {"tuned_fwd_tflops", r.tuned_tflops},
               {"tune_s", r.tune_s}});
   }
+  if (r.tuned_bwd_ms > 0) {
+    j.update({{"tuned_bwd_ms", r.tuned_bwd_ms},
+              {"tuned_bwd_tflops", r.tuned_bwd_tflops},
+              {"bwd_tune_s", r.bwd_tune_s}});
+  }
   return j;
 }
 
@@ -259,6 +266,13 @@ void print_table_row(const AttentionRow& r) {
           r.fwd_tflops > 0 ? 100.0 * (r.tuned_tflops / r.fwd_tflops - 1) : 0.0, r.tune_s);
     } else if (!r.config.empty()) {
       fmt::print("{:<18} config {}\n", "", r.config);
+    }
+    if (r.tuned_bwd_ms > 0) {
+      fmt::print(
+          "{:<18} backward: default {:.1f} TFLOP/s -> tuned {:.1f} TFLOP/s ({:+.1f}%, tuning "
+          "{:.1f} s)\n",
+          "", r.bwd_tflops, r.tuned_bwd_tflops,
+          r.bwd_tflops > 0 ? 100.0 * (r.tuned_bwd_tflops / r.bwd_tflops - 1) : 0.0, r.bwd_tune_s);
     }
   }
   std::fflush(stdout);
@@ -539,6 +553,26 @@ void run_attention_bench(const AttentionBenchOptions& o) {
         ctx.synchronize();
         row.bwd_ms = tb.median_ms;
         row.bwd_tflops = 2.5 * forward_flops(s, row.density) / (tb.median_ms * 1e-3) / 1e12;
+        if (tuned_mode && *tuned_mode != tune::Mode::Off) {
+          // The same backward with its dK/dV and dQ steps tuned (searched on the first call).
+          AttentionOptions tuned_opts = aopts;
+          tuned_opts.autotune =
+              *tuned_mode == tune::Mode::Search ? AutotuneMode::Search : AutotuneMode::Cached;
+          row.bwd_tune_s = 1e-3 * time_ms([&] {
+                             flex_attention_backward_into(ctx, in.q, in.k, in.v, out, lse, dout,
+                                                          grads, tuned_opts, bopts);
+                             ctx.synchronize();
+                           });
+          const runtime::Timing tt = timer.time(
+              [&] {
+                flex_attention_backward_into(ctx, in.q, in.k, in.v, out, lse, dout, grads,
+                                             tuned_opts, bopts);
+              },
+              topts);
+          ctx.synchronize();
+          row.tuned_bwd_ms = tt.median_ms;
+          row.tuned_bwd_tflops = 2.5 * forward_flops(s, row.density) / (tt.median_ms * 1e-3) / 1e12;
+        }
       }
       if (s.seqlen_q <= 16 && s.seqlen_kv > s.seqlen_q) {
         row.kv_tbps = kv_bytes(s) / (t.median_ms * 1e-3) / 1e12;
@@ -551,6 +585,8 @@ void run_attention_bench(const AttentionBenchOptions& o) {
         AttentionOptions topt = aopts;
         topt.autotune =
             *tuned_mode == tune::Mode::Search ? AutotuneMode::Search : AutotuneMode::Cached;
+        // The tuned plan's own workspace: a tuned split count changes decoding's.
+        topt.workspace = {};
         // The first tuned call searches (or finds the stored winner), then runs the winner.
         row.tune_s =
             1e-3 * time_ms([&] {
@@ -559,10 +595,18 @@ void run_attention_bench(const AttentionBenchOptions& o) {
             });
         row.tuned_config =
             config_of(runtime::describe_forward_plan(ctx, sets[0].q, sets[0].k, sets[0].v, topt));
+        DeviceTensor tuned_workspace;
+        if (const size_t ws =
+                flex_attention_workspace_bytes(ctx, sets[0].q, sets[0].k, sets[0].v, topt)) {
+          tuned_workspace =
+              DeviceTensor::empty(ctx, DType::I32, {static_cast<int64_t>((ws + 3) / 4)});
+          topt.workspace = {tuned_workspace.ref().data, ws};
+        }
         size_t next2 = 0;
         const runtime::Timing tt = timer.time(
             [&] {
               const InputSet& in = sets[next2++ % sets.size()];
+              if (c.page_size > 0) topt.kv_cache = &in.cache;
               flex_attention_into(ctx, in.q, in.k, in.v, out, nullptr, topt);
             },
             topts);
@@ -695,7 +739,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--autotune", a.autotune,
                   "off | cached | search: time each case with the defaults and, beside it, with "
                   "the tuned config (search: tuned now on the case's inputs; docs/tuning.md); "
-                  "prints both configs")
+                  "prints both configs; with --backward, the backward too")
       ->check(CLI::IsMember({"off", "cached", "search"}));
   cmd->callback([] {
     if (compile) {

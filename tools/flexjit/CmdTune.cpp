@@ -1,10 +1,12 @@
 // flexjit tune --manifest FILE: warm the kernel cache (any machine) and the tuning table (with a
 // GPU) for the workloads of a deployment. docs/tuning.md describes the manifest and the run.
 #include <flexjit/attention.h>
+#include <flexjit/backward.h>
 #include <flexjit/context.h>
 #include <flexjit/device_block_mask.h>
 #include <flexjit/device_tensor.h>
 #include <flexjit/error.h>
+#include <flexjit/paged_kv.h>
 
 #include "Pipeline.h"
 #include "flexjit/BenchCases.h"
@@ -186,7 +188,91 @@ struct TimedItem {
   double seconds = 0;
 };
 
-// Times every forward workload shape on the GPU (search mode: a stored winner is kept).
+// Device tensors of random normal values.
+DeviceTensor random_device(Context& ctx, DType dt, const std::vector<int64_t>& shape,
+                           uint64_t seed) {
+  size_t n = 1;
+  for (int64_t x : shape)
+    n *= static_cast<size_t>(x);
+  return DeviceTensor::from_host(ctx, dt, shape, random_tensor(dt, n, seed).data());
+}
+
+// Runs the workload's call once in search mode: its kernels are tuned on these inputs (a stored
+// winner is kept). forward: flex_attention; backward: flex_attention_backward after an untuned
+// forward for out and lse; decode: flex_attention on a KV cache (pages shuffled in the pool
+// with page_size, else contiguous K / V), the decode plan whatever the query length.
+void run_workload_call(Context& ctx, const tune::Workload& w, DType dt, std::pair<int, int> hd,
+                       int gqa, const tune::WorkloadShape& s) {
+  const int64_t hkv = s.heads_q / gqa;
+  const std::vector<int64_t> qs = {s.batch, s.heads_q, s.seqlen_q, hd.first};
+  std::vector<int64_t> ks = {s.batch, hkv, s.seqlen_kv, hd.first};
+  std::vector<int64_t> vs = {s.batch, hkv, s.seqlen_kv, hd.second};
+  int64_t capacity = s.seqlen_kv, max_pages = 0;
+  if (w.kind == "decode" && w.page_size > 0) {
+    max_pages = (s.seqlen_kv + w.page_size - 1) / w.page_size;
+    capacity = max_pages * w.page_size;
+    ks = {s.batch * max_pages, w.page_size, hkv, hd.first};
+    vs = {s.batch * max_pages, w.page_size, hkv, hd.second};
+  }
+  const DeviceTensor q = random_device(ctx, dt, qs, 1);
+  const DeviceTensor k = random_device(ctx, dt, ks, 2);
+  const DeviceTensor v = random_device(ctx, dt, vs, 3);
+  AttentionOptions o;
+  o.mods = w.mods;
+  o.autotune = AutotuneMode::Search;
+  std::vector<DeviceTensor> buffers;
+  for (const Buffer& b : w.mods.buffers) {
+    std::vector<int64_t> shape;
+    std::vector<char> data = buffer_data(b, s, hkv, &shape);
+    buffers.push_back(DeviceTensor::from_host(ctx, b.dtype(), shape, data.data()));
+    o.bindings.buffers.emplace_back(b.name(), buffers.back().ref());
+  }
+  // The standard relative-bias mods index bias[q - kv + offset]: offset = Skv keeps the index in
+  // [1, Sq + Skv) for the R = Sq + Skv entries made above.
+  for (const Param& p : w.mods.params) {
+    if (p.name() == "offset") {
+      o.bindings.params.emplace_back("offset", static_cast<double>(s.seqlen_kv));
+    }
+  }
+  DeviceBlockMask mask;
+  if (w.block_size > 0 && w.mods.mask_mod.defined()) {
+    // The workload's own mask at the target shape: what its calls will pass.
+    mask = create_block_mask(ctx, w.mods, 1, 1, static_cast<int>(s.seqlen_q),
+                             static_cast<int>(capacity), w.block_size, o.bindings);
+    o.block_mask = &mask;
+  }
+  if (w.kind == "forward") {
+    flex_attention(ctx, q, k, v, o);
+  } else if (w.kind == "backward") {
+    AttentionOptions fwd = o;
+    fwd.autotune = AutotuneMode::Off;  // the forward is a forward workload's to tune
+    fwd.return_lse = true;
+    const AttentionResult r = flex_attention(ctx, q, k, v, fwd);
+    const DeviceTensor dout =
+        random_device(ctx, dt, {s.batch, s.heads_q, s.seqlen_q, hd.second}, 4);
+    flex_attention_backward(ctx, q, k, v, r.out, r.lse, dout, o);
+  } else {
+    const std::vector<int32_t> lens(static_cast<size_t>(s.batch),
+                                    static_cast<int32_t>(s.seqlen_kv));
+    const DeviceTensor seq_lens = DeviceTensor::from_host(ctx, DType::I32, {s.batch}, lens.data());
+    DeviceTensor table;
+    KvCache cache;
+    cache.seq_lens = seq_lens.ref();
+    if (w.page_size > 0) {
+      std::vector<int32_t> pages(static_cast<size_t>(s.batch * max_pages));
+      for (size_t i = 0; i < pages.size(); ++i)
+        pages[i] = static_cast<int32_t>(i);
+      std::shuffle(pages.begin(), pages.end(), std::mt19937(0x9a6e));
+      table = DeviceTensor::from_host(ctx, DType::I32, {s.batch, max_pages}, pages.data());
+      cache.page_table = table.ref();
+    }
+    o.kv_cache = &cache;
+    flex_attention(ctx, q, k, v, o);
+  }
+  ctx.synchronize();
+}
+
+// Times every workload shape on the GPU (search mode: a stored winner is kept).
 std::vector<TimedItem> time_workloads(const tune::Manifest& m,
                                       const std::vector<std::string>& archs, bool quiet) {
   std::vector<TimedItem> items;
@@ -195,12 +281,6 @@ std::vector<TimedItem> time_workloads(const tune::Manifest& m,
   for (const tune::Workload& w : m.workloads) {
     const std::vector<std::string>& wa = archs.empty() ? w.archs : archs;
     if (std::find(wa.begin(), wa.end(), device_arch) == wa.end()) continue;
-    if (w.kind != "forward") {
-      items.push_back({w.name, fmt::format("skipped: {} workloads are compiled, not timed, by "
-                                           "this version of flexjit tune",
-                                           w.kind)});
-      continue;
-    }
     std::string unknown;
     for (const Buffer& b : w.mods.buffers) {
       for (const std::string& d : b.decl()->dims) {
@@ -224,49 +304,8 @@ std::vector<TimedItem> time_workloads(const tune::Manifest& m,
                             hd.first, hd.second, gqa, s.batch, s.heads_q, s.seqlen_q, s.seqlen_kv);
             const auto t0 = Clock::now();
             try {
-              const int64_t hkv = s.heads_q / gqa;
-              const std::vector<int64_t> qs = {s.batch, s.heads_q, s.seqlen_q, hd.first};
-              const std::vector<int64_t> ks = {s.batch, hkv, s.seqlen_kv, hd.first};
-              const std::vector<int64_t> vs = {s.batch, hkv, s.seqlen_kv, hd.second};
-              auto numel = [](const std::vector<int64_t>& v) {
-                size_t n = 1;
-                for (int64_t x : v)
-                  n *= static_cast<size_t>(x);
-                return n;
-              };
-              DeviceTensor q =
-                  DeviceTensor::from_host(ctx, dt, qs, random_tensor(dt, numel(qs), 1).data());
-              DeviceTensor k =
-                  DeviceTensor::from_host(ctx, dt, ks, random_tensor(dt, numel(ks), 2).data());
-              DeviceTensor v =
-                  DeviceTensor::from_host(ctx, dt, vs, random_tensor(dt, numel(vs), 3).data());
-              AttentionOptions o;
-              o.mods = w.mods;
-              o.autotune = AutotuneMode::Search;
-              std::vector<DeviceTensor> buffers;
-              for (const Buffer& b : w.mods.buffers) {
-                std::vector<int64_t> shape;
-                std::vector<char> data = buffer_data(b, s, hkv, &shape);
-                buffers.push_back(DeviceTensor::from_host(ctx, b.dtype(), shape, data.data()));
-                o.bindings.buffers.emplace_back(b.name(), buffers.back().ref());
-              }
-              // The standard relative-bias mods index bias[q - kv + offset]: offset = Skv keeps
-              // the index in [1, Sq + Skv) for the R = Sq + Skv entries made above.
-              for (const Param& p : w.mods.params) {
-                if (p.name() == "offset") {
-                  o.bindings.params.emplace_back("offset", static_cast<double>(s.seqlen_kv));
-                }
-              }
-              DeviceBlockMask mask;
-              if (w.block_size > 0 && w.mods.mask_mod.defined()) {
-                // The workload's own mask at the target shape: what its calls will pass.
-                mask = create_block_mask(ctx, w.mods, 1, 1, static_cast<int>(s.seqlen_q),
-                                         static_cast<int>(s.seqlen_kv), w.block_size, o.bindings);
-                o.block_mask = &mask;
-              }
               const uint64_t searches = tune::search_count();
-              flex_attention(ctx, q, k, v, o);
-              ctx.synchronize();
+              run_workload_call(ctx, w, dt, hd, gqa, s);
               item.outcome = tune::search_count() > searches ? "tuned" : "already tuned";
             } catch (const Error& e) {
               item.outcome = fmt::format("failed: {}", e.what());
@@ -427,8 +466,8 @@ void register_tune(CLI::App& app) {
       "tune",
       "Warm the kernel cache and the tuning table for a manifest of workloads (docs/tuning.md)\n\n"
       "Without a GPU, compiles every kernel the workloads need for the archs into the disk cache;\n"
-      "with one, also times the candidate configs of each forward workload and stores the\n"
-      "winners. A second run skips what is done.\n\nExamples:\n"
+      "with one, also times the candidate configs of each workload (forward, backward,\n"
+      "decode) and stores the winners. A second run skips what is done.\n\nExamples:\n"
       "  flexjit tune --manifest examples/tune/standard_manifest.json --arch sm_90a --jobs 16\n"
       "  flexjit tune --manifest deploy.json --arch sm_80,sm_90a --all-configs --json\n"
       "  flexjit tune --manifest deploy.json --dry-run");

@@ -17,6 +17,7 @@
 #include <flexjit/tensor.h>
 
 #include "kernels/Variant.h"
+#include "tune/TuningOutputs.h"
 
 #include <flexjit_abi.h>
 
@@ -36,6 +37,7 @@ struct BackwardInputs {
   const DeviceBlockMask* block_mask = nullptr;  // null: every tile, mask_mod everywhere
   std::vector<uint64_t> mod_params;             // the FjModParams bytes (runtime/ModArgs.h)
   std::vector<uint64_t> grad_params;            // the FjGradParams bytes (grad_param_layout)
+  std::vector<TensorRef> buffer_grads;          // the f32 tensors grad_params points at
   // The dK/dV kernel adds dQ into an f32 accumulator in the workspace (its config's dq_atomic);
   // the preprocess zeroes it and backward_dq/atomic_convert writes dq from it.
   bool dq_atomic = false;
@@ -44,6 +46,29 @@ struct BackwardInputs {
 using BackwardPreprocessVariant = FamilyVariant<Family::BackwardPreprocess, BackwardInputs>;
 using BackwardDkDvVariant = FamilyVariant<Family::BackwardDkDv, BackwardInputs>;
 using BackwardDqVariant = FamilyVariant<Family::BackwardDq, BackwardInputs>;
+
+}  // namespace flexjit::kernels
+
+// The autotuner compares what each step writes with the default config's: dK and dV (and the
+// buffer gradients, which the dK/dV kernel adds into with atomics: zeroed before every run) for
+// backward_dkdv, dQ for backward_dq. The preprocess writes only its workspace (one config: not
+// tuned).
+template <>
+struct flexjit::tune::TuningOutputs<flexjit::kernels::BackwardInputs> {
+  static constexpr bool kCompared = true;
+  static std::vector<TensorRef> of(const kernels::BackwardInputs& in, kernels::Family f) {
+    if (f == kernels::Family::BackwardDq) return {in.dq};
+    if (f != kernels::Family::BackwardDkDv) return {};
+    std::vector<TensorRef> v = {in.dk, in.dv};
+    v.insert(v.end(), in.buffer_grads.begin(), in.buffer_grads.end());
+    return v;
+  }
+  static std::vector<TensorRef> accumulated(const kernels::BackwardInputs& in, kernels::Family f) {
+    return f == kernels::Family::BackwardDkDv ? in.buffer_grads : std::vector<TensorRef>{};
+  }
+};
+
+namespace flexjit::kernels {
 
 // The problem of one backward family for a call (no variant, no config yet); dK/dV and dQ get
 // fast_math as MathMode::Auto resolves it (set_math_mode changes it; MathMode.h).

@@ -37,7 +37,10 @@ using BlockMaskVariant = FamilyVariant<Family::BlockMask, BlockMaskInputs>;
 template <>
 struct flexjit::tune::TuningOutputs<flexjit::kernels::BlockMaskInputs> {
   static constexpr bool kCompared = true;
-  static std::vector<TensorRef> of(const kernels::BlockMaskInputs& in) {
+  static std::vector<TensorRef> accumulated(const kernels::BlockMaskInputs&, kernels::Family) {
+    return {};
+  }
+  static std::vector<TensorRef> of(const kernels::BlockMaskInputs& in, kernels::Family) {
     const FjBlockMaskBuildArgs& a = in.args;
     const int64_t B = a.batch, H = a.heads, nq = a.num_q_blocks, nkv = a.num_kv_blocks;
     std::vector<TensorRef> v;

@@ -18,6 +18,7 @@
 #include <flexjit/tensor.h>
 
 #include "kernels/Variant.h"
+#include "tune/TuningOutputs.h"
 
 #include <cstdint>
 #include <optional>
@@ -53,6 +54,26 @@ struct DecodeInputs {
 using DecodeSplitVariant = FamilyVariant<Family::DecodeSplit, DecodeInputs>;
 using DecodeCombineVariant = FamilyVariant<Family::DecodeCombine, DecodeInputs>;
 
+}  // namespace flexjit::kernels
+
+// The autotuner compares out and lse with the default config's, for both steps: a decode_split
+// candidate runs with the combine after it (tune::StepTuning::after), since its partials depend
+// on its split count; a decode_combine candidate after the planned split.
+template <>
+struct flexjit::tune::TuningOutputs<flexjit::kernels::DecodeInputs> {
+  static constexpr bool kCompared = true;
+  static std::vector<TensorRef> of(const kernels::DecodeInputs& in, kernels::Family) {
+    std::vector<TensorRef> v = {in.out};
+    if (in.lse) v.push_back(*in.lse);
+    return v;
+  }
+  static std::vector<TensorRef> accumulated(const kernels::DecodeInputs&, kernels::Family) {
+    return {};
+  }
+};
+
+namespace flexjit::kernels {
+
 // Packed rows per CTA for `gqa_ratio` q heads per kv head and `seqlen_q` query tokens: the
 // product rounded up to 16, 32, 64 or 128 (at most 128; more rows take several row groups).
 int decode_rows(int64_t gqa_ratio, int64_t seqlen_q);
@@ -80,6 +101,8 @@ int decode_num_splits(int64_t ctas_per_split, int64_t seqlen_kv, int block_n, in
 
 // The splits a call uses with this complete decode_split description: config num_splits when
 // nonzero, else decode_num_splits with the CTAs per SM that the kernel's shared memory allows.
+// The split kernel's workspace and grid follow it (not `in.num_splits`), so every candidate
+// config of the tuner runs with its own split count; the combine reads `in.num_splits`.
 int resolve_num_splits(const KernelDesc& split_desc, const DecodeInputs& in);
 
 // Bytes of the split partials (o_part then lse_part, f32) for `splits` splits.

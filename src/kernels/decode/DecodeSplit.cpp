@@ -208,7 +208,7 @@ std::vector<Params> DecodeSplitSm80Mma::config_space(const KernelDesc& p) const 
   for (int bn : {32, 64, 128}) {
     for (int w : {2, 4, 8}) {
       for (int s : {2, 3, 4}) {
-        for (int splits : {0, 1, 2, 4, 8, 16, 32}) {
+        for (int splits : {0, 1, 2, 4, 8, 16, 32, 64, 128}) {
           KernelDesc d = p;
           d.config = make_config(bn, w, s, splits);
           try {
@@ -272,16 +272,22 @@ std::string DecodeSplitSm80Mma::config_struct(const Mods& mods, const KernelDesc
 cuda::GeneratedSource DecodeSplitSm80Mma::generate(const Mods& mods, const KernelDesc& desc) const {
   validate(desc);
   mods.check();
-  return assemble_variant_source(*this, desc, mods, config_struct(mods, desc),
-                                 fmt::format("split-KV decoding kernel `{}`", kEntry));
+  // num_splits is a launch parameter (the grid's x and the partials' layout): the source is the
+  // one of num_splits = 0 for every value, so the configs that differ only in it (the tuner's
+  // split-count candidates) share one compile and one cache entry.
+  KernelDesc source_desc = desc;
+  source_desc.config.set("num_splits", 0);
+  return assemble_variant_source(
+      *this, source_desc, mods, config_struct(mods, source_desc),
+      fmt::format("split-KV decoding kernel `{}` (any num_splits: a launch parameter)", kEntry));
 }
 
 unsigned DecodeSplitSm80Mma::smem_bytes(const KernelDesc& desc) const {
   return static_cast<unsigned>(split_smem(desc));
 }
 
-size_t DecodeSplitSm80Mma::workspace_bytes(const KernelDesc&, const DecodeInputs& in) const {
-  return decode_workspace_bytes(in, in.num_splits);
+size_t DecodeSplitSm80Mma::workspace_bytes(const KernelDesc& desc, const DecodeInputs& in) const {
+  return decode_workspace_bytes(in, resolve_num_splits(desc, in));
 }
 
 FjDecodeArgs make_decode_args(const DecodeInputs& in, int splits, int rows, void* workspace) {
@@ -321,13 +327,14 @@ FjDecodeArgs make_decode_args(const DecodeInputs& in, int splits, int rows, void
 std::vector<Launch> DecodeSplitSm80Mma::launches(const KernelDesc& desc, const DecodeInputs& in,
                                                  void* workspace) const {
   const int rows = desc.flags.at_int("rows");
-  FjDecodeArgs a = make_decode_args(in, in.num_splits, rows, workspace);
+  const int splits = resolve_num_splits(desc, in);
+  FjDecodeArgs a = make_decode_args(in, splits, rows, workspace);
   if (in.block_mask != nullptr) {
     a.mask = block_mask_args(*in.block_mask, desc.flags.at("full_blocks") != 0);
   }
   Launch l;
   l.entry_point = kEntry;
-  l.grid = {static_cast<unsigned>(in.num_splits), static_cast<unsigned>(in.heads_kv * a.row_groups),
+  l.grid = {static_cast<unsigned>(splits), static_cast<unsigned>(in.heads_kv * a.row_groups),
             static_cast<unsigned>(in.batch)};
   l.block = {static_cast<unsigned>(desc.config.at("num_warps") * 32), 1, 1};
   l.smem_bytes = smem_bytes(desc);

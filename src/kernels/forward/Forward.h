@@ -40,10 +40,13 @@ using ForwardVariant = FamilyVariant<Family::Forward, ForwardInputs>;
 template <>
 struct flexjit::tune::TuningOutputs<flexjit::kernels::ForwardInputs> {
   static constexpr bool kCompared = true;
-  static std::vector<TensorRef> of(const kernels::ForwardInputs& in) {
+  static std::vector<TensorRef> of(const kernels::ForwardInputs& in, kernels::Family) {
     std::vector<TensorRef> v = {in.out};
     if (in.lse) v.push_back(*in.lse);
     return v;
+  }
+  static std::vector<TensorRef> accumulated(const kernels::ForwardInputs&, kernels::Family) {
+    return {};
   }
 };
 
