@@ -97,8 +97,8 @@ TEST_CASE("sm90a_wgmma configs: defaults, the space, and precise refusals", "[sm
   CHECK(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 2) ==
         1024 + 2 * (128 * 128 + 2 * 128 * 256) + 8 * 7 + 4 * 2);
   const KernelDesc d = sm90_desc(DType::BF16, 128, 128);
-  CHECK(v.smem_bytes(d) == static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128,
-                                                                            2, 2)));
+  CHECK(v.smem_bytes(d) ==
+        static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 2)));
 }
 
 TEST_CASE("wgmma wrappers: one overload per N with N / 2 accumulators", "[sm90][codegen]") {
@@ -185,8 +185,8 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
           failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),
                                          j.mods, u.spill_store_bytes, u.spill_load_bytes));
         }
-        for (const char* needle :
-             {"wgmma.mma_async", "cp.async.bulk.tensor.4d", "setmaxnreg.inc", "mbarrier.try_wait"}) {
+        for (const char* needle : {"wgmma.mma_async", "cp.async.bulk.tensor.4d", "setmaxnreg.inc",
+                                   "mbarrier.try_wait"}) {
           if (k.source->source.find(needle) == std::string::npos)
             failures.push_back(fmt::format("{} {}: source lacks {}", d.str(), j.mods, needle));
         }
