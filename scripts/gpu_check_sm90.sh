@@ -44,4 +44,12 @@ for tool in memcheck racecheck synccheck; do
     --case causal,alibi+causal,document+causal > "$OUT/san_$tool.log" 2>&1
   echo "rc=$?"; tail -4 "$OUT/san_$tool.log"
 done
+step fastmath
+unset FLEXJIT_ENABLE_VARIANTS
+timeout -k 3 90 "$B/flexjit-tests" "[gpu][fastmath]" > "$OUT/t_fastmath.log" 2>&1
+echo "rc=$?"; summary "$OUT/t_fastmath.log" 30
+for m in exact approx; do
+  echo "-- math $m"
+  FLEXJIT_MATH=$m timeout -k 3 40 "$B/flexjit" bench --case softcap30,softcap30+causal,alibi+causal 2>&1 | grep -v "^#" | tail -4
+done
 step done

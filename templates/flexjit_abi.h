@@ -90,14 +90,14 @@ struct FjFwdTmaMaps {
 // Dynamic shared memory of the sm_90a forward kernel: 1024 bytes of slack to align the tiles
 // to the 128-byte swizzle's 1024-byte atoms, the Q tile (reused for the O tile: the wider head
 // dim), num_stages K and V tiles, then the mbarriers (Q full; per stage K full, V full, KV
-// empty) and the per-stage tile indices. forward_sm90.cuh's FjSm90Traits checks the layout.
+// empty). forward_sm90.cuh's FjSm90Traits checks the layout.
 FJ_HOST_DEVICE inline constexpr int fj_forward_sm90_smem_bytes(int block_m, int block_n,
                                                                int head_dim_qk, int head_dim_v,
                                                                int elem_bytes, int num_stages) {
   return 1024 +
          elem_bytes * (block_m * (head_dim_qk > head_dim_v ? head_dim_qk : head_dim_v) +
                        num_stages * block_n * (head_dim_qk + head_dim_v)) +
-         8 * (1 + 3 * num_stages) + 4 * num_stages;
+         8 * (1 + 3 * num_stages);
 }
 
 // Arguments of the block-mask builder (templates/block_mask.cuh, whose header documents the

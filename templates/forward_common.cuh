@@ -81,9 +81,52 @@ FJ_DEVICE void fj_scores(float (&s)[T::kMTiles][T::kNTiles][4], const FjFwdArgs&
   }
 }
 
-// Online softmax update (log2 domain) for one tile: new row max, rescale of O and of the
-// running (per-thread partial) row sums, and s <- 2^(s - max). A row whose max is still -inf
-// (everything masked so far) uses 0 as its reference so that no -inf - -inf = NaN appears.
+// The online softmax (log2 domain) of one row half (hr) of m tile mt: folds the tile's scores
+// into the running max and (per-thread partial) sum, turns them into P = 2^(s - max) in place,
+// and returns the factor by which the output accumulated so far must be rescaled (0 while the
+// old max is -inf). A row whose max is still -inf (everything masked so far) uses 0 as its
+// reference so that no -inf - -inf = NaN appears.
+template <class T>
+FJ_DEVICE float fj_softmax_row(float (&s)[T::kMTiles][T::kNTiles][4],
+                               float (&row_max)[T::kMTiles][2], float (&row_sum)[T::kMTiles][2],
+                               int mt, int hr) {
+  float mx = row_max[mt][hr];
+#pragma unroll
+  for (int nt = 0; nt < T::kNTiles; ++nt)
+    mx = fmaxf(mx, fmaxf(s[mt][nt][hr * 2], s[mt][nt][hr * 2 + 1]));
+  // The 4 threads of a quad hold the same row.
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float ref = mx == fj_neg_inf() ? 0.0f : mx;
+  const float alpha = fj_ex2_approx(row_max[mt][hr] - ref);
+  row_max[mt][hr] = mx;
+  float sum = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < T::kNTiles; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const float p = fj_ex2_approx(s[mt][nt][hr * 2 + c] - ref);
+      s[mt][nt][hr * 2 + c] = p;
+      sum += p;
+    }
+  }
+  row_sum[mt][hr] = row_sum[mt][hr] * alpha + sum;
+  return alpha;
+}
+
+// O *= alpha for row half hr of m tile mt.
+template <class T>
+FJ_DEVICE void fj_rescale_row(float (&o)[T::kMTiles][T::kDTiles][4], int mt, int hr,
+                              float alpha) {
+#pragma unroll
+  for (int dt = 0; dt < T::kDTiles; ++dt) {
+    o[mt][dt][hr * 2] *= alpha;
+    o[mt][dt][hr * 2 + 1] *= alpha;
+  }
+}
+
+// One online-softmax update with the output rescaled at once (the sm80 kernel; the sm90 kernel
+// calls fj_softmax_row now and fj_rescale_row once its P V of the previous tile has finished).
 template <class T>
 FJ_DEVICE void fj_softmax_update(float (&s)[T::kMTiles][T::kNTiles][4],
                                  float (&o)[T::kMTiles][T::kDTiles][4],
@@ -91,34 +134,8 @@ FJ_DEVICE void fj_softmax_update(float (&s)[T::kMTiles][T::kNTiles][4],
 #pragma unroll
   for (int mt = 0; mt < T::kMTiles; ++mt) {
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      float mx = row_max[mt][hr];
-#pragma unroll
-      for (int nt = 0; nt < T::kNTiles; ++nt)
-        mx = fmaxf(mx, fmaxf(s[mt][nt][hr * 2], s[mt][nt][hr * 2 + 1]));
-      // The 4 threads of a quad hold the same row.
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float ref = mx == fj_neg_inf() ? 0.0f : mx;
-      const float alpha = fj_ex2_approx(row_max[mt][hr] - ref);  // 0 while the old max is -inf
-      row_max[mt][hr] = mx;
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < T::kNTiles; ++nt) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float p = fj_ex2_approx(s[mt][nt][hr * 2 + c] - ref);
-          s[mt][nt][hr * 2 + c] = p;
-          sum += p;
-        }
-      }
-      row_sum[mt][hr] = row_sum[mt][hr] * alpha + sum;
-#pragma unroll
-      for (int dt = 0; dt < T::kDTiles; ++dt) {
-        o[mt][dt][hr * 2] *= alpha;
-        o[mt][dt][hr * 2 + 1] *= alpha;
-      }
-    }
+    for (int hr = 0; hr < 2; ++hr)
+      fj_rescale_row<T>(o, mt, hr, fj_softmax_row<T>(s, row_max, row_sum, mt, hr));
   }
 }
 

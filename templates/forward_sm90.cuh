@@ -17,14 +17,20 @@
 //     memory, K-major), the scores (scale, score_mod, mask_mod on partial tiles, bounds) on the
 //     accumulator fragment, the online softmax, and O += P V (wgmma, P from registers, V
 //     MN-major); then releases the stage.
+// Scheduling (FlashAttention-3's): within a warpgroup, S of tile i and P V of tile i - 1 are
+// issued together, so the softmax of tile i runs while the tensor cores multiply P V (O is
+// rescaled once that finishes); between the two consumer warpgroups, named barriers hand the
+// right to issue wgmma back and forth (ping-pong), so one warpgroup's softmax overlaps the
+// other's GEMMs. Every consumer walks the same tile list (the CTA's one query block), which
+// keeps the turns of the two warpgroups paired.
 // The wgmma accumulator of m64nN gives warp w of a warpgroup rows 16w.. with the m16n8 fragment
 // of mma.sync repeated N / 8 times, so forward_common.cuh's fj_scores / fj_softmax_update run on
 // it unchanged (kMTiles = 1), and the C fragments of S are the A fragments of P V.
 // Shared memory (dynamic, aligned here to 1024 bytes; fj_forward_sm90_smem_bytes):
 //   Q tile kBlockM x max(kHeadDimQK, kHeadDimV) (reused for the O tile), kNumStages K tiles
-//   (kBlockN x kHeadDimQK), kNumStages V tiles (kBlockN x kHeadDimV), the mbarriers, and the
-//   tile index of each stage (written by the producer before it arrives, read by the consumers
-//   after the wait).
+//   (kBlockN x kHeadDimQK), kNumStages V tiles (kBlockN x kHeadDimV), and the mbarriers. The
+//   tile indices are not passed through shared memory: every consumer reads them from the block
+//   mask itself, one tile ahead.
 #ifndef FLEXJIT_FORWARD_SM90_CUH_
 #define FLEXJIT_FORWARD_SM90_CUH_
 
@@ -51,7 +57,7 @@ struct FjSm90Traits {
   static constexpr int kOffK = kQBytes;
   static constexpr int kOffV = kOffK + kNumStages * kKBytes;
   static constexpr int kOffBar = kOffV + kNumStages * kVBytes;
-  static constexpr int kOffTile = kOffBar + 8 * (1 + 3 * kNumStages);
+  static constexpr int kOffEnd = kOffBar + 8 * (1 + 3 * kNumStages);
   // Register split (65536 per SM, one CTA): the producer keeps few, the consumers take the rest.
   static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
@@ -63,7 +69,7 @@ struct FjSm90Traits {
   static_assert(kDimQK % 64 == 0 && kDimV % 64 == 0 && kDimV <= 256,
                 "flexjit forward_sm90: head dims must be multiples of 64 (v at most 256)");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm90: 1..4 stages");
-  static_assert(kOffTile + 4 * kNumStages + 1024 ==
+  static_assert(kOffEnd + 1024 ==
                     fj_forward_sm90_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV, kElemBytes,
                                                kNumStages),
                 "flexjit forward_sm90: shared-memory layout and fj_forward_sm90_smem_bytes "
@@ -80,7 +86,6 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   extern __shared__ unsigned char fj_smem_raw[];
   // The 128-byte swizzle repeats every 1024 bytes: tiles start on such a boundary.
   const fj_u32 smem_base = (fj_smem_addr(fj_smem_raw) + 1023u) & ~1023u;
-  unsigned char* smem_ptr = fj_smem_raw + (smem_base - fj_smem_addr(fj_smem_raw));
   const fj_u32 sq = smem_base;
   const fj_u32 sk = smem_base + T::kOffK;
   const fj_u32 sv = smem_base + T::kOffV;
@@ -89,7 +94,6 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   const fj_u32 bar_k = bar_q + 8;
   const fj_u32 bar_v = bar_k + 8 * T::kNumStages;
   const fj_u32 bar_e = bar_v + 8 * T::kNumStages;
-  volatile int* stage_tile = reinterpret_cast<volatile int*>(smem_ptr + T::kOffTile);
 
   const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest query tiles first (causal)
   const int h = blockIdx.y;
@@ -131,14 +135,9 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         if (i + 1 < sched.num_total) next_tile = sched.tile(i + 1);
         const int stage = i % T::kNumStages;
         if (i >= T::kNumStages) fj_mbar_wait(bar_e + 8 * stage, ((i / T::kNumStages) & 1) ^ 1);
-        stage_tile[stage] = tile;
+        // A tile past the end of a ragged sparse block reads as zeros (TMA fills what lies
+        // outside the tensor and still counts the whole box) and the consumers mask it.
         const int n_start = tile * T::kBlockN;
-        if (n_start >= args.seqlen_kv) {
-          // Past the end of a ragged sparse block: nothing to load, the consumers skip it.
-          fj_mbar_arrive(bar_k + 8 * stage);
-          fj_mbar_arrive(bar_v + 8 * stage);
-          continue;
-        }
         fj_mbar_arrive_expect_tx(bar_k + 8 * stage, T::kKBytes);
 #pragma unroll
         for (int c = 0; c < T::kDimQK / 64; ++c)
@@ -172,64 +171,148 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       o[0][dt][e] = 0.0f;
 
   const int q_row0 = m_start + cw * 64 + warp * 16 + (lane >> 2);
-  fj_mbar_wait(bar_q, 0);
-  for (int i = 0; i < sched.num_total; ++i) {
-    const int stage = i % T::kNumStages;
-    const int parity = (i / T::kNumStages) & 1;
-    fj_mbar_wait(bar_k + 8 * stage, parity);
-    const int n_start = stage_tile[stage] * T::kBlockN;
-    if (n_start < args.seqlen_kv) {
-      // S = Q K^T: k16 steps over the head dim, 64-element chunks of Q and K.
-      float s[1][T::kNTiles][4];
-      const fj_u32 sk_stage = sk + stage * T::kKBytes;
-      fj_wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < T::kDimQK / 16; ++kk) {
-        const int chunk = kk / 4, sub = kk % 4;
-        const fj_u64 da = fj_smem_desc_sw128(sq_wg + chunk * T::kBlockM * 128 + sub * 32, 16, 1024);
-        const fj_u64 db =
-            fj_smem_desc_sw128(sk_stage + chunk * T::kBlockN * 128 + sub * 32, 16, 1024);
-        fj_wgmma_ss(s[0], da, db, kk > 0 ? 1 : 0);
-      }
-      fj_wgmma_commit();
-      fj_fence_regs(s[0]);
-      fj_wgmma_wait<0>();
-      fj_fence_regs(s[0]);
+  // Ping-pong: warpgroup c may issue wgmma after a bar.sync on kSchedBar + c, and hands the turn
+  // to the other with a bar.arrive on its barrier (256 threads: 128 syncing, 128 arriving). One
+  // turn per tile; warpgroup 0 goes first; the last turn of warpgroup 1 hands nothing on, so no
+  // arrival is left pending when the CTA exits.
+  constexpr int kSchedBar = 3;  // 1, 2: the epilogue's per-warpgroup barriers
+  constexpr bool kPingPong = T::kConsumers == 2;
+  // Intra-warpgroup overlap of the softmax of tile i with the P V of tile i - 1 (S of tile i, P
+  // of tile i - 1 and O live at once: too many registers with d_v = 256).
+  constexpr bool kOverlap = T::kDimV <= 128;
+  if (kPingPong && cw == 1 && sched.num_total > 0) fj_bar_arrive(kSchedBar, 256);
 
-      const int kv_col0 = n_start + (lane & 3) * 2;
-      if (i < sched.num_partial)
-        fj_scores<Cfg, T, true>(s, args, mods, b, h, q_row0, n_start, kv_col0);
-      else
-        fj_scores<Cfg, T, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
-      fj_softmax_update<T>(s, o, row_max, row_sum);
-
-      // O += P V: P from registers (the C fragments of n8 tiles 2j, 2j+1 are the A fragment of
-      // k16 step j), V MN-major: 64-element chunks of the head dim LBO apart.
-      fj_u32 pa[T::kBlockN / 16][4];
+  fj_u32 pa[T::kBlockN / 16][4];  // P of the previous tile, the A operand of its P V
+  float s[1][T::kNTiles][4];
+  // S = Q K^T of a stage: k16 steps over the head dim, 64-element chunks of Q and K.
+  auto issue_qk = [&](int stage) {
+    const fj_u32 sk_stage = sk + stage * T::kKBytes;
 #pragma unroll
-      for (int j = 0; j < T::kBlockN / 16; ++j) {
-        pa[j][0] = T::Mma::pack(s[0][2 * j][0], s[0][2 * j][1]);
-        pa[j][1] = T::Mma::pack(s[0][2 * j][2], s[0][2 * j][3]);
-        pa[j][2] = T::Mma::pack(s[0][2 * j + 1][0], s[0][2 * j + 1][1]);
-        pa[j][3] = T::Mma::pack(s[0][2 * j + 1][2], s[0][2 * j + 1][3]);
-      }
-      const fj_u32 sv_stage = sv + stage * T::kVBytes;
-      fj_mbar_wait(bar_v + 8 * stage, parity);
-      fj_wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < T::kBlockN / 16; ++j) {
-        const fj_u64 dv = fj_smem_desc_sw128(sv_stage + j * 16 * 128, T::kBlockN * 128, 1024);
-        fj_wgmma_rs(o[0], pa[j], dv, 1);
-      }
-      fj_wgmma_commit();
-      fj_fence_regs(o[0]);
-      fj_wgmma_wait<0>();
-      fj_fence_regs(o[0]);
-    } else {
-      fj_mbar_wait(bar_v + 8 * stage, parity);
+    for (int kk = 0; kk < T::kDimQK / 16; ++kk) {
+      const int chunk = kk / 4, sub = kk % 4;
+      const fj_u64 da = fj_smem_desc_sw128(sq_wg + chunk * T::kBlockM * 128 + sub * 32, 16, 1024);
+      const fj_u64 db = fj_smem_desc_sw128(sk_stage + chunk * T::kBlockN * 128 + sub * 32, 16, 1024);
+      fj_wgmma_ss(s[0], da, db, kk > 0 ? 1 : 0);
     }
+    fj_wgmma_commit();
+  };
+  // O += P V of a stage: V MN-major, 64-element chunks of the head dim LBO apart; the C
+  // fragments of n8 tiles 2j, 2j+1 of S are the A fragment of k16 step j.
+  auto issue_pv = [&](int stage) {
+    const fj_u32 sv_stage = sv + stage * T::kVBytes;
+#pragma unroll
+    for (int j = 0; j < T::kBlockN / 16; ++j) {
+      const fj_u64 dv = fj_smem_desc_sw128(sv_stage + j * 16 * 128, T::kBlockN * 128, 1024);
+      fj_wgmma_rs(o[0], pa[j], dv, 1);
+    }
+    fj_wgmma_commit();
+  };
+  // Scores and softmax of tile i (S in s), P packed into pa; returns nothing, leaves the
+  // rescale factors of O in alpha.
+  float alpha[2];
+  auto softmax = [&](int i, int n_start) {
+    const int kv_col0 = n_start + (lane & 3) * 2;
+    if (i < sched.num_partial)
+      fj_scores<Cfg, T, true>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+    else
+      fj_scores<Cfg, T, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+    alpha[0] = fj_softmax_row<T>(s, row_max, row_sum, 0, 0);
+    alpha[1] = fj_softmax_row<T>(s, row_max, row_sum, 0, 1);
+  };
+  auto pack_p = [&] {
+#pragma unroll
+    for (int j = 0; j < T::kBlockN / 16; ++j) {
+      pa[j][0] = T::Mma::pack(s[0][2 * j][0], s[0][2 * j][1]);
+      pa[j][1] = T::Mma::pack(s[0][2 * j][2], s[0][2 * j][3]);
+      pa[j][2] = T::Mma::pack(s[0][2 * j + 1][0], s[0][2 * j + 1][1]);
+      pa[j][3] = T::Mma::pack(s[0][2 * j + 1][2], s[0][2 * j + 1][3]);
+    }
+  };
+  auto release = [&](int stage) {
     __syncwarp();
     if (lane == 0) fj_mbar_arrive(bar_e + 8 * stage);
+  };
+  auto turn_begin = [&] {
+    if (kPingPong) fj_bar_sync(kSchedBar + cw, 256);
+  };
+  auto turn_end = [&](int i) {
+    if (kPingPong && !(cw == 1 && i + 1 == sched.num_total))
+      fj_bar_arrive(kSchedBar + (cw ^ 1), 256);
+  };
+
+  const int num_total = sched.num_total;
+  fj_mbar_wait(bar_q, 0);
+  if (num_total > 0 && kOverlap) {
+    // Tile 0: S only.
+    int tile = sched.tile(0);
+    int next_tile = num_total > 1 ? sched.tile(1) : 0;  // read one tile ahead
+    fj_mbar_wait(bar_k, 0);
+    turn_begin();
+    fj_wgmma_fence();
+    issue_qk(0);
+    turn_end(0);
+    fj_wgmma_wait<0>();
+    fj_fence_regs(s[0]);
+    softmax(0, tile * T::kBlockN);  // O is still zero: no rescale
+    pack_p();
+    // Tile i: S of tile i and P V of tile i - 1 issued together; the softmax of tile i runs
+    // while the tensor cores multiply P V, and O is rescaled once that is done.
+    for (int i = 1; i < num_total; ++i) {
+      tile = next_tile;
+      if (i + 1 < num_total) next_tile = sched.tile(i + 1);
+      const int stage = i % T::kNumStages;
+      const int prev = (i - 1) % T::kNumStages;
+      fj_mbar_wait(bar_k + 8 * stage, (i / T::kNumStages) & 1);
+      fj_mbar_wait(bar_v + 8 * prev, ((i - 1) / T::kNumStages) & 1);
+      turn_begin();
+      fj_wgmma_fence();
+      issue_qk(stage);
+      issue_pv(prev);
+      turn_end(i);
+      fj_wgmma_wait<1>();
+      fj_fence_regs(s[0]);
+      softmax(i, tile * T::kBlockN);
+      fj_wgmma_wait<0>();
+      fj_fence_regs(o[0]);
+      release(prev);
+      fj_rescale_row<T>(o, 0, 0, alpha[0]);
+      fj_rescale_row<T>(o, 0, 1, alpha[1]);
+      pack_p();
+    }
+    // The last tile's P V.
+    const int last = (num_total - 1) % T::kNumStages;
+    fj_mbar_wait(bar_v + 8 * last, ((num_total - 1) / T::kNumStages) & 1);
+    fj_wgmma_fence();
+    issue_pv(last);
+    fj_wgmma_wait<0>();
+    fj_fence_regs(o[0]);
+    release(last);
+  } else if (num_total > 0) {
+    // Without the overlap (d_v = 256: S, P and O of two tiles do not fit the registers).
+    int next_tile = sched.tile(0);
+    for (int i = 0; i < num_total; ++i) {
+      const int tile = next_tile;
+      if (i + 1 < num_total) next_tile = sched.tile(i + 1);
+      const int stage = i % T::kNumStages;
+      const int parity = (i / T::kNumStages) & 1;
+      fj_mbar_wait(bar_k + 8 * stage, parity);
+      turn_begin();
+      fj_wgmma_fence();
+      issue_qk(stage);
+      turn_end(i);
+      fj_wgmma_wait<0>();
+      fj_fence_regs(s[0]);
+      softmax(i, tile * T::kBlockN);
+      fj_rescale_row<T>(o, 0, 0, alpha[0]);
+      fj_rescale_row<T>(o, 0, 1, alpha[1]);
+      pack_p();
+      fj_mbar_wait(bar_v + 8 * stage, parity);
+      fj_wgmma_fence();
+      issue_pv(stage);
+      fj_wgmma_wait<0>();
+      fj_fence_regs(o[0]);
+      release(stage);
+    }
   }
 
   // ---- epilogue: normalize, LSE, O through shared memory (this warpgroup's Q rows) ----

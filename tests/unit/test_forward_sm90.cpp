@@ -93,9 +93,9 @@ TEST_CASE("sm90a_wgmma configs: defaults, the space, and precise refusals", "[sm
   CHECK_THROWS_WITH(sm90_desc(DType::BF16, 256, 256, {{"block_n", 176}}),
                     Catch::Contains("registers per consumer thread"));
   // The layout formula: 1024 bytes of alignment slack, Q (the wider head dim), the stages,
-  // 1 + 3 * stages mbarriers and a tile index per stage.
+  // and 1 + 3 * stages mbarriers.
   CHECK(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 2) ==
-        1024 + 2 * (128 * 128 + 2 * 128 * 256) + 8 * 7 + 4 * 2);
+        1024 + 2 * (128 * 128 + 2 * 128 * 256) + 8 * 7);
   const KernelDesc d = sm90_desc(DType::BF16, 128, 128);
   CHECK(v.smem_bytes(d) ==
         static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 2)));
@@ -177,10 +177,12 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
         report.push_back(fmt::format("{} {}: {} registers (launch bound), {} B spills, {} B smem",
                                      d.str(), j.mods, u.registers, u.spill_store_bytes,
                                      ForwardSm90Wgmma().smem_bytes(d)));
-        // Known: relative_bias(_causal) spill 48-80 bytes (the bias loads of 64 scores are all
-        // in flight at once; docs/perf/NOTES.md v7). Every other mod: none.
-        const bool known = j.mods.rfind("relative_bias", 0) == 0;
-        const int64_t allowed = known ? 128 : 0;
+        // Known (docs/perf/NOTES.md v8): relative_bias(_causal) spills up to ~80 bytes and
+        // document(_causal) 16 (the buffer loads of 64 scores are all in flight at once while
+        // the P V of the previous tile holds P and O). Every other mod: none.
+        const bool bias = j.mods.rfind("relative_bias", 0) == 0;
+        const bool document = j.mods.rfind("document", 0) == 0;
+        const int64_t allowed = bias ? 128 : document ? 32 : 0;
         if (u.spill_store_bytes > allowed || u.spill_load_bytes > allowed) {
           failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),
                                          j.mods, u.spill_store_bytes, u.spill_load_bytes));
