@@ -116,8 +116,7 @@ FJ_DEVICE float fj_softmax_row(float (&s)[T::kMTiles][T::kNTiles][4],
 
 // O *= alpha for row half hr of m tile mt.
 template <class T>
-FJ_DEVICE void fj_rescale_row(float (&o)[T::kMTiles][T::kDTiles][4], int mt, int hr,
-                              float alpha) {
+FJ_DEVICE void fj_rescale_row(float (&o)[T::kMTiles][T::kDTiles][4], int mt, int hr, float alpha) {
 #pragma unroll
   for (int dt = 0; dt < T::kDTiles; ++dt) {
     o[mt][dt][hr * 2] *= alpha;

@@ -69,9 +69,8 @@ struct FjSm90Traits {
   static_assert(kDimQK % 64 == 0 && kDimV % 64 == 0 && kDimV <= 256,
                 "flexjit forward_sm90: head dims must be multiples of 64 (v at most 256)");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm90: 1..4 stages");
-  static_assert(kOffEnd + 1024 ==
-                    fj_forward_sm90_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV, kElemBytes,
-                                               kNumStages),
+  static_assert(kOffEnd + 1024 == fj_forward_sm90_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV,
+                                                             kElemBytes, kNumStages),
                 "flexjit forward_sm90: shared-memory layout and fj_forward_sm90_smem_bytes "
                 "disagree");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
@@ -191,7 +190,8 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     for (int kk = 0; kk < T::kDimQK / 16; ++kk) {
       const int chunk = kk / 4, sub = kk % 4;
       const fj_u64 da = fj_smem_desc_sw128(sq_wg + chunk * T::kBlockM * 128 + sub * 32, 16, 1024);
-      const fj_u64 db = fj_smem_desc_sw128(sk_stage + chunk * T::kBlockN * 128 + sub * 32, 16, 1024);
+      const fj_u64 db =
+          fj_smem_desc_sw128(sk_stage + chunk * T::kBlockN * 128 + sub * 32, 16, 1024);
       fj_wgmma_ss(s[0], da, db, kk > 0 ? 1 : 0);
     }
     fj_wgmma_commit();

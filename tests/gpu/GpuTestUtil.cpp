@@ -132,8 +132,8 @@ double tolerance(DType dtype) {
 
 std::vector<std::string> forward_families(Context& ctx) {
   if (ctx.arch() != "sm_90a") return {"auto"};
-  // An experimental sm_90a family is tested where it is enabled (FLEXJIT_ENABLE_VARIANTS), so
-  // the default suite does not depend on a kernel not yet verified on this GPU.
+  // Were the sm_90a family experimental again, it would be tested only where it is enabled
+  // (FLEXJIT_ENABLE_VARIANTS), so that the default suite does not depend on an unverified kernel.
   const kernels::Registry& reg = kernels::Registry::global();
   const kernels::Variant* v = reg.find(kernels::Family::Forward, "sm90a_wgmma");
   const std::vector<std::string> enabled = reg.enabled();

@@ -60,10 +60,10 @@ ErrorStats compare(const std::vector<float>& out, const std::vector<R>& ref);
 // The tolerance on ErrorStats::rel for a dtype: 1e-2 bf16, 3e-3 f16.
 double tolerance(DType dtype);
 
-// The forward kernel families the GPU suite runs against on this device: on sm_90a with the
-// sm90a_wgmma family enabled (it is experimental until verified: FLEXJIT_ENABLE_VARIANTS),
-// "sm90a_wgmma" (selected where it applies, sm80_mma elsewhere) and "sm80_mma" (the sm_90a
-// family excluded); otherwise "auto" (flexjit's own selection). Tests parametrize over them:
+// The forward kernel families the GPU suite runs against on this device: on sm_90a (unless the
+// sm90a_wgmma family were marked experimental again and not enabled), "sm90a_wgmma" (selected where
+// it applies, sm80_mma elsewhere) and "sm80_mma" (the sm_90a family excluded); otherwise "auto"
+// (flexjit's own selection). Tests parametrize over them:
 //   const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
 //   test::ForwardFamilyScope scope(family);
 std::vector<std::string> forward_families(Context& ctx);

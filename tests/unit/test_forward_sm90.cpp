@@ -98,7 +98,7 @@ TEST_CASE("sm90a_wgmma configs: defaults, the space, and precise refusals", "[sm
         1024 + 2 * (128 * 128 + 2 * 128 * 256) + 8 * 7);
   const KernelDesc d = sm90_desc(DType::BF16, 128, 128);
   CHECK(v.smem_bytes(d) ==
-        static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 2)));
+        static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 3)));
 }
 
 TEST_CASE("wgmma wrappers: one overload per N with N / 2 accumulators", "[sm90][codegen]") {

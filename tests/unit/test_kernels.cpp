@@ -51,6 +51,13 @@ class OnlyHopper : public ForwardSm80Mma {
   }
 };
 
+// A stand-in for a variant written but not yet verified on its GPU.
+class ExperimentalHopper : public OnlyHopper {
+ public:
+  std::string_view name() const override { return "experimental_hopper"; }
+  bool experimental() const override { return true; }
+};
+
 KernelDesc forward_problem_for(const char* arch) {
   return forward_problem(cuda::Arch::parse(arch), DType::BF16, 128, 128, 1, false, true);
 }
@@ -183,15 +190,17 @@ TEST_CASE("Registry: built-in variants and selection by arch, with reasons",
   CHECK_THROWS_WITH(r.set_excluded({"forward/sm100"}),
                     Catch::Contains("no such variant") && Catch::Contains("forward/sm80_mma"));
   CHECK(r.excluded().size() == 2);
-  // An experimental variant (sm90a_wgmma until verified on an H100) is passed over unless
-  // enabled.
+  // An experimental variant is passed over unless enabled.
   r.set_excluded({"forward/only_hopper"});
-  Selection not_enabled = r.select(forward_problem_for("sm_90a"), {});
-  CHECK(not_enabled.variant->name() == "sm80_mma");
-  CHECK_THAT(not_enabled.str(), Catch::Contains("forward/sm90a_wgmma: experimental") &&
-                                    Catch::Contains("FLEXJIT_ENABLE_VARIANTS=forward/sm90a_wgmma"));
-  r.set_enabled({"forward/sm90a_wgmma"});
   CHECK(r.select(forward_problem_for("sm_90a"), {}).variant->name() == "sm90a_wgmma");
+  r.add(std::make_unique<ExperimentalHopper>());
+  Selection not_enabled = r.select(forward_problem_for("sm_90a"), {});
+  CHECK(not_enabled.variant->name() == "sm90a_wgmma");
+  CHECK_THAT(not_enabled.str(),
+             Catch::Contains("forward/experimental_hopper: experimental") &&
+                 Catch::Contains("FLEXJIT_ENABLE_VARIANTS=forward/experimental_hopper"));
+  r.set_enabled({"forward/experimental_hopper"});
+  CHECK(r.select(forward_problem_for("sm_90a"), {}).variant->name() == "experimental_hopper");
   CHECK_THROWS_WITH(r.set_enabled({"forward/sm91"}), Catch::Contains("FLEXJIT_ENABLE_VARIANTS"));
   r.set_enabled({});
   r.set_excluded({});

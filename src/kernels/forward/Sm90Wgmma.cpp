@@ -141,8 +141,9 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
 
 Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
   const int d = std::max(p.head_dim_qk, p.head_dim_v);
-  if (d <= 64) return make_config(128, 128, 3);
-  if (d <= 128) return make_config(128, 128, 2);
+  // Measured on an H100 (docs/perf/NOTES.md v8): d = 128 noop 581 TFLOP/s with 3 stages, 511
+  // with 2 (causal 489 / 448); block_n 176 (2 stages fit) 520.
+  if (d <= 128) return make_config(128, 128, 3);
   return make_config(128, 64, 2);
 }
 
@@ -168,6 +169,15 @@ std::vector<Params> ForwardSm90Wgmma::config_space(const KernelDesc& p) const {
 Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params& overrides,
                                         const InputFacts& facts) const {
   Params c = apply_overrides(*this, default_config(problem), overrides);
+  // A wider block_n asked for with the default stages: as many stages as fit (at least 2).
+  if (!overrides.has("num_stages")) {
+    KernelDesc d = problem;
+    d.config = c;
+    while (c.at("num_stages") > 2 && sm90_smem(d) > cuda::max_smem_per_block(problem.arch)) {
+      c.set("num_stages", c.at("num_stages") - 1);
+      d.config = c;
+    }
+  }
   if (facts.mask_kv_block == 0) return c;
   fit_tile_to_block(c, "block_n", facts.mask_kv_block, overrides, {128, 64});
   if (facts.mask_q_block % c.at("block_m") != 0 || facts.mask_kv_block % c.at("block_n") != 0) {

@@ -7,7 +7,8 @@
 // 64/128/256, inputs a TMA tensor map can describe (16-byte aligned, strides positive multiples
 // of 16 bytes); everything else falls back to forward/sm80_mma with the reason in the
 // `kernels` log. Config: block_m {128} (two consumer warpgroups), block_n {64, 128, 176},
-// num_stages {2, 3, 4}; the shared memory fj_forward_sm90_smem_bytes() must fit.
+// num_stages {2, 3, 4}; the shared memory fj_forward_sm90_smem_bytes() must fit. The sm_90a
+// default since its verification on an H100 (docs/perf/NOTES.md v8).
 #pragma once
 
 #include "kernels/forward/Forward.h"
@@ -19,9 +20,6 @@ class ForwardSm90Wgmma : public ForwardVariant {
   std::string_view name() const override { return "sm90a_wgmma"; }
   std::string_view summary() const override;
   int priority() const override { return 10; }  // ahead of sm80_mma where it applies
-  // Until its first run on an H100 (the session that wrote it had no GPU time left): selected
-  // automatically only with FLEXJIT_ENABLE_VARIANTS=forward/sm90a_wgmma, or when named.
-  bool experimental() const override { return true; }
   std::optional<std::string> unsupported(const KernelDesc& problem,
                                          const InputFacts& facts) const override;
   void validate(const KernelDesc& desc) const override;
