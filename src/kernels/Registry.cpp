@@ -125,8 +125,28 @@ std::vector<const Variant*> Registry::all() const {
   return out;
 }
 
+namespace {
+
+// Why a variant cannot take the caller's config overrides: a name its config does not have.
+std::optional<std::string> foreign_override(const Variant& v, const KernelDesc& problem,
+                                            const Params& overrides) {
+  if (overrides.items().empty()) return std::nullopt;
+  const Params own = v.default_config(problem);
+  for (const auto& item : overrides.items()) {
+    if (own.has(item.first)) continue;
+    std::vector<std::string> names;
+    for (const auto& o : own.items())
+      names.push_back(o.first);
+    return fmt::format("has no config parameter '{}' (its parameters: {})", item.first,
+                       fmt::join(names, ", "));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 Selection Registry::select(const KernelDesc& problem, const InputFacts& facts,
-                           std::string_view forced) const {
+                           std::string_view forced, const Params& config_overrides) const {
   const std::vector<const Variant*> candidates = variants(problem.family);
   const std::string_view family = to_string(problem.family);
   Selection sel;
@@ -148,6 +168,10 @@ Selection Registry::select(const KernelDesc& problem, const InputFacts& facts,
         continue;
       }
       if (auto why = v->unsupported(problem, facts)) {
+        sel.skipped.push_back(fmt::format("{}/{}: {}", family, v->name(), *why));
+        continue;
+      }
+      if (auto why = foreign_override(*v, problem, config_overrides)) {
         sel.skipped.push_back(fmt::format("{}/{}: {}", family, v->name(), *why));
         continue;
       }
@@ -177,7 +201,7 @@ Selection Registry::select(const KernelDesc& problem, const InputFacts& facts,
 KernelDesc Registry::complete(const KernelDesc& problem, const InputFacts& facts,
                               const Params& config_overrides, std::string_view forced,
                               Selection* selection) const {
-  Selection sel = select(problem, facts, forced);
+  Selection sel = select(problem, facts, forced, config_overrides);
   KernelDesc d = problem;
   d.variant = std::string(sel.variant->name());
   d.config = sel.variant->resolve_config(d, config_overrides, facts);

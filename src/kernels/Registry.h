@@ -59,8 +59,10 @@ class Registry {
   void set_enabled(const std::vector<std::string>& family_variants);
   std::vector<std::string> enabled() const;
 
-  Selection select(const KernelDesc& problem, const InputFacts& facts,
-                   std::string_view forced = {}) const;
+  // Automatic selection also passes over a variant whose config has no parameter named in
+  // `config_overrides` (e.g. num_warps, which sm80_mma has and sm90a_wgmma has not), saying so.
+  Selection select(const KernelDesc& problem, const InputFacts& facts, std::string_view forced = {},
+                   const Params& config_overrides = {}) const;
 
   // select(), then the config resolved by the chosen variant, validated: the description a
   // kernel is built from.

@@ -451,7 +451,7 @@ kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelD
                                 const StepIo& io) {
   if (!tuning.active()) return {};
   const kernels::Registry& reg = kernels::Registry::global();
-  const kernels::Variant& variant = *reg.select(problem, facts, forced).variant;
+  const kernels::Variant& variant = *reg.select(problem, facts, forced, caller).variant;
   kernels::KernelDesc keyed = problem;
   keyed.variant = std::string(variant.name());
   if (variant.config_space(keyed).size() <= 1) return {};  // nothing to choose

@@ -190,6 +190,17 @@ TEST_CASE("Registry: built-in variants and selection by arch, with reasons",
   CHECK_THROWS_WITH(r.set_excluded({"forward/sm100"}),
                     Catch::Contains("no such variant") && Catch::Contains("forward/sm80_mma"));
   CHECK(r.excluded().size() == 2);
+  // A config override that only a lower-priority variant has (num_warps: sm80_mma's, not
+  // sm90a_wgmma's) selects that variant, with the reason.
+  r.set_excluded({"forward/only_hopper"});
+  Selection warps = r.select(forward_problem_for("sm_90a"), {}, {}, Params{{"num_warps", 4}});
+  CHECK(warps.variant->name() == "sm80_mma");
+  CHECK_THAT(warps.str(), Catch::Contains("forward/sm90a_wgmma: has no config parameter "
+                                          "'num_warps' (its parameters: block_m, block_n"));
+  CHECK(r.complete(forward_problem_for("sm_90a"), {}, Params{{"num_warps", 4}}).variant ==
+        "sm80_mma");
+  CHECK(r.complete(forward_problem_for("sm_90a"), {}, Params{{"block_n", 64}}).variant ==
+        "sm90a_wgmma");
   // An experimental variant is passed over unless enabled.
   r.set_excluded({"forward/only_hopper"});
   CHECK(r.select(forward_problem_for("sm_90a"), {}).variant->name() == "sm90a_wgmma");
