@@ -68,9 +68,9 @@ enum class AutotuneMode { FromEnv, Off, Cached, Search };
 // sigmoid) and their derivatives; docs/math.md lists the instructions and their errors.
 // Exact: the accurate CUDA functions (tanhf, expf, ...). Approx: one hardware instruction each
 // (tanh.approx.f32, ex2.approx.ftz.f32, lg2.approx.ftz.f32): softcap's tanh costs a fraction.
-// Auto: FLEXJIT_MATH (auto | exact | approx) when set, else Exact (bf16 / f16 inputs, whose own
-// rounding is larger than the approximations' error, move to Approx once it is measured on a
-// GPU: docs/math.md). Division, sqrt, pow
+// Auto: FLEXJIT_MATH (auto | exact | approx) when set, else Approx for bf16 / f16 inputs (whose
+// own rounding is larger than the approximations' error; verified on an H100: docs/math.md) and
+// Exact for f32 (tf32, held to a tighter rule). Division, sqrt, pow
 // and mask_mods are exact in every mode; the CPU backend is always exact.
 enum class MathMode { Auto, Exact, Approx };
 FLEXJIT_API std::string_view to_string(MathMode m);  // "auto", "exact", "approx"

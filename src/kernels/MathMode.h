@@ -18,8 +18,8 @@ namespace flexjit::kernels {
 
 inline constexpr const char* kFastMathFlag = "fast_math";
 
-// Auto's rule without the environment: exact for every dtype today (docs/math.md says why and
-// when bf16 / f16 switch to the approximations).
+// Auto's rule without the environment: approximations for bf16 and f16 inputs, exact for f32
+// (tf32 tensor cores, whose error rule is tighter); docs/math.md says why.
 bool default_fast_math(DType dtype);
 
 // Whether `mode` asks for approximations for inputs of `dtype`. Auto reads FLEXJIT_MATH (auto |

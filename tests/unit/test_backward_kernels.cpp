@@ -75,7 +75,7 @@ TEST_CASE("backward variants: registration, descriptions and validation", "[back
 
   const KernelDesc d = bwd_desc(Family::BackwardDkDv, "sm_90a", DType::BF16, 128, 128, 4);
   CHECK(d.str() ==
-        "backward_dkdv/sm80_mma sm_90a bf16 d=128/128 gqa=4 divisible=0 fast_math=0 full_blocks=1 "
+        "backward_dkdv/sm80_mma sm_90a bf16 d=128/128 gqa=4 divisible=0 fast_math=1 full_blocks=1 "
         "| block_m=64 block_n=64 dq_atomic=0 num_stages=2 num_warps=4");
   // dq_atomic = 1 where the default tiles do not split the dQ products: 64 x 64 on 4 warps.
   const KernelDesc a64 =

@@ -56,7 +56,7 @@ TensorRef fake_cuda(DType dtype, std::vector<int64_t> shape, uintptr_t addr = 0x
 TEST_CASE("decode: descriptions, defaults and text / JSON round trips", "[decode][desc]") {
   const KernelDesc d = split_desc("sm_90a", DType::BF16, 128, 128, 4, 1, 16);
   CHECK(d.str() ==
-        "decode_split/sm80_mma sm_90a bf16 d=128/128 gqa=4 fast_math=0 full_blocks=1 page_size=16 "
+        "decode_split/sm80_mma sm_90a bf16 d=128/128 gqa=4 fast_math=1 full_blocks=1 page_size=16 "
         "rows=16 | block_n=64 num_splits=0 num_stages=3 num_warps=4");
   CHECK(KernelDesc::parse(d.str()) == d);
   CHECK(KernelDesc::from_json(d.to_json()) == d);

@@ -58,11 +58,14 @@ Mods every_function() {
 
 }  // namespace
 
-TEST_CASE("math modes: Auto is exact for every dtype until GPU-verified", "[fastmath]") {
+TEST_CASE("math modes: Auto is approx for bf16 / f16 and exact for f32", "[fastmath]") {
   test::ScopedEnv unset("FLEXJIT_MATH", nullptr);
   const cuda::Arch arch = cuda::Arch::parse("sm_90a");
+  CHECK(kernels::default_fast_math(DType::BF16));
+  CHECK(kernels::default_fast_math(DType::F16));
+  CHECK_FALSE(kernels::default_fast_math(DType::F32));
   for (auto [dtype, flag] :
-       {std::pair{DType::BF16, 0}, std::pair{DType::F16, 0}, std::pair{DType::F32, 0}}) {
+       {std::pair{DType::BF16, 1}, std::pair{DType::F16, 1}, std::pair{DType::F32, 0}}) {
     INFO(to_string(dtype));
     CHECK(kernels::forward_problem(arch, dtype, 128, 128, 1, false, true).flags.at("fast_math") ==
           flag);
@@ -79,7 +82,7 @@ TEST_CASE("math modes: Auto is exact for every dtype until GPU-verified", "[fast
                   .flags.has("fast_math"));
   CHECK_FALSE(kernels::decode_combine_problem(arch, DType::BF16, 128).flags.has("fast_math"));
 
-  // An explicit mode wins over the dtype.
+  // An explicit mode wins over the dtype, both ways.
   kernels::KernelDesc d = kernels::forward_problem(arch, DType::F32, 64, 64, 1, false, true);
   kernels::set_math_mode(d, MathMode::Approx);
   CHECK(d.flags.at("fast_math") == 1);
@@ -88,13 +91,25 @@ TEST_CASE("math modes: Auto is exact for every dtype until GPU-verified", "[fast
   CHECK(kernels::math_functions(d) == cuda::MathFunctions::Exact);
   d.flags.set("fast_math", 1);
   CHECK(kernels::math_functions(d) == cuda::MathFunctions::Approx);
+  kernels::KernelDesc b = kernels::forward_problem(arch, DType::BF16, 64, 64, 1, false, true);
+  kernels::set_math_mode(b, MathMode::Exact);
+  CHECK(b.flags.at("fast_math") == 0);
+  CHECK(kernels::math_functions(b) == cuda::MathFunctions::Exact);
+  kernels::set_math_mode(b, MathMode::Auto);
+  CHECK(b.flags.at("fast_math") == 1);
 }
 
 TEST_CASE("math modes: FLEXJIT_MATH sets what Auto means; explicit modes win", "[fastmath]") {
   {
+    // exact forces the exact functions on the dtypes whose default is approx.
     test::ScopedEnv env("FLEXJIT_MATH", "exact");
     CHECK_FALSE(kernels::resolve_fast_math(MathMode::Auto, DType::BF16));
+    CHECK_FALSE(kernels::resolve_fast_math(MathMode::Auto, DType::F16));
+    CHECK_FALSE(kernels::resolve_fast_math(MathMode::Auto, DType::F32));
     CHECK(kernels::resolve_fast_math(MathMode::Approx, DType::BF16));
+    kernels::KernelDesc d = kernels::forward_problem(cuda::Arch::parse("sm_90a"), DType::BF16, 128,
+                                                     128, 1, false, true);
+    CHECK(d.flags.at("fast_math") == 0);
   }
   {
     test::ScopedEnv env("FLEXJIT_MATH", "approx");
@@ -103,17 +118,22 @@ TEST_CASE("math modes: FLEXJIT_MATH sets what Auto means; explicit modes win", "
   }
   {
     test::ScopedEnv env("FLEXJIT_MATH", "auto");
-    CHECK_FALSE(kernels::resolve_fast_math(MathMode::Auto, DType::F16));
+    CHECK(kernels::resolve_fast_math(MathMode::Auto, DType::BF16));
+    CHECK(kernels::resolve_fast_math(MathMode::Auto, DType::F16));
     CHECK_FALSE(kernels::resolve_fast_math(MathMode::Auto, DType::F32));
+    CHECK_FALSE(kernels::resolve_fast_math(MathMode::Exact, DType::F16));
   }
   {
-    // An unknown value: one warning naming it and the accepted values, then auto.
+    // An unknown value: one warning naming it, the accepted values and what auto means, then
+    // auto.
     test::ScopedEnv env("FLEXJIT_MATH", "fastest-test-value");
     test::CaptureStderr err;
-    CHECK_FALSE(kernels::resolve_fast_math(MathMode::Auto, DType::BF16));
+    CHECK(kernels::resolve_fast_math(MathMode::Auto, DType::BF16));
+    CHECK(kernels::resolve_fast_math(MathMode::Auto, DType::F16));
     CHECK_FALSE(kernels::resolve_fast_math(MathMode::Auto, DType::F32));
     CHECK_THAT(err.text(), Catch::Contains("FLEXJIT_MATH='fastest-test-value'") &&
-                               Catch::Contains("auto, exact, approx"));
+                               Catch::Contains("auto, exact, approx") &&
+                               Catch::Contains("approx for bf16 / f16, exact for f32"));
   }
   CHECK(parse_math_mode("approx") == MathMode::Approx);
   CHECK(parse_math_mode("exact") == MathMode::Exact);
@@ -137,8 +157,9 @@ TEST_CASE("math modes: the flag reaches the description text, JSON, hash and sou
   CHECK_THAT(approx.description, Catch::Contains(" fast_math=1 "));
   CHECK_THAT(exact.description, Catch::Contains(" fast_math=0 "));
   CHECK_THAT(approx.description_json, Catch::Contains("\"fast_math\":1"));
-  CHECK(autom.description == exact.description);  // Auto is exact today
-  CHECK(autom.source_key == exact.source_key);
+  CHECK(autom.description == approx.description);  // Auto is approx for bf16
+  CHECK(autom.source_key == approx.source_key);
+  CHECK(autom.source == approx.source);
   CHECK(approx.source_key != exact.source_key);
 
   const kernels::KernelDesc da = kernels::KernelDesc::parse(approx.description);
@@ -157,11 +178,25 @@ TEST_CASE("math modes: the flag reaches the description text, JSON, hash and sou
   // The prelude defines both; the approximation is the PTX instruction.
   CHECK_THAT(exact.source, Catch::Contains("asm(\"tanh.approx.f32 %0, %1;\""));
 
-  // f32 under Auto is exact.
+  // f16 under Auto is approx too; f32 under Auto is exact (the same kernel as Exact's).
+  const KernelSource f16 =
+      emit_kernel(softcap, query("forward", "sm_90a", DType::F16, MathMode::Auto));
+  CHECK(f16.source_key ==
+        emit_kernel(softcap, query("forward", "sm_90a", DType::F16, MathMode::Approx)).source_key);
+  CHECK_THAT(function_body(f16.source, "fj_score_mod"), Catch::Contains("fj_tanh_approx("));
   const KernelSource f32 =
       emit_kernel(softcap, query("forward", "sm_90a", DType::F32, MathMode::Auto));
   CHECK_THAT(f32.description, Catch::Contains(" fast_math=0 "));
+  CHECK(f32.source_key ==
+        emit_kernel(softcap, query("forward", "sm_90a", DType::F32, MathMode::Exact)).source_key);
   CHECK_THAT(function_body(f32.source, "fj_score_mod"), !Catch::Contains("_approx"));
+
+  // FLEXJIT_MATH=exact makes Auto exact for bf16: the kernel of an explicit Exact.
+  test::ScopedEnv env("FLEXJIT_MATH", "exact");
+  const KernelSource forced =
+      emit_kernel(softcap, query("forward", "sm_90a", DType::BF16, MathMode::Auto));
+  CHECK(forced.description == exact.description);
+  CHECK(forced.source_key == exact.source_key);
 }
 
 TEST_CASE(
@@ -275,9 +310,13 @@ TEST_CASE("flexjit emit / compile / run / bench --math", "[fastmath][cli]") {
   CHECK_THAT(out, Catch::Contains("fast_math=0") && !Catch::Contains("fj_tanh_approx(t"));
   // auto: the dtype rule, or FLEXJIT_MATH; --math exact wins over the environment.
   REQUIRE(test::run_cli(base, &out, "FLEXJIT_MATH=") == 0);
+  CHECK_THAT(out, Catch::Contains("fast_math=1") && Catch::Contains("fj_tanh_approx(t"));
+  REQUIRE(test::run_cli(base + " --dtype f16", &out, "FLEXJIT_MATH=") == 0);
   CHECK_THAT(out, Catch::Contains("fast_math=1"));
   REQUIRE(test::run_cli(base + " --dtype f32", &out, "FLEXJIT_MATH=") == 0);
-  CHECK_THAT(out, Catch::Contains("fast_math=0"));
+  CHECK_THAT(out, Catch::Contains("fast_math=0") && !Catch::Contains("fj_tanh_approx(t"));
+  REQUIRE(test::run_cli(base, &out, "FLEXJIT_MATH=exact") == 0);
+  CHECK_THAT(out, Catch::Contains("fast_math=0") && !Catch::Contains("fj_tanh_approx(t"));
   REQUIRE(test::run_cli(base + " --dtype f32", &out, "FLEXJIT_MATH=approx") == 0);
   CHECK_THAT(out, Catch::Contains("fast_math=1"));
   REQUIRE(test::run_cli(base + " --math exact", &out, "FLEXJIT_MATH=approx") == 0);
@@ -286,7 +325,8 @@ TEST_CASE("flexjit emit / compile / run / bench --math", "[fastmath][cli]") {
                         &out) == 0);
   CHECK_THAT(out, Catch::Contains("fast_math=1") && Catch::Contains("fj_tanh_approx("));
   REQUIRE(test::run_cli("emit --help", &out) == 0);
-  CHECK_THAT(out, Catch::Contains("--math") && Catch::Contains("auto|exact|approx"));
+  CHECK_THAT(out, Catch::Contains("--math") && Catch::Contains("auto|exact|approx") &&
+                      Catch::Contains("else approx for bf16"));
 
   // Bad values: exit 1, the value and what is accepted, for every subcommand that takes it.
   for (const char* cmd :

@@ -231,7 +231,7 @@ TEST_CASE("Registry::complete resolves, specializes and validates the config",
   facts.seqlen_kv = 4096;
   const KernelDesc d = Registry::global().complete(problem, facts, {}, {}, &sel);
   CHECK(d.str() ==
-        "forward/sm80_mma sm_80 bf16 d=128/128 gqa=1 divisible=1 fast_math=0 full_blocks=1 | "
+        "forward/sm80_mma sm_80 bf16 d=128/128 gqa=1 divisible=1 fast_math=1 full_blocks=1 | "
         "block_m=128 block_n=64 num_stages=2 num_warps=4");
   CHECK(sel.variant->name() == "sm80_mma");
   CHECK_THROWS_WITH(Registry::global().complete(problem, facts, {{"num_stages", 7}}),

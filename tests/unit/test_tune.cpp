@@ -172,7 +172,7 @@ TEST_CASE("shape buckets and tuning keys", "[tune]") {
   kernels::KernelDesc p = fwd_problem();
   const tune::TuningKey k = tune::make_key(h100, p, 0xabcULL, f);
   CHECK(k.kernel ==
-        "forward/sm80_mma sm_90a bf16 d=128/128 gqa=1 divisible=0 fast_math=0 full_blocks=1");
+        "forward/sm80_mma sm_90a bf16 d=128/128 gqa=1 divisible=0 fast_math=1 full_blocks=1");
   CHECK(k.mods_hash == "0000000000000abc");
   // The config never reaches the key; the shape only through its bucket.
   p.config = {{"block_m", 64}};

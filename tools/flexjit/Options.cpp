@@ -62,8 +62,8 @@ void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
 
 void add_math_option(CLI::App& app, std::string& value) {
   app.add_option("--math", value,
-                 "Transcendentals of the score_mod: auto (FLEXJIT_MATH, else exact) | exact "
-                 "(tanhf, expf, ...) | approx (tanh.approx, "
+                 "Transcendentals of the score_mod: auto (FLEXJIT_MATH, else approx for bf16 / "
+                 "f16 and exact for f32) | exact (tanhf, expf, ...) | approx (tanh.approx, "
                  "ex2.approx, lg2.approx); docs/math.md")
       ->check(CLI::Validator(
           [](std::string& s) -> std::string {
