@@ -76,7 +76,8 @@ FJ_DEVICE float fj_fmod_floor(float a, float b) {
 
 // ---- approximate transcendentals (fast_math=1 kernels; docs/math.md) --------------------------
 // One hardware instruction each (the multi-function unit), or one and a multiply. The codegen
-// calls these instead of fj_exp / fj_exp2 / fj_log / fj_log2 / fj_tanh / fj_sigmoid in the
+// calls these instead of fj_exp / fj_exp2 / fj_log / fj_log2 / fj_tanh / fj_sigmoid (and f32 /)
+// in the
 // score_mod (and its derivatives) of a kernel described with fast_math=1; mask_mods stay exact.
 // Errors from the PTX ISA: tanh.approx.f32 2^-11 relative over the whole range (subnormals pass
 // through); ex2.approx 2 ulp; lg2.approx 2^-22 absolute on (0.5, 2), else 2^-22 relative. The
@@ -103,6 +104,14 @@ FJ_DEVICE float fj_log2_approx(float x) {
 }
 FJ_DEVICE float fj_log_approx(float x) {
   return fj_log2_approx(x) * 0.693147180559945309f;
+}
+// a / b of f32 operands in the score_mod: a times the correctly rounded reciprocal of b (about
+// 1 ulp; b = 0 or inf behave as in IEEE division except that 0 / 0 and inf / inf stay NaN only
+// through 0 * inf; |b| below 2^-126 overflows the reciprocal to inf). A divisor that does not
+// change inside the kernel (softcap's cap, a param) has its reciprocal hoisted out of the loops,
+// where the IEEE division costs a check and a slow-path branch per score.
+FJ_DEVICE float fj_fdiv_approx(float a, float b) {
+  return a * __frcp_rn(b);
 }
 // 1 / (1 + e^-x) with the division exact: relative error within a few ulp of e^-x's, unlike
 // 0.5 + 0.5 tanh(x / 2), whose absolute 2^-12 would swamp sigmoid's small values.

@@ -79,6 +79,7 @@ FJ_D float fj_exp_approx(float x) { return fj_exp2_approx(x * 1.44269504f); }
 FJ_D float fj_log2_approx(float x) { float r; asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x)); return r; }
 FJ_D float fj_log_approx(float x) { return fj_log2_approx(x) * 0.693147181f; }
 FJ_D float fj_sigmoid_approx(float x) { return 1.0f / (1.0f + fj_exp_approx(-x)); }
+FJ_D float fj_fdiv_approx(float a, float b) { return a * __frcp_rn(b); }
 FJ_D float fj_sqrt(float x) { return sqrtf(x); }
 FJ_D float fj_rsqrt(float x) { return rsqrtf(x); }
 FJ_D float fj_floor(float x) { return floorf(x); }

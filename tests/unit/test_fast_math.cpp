@@ -171,8 +171,9 @@ TEST_CASE("math modes: the flag reaches the description text, JSON, hash and sou
   // What the score_mod calls, and the comment that says so.
   const std::string sa = function_body(approx.source, "fj_score_mod");
   const std::string se = function_body(exact.source, "fj_score_mod");
-  CHECK_THAT(sa, Catch::Contains("fj_tanh_approx("));
-  CHECK_THAT(se, Catch::Contains("fj_tanh(") && !Catch::Contains("_approx"));
+  CHECK_THAT(sa, Catch::Contains("fj_tanh_approx(") && Catch::Contains("fj_fdiv_approx("));
+  CHECK_THAT(se, Catch::Contains("fj_tanh(") && !Catch::Contains("_approx") &&
+                     Catch::Contains(" / "));  // score / cap: IEEE division
   CHECK_THAT(approx.source, Catch::Contains("// fast_math=1: the score_mod's"));
   CHECK_THAT(exact.source, !Catch::Contains("// fast_math=1"));
   // The prelude defines both; the approximation is the PTX instruction.

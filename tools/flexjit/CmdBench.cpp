@@ -14,6 +14,7 @@
 #include "flexjit/Commands.h"
 #include "flexjit/Options.h"
 #include "kernels/KernelQuery.h"
+#include "kernels/MathMode.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/Device.h"
 #include "runtime/ForwardPlan.h"
@@ -407,10 +408,12 @@ void run_attention_bench(const AttentionBenchOptions& o) {
   const bool table = !o.json;
   if (table) {
     fmt::print(
-        "# flexjit bench: {} ({}, {} SMs, L2 {} MiB); forward, bf16, median of CUDA-event "
-        "timings{}; TFLOP/s = 4·B·Hq·Sq·Skv·D·density / time\n",
+        "# flexjit bench: {} ({}, {} SMs, L2 {} MiB); forward, bf16, {} transcendentals "
+        "(--math {}), median of CUDA-event timings{}; TFLOP/s = 4·B·Hq·Sq·Skv·D·density / "
+        "time\n",
         ctx.device_name(), ctx.arch(), ctx.sm_count(), timer.l2_bytes() >> 20,
-        o.no_flush ? "" : ", L2 flushed before each repeat");
+        kernels::resolve_fast_math(o.math, DType::BF16) ? "approximate" : "exact",
+        to_string(o.math), o.no_flush ? "" : ", L2 flushed before each repeat");
     fmt::print(kTableHeaderFormat, "case", "group", "B", "Hq", "Hkv", "Sq", "Skv", "D", "density",
                "fwd_ms", "fwd_tflops", "first_call_s");
     std::fflush(stdout);

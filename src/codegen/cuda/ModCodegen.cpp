@@ -172,6 +172,8 @@ class ExprLowering {
     const std::string& a = value(n.args[0]);
     const std::string& b = value(n.args[1]);
     std::string_view fn = binary_function(n.op, n.args[0].type());
+    if (n.op == Op::Div && n.type == ScalarType::F32 && math_ == MathFunctions::Approx)
+      fn = "fj_fdiv_approx";  // a * rcp(b): no per-score IEEE division slow path
     if (fn.empty()) return w_.ssa(type, fmt::format("{} {} {}", a, ir::op_spelling(n.op), b));
     return w_.ssa(type, fmt::format("{}({}, {})", fn, a, b));
   }
