@@ -177,12 +177,13 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
         report.push_back(fmt::format("{} {}: {} registers (launch bound), {} B spills, {} B smem",
                                      d.str(), j.mods, u.registers, u.spill_store_bytes,
                                      ForwardSm90Wgmma().smem_bytes(d)));
-        // Known (docs/perf/NOTES.md v8): relative_bias(_causal) spills up to ~80 bytes and
-        // document(_causal) 16 (the buffer loads of 64 scores are all in flight at once while
-        // the P V of the previous tile holds P and O). Every other mod: none.
+        // Known (docs/perf/NOTES.md v8, v9): relative_bias(_causal) spills up to ~80 bytes,
+        // document(_causal) 16 and t5_bucketed_bias 8 with approximate math (buffer loads of
+        // 64 scores all in flight at once while the P V of the previous tile holds P and O).
+        // Every other mod: none.
         const bool bias = j.mods.rfind("relative_bias", 0) == 0;
-        const bool document = j.mods.rfind("document", 0) == 0;
-        const int64_t allowed = bias ? 128 : document ? 32 : 0;
+        const bool small = j.mods.rfind("document", 0) == 0 || j.mods == "t5_bucketed_bias";
+        const int64_t allowed = bias ? 128 : small ? 32 : 0;
         if (u.spill_store_bytes > allowed || u.spill_load_bytes > allowed) {
           failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),
                                          j.mods, u.spill_store_bytes, u.spill_load_bytes));

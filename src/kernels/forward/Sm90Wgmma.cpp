@@ -141,8 +141,10 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
 
 Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
   const int d = std::max(p.head_dim_qk, p.head_dim_v);
-  // Measured on an H100 (docs/perf/NOTES.md v8): d = 128 noop 581 TFLOP/s with 3 stages, 511
-  // with 2 (causal 489 / 448); block_n 176 (2 stages fit) 520.
+  // Measured on an H100 (docs/perf/NOTES.md v8, v9): d = 128 noop 581 TFLOP/s with 3 stages,
+  // 511 with 2 (causal 489 / 448), block_n 176 (2 stages fit) 520; d = 64 noop 396 with 4
+  // stages, 378 with 3, 323 with 2 (causal 296-297 with 3 or 4).
+  if (d <= 64) return make_config(128, 128, 4);
   if (d <= 128) return make_config(128, 128, 3);
   return make_config(128, 64, 2);
 }
