@@ -207,8 +207,8 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     }
     fj_wgmma_commit();
   };
-  // Scores and softmax of tile i (S in s), P packed into pa; returns nothing, leaves the
-  // rescale factors of O in alpha.
+  // Scores and online softmax of tile i (S in s, turned into P in place); the factors by which O
+  // must be rescaled are left in alpha.
   float alpha[2];
   auto softmax = [&](int i, int n_start) {
     const int kv_col0 = n_start + (lane & 3) * 2;
@@ -218,6 +218,10 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       fj_scores<Cfg, T, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
     alpha[0] = fj_softmax_row<T>(s, row_max, row_sum, 0, 0);
     alpha[1] = fj_softmax_row<T>(s, row_max, row_sum, 0, 1);
+  };
+  auto rescale_o = [&] {
+    fj_rescale_row<T>(o, 0, 0, alpha[0]);
+    fj_rescale_row<T>(o, 0, 1, alpha[1]);
   };
   auto pack_p = [&] {
 #pragma unroll
@@ -242,76 +246,76 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
 
   const int num_total = sched.num_total;
   fj_mbar_wait(bar_q, 0);
-  if (num_total > 0 && kOverlap) {
-    // Tile 0: S only.
-    int tile = sched.tile(0);
-    int next_tile = num_total > 1 ? sched.tile(1) : 0;  // read one tile ahead
-    fj_mbar_wait(bar_k, 0);
-    turn_begin();
-    fj_wgmma_fence();
-    issue_qk(0);
-    turn_end(0);
-    fj_wgmma_wait<0>();
-    fj_fence_regs(s[0]);
-    softmax(0, tile * T::kBlockN);  // O is still zero: no rescale
-    pack_p();
-    // Tile i: S of tile i and P V of tile i - 1 issued together; the softmax of tile i runs
-    // while the tensor cores multiply P V, and O is rescaled once that is done.
-    for (int i = 1; i < num_total; ++i) {
-      tile = next_tile;
-      if (i + 1 < num_total) next_tile = sched.tile(i + 1);
-      const int stage = i % T::kNumStages;
-      const int prev = (i - 1) % T::kNumStages;
-      fj_mbar_wait(bar_k + 8 * stage, (i / T::kNumStages) & 1);
-      fj_mbar_wait(bar_v + 8 * prev, ((i - 1) / T::kNumStages) & 1);
+  if (num_total > 0) {
+    if constexpr (kOverlap) {
+      // Tile 0: S only.
+      int tile = sched.tile(0);
+      int next_tile = num_total > 1 ? sched.tile(1) : 0;  // read one tile ahead
+      fj_mbar_wait(bar_k, 0);
       turn_begin();
       fj_wgmma_fence();
-      issue_qk(stage);
-      issue_pv(prev);
-      turn_end(i);
-      fj_wgmma_wait<1>();
-      fj_fence_regs(s[0]);
-      softmax(i, tile * T::kBlockN);
-      fj_wgmma_wait<0>();
-      fj_fence_regs(o[0]);
-      release(prev);
-      fj_rescale_row<T>(o, 0, 0, alpha[0]);
-      fj_rescale_row<T>(o, 0, 1, alpha[1]);
-      pack_p();
-    }
-    // The last tile's P V.
-    const int last = (num_total - 1) % T::kNumStages;
-    fj_mbar_wait(bar_v + 8 * last, ((num_total - 1) / T::kNumStages) & 1);
-    fj_wgmma_fence();
-    issue_pv(last);
-    fj_wgmma_wait<0>();
-    fj_fence_regs(o[0]);
-    release(last);
-  } else if (num_total > 0) {
-    // Without the overlap (d_v = 256: S, P and O of two tiles do not fit the registers).
-    int next_tile = sched.tile(0);
-    for (int i = 0; i < num_total; ++i) {
-      const int tile = next_tile;
-      if (i + 1 < num_total) next_tile = sched.tile(i + 1);
-      const int stage = i % T::kNumStages;
-      const int parity = (i / T::kNumStages) & 1;
-      fj_mbar_wait(bar_k + 8 * stage, parity);
-      turn_begin();
-      fj_wgmma_fence();
-      issue_qk(stage);
-      turn_end(i);
+      issue_qk(0);
+      turn_end(0);
       fj_wgmma_wait<0>();
       fj_fence_regs(s[0]);
-      softmax(i, tile * T::kBlockN);
-      fj_rescale_row<T>(o, 0, 0, alpha[0]);
-      fj_rescale_row<T>(o, 0, 1, alpha[1]);
+      softmax(0, tile * T::kBlockN);  // O is still zero: no rescale
       pack_p();
-      fj_mbar_wait(bar_v + 8 * stage, parity);
+      // Tile i: S of tile i and P V of tile i - 1 issued together; the softmax of tile i runs
+      // while the tensor cores multiply P V, and O is rescaled once that is done.
+      for (int i = 1; i < num_total; ++i) {
+        tile = next_tile;
+        if (i + 1 < num_total) next_tile = sched.tile(i + 1);
+        const int stage = i % T::kNumStages;
+        const int prev = (i - 1) % T::kNumStages;
+        fj_mbar_wait(bar_k + 8 * stage, (i / T::kNumStages) & 1);
+        fj_mbar_wait(bar_v + 8 * prev, ((i - 1) / T::kNumStages) & 1);
+        turn_begin();
+        fj_wgmma_fence();
+        issue_qk(stage);
+        issue_pv(prev);
+        turn_end(i);
+        fj_wgmma_wait<1>();
+        fj_fence_regs(s[0]);
+        softmax(i, tile * T::kBlockN);
+        fj_wgmma_wait<0>();
+        fj_fence_regs(o[0]);
+        release(prev);
+        rescale_o();
+        pack_p();
+      }
+      // The last tile's P V.
+      const int last = (num_total - 1) % T::kNumStages;
+      fj_mbar_wait(bar_v + 8 * last, ((num_total - 1) / T::kNumStages) & 1);
       fj_wgmma_fence();
-      issue_pv(stage);
+      issue_pv(last);
       fj_wgmma_wait<0>();
       fj_fence_regs(o[0]);
-      release(stage);
+      release(last);
+    } else {
+      // Without the overlap (d_v = 256: S, P and O of two tiles do not fit the registers).
+      int next_tile = sched.tile(0);
+      for (int i = 0; i < num_total; ++i) {
+        const int tile = next_tile;
+        if (i + 1 < num_total) next_tile = sched.tile(i + 1);
+        const int stage = i % T::kNumStages;
+        const int parity = (i / T::kNumStages) & 1;
+        fj_mbar_wait(bar_k + 8 * stage, parity);
+        turn_begin();
+        fj_wgmma_fence();
+        issue_qk(stage);
+        turn_end(i);
+        fj_wgmma_wait<0>();
+        fj_fence_regs(s[0]);
+        softmax(i, tile * T::kBlockN);
+        rescale_o();
+        pack_p();
+        fj_mbar_wait(bar_v + 8 * stage, parity);
+        fj_wgmma_fence();
+        issue_pv(stage);
+        fj_wgmma_wait<0>();
+        fj_fence_regs(o[0]);
+        release(stage);
+      }
     }
   }
 

@@ -20,6 +20,12 @@ Context* gpu_context(std::string* reason) {
   return ctx.get();
 }
 
+ContextOptions cache_in(const std::filesystem::path& dir) {
+  ContextOptions o;
+  o.cache_dir = dir.string();
+  return o;
+}
+
 uint64_t fresh_seed() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();

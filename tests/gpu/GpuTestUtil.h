@@ -6,6 +6,7 @@
 #include <flexjit/device_tensor.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -56,6 +57,9 @@ struct ErrorStats {
 };
 template <typename R>
 ErrorStats compare(const std::vector<float>& out, const std::vector<R>& ref);
+
+// Options of a Context whose kernel and tuning caches live in `dir` (a test::TempDir's path).
+ContextOptions cache_in(const std::filesystem::path& dir);
 
 // The tolerance on ErrorStats::rel for a dtype: 1e-2 bf16, 3e-3 f16.
 double tolerance(DType dtype);

@@ -68,9 +68,7 @@ TEST_CASE("search stores a winner; a cached call uses it without timing", "[gpu]
   FJ_REQUIRE_GPU_OR_SKIP(shared);
   (void)shared;
   TempDir dir;
-  ContextOptions copts;
-  copts.cache_dir = dir.path().string();
-  Context ctx(copts);
+  Context ctx(cache_in(dir.path()));
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
@@ -141,9 +139,7 @@ TEST_CASE("a candidate config whose output differs from the default's is rejecte
   std::call_once(once,
                  [] { kernels::Registry::global().add(std::make_unique<WrongConfigProbe>()); });
   TempDir dir;
-  ContextOptions copts;
-  copts.cache_dir = dir.path().string();
-  Context ctx(copts);
+  Context ctx(cache_in(dir.path()));
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
@@ -176,9 +172,7 @@ TEST_CASE("create_block_mask is tuned under FLEXJIT_AUTOTUNE=search, arrays unch
   FJ_REQUIRE_GPU_OR_SKIP(shared);
   (void)shared;
   TempDir dir;
-  ContextOptions copts;
-  copts.cache_dir = dir.path().string();
-  Context ctx(copts);
+  Context ctx(cache_in(dir.path()));
   // sliding_window leaves tiles undecided on the host, so the classify kernel (tuned) runs.
   const Mods mods = standard_mods("sliding_window");
   const BlockMask base = [&] {

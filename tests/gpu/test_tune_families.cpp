@@ -114,9 +114,7 @@ TEST_CASE("backward: search tunes dK/dV and dQ; gradients and buffer gradients m
   (void)shared;
   ScopedEnv env_off("FLEXJIT_AUTOTUNE", "off");  // create_block_mask: not tuned here
   TempDir dir;
-  ContextOptions copts;
-  copts.cache_dir = dir.path().string();
-  Context ctx(copts);
+  Context ctx(cache_in(dir.path()));
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
@@ -169,9 +167,7 @@ TEST_CASE("backward: with dQ by atomics, the dK/dV search keeps the strategy",
   (void)shared;
   ScopedEnv env_off("FLEXJIT_AUTOTUNE", "off");  // create_block_mask: not tuned here
   TempDir dir;
-  ContextOptions copts;
-  copts.cache_dir = dir.path().string();
-  Context ctx(copts);
+  Context ctx(cache_in(dir.path()));
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
@@ -207,9 +203,7 @@ TEST_CASE("decode: search tunes the split (with its split count) and the combine
   (void)shared;
   ScopedEnv env_off("FLEXJIT_AUTOTUNE", "off");  // create_block_mask: not tuned here
   TempDir dir;
-  ContextOptions copts;
-  copts.cache_dir = dir.path().string();
-  Context ctx(copts);
+  Context ctx(cache_in(dir.path()));
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
@@ -292,9 +286,7 @@ TEST_CASE("a warmed manifest's forward, backward and decode calls compile nothin
     for (const tune::WarmKernel& k : plan.kernels)
       builder.build(k.mods, k.desc);
   }
-  ContextOptions copts;
-  copts.cache_dir = dir.path().string();
-  Context ctx(copts);
+  Context ctx(cache_in(dir.path()));
   const uint64_t seed = fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);

@@ -87,8 +87,9 @@ std::string_view unary_function(Op op, ScalarType t, MathFunctions math) {
 }
 
 // The prelude function implementing a binary op whose operands have type `t`; "" where the C
-// operator has the language's semantics (f32 + - * /, comparisons, && ||).
-std::string_view binary_function(Op op, ScalarType t) {
+// operator has the language's semantics (f32 + - * /, comparisons, && ||). Under
+// MathFunctions::Approx, f32 division is a multiply by the reciprocal (fj_fdiv_approx).
+std::string_view binary_function(Op op, ScalarType t, MathFunctions math) {
   const bool i = t == ScalarType::I32;
   switch (op) {
     case Op::Add:
@@ -98,7 +99,8 @@ std::string_view binary_function(Op op, ScalarType t) {
     case Op::Mul:
       return i ? "fj_imul" : "";
     case Op::Div:
-      return i ? "fj_idiv_floor" : "";
+      if (i) return "fj_idiv_floor";
+      return t == ScalarType::F32 && math == MathFunctions::Approx ? "fj_fdiv_approx" : "";
     case Op::Mod:
       return i ? "fj_imod_floor" : "fj_fmod_floor";
     case Op::Min:
@@ -171,9 +173,7 @@ class ExprLowering {
     FJ_ASSERT(ir::is_binary(n.op), fmt::format("codegen of {}", ir::op_name(n.op)));
     const std::string& a = value(n.args[0]);
     const std::string& b = value(n.args[1]);
-    std::string_view fn = binary_function(n.op, n.args[0].type());
-    if (n.op == Op::Div && n.type == ScalarType::F32 && math_ == MathFunctions::Approx)
-      fn = "fj_fdiv_approx";  // a * rcp(b): no per-score IEEE division slow path
+    std::string_view fn = binary_function(n.op, n.args[0].type(), math_);
     if (fn.empty()) return w_.ssa(type, fmt::format("{} {} {}", a, ir::op_spelling(n.op), b));
     return w_.ssa(type, fmt::format("{}({}, {})", fn, a, b));
   }
