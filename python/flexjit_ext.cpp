@@ -494,7 +494,8 @@ NB_MODULE(_flexjit, m) {
   m.def(
       "_flex_attention_backward_into",
       [](const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
-         const Array& dout, const Array& dq, const Array& dk, const Array& dv, const Mods& mods,
+         const Array& dout, const std::optional<Array>& dlse, const Array& dq, const Array& dk,
+         const Array& dv, const Mods& mods,
          const PyBlockMask* block_mask, const std::vector<std::pair<std::string, Array>>& buffers,
          const std::vector<std::pair<std::string, double>>& params,
          const std::vector<std::pair<std::string, Array>>& buffer_grads, std::optional<float> scale,
@@ -508,13 +509,38 @@ NB_MODULE(_flexjit, m) {
         BackwardOutputs g{to_tensor(dq), to_tensor(dk), to_tensor(dv), {}};
         for (const auto& [name, a] : buffer_grads)
           g.buffer_grads.emplace_back(name, to_tensor(a));
+        std::optional<TensorRef> tdlse;
+        if (dlse) tdlse = to_tensor(*dlse);
         nb::gil_scoped_release release;
         if (tq.device == TensorRef::Device::CPU) {
           // The CPU backend's fp32 backward (f32 outputs, contiguous; out and lse as its forward
           // writes them).
+          // The CPU backward reads out / lse / dlse as raw f32 rows: check them here.
+          // (q / v of another rank: cpu_attention_backward names the problem.)
+          const bool ranked = tq.shape.size() == 4 && tv.shape.size() == 4;
+          const int64_t B = ranked ? tq.shape[0] : 0, Hq = ranked ? tq.shape[1] : 0,
+                        Sq = ranked ? tq.shape[2] : 0, Dv = ranked ? tv.shape[3] : 0;
+          auto check_f32 = [](const TensorRef& t, const char* name,
+                              const std::vector<int64_t>& shape) {
+            if (t.dtype != DType::F32 || t.device != TensorRef::Device::CPU || t.shape != shape ||
+                !t.is_contiguous()) {
+              std::string want;
+              for (int64_t e : shape)
+                want += (want.empty() ? "" : ", ") + std::to_string(e);
+              throw RuntimeError(std::string("flex_attention_backward (CPU): ") + name + " is " +
+                                 t.str() + "; expected f32 [" + want +
+                                 "] on the cpu, contiguous (as the CPU forward returns it)");
+            }
+          };
+          if (ranked) {
+            check_f32(to_tensor(out), "out", {B, Hq, Sq, Dv});
+            check_f32(to_tensor(lse), "lse", {B, Hq, Sq});
+            if (tdlse) check_f32(*tdlse, "dlse", {B, Hq, Sq});
+          }
           cpu::CpuBackwardOptions bo;
           if (scale) bo.scale = *scale;
           bo.num_threads = num_threads;
+          if (tdlse) bo.dlse = static_cast<const float*>(tdlse->data);
           const cpu::CpuGradients<float> r = cpu::cpu_attention_backward(
               cpu_mods(o.mods, block_mask), o.bindings, tq, tk, tv,
               static_cast<const float*>(to_tensor(out).data),
@@ -532,10 +558,12 @@ NB_MODULE(_flexjit, m) {
         Context& ctx = context_for(tq.device_index);
         std::optional<DeviceBlockMask> uploaded;
         o.block_mask = device_block_mask(ctx, block_mask, uploaded);
+        BackwardOptions backward;
+        if (tdlse) backward.dlse = &*tdlse;
         flex_attention_backward_into(ctx, tq, tk, tv, to_tensor(out), to_tensor(lse),
-                                     to_tensor(dout), g, o);
+                                     to_tensor(dout), g, o, backward);
       },
-      "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dq"_a, "dk"_a, "dv"_a, "mods"_a,
+      "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dlse"_a.none(), "dq"_a, "dk"_a, "dv"_a, "mods"_a,
       "block_mask"_a.none(), "buffers"_a, "params"_a, "buffer_grads"_a, "scale"_a.none(),
       "stream"_a, "num_threads"_a);
 

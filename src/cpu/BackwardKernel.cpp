@@ -127,6 +127,7 @@ CpuGradients<T> run_backward(const Mods& mods, const ModBindings& bindings, cons
           T Di = 0;
           for (int64_t d = 0; d < Dv; ++d)
             Di += dor[d] * o[d];
+          if (options.dlse != nullptr) Di -= static_cast<T>(options.dlse[row]);
           const auto bi = static_cast<int32_t>(b), hi = static_cast<int32_t>(h),
                      qi = static_cast<int32_t>(i), n = static_cast<int32_t>(Skv);
           // Recompute the scores exactly as the forward does.

@@ -27,6 +27,9 @@ namespace flexjit::cpu {
 struct CpuBackwardOptions {
   std::optional<double> scale;  // default 1 / sqrt(D); must equal the forward's
   int num_threads = 0;          // 0: std::thread::hardware_concurrency()
+  // The incoming gradient of the lse, [B, Hq, Sq] contiguous (rows as lse), when the loss uses
+  // the forward's lse: dS = P * (dP - delta + dlse). Null: none.
+  const float* dlse = nullptr;
 };
 
 template <typename T>

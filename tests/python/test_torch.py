@@ -1,7 +1,9 @@
-"""flexjit with PyTorch: the framework round trip on the CPU, and on a GPU the forward against
-torch.nn.attention.flex_attention on the standard mods, with the C++ suite's error rules
-(tests/gpu/test_forward.cpp): relative Frobenius error vs an fp64 reference <= 1e-2 (bf16),
-3e-3 (f16); lse max relative error <= 1e-2; no non-finite values. Skipped without PyTorch
+"""flexjit with PyTorch: the framework round trip and the custom op's autograd on the CPU, and
+on a GPU the forward against torch.nn.attention.flex_attention on the standard mods and the
+backward (autograd through the op) against the same attention in fp64 torch ops, with the C++
+suite's error rules (tests/gpu/test_forward.cpp, test_backward.cpp): forward relative
+Frobenius error vs an fp64 reference <= 1e-2 (bf16), 3e-3 (f16), lse max relative error
+<= 1e-2; gradients <= 2e-2 (bf16), 5e-3 (f16); no non-finite values. Skipped without PyTorch
 (CI) or without a GPU, with the reason printed by `pytest -rs`."""
 
 import pytest
@@ -35,15 +37,116 @@ def test_custom_op_on_cpu_and_its_fake_shapes():
                                                            is_causal=True)
     assert rel(out, ref) < 1e-5
     torch.library.opcheck(torch.ops.flexjit.flex_attention.default,
-                          (q, q, q, "mask_mod = q_idx >= kv_idx", [], [], [], [], None, True),
+                          (q, q, q, "mask_mod = q_idx >= kv_idx", "", [], "", [], None, True),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_autograd_registration"))
+
+
+def dense_attention(q, k, v, score_mod=None, mask_mod=None, scale=None):
+    """The reference: attention in plain torch ops (differentiable, any dtype), the mods called
+    once on broadcast index grids [B, H, Sq, Skv]. Returns (out, lse) with lse in natural log."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Skv = k.shape[1], k.shape[2]
+    k = k.repeat_interleave(Hq // Hkv, dim=1)
+    v = v.repeat_interleave(Hq // Hkv, dim=1)
+    scale = D ** -0.5 if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    dev = q.device
+    b = torch.arange(B, device=dev).view(B, 1, 1, 1)
+    h = torch.arange(Hq, device=dev).view(1, Hq, 1, 1)
+    qi = torch.arange(Sq, device=dev).view(1, 1, Sq, 1)
+    kv = torch.arange(Skv, device=dev).view(1, 1, 1, Skv)
+    if score_mod is not None:
+        s = score_mod(s, b, h, qi, kv)
+    if mask_mod is not None:
+        s = s.masked_fill(~mask_mod(b, h, qi, kv).expand_as(s), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.softmax(s, dim=-1) @ v, lse
+
+
+def rel_floor(x, ref):
+    """|x - ref| / |ref| with |ref| floored at an RMS of 0.01 per element (the C++ backward
+    tests' rule: where a gradient nearly cancels, its relative error says nothing)."""
+    ref = ref.double()
+    floor = 1e-2 * ref.numel() ** 0.5
+    return ((x.double() - ref).norm() / max(ref.norm().item(), floor)).item()
+
+
+def test_autograd_on_cpu_matches_a_dense_reference():
+    g = torch.Generator().manual_seed(1)
+    B, Hq, Hkv, S, D = 2, 4, 2, 33, 16
+    q, k, v = (torch.randn(B, H, S, D, generator=g) for H in (Hq, Hkv, Hkv))
+    slopes = torch.rand(Hq, generator=g)
+    for t in (q, k, v, slopes):
+        t.requires_grad_(True)
+    dout = torch.randn(B, Hq, S, D, generator=g)
+    dlse = torch.randn(B, Hq, S, generator=g)
+
+    out, lse = fjt.flex_attention(q, k, v, score_mod="alibi", mask_mod="causal",
+                                  buffers={"slopes": slopes}, return_lse=True)
+    ((out * dout).sum() + (lse * dlse).sum()).backward()
+
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v, slopes)]
+    s64 = leaves[3]
+    ref, ref_lse = dense_attention(*leaves[:3],
+                                   score_mod=lambda s, b, h, qi, kv: s + s64[h] * (kv - qi),
+                                   mask_mod=lambda b, h, qi, kv: qi >= kv)
+    ((ref * dout.double()).sum() + (ref_lse * dlse.double()).sum()).backward()
+    for name, t, r in zip(("dq", "dk", "dv", "dslopes"), (q, k, v, slopes), leaves):
+        assert t.grad is not None and t.grad.dtype == torch.float32, name
+        assert rel_floor(t.grad, r.grad) < 1e-4, name
+
+
+def test_autograd_without_return_lse_and_with_integer_buffers():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 2, 40, 16, generator=g, requires_grad=True)
+    doc = (torch.arange(40) // 9).int()
+    out = fjt.flex_attention(q, q, q, mask_mod="document_causal", buffers={"doc_id": doc})
+    out.sum().backward()
+    x = q.detach().double().requires_grad_(True)
+    ref, _ = dense_attention(x, x, x, mask_mod=lambda b, h, qi, kv: (doc[qi] == doc[kv]) &
+                             (qi >= kv))
+    ref.sum().backward()
+    assert rel_floor(q.grad, x.grad) < 1e-4
+    assert doc.grad is None
+
+
+@pytest.mark.parametrize("name", ["noop", "causal", "alibi_causal", "softcap_causal",
+                                  "sliding_window", "prefix_lm", "document_causal"])
+def test_autograd_on_cpu_every_standard_mod(name):
+    """Buffers, params and masks through the autograd of the op (CPU backend, f32)."""
+    B, Hq, Hkv, S, D = 1, 4, 2, 300, 16
+    q = torch.randn(B, Hq, S, D, requires_grad=True)
+    k = torch.randn(B, Hkv, S, D, requires_grad=True)
+    v = torch.randn(B, Hkv, S, D, requires_grad=True)
+    dout, dlse = torch.randn(B, Hq, S, D), torch.randn(B, Hq, S)
+    smod, mmod, buffers, params = torch_mods(Hq, S, "cpu")[name]
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    if "slopes" in buffers:
+        buffers = {"slopes": buffers["slopes"].clone().requires_grad_(True)}
+        s64 = buffers["slopes"].detach().double().requires_grad_(True)
+        leaves.append(s64)
+        smod = lambda s, b, h, qi, kv: s + s64[h] * (kv - qi)  # noqa: E731
+    out, lse = fjt.flex_attention(q, k, v, score_mod=flexjit.standard_mods(name),
+                                  buffers=buffers, params=params, return_lse=True)
+    ((out * dout).sum() + (lse * dlse).sum()).backward()
+    ref, ref_lse = dense_attention(*leaves[:3], score_mod=smod, mask_mod=mmod)
+    ((ref * dout.double()).sum() + (ref_lse * dlse.double()).sum()).backward()
+    tensors = [q, k, v] + ([buffers["slopes"]] if "slopes" in buffers else [])
+    for t, r in zip(tensors, leaves):
+        assert rel_floor(t.grad, r.grad) < 1e-4
+
+
+def test_backward_op_schema_and_fake():
+    q = torch.randn(1, 2, 32, 16)
+    slopes = torch.rand(2)
+    mods = flexjit.make_mods("alibi", "causal").to_text()
+    out, lse = torch.ops.flexjit.flex_attention(q, q, q, mods, "slopes", [slopes], "", [], None,
+                                                True)
+    torch.library.opcheck(torch.ops.flexjit.flex_attention_backward.default,
+                          (q, q, q, out, lse, torch.randn_like(out), None, mods, "slopes",
+                           [slopes], "", [], None),
                           test_utils=("test_schema", "test_faketensor"))
-
-
-def test_backward_raises_a_clear_error():
-    q = torch.randn(1, 2, 16, 16, requires_grad=True)
-    out = fjt.flex_attention(q, q, q)
-    with pytest.raises(RuntimeError, match="no backward yet"):
-        out.sum().backward()
 
 
 # --- GPU: flexjit vs torch.nn.attention.flex_attention --------------------------------------
@@ -151,3 +254,67 @@ def test_gpu_errors_are_flexjit_exceptions():
     with pytest.raises(flexjit.UnsupportedError):
         x = torch.randn(1, 2, 64, 24, device="cuda", dtype=torch.bfloat16)
         flexjit.flex_attention(x, x, x)
+
+
+TOL_BWD = {torch.bfloat16: 2e-2, torch.float16: 5e-3}  # tests/gpu/test_backward.cpp's rule
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["noop", "causal", "alibi_causal", "softcap_causal",
+                                  "sliding_window", "document_causal"])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 512, 64), (1, 4, 4, 300, 128)])
+def test_backward_matches_a_dense_fp64_reference(name, dtype, shape):
+    """Autograd through torch.ops.flexjit.flex_attention against the same attention in fp64
+    torch ops on the same (rounded) inputs, fresh random every run; the loss uses out and lse."""
+    B, Hq, Hkv, S, D = shape
+    dev = "cuda"
+    seed = torch.seed()
+    q = torch.randn(B, Hq, S, D, device=dev).to(dtype).requires_grad_(True)
+    k = torch.randn(B, Hkv, S, D, device=dev).to(dtype).requires_grad_(True)
+    v = torch.randn(B, Hkv, S, D, device=dev).to(dtype).requires_grad_(True)
+    dout = torch.randn(B, Hq, S, D, device=dev).to(dtype)
+    dlse = torch.randn(B, Hq, S, device=dev)
+    smod, mmod, buffers, params = torch_mods(Hq, S, dev)[name]
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    if "slopes" in buffers:
+        slopes = buffers["slopes"].clone().requires_grad_(True)
+        buffers = {"slopes": slopes}
+        s64 = slopes.detach().double().requires_grad_(True)
+        leaves.append(s64)
+        smod = lambda s, b, h, qi, kv: s + s64[h] * (kv - qi)  # noqa: E731
+
+    out, lse = fjt.flex_attention(q, k, v, score_mod=flexjit.standard_mods(name),
+                                  buffers=buffers, params=params, return_lse=True)
+    ((out.float() * dout.float()).sum() + (lse * dlse).sum()).backward()
+    ref, ref_lse = dense_attention(*leaves[:3], score_mod=smod, mask_mod=mmod)
+    ((ref * dout.double()).sum() + (ref_lse * dlse.double()).sum()).backward()
+    torch.cuda.synchronize()
+
+    line = f"{name} {dtype} {shape} (seed {seed}):"
+    grads = [("dq", q, leaves[0]), ("dk", k, leaves[1]), ("dv", v, leaves[2])]
+    if "slopes" in buffers:
+        grads.append(("dslopes", buffers["slopes"], leaves[3]))
+    for gname, t, r in grads:
+        assert t.grad is not None and t.grad.dtype == t.dtype, gname
+        assert torch.isfinite(t.grad).all(), gname
+        err = rel_floor(t.grad, r.grad)
+        line += f" {gname} {err:.2e}"
+        assert err <= TOL_BWD[dtype], line
+    print(line)
+
+
+@cuda
+def test_backward_under_torch_compile_matches_eager():
+    q = torch.randn(1, 4, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def f(q):
+        out = fjt.flex_attention(q, q, q, score_mod="softcap", mask_mod="causal")
+        return out.float().square().sum()
+
+    f(q).backward()
+    eager = q.grad.clone()
+    q.grad = None
+    torch.compile(f, fullgraph=True)(q).backward()
+    torch.cuda.synchronize()
+    assert rel(q.grad, eager.double()) < 1e-3

@@ -1,5 +1,6 @@
 // The CPU backward (cpu/BackwardKernel.h) against central finite differences of the CPU fp64
-// forward: loss = sum(out * dout) for a random dout, so d loss / d x is what the backward gives.
+// forward: loss = sum(out * dout) (+ sum(lse * dlse) when the test gives a dlse) for random dout
+// and dlse, so d loss / d x is what the backward gives.
 #include <catch2/catch.hpp>
 
 #include <flexjit/mods.h>
@@ -23,6 +24,7 @@ struct Problem {
   Mods mods;
   int B = 1, Hq = 2, Hkv = 1, Sq = 9, Skv = 9, D = 8, Dv = 8;
   std::vector<float> q, k, v, dout;
+  std::vector<float> dlse;  // empty: the loss does not use the lse
   std::vector<float> slopes, bias, t5;
   std::vector<int32_t> doc;
   ir::EvalEnv env;  // the buffers and params, as the interpreter reads them
@@ -61,6 +63,8 @@ struct Problem {
     double l = 0;
     for (size_t i = 0; i < out.size(); ++i)
       l += out[i] * dout[i];
+    for (size_t i = 0; i < dlse.size(); ++i)
+      l += lse[i] * dlse[i];
     return l;
   }
 };
@@ -100,17 +104,19 @@ struct Grads {
 
 Grads backward(const Problem& p) {
   Grads r;
+  cpu::CpuBackwardOptions o;
+  o.dlse = p.dlse.empty() ? nullptr : p.dlse.data();
   const size_t rows = static_cast<size_t>(p.B * p.Hq * p.Sq);
   std::vector<double> out64(rows * p.Dv), lse64(rows);
   cpu::cpu_attention_forward_f64(p.mods, p.bindings(), p.tq(), p.tk(), p.tv(), out64.data(),
                                  lse64.data());
   r.g64 = cpu::cpu_attention_backward_f64(p.mods, p.bindings(), p.tq(), p.tk(), p.tv(),
-                                          out64.data(), lse64.data(), p.tdo());
+                                          out64.data(), lse64.data(), p.tdo(), o);
   std::vector<float> out32(rows * p.Dv), lse32(rows);
   cpu::cpu_attention_forward(p.mods, p.bindings(), p.tq(), p.tk(), p.tv(), out32.data(),
                              lse32.data());
   r.g32 = cpu::cpu_attention_backward(p.mods, p.bindings(), p.tq(), p.tk(), p.tv(), out32.data(),
-                                      lse32.data(), p.tdo());
+                                      lse32.data(), p.tdo(), o);
   return r;
 }
 
@@ -196,6 +202,20 @@ TEST_CASE("CPU backward matches finite differences of the fp64 forward", "[cpu][
       Problem p = make_problem(name, B, 2, 1, Sq, Skv, D, seed++);
       check_all(p, seed);
     }
+  }
+}
+
+TEST_CASE("CPU backward: a loss that uses the lse (dlse)", "[cpu][backward]") {
+  uint32_t seed = 500;
+  for (const std::string name : {"noop", "alibi_causal", "softcap", "relative_bias"}) {
+    INFO(name);
+    Problem p = make_problem(name, 2, 2, 1, 11, 14, 8, seed++);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    p.dlse.resize(static_cast<size_t>(p.B * p.Hq * p.Sq));
+    for (auto& e : p.dlse)
+      e = n01(rng);
+    check_all(p, seed);
   }
 }
 
