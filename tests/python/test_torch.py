@@ -42,6 +42,18 @@ def test_custom_op_on_cpu_and_its_fake_shapes():
                                       "test_autograd_registration"))
 
 
+def test_the_ops_mods_text_is_one_line():
+    """Inductor copies the ops' constant arguments into comments of its generated code: a
+    newline there broke the compiled backward (SyntaxError in the generated module)."""
+    for score, mask in (("softcap", "causal"), ("alibi", "document_causal"), (None, None)):
+        text = fjt._mods_text(score, mask)
+        assert "\n" not in text
+        assert fjt._mods(text) == flexjit.make_mods(score, mask)
+    q = torch.randn(1, 2, 8, 16)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert rel(fjt.flex_attention(q, q, q), ref) < 1e-5  # no mods at all
+
+
 def dense_attention(q, k, v, score_mod=None, mask_mod=None, scale=None):
     """The reference: attention in plain torch ops (differentiable, any dtype), the mods called
     once on broadcast index grids [B, H, Sq, Skv]. Returns (out, lse) with lse in natural log."""
