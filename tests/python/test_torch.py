@@ -329,4 +329,13 @@ def test_backward_under_torch_compile_matches_eager():
     q.grad = None
     torch.compile(f, fullgraph=True)(q).backward()
     torch.cuda.synchronize()
-    assert rel(q.grad, eager.double()) < 1e-3
+    # Both against fp64 torch ops with the bf16 rule. Eager and compiled may round the output
+    # gradient 2·out to bf16 at different points (Inductor fuses the cast), so they agree to
+    # about one bf16 ulp, not bit for bit (measured 2.1e-3 relative on an H100).
+    x = q.detach().double().requires_grad_(True)
+    ref, _ = dense_attention(x, x, x, score_mod=lambda s, b, h, qi, kv: 30.0 * torch.tanh(s / 30.0),
+                             mask_mod=lambda b, h, qi, kv: qi >= kv)
+    ref.square().sum().backward()
+    assert rel_floor(eager, x.grad) <= 2e-2
+    assert rel_floor(q.grad, x.grad) <= 2e-2
+    assert rel(q.grad, eager.double()) < 1e-2
