@@ -195,6 +195,27 @@ FJ_DEVICE void fj_grad_add(float* p, float v) {
   }
 }
 
+// The deterministic twin of fj_grad_add (the backward's ordered buffer gradients): `p` points
+// into a partial slice that only this warp writes. Lanes sharing an address are summed in a
+// fixed order (a butterfly when all 32 share it, else in increasing lane order), then the
+// group's lowest lane adds the sum with a plain read-modify-write. Every lane of the warp calls
+// it together; __syncwarp orders one call's writes before the next call's reads.
+FJ_DEVICE void fj_grad_add_ordered(float* p, float v) {
+  const unsigned peers = __match_any_sync(0xffffffffu, (unsigned long long)p);
+  float sum = 0.0f;
+  if (peers == 0xffffffffu) {
+    sum = v;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  } else {
+    for (unsigned m = peers; m != 0u; m &= m - 1u)
+      sum += __shfl_sync(peers, v, __ffs(m) - 1);
+  }
+  if ((int)(threadIdx.x & 31) == __ffs(peers) - 1 && sum != 0.0f) *p += sum;
+  __syncwarp();
+}
+
 // An index clamped into [0, extent): where the backward adds a buffer's gradient.
 FJ_DEVICE fj_i64 fj_clamp_index(int i, fj_i64 extent) {
   return i < 0 ? 0 : (i >= extent ? extent - 1 : (fj_i64)i);
