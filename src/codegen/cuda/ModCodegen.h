@@ -81,6 +81,7 @@ enum class GradAccumulation { Atomic, Ordered };
 //       writes v at element e of a slice's layout into its gradient tensor (no-op past the end)
 //   static constexpr bool kFjHasBufferGrads;   // whether fj_bufgrad does anything
 //   static constexpr int kFjUniformGradSites;  // sites summed per head; kFjGradSlots = max(1, ..)
+//   static constexpr int kFjElementGradSites;  // sites added at every element
 //
 // The layout of FjGradParams is grad_param_layout(); sizeof is static_asserted.
 // The score_mod's derivatives lower with `math` as the score_mod itself does (the backward must
