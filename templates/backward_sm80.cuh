@@ -248,30 +248,34 @@ FJ_DEVICE fj_i64 fj_bwd_bufgrad_slice(int b, int h_kv, int heads_kv, int seqlen_
 }
 
 // The fixed-order reduction of the partial slices into the buffer gradients (deterministic
-// mode; launched after flexjit_bwd_dkdv on the same stream). Block: 16 warps x 32 elements of
-// a slice; warp w sums the slices w, w + 16, ... in increasing order (the ceil(Skv / 16) slices
-// of each (b, kv head) that some warp wrote, (b, h_kv) major), then warp 0 sums the 16 warp
-// sums in order and writes the gradient. Every element of every gradient is written.
-extern "C" __global__ void __launch_bounds__(512)
+// mode; launched after flexjit_bwd_dkdv on the same stream). Block: 32 warps x 32 elements of a
+// slice. The ceil(Skv / 16) slices of each (b, kv head) that some warp wrote, (b, h_kv) major,
+// are numbered t = 0, 1, ...; warp w sums t in [8w, 8w + 8), [8w + 256, 8w + 264), ... in
+// increasing order (8 loads in flight, added in order), then warp 0 sums the 32 warp sums in
+// order and writes the gradient. Every element of every gradient is written.
+extern "C" __global__ void __launch_bounds__(1024)
     flexjit_bwd_bufgrad_reduce(const FjBwdArgs args, const FjGradParams grads) {
-  constexpr int kWarps = 16;
+  constexpr int kWarps = 32, kUnroll = 8;
   __shared__ float sums[kWarps][33];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const fj_i64 n = fj_bufgrad_slice_elems(grads);
   const fj_i64 e = (fj_i64)blockIdx.x * 32 + lane;
   const float* partials = fj_bufgrad_partials(grads);
-  const int used = (args.seqlen_kv + 15) / 16;  // slices written per (b, h_kv)
+  const fj_i64 used = (args.seqlen_kv + 15) / 16;  // slices written per (b, h_kv)
   const fj_i64 per_head = ((fj_i64)args.seqlen_kv + 127) / 128 * 8;
   const fj_i64 total = (fj_i64)args.batch * args.heads_kv * used;
   float acc = 0.0f;
   if (e < n) {
-    fj_i64 g = warp / used;
-    int j = warp % used;
-    for (fj_i64 t = warp; t < total; t += kWarps) {
-      acc += partials[(g * per_head + j) * n + e];
-      j += kWarps;
-      for (; j >= used; j -= used)
-        ++g;
+    for (fj_i64 t0 = (fj_i64)warp * kUnroll; t0 < total; t0 += kWarps * kUnroll) {
+      float x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const fj_i64 t = t0 + u;
+        x[u] = t < total ? partials[((t / used) * per_head + t % used) * n + e] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (t0 + u < total) acc += x[u];
     }
   }
   sums[warp][lane] = acc;

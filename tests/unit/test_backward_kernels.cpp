@@ -7,6 +7,7 @@
 
 #include "Pipeline.h"
 #include "codegen/cuda/ModCodegen.h"
+#include "jit/ResourceUsage.h"
 #include "kernels/Registry.h"
 #include "kernels/backward/Backward.h"
 #include "kernels/backward/Sm80Backward.h"
@@ -307,9 +308,17 @@ TEST_CASE("the deterministic dK/dV kernels compile for sm_80 and sm_90a with eve
         const BuiltKernel ka = builder.build(j.mods, atomic);
         const auto& u = k.compiled.kernel->usage;
         const auto& ua = ka.compiled.kernel->usage;
+        // The reduction kernel of the same module (1024 threads: at most 64 registers).
+        const jit::ResourceUsage ur =
+            jit::usage_from_ptxas_log(k.compiled.kernel->log, "flexjit_bwd_bufgrad_reduce");
         std::lock_guard<std::mutex> lock(mu);
-        resources.push_back(fmt::format("{} {} {} d={}: {} (atomic: {})", j.arch, j.label,
-                                        to_string(j.dtype), j.dim, u.str(), ua.str()));
+        resources.push_back(fmt::format("{} {} {} d={}: {} (atomic: {}); reduction: {}", j.arch,
+                                        j.label, to_string(j.dtype), j.dim, u.str(), ua.str(),
+                                        ur.str()));
+        if (ur.registers < 0 || ur.registers > 64 || ur.spill_store_bytes != 0) {
+          failures.push_back(
+              fmt::format("{} {}: flexjit_bwd_bufgrad_reduce: {}", det.str(), j.label, ur.str()));
+        }
         // The suite's bound for the backward kernels (64 bytes of spill stores), or the atomic
         // twin's spills and 16 bytes (the slice pointer) where that is more.
         if (u.spill_store_bytes > std::max(64, ua.spill_store_bytes + 16)) {

@@ -510,7 +510,7 @@ std::vector<Launch> BackwardSm80Mma<F>::launches(const KernelDesc& desc, const B
       Launch r;
       r.entry_point = "flexjit_bwd_bufgrad_reduce";
       r.grid = {static_cast<unsigned>((in.bufgrad_slice_elems + 31) / 32), 1, 1};
-      r.block = {512, 1, 1};
+      r.block = {1024, 1, 1};
       r.args.add(make_bwd_args(in, workspace, full));
       r.args.add_bytes(grad_params.data(), grad_params.size() * sizeof(uint64_t));
       std::vector<Launch> out;
