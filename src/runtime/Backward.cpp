@@ -188,10 +188,14 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   if (backward.dq_mode != BackwardOptions::DqMode::Auto) {
     dkdv_overrides.set("dq_atomic", backward.dq_mode == BackwardOptions::DqMode::Atomic ? 1 : 0);
   }
-  // Deterministic: dQ by the second pass (validate_backward refused dq_mode = Atomic).
+  // Deterministic: dQ by the second pass (validate_backward refused dq_mode = Atomic), and the
+  // dK/dV kernel that implements the ordered buffer gradients unless the caller names one: a
+  // variant written without the flag must not be auto-selected and ignore it.
   if (backward.deterministic) dkdv_overrides.set("dq_atomic", 0);
+  const std::string dkdv_variant =
+      backward.deterministic && options.variant.empty() ? "sm80_mma" : options.variant;
   const kernels::KernelDesc dkdv_desc = kernels::Registry::global().complete(
-      problem(kernels::Family::BackwardDkDv), facts, dkdv_overrides, options.variant);
+      problem(kernels::Family::BackwardDkDv), facts, dkdv_overrides, dkdv_variant);
   call.inputs.dq_atomic = dkdv_desc.config.get("dq_atomic").value_or(0) == 1;
 
   runtime::Plan plan;
@@ -206,7 +210,7 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   }
   runtime::PlanStep dkdv = runtime::plan_step<kernels::BackwardDkDvVariant>(
       problem(kernels::Family::BackwardDkDv), call.inputs, facts, call.mods, dkdv_overrides,
-      options.variant, on_preprocess);
+      dkdv_variant, on_preprocess);
   dkdv.workspace_of = 0;
   plan.add(std::move(dkdv));
   runtime::PlanStep dq = call.inputs.dq_atomic
