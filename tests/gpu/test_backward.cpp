@@ -386,6 +386,16 @@ TEST_CASE("backward: deterministic buffer gradients are bitwise the same on ever
       }
     }
   }
+  // Head dim 256: two warps share each 16 kv rows (only one adds and flushes into the slice).
+  for (const char* mod : {"alibi_causal", "relative_bias_causal"}) {
+    BwdCase c;
+    c.mods = standard_mods(mod);
+    c.label = mod;
+    c.shape = make_shape(1, 4, 2, 150, 230, 256, 256);
+    c.deterministic = true;
+    c.runs = 3;
+    check_backward_case(*ctx, c, seed + static_cast<uint64_t>(i++));
+  }
 }
 
 TEST_CASE("backward: deterministic mode on a small problem (compute-sanitizer's case)",
