@@ -149,6 +149,7 @@ struct AttentionBenchOptions {
   BlockConfig config;           // zeros: the defaults table
   bool backward = false;        // also time flex_attention_backward (bwd_ms, bwd_tflops)
   std::string bwd_dq = "auto";  // auto | atomic | pass: how the backward computes dQ
+  bool deterministic = false;   // --deterministic: BackwardOptions::deterministic
   std::string autotune;  // empty: FLEXJIT_AUTOTUNE; else off | cached | search, beside the default
   MathMode math = MathMode::Auto;  // --math
 };
@@ -548,6 +549,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
         bopts.dq_mode = o.bwd_dq == "atomic" ? BackwardOptions::DqMode::Atomic
                         : o.bwd_dq == "pass" ? BackwardOptions::DqMode::SecondPass
                                              : BackwardOptions::DqMode::Auto;
+        bopts.deterministic = o.deterministic;  // --deterministic (the kernel options')
         auto backward = [&] {
           flex_attention_backward_into(ctx, in.q, in.k, in.v, out, lse, dout, grads, aopts, bopts);
         };
@@ -761,6 +763,7 @@ void register_bench(CLI::App& app) {
       a.selection.decode = true;
     }
     a.repeats = repeats;
+    a.deterministic = opts.deterministic;
     a.config = {opts.block_m, opts.block_n, opts.warps, opts.stages, opts.splits};
     a.math = math_mode(opts.math);
     run_attention_bench(a);
