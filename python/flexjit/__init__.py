@@ -282,12 +282,15 @@ def flex_attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: An
                             buffers: Optional[Mapping[str, Any]] = None,
                             params: Optional[Mapping[str, Any]] = None,
                             scale: Optional[float] = None, num_threads: int = 0,
-                            dlse: Any = None):
+                            dlse: Any = None, deterministic: bool = False):
     """The gradients of ``flex_attention(q, k, v, ...)`` for an output gradient ``dout``.
 
     ``out`` and ``lse`` are what ``flex_attention(..., return_lse=True)`` returned with the same
     mods, block mask, buffers, params and scale. ``dlse`` (f32, lse's shape and device) is the
-    gradient of the loss in ``lse`` when the loss uses it; None: it does not. Returns
+    gradient of the loss in ``lse`` when the loss uses it; None: it does not.
+    ``deterministic``: buffer gradients from per-warp partials summed in a fixed order
+    (bitwise the same on every run, at the cost of a workspace; docs/backward.md) instead of
+    fp32 atomics; the CPU backend is always deterministic. Returns
     ``(dq, dk, dv, buffer_grads)``: arrays of q's framework (q / k / v's dtype on a GPU, f32 on
     the CPU backend) and a dict of f32 gradients, one per captured float buffer, in the
     buffer's shape.
@@ -305,7 +308,7 @@ def flex_attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: An
             grads[decl.name] = _zeros_f32(q, tuple(buffers[decl.name].shape))
     _C._flex_attention_backward_into(q, k, v, out, lse, dout, dlse, dq, dk, dv, mods, block_mask,
                                      _buffers(buffers), _params(params), list(grads.items()),
-                                     scale, _stream(q, device), num_threads)
+                                     scale, _stream(q, device), num_threads, deterministic)
     return dq, dk, dv, grads
 
 

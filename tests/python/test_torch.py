@@ -338,6 +338,26 @@ def test_backward_matches_a_dense_fp64_reference(name, dtype, shape):
 
 
 @cuda
+def test_deterministic_buffer_gradients_are_bitwise_repeatable():
+    """flexjit.flex_attention_backward(deterministic=True) on the GPU: three runs give the same
+    bits for every gradient (a relative-bias table: a per-element gradient site)."""
+    dev, S = "cuda", 384
+    q, k, v = (torch.randn(1, 2, S, 64, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    bias = torch.randn(2 * S, device=dev)
+    kw = dict(score_mod="relative_bias", buffers={"bias": bias}, params={"offset": S})
+    out, lse = flexjit.flex_attention(q, k, v, return_lse=True, **kw)
+    dout = torch.randn_like(out)
+    runs = [flexjit.flex_attention_backward(q, k, v, out, lse, dout, deterministic=True, **kw)
+            for _ in range(3)]
+    torch.cuda.synchronize()
+    for dq, dk, dv, grads in runs[1:]:
+        for a, b in zip((dq, dk, dv, grads["bias"]), (runs[0][0], runs[0][1], runs[0][2],
+                                                     runs[0][3]["bias"])):
+            assert torch.equal(a, b)
+    assert torch.isfinite(runs[0][3]["bias"]).all() and runs[0][3]["bias"].abs().sum() > 0
+
+
+@cuda
 def test_backward_under_torch_compile_matches_eager():
     q = torch.randn(1, 4, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
