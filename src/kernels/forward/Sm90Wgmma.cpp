@@ -50,6 +50,12 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
   if (p.gqa_ratio < 1) {
     return fmt::format("gqa_ratio (heads_q / heads_kv) must be at least 1, not {}", p.gqa_ratio);
   }
+  if (on_kv_cache(p)) {
+    return fmt::format(
+        "its TMA tensor maps cannot follow a page table or per-sequence KV lengths ({}); "
+        "forward/sm80_mma reads a KV cache",
+        kv_page_size(p) != 0 ? fmt::format("pages of {}", kv_page_size(p)) : "ragged lengths");
+  }
   return std::nullopt;
 }
 
