@@ -145,7 +145,7 @@ if [ "$SKIP_CANDIDATES" = 1 ]; then skip candidates SKIP_CANDIDATES; else
   for cand in "${CANDIDATES[@]}"; do
     echo "### candidate: $cand" >> "$OUT/candidates.log"
     # shellcheck disable=SC2086
-    step "cand $cand" "$T_CANDIDATE" "$FLEXJIT" bench --decode --case decode $cand \
+    step "cand $cand" "$T_CANDIDATE" "$FLEXJIT" bench --decode --case decode --use-cache $cand \
       >> "$OUT/candidates.log" 2>&1
   done
   step tune-decode "$T_TUNE" "$FLEXJIT" bench --decode --case decode --autotune search \

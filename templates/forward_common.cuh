@@ -12,21 +12,19 @@
 #ifndef FLEXJIT_FORWARD_COMMON_CUH_
 #define FLEXJIT_FORWARD_COMMON_CUH_
 
-// `seqlen_kv`: the keys of batch b (args.seqlen_kv, or the sequence's length on a KV cache).
 template <class Cfg>
-FJ_DEVICE FjKvSchedule fj_kv_schedule(const FjFwdArgs& args, int seqlen_kv, int b, int h,
-                                      int m_block) {
-  return fj_block_schedule<Cfg::kBlockM, Cfg::kBlockN, Cfg::kHasFullBlocks>(args.mask, seqlen_kv, b,
-                                                                            h, m_block);
+FJ_DEVICE FjKvSchedule fj_kv_schedule(const FjFwdArgs& args, int b, int h, int m_block) {
+  return fj_block_schedule<Cfg::kBlockM, Cfg::kBlockN, Cfg::kHasFullBlocks>(
+      args.mask, args.seqlen_kv, b, h, m_block);
 }
 
 // Turns raw q·k into log2-domain scores: scale, score_mod, mask_mod (partial tiles) and the
-// key bound `seqlen_kv` (ragged last tile). Thread (g, t) holds rows g, g+8 and keys 2t, 2t+1 of
-// each fragment: s[mt][nt][hr*2 + c] is (row q_row0 + mt*16 + hr*8, key kv_col0 + nt*8 + c).
+// key bound (ragged last tile). Thread (g, t) holds rows g, g+8 and keys 2t, 2t+1 of each
+// fragment: s[mt][nt][hr*2 + c] is (row q_row0 + mt*16 + hr*8, key kv_col0 + nt*8 + c).
 template <class Cfg, class T, bool kApplyMask>
 FJ_DEVICE void fj_scores(float (&s)[T::kMTiles][T::kNTiles][4], const FjFwdArgs& args,
-                         const FjModParams& mods, int seqlen_kv, int b, int h, int q_row0,
-                         int n_start, int kv_col0) {
+                         const FjModParams& mods, int b, int h, int q_row0, int n_start,
+                         int kv_col0) {
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr bool kCallMods = Cfg::kHasScoreMod || (kApplyMask && Cfg::kHasMaskMod);
   if constexpr (!kCallMods) {
@@ -53,7 +51,7 @@ FJ_DEVICE void fj_scores(float (&s)[T::kMTiles][T::kNTiles][4], const FjFwdArgs&
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             int kv_idx = kv_col0 + nt * 8 + c;
-            if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, seqlen_kv - 1);
+            if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
             float x = s[mt][nt][hr * 2 + c];
             if constexpr (Cfg::kHasScoreMod) {
               x = fj_score_mod(mods, x * scale, b, h, q_idx, kv_idx) * kLog2e;
@@ -71,14 +69,14 @@ FJ_DEVICE void fj_scores(float (&s)[T::kMTiles][T::kNTiles][4], const FjFwdArgs&
   }
   if constexpr (!Cfg::kIsDivisible) {
     // Keys past seqlen_kv (zero-filled in shared memory) must not take part.
-    if (n_start + T::kBlockN > seqlen_kv) {
+    if (n_start + T::kBlockN > args.seqlen_kv) {
 #pragma unroll
       for (int mt = 0; mt < T::kMTiles; ++mt)
 #pragma unroll
         for (int nt = 0; nt < T::kNTiles; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (kv_col0 + nt * 8 + (e & 1) >= seqlen_kv) s[mt][nt][e] = fj_neg_inf();
+            if (kv_col0 + nt * 8 + (e & 1) >= args.seqlen_kv) s[mt][nt][e] = fj_neg_inf();
     }
   }
 }

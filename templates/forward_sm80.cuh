@@ -121,7 +121,8 @@ struct FjPagedRows {
 
 extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
 #if defined(FJ_FWD_KV_CACHE)
-    flexjit_forward(const FjFwdArgs args, const FjModParams mods, const FjKvCacheArgs kv_cache) {
+    flexjit_forward(const FjFwdArgs cache_args, const FjModParams mods,
+                    const FjKvCacheArgs kv_cache) {
 #else
     flexjit_forward(const FjFwdArgs args, const FjModParams mods) {
 #endif
@@ -140,26 +141,25 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   const int lane = tid % 32;
   const int h_kv = h / Cfg::kGqaRatio;
   const int m_start = m_block * T::kBlockM;
-
-  const char* q_tile = static_cast<const char*>(args.q) +
-                       T::kElemBytes * ((fj_i64)b * args.q_stride_b + (fj_i64)h * args.q_stride_h +
-                                        (fj_i64)m_start * args.q_stride_s);
-  // The keys of sequence b: its own length on a KV cache, else all of them (a reference to the
-  // parameter: a local copy would hold a register through the loop, which the contiguous kernels
-  // at 255 registers cannot spare).
 #if defined(FJ_FWD_KV_CACHE)
+  // On a KV cache the kernel reads sequence b's length as args.seqlen_kv: a copy of the
+  // arguments with the length in it (the contiguous kernel reads its parameter as it always did).
   static_assert(!Cfg::kIsDivisible, "flexjit forward_sm80: a KV cache has ragged lengths");
-  const int seqlen_kv = kv_cache.seq_lens == nullptr
-                            ? args.seqlen_kv
-                            : fj_imax(0, fj_imin(kv_cache.seq_lens[b], args.seqlen_kv));
+  FjFwdArgs args = cache_args;
+  if (kv_cache.seq_lens != nullptr) {
+    args.seqlen_kv = fj_imax(0, fj_imin(kv_cache.seq_lens[b], cache_args.seqlen_kv));
+  }
   // Pools: k_stride_b is the page stride and the table picks the page.
   const int kv_b = Cfg::kPageSize > 0 ? 0 : b;
   const int* page_row =
       Cfg::kPageSize > 0 ? kv_cache.page_table + (fj_i64)b * kv_cache.page_table_stride_b : nullptr;
 #else
-  const int& seqlen_kv = args.seqlen_kv;
   const int kv_b = b;
 #endif
+
+  const char* q_tile = static_cast<const char*>(args.q) +
+                       T::kElemBytes * ((fj_i64)b * args.q_stride_b + (fj_i64)h * args.q_stride_h +
+                                        (fj_i64)m_start * args.q_stride_s);
   const char* k_head =
       static_cast<const char*>(args.k) +
       T::kElemBytes * ((fj_i64)kv_b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h);
@@ -171,12 +171,12 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   const fj_u32 skv = sq + T::kQBytes;
   const fj_u32 sq_warp = sq + warp * T::kWarpRows * T::TileQK::kRowBytes;
 
-  const FjKvSchedule sched = fj_kv_schedule<Cfg>(args, seqlen_kv, b, h, m_block);
+  const FjKvSchedule sched = fj_kv_schedule<Cfg>(args, b, h, m_block);
 
   // Issues the K and V copies of KV tile `tile` into pipeline stage `stage`.
   auto load_kv = [&](int tile, int stage) {
     const int n_start = tile * T::kBlockN;
-    if (n_start >= seqlen_kv) return;  // past the end of a ragged sparse block: skipped
+    if (n_start >= args.seqlen_kv) return;  // past the end of a ragged sparse block: skipped
     const fj_u32 sk = skv + stage * T::kStageBytes;
 #if defined(FJ_FWD_KV_CACHE)
     // Paged: a tile within one page reads one table entry (kBlockN divides kPageSize), smaller
@@ -184,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     if constexpr (Cfg::kPageSize >= T::kBlockN) {
       const fj_i64 page = page_row[n_start / Cfg::kPageSize];
       const fj_i64 slot = n_start % Cfg::kPageSize;
-      const int rows = seqlen_kv - n_start;
+      const int rows = args.seqlen_kv - n_start;
       fj_load_tile<typename T::TileQK, T::kBlockN, T::kThreads, true>(
           sk, k_head + T::kElemBytes * (page * args.k_stride_b + slot * args.k_stride_s),
           args.k_stride_s, rows, tid);
@@ -195,19 +195,19 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       return;
     } else if constexpr (Cfg::kPageSize > 0) {
       FjPagedRows<typename T::TileQK, T::kBlockN, T::kThreads, Cfg::kPageSize> k_rows;
-      k_rows.lookup(page_row, n_start, seqlen_kv, tid);
+      k_rows.lookup(page_row, n_start, args.seqlen_kv, tid);
       k_rows.load(sk, k_head, args.k_stride_s, args.k_stride_b, n_start, tid);
       if constexpr (T::TileQK::kChunks == T::TileV::kChunks) {
         k_rows.load(sk + T::kKBytes, v_head, args.v_stride_s, args.v_stride_b, n_start, tid);
       } else {
         FjPagedRows<typename T::TileV, T::kBlockN, T::kThreads, Cfg::kPageSize> v_rows;
-        v_rows.lookup(page_row, n_start, seqlen_kv, tid);
+        v_rows.lookup(page_row, n_start, args.seqlen_kv, tid);
         v_rows.load(sk + T::kKBytes, v_head, args.v_stride_s, args.v_stride_b, n_start, tid);
       }
       return;
     }
 #endif
-    const int rows = seqlen_kv - n_start;
+    const int rows = args.seqlen_kv - n_start;
     fj_load_tile<typename T::TileQK, T::kBlockN, T::kThreads, kCheck>(
         sk, k_head + T::kElemBytes * (fj_i64)n_start * args.k_stride_s, args.k_stride_s, rows, tid);
     fj_load_tile<typename T::TileV, T::kBlockN, T::kThreads, kCheck>(
@@ -260,15 +260,15 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   const int q_row0 = m_start + warp * T::kWarpRows + (lane >> 2);
   for (int i = 0; i < sched.num_total; ++i) {
     const int n_start = pipe.next(i, sched, load_kv) * T::kBlockN;
-    if (n_start < seqlen_kv) {
+    if (n_start < args.seqlen_kv) {
       const fj_u32 sk = skv + (i % T::kNumStages) * T::kStageBytes;
       float s[T::kMTiles][T::kNTiles][4];
       fj_qk<T>(s, q_regs, sq_warp, sk, lane);
       const int kv_col0 = n_start + (lane & 3) * 2;
       if (i < sched.num_partial)
-        fj_scores<Cfg, T, true>(s, args, mods, seqlen_kv, b, h, q_row0, n_start, kv_col0);
+        fj_scores<Cfg, T, true>(s, args, mods, b, h, q_row0, n_start, kv_col0);
       else
-        fj_scores<Cfg, T, false>(s, args, mods, seqlen_kv, b, h, q_row0, n_start, kv_col0);
+        fj_scores<Cfg, T, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
       fj_softmax_update<T>(s, o, row_max, row_sum);
       fj_pv<T>(o, s, sk + T::kKBytes, lane);
     }

@@ -213,9 +213,9 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   auto softmax = [&](int i, int n_start) {
     const int kv_col0 = n_start + (lane & 3) * 2;
     if (i < sched.num_partial)
-      fj_scores<Cfg, T, true>(s, args, mods, args.seqlen_kv, b, h, q_row0, n_start, kv_col0);
+      fj_scores<Cfg, T, true>(s, args, mods, b, h, q_row0, n_start, kv_col0);
     else
-      fj_scores<Cfg, T, false>(s, args, mods, args.seqlen_kv, b, h, q_row0, n_start, kv_col0);
+      fj_scores<Cfg, T, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
     alpha[0] = fj_softmax_row<T>(s, row_max, row_sum, 0, 0);
     alpha[1] = fj_softmax_row<T>(s, row_max, row_sum, 0, 1);
   };

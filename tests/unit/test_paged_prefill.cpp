@@ -240,7 +240,7 @@ TEST_CASE("paged prefill: the paged forward compiles for sm_80 and sm_90a withou
   std::mutex mu;
   std::vector<std::string> failures;
   std::vector<std::string> names(jobs.size());
-  std::vector<int> registers(jobs.size(), -1), spills(jobs.size(), -1);
+  std::vector<int> registers(jobs.size(), -1), spills(jobs.size(), -1), stack(jobs.size(), -1);
   auto worker = [&] {
     for (size_t i; (i = next++) < jobs.size();) {
       const Job& j = jobs[i];
@@ -250,6 +250,7 @@ TEST_CASE("paged prefill: the paged forward compiles for sm_80 and sm_90a withou
         BuiltKernel k = builder.build(standard_mods(j.mods), d);
         registers[i] = k.compiled.kernel->usage.registers;
         spills[i] = k.compiled.kernel->usage.spill_store_bytes;
+        stack[i] = k.compiled.kernel->usage.stack_frame_bytes;
         names[i] = d.str();
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mu);
@@ -271,6 +272,7 @@ TEST_CASE("paged prefill: the paged forward compiles for sm_80 and sm_90a withou
     CHECK(registers[i] > 0);
     CHECK(registers[i] <= 255);
     CHECK(spills[i] == 0);
+    CHECK(stack[i] == 0);  // the KV cache's copy of the arguments stays in registers
     std::printf("  %-16s %s: %d registers, %d spill bytes\n", jobs[i].mods.c_str(),
                 names[i].c_str(), registers[i], spills[i]);
   }
