@@ -277,6 +277,30 @@ void check_kv_cache_on_device(Context& ctx, const KvCache& cache, const KvCacheS
   throw RuntimeError(page_error(b, slot - 1, entry, len, shape));
 }
 
+KvCachePlanChoice choose_kv_cache_plan(int64_t seqlen_q,
+                                       const std::optional<std::string>& decode_why,
+                                       const std::optional<std::string>& forward_why) {
+  KvCachePlanChoice c;
+  if (seqlen_q <= kDecodeMaxQueries && !decode_why) return c;
+  if (!forward_why) {
+    c.forward = true;
+    c.why = seqlen_q > kDecodeMaxQueries
+                ? fmt::format(
+                      "chunked prefill: Sq = {} is more than the {} query tokens of the "
+                      "decode plan",
+                      seqlen_q, kDecodeMaxQueries)
+                : fmt::format("the decode plan cannot serve it: {}", *decode_why);
+    return c;
+  }
+  if (!decode_why) {
+    c.why = fmt::format("the forward cannot serve it: {}", *forward_why);
+    return c;
+  }
+  throw UnsupportedError(fmt::format(
+      "flex_attention on a KV cache: the decode plan cannot serve it: {}; nor can the forward: {}",
+      *decode_why, *forward_why));
+}
+
 namespace {
 
 // A call on a KV cache, validated, with the plan it takes: the forward on the cache (chunked
@@ -337,27 +361,12 @@ KvCacheCall validate_kv_cache_call(Context& ctx, const TensorRef& q, const Tenso
   }
   call.forward = forward_inputs(call.inputs, call.shape);
   const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
-  const auto decode_why = decode_unsupported(arch, call.inputs, options, false);
-  if (s.seqlen_q <= kDecodeMaxQueries && !decode_why) return call;
-  const auto forward_why = forward_unsupported(arch, call.forward, options);
-  if (!forward_why) {
-    call.use_forward = true;
-    call.why = s.seqlen_q > kDecodeMaxQueries
-                   ? fmt::format(
-                         "chunked prefill: Sq = {} is more than the {} query tokens of "
-                         "the decode plan",
-                         s.seqlen_q, kDecodeMaxQueries)
-                   : fmt::format("the decode plan cannot serve it: {}", *decode_why);
-    return call;
-  }
-  if (!decode_why) {
-    call.why = fmt::format("the forward cannot serve it: {}", *forward_why);
-    return call;
-  }
-  throw UnsupportedError(
-      fmt::format("flex_attention on a KV cache: the decode plan cannot serve it: {}; nor can the "
-                  "forward: {}",
-                  *decode_why, *forward_why));
+  const KvCachePlanChoice choice =
+      choose_kv_cache_plan(s.seqlen_q, decode_unsupported(arch, call.inputs, options, false),
+                           forward_unsupported(arch, call.forward, options));
+  call.use_forward = choice.forward;
+  call.why = choice.why;
+  return call;
 }
 
 Plan plan_kv_cache(Context& ctx, const KvCacheCall& call, const AttentionOptions& options,

@@ -13,6 +13,7 @@
 #include "kernels/Registry.h"
 #include "kernels/forward/Forward.h"
 #include "kernels/forward/Sm80Mma.h"
+#include "runtime/Decode.h"
 #include "runtime/ForwardPlan.h"
 #include "support/CliPath.h"
 
@@ -174,6 +175,31 @@ TEST_CASE("paged prefill: the launch passes FjKvCacheArgs and the pools' page st
   o.variant = "sm90a_wgmma";
   CHECK_THAT(*runtime::forward_unsupported(arch, in, o),
              Catch::Contains("cannot follow a page table"));
+}
+
+TEST_CASE("paged prefill: a KV cache call takes decode for short queries, the forward for long",
+          "[decode][prefill][plan]") {
+  using runtime::choose_kv_cache_plan;
+  const std::optional<std::string> ok;
+  // Short queries: decode; the forward when decode cannot serve the call (f32, ...).
+  CHECK_FALSE(choose_kv_cache_plan(16, ok, ok).forward);
+  CHECK(choose_kv_cache_plan(16, ok, ok).why.empty());
+  const auto f32 = choose_kv_cache_plan(1, std::string("bf16 or f16 inputs, not f32"), ok);
+  CHECK(f32.forward);
+  CHECK_THAT(f32.why, Catch::Contains("the decode plan cannot serve it: bf16 or f16"));
+  // Long queries: the forward (chunked prefill); decode when the forward cannot.
+  const auto prefill = choose_kv_cache_plan(17, ok, ok);
+  CHECK(prefill.forward);
+  CHECK_THAT(prefill.why, Catch::Contains("chunked prefill: Sq = 17 is more than the 16"));
+  const auto back = choose_kv_cache_plan(2048, ok, std::string("no aligned rows"));
+  CHECK_FALSE(back.forward);
+  CHECK_THAT(back.why, Catch::Contains("the forward cannot serve it: no aligned rows"));
+  // Neither: both reasons, before any launch.
+  CHECK_THROWS_AS(choose_kv_cache_plan(300, std::string("a"), std::string("b")), UnsupportedError);
+  CHECK_THROWS_WITH(
+      choose_kv_cache_plan(4, std::string("grid too large"), std::string("head dim 96")),
+      Catch::Contains("the decode plan cannot serve it: grid too large; nor can "
+                      "the forward: head dim 96"));
 }
 
 TEST_CASE("paged prefill: emit through the public API and the CLI", "[decode][prefill][api]") {
