@@ -550,7 +550,20 @@ TEST_CASE("decode: chunked prefill at small shapes", "[gpu][decode][prefill][sma
     c.shared_prefix = true;
     c.expect_forward = true;
     c.dim_qk = c.dim_v = 64;
-    check_case(*ctx, c, rng, seed);
+    const Result r = check_case(*ctx, c, rng, seed);
+    // Rows before the cache's start (q_idx < 3 of sequence 1) and every row of the empty
+    // sequence 2 see no key: out exactly 0, lse -inf.
+    for (int b = 1; b < 3; ++b) {
+      for (int h = 0; h < 3; ++h) {
+        for (int qi = 0; qi < (b == 1 ? 3 : 40); ++qi) {
+          const size_t row = (static_cast<size_t>(b) * 3 + h) * 40 + qi;
+          INFO("page " << page << " b=" << b << " h=" << h << " q=" << qi);
+          CHECK((std::isinf(r.lse[row]) && r.lse[row] < 0));
+          for (int d = 0; d < 64; ++d)
+            CHECK(r.out[row * 64 + d] == 0.0f);
+        }
+      }
+    }
   }
 }
 
