@@ -199,36 +199,32 @@ Result run_case(Context& ctx, DecodeCase& c, std::mt19937_64& rng) {
   r.out = download(out);
   r.lse = download(lse);
 
-  // The reference, sequence by sequence on its gathered keys.
-  std::vector<double> ref_out(r.out.size(), 0.0);
-  r.ref_lse.assign(r.lse.size(), -std::numeric_limits<double>::infinity());
+  // The reference: the whole batch on the logical (gathered) K / V of capacity `cap`, with the
+  // lengths as a mask (kv_idx < len[b]), so mods that read b (q_pos[b]) see each sequence's b.
+  // A sequence of length 0 has every row masked: out 0, lse -inf.
   Mods ref_mods = c.mods;
   if (!ref_mods.mask_mod.defined() && c.block_mask && c.block_mask->meta().mods.mask_mod.defined())
     ref_mods = combine(c.mods, c.block_mask->meta().mods);
+  ref_mods = combine(ref_mods, parse_mods("buffer fj_ref_len: i32[B]\n"
+                                          "mask_mod = kv_idx < fj_ref_len[b]",
+                                          "reference_lengths.fx"));
+  ir::EvalEnv ref_env = env;
+  ref_env.buffers["fj_ref_len"] = ir::BufferView{lens.data(), DType::I32, {B}, {}};
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.dim_qk));
-  for (int b = 0; b < B; ++b) {
-    if (lens[b] == 0) continue;  // out 0, lse -inf
-    AttentionShape s;
-    s.batch = 1, s.heads_q = Hq, s.heads_kv = Hkv, s.seqlen_q = Sq, s.seqlen_kv = lens[b];
-    s.head_dim_qk = c.dim_qk, s.head_dim_v = c.dim_v;
-    auto slice_q =
-        std::vector<float>(q.values.begin() + static_cast<size_t>(b) * Hq * Sq * c.dim_qk,
-                           q.values.begin() + static_cast<size_t>(b + 1) * Hq * Sq * c.dim_qk);
-    auto gather = [&](const HostTensor& t) {
-      const int D = static_cast<int>(t.shape[3]);
-      std::vector<float> g;
-      for (int h = 0; h < Hkv; ++h) {
-        const float* base = &t.values[((static_cast<size_t>(b) * Hkv + h) * cap) * D];
-        g.insert(g.end(), base, base + static_cast<size_t>(lens[b]) * D);
-      }
-      return g;
-    };
-    const ReferenceResult rr =
-        cpu_reference_attention(ref_mods, s, slice_q, gather(k), gather(v), scale, env);
-    std::copy(rr.out.begin(), rr.out.end(),
-              ref_out.begin() + static_cast<size_t>(b) * Hq * Sq * c.dim_v);
-    std::copy(rr.lse.begin(), rr.lse.end(), r.ref_lse.begin() + static_cast<size_t>(b) * Hq * Sq);
-  }
+  AttentionShape s;
+  s.batch = B, s.heads_q = Hq, s.heads_kv = Hkv, s.seqlen_q = Sq, s.seqlen_kv = cap;
+  s.head_dim_qk = c.dim_qk, s.head_dim_v = c.dim_v;
+  // Keys past a sequence's length are NaN in k / v (the kernels must never read them); the
+  // reference masks them, and reads zeros there so that 0 * NaN cannot reach its sums.
+  auto zeroed = [](std::vector<float> x) {
+    for (float& e : x)
+      if (std::isnan(e)) e = 0.0f;
+    return x;
+  };
+  const ReferenceResult rr = cpu_reference_attention(ref_mods, s, q.values, zeroed(k.values),
+                                                     zeroed(v.values), scale, ref_env);
+  const std::vector<double>& ref_out = rr.out;
+  r.ref_lse = rr.lse;
   r.out_err = compare(r.out, ref_out);
   for (size_t i = 0; i < r.ref_lse.size(); ++i) {
     const bool ref_inf = std::isinf(r.ref_lse[i]) && r.ref_lse[i] < 0;
