@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The first GPU check of the Hopper backward (backward_dkdv/sm90a_wgmma, backward_dq/sm90a_wgmma,
+# experimental) in one device call of under 10 minutes: runs ON the GPU machine from the
+# repository root with a Release build carried in .carry/build (flexjit, flexjit-tests). Logs
+# under $OUT.
+#   1. which variants the backward selects with the sm_90a variants enabled (FLEXJIT_LOG=kernels);
+#   2. a small backward under compute-sanitizer memcheck, racecheck and synccheck (a hang here is
+#      a pipeline deadlock: every step is time-limited);
+#   3. the [gpu][backward] suite with the variants enabled: each case against both families
+#      (test::backward_families: "sm90a_wgmma", then "sm80_mma");
+#   4. `flexjit bench --backward` on noop and causal (B=4 H=16 S=4096 D=128 bf16, the targets'
+#      shape) and the small set, sm90a_wgmma then sm80_mma, and torch flex's stored anchors;
+#   5. a short table last: test results, sanitizer summaries, bwd TFLOP/s per family.
+# SKIP_SUITE=1 skips step 3; SKIP_SANITIZERS=1 skips step 2.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+OUT="${OUT:-$(mktemp -d /tmp/gpu_bwd90_out.XXXXXX)}"
+export OUT
+mkdir -p "$OUT"
+B="${BUILD:-.carry/build}"
+export FLEXJIT_CACHE_DIR="${FLEXJIT_CACHE_DIR:-/tmp/fjc}"
+export PATH="$PATH:/usr/local/cuda/bin"
+SM90=backward_dkdv/sm90a_wgmma,backward_dq/sm90a_wgmma
+t0=$(date +%s)
+step() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
+summary() { grep -E "FAILED|failed|test cases|assertions" -A4 "$1" | head -"${2:-40}"; }
+# bench LIMIT ENABLE ARGS...: the backward benchmark with FLEXJIT_ENABLE_VARIANTS=ENABLE.
+bench() {
+  FLEXJIT_ENABLE_VARIANTS="$2" timeout -k 3 "$1" "$B/flexjit" bench --backward "${@:3}" 2>&1 |
+    grep -v "^#"
+}
+
+step selection
+FLEXJIT_ENABLE_VARIANTS=$SM90 FLEXJIT_LOG=kernels timeout -k 3 60 "$B/flexjit" bench --backward \
+  --small --repeats 1 --case causal > "$OUT/selection.log" 2>&1
+echo "rc=$?"; grep -E "backward_(dkdv|dq)" "$OUT/selection.log" | sort | uniq | head -6
+
+if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
+  for tool in memcheck racecheck synccheck; do
+    step "$tool"
+    FLEXJIT_ENABLE_VARIANTS=$SM90 timeout -k 3 90 compute-sanitizer --tool "$tool" "$B/flexjit" \
+      bench --backward --small --repeats 1 --case causal,alibi+causal,document+causal \
+      > "$OUT/san_$tool.log" 2>&1
+    echo "rc=$?" | tee -a "$OUT/san_summary.txt"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error" "$OUT/san_$tool.log" | sort | uniq -c | head -5 |
+      tee -a "$OUT/san_summary.txt"
+  done
+fi
+
+if [ "${SKIP_SUITE:-0}" != 1 ]; then
+  step backward-tests
+  FLEXJIT_ENABLE_VARIANTS=$SM90 timeout -k 3 300 "$B/flexjit-tests" "[gpu][backward]" \
+    > "$OUT/t_bwd.log" 2>&1
+  echo "rc=$?"; summary "$OUT/t_bwd.log" 80
+  grep -E "sm90a_wgmma\]" "$OUT/t_bwd.log" | head -40 > "$OUT/t_bwd_sm90_lines.txt"
+fi
+
+step bench
+echo "-- sm90a_wgmma (enabled)"
+bench 150 "$SM90" --case noop,causal | tee "$OUT/bench_sm90.txt"
+bench 120 "$SM90" --small | tee "$OUT/bench_sm90_small.txt"
+echo "-- sm80_mma (the default)"
+bench 150 "" --case noop,causal | tee "$OUT/bench_sm80.txt"
+echo "-- anchors (torch flex on an H100, 2026-11-23: fwd then bwd TFLOP/s in columns 12 and 14)"
+grep -E "^torch-flex,(noop|causal)," docs/perf/runs/2026-11-23-h100-bwd/anchors.log | head -2
+
+step table
+{
+  echo "tests: $(grep -E "test cases" "$OUT/t_bwd.log" 2>/dev/null | tail -1)"
+  echo "sanitizers:"; cat "$OUT/san_summary.txt" 2>/dev/null
+  echo "bwd sm90a_wgmma:"; grep -E "^(noop|causal) |backward:" "$OUT/bench_sm90.txt"
+  echo "bwd sm80_mma:"; grep -E "^(noop|causal) |backward:" "$OUT/bench_sm80.txt"
+  echo "targets: noop >= 300, causal >= 260 TFLOP/s (torch flex 383 / 332)"
+} | tee "$OUT/table.txt"
+step done
