@@ -11,7 +11,11 @@
 #   4. `flexjit bench --backward` on noop and causal (B=4 H=16 S=4096 D=128 bf16, the targets'
 #      shape) and the small set, sm90a_wgmma then sm80_mma, and torch flex's stored anchors;
 #   5. a short table last: test results, sanitizer summaries, bwd TFLOP/s per family.
-# SKIP_SUITE=1 skips step 3; SKIP_SANITIZERS=1 skips step 2.
+# SKIP_SUITE=1 skips step 3; SKIP_SANITIZERS=1 skips step 2. Preparing the carry (this machine):
+#   ninja -C build flexjit flexjit-tests && mkdir -p .carry/build &&
+#   cp build/flexjit build/flexjit-tests .carry/build/
+# then, on the device: bash scripts/gpu_check_bwd90.sh (carry: .carry). Run only the
+# [gpu][backward] tag with FLEXJIT_ENABLE_VARIANTS set: other suites pin sm80_mma's names.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-$(mktemp -d /tmp/gpu_bwd90_out.XXXXXX)}"
@@ -20,6 +24,7 @@ mkdir -p "$OUT"
 B="${BUILD:-.carry/build}"
 export FLEXJIT_CACHE_DIR="${FLEXJIT_CACHE_DIR:-/tmp/fjc}"
 export PATH="$PATH:/usr/local/cuda/bin"
+if [ -d .carry/lib ]; then export LD_LIBRARY_PATH=".carry/lib:${LD_LIBRARY_PATH:-}"; fi
 SM90=backward_dkdv/sm90a_wgmma,backward_dq/sm90a_wgmma
 t0=$(date +%s)
 step() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }

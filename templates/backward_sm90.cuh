@@ -249,7 +249,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       fj_fence_regs(s);
       fj_fence_regs(dp);
       const float* rows = smem_rows + stage * 2 * kBM;  // lse2[kBM], then delta[kBM]
-      if (j < sched.num_partial) {
+      // Partial tiles apply mask_mod (without one, both branches would be the same code).
+      if (Cfg::kHasMaskMod && j < sched.num_partial) {
         fj_bwd_sm90_elements<Cfg, true, true>(s, dp, args, mods, grads, rows, rows + kBM, no_rows,
                                               no_rows, b, h, kv_row0, m0, lane, true, grad_acc);
       } else {
@@ -396,7 +397,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     fj_wgmma_wait<0>();
     fj_fence_regs(s);
     fj_fence_regs(dp);
-    if (i < sched.num_partial) {
+    if (Cfg::kHasMaskMod && i < sched.num_partial) {
       fj_bwd_sm90_elements<Cfg, true, false>(s, dp, args, mods, no_grads, nullptr, nullptr, lse2,
                                              delta, b, h, q_row0, n0, lane, false, no_acc);
     } else {
