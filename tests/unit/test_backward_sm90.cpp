@@ -105,6 +105,10 @@ TEST_CASE("sm90a_wgmma backward serves sm_90a bf16 / f16 d 64 / 128 and says why
                Catch::Contains("f32 inputs run on the tf32 tensor cores of sm80_mma"));
     CHECK_THAT(v->unsupported(p(f, "sm_90a", DType::BF16, 256, 256), {}).value(),
                Catch::Contains("head_dim_qk = 256") && Catch::Contains("supported: 64, 128"));
+    KernelDesc det = p(f, "sm_90a", DType::BF16);
+    det.flags.set("deterministic", 1);
+    CHECK_THAT(v->unsupported(det, {}).value(),
+               Catch::Contains("deterministic buffer gradients run on sm80_mma"));
     InputFacts tma;
     tma.tma_blocker = "dout's head stride is 0 bytes; ...";
     CHECK(v->unsupported(p(f, "sm_90a", DType::BF16), tma).value() == tma.tma_blocker);

@@ -60,6 +60,13 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
   if (p.gqa_ratio < 1) {
     return fmt::format("gqa_ratio (heads_q / heads_kv) must be at least 1, not {}", p.gqa_ratio);
   }
+  // Deterministic buffer gradients (a dK/dV problem flag) are sm80_mma's fixed-order reduction;
+  // this variant adds them with fp32 atomics.
+  if (p.flags.get("deterministic").value_or(0) != 0) {
+    return std::string(
+        "deterministic buffer gradients run on sm80_mma (this variant adds them with fp32 "
+        "atomics)");
+  }
   return std::nullopt;
 }
 
