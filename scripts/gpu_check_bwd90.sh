@@ -11,8 +11,8 @@
 #              families (test::backward_families: "sm90a_wgmma", then "sm80_mma").
 #   PART=2  4. `flexjit bench --backward --quick` (B=4 H=16 S=4096 D=128 bf16: noop, causal,
 #              alibi+causal, document+causal), sm90a_wgmma then sm80_mma, twice each for the
-#              spread, the extra shapes' quick set (GQA, D=64, 16k) on sm90a_wgmma, and torch
-#              flex's stored H100 figures;
+#              spread, 3 stages and dQ's 128-key tiles on noop / causal, the extra shapes'
+#              quick set (GQA, D=64, 16k) on sm90a_wgmma, and torch flex's stored H100 figures;
 #           5. a short table last.
 # SKIP_SUITE=1 skips step 3; SKIP_SANITIZERS=1 skips step 2. Preparing the carry (this machine):
 #   ninja -C build flexjit flexjit-tests && mkdir -p .carry/build &&
@@ -74,6 +74,11 @@ if [ "$PART" != 1 ]; then
     bench 120 "$SM90" --quick | tee "$OUT/bench_sm90_$run.txt"
     echo "-- run $run: sm80_mma (the default)"
     bench 120 "" --quick | tee "$OUT/bench_sm80_$run.txt"
+  done
+  # Configs (they apply to the forward too, where it takes them): dK/dV and dQ with 3 stages;
+  # dQ with 128-key tiles.
+  for cfg in "--stages 3" "--block-n 128"; do
+    echo "-- sm90a_wgmma $cfg"; bench 90 "$SM90" --case noop,causal $cfg | tee -a "$OUT/bench_sweep.txt"
   done
   echo "-- extra shapes, sm90a_wgmma"
   bench 150 "$SM90" --quick --only-extra | tee "$OUT/bench_sm90_extra.txt"
