@@ -26,7 +26,8 @@
 // The wgmma accumulator of m64nN is the m16n8 fragment of mma.sync repeated N / 8 times for
 // each warp's 16 rows, so the sm_80 element step runs on it unchanged: thread (g, t) holds rows
 // g, g + 8 of its warp's 16 and columns 8j + 2t, 8j + 2t + 1. No overlap between the GEMMs and
-// the element step in this first version: every group of wgmma is waited for at once.
+// the element step inside a warpgroup in this first version (every group of wgmma is waited for
+// at once); between the two consumers, ping-pong turns (FjBwdTurns).
 // Shared memory (dynamic, aligned here to 1024 bytes; fj_bwd_*_sm90_smem_bytes in
 // flexjit_abi.h): 128-byte swizzled tiles (wgmma_sm90.cuh), then the f32 arrays, then the
 // mbarriers.
@@ -121,6 +122,27 @@ FJ_DEVICE void fj_bwd_sm90_rs(float (&d)[kDim / 8][4], const fj_u32 (&a)[kK / 16
     fj_wgmma_rs(d, a[j], db, 1);
   }
 }
+
+// Ping-pong between the two consumer warpgroups (the forward's v8 scheme): warpgroup c issues
+// wgmma only inside a turn, taken with a bar.sync on kBar + c and handed over right after the
+// issue with a bar.arrive on the other's barrier (256 threads: 128 syncing, 128 arriving), so
+// the tensor cores alternate between the two and one's element step runs under the other's
+// GEMMs instead of both waiting on the same stage at once. Warpgroup 0 takes the first turn
+// (start: warpgroup 1's arrival); every turn hands over, and warpgroup 0 absorbs warpgroup 1's
+// last hand-over (finish), so no arrival is left pending at exit, however many turns there
+// were. Both warpgroups walk the same tiles, hence take the same number of turns.
+struct FjBwdTurns {
+  static constexpr int kBar = 3;  // 1, 2: the epilogues' per-warpgroup barriers
+  int cw;
+  FJ_DEVICE void start() const {
+    if (cw == 1) fj_bar_arrive(kBar, 256);
+  }
+  FJ_DEVICE void begin() const { fj_bar_sync(kBar + cw, 256); }
+  FJ_DEVICE void end() const { fj_bar_arrive(kBar + (cw ^ 1), 256); }
+  FJ_DEVICE void finish() const {
+    if (cw == 0) fj_bar_sync(kBar, 256);
+  }
+};
 
 template <int kN8>
 FJ_DEVICE void fj_zero_acc(float (&d)[kN8][4]) {
@@ -225,6 +247,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const int kv_row0 = n_start + cw * 64 + warp * 16;  // this warp's first kv row
   const float no_rows[2] = {0.0f, 0.0f};
   float grad_acc[kFjGradSlots];
+  const FjBwdTurns turns{cw};
+  turns.start();
   fj_mbar_wait(bar_kv, 0);
   int i = 0;
   for (int g = 0; g < Cfg::kGqaRatio; ++g) {
@@ -241,10 +265,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const fj_u32 sq_st = sq + stage * kQBytes, sdo_st = sdo + stage * kDoBytes;
       fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
       float s[kBM / 8][4], dp[kBM / 8][4];
+      turns.begin();
       fj_wgmma_fence();
       fj_bwd_sm90_ss<T::kDimQK, kBN, kBM>(s, sk, cw * 64, sq_st);
       fj_bwd_sm90_ss<T::kDimV, kBN, kBM>(dp, sv, cw * 64, sdo_st);
       fj_wgmma_commit();
+      turns.end();
       fj_wgmma_wait<0>();
       fj_fence_regs(s);
       fj_fence_regs(dp);
@@ -260,10 +286,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       fj_u32 pa[kBM / 16][4], dsa[kBM / 16][4];
       fj_wgmma_pack_a<E>(pa, s);
       fj_wgmma_pack_a<E>(dsa, dp);
+      turns.begin();
       fj_wgmma_fence();
       fj_bwd_sm90_rs<kBM, T::kDimV>(dv, pa, sdo_st);
       fj_bwd_sm90_rs<kBM, T::kDimQK>(dk, dsa, sq_st);
       fj_wgmma_commit();
+      turns.end();
       fj_wgmma_wait<0>();
       fj_fence_regs(dv);
       fj_fence_regs(dk);
@@ -273,6 +301,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     }
     if constexpr (kFjUniformGradSites > 0) fj_bufgrad_flush(mods, grads, b, h, grad_acc);
   }
+  turns.finish();
 
   // ---- epilogue: dK (times scale) and dV through this warpgroup's rows of the K and V tiles ----
   fj_fence_proxy_async();  // the K / V rows were last read by wgmma (async proxy)
@@ -383,6 +412,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   fj_zero_acc(dq);
   const FjGradParams no_grads = {};
   float no_acc[kFjGradSlots] = {};
+  const FjBwdTurns turns{cw};
+  turns.start();
   fj_mbar_wait(bar_qdo, 0);
   for (int i = 0; i < sched.num_total; ++i) {
     const int n0 = sched.tile(i) * kBN;
@@ -390,10 +421,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     const fj_u32 sk_st = sk + stage * kKBytes, sv_st = sv + stage * kVBytes;
     fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
     float s[kBN / 8][4], dp[kBN / 8][4];
+    turns.begin();
     fj_wgmma_fence();
     fj_bwd_sm90_ss<T::kDimQK, kBM, kBN>(s, sq, cw * 64, sk_st);
     fj_bwd_sm90_ss<T::kDimV, kBM, kBN>(dp, sdo, cw * 64, sv_st);
     fj_wgmma_commit();
+    turns.end();
     fj_wgmma_wait<0>();
     fj_fence_regs(s);
     fj_fence_regs(dp);
@@ -406,14 +439,17 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     }
     fj_u32 dsa[kBN / 16][4];
     fj_wgmma_pack_a<E>(dsa, dp);
+    turns.begin();
     fj_wgmma_fence();
     fj_bwd_sm90_rs<kBN, T::kDimQK>(dq, dsa, sk_st);
     fj_wgmma_commit();
+    turns.end();
     fj_wgmma_wait<0>();
     fj_fence_regs(dq);
     __syncwarp();
     if (lane == 0) fj_mbar_arrive(bar_empty + 8 * stage);
   }
+  turns.finish();
 
   // ---- epilogue: dQ (times scale) through this warpgroup's rows of the Q tile ----
   fj_fence_proxy_async();
