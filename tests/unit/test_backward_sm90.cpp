@@ -224,7 +224,7 @@ TEST_CASE("sm90a_wgmma backward compiles for every standard mod at d 64 / 128 wi
                         "stores / loads, {} B smem, compiled in {:.2f} s",
                         d.str(), j.mods, u.registers, u.spill_store_bytes, u.spill_load_bytes,
                         Registry::global().get(j.family, "sm90a_wgmma").smem_bytes(d), secs));
-        // Known (docs/perf/NOTES.md v10): dQ at d = 64 with its 128-key tiles spills 8 bytes for
+        // Known (docs/perf/NOTES.md v10): dQ at d = 64 with its 128-key tiles spills 16 bytes for
         // relative_bias_causal (the bias loads of 64 scores in flight beside S, dP and dQ).
         // Every other case: none.
         const bool known =
