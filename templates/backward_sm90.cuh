@@ -144,6 +144,13 @@ struct FjBwdTurns {
   }
 };
 
+// Row `row` of (b, h) of a 16-bit [B, H, S, D] tensor with these element strides.
+FJ_DEVICE char* fj_bhs_row(void* base, fj_i64 stride_b, fj_i64 stride_h, fj_i64 stride_s, int b,
+                           int h, int row) {
+  return static_cast<char*>(base) +
+         2 * ((fj_i64)b * stride_b + (fj_i64)h * stride_h + (fj_i64)row * stride_s);
+}
+
 template <int kN8>
 FJ_DEVICE void fj_zero_acc(float (&d)[kN8][4]) {
 #pragma unroll
@@ -312,14 +319,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   fj_bar_sync(1 + cw, 128);
   const int row0 = n_start + cw * 64;
   fj_sw128_copy_out64<T::kDimQK, kBN>(
-      static_cast<char*>(args.dk) +
-          2 * ((fj_i64)b * args.dk_stride_b + (fj_i64)h_kv * args.dk_stride_h +
-               (fj_i64)row0 * args.dk_stride_s),
+      fj_bhs_row(args.dk, args.dk_stride_b, args.dk_stride_h, args.dk_stride_s, b, h_kv, row0),
       2 * args.dk_stride_s, sk, cw * 64, args.seqlen_kv - row0, wtid);
   fj_sw128_copy_out64<T::kDimV, kBN>(
-      static_cast<char*>(args.dv) +
-          2 * ((fj_i64)b * args.dv_stride_b + (fj_i64)h_kv * args.dv_stride_h +
-               (fj_i64)row0 * args.dv_stride_s),
+      fj_bhs_row(args.dv, args.dv_stride_b, args.dv_stride_h, args.dv_stride_s, b, h_kv, row0),
       2 * args.dv_stride_s, sv, cw * 64, args.seqlen_kv - row0, wtid);
 }
 #endif  // FJ_BWD_SM90_DKDV
@@ -458,9 +461,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   fj_bar_sync(1 + cw, 128);
   const int row0 = m_start + cw * 64;
   fj_sw128_copy_out64<T::kDimQK, kBM>(
-      static_cast<char*>(args.dq) +
-          2 * ((fj_i64)b * args.dq_stride_b + (fj_i64)h * args.dq_stride_h +
-               (fj_i64)row0 * args.dq_stride_s),
+      fj_bhs_row(args.dq, args.dq_stride_b, args.dq_stride_h, args.dq_stride_s, b, h, row0),
       2 * args.dq_stride_s, sq, cw * 64, args.seqlen_q - row0, wtid);
 }
 #endif  // FJ_BWD_SM90_DQ

@@ -6,6 +6,7 @@
 #include "codegen/cuda/Wgmma.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/Sm80Mma.h"
+#include "kernels/forward/Sm90Wgmma.h"
 #include "runtime/TensorMap.h"
 #include "util/Embedded.h"
 
@@ -46,20 +47,7 @@ std::optional<std::string> not_in(const KernelDesc& d, const char* what, int64_t
 }
 
 std::optional<std::string> problem_reason(const KernelDesc& p) {
-  if (!(p.arch.cc() == 90 && p.arch.accelerated)) {
-    return fmt::format("wgmma and setmaxnreg need sm_90a, not {}", p.arch.str());
-  }
-  if (p.dtype != DType::BF16 && p.dtype != DType::F16) {
-    return fmt::format(
-        "{} inputs run on the tf32 tensor cores of sm80_mma (this variant takes bf16 and f16)",
-        to_string(p.dtype));
-  }
-  for (auto [what, d] : {std::pair{"head_dim_qk", p.head_dim_qk}, {"head_dim_v", p.head_dim_v}}) {
-    if (auto r = not_in(p, what, d, {64, 128})) return r;
-  }
-  if (p.gqa_ratio < 1) {
-    return fmt::format("gqa_ratio (heads_q / heads_kv) must be at least 1, not {}", p.gqa_ratio);
-  }
+  if (auto r = wgmma_problem_reason(p, {64, 128})) return r;
   // Deterministic buffer gradients (a dK/dV problem flag) are sm80_mma's fixed-order reduction;
   // this variant adds them with fp32 atomics.
   if (p.flags.get("deterministic").value_or(0) != 0) {
@@ -191,25 +179,13 @@ Params BackwardSm90Wgmma<F>::default_config(const KernelDesc& p) const {
 
 template <Family F>
 std::vector<Params> BackwardSm90Wgmma<F>::config_space(const KernelDesc& p) const {
-  std::vector<Params> out;
+  std::vector<Params> grid;
   const Sm90Tiles& t = tiles_of(F);
-  for (int bm : t.block_m) {
-    for (int bn : t.block_n) {
-      for (int s : t.stages) {
-        KernelDesc d = p;
-        d.config = make_config(bm, bn, s);
-        if (!d.flags.has("divisible")) d.flags.set("divisible", 0);
-        if (!d.flags.has("full_blocks")) d.flags.set("full_blocks", 0);
-        try {
-          validate(d);
-        } catch (const UnsupportedError&) {
-          continue;
-        }
-        out.push_back(d.config);
-      }
-    }
-  }
-  return out;
+  for (int bm : t.block_m)
+    for (int bn : t.block_n)
+      for (int s : t.stages)
+        grid.push_back(make_config(bm, bn, s));
+  return valid_configs(*this, p, grid);
 }
 
 template <Family F>
@@ -234,10 +210,7 @@ Params BackwardSm90Wgmma<F>::resolve_config(const KernelDesc& problem, const Par
 
 template <Family F>
 void BackwardSm90Wgmma<F>::specialize(KernelDesc& d, const InputFacts& facts) const {
-  if (facts.seqlen_q < 0 || facts.seqlen_kv < 0) return;
-  const bool divisible =
-      facts.seqlen_q % d.config.at("block_m") == 0 && facts.seqlen_kv % d.config.at("block_n") == 0;
-  d.flags.set("divisible", divisible ? 1 : 0);
+  specialize_divisible(d, facts);
 }
 
 template <Family F>

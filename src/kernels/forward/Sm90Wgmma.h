@@ -13,7 +13,16 @@
 
 #include "kernels/forward/Forward.h"
 
+#include <initializer_list>
+#include <optional>
+#include <string>
+
 namespace flexjit::kernels {
+
+// Why a wgmma kernel (the sm90a_wgmma variant of any family) cannot serve `problem`: not sm_90a,
+// not bf16 / f16, a head dim outside `head_dims`, a gqa_ratio below 1; nullopt when it can.
+std::optional<std::string> wgmma_problem_reason(const KernelDesc& problem,
+                                                std::initializer_list<int> head_dims);
 
 class ForwardSm90Wgmma : public ForwardVariant {
  public:
