@@ -151,6 +151,49 @@ FJ_DEVICE char* fj_bhs_row(void* base, fj_i64 stride_b, fj_i64 stride_h, fj_i64 
          2 * ((fj_i64)b * stride_b + (fj_i64)h * stride_h + (fj_i64)row * stride_s);
 }
 
+// S = A B^T and dP = A2 B2^T for this consumer, in one ping-pong turn, waited for: A and A2 are
+// the consumer's 64 rows (from row a_row0) of kRowsA-row tiles with kDimS / kDimP columns, B and
+// B2 kN-row tiles (dK/dV: K, V against Q, dO; dQ: Q, dO against K, V).
+template <int kDimS, int kDimP, int kRowsA, int kN>
+FJ_DEVICE void fj_bwd_sm90_s_dp(float (&s)[kN / 8][4], float (&dp)[kN / 8][4],
+                                const FjBwdTurns& turns, fj_u32 a, fj_u32 a2, int a_row0, fj_u32 b,
+                                fj_u32 b2) {
+  turns.begin();
+  fj_wgmma_fence();
+  fj_bwd_sm90_ss<kDimS, kRowsA, kN>(s, a, a_row0, b);
+  fj_bwd_sm90_ss<kDimP, kRowsA, kN>(dp, a2, a_row0, b2);
+  fj_wgmma_commit();
+  turns.end();
+  fj_wgmma_wait<0>();
+  fj_fence_regs(s);
+  fj_fence_regs(dp);
+}
+
+// The mbarriers of both kernels at `at` (8 bytes each): "once" for the tiles loaded once (dK/dV:
+// K and V; dQ: Q and dO), then per stage s of the ring "full" at full + 8s (the producer's one
+// arrival with the transaction bytes) and "empty" at empty + 8s (lane 0 of every consumer
+// warp). init() runs in one thread, then the whole CTA syncs (__syncthreads).
+template <int kStages, int kConsumers>
+struct FjBwdRing {
+  fj_u32 once, full, empty;
+  FJ_DEVICE explicit FjBwdRing(fj_u32 at) : once(at), full(at + 8), empty(at + 8 + 8 * kStages) {}
+  FJ_DEVICE void init() const {
+    fj_mbar_init(once, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      fj_mbar_init(full + 8 * s, 1);
+      fj_mbar_init(empty + 8 * s, 4 * kConsumers);
+    }
+    fj_mbar_init_fence();
+  }
+};
+
+// This warp is done with a stage: lane 0 arrives on its "empty" barrier.
+FJ_DEVICE void fj_bwd_sm90_release(fj_u32 bar_empty, int lane) {
+  __syncwarp();
+  if (lane == 0) fj_mbar_arrive(bar_empty);
+}
+
 template <int kN8>
 FJ_DEVICE void fj_zero_acc(float (&d)[kN8][4]) {
 #pragma unroll
@@ -189,24 +232,15 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const fj_u32 srows = base + kOffRows;
   const float* smem_rows =
       reinterpret_cast<const float*>(fj_smem_raw + (srows - fj_smem_addr(fj_smem_raw)));
-  // K and V loaded; per stage s: Q / dO / lse2 / delta full at bar_full + 8s, empty at bar_empty.
-  const fj_u32 bar_kv = base + kOffBar;
-  const fj_u32 bar_full = bar_kv + 8;
-  const fj_u32 bar_empty = bar_full + 8 * kS;
+  // once: K and V; full: Q, dO, lse2 and delta of a stage.
+  const FjBwdRing<kS, T::kConsumers> ring(base + kOffBar);
+  const fj_u32 bar_kv = ring.once, bar_full = ring.full, bar_empty = ring.empty;
 
   const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, wg = tid / 128;
   const int n_start = n_block * kBN;
 
-  if (tid == 0) {
-    fj_mbar_init(bar_kv, 1);
-#pragma unroll
-    for (int s = 0; s < kS; ++s) {
-      fj_mbar_init(bar_full + 8 * s, 1);
-      fj_mbar_init(bar_empty + 8 * s, 4 * T::kConsumers);  // lane 0 of every consumer warp
-    }
-    fj_mbar_init_fence();
-  }
+  if (tid == 0) ring.init();
   __syncthreads();
 
   if (wg == 0) {
@@ -272,15 +306,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const fj_u32 sq_st = sq + stage * kQBytes, sdo_st = sdo + stage * kDoBytes;
       fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
       float s[kBM / 8][4], dp[kBM / 8][4];
-      turns.begin();
-      fj_wgmma_fence();
-      fj_bwd_sm90_ss<T::kDimQK, kBN, kBM>(s, sk, cw * 64, sq_st);
-      fj_bwd_sm90_ss<T::kDimV, kBN, kBM>(dp, sv, cw * 64, sdo_st);
-      fj_wgmma_commit();
-      turns.end();
-      fj_wgmma_wait<0>();
-      fj_fence_regs(s);
-      fj_fence_regs(dp);
+      fj_bwd_sm90_s_dp<T::kDimQK, T::kDimV, kBN, kBM>(s, dp, turns, sk, sv, cw * 64, sq_st, sdo_st);
       const float* rows = smem_rows + stage * 2 * kBM;  // lse2[kBM], then delta[kBM]
       // Partial tiles apply mask_mod (without one, both branches would be the same code).
       if (Cfg::kHasMaskMod && j < sched.num_partial) {
@@ -302,8 +328,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       fj_wgmma_wait<0>();
       fj_fence_regs(dv);
       fj_fence_regs(dk);
-      __syncwarp();
-      if (lane == 0) fj_mbar_arrive(bar_empty + 8 * stage);
+      fj_bwd_sm90_release(bar_empty + 8 * stage, lane);
       ++i;
     }
     if constexpr (kFjUniformGradSites > 0) fj_bufgrad_flush(mods, grads, b, h, grad_acc);
@@ -352,10 +377,9 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   extern __shared__ unsigned char fj_smem_raw[];
   const fj_u32 base = (fj_smem_addr(fj_smem_raw) + 1023u) & ~1023u;
   const fj_u32 sq = base, sdo = base + kOffDo, sk = base + kOffK, sv = base + kOffV;
-  // Q and dO loaded; per stage s: K and V full at bar_full + 8s, empty at bar_empty + 8s.
-  const fj_u32 bar_qdo = base + kOffBar;
-  const fj_u32 bar_full = bar_qdo + 8;
-  const fj_u32 bar_empty = bar_full + 8 * kS;
+  // once: Q and dO; full: K and V of a stage.
+  const FjBwdRing<kS, T::kConsumers> ring(base + kOffBar);
+  const fj_u32 bar_qdo = ring.once, bar_full = ring.full, bar_empty = ring.empty;
 
   const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest tiles first, as the forward
   const int h = blockIdx.y, b = blockIdx.z;
@@ -363,15 +387,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const int h_kv = h / Cfg::kGqaRatio;
   const int m_start = m_block * kBM;
 
-  if (tid == 0) {
-    fj_mbar_init(bar_qdo, 1);
-#pragma unroll
-    for (int s = 0; s < kS; ++s) {
-      fj_mbar_init(bar_full + 8 * s, 1);
-      fj_mbar_init(bar_empty + 8 * s, 4 * T::kConsumers);
-    }
-    fj_mbar_init_fence();
-  }
+  if (tid == 0) ring.init();
   __syncthreads();
 
   const FjKvSchedule sched =
@@ -424,15 +440,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     const fj_u32 sk_st = sk + stage * kKBytes, sv_st = sv + stage * kVBytes;
     fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
     float s[kBN / 8][4], dp[kBN / 8][4];
-    turns.begin();
-    fj_wgmma_fence();
-    fj_bwd_sm90_ss<T::kDimQK, kBM, kBN>(s, sq, cw * 64, sk_st);
-    fj_bwd_sm90_ss<T::kDimV, kBM, kBN>(dp, sdo, cw * 64, sv_st);
-    fj_wgmma_commit();
-    turns.end();
-    fj_wgmma_wait<0>();
-    fj_fence_regs(s);
-    fj_fence_regs(dp);
+    fj_bwd_sm90_s_dp<T::kDimQK, T::kDimV, kBM, kBN>(s, dp, turns, sq, sdo, cw * 64, sk_st, sv_st);
     if (Cfg::kHasMaskMod && i < sched.num_partial) {
       fj_bwd_sm90_elements<Cfg, true, false>(s, dp, args, mods, no_grads, nullptr, nullptr, lse2,
                                              delta, b, h, q_row0, n0, lane, false, no_acc);
@@ -449,8 +457,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     turns.end();
     fj_wgmma_wait<0>();
     fj_fence_regs(dq);
-    __syncwarp();
-    if (lane == 0) fj_mbar_arrive(bar_empty + 8 * stage);
+    fj_bwd_sm90_release(bar_empty + 8 * stage, lane);
   }
   turns.finish();
 

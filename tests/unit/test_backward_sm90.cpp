@@ -9,15 +9,14 @@
 #include "kernels/Registry.h"
 #include "kernels/backward/Backward.h"
 #include "kernels/backward/Sm90Backward.h"
+#include "support/Parallel.h"
 
 #include <flexjit_abi.h>
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
-#include <atomic>
 #include <chrono>
 #include <mutex>
-#include <thread>
 
 using namespace flexjit;
 using namespace flexjit::kernels;
@@ -205,52 +204,43 @@ TEST_CASE("sm90a_wgmma backward compiles for every standard mod at d 64 / 128 wi
   jit::CacheSettings settings;
   settings.enabled = false;
   KernelBuilder builder(settings);
-  std::atomic<size_t> next{0};
   std::mutex mu;
   std::vector<std::string> failures, report;
-  auto worker = [&] {
-    for (size_t i; (i = next++) < jobs.size();) {
-      const Job& j = jobs[i];
-      try {
-        const KernelDesc d = sm90_desc(j.family, j.dtype, j.dqk, j.dv, j.overrides);
-        const auto t0 = std::chrono::steady_clock::now();
-        const BuiltKernel k = builder.build(standard_mods(j.mods), d);
-        const double secs =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const auto& u = k.compiled.kernel->usage;
-        std::lock_guard<std::mutex> lock(mu);
-        report.push_back(
-            fmt::format("{} {}: {} registers (launch bound), {} / {} B spill "
-                        "stores / loads, {} B smem, compiled in {:.2f} s",
-                        d.str(), j.mods, u.registers, u.spill_store_bytes, u.spill_load_bytes,
-                        Registry::global().get(j.family, "sm90a_wgmma").smem_bytes(d), secs));
-        // Known (docs/perf/NOTES.md v10): dQ at d = 64 with its 128-key tiles spills 16 bytes for
-        // relative_bias_causal (the bias loads of 64 scores in flight beside S, dP and dQ).
-        // Every other case: none.
-        const bool known =
-            j.family == Family::BackwardDq && j.dqk == 64 && j.mods.rfind("relative_bias", 0) == 0;
-        const int64_t allowed = known ? 32 : 0;
-        if (u.spill_store_bytes > allowed || u.spill_load_bytes > allowed) {
-          failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),
-                                         j.mods, u.spill_store_bytes, u.spill_load_bytes));
-        }
-        for (const char* needle : {"wgmma.mma_async", "cp.async.bulk.tensor.4d", "setmaxnreg.inc",
-                                   "mbarrier.try_wait"}) {
-          if (k.source->source.find(needle) == std::string::npos)
-            failures.push_back(fmt::format("{} {}: source lacks {}", d.str(), j.mods, needle));
-        }
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mu);
-        failures.push_back(fmt::format("{} {}: {}", to_string(j.family), j.mods, e.what()));
+  test::run_parallel(jobs.size(), [&](size_t i) {
+    const Job& j = jobs[i];
+    try {
+      const KernelDesc d = sm90_desc(j.family, j.dtype, j.dqk, j.dv, j.overrides);
+      const auto t0 = std::chrono::steady_clock::now();
+      const BuiltKernel k = builder.build(standard_mods(j.mods), d);
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const auto& u = k.compiled.kernel->usage;
+      std::lock_guard<std::mutex> lock(mu);
+      report.push_back(
+          fmt::format("{} {}: {} registers (launch bound), {} / {} B spill "
+                      "stores / loads, {} B smem, compiled in {:.2f} s",
+                      d.str(), j.mods, u.registers, u.spill_store_bytes, u.spill_load_bytes,
+                      Registry::global().get(j.family, "sm90a_wgmma").smem_bytes(d), secs));
+      // Known (docs/perf/NOTES.md v10): dQ at d = 64 with its 128-key tiles spills 16 bytes for
+      // relative_bias_causal (the bias loads of 64 scores in flight beside S, dP and dQ).
+      // Every other case: none.
+      const bool known =
+          j.family == Family::BackwardDq && j.dqk == 64 && j.mods.rfind("relative_bias", 0) == 0;
+      const int64_t allowed = known ? 32 : 0;
+      if (u.spill_store_bytes > allowed || u.spill_load_bytes > allowed) {
+        failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),
+                                       j.mods, u.spill_store_bytes, u.spill_load_bytes));
       }
+      for (const char* needle :
+           {"wgmma.mma_async", "cp.async.bulk.tensor.4d", "setmaxnreg.inc", "mbarrier.try_wait"}) {
+        if (k.source->source.find(needle) == std::string::npos)
+          failures.push_back(fmt::format("{} {}: source lacks {}", d.str(), j.mods, needle));
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      failures.push_back(fmt::format("{} {}: {}", to_string(j.family), j.mods, e.what()));
     }
-  };
-  std::vector<std::thread> pool;
-  const unsigned n = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
-  for (unsigned t = 0; t < n; ++t)
-    pool.emplace_back(worker);
-  for (auto& t : pool)
-    t.join();
+  });
   std::sort(report.begin(), report.end());
   WARN(fmt::format("{}", fmt::join(report, "\n")));
   CHECK(failures.empty());

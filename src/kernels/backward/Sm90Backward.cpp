@@ -97,11 +97,7 @@ template <Family F>
 std::optional<std::string> BackwardSm90Wgmma<F>::unsupported(const KernelDesc& problem,
                                                              const InputFacts& facts) const {
   if (auto r = problem_reason(problem)) return r;
-  if (!facts.aligned16) {
-    return fmt::format("TMA needs 16-byte aligned pointers and strides: {}",
-                       facts.alignment_blocker);
-  }
-  if (!facts.tma_blocker.empty()) return facts.tma_blocker;
+  if (auto r = wgmma_input_reason(facts)) return r;
   // The tiles the block mask's sparse blocks must be multiples of: dK/dV's 128 keys (its q tile
   // shrinks to 64), dQ's 128 queries (its kv tile shrinks to 64).
   const int q_tile = is_dkdv(F) ? 64 : 128, kv_tile = is_dkdv(F) ? 128 : 64;

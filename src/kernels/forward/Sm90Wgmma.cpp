@@ -73,6 +73,15 @@ std::optional<std::string> wgmma_problem_reason(const KernelDesc& p,
   return std::nullopt;
 }
 
+std::optional<std::string> wgmma_input_reason(const InputFacts& facts) {
+  if (!facts.aligned16) {
+    return fmt::format("TMA needs 16-byte aligned pointers and strides: {}",
+                       facts.alignment_blocker);
+  }
+  if (!facts.tma_blocker.empty()) return facts.tma_blocker;
+  return std::nullopt;
+}
+
 std::string_view ForwardSm90Wgmma::summary() const {
   return "FlashAttention-3 structure: TMA, wgmma, producer/consumer warpgroups with setmaxnreg; "
          "bf16/f16; d 64/128/256; sm_90a";
@@ -81,11 +90,7 @@ std::string_view ForwardSm90Wgmma::summary() const {
 std::optional<std::string> ForwardSm90Wgmma::unsupported(const KernelDesc& problem,
                                                          const InputFacts& facts) const {
   if (auto r = problem_reason(problem)) return r;
-  if (!facts.aligned16) {
-    return fmt::format("TMA needs 16-byte aligned pointers and strides: {}",
-                       facts.alignment_blocker);
-  }
-  if (!facts.tma_blocker.empty()) return facts.tma_blocker;
+  if (auto r = wgmma_input_reason(facts)) return r;
   if (facts.mask_q_block != 0 && facts.mask_q_block % 128 != 0) {
     return fmt::format(
         "the block mask's q block size {} is not a multiple of this kernel's 128-row tiles",
