@@ -337,18 +337,16 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 
   // ---- epilogue: dK (times scale) and dV through this warpgroup's rows of the K and V tiles ----
   fj_fence_proxy_async();  // the K / V rows were last read by wgmma (async proxy)
-  const float scale2[2] = {args.scale, args.scale};
-  const float one2[2] = {1.0f, 1.0f};
-  fj_sw128_store_acc<E, kBN>(sk, cw * 64 + warp * 16, lane, dk, scale2);
-  fj_sw128_store_acc<E, kBN>(sv, cw * 64 + warp * 16, lane, dv, one2);
+  fj_sw128_store_acc<E, kBN>(sk, cw * 64 + warp * 16, lane, dk, args.scale);
+  fj_sw128_store_acc<E, kBN>(sv, cw * 64 + warp * 16, lane, dv, 1.0f);
   fj_bar_sync(1 + cw, 128);
   const int row0 = n_start + cw * 64;
   fj_sw128_copy_out64<T::kDimQK, kBN>(
       fj_bhs_row(args.dk, args.dk_stride_b, args.dk_stride_h, args.dk_stride_s, b, h_kv, row0),
-      2 * args.dk_stride_s, sk, cw * 64, args.seqlen_kv - row0, wtid);
+      args.dk_stride_s, sk, cw * 64, row0, args.seqlen_kv, wtid);
   fj_sw128_copy_out64<T::kDimV, kBN>(
       fj_bhs_row(args.dv, args.dv_stride_b, args.dv_stride_h, args.dv_stride_s, b, h_kv, row0),
-      2 * args.dv_stride_s, sv, cw * 64, args.seqlen_kv - row0, wtid);
+      args.dv_stride_s, sv, cw * 64, row0, args.seqlen_kv, wtid);
 }
 #endif  // FJ_BWD_SM90_DKDV
 
@@ -463,13 +461,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 
   // ---- epilogue: dQ (times scale) through this warpgroup's rows of the Q tile ----
   fj_fence_proxy_async();
-  const float scale2[2] = {args.scale, args.scale};
-  fj_sw128_store_acc<E, kBM>(sq, cw * 64 + warp * 16, lane, dq, scale2);
+  fj_sw128_store_acc<E, kBM>(sq, cw * 64 + warp * 16, lane, dq, args.scale);
   fj_bar_sync(1 + cw, 128);
   const int row0 = m_start + cw * 64;
   fj_sw128_copy_out64<T::kDimQK, kBM>(
       fj_bhs_row(args.dq, args.dq_stride_b, args.dq_stride_h, args.dq_stride_s, b, h, row0),
-      2 * args.dq_stride_s, sq, cw * 64, args.seqlen_q - row0, wtid);
+      args.dq_stride_s, sq, cw * 64, row0, args.seqlen_q, wtid);
 }
 #endif  // FJ_BWD_SM90_DQ
 

@@ -308,26 +308,26 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   // ---- epilogue: normalize, LSE, O through shared memory (this warpgroup's Q rows) ----
   constexpr float kLn2 = 0.6931471805599453f;
   fj_fence_proxy_async();  // the Q rows were last read by wgmma (async proxy)
-  float inv[2];
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     float sum = row_sum[0][hr];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    inv[hr] = sum == 0.0f ? 0.0f : 1.0f / sum;  // fully masked row: 0, LSE -inf
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;  // fully masked row: 0, LSE -inf
     const int row = q_row0 + hr * 8;
     if (args.lse != nullptr && (lane & 3) == 0 && row < args.seqlen_q) {
       const float lse = sum == 0.0f ? fj_neg_inf() : row_max[0][hr] * kLn2 + logf(sum);
       args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + row] = lse;
     }
+    fj_sw128_store_acc_half<typename T::Element, T::kBlockM>(sq, cw * 64 + warp * 16, lane, o[0],
+                                                             hr, inv);
   }
-  fj_sw128_store_acc<typename T::Element, T::kBlockM>(sq, cw * 64 + warp * 16, lane, o[0], inv);
   fj_bar_sync(1 + cw, 128);
   char* out_tile = static_cast<char*>(args.out) +
                    T::kElemBytes * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
                                     (fj_i64)(m_start + cw * 64) * args.o_stride_s);
-  fj_sw128_copy_out64<T::kDimV, T::kBlockM>(out_tile, T::kElemBytes * args.o_stride_s, sq, cw * 64,
-                                            args.seqlen_q - (m_start + cw * 64), wtid);
+  fj_sw128_copy_out64<T::kDimV, T::kBlockM>(out_tile, args.o_stride_s, sq, cw * 64,
+                                            m_start + cw * 64, args.seqlen_q, wtid);
 }
 
 #endif  // FLEXJIT_FORWARD_SM90_CUH_

@@ -140,31 +140,36 @@ template <int kRows>
 FJ_DEVICE fj_u32 fj_sw128_unit(fj_u32 tile, int r, int u) {
   return tile + (u / 8) * kRows * 128 + r * 128 + (((u % 8) ^ (r % 8)) << 4);
 }
-// Stores this thread's part of an m64nN accumulator (the warp's 16 rows start at tile row
-// `row0`), row half hr times mul[hr], as 16-bit elements into a kRows-row swizzled tile. The
-// tile was last read by wgmma: the caller orders that first (fj_fence_proxy_async).
+// Stores this thread's row half hr (rows row0 + 8 hr + lane / 4, row0 the warp's first row in
+// the tile) of an m64nN accumulator, times mul, as 16-bit elements into a kRows-row swizzled
+// tile. The tile was last read by wgmma: the caller orders that first (fj_fence_proxy_async).
 template <class E, int kRows, int kN8>
-FJ_DEVICE void fj_sw128_store_acc(fj_u32 tile, int row0, int lane, const float (&acc)[kN8][4],
-                                  const float (&mul)[2]) {
+FJ_DEVICE void fj_sw128_store_acc_half(fj_u32 tile, int row0, int lane, const float (&acc)[kN8][4],
+                                       int hr, float mul) {
+  const int r = row0 + hr * 8 + (lane >> 2);
 #pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int r = row0 + hr * 8 + (lane >> 2);
-#pragma unroll
-    for (int dt = 0; dt < kN8; ++dt) {
-      // Elements 8 dt + 2t, +1: unit dt, 4 bytes per lane pair in.
-      const fj_u32 addr = fj_sw128_unit<kRows>(tile, r, dt) + (lane & 3) * 4;
-      const fj_u32 packed =
-          FjMma<E>::pack(acc[dt][hr * 2] * mul[hr], acc[dt][hr * 2 + 1] * mul[hr]);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
-    }
+  for (int dt = 0; dt < kN8; ++dt) {
+    // Elements 8 dt + 2t, +1: unit dt, 4 bytes per lane pair in.
+    const fj_u32 addr = fj_sw128_unit<kRows>(tile, r, dt) + (lane & 3) * 4;
+    const fj_u32 packed = FjMma<E>::pack(acc[dt][hr * 2] * mul, acc[dt][hr * 2 + 1] * mul);
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
   }
 }
+// Both row halves, times mul.
+template <class E, int kRows, int kN8>
+FJ_DEVICE void fj_sw128_store_acc(fj_u32 tile, int row0, int lane, const float (&acc)[kN8][4],
+                                  float mul) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr)
+    fj_sw128_store_acc_half<E, kRows>(tile, row0, lane, acc, hr, mul);
+}
 // Copies rows [row0, row0 + 64) of a kRows-row swizzled tile (kDim 16-bit elements a row) to
-// global memory at `gmem` (row row0's first element; rows `stride_bytes` apart) with 16-byte
-// stores by the 128 threads of a warpgroup (wtid), rows below rows_valid only.
+// global memory at `gmem` (row row0's first element; rows stride_elems elements apart) with
+// 16-byte stores by the 128 threads of a warpgroup (wtid); row r goes out where first + r <
+// limit (first: its index in the sequence).
 template <int kDim, int kRows>
-FJ_DEVICE void fj_sw128_copy_out64(char* gmem, fj_i64 stride_bytes, fj_u32 tile, int row0,
-                                   int rows_valid, int wtid) {
+FJ_DEVICE void fj_sw128_copy_out64(char* gmem, fj_i64 stride_elems, fj_u32 tile, int row0,
+                                   int first, int limit, int wtid) {
   constexpr int kUnitsPerRow = kDim / 8;
   constexpr int kPerThread = 64 * kUnitsPerRow / 128;
 #pragma unroll
@@ -172,13 +177,13 @@ FJ_DEVICE void fj_sw128_copy_out64(char* gmem, fj_i64 stride_bytes, fj_u32 tile,
     const int idx = it * 128 + wtid;
     const int r = idx / kUnitsPerRow;
     const int u = idx % kUnitsPerRow;
-    if (r >= rows_valid) continue;
+    if (first + r >= limit) continue;
     const fj_u32 addr = fj_sw128_unit<kRows>(tile, row0 + r, u);
     fj_u32x4 val;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
                  : "r"(addr));
-    *reinterpret_cast<fj_u32x4*>(gmem + (fj_i64)r * stride_bytes + u * 16) = val;
+    *reinterpret_cast<fj_u32x4*>(gmem + 2 * (fj_i64)r * stride_elems + u * 16) = val;
   }
 }
 
