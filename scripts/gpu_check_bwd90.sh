@@ -9,11 +9,14 @@
 #              hang here is a pipeline deadlock: every step is time-limited);
 #           3. the [gpu][backward] suite with the variants enabled: each case against both
 #              families (test::backward_families: "sm90a_wgmma", then "sm80_mma").
-#   PART=2  4. `flexjit bench --backward --quick` (B=4 H=16 S=4096 D=128 bf16: noop, causal,
-#              alibi+causal, document+causal), sm90a_wgmma then sm80_mma, twice each for the
-#              spread, 3 stages and dQ's 128-key tiles on noop / causal, the extra shapes'
-#              quick set (GQA, D=64, 16k) on sm90a_wgmma, and torch flex's stored H100 figures;
-#           5. a short table last.
+#   PART=2  4. [gpu][forward][small] against both forward families (the forward's epilogue now
+#              uses the helpers it shares with the backward);
+#           5. `flexjit bench --backward --quick` (B=4 H=16 S=4096 D=128 bf16: noop, causal,
+#              alibi+causal, document+causal), sm90a_wgmma then sm80_mma (RUNS=2: twice each,
+#              for the spread), 3 stages and dQ's 128-key tiles on noop / causal, the extra
+#              shapes' quick set (GQA, D=64, 16k) on sm90a_wgmma, and torch flex's stored H100
+#              figures;
+#           6. a short table last.
 # SKIP_SUITE=1 skips step 3; SKIP_SANITIZERS=1 skips step 2. Preparing the carry (this machine):
 #   ninja -C build flexjit flexjit-tests && mkdir -p .carry/build &&
 #   cp build/flexjit build/flexjit-tests .carry/build/
@@ -42,14 +45,14 @@ bench() {
 
 if [ "$PART" != 2 ]; then
   step selection
-  FLEXJIT_ENABLE_VARIANTS=$SM90 FLEXJIT_LOG=kernels timeout -k 3 60 "$B/flexjit" bench \
+  FLEXJIT_ENABLE_VARIANTS=$SM90 FLEXJIT_LOG=kernels timeout -k 3 45 "$B/flexjit" bench \
     --backward --small --repeats 1 --case causal > "$OUT/selection.log" 2>&1
   echo "rc=$?"; grep -E "backward_(dkdv|dq)" "$OUT/selection.log" | sort | uniq | head -6
 
   if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
     for tool in memcheck racecheck synccheck; do
       step "$tool"
-      FLEXJIT_ENABLE_VARIANTS=$SM90 timeout -k 3 80 compute-sanitizer --tool "$tool" \
+      FLEXJIT_ENABLE_VARIANTS=$SM90 timeout -k 3 75 compute-sanitizer --tool "$tool" \
         "$B/flexjit" bench --backward --small --repeats 1 \
         --case causal,alibi+causal,document+causal > "$OUT/san_$tool.log" 2>&1
       echo "$tool rc=$?" | tee -a "$OUT/san_summary.txt"
@@ -68,20 +71,23 @@ if [ "$PART" != 2 ]; then
 fi
 
 if [ "$PART" != 1 ]; then
+  step forward-small-tests
+  timeout -k 3 100 "$B/flexjit-tests" "[gpu][forward][small]" > "$OUT/t_fwd_small.log" 2>&1
+  echo "rc=$?"; summary "$OUT/t_fwd_small.log" 30
   step bench
-  for run in 1 2; do
+  for run in $(seq 1 "${RUNS:-1}"); do
     echo "-- run $run: sm90a_wgmma (enabled)"
-    bench 120 "$SM90" --quick | tee "$OUT/bench_sm90_$run.txt"
+    bench 90 "$SM90" --quick | tee "$OUT/bench_sm90_$run.txt"
     echo "-- run $run: sm80_mma (the default)"
-    bench 120 "" --quick | tee "$OUT/bench_sm80_$run.txt"
+    bench 90 "" --quick | tee "$OUT/bench_sm80_$run.txt"
   done
   # Configs (they apply to the forward too, where it takes them): dK/dV and dQ with 3 stages;
   # dQ with 128-key tiles.
   for cfg in "--stages 3" "--block-n 128"; do
-    echo "-- sm90a_wgmma $cfg"; bench 90 "$SM90" --case noop,causal $cfg | tee -a "$OUT/bench_sweep.txt"
+    echo "-- sm90a_wgmma $cfg"; bench 60 "$SM90" --case noop,causal $cfg | tee -a "$OUT/bench_sweep.txt"
   done
   echo "-- extra shapes, sm90a_wgmma"
-  bench 150 "$SM90" --quick --only-extra | tee "$OUT/bench_sm90_extra.txt"
+  bench 110 "$SM90" --quick --only-extra | tee "$OUT/bench_sm90_extra.txt"
   echo "-- torch flex on an H100, 2026-11-23 (fwd, bwd TFLOP/s in columns 12, 14; stored)"
   grep -E "^torch-flex,(noop|causal|alibi\+causal|document\+causal)," \
     docs/perf/runs/2026-11-23-h100-bwd/anchors.log | head -4
@@ -89,7 +95,8 @@ fi
 
 step table
 {
-  echo "tests: $(grep -E "test cases" "$OUT/t_bwd.log" 2>/dev/null | tail -1)"
+  echo "backward tests: $(grep -E "test cases" "$OUT/t_bwd.log" 2>/dev/null | tail -1)"
+  echo "forward small tests: $(grep -E "test cases" "$OUT/t_fwd_small.log" 2>/dev/null | tail -1)"
   echo "sanitizers:"; cat "$OUT/san_summary.txt" 2>/dev/null
   for f in sm90_1 sm80_1 sm90_2 sm80_2; do
     [ -f "$OUT/bench_$f.txt" ] || continue
