@@ -499,7 +499,7 @@ NB_MODULE(_flexjit, m) {
          const PyBlockMask* block_mask, const std::vector<std::pair<std::string, Array>>& buffers,
          const std::vector<std::pair<std::string, double>>& params,
          const std::vector<std::pair<std::string, Array>>& buffer_grads, std::optional<float> scale,
-         uintptr_t stream, int num_threads) {
+         uintptr_t stream, int num_threads, bool deterministic) {
         const TensorRef tq = to_tensor(q), tk = to_tensor(k), tv = to_tensor(v);
         AttentionOptions o;
         o.mods = mods;
@@ -560,12 +560,13 @@ NB_MODULE(_flexjit, m) {
         o.block_mask = device_block_mask(ctx, block_mask, uploaded);
         BackwardOptions backward;
         if (tdlse) backward.dlse = &*tdlse;
+        backward.deterministic = deterministic;
         flex_attention_backward_into(ctx, tq, tk, tv, to_tensor(out), to_tensor(lse),
                                      to_tensor(dout), g, o, backward);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dlse"_a.none(), "dq"_a, "dk"_a, "dv"_a, "mods"_a,
       "block_mask"_a.none(), "buffers"_a, "params"_a, "buffer_grads"_a, "scale"_a.none(),
-      "stream"_a, "num_threads"_a);
+      "stream"_a, "num_threads"_a, "deterministic"_a = false);
 
   // --- kernels (include/flexjit/kernel.h): emit, compile, inspect ---
   auto query_of = [](const std::string& family, const std::string& variant, const std::string& arch,

@@ -12,10 +12,13 @@
 //                           transposed block mask lists (partial tiles apply mask_mod):
 //                             S^T = K Q^T, dP^T = V dO^T                      (fj_qk)
 //                             P^T = 2^(score_mod(scale S^T) log2 e - lse2)
-//                             dS'^T = P^T (dP^T - delta)  -> captured-buffer gradients (atomics)
+//                             dS'^T = P^T (dP^T - delta)  -> captured-buffer gradients (fp32
+//                                   atomics, or with kDeterministic the warp's partial slice)
 //                             dS^T = dS'^T * d score_mod / d score
 //                             dV += P^T dO, dK += dS^T Q                       (fj_pv)
 //                           so dK / dV of a kv head sum over its q heads without any race.
+//   flexjit_bwd_bufgrad_reduce  (the dK/dV module's second kernel, deterministic mode) sums the
+//                           partial slices in a fixed order into the buffer gradients.
 //   flexjit_bwd_dq          one CTA per q tile, over the KV tiles of the block mask (as the
 //                           forward): S, dP, P, dS as above, dQ += dS K. A second pass instead
 //                           of fp32 atomics into a dQ accumulator: no workspace, no convert
@@ -235,6 +238,56 @@ FJ_DEVICE void fj_bwd_element(float& s_io, float& dp_io, const FjModParams& mods
 // ---- dK / dV ---------------------------------------------------------------------------------
 
 #if defined(FJ_BWD_DKDV)
+// Deterministic buffer gradients: the partial slice of the 16 kv rows [kv_start + 16 * row_warp,
+// +16) of (b, kv head h_kv). Slices of one (b, h_kv) are numbered by 16-row kv group over
+// round_up(Skv, 128) rows, whatever the tiles (the host sizes them: backward_bufgrad_slices).
+FJ_DEVICE fj_i64 fj_bwd_bufgrad_slice(int b, int h_kv, int heads_kv, int seqlen_kv, int kv_start,
+                                      int row_warp) {
+  const fj_i64 per_head = ((fj_i64)seqlen_kv + 127) / 128 * 8;
+  return ((fj_i64)b * heads_kv + h_kv) * per_head + kv_start / 16 + row_warp;
+}
+
+// The fixed-order reduction of the partial slices into the buffer gradients (deterministic
+// mode; launched after flexjit_bwd_dkdv on the same stream). Block: 32 warps x 32 elements of a
+// slice. The ceil(Skv / 16) slices of each (b, kv head) that some warp wrote, (b, h_kv) major,
+// are numbered t = 0, 1, ...; warp w sums t in [8w, 8w + 8), [8w + 256, 8w + 264), ... in
+// increasing order (8 loads in flight, added in order), then warp 0 sums the 32 warp sums in
+// order and writes the gradient. Every element of every gradient is written.
+extern "C" __global__ void __launch_bounds__(1024)
+    flexjit_bwd_bufgrad_reduce(const FjBwdArgs args, const FjGradParams grads) {
+  constexpr int kWarps = 32, kUnroll = 8;
+  __shared__ float sums[kWarps][33];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const fj_i64 n = fj_bufgrad_slice_elems(grads);
+  const fj_i64 e = (fj_i64)blockIdx.x * 32 + lane;
+  const float* partials = fj_bufgrad_partials(grads);
+  const fj_i64 used = (args.seqlen_kv + 15) / 16;  // slices written per (b, h_kv)
+  const fj_i64 per_head = ((fj_i64)args.seqlen_kv + 127) / 128 * 8;
+  const fj_i64 total = (fj_i64)args.batch * args.heads_kv * used;
+  float acc = 0.0f;
+  if (e < n) {
+    for (fj_i64 t0 = (fj_i64)warp * kUnroll; t0 < total; t0 += kWarps * kUnroll) {
+      float x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const fj_i64 t = t0 + u;
+        x[u] = t < total ? partials[((t / used) * per_head + t % used) * n + e] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (t0 + u < total) acc += x[u];
+    }
+  }
+  sums[warp][lane] = acc;
+  __syncthreads();
+  if (warp != 0 || e >= n) return;
+  float sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w)
+    sum += sums[w][lane];
+  fj_bufgrad_store(grads, e, sum);
+}
+
 extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     flexjit_bwd_dkdv(const FjBwdArgs args, const FjModParams mods, const FjGradParams grads) {
   using Cfg = FjConfig;
@@ -311,6 +364,23 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   // This thread's kv rows (g, g + 8 of the warp's slice), clamped for the mods.
   const int kv_row0 = n_start + row_warp * 16 + (lane >> 2);
 
+  // Deterministic buffer gradients (kDeterministic): this warp's 16 kv rows add into their own
+  // partial slice of the workspace (fj_bwd_bufgrad_slice); the CTA zeroes its slices first (even
+  // when no hook adds: the reduction reads them). The per-element hooks get the slice through
+  // `gw`; the per-head sums only at the flush (the slice's address is not live in the main
+  // loop). Otherwise the hooks add into the gradients with atomics and `gw` is `grads`.
+  FjGradParams gw = grads;
+  if constexpr (Cfg::kDeterministic) {
+    const fj_i64 first = fj_bwd_bufgrad_slice(b, h_kv, args.heads_kv, args.seqlen_kv, n_start, 0);
+    const fj_i64 n4 = fj_bufgrad_slice_elems(grads) / 4 * kRowWarps;
+    fj_u32x4* zero = reinterpret_cast<fj_u32x4*>(const_cast<float*>(fj_bufgrad_partials(grads)) +
+                                                 first * fj_bufgrad_slice_elems(grads));
+    for (fj_i64 i = tid; i < n4; i += kThreads)
+      zero[i] = fj_u32x4{0u, 0u, 0u, 0u};
+    if constexpr (kFjElementGradSites > 0) gw = fj_bufgrad_with_slice(grads, first + row_warp);
+    __syncthreads();
+  }
+
   float grad_acc[kFjGradSlots];  // buffer-gradient sums with one address per head
   for (int g = 0; g < Cfg::kGqaRatio; ++g) {
     const int h = h_kv * Cfg::kGqaRatio + g;
@@ -379,11 +449,11 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
               // Each warp of a kDSplit group sees the same elements: one adds the buffers'
               // gradients.
               if (partial) {
-                fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, grads,
+                fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, gw,
                                           args.scale, lse2, delta, b, h, q_idx, kv_idx, ok,
                                           part == 0, grad_acc);
               } else {
-                fj_bwd_element<Cfg, false>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, grads,
+                fj_bwd_element<Cfg, false>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, gw,
                                            args.scale, lse2, delta, b, h, q_idx, kv_idx, ok,
                                            part == 0, grad_acc);
               }
@@ -448,7 +518,21 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     }
     fj_cp_async_wait<0>();
     __syncthreads();  // the next head's prologue overwrites the stages
-    if constexpr (kFjUniformGradSites > 0) fj_bufgrad_flush(mods, grads, b, h, grad_acc);
+    // Only the warp that added them holds sums (part 0 of a kDSplit group): in deterministic
+    // mode its partner must not write the same slice.
+    if constexpr (kFjUniformGradSites > 0) {
+      if (part == 0) {
+        if constexpr (Cfg::kDeterministic) {
+          fj_bufgrad_flush(
+              mods,
+              fj_bufgrad_with_slice(grads, fj_bwd_bufgrad_slice(b, h_kv, args.heads_kv,
+                                                                args.seqlen_kv, n_start, row_warp)),
+              b, h, grad_acc);
+        } else {
+          fj_bufgrad_flush(mods, grads, b, h, grad_acc);
+        }
+      }
+    }
   }
 
   // Epilogue: dK (times scale) into the K tile's shared memory, dV into the V tile's, then

@@ -180,19 +180,53 @@ FJ_DEVICE bool fj_ld_bool(const unsigned char* p, fj_i64 off) {
   return p[off] != 0;
 }
 
-// Adds v to *p from every lane of a converged warp (the backward's buffer gradients): when all 32
-// lanes add to one address (a buffer indexed by the head only) they sum first and one
-// atomic goes out; otherwise each lane with a nonzero value adds its own.
+// The sum of v over the lanes of `peers` (this lane among them), in increasing lane order: the
+// same value, bit for bit, in every lane of the group. Other groups of the warp may run it at
+// the same time with their own masks.
+FJ_DEVICE float fj_peer_sum(unsigned peers, float v) {
+  float sum = 0.0f;
+  for (unsigned m = peers; m != 0u; m &= m - 1u)
+    sum += __shfl_sync(peers, v, __ffs(m) - 1);
+  return sum;
+}
+
+// Adds v to *p from every lane of a converged warp (the backward's buffer gradients): lanes
+// that share an address sum first and one atomic per address goes out (when all 32 share it,
+// as a buffer indexed by the head only, by a butterfly; a relative-bias table's diagonals
+// share a few addresses per warp); a lane alone with its address adds its own value.
 FJ_DEVICE void fj_grad_add(float* p, float v) {
   const unsigned peers = __match_any_sync(0xffffffffu, (unsigned long long)p);
+  const int lane = (int)(threadIdx.x & 31);
   if (peers == 0xffffffffu) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
       v += __shfl_xor_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0 && v != 0.0f) atomicAdd(p, v);
-  } else if (v != 0.0f) {
-    atomicAdd(p, v);
+    if (lane == 0 && v != 0.0f) atomicAdd(p, v);
+  } else if (peers == (1u << lane)) {
+    if (v != 0.0f) atomicAdd(p, v);
+  } else {
+    const float sum = fj_peer_sum(peers, v);
+    if (lane == __ffs(peers) - 1 && sum != 0.0f) atomicAdd(p, sum);
   }
+}
+
+// The deterministic twin of fj_grad_add (the backward's ordered buffer gradients): `p` points
+// into a partial slice that only this warp writes. Lanes sharing an address are summed in a
+// fixed order (a butterfly when all 32 share it, else in increasing lane order), then the
+// group's lowest lane adds the sum with a plain read-modify-write. Every lane of the warp calls
+// it together; __syncwarp orders one call's writes before the next call's reads.
+FJ_DEVICE void fj_grad_add_ordered(float* p, float v) {
+  const unsigned peers = __match_any_sync(0xffffffffu, (unsigned long long)p);
+  float sum = v;
+  if (peers == 0xffffffffu) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  } else {
+    sum = fj_peer_sum(peers, v);
+  }
+  if ((int)(threadIdx.x & 31) == __ffs(peers) - 1 && sum != 0.0f) *p += sum;
+  __syncwarp();
 }
 
 // An index clamped into [0, extent): where the backward adds a buffer's gradient.

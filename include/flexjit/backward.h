@@ -29,8 +29,15 @@ struct BackwardOptions {
   // The incoming gradient of the lse ([B, Hq, Sq] f32) when the loss uses the forward's lse;
   // null: none.
   const TensorRef* dlse = nullptr;
-  // Buffer gradients summed in a fixed order, bitwise the same on every run. Not available yet:
-  // true is an UnsupportedError (the default accumulates with fp32 atomics).
+  // Gradients bitwise the same on every run of the same call (same inputs, device, variant,
+  // config and flexjit version). false (the default): the captured float buffers' gradients are
+  // accumulated with fp32 atomics, whose order (and so the last bits) can change between runs.
+  // true: each 16-key slice of the dK/dV kernel adds its contributions, in a fixed order, into
+  // its own partial copy of the buffers in the workspace, and a reduction kernel sums the copies
+  // in a fixed order. It costs workspace, 4 * B * Hkv * round_up(Skv, 128) / 16 * (the float
+  // buffers' element count, rounded up to 4) bytes, and time (docs/backward.md). dQ, dK and dV
+  // are deterministic in both modes unless dq_mode is Atomic, which deterministic refuses
+  // (RuntimeError).
   bool deterministic = false;
   // How dQ is computed: a second pass over the KV tiles (deterministic, no workspace beyond
   // lse2 / delta), or fp32 atomics from the dK/dV kernel into an accumulator of
@@ -76,8 +83,8 @@ FLEXJIT_API void flex_attention_backward_into(Context& ctx, const TensorRef& q, 
                                               const BackwardOptions& backward = {});
 
 // The workspace bytes flex_attention_backward_into needs for this call (AttentionOptions::
-// workspace): the lse2 / delta arrays, 8 * B * Hq * round_up(Sq, 128), and the dQ accumulator
-// when dQ is added with atomics.
+// workspace): the lse2 / delta arrays, 8 * B * Hq * round_up(Sq, 128), the dQ accumulator
+// when dQ is added with atomics, and the partial buffer gradients with `deterministic`.
 FLEXJIT_API size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q,
                                                            const TensorRef& k, const TensorRef& v,
                                                            const AttentionOptions& options = {},

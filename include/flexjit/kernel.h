@@ -40,6 +40,7 @@ struct KernelQuery {
   int seqlen_q = 1;                // decode_split: query tokens (with gqa_ratio: the packed rows)
   int page_size = 0;               // decode_split: 0 contiguous K / V, else the page size
   MathMode math = MathMode::Auto;  // forward, backward_dkdv / dq, decode_split (docs/math.md)
+  bool deterministic = false;      // backward_dkdv: ordered buffer gradients (docs/backward.md)
 };
 
 struct KernelSource {

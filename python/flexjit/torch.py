@@ -41,7 +41,8 @@ _block_masks: Dict[tuple, flexjit.BlockMask] = {}
 def _mods(text: str) -> flexjit.Mods:
     mods = _mods_by_text.get(text)
     if mods is None:
-        mods = flexjit.parse_mods(text)
+        # No mods (plain attention) print as no text, which the parser refuses.
+        mods = flexjit.parse_mods(text) if text else flexjit.Mods()
         _mods_by_text[text] = mods
     return mods
 
@@ -166,7 +167,12 @@ _flex_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _mods_text(score_mod: Any, mask_mod: Any) -> str:
-    return flexjit.make_mods(score_mod, mask_mod).to_text()
+    """The mods as one line of `.fx` text (statements joined by ';'): the text is a constant
+    argument of the ops, and Inductor copies constant arguments into comments of the code it
+    generates, where a newline would end the comment and break the module (seen with the
+    backward under torch.compile)."""
+    text = flexjit.make_mods(score_mod, mask_mod).to_text()
+    return "; ".join(line for line in text.splitlines() if line.strip())
 
 
 try:  # a constant under torch.compile: the mods are fixed at a call site

@@ -73,7 +73,7 @@ kernels::KernelDesc kernels::desc_for_query(const KernelQuery& q, kernels::Selec
       }
       kernels::KernelDesc problem = kernels::backward_problem(
           *family, arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk,
-          q.gqa_ratio, q.full_blocks);
+          q.gqa_ratio, q.full_blocks, q.deterministic);
       if (*family != kernels::Family::BackwardPreprocess) {
         problem.flags.set("divisible", q.divisible ? 1 : 0);
         kernels::set_math_mode(problem, q.math);

@@ -41,10 +41,11 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
                                     const BackwardOptions& backward, const QkvShape& s) {
   const int device_index = impl_of(ctx).device->index();
   runtime::check_on_device(q, device_index);
-  if (backward.deterministic) {
-    throw UnsupportedError(
-        "deterministic buffer gradients are not implemented yet; the backward accumulates them "
-        "with fp32 atomics (BackwardOptions::deterministic = false)");
+  if (backward.deterministic && backward.dq_mode == BackwardOptions::DqMode::Atomic) {
+    throw RuntimeError(
+        "BackwardOptions: deterministic = true and dq_mode = Atomic exclude each other: dQ added "
+        "with fp32 atomics is not deterministic; use dq_mode = SecondPass or Auto (the second "
+        "pass computes dQ without atomics)");
   }
   const std::vector<int64_t> o_shape = {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v};
   const std::vector<int64_t> rows = {s.batch, s.heads_q, s.seqlen_q};
@@ -93,6 +94,8 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
   const cuda::GradParamLayout layout = cuda::grad_param_layout(call.mods);
   std::vector<uint64_t> packed(static_cast<size_t>(layout.size) / 8, 0);
   auto put = [&](int offset, int64_t value) { packed[static_cast<size_t>(offset) / 8] = value; };
+  // Deterministic mode's partial slices hold every float buffer, one after another.
+  std::vector<std::vector<int64_t>> slice_shapes;
   for (const cuda::GradParamLayout::Entry& e : layout.entries) {
     const Buffer& buf = call.mods.buffers[static_cast<size_t>(e.buffer_index)];
     const TensorRef& bound_t = *bound.buffers[static_cast<size_t>(e.buffer_index)];
@@ -120,6 +123,21 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
       put(e.offset + 8 * (1 + d), given->strides[static_cast<size_t>(d)]);
       put(e.offset + 8 * (1 + e.rank + d), bound_t.shape[static_cast<size_t>(d)]);
     }
+    int64_t slice_offset = 0;
+    for (const std::vector<int64_t>& shape : slice_shapes) {
+      int64_t count = 1;
+      for (int64_t x : shape)
+        count *= x;
+      slice_offset += count;
+    }
+    put(e.slice_offset(), slice_offset);
+    slice_shapes.push_back(bound_t.shape);
+  }
+  call.inputs.deterministic = backward.deterministic;
+  if (layout.partials_offset >= 0) {
+    call.inputs.bufgrad_slice_elems = kernels::backward_bufgrad_slice_elems(slice_shapes);
+    call.inputs.grad_partials_offset = layout.partials_offset;
+    put(layout.partials_offset + 8, call.inputs.bufgrad_slice_elems);
   }
   call.inputs.grad_params = std::move(packed);
   call.inputs.q = q;
@@ -157,7 +175,8 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   auto problem = [&](kernels::Family f) {
     kernels::KernelDesc d = kernels::backward_problem(
         f, arch, call.inputs.q.dtype, static_cast<int>(s.head_dim_qk),
-        static_cast<int>(s.head_dim_v), static_cast<int>(s.heads_q / s.heads_kv), full_blocks);
+        static_cast<int>(s.head_dim_v), static_cast<int>(s.heads_q / s.heads_kv), full_blocks,
+        backward.deterministic);
     // The forward's math mode: the backward recomputes its probabilities against its lse.
     if (f != kernels::Family::BackwardPreprocess) kernels::set_math_mode(d, options.math);
     return d;
@@ -169,8 +188,14 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   if (backward.dq_mode != BackwardOptions::DqMode::Auto) {
     dkdv_overrides.set("dq_atomic", backward.dq_mode == BackwardOptions::DqMode::Atomic ? 1 : 0);
   }
+  // Deterministic: dQ by the second pass (validate_backward refused dq_mode = Atomic), and the
+  // dK/dV kernel that implements the ordered buffer gradients unless the caller names one: a
+  // variant written without the flag must not be auto-selected and ignore it.
+  if (backward.deterministic) dkdv_overrides.set("dq_atomic", 0);
+  const std::string dkdv_variant =
+      backward.deterministic && options.variant.empty() ? "sm80_mma" : options.variant;
   const kernels::KernelDesc dkdv_desc = kernels::Registry::global().complete(
-      problem(kernels::Family::BackwardDkDv), facts, dkdv_overrides, options.variant);
+      problem(kernels::Family::BackwardDkDv), facts, dkdv_overrides, dkdv_variant);
   call.inputs.dq_atomic = dkdv_desc.config.get("dq_atomic").value_or(0) == 1;
 
   runtime::Plan plan;
@@ -185,7 +210,7 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   }
   runtime::PlanStep dkdv = runtime::plan_step<kernels::BackwardDkDvVariant>(
       problem(kernels::Family::BackwardDkDv), call.inputs, facts, call.mods, dkdv_overrides,
-      options.variant, on_preprocess);
+      dkdv_variant, on_preprocess);
   dkdv.workspace_of = 0;
   plan.add(std::move(dkdv));
   runtime::PlanStep dq = call.inputs.dq_atomic
@@ -229,8 +254,8 @@ void flex_attention_backward_into(Context& ctx, const TensorRef& q, const Tensor
   const runtime::Plan plan =
       plan_backward(ctx, call, options, backward, tune::step_tuning(ctx, options.autotune, stream));
   const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
-  // Atomics add into the buffer gradients: they start at zero (after planning, whose tuning
-  // runs candidates on these tensors).
+  // Atomics add into the buffer gradients (the deterministic reduction overwrites them): they
+  // start at zero (after planning, whose tuning runs candidates on these tensors).
   for (const TensorRef& g : call.buffer_grads)
     runtime::zero_fill(g, stream);
   runtime::launch_plan(*impl.device, plan, built, stream, options.workspace);

@@ -25,7 +25,9 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <unordered_map>
 
 namespace flexjit::tune {
 
@@ -112,6 +114,36 @@ runtime::CuStream as_stream(void* s) {
 
 DeviceIdentity identity_of(const runtime::Device& d) {
   return {d.name(), d.cc_major(), d.cc_minor(), d.sm_count()};
+}
+
+// Whether `variant` has more than one config for `keyed` (else there is nothing to tune).
+// Memoized per description: config_space validates every combination, and the invalid ones
+// throw, which costs hundreds of microseconds per call for decode_split's 243 combinations —
+// more than the decode kernel itself, on every call of a tuned plan.
+bool has_choices(const kernels::Variant& variant, const kernels::KernelDesc& keyed) {
+  static std::mutex mu;
+  static auto* memo = new std::unordered_map<std::string, bool>();
+  const std::string text = keyed.str();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = memo->find(text); it != memo->end()) return it->second;
+  }
+  const bool choices = variant.config_space(keyed).size() > 1;
+  std::lock_guard<std::mutex> lock(mu);
+  if (memo->size() >= 4096) memo->clear();
+  memo->emplace(text, choices);
+  return choices;
+}
+
+// True the first time this process uses the stored winner of `key` (FLEXJIT_PRINT_AUTOTUNING
+// prints it once, not on every call).
+bool first_use(const TuningKey& key) {
+  static std::mutex mu;
+  static auto* seen = new std::unordered_map<std::string, bool>();
+  std::lock_guard<std::mutex> lock(mu);
+  return seen->emplace(key.kernel + " [" + key.bucket + "] " + key.mods_hash + " " + key.fixed,
+                       true)
+      .second;
 }
 
 // The store of the context's cache directory; in memory when the disk cache is off or untrusted.
@@ -454,7 +486,7 @@ kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelD
   const kernels::Variant& variant = *reg.select(problem, facts, forced, caller).variant;
   kernels::KernelDesc keyed = problem;
   keyed.variant = std::string(variant.name());
-  if (variant.config_space(keyed).size() <= 1) return {};  // nothing to choose
+  if (!has_choices(variant, keyed)) return {};  // nothing to choose
   TuningKey key = make_key(identity_of(*tuning.ctx->device), keyed, mods.hash(), facts, caller);
   if (!tuning.bucket_extra.empty()) key.bucket += " " + tuning.bucket_extra;
   TuningStore& store = store_of(*tuning.ctx);
@@ -471,7 +503,7 @@ kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelD
         return {};
       }
       FJ_LOG("tune", "tuned config {} for {} [{}]", rec->config.str(), key.kernel, key.bucket);
-      if (print_enabled()) {
+      if (print_enabled() && first_use(key)) {
         std::fprintf(stderr, "flexjit autotune: %s [%s]: stored winner %s (%.4f ms)\n",
                      key.kernel.c_str(), key.bucket.c_str(), rec->config.str().c_str(),
                      rec->time_ms);

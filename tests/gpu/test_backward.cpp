@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 
 using namespace flexjit;
@@ -43,6 +44,8 @@ struct BwdCase {
   Mods mods;
   bool block_mask = false;  // build one from the mods' mask_mod on the device
   BackwardOptions::DqMode dq_mode = BackwardOptions::DqMode::Auto;
+  bool deterministic = false;  // BackwardOptions::deterministic
+  int runs = 1;                // > 1: run the backward again, every gradient bitwise the same
   std::optional<float> scale;
   std::map<std::string, HostBuffer> buffers;
   std::vector<std::pair<std::string, double>> params;
@@ -115,9 +118,29 @@ std::vector<GradCheck> run_backward_case(Context& ctx, BwdCase& c, std::mt19937_
   AttentionResult fwd = flex_attention(ctx, dq_in, dk_in, dv_in, o);
   BackwardOptions bo;
   bo.dq_mode = c.dq_mode;
+  bo.deterministic = c.deterministic;
   BackwardResult g =
       flex_attention_backward(ctx, dq_in, dk_in, dv_in, fwd.out, fwd.lse, ddout, o, bo);
   ctx.synchronize();
+  // Bitwise repeatability: every gradient of every later run equals the first run's, bit for
+  // bit (compared as bytes: a NaN would equal itself).
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (int run = 1; run < c.runs; ++run) {
+    BackwardResult again =
+        flex_attention_backward(ctx, dq_in, dk_in, dv_in, fwd.out, fwd.lse, ddout, o, bo);
+    ctx.synchronize();
+    INFO("run " << run + 1 << " of " << c.runs);
+    CHECK(same_bits(download(again.dq), download(g.dq)));
+    CHECK(same_bits(download(again.dk), download(g.dk)));
+    CHECK(same_bits(download(again.dv), download(g.dv)));
+    REQUIRE(again.buffer_grads.size() == g.buffer_grads.size());
+    for (size_t i = 0; i < g.buffer_grads.size(); ++i) {
+      INFO("d" << g.buffer_grads[i].first);
+      CHECK(same_bits(download(again.buffer_grads[i].second), download(g.buffer_grads[i].second)));
+    }
+  }
 
   // The reference: the CPU backward in fp64 on the same inputs as the GPU's backward (its
   // forward's out, rounded to the dtype, and lse), so both differentiate the same function.
@@ -147,10 +170,11 @@ void check_backward_case(Context& ctx, BwdCase c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const AttentionShape& s = c.shape;
   const std::string head =
-      fmt::format("{} {} B={} Hq={} Hkv={} Sq={} Skv={} D={}/{}{}{} (seed {})", c.label,
+      fmt::format("{} {} B={} Hq={} Hkv={} Sq={} Skv={} D={}/{}{}{}{} (seed {})", c.label,
                   to_string(c.dtype), s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_kv,
                   s.head_dim_qk, s.head_dim_v, c.block_mask ? " block mask" : "",
-                  c.dq_mode == BackwardOptions::DqMode::Atomic ? " dQ atomic" : "", seed);
+                  c.dq_mode == BackwardOptions::DqMode::Atomic ? " dQ atomic" : "",
+                  c.deterministic ? fmt::format(" deterministic x{}", c.runs) : "", seed);
   INFO(head);
   const std::vector<GradCheck> checks = run_backward_case(ctx, c, rng);
   std::string line = head + ":";
@@ -307,9 +331,15 @@ TEST_CASE("backward: bad inputs are precise errors before any launch", "[gpu][ba
                     Catch::Contains("dout has shape [1, 2, 63, 64]; expected [B, Hq, Sq, Dv]"));
   CHECK_THROWS_WITH(flex_attention_backward(*ctx, t, t, t, f.out, lse_bad, f.out, o),
                     Catch::Contains("lse has shape [1, 2, 65]; expected [B, Hq, Sq]"));
-  CHECK_THROWS_AS(
-      flex_attention_backward(*ctx, t, t, t, f.out, f.lse, f.out, o, {.deterministic = true}),
-      UnsupportedError);
+  // Deterministic gradients with dQ by atomics: refused, naming both options.
+  BackwardOptions det_atomic;
+  det_atomic.deterministic = true;
+  det_atomic.dq_mode = BackwardOptions::DqMode::Atomic;
+  CHECK_THROWS_WITH(
+      flex_attention_backward(*ctx, t, t, t, f.out, f.lse, f.out, o, det_atomic),
+      Catch::Contains("deterministic = true and dq_mode = Atomic exclude each other"));
+  CHECK_THROWS_AS(flex_attention_backward_workspace_bytes(*ctx, t, t, t, o, det_atomic),
+                  RuntimeError);
   // A gradient asked for an integer buffer.
   AttentionOptions od;
   od.mods = standard_mods("document");
@@ -322,4 +352,104 @@ TEST_CASE("backward: bad inputs are precise errors before any launch", "[gpu][ba
   CHECK_THROWS_WITH(
       flex_attention_backward_into(*ctx, t, t, t, f.out, f.lse, f.out, outs, od),
       Catch::Contains("a gradient is given for buffer 'doc_id', an integer or bool buffer"));
+}
+
+namespace {
+
+// A 2-D bias over (q_idx, kv_idx): one gradient address per element, none shared between the
+// heads' and batches' (the partial slices of every (b, kv head) hold the whole bias).
+Mods bias2d_mods() {
+  Mods m = parse_mods("buffer bias2d: f32[Q, K]\nscore_mod = score + bias2d[q_idx, kv_idx]");
+  m.name = "bias2d";
+  return m;
+}
+
+void add_bias2d(BwdCase& c, std::mt19937_64& rng) {
+  std::normal_distribution<float> n;
+  std::vector<float> v(static_cast<size_t>(c.shape.seqlen_q * c.shape.seqlen_kv));
+  for (float& x : v)
+    x = 0.5f * n(rng);
+  c.buffers["bias2d"] = host_buffer(DType::F32, {c.shape.seqlen_q, c.shape.seqlen_kv}, v);
+}
+
+}  // namespace
+
+TEST_CASE("backward: deterministic buffer gradients are bitwise the same on every run",
+          "[gpu][backward][determ]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  // ALiBi (one address per head), the relative-bias table (addresses shared along diagonals,
+  // within and across warps and CTAs) and a 2-D bias (shared across heads and batches); GQA 1
+  // and 4; ragged lengths, both head dims of the defaults tables, with and without a block mask.
+  // Each case: 3 runs on the same fresh random inputs, bitwise the same, and the fp64 rule.
+  int i = 0;
+  for (const char* mod : {"alibi_causal", "relative_bias_causal", "bias2d"}) {
+    for (int gqa : {1, 4}) {
+      for (bool block_mask : {false, true}) {
+        BwdCase c;
+        c.mods = std::string(mod) == "bias2d" ? bias2d_mods() : standard_mods(mod);
+        if (block_mask && !c.mods.mask_mod.defined()) continue;
+        c.label = mod;
+        c.dtype = i % 3 == 2 ? DType::F16 : DType::BF16;
+        const int d = i % 2 == 0 ? 128 : 64;
+        c.shape = make_shape(2, 4, 4 / gqa, 200, 321, d, d);
+        c.block_mask = block_mask;
+        c.deterministic = true;
+        c.runs = 3;
+        std::mt19937_64 rng(seed + 100 + static_cast<uint64_t>(i));
+        if (std::string(mod) == "bias2d") add_bias2d(c, rng);
+        check_backward_case(*ctx, c, seed + static_cast<uint64_t>(i++));
+      }
+    }
+  }
+  // Head dim 256: two warps share each 16 kv rows (only one adds and flushes into the slice).
+  for (const char* mod : {"alibi_causal", "relative_bias_causal"}) {
+    BwdCase c;
+    c.mods = standard_mods(mod);
+    c.label = mod;
+    c.shape = make_shape(1, 4, 2, 150, 230, 256, 256);
+    c.deterministic = true;
+    c.runs = 3;
+    check_backward_case(*ctx, c, seed + static_cast<uint64_t>(i++));
+  }
+}
+
+TEST_CASE("backward: deterministic mode on a small problem (compute-sanitizer's case)",
+          "[gpu][backward][determ][small]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  int i = 0;
+  for (const char* mod : {"alibi_causal", "relative_bias", "bias2d"}) {
+    BwdCase c;
+    c.mods = std::string(mod) == "bias2d" ? bias2d_mods() : standard_mods(mod);
+    c.label = mod;
+    c.shape = make_shape(1, 4, 1, 70, 100, 64, 64);
+    c.deterministic = true;
+    c.runs = 2;
+    std::mt19937_64 rng(seed + 100 + static_cast<uint64_t>(i));
+    if (std::string(mod) == "bias2d") add_bias2d(c, rng);
+    check_backward_case(*ctx, c, seed + static_cast<uint64_t>(i++));
+  }
+}
+
+TEST_CASE("backward: the deterministic workspace holds the partial slices",
+          "[gpu][backward][determ]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  std::mt19937_64 rng(fresh_seed());
+  const int64_t B = 2, Hq = 8, Hkv = 2, S = 300, D = 64;
+  const HostTensor q = random_tensor(rng, DType::BF16, {B, Hq, S, D});
+  const HostTensor kv = random_tensor(rng, DType::BF16, {B, Hkv, S, D});
+  const DeviceTensor tq = upload(*ctx, q), tkv = upload(*ctx, kv);
+  std::vector<float> table(2 * S);
+  const DeviceTensor bias = DeviceTensor::from_host(*ctx, DType::F32, {2 * S}, table.data());
+  AttentionOptions o;
+  o.mods = standard_mods("relative_bias");
+  o.bindings.buffers = {{"bias", bias.ref()}};
+  o.bindings.params = {{"offset", static_cast<double>(S)}};
+  const size_t atomic = flex_attention_backward_workspace_bytes(*ctx, tq, tkv, tkv, o);
+  const size_t det =
+      flex_attention_backward_workspace_bytes(*ctx, tq, tkv, tkv, o, {.deterministic = true});
+  // One slice of the 600-entry table per 16 kv rows of round_up(300, 128) = 384, per (b, kv head).
+  CHECK(atomic == 8 * B * Hq * 384);
+  CHECK(det == atomic + 4 * B * Hkv * (384 / 16) * 600);
 }

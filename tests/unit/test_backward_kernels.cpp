@@ -7,6 +7,7 @@
 
 #include "Pipeline.h"
 #include "codegen/cuda/ModCodegen.h"
+#include "jit/ResourceUsage.h"
 #include "kernels/Registry.h"
 #include "kernels/backward/Backward.h"
 #include "kernels/backward/Sm80Backward.h"
@@ -16,7 +17,10 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -51,7 +55,9 @@ TEST_CASE("gradient hooks: FjGradParams, fj_dscore and fj_bufgrad from the autod
   const cuda::GradParamLayout layout = cuda::grad_param_layout(alibi);
   REQUIRE(layout.entries.size() == 1);
   CHECK(layout.entries[0].offset == 0);
-  CHECK(layout.size == 24);  // pointer, one stride, one extent
+  CHECK(layout.entries[0].slice_offset() == 24);
+  CHECK(layout.partials_offset == 32);
+  CHECK(layout.size == 48);  // pointer, one stride, one extent, slice offset; partials, slice_elems
 
   // A mask-only mod set: no float buffer, no gradient, d score_mod / d score = 1.
   const Mods doc = standard_mods("document_causal");
@@ -61,10 +67,139 @@ TEST_CASE("gradient hooks: FjGradParams, fj_dscore and fj_bufgrad from the autod
                        Catch::Contains("return 1.0f;") && !Catch::Contains("fj_grad_add("));
   CHECK(cuda::grad_param_layout(doc).entries.empty());
   CHECK(cuda::grad_param_layout(doc).size == 8);
+  CHECK(cuda::grad_param_layout(doc).partials_offset == -1);
 
   // softcap: d/dscore of cap * tanh(score / cap) is 1 - tanh^2, no buffer.
   const std::string ssrc = cuda::generate_mod_grad_functions(standard_mods("softcap"));
   CHECK_THAT(ssrc, Catch::Contains("fj_tanh") && Catch::Contains("kFjHasBufferGrads = false"));
+}
+
+TEST_CASE("deterministic gradient hooks add into the warp's partial slice in a fixed order",
+          "[backward][codegen][determ]") {
+  const auto ordered = [](const Mods& m) {
+    return cuda::generate_mod_grad_functions(m, cuda::MathFunctions::Exact,
+                                             cuda::GradAccumulation::Ordered);
+  };
+  // ALiBi: one address per head, summed in a register, then added into the slice.
+  const std::string a = ordered(standard_mods("alibi"));
+  CHECK_THAT(a, Catch::Contains("fj_i64 gslice_slopes;") && Catch::Contains("float* partials;") &&
+                    Catch::Contains("fj_i64 slice_elems;") && Catch::Contains("acc[0] += ") &&
+                    Catch::Contains("fj_grad_add_ordered(gp.partials + (gp.gslice_slopes + ") &&
+                    !Catch::Contains("fj_grad_add(") && !Catch::Contains("atomicAdd"));
+  // The relative-bias table: every element into the slice, never an atomic.
+  const std::string r = ordered(standard_mods("relative_bias"));
+  CHECK_THAT(r, Catch::Contains("fj_grad_add_ordered(gp.partials + (gp.gslice_bias + ") &&
+                    !Catch::Contains("fj_grad_add(gp."));
+  // A 2-D bias: the row-major index within the buffer (the slice is contiguous, whatever the
+  // gradient's strides), and the reduction's store through the strides.
+  const Mods bias2d =
+      parse_mods("buffer bias2d: f32[Q, K]\nscore_mod = score + bias2d[q_idx, kv_idx]");
+  const std::string b = ordered(bias2d);
+  CHECK_THAT(b, Catch::Contains("* gp.gextent_bias2d[1] + ") &&
+                    Catch::Contains("fj_grad_add_ordered(gp.partials + (gp.gslice_bias2d + ") &&
+                    Catch::Contains("void fj_bufgrad_store(") &&
+                    Catch::Contains("gp.grad_bias2d[off] = v;"));
+  // The atomic mode has the same struct and helpers (one layout for the runtime to pack).
+  const std::string atomic = cuda::generate_mod_grad_functions(bias2d);
+  CHECK_THAT(atomic, Catch::Contains("fj_grad_add(gp.grad_bias2d + (") &&
+                         Catch::Contains("fj_i64 gslice_bias2d;") &&
+                         Catch::Contains("fj_bufgrad_with_slice(") &&
+                         !Catch::Contains("fj_grad_add_ordered("));
+  // No float buffer: the helpers exist (the reduction compiles) and do nothing.
+  const std::string none = ordered(standard_mods("causal"));
+  CHECK_THAT(none, Catch::Contains("int unused_;") &&
+                       Catch::Contains("return (void)gp, nullptr;") &&
+                       Catch::Contains("(void)gp, (void)e, (void)v;"));
+  // Two float buffers: slice offsets follow each other in the layout.
+  const Mods two = parse_mods(
+      "buffer a: f32[H]\nbuffer t: bf16[R, 4]\nscore_mod = score * a[h] + t[q_idx - kv_idx + 64, "
+      "1]");
+  const cuda::GradParamLayout l2 = cuda::grad_param_layout(two);
+  REQUIRE(l2.entries.size() == 2);
+  CHECK(l2.entries[0].slice_offset() == 24);
+  CHECK(l2.entries[1].offset == 32);
+  CHECK(l2.entries[1].slice_offset() == 32 + 8 * 5);
+  CHECK(l2.partials_offset == 80);
+  CHECK(l2.size == 96);
+}
+
+TEST_CASE("deterministic backward: descriptions, validation and workspace sizing",
+          "[backward][kernels][determ]") {
+  const Registry& reg = Registry::global();
+  const cuda::Arch arch = cuda::Arch::parse("sm_90a");
+  const KernelDesc d = reg.complete(
+      backward_problem(Family::BackwardDkDv, arch, DType::BF16, 128, 128, 4, true, true), {}, {});
+  CHECK(d.str() ==
+        "backward_dkdv/sm80_mma sm_90a bf16 d=128/128 gqa=4 deterministic=1 divisible=0 "
+        "fast_math=1 full_blocks=1 | block_m=64 block_n=64 dq_atomic=0 num_stages=2 num_warps=4");
+  CHECK(is_deterministic(d));
+  CHECK(KernelDesc::parse(d.str()) == d);
+  CHECK(KernelDesc::from_json(d.to_json()) == d);
+  // The flag reaches the hash (the memo and tuning keys) and the source (the disk cache key).
+  const KernelDesc atomic = reg.complete(
+      backward_problem(Family::BackwardDkDv, arch, DType::BF16, 128, 128, 4, true), {}, {});
+  CHECK_FALSE(is_deterministic(atomic));
+  CHECK(d.hash() != atomic.hash());
+  const Mods alibi = standard_mods("alibi_causal");
+  const Variant& v = *reg.find(Family::BackwardDkDv, "sm80_mma");
+  const std::string det_src = v.generate(alibi, d).source;
+  CHECK_THAT(det_src, Catch::Contains("static constexpr bool kDeterministic = true;") &&
+                          Catch::Contains("fj_grad_add_ordered(gp.partials"));
+  CHECK_THAT(v.generate(alibi, atomic).source,
+             Catch::Contains("static constexpr bool kDeterministic = false;"));
+  CHECK(v.entry_points() ==
+        std::vector<std::string>{"flexjit_bwd_dkdv", "flexjit_bwd_bufgrad_reduce"});
+  // Only the dK/dV problem carries it.
+  CHECK_FALSE(backward_problem(Family::BackwardDq, arch, DType::BF16, 128, 128, 1, true, true)
+                  .flags.has(kDeterministicFlag));
+  CHECK_FALSE(
+      backward_problem(Family::BackwardPreprocess, arch, DType::BF16, 128, 128, 1, true, true)
+          .flags.has(kDeterministicFlag));
+
+  // dQ by atomics is refused beside it, by name; so is a flag value other than 0 / 1 and the
+  // flag on the dQ kernel.
+  CHECK_THROWS_WITH(
+      reg.complete(backward_problem(Family::BackwardDkDv, arch, DType::BF16, 64, 64, 1, true, true),
+                   {}, {{"dq_atomic", 1}}),
+      Catch::Contains("deterministic=1 and dq_atomic=1 exclude each other"));
+  KernelDesc two = d;
+  two.flags.set(kDeterministicFlag, 2);
+  CHECK_THROWS_WITH(v.validate(two), Catch::Contains("flag 'deterministic' = 2"));
+  KernelDesc dq = reg.complete(
+      backward_problem(Family::BackwardDq, arch, DType::BF16, 128, 128, 1, true), {}, {});
+  dq.flags.set(kDeterministicFlag, 1);
+  CHECK_THROWS_WITH(reg.find(Family::BackwardDq, "sm80_mma")->validate(dq),
+                    Catch::Contains("only backward_dkdv takes it"));
+  // The tuner's space for it has no dq_atomic = 1 config.
+  for (const Params& p : v.config_space(d))
+    CHECK(p.at("dq_atomic") == 0);
+
+  // Workspace: the partial slices follow lse2 / delta (and the dQ accumulator), one per 16 kv
+  // rows of round_up(Skv, 128) per (b, kv head), each holding every float buffer (rounded to 4).
+  QkvShape s;
+  s.batch = 2, s.heads_q = 8, s.heads_kv = 2, s.seqlen_q = 200, s.seqlen_kv = 321;
+  s.head_dim_qk = s.head_dim_v = 128;
+  CHECK(backward_bufgrad_slices(s) == 2 * 2 * (384 / 16));
+  CHECK(backward_bufgrad_slice_elems({{8}}) == 8);
+  CHECK(backward_bufgrad_slice_elems({{8}, {641}}) == 652);
+  CHECK(backward_bufgrad_slice_elems({{200, 321}}) == 64200);
+  const size_t base = 4 * 2 * 8 * 256 * 2;  // lse2 + delta: [B * Hq, round_up(Sq, 128)]
+  CHECK(backward_scratch_bytes(s, false) == base);
+  CHECK(backward_scratch_bytes(s, false, 652) == base + 4 * 96 * 652);
+  BackwardInputs in;
+  in.shape = s;
+  in.bufgrad_slice_elems = 652;
+  std::vector<char> ws(backward_scratch_bytes(s, false, 652));
+  CHECK(backward_bufgrad_partials(in, ws.data()) == nullptr);  // not deterministic
+  in.deterministic = true;
+  CHECK(reinterpret_cast<char*>(backward_bufgrad_partials(in, ws.data())) == ws.data() + base);
+  const auto& pre = variant_as<BackwardPreprocessVariant>(
+      reg, reg.complete(
+               backward_problem(Family::BackwardPreprocess, arch, DType::BF16, 128, 128, 4, true),
+               {}, {}));
+  CHECK(pre.workspace_bytes({}, in) == base + 4 * 96 * 652);
+  in.deterministic = false;
+  CHECK(pre.workspace_bytes({}, in) == base);
 }
 
 TEST_CASE("backward variants: registration, descriptions and validation", "[backward][kernels]") {
@@ -114,6 +249,105 @@ TEST_CASE("backward variants: registration, descriptions and validation", "[back
       CHECK(std::find(space.begin(), space.end(), def.config) != space.end());
     }
   }
+}
+
+TEST_CASE("the deterministic dK/dV kernels compile for sm_80 and sm_90a with every float buffer",
+          "[backward][nvrtc][determ]") {
+  // Every standard mod with a float buffer, and a 2-D bias, at the default tiles. At d = 128 the
+  // tiles use all 255 registers and the atomic kernels already spill a few bytes on some mods;
+  // the deterministic ones may spill a little more (below), nothing at d = 64 / 256.
+  std::vector<std::pair<std::string, Mods>> mods;
+  for (const std::string& name : standard_mod_names()) {
+    const Mods m = standard_mods(name);
+    bool has_float = false;
+    for (const Buffer& b : m.buffers)
+      has_float = has_float || b.dtype() == DType::F32 || b.dtype() == DType::F16 ||
+                  b.dtype() == DType::BF16;
+    if (has_float) mods.emplace_back(name, m);
+  }
+  REQUIRE(mods.size() >= 5);
+  mods.emplace_back(
+      "bias2d", parse_mods("buffer bias2d: f32[Q, K]\nscore_mod = score + bias2d[q_idx, kv_idx]"));
+  struct Job {
+    std::string arch, label;
+    Mods mods;
+    DType dtype;
+    int dim;
+  };
+  // d = 128 (bf16 for every mod, f32 for the relative bias): the register-tight tiles, where
+  // the atomic kernels already spill a little; d = 64 and 256 for the three addressing kinds.
+  std::vector<Job> jobs;
+  for (const char* arch : {"sm_80", "sm_90a"}) {
+    for (const auto& [label, m] : mods) {
+      jobs.push_back({arch, label, m, DType::BF16, 128});
+      if (label == "alibi_causal" || label == "relative_bias_causal" || label == "bias2d") {
+        jobs.push_back({arch, label, m, DType::BF16, 64});
+        jobs.push_back({arch, label, m, DType::BF16, 256});
+      }
+      if (label == "relative_bias_causal") jobs.push_back({arch, label, m, DType::F32, 128});
+    }
+  }
+  jit::CacheSettings settings;
+  settings.enabled = false;
+  KernelBuilder builder(settings);
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::vector<std::string> failures;
+  std::vector<std::string> resources;
+  auto worker = [&] {
+    for (size_t i; (i = next++) < jobs.size();) {
+      const Job& j = jobs[i];
+      try {
+        const cuda::Arch arch = cuda::Arch::parse(j.arch);
+        const KernelDesc det = Registry::global().complete(
+            backward_problem(Family::BackwardDkDv, arch, j.dtype, j.dim, j.dim, 1, true, true), {},
+            {});
+        const KernelDesc atomic = Registry::global().complete(
+            backward_problem(Family::BackwardDkDv, arch, j.dtype, j.dim, j.dim, 1, true), {}, {});
+        const BuiltKernel k = builder.build(j.mods, det);
+        const BuiltKernel ka = builder.build(j.mods, atomic);
+        const auto& u = k.compiled.kernel->usage;
+        const auto& ua = ka.compiled.kernel->usage;
+        // The reduction kernel of the same module (1024 threads: at most 64 registers).
+        const jit::ResourceUsage ur =
+            jit::usage_from_ptxas_log(k.compiled.kernel->log, "flexjit_bwd_bufgrad_reduce");
+        std::lock_guard<std::mutex> lock(mu);
+        resources.push_back(fmt::format("{} {} {} d={}: {} (atomic: {}); reduction: {}", j.arch,
+                                        j.label, to_string(j.dtype), j.dim, u.str(), ua.str(),
+                                        ur.str()));
+        if (ur.registers < 0 || ur.registers > 64 || ur.spill_store_bytes != 0) {
+          failures.push_back(
+              fmt::format("{} {}: flexjit_bwd_bufgrad_reduce: {}", det.str(), j.label, ur.str()));
+        }
+        // The suite's bound for the backward kernels (64 bytes of spill stores), or the atomic
+        // twin's spills and 16 bytes (the slice pointer) where that is more.
+        if (u.spill_store_bytes > std::max(64, ua.spill_store_bytes + 16)) {
+          failures.push_back(fmt::format("{} {}: {} bytes of spill stores, atomic {}", det.str(),
+                                         j.label, u.spill_store_bytes, ua.spill_store_bytes));
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        failures.push_back(j.arch + " " + j.label + " d=" + std::to_string(j.dim) + ": " +
+                           e.what());
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  const unsigned n = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+  for (unsigned t = 0; t < n; ++t)
+    pool.emplace_back(worker);
+  for (auto& t : pool)
+    t.join();
+  std::sort(resources.begin(), resources.end());
+  for (const std::string& r : resources)
+    UNSCOPED_INFO(r);
+  if (std::getenv("FLEXJIT_PRINT_RESOURCES") != nullptr) {
+    for (const std::string& r : resources)
+      std::printf("  %s\n", r.c_str());
+  }
+  for (const std::string& f : failures)
+    FAIL_CHECK(f);
+  CHECK(failures.empty());
 }
 
 TEST_CASE("the backward kernels compile for every arch, dtype and head dim", "[backward][nvrtc]") {

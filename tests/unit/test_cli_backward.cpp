@@ -104,10 +104,22 @@ TEST_CASE("flexjit run --dout: bad backward flags fail before any work", "[cli][
                       &out) == 1);
   CHECK_THAT(out, Catch::Contains("--dbuffer bias: the mods 'alibi_causal' have no float buffer"));
   CHECK_FALSE(fs::exists(f.path("x.npy")));
-  CHECK(test::run_cli(
-            "run --device cpu " + f.inputs() + " --dout " + f.path("do.npy") + " --deterministic",
-            &out) == 1);
-  CHECK_THAT(out, Catch::Contains("not implemented yet"));
+  CHECK(test::run_cli("run --device cpu " + f.inputs() + " --deterministic", &out) == 1);
+  CHECK_THAT(out, Catch::Contains("--deterministic need --dout"));
+}
+
+TEST_CASE("flexjit run --dout --deterministic: the CPU backward (always deterministic) accepts it",
+          "[cli][backward][determ]") {
+  Files f(std::random_device{}());
+  std::string out;
+  for (const char* name : {"ds1.npy", "ds2.npy"}) {
+    REQUIRE(test::run_cli("run --device cpu " + f.inputs() + " --dout " + f.path("do.npy") +
+                              " --deterministic --dbuffer slopes=" + f.path(name),
+                          &out) == 0);
+  }
+  const npy::Array a = npy::read(f.path("ds1.npy")), b = npy::read(f.path("ds2.npy"));
+  CHECK(a.bytes == b.bytes);
+  CHECK(max_rel(a, library_backward(f).buffers.at("slopes")) < 1e-4);
 }
 
 TEST_CASE("flexjit run --dout --device cuda matches the CPU backward", "[gpu][cli][backward]") {
@@ -126,4 +138,14 @@ TEST_CASE("flexjit run --dout --device cuda matches the CPU backward", "[gpu][cl
   CHECK(max_rel(npy::read(f.path("dk.npy")), ref.dk) < 5e-3);
   CHECK(max_rel(npy::read(f.path("dv.npy")), ref.dv) < 5e-3);
   CHECK(max_rel(npy::read(f.path("ds.npy")), ref.buffers.at("slopes")) < 5e-3);
+
+  // --deterministic: twice, bitwise the same buffer gradient, as accurate.
+  for (const char* name : {"dd1.npy", "dd2.npy"}) {
+    REQUIRE(test::run_cli("run --device cuda " + f.inputs() + " --dout " + f.path("do.npy") +
+                              " --deterministic --dbuffer slopes=" + f.path(name),
+                          &out) == 0);
+  }
+  const npy::Array d1 = npy::read(f.path("dd1.npy")), d2 = npy::read(f.path("dd2.npy"));
+  CHECK(d1.bytes == d2.bytes);
+  CHECK(max_rel(d1, ref.buffers.at("slopes")) < 5e-3);
 }

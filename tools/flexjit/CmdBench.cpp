@@ -149,6 +149,7 @@ struct AttentionBenchOptions {
   BlockConfig config;           // zeros: the defaults table
   bool backward = false;        // also time flex_attention_backward (bwd_ms, bwd_tflops)
   std::string bwd_dq = "auto";  // auto | atomic | pass: how the backward computes dQ
+  bool deterministic = false;   // --deterministic: BackwardOptions::deterministic
   std::string autotune;  // empty: FLEXJIT_AUTOTUNE; else off | cached | search, beside the default
   MathMode math = MathMode::Auto;  // --math
 };
@@ -492,15 +493,18 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       out.fill_bytes(0xff);
       if (c.page_size > 0) aopts.kv_cache = &sets[0].cache;
       // A multi-kernel plan (split-KV decoding) gets its workspace once, as a serving loop
-      // would give it, rather than from the stream-ordered allocator on every call.
+      // would give it, rather than from the stream-ordered allocator on every call. The
+      // workspace query plans the call, which compiles its kernels: it belongs to the first
+      // call's time.
       DeviceTensor workspace;
-      if (const size_t ws =
-              flex_attention_workspace_bytes(ctx, sets[0].q, sets[0].k, sets[0].v, aopts)) {
-        workspace = DeviceTensor::empty(ctx, DType::I32, {static_cast<int64_t>((ws + 3) / 4)});
-        aopts.workspace = {workspace.ref().data, ws};
-      }
       row.first_call_s =
           1e-3 * time_ms([&] {
+            if (const size_t ws = flex_attention_workspace_bytes(ctx, sets[0].q, sets[0].k,
+                                                                 sets[0].v, aopts)) {
+              workspace =
+                  DeviceTensor::empty(ctx, DType::I32, {static_cast<int64_t>((ws + 3) / 4)});
+              aopts.workspace = {workspace.ref().data, ws};
+            }
             flex_attention_into(ctx, sets[0].q, sets[0].k, sets[0].v, out, nullptr, aopts);
             ctx.synchronize();
           });
@@ -545,6 +549,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
         bopts.dq_mode = o.bwd_dq == "atomic" ? BackwardOptions::DqMode::Atomic
                         : o.bwd_dq == "pass" ? BackwardOptions::DqMode::SecondPass
                                              : BackwardOptions::DqMode::Auto;
+        bopts.deterministic = o.deterministic;  // --deterministic (the kernel options')
         auto backward = [&] {
           flex_attention_backward_into(ctx, in.q, in.k, in.v, out, lse, dout, grads, aopts, bopts);
         };
@@ -758,6 +763,7 @@ void register_bench(CLI::App& app) {
       a.selection.decode = true;
     }
     a.repeats = repeats;
+    a.deterministic = opts.deterministic;
     a.config = {opts.block_m, opts.block_n, opts.warps, opts.stages, opts.splits};
     a.math = math_mode(opts.math);
     run_attention_bench(a);

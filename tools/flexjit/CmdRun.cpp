@@ -479,11 +479,6 @@ GradientFiles gradient_files(const RunOptions& o, const Mods& mods) {
     throw Error(
         "--dq, --dk, --dv, --dbuffer and --deterministic need --dout (the backward's input)");
   }
-  if (o.deterministic) {
-    throw Error(
-        "--deterministic: deterministic buffer gradients are not implemented yet (the GPU "
-        "backward adds them with fp32 atomics)");
-  }
   return g;
 }
 
@@ -654,7 +649,9 @@ void run_cuda(const RunOptions& o) {
   const DeviceTensor dout =
       DeviceTensor::from_host(ctx, dout_host.dtype, dout_host.shape, dout_host.bytes.data());
   t0 = std::chrono::steady_clock::now();
-  const BackwardResult g = flex_attention_backward(ctx, q, k, v, r.out, r.lse, dout, opts);
+  BackwardOptions bopts;
+  bopts.deterministic = o.deterministic;
+  const BackwardResult g = flex_attention_backward(ctx, q, k, v, r.out, r.lse, dout, opts, bopts);
   ctx.synchronize();
   std::printf("backward first call (compile or cache load + run): %.2f ms\n",
               seconds_since(t0) * 1e3);
@@ -742,7 +739,8 @@ void register_run(CLI::App& app) {
                   "With --dout: write the gradient of a float buffer, NAME=FILE.npy (f32, the "
                   "buffer's shape; repeatable)");
   cmd->add_flag("--deterministic", o.deterministic,
-                "With --dout: bitwise-reproducible buffer gradients (not implemented yet)");
+                "With --dout: bitwise-reproducible buffer gradients (cuda: partials and a "
+                "fixed-order reduction instead of fp32 atomics; the cpu backward always is)");
   cmd->add_option("--block-size", o.block_size, "Sparse block size of the block mask")
       ->capture_default_str();
   cmd->add_option("--dtype", o.dtype,

@@ -57,6 +57,9 @@ void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
                "Assume Sq and Skv are multiples of the block sizes (skips bounds checks)");
   app.add_flag("--no-full-blocks", o.no_full_blocks,
                "Kernel for block masks without full_* blocks");
+  app.add_flag("--deterministic", o.deterministic,
+               "--kernel backward_dkdv (and bench --backward): deterministic buffer gradients "
+               "(per-warp partials and a fixed-order reduction instead of fp32 atomics)");
   add_math_option(app, o.math);
 }
 
@@ -131,6 +134,7 @@ KernelQuery make_query(const KernelOptions& o) {
   q.block_size = o.block_size;
   q.divisible = o.divisible;
   q.full_blocks = !o.no_full_blocks;
+  q.deterministic = o.deterministic;
   q.math = math_mode(o.math);
   return q;
 }

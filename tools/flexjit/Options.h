@@ -28,10 +28,11 @@ struct KernelOptions {
   int block_size = 128;                                 // --kernel block_mask: tile size
   bool divisible = false;
   bool no_full_blocks = false;
-  int queries = 1;            // --kernel decode_split: query tokens per sequence
-  int page_size = 0;          // --kernel decode_split: 0 contiguous K / V, else the page size
-  int splits = 0;             // --kernel decode_split: 0 = from the SM count and the KV length
-  std::string math = "auto";  // --math: auto | exact | approx (docs/math.md)
+  bool deterministic = false;  // backward_dkdv (and bench --backward): ordered buffer gradients
+  int queries = 1;             // --kernel decode_split: query tokens per sequence
+  int page_size = 0;           // --kernel decode_split: 0 contiguous K / V, else the page size
+  int splits = 0;              // --kernel decode_split: 0 = from the SM count and the KV length
+  std::string math = "auto";   // --math: auto | exact | approx (docs/math.md)
 };
 
 // Registers the options on a subcommand (`with_kernel`: also --kernel, --variant and

@@ -330,6 +330,54 @@ bool is_float_buffer(DType d) {
   return d == DType::F32 || d == DType::F16 || d == DType::BF16;
 }
 
+// The deterministic mode's slice helpers (ModCodegen.h): emitted in both modes, so that the
+// reduction kernel compiles beside every dK/dV kernel.
+void emit_slice_functions(SourceWriter& w, const Mods& mods, const GradParamLayout& layout) {
+  const bool any = !layout.entries.empty();
+  {
+    auto fn = w.block(
+        "__device__ __forceinline__ FjGradParams fj_bufgrad_with_slice(const FjGradParams& gp, "
+        "fj_i64 slice)");
+    w.line("FjGradParams s = gp;");
+    if (any) {
+      w.line("s.partials = gp.partials + slice * gp.slice_elems;");
+    } else {
+      w.line("(void)slice;");
+    }
+    w.line("return s;");
+  }
+  {
+    auto fn = w.block(
+        "__device__ __forceinline__ const float* fj_bufgrad_partials(const FjGradParams& gp)");
+    w.line(any ? "return gp.partials;" : "return (void)gp, nullptr;");
+  }
+  {
+    auto fn =
+        w.block("__device__ __forceinline__ fj_i64 fj_bufgrad_slice_elems(const FjGradParams& gp)");
+    w.line(any ? "return gp.slice_elems;" : "return (void)gp, 0;");
+  }
+  w.line("// Element e of a slice (buffers one after another, each contiguous) to its gradient.");
+  auto fn = w.block(
+      "__device__ __forceinline__ void fj_bufgrad_store(const FjGradParams& gp, fj_i64 e, float "
+      "v)");
+  if (!any) w.line("(void)gp, (void)e, (void)v;");
+  for (const GradParamLayout::Entry& entry : layout.entries) {
+    const std::string& name = mods.buffers[static_cast<size_t>(entry.buffer_index)].name();
+    std::string count = "1";
+    for (int d = 0; d < entry.rank; ++d)
+      count += fmt::format(" * gp.gextent_{}[{}]", name, d);
+    auto b =
+        w.block(fmt::format("if (e >= gp.gslice_{0} && e < gp.gslice_{0} + {1})", name, count));
+    w.line(fmt::format("fj_i64 r = e - gp.gslice_{}, off = 0;", name));
+    for (int d = entry.rank - 1; d >= 0; --d) {
+      w.line(fmt::format("off += (r % gp.gextent_{0}[{1}]) * gp.gstride_{0}[{1}];", name, d));
+      w.line(fmt::format("r /= gp.gextent_{}[{}];", name, d));
+    }
+    w.line(fmt::format("gp.grad_{}[off] = v;", name));
+    w.line("return;");
+  }
+}
+
 }  // namespace
 
 GradParamLayout grad_param_layout(const Mods& mods) {
@@ -339,13 +387,19 @@ GradParamLayout grad_param_layout(const Mods& mods) {
     const Buffer& buf = mods.buffers[i];
     if (!is_float_buffer(buf.dtype())) continue;
     layout.entries.push_back({static_cast<int>(i), offset, buf.rank()});
-    offset += 8 * (1 + 2 * buf.rank());
+    offset += 8 * (2 + 2 * buf.rank());
+  }
+  if (!layout.entries.empty()) {
+    layout.partials_offset = offset;
+    offset += 16;
   }
   layout.size = std::max(offset, 8);
   return layout;
 }
 
-std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math) {
+std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
+                                        GradAccumulation accumulation) {
+  const bool ordered = accumulation == GradAccumulation::Ordered;
   SourceWriter w;
   const GradParamLayout layout = grad_param_layout(mods);
   w.line("// Gradients of the captured float buffers (f32, in the bound buffer's shape): the");
@@ -358,6 +412,11 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math) {
       w.line(fmt::format("float* grad_{};", name));
       w.line(fmt::format("fj_i64 gstride_{}[{}];", name, e.rank));
       w.line(fmt::format("fj_i64 gextent_{}[{}];", name, e.rank));
+      w.line(fmt::format("fj_i64 gslice_{};", name));
+    }
+    if (!layout.entries.empty()) {
+      w.line("float* partials;  // deterministic mode: the warp's partial slice");
+      w.line("fj_i64 slice_elems;");
     }
   }
   w.line(
@@ -370,6 +429,12 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math) {
         "static_assert(FJ_OFFSETOF(FjGradParams, grad_{}) == {}, \"FjGradParams::grad_{} offset "
         "differs from grad_param_layout\");",
         name, e.offset, name));
+  }
+  if (!layout.entries.empty()) {
+    w.line(fmt::format(
+        "static_assert(FJ_OFFSETOF(FjGradParams, partials) == {}, \"FjGradParams::partials offset "
+        "differs from grad_param_layout\");",
+        layout.partials_offset));
   }
   w.line("");
   const passes::ScoreModGrads grads = passes::differentiate(mods.score_mod);
@@ -403,9 +468,12 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math) {
   const bool any = !uniform.empty() || !per_element.empty();
   w.line(fmt::format("static constexpr bool kFjHasBufferGrads = {};", any ? "true" : "false"));
   w.line(fmt::format("static constexpr int kFjUniformGradSites = {};", uniform.size()));
+  w.line(fmt::format("static constexpr int kFjElementGradSites = {};", per_element.size()));
   w.line(
       fmt::format("static constexpr int kFjGradSlots = {};", std::max<size_t>(1, uniform.size())));
-  // The address of a site: its indices clamped into the extents, as an element offset.
+  // The address of a site: its indices clamped into the extents, as an element offset into the
+  // gradient (Atomic) or into the warp's partial slice, where each buffer is contiguous
+  // (Ordered).
   auto address = [&](ExprLowering& lowering, const passes::BufferGrad& g) {
     const std::string& name = g.buffer->name;
     std::vector<std::string> index_text;
@@ -413,15 +481,25 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math) {
       index_text.push_back(ir::to_text(e));
     w.line(fmt::format("// d / d {}[{}]", name, fmt::join(index_text, ", ")));
     std::vector<std::string> terms;
+    std::string linear;  // Ordered: the row-major element index within the buffer
     for (size_t d = 0; d < g.indices.size(); ++d) {
       const std::string idx = lowering.lower(g.indices[d]);
       const std::string clamped =
           w.ssa("fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx, name, d));
       terms.push_back(fmt::format("{} * gp.gstride_{}[{}]", clamped, name, d));
+      if (!ordered) continue;
+      linear = d == 0 ? clamped
+                      : w.ssa("fj_i64",
+                              fmt::format("{} * gp.gextent_{}[{}] + {}", linear, name, d, clamped));
+    }
+    if (ordered) {
+      return linear.empty() ? fmt::format("gp.partials + gp.gslice_{}", name)
+                            : fmt::format("gp.partials + (gp.gslice_{} + {})", name, linear);
     }
     const std::string offset = terms.empty() ? "0" : fmt::format("{}", fmt::join(terms, " + "));
     return fmt::format("gp.grad_{} + ({})", name, offset);
   };
+  const char* add = ordered ? "fj_grad_add_ordered" : "fj_grad_add";
   {
     auto fn = w.block(
         "__device__ __forceinline__ void fj_bufgrad(const FjModParams& mp, const FjGradParams& "
@@ -446,8 +524,8 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math) {
       const std::string reached = lowering.lower(g->reached);
       const std::string deriv = lowering.lower(g->derivative);
       const std::string addr = address(lowering, *g);
-      w.line(fmt::format("fj_grad_add({}, ({} && ds != 0.0f) ? ds * {} : 0.0f);", addr, reached,
-                         deriv));
+      w.line(
+          fmt::format("{}({}, ({} && ds != 0.0f) ? ds * {} : 0.0f);", add, addr, reached, deriv));
     }
     if (!any) w.line("(void)acc;");
   }
@@ -456,15 +534,21 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math) {
     auto fn = w.block(
         "__device__ __forceinline__ void fj_bufgrad_flush(const FjModParams& mp, const "
         "FjGradParams& gp, int b, int h, float (&acc)[kFjGradSlots])");
-    w.line("// Every lane of a warp together: the warp's sums go out in one atomic per site.");
+    w.line(
+        ordered
+            ? "// Every lane of a warp together: the warp's sums (in a fixed order) go into its "
+              "slice."
+            : "// Every lane of a warp together: the warp's sums go out in one atomic per site.");
     ExprLowering lowering(w, math);
     for (size_t i = 0; i < uniform.size(); ++i) {
       const std::string addr = address(lowering, *uniform[i]);
-      w.line(fmt::format("fj_grad_add({}, acc[{}]);", addr, i));
+      w.line(fmt::format("{}({}, acc[{}]);", add, addr, i));
       w.line(fmt::format("acc[{}] = 0.0f;", i));
     }
     if (uniform.empty()) w.line("(void)mp, (void)gp, (void)b, (void)h, (void)acc;");
   }
+  w.line("");
+  emit_slice_functions(w, mods, layout);
   return w.str();
 }
 

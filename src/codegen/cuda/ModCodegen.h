@@ -40,12 +40,24 @@ std::string_view to_string(MathFunctions math);  // "exact" | "approx"
 // mods. Throws CompileError if a buffer or param name is not an identifier.
 std::string generate_mod_functions(const Mods& mods, MathFunctions math = MathFunctions::Exact);
 
+// How the backward's dK/dV kernel accumulates the captured float buffers' gradients:
+//   Atomic   fp32 atomics into the gradient tensors (the last bits can differ between runs);
+//   Ordered  deterministic: each 16-kv-row warp of the dK/dV kernel adds into its own partial
+//            slice of the workspace (a contiguous f32 copy of every float buffer), lanes of a
+//            warp that share an address combined in lane order; flexjit_bwd_bufgrad_reduce then
+//            sums the slices in a fixed order into the gradients (docs/backward.md).
+enum class GradAccumulation { Atomic, Ordered };
+
 // The backward's hooks (templates/backward_sm80.cuh), from passes::differentiate(score_mod):
 //
 //   struct alignas(8) FjGradParams {   // per float buffer of the mods, in Mods::buffers order:
 //     float* grad_<name>;              //   its gradient, f32, in the bound buffer's shape
 //     fj_i64 gstride_<name>[rank];     //   strides of the gradient (elements)
 //     fj_i64 gextent_<name>[rank];     //   the bound buffer's extents
+//     fj_i64 gslice_<name>;            //   where its elements start in a partial slice
+//     ...
+//     float* partials;                 // Ordered: the partial slice this warp adds into
+//     fj_i64 slice_elems;              // elements of a slice (every buffer, rounded up to 4)
 //   };                                 // (`int unused_;` when the mods have no float buffer)
 //   float fj_dscore(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx);
 //       d score_mod / d score at score (the pre-mod score, scale * q.k); 1 without a score_mod
@@ -55,29 +67,41 @@ std::string generate_mod_functions(const Mods& mods, MathFunctions math = MathFu
 //       the contribution ds * d score_mod / d buffer[idx] (idx: the load's indices clamped into
 //       the extents, so a gradient never lands outside its buffer). A site whose indices depend
 //       on b, h and params only (ALiBi's slopes[h]) has one address per head: the contribution
-//       is summed into acc[i]; the others are added at once with fj_grad_add (fp32 atomics,
-//       lanes of a warp that share the address combined first; every lane of a warp must call
-//       it together, and nothing happens when ds is 0 in all of them).
+//       is summed into acc[i]; the others are added at once with fj_grad_add (Atomic: fp32
+//       atomics, lanes of a warp that share the address combined first) or fj_grad_add_ordered
+//       (Ordered: into gp.partials, lanes combined in lane order); every lane of a warp must
+//       call it together, and nothing happens when ds is 0 in all of them.
 //   void fj_bufgrad_flush(mp, gp, int b, int h, float (&acc)[kFjGradSlots]);
-//       adds the per-head sums at their addresses (one atomic per warp and site) and zeroes acc.
+//       adds the per-head sums at their addresses (one add per warp and site) and zeroes acc.
+//   FjGradParams fj_bufgrad_with_slice(const FjGradParams& gp, fj_i64 slice);
+//       gp with `partials` pointing at slice number `slice` (Ordered); gp itself otherwise
+//   const float* fj_bufgrad_partials(gp), fj_i64 fj_bufgrad_slice_elems(gp);
+//       the workspace of the slices and a slice's length (null / 0 without float buffers)
+//   void fj_bufgrad_store(const FjGradParams& gp, fj_i64 e, float v);
+//       writes v at element e of a slice's layout into its gradient tensor (no-op past the end)
 //   static constexpr bool kFjHasBufferGrads;   // whether fj_bufgrad does anything
 //   static constexpr int kFjUniformGradSites;  // sites summed per head; kFjGradSlots = max(1, ..)
+//   static constexpr int kFjElementGradSites;  // sites added at every element
 //
 // The layout of FjGradParams is grad_param_layout(); sizeof is static_asserted.
 // The score_mod's derivatives lower with `math` as the score_mod itself does (the backward must
 // recompute the forward's probabilities).
-std::string generate_mod_grad_functions(const Mods& mods,
-                                        MathFunctions math = MathFunctions::Exact);
+std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math = MathFunctions::Exact,
+                                        GradAccumulation accumulation = GradAccumulation::Atomic);
 
 // The byte layout of FjGradParams: per float buffer (index into Mods::buffers), the offset of
-// its pointer; strides and extents follow it (8 bytes each). size: a multiple of 8, at least 8.
+// its pointer; strides, extents and the slice offset follow it (8 bytes each), then
+// `partials` and `slice_elems` (partials_offset; -1 without float buffers). size: a multiple
+// of 8, at least 8.
 struct GradParamLayout {
   struct Entry {
     int buffer_index = 0;
     int offset = 0;
     int rank = 0;
+    int slice_offset() const { return offset + 8 * (1 + 2 * rank); }  // gslice_<name>
   };
   std::vector<Entry> entries;
+  int partials_offset = -1;  // slice_elems at partials_offset + 8
   int size = 8;
 };
 GradParamLayout grad_param_layout(const Mods& mods);

@@ -12,8 +12,12 @@
 
 namespace flexjit::kernels {
 
+bool is_deterministic(const KernelDesc& desc) {
+  return desc.flags.get(kDeterministicFlag).value_or(0) == 1;
+}
+
 KernelDesc backward_problem(Family family, const cuda::Arch& arch, DType dtype, int head_dim_qk,
-                            int head_dim_v, int gqa_ratio, bool full_blocks) {
+                            int head_dim_v, int gqa_ratio, bool full_blocks, bool deterministic) {
   KernelDesc d;
   d.family = family;
   d.arch = arch;
@@ -26,6 +30,7 @@ KernelDesc backward_problem(Family family, const cuda::Arch& arch, DType dtype, 
     d.flags.set("full_blocks", full_blocks ? 1 : 0);
     set_math_mode(d, MathMode::Auto);
   }
+  if (family == Family::BackwardDkDv && deterministic) d.flags.set(kDeterministicFlag, 1);
   return d;
 }
 
@@ -55,10 +60,41 @@ int64_t backward_padded_seqlen_q(int64_t seqlen_q) {
   return (seqlen_q + 127) / 128 * 128;
 }
 
-size_t backward_scratch_bytes(const QkvShape& s, bool dq_atomic) {
+int64_t backward_bufgrad_slices(const QkvShape& s) {
+  return s.batch * s.heads_kv * ((s.seqlen_kv + 127) / 128 * 8);
+}
+
+int64_t backward_bufgrad_slice_elems(const std::vector<std::vector<int64_t>>& buffer_shapes) {
+  int64_t n = 0;
+  for (const std::vector<int64_t>& shape : buffer_shapes) {
+    int64_t count = 1;
+    for (int64_t e : shape)
+      count *= e;
+    n += count;
+  }
+  return (n + 3) / 4 * 4;
+}
+
+namespace {
+
+// Floats before the partial slices: lse2, delta and the dQ accumulator.
+size_t floats_before_partials(const QkvShape& s, bool dq_atomic) {
   const size_t rows = static_cast<size_t>(s.batch * s.heads_q) *
                       static_cast<size_t>(backward_padded_seqlen_q(s.seqlen_q));
-  return sizeof(float) * rows * (2 + (dq_atomic ? static_cast<size_t>(s.head_dim_qk) : 0));
+  return rows * (2 + (dq_atomic ? static_cast<size_t>(s.head_dim_qk) : 0));
+}
+
+}  // namespace
+
+size_t backward_scratch_bytes(const QkvShape& s, bool dq_atomic, int64_t bufgrad_slice_elems) {
+  return sizeof(float) *
+         (floats_before_partials(s, dq_atomic) + static_cast<size_t>(backward_bufgrad_slices(s)) *
+                                                     static_cast<size_t>(bufgrad_slice_elems));
+}
+
+float* backward_bufgrad_partials(const BackwardInputs& in, void* scratch) {
+  if (scratch == nullptr || !in.deterministic || in.bufgrad_slice_elems == 0) return nullptr;
+  return static_cast<float*>(scratch) + floats_before_partials(in.shape, in.dq_atomic);
 }
 
 FjBwdArgs make_bwd_args(const BackwardInputs& in, void* scratch, bool full_blocks) {

@@ -41,6 +41,14 @@ struct BackwardInputs {
   // The dK/dV kernel adds dQ into an f32 accumulator in the workspace (its config's dq_atomic);
   // the preprocess zeroes it and backward_dq/atomic_convert writes dq from it.
   bool dq_atomic = false;
+  // Deterministic buffer gradients (BackwardOptions::deterministic; the dK/dV problem's flag
+  // `deterministic`): the dK/dV kernel's warps add into partial slices of bufgrad_slice_elems
+  // floats each (backward_bufgrad_slices of them, after lse2 / delta / dq_accum in the
+  // workspace), which flexjit_bwd_bufgrad_reduce sums into the gradients. grad_partials_offset:
+  // where the `partials` pointer goes in grad_params (cuda::GradParamLayout::partials_offset).
+  bool deterministic = false;
+  int64_t bufgrad_slice_elems = 0;
+  int grad_partials_offset = -1;
 };
 
 using BackwardPreprocessVariant = FamilyVariant<Family::BackwardPreprocess, BackwardInputs>;
@@ -50,7 +58,8 @@ using BackwardDqVariant = FamilyVariant<Family::BackwardDq, BackwardInputs>;
 }  // namespace flexjit::kernels
 
 // The autotuner compares what each step writes with the default config's: dK and dV (and the
-// buffer gradients, which the dK/dV kernel adds into with atomics: zeroed before every run) for
+// buffer gradients, which the dK/dV kernel adds into with atomics, or writes from its
+// deterministic partials: zeroed before every run) for
 // backward_dkdv, dQ for backward_dq. The preprocess writes only its workspace (one config: not
 // tuned).
 template <>
@@ -70,19 +79,39 @@ struct flexjit::tune::TuningOutputs<flexjit::kernels::BackwardInputs> {
 
 namespace flexjit::kernels {
 
+// The dK/dV problem flag of deterministic buffer gradients: 1 adds them into per-warp partial
+// slices and compiles the ordered hooks (cuda::GradAccumulation::Ordered); 0 or absent: fp32
+// atomics. Being a flag, it reaches the description's text, its hash and the source.
+inline constexpr const char* kDeterministicFlag = "deterministic";
+bool is_deterministic(const KernelDesc& desc);
+
 // The problem of one backward family for a call (no variant, no config yet); dK/dV and dQ get
-// fast_math as MathMode::Auto resolves it (set_math_mode changes it; MathMode.h).
+// fast_math as MathMode::Auto resolves it (set_math_mode changes it; MathMode.h). dK/dV gets
+// the flag `deterministic` = 1 when `deterministic` (nothing otherwise).
 KernelDesc backward_problem(Family family, const cuda::Arch& arch, DType dtype, int head_dim_qk,
-                            int head_dim_v, int gqa_ratio, bool full_blocks);
+                            int head_dim_v, int gqa_ratio, bool full_blocks,
+                            bool deterministic = false);
 
 // Alignment (every tensor's rows), the block mask's tile size, the lengths.
 InputFacts backward_facts(const BackwardInputs& in);
 
 // seqlen_q rounded up to 128: the row length of the lse2 / delta workspace arrays.
 int64_t backward_padded_seqlen_q(int64_t seqlen_q);
-// Bytes of the workspace: lse2 + delta (two f32 arrays of [B * Hq, padded Sq]) and, with
-// dq_atomic, the dQ accumulator (f32 [B * Hq, padded Sq, Dqk]).
-size_t backward_scratch_bytes(const QkvShape& shape, bool dq_atomic);
+// The number of partial slices of deterministic buffer gradients: one per 16 kv rows of
+// round_up(Skv, 128) per (b, kv head), whatever the dK/dV tiles (templates/backward_sm80.cuh,
+// fj_bwd_bufgrad_slice).
+int64_t backward_bufgrad_slices(const QkvShape& shape);
+// The elements of one partial slice: every float buffer's bound elements, one after another,
+// rounded up to a multiple of 4 (16-byte rows).
+int64_t backward_bufgrad_slice_elems(const std::vector<std::vector<int64_t>>& buffer_shapes);
+// Bytes of the workspace: lse2 + delta (two f32 arrays of [B * Hq, padded Sq]), with dq_atomic
+// the dQ accumulator (f32 [B * Hq, padded Sq, Dqk]), and with deterministic buffer gradients
+// the partial slices (f32 [backward_bufgrad_slices, bufgrad_slice_elems]).
+size_t backward_scratch_bytes(const QkvShape& shape, bool dq_atomic,
+                              int64_t bufgrad_slice_elems = 0);
+// The partial slices in the workspace (after lse2 / delta / dq_accum); null when the inputs are
+// not deterministic or have no float buffer.
+float* backward_bufgrad_partials(const BackwardInputs& in, void* scratch);
 
 // FjBwdArgs for the inputs; lse2 / delta (and dq_accum with in.dq_atomic) point into `scratch`
 // (backward_scratch_bytes).

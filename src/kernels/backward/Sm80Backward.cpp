@@ -82,13 +82,15 @@ Params dkdv_config(int block_m, int block_n, int num_warps, int num_stages, int 
   return p;
 }
 
-// The generated `struct FjConfig` of the dK/dV and dQ kernels: the forward's fields and
-// kDqAtomic (whether the dK/dV kernel adds dQ).
+// The generated `struct FjConfig` of the dK/dV and dQ kernels: the forward's fields,
+// kDqAtomic (whether the dK/dV kernel adds dQ) and kDeterministic (ordered buffer gradients).
 std::string backward_config_struct(const Mods& mods, const KernelDesc& d) {
   return ForwardSm80Mma::config_struct(
       mods, d,
       {fmt::format("static constexpr bool kDqAtomic = {};",
-                   d.config.get("dq_atomic").value_or(0) != 0 ? "true" : "false")});
+                   d.config.get("dq_atomic").value_or(0) != 0 ? "true" : "false"),
+       fmt::format("static constexpr bool kDeterministic = {};",
+                   is_deterministic(d) ? "true" : "false")});
 }
 
 int dkdv_smem(const KernelDesc& d) {
@@ -103,7 +105,9 @@ int dq_smem(const KernelDesc& d) {
 }
 
 std::string grads_section(const Mods& mods, const KernelDesc& desc) {
-  return cuda::generate_mod_grad_functions(mods, math_functions(desc));
+  return cuda::generate_mod_grad_functions(
+      mods, math_functions(desc),
+      is_deterministic(desc) ? cuda::GradAccumulation::Ordered : cuda::GradAccumulation::Atomic);
 }
 
 // Every backward kernel's templates: one file, the entry point picked by a #define.
@@ -199,7 +203,8 @@ BackwardPreprocessSm80::BackwardPreprocessSm80()
                              "backward preprocess kernel `flexjit_bwd_preprocess`", true}) {}
 
 size_t BackwardPreprocessSm80::workspace_bytes(const KernelDesc&, const BackwardInputs& in) const {
-  return backward_scratch_bytes(in.shape, in.dq_atomic);
+  return backward_scratch_bytes(in.shape, in.dq_atomic,
+                                in.deterministic ? in.bufgrad_slice_elems : 0);
 }
 
 BackwardDqAtomicConvert::BackwardDqAtomicConvert()
@@ -215,7 +220,8 @@ template <Family F>
 std::string_view BackwardSm80Mma<F>::summary() const {
   if constexpr (F == Family::BackwardDkDv) {
     return "one CTA per KV tile over the GQA group's q tiles: S^T, dP^T, dV += P^T dO, dK += "
-           "dS^T Q on mma.sync; buffer gradients by fp32 atomics; sm_80 and newer";
+           "dS^T Q on mma.sync; buffer gradients by fp32 atomics, or (deterministic=1) per-warp "
+           "partials and a fixed-order reduction; sm_80 and newer";
   } else {
     return "one CTA per q tile over its KV tiles: S, dP, dQ += dS K on mma.sync (no atomics); "
            "sm_80 and newer";
@@ -279,6 +285,12 @@ void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
       throw UnsupportedError(
           fmt::format("{}: dq_atomic must be 0 or 1, not {}", d.family_variant(), dq_atomic));
     }
+    if (dq_atomic == 1 && is_deterministic(d)) {
+      throw UnsupportedError(fmt::format(
+          "{}: deterministic=1 and dq_atomic=1 exclude each other: dQ added with fp32 atomics is "
+          "not deterministic (dq_atomic=0 computes dQ in a second pass)",
+          d.family_variant()));
+    }
     if (dq_atomic == 1) {
       // Each 16-row q slice of the dS tile goes to num_warps / (block_m / 16) warps, which
       // split the head dim into whole 128-byte swizzle rows.
@@ -310,6 +322,14 @@ void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
     if (!v || (*v != 0 && *v != 1)) {
       throw UnsupportedError(
           fmt::format("{} needs flag '{}' = 0 or 1 ({})", d.family_variant(), flag, d.str()));
+    }
+  }
+  if (auto v = d.flags.get(kDeterministicFlag)) {
+    if (F != Family::BackwardDkDv || (*v != 0 && *v != 1)) {
+      throw UnsupportedError(fmt::format(
+          "{}: flag '{}' = {}: only backward_dkdv takes it, as 0 or 1 (buffer gradients by fp32 "
+          "atomics or ordered partials)",
+          d.family_variant(), kDeterministicFlag, *v));
     }
   }
   if (auto r = fast_math_flag_error(d)) throw UnsupportedError(*r);
@@ -357,6 +377,7 @@ std::vector<Params> BackwardSm80Mma<F>::config_space(const KernelDesc& p) const 
                                                  : make_config(bm, bn, w, s);
             if (!d.flags.has("divisible")) d.flags.set("divisible", 0);
             if (!d.flags.has("full_blocks")) d.flags.set("full_blocks", 0);
+            if (is_deterministic(d) && atomic == 1) continue;
             try {
               validate(d);
             } catch (const UnsupportedError&) {
@@ -431,7 +452,8 @@ std::vector<TemplateText> BackwardSm80Mma<F>::templates() const {
 template <Family F>
 std::vector<std::string> BackwardSm80Mma<F>::entry_points() const {
   if constexpr (F == Family::BackwardDkDv) {
-    return {"flexjit_bwd_dkdv"};
+    // The reduction of deterministic buffer gradients shares the module (compiled in both modes).
+    return {"flexjit_bwd_dkdv", "flexjit_bwd_bufgrad_reduce"};
   } else {
     return {"flexjit_bwd_dq"};
   }
@@ -471,7 +493,31 @@ std::vector<Launch> BackwardSm80Mma<F>::launches(const KernelDesc& desc, const B
     l.entry_point = "flexjit_bwd_dkdv";
     l.grid = {static_cast<unsigned>((s.seqlen_kv + bn - 1) / bn), static_cast<unsigned>(s.heads_kv),
               static_cast<unsigned>(s.batch)};
-    l.args.add_bytes(in.grad_params.data(), in.grad_params.size() * sizeof(uint64_t));
+    // Deterministic: the partial slices' address goes into FjGradParams::partials, and the
+    // reduction follows on the same stream.
+    std::vector<uint64_t> grad_params = in.grad_params;
+    float* partials = backward_bufgrad_partials(in, workspace);
+    FJ_ASSERT(!is_deterministic(desc) || in.deterministic,
+              "a deterministic dK/dV kernel runs on inputs planned without partial slices");
+    if (partials != nullptr) {
+      FJ_ASSERT(in.grad_partials_offset >= 0,
+                "deterministic inputs without FjGradParams::partials");
+      grad_params[static_cast<size_t>(in.grad_partials_offset) / 8] =
+          reinterpret_cast<uint64_t>(partials);
+    }
+    l.args.add_bytes(grad_params.data(), grad_params.size() * sizeof(uint64_t));
+    if (partials != nullptr && is_deterministic(desc)) {
+      Launch r;
+      r.entry_point = "flexjit_bwd_bufgrad_reduce";
+      r.grid = {static_cast<unsigned>((in.bufgrad_slice_elems + 31) / 32), 1, 1};
+      r.block = {1024, 1, 1};
+      r.args.add(make_bwd_args(in, workspace, full));
+      r.args.add_bytes(grad_params.data(), grad_params.size() * sizeof(uint64_t));
+      std::vector<Launch> out;
+      out.push_back(std::move(l));
+      out.push_back(std::move(r));
+      return out;
+    }
   } else {
     const int64_t bm = desc.config.at("block_m");
     l.entry_point = "flexjit_bwd_dq";

@@ -1,0 +1,65 @@
+"""Host cost of a flexjit call from Python on a GPU, for a small shape where the kernel itself
+takes a few microseconds: the time per call of
+
+  - flexjit.flex_attention on CUDA torch tensors (DLPack in, torch tensors out),
+  - the same with a Mods object instead of a name,
+  - torch.ops.flexjit.flex_attention (flexjit.torch: the custom op, eager),
+  - torch.nn.attention.flex_attention compiled (PyTorch's own, for scale),
+
+each as the median over repeats of (N back-to-back calls, then one synchronize) / N, after a
+warm-up that compiles everything. A call is asynchronous, so while the kernel is shorter than
+the host work this is the host cost per call. Usage (GPU machine, flexjit's module on
+PYTHONPATH): python3 scripts/py_overhead.py [--n 2000] [--repeats 7]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import flexjit
+import flexjit.torch as fjt
+
+
+def per_call_us(fn, n, repeats):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=7)
+    a = ap.parse_args()
+    q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
+    mods = flexjit.make_mods(None, "causal")
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    bm = create_block_mask(lambda b, h, i, j: i >= j, 1, 2, 64, 64, device="cuda")
+    torch_flex = torch.compile(flex_attention)
+    rows = [
+        ("flexjit.flex_attention(mask_mod='causal')",
+         lambda: flexjit.flex_attention(q, q, q, mask_mod="causal")),
+        ("flexjit.flex_attention(Mods)", lambda: flexjit.flex_attention(q, q, q, mods)),
+        ("flexjit.torch.flex_attention (custom op)",
+         lambda: fjt.flex_attention(q, q, q, mask_mod="causal")),
+        ("torch flex_attention (compiled)", lambda: torch_flex(q, q, q, block_mask=bm)),
+    ]
+    print(f"# {torch.cuda.get_device_name()}, q = k = v [1, 2, 64, 64] bf16, causal; "
+          f"median of {a.repeats} x {a.n} calls")
+    for name, fn in rows:
+        print(f"{name:45s} {per_call_us(fn, a.n, a.repeats):8.1f} us/call")
+
+
+if __name__ == "__main__":
+    main()
