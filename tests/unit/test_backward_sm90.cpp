@@ -80,6 +80,12 @@ TEST_CASE("sm90a_wgmma backward: experimental, selected only when enabled", "[sm
       CHECK(reg.complete(p, {}, {{"num_warps", 4}}).variant == "sm80_mma");
       if (f == Family::BackwardDkDv) {
         CHECK(reg.complete(p, {}, {{"dq_atomic", 1}}).variant == "sm80_mma");
+        // Deterministic buffer gradients are sm80_mma's.
+        Selection det;
+        const KernelDesc dp = backward_problem(f, cuda::Arch::parse("sm_90a"), DType::BF16, 128,
+                                               128, 1, true, /*deterministic=*/true);
+        CHECK(reg.complete(dp, {}, {}, {}, &det).variant == "sm80_mma");
+        CHECK_THAT(det.str(), Catch::Contains("deterministic buffer gradients run on sm80_mma"));
       }
     }
   }
@@ -105,7 +111,7 @@ TEST_CASE("sm90a_wgmma backward serves sm_90a bf16 / f16 d 64 / 128 and says why
     CHECK_THAT(v->unsupported(p(f, "sm_90a", DType::BF16, 256, 256), {}).value(),
                Catch::Contains("head_dim_qk = 256") && Catch::Contains("supported: 64, 128"));
     KernelDesc det = p(f, "sm_90a", DType::BF16);
-    det.flags.set("deterministic", 1);
+    det.flags.set(kDeterministicFlag, 1);
     CHECK_THAT(v->unsupported(det, {}).value(),
                Catch::Contains("deterministic buffer gradients run on sm80_mma"));
     InputFacts tma;

@@ -50,7 +50,7 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
   if (auto r = wgmma_problem_reason(p, {64, 128})) return r;
   // Deterministic buffer gradients (a dK/dV problem flag) are sm80_mma's fixed-order reduction;
   // this variant adds them with fp32 atomics.
-  if (p.flags.get("deterministic").value_or(0) != 0) {
+  if (is_deterministic(p)) {
     return std::string(
         "deterministic buffer gradients run on sm80_mma (this variant adds them with fp32 "
         "atomics)");
