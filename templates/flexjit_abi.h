@@ -58,6 +58,18 @@ struct FjFwdArgs {
   struct FjBlockMaskArgs mask;
 };
 
+// The third parameter of the sm_80 forward kernel on a KV cache (chunked prefill; problem flags
+// page_size / seq_lens): `flexjit_forward(const FjFwdArgs, const FjModParams, const
+// FjKvCacheArgs)`. With a page table, FjFwdArgs::k / v are pools [num_pages, page_size, Hkv, D]
+// (k_stride_b is the page stride, k_stride_s the slot stride) and seqlen_kv is the table's
+// capacity max_pages * page_size; key n of sequence b is slot n % page_size of page
+// page_table[b][n / page_size]. Without one, K / V are [B, Hkv, Skv, D] as usual.
+struct FjKvCacheArgs {
+  const int* page_table;       // [B, max_pages], rows contiguous; null: contiguous K / V
+  fj_i64 page_table_stride_b;  // elements
+  const int* seq_lens;         // [B] keys of each sequence (clamped to seqlen_kv); null: seqlen_kv
+};
+
 // Dynamic shared memory of the forward kernel for a configuration (bytes). The kernel's layout
 // and this formula live together in forward_sm80.cuh's description; keep them in step.
 FJ_HOST_DEVICE inline constexpr int fj_forward_smem_bytes(int block_m, int block_n, int head_dim_qk,

@@ -19,6 +19,12 @@
 //                                   max(kHeadDimQK, kHeadDimV) * E
 //   then kNumStages x { K tile kBlockN x kHeadDimQK, V tile kBlockN x kHeadDimV }
 // which is fj_forward_smem_bytes() in flexjit_abi.h.
+//
+// On a KV cache (chunked prefill: the config defines FJ_FWD_KV_CACHE and FjConfig::kPageSize)
+// the kernel takes a third parameter, FjKvCacheArgs: sequence b's keys end at seq_lens[b], and
+// with kPageSize > 0 K / V tiles are gathered from page pools through the page table (one table
+// entry per tile when kPageSize >= kBlockN, else one per key row). Mods and block masks see the
+// logical key index. Without FJ_FWD_KV_CACHE the kernel is the contiguous one, unchanged.
 #ifndef FLEXJIT_FORWARD_SM80_CUH_
 #define FLEXJIT_FORWARD_SM80_CUH_
 
@@ -68,8 +74,58 @@ struct FjFwdTraits {
                 "flexjit forward_sm80: shared-memory layout and fj_forward_smem_bytes disagree");
 };
 
+#if defined(FJ_FWD_KV_CACHE)
+// The pages of the rows one thread copies of a kRows-key tile (fj_load_tile's assignment: rows
+// tid / kChunks + i * kRowStep), for pages smaller than the tile: one table read per row, shared
+// by the K and V copies when their rows split the same way; -1 past the sequence's length.
+template <class Tile, int kRows, int kThreads, int kPageSize>
+struct FjPagedRows {
+  static_assert(kThreads % Tile::kChunks == 0, "flexjit: a thread must keep its chunk column");
+  static constexpr int kRowStep = kThreads / Tile::kChunks;
+  static constexpr int kPerThread = kRows / kRowStep;
+  static_assert(kRows % kRowStep == 0, "flexjit: tile rows must split evenly over threads");
+  int page[kPerThread];
+
+  FJ_DEVICE void lookup(const int* table, int n_start, int len, int tid) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int n = n_start + tid / Tile::kChunks + i * kRowStep;
+      page[i] = n < len ? table[n / kPageSize] : -1;
+    }
+  }
+
+  // Copies the rows into a swizzled tile with cp.async from a pool (`head`: page 0 of the kv
+  // head; slot stride `stride`, page stride `page_stride`, in elements); rows without a page are
+  // zero-filled and read nothing.
+  FJ_DEVICE void load(fj_u32 smem, const void* head, fj_i64 stride, fj_i64 page_stride, int n_start,
+                      int tid) const {
+    using Unit = typename FjUnit<Tile::kBytesPerElem>::Type;
+    const Unit* base = static_cast<const Unit*>(head);
+    const int r0 = tid / Tile::kChunks;
+    const int c = tid % Tile::kChunks;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int r = r0 + i * kRowStep;
+      const int n = n_start + r;
+      const bool valid = page[i] >= 0;
+      const Unit* src = base;  // an invalid row reads nothing: page 0 is always mapped
+      if (valid) {
+        src = base + (fj_i64)page[i] * page_stride + (fj_i64)(n % kPageSize) * stride +
+              c * Tile::kElemsPerChunk;
+      }
+      fj_cp_async_16(smem + Tile::offset(r, c), src, valid);
+    }
+  }
+};
+#endif
+
 extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
+#if defined(FJ_FWD_KV_CACHE)
+    flexjit_forward(const FjFwdArgs cache_args, const FjModParams mods,
+                    const FjKvCacheArgs kv_cache) {
+#else
     flexjit_forward(const FjFwdArgs args, const FjModParams mods) {
+#endif
   using T = FjFwdTraits<FjConfig>;
   using Cfg = FjConfig;
   constexpr bool kCheck = !Cfg::kIsDivisible;
@@ -85,16 +141,31 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   const int lane = tid % 32;
   const int h_kv = h / Cfg::kGqaRatio;
   const int m_start = m_block * T::kBlockM;
+#if defined(FJ_FWD_KV_CACHE)
+  // On a KV cache the kernel reads sequence b's length as args.seqlen_kv: a copy of the
+  // arguments with the length in it (the contiguous kernel reads its parameter as it always did).
+  static_assert(!Cfg::kIsDivisible, "flexjit forward_sm80: a KV cache has ragged lengths");
+  FjFwdArgs args = cache_args;
+  if (kv_cache.seq_lens != nullptr) {
+    args.seqlen_kv = fj_imax(0, fj_imin(kv_cache.seq_lens[b], cache_args.seqlen_kv));
+  }
+  // Pools: k_stride_b is the page stride and the table picks the page.
+  const int kv_b = Cfg::kPageSize > 0 ? 0 : b;
+  const int* page_row =
+      Cfg::kPageSize > 0 ? kv_cache.page_table + (fj_i64)b * kv_cache.page_table_stride_b : nullptr;
+#else
+  const int kv_b = b;
+#endif
 
   const char* q_tile = static_cast<const char*>(args.q) +
                        T::kElemBytes * ((fj_i64)b * args.q_stride_b + (fj_i64)h * args.q_stride_h +
                                         (fj_i64)m_start * args.q_stride_s);
   const char* k_head =
       static_cast<const char*>(args.k) +
-      T::kElemBytes * ((fj_i64)b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h);
+      T::kElemBytes * ((fj_i64)kv_b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h);
   const char* v_head =
       static_cast<const char*>(args.v) +
-      T::kElemBytes * ((fj_i64)b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h);
+      T::kElemBytes * ((fj_i64)kv_b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h);
 
   const fj_u32 sq = fj_smem_addr(fj_smem);
   const fj_u32 skv = sq + T::kQBytes;
@@ -107,6 +178,35 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     const int n_start = tile * T::kBlockN;
     if (n_start >= args.seqlen_kv) return;  // past the end of a ragged sparse block: skipped
     const fj_u32 sk = skv + stage * T::kStageBytes;
+#if defined(FJ_FWD_KV_CACHE)
+    // Paged: a tile within one page reads one table entry (kBlockN divides kPageSize), smaller
+    // pages one per row, shared by K and V.
+    if constexpr (Cfg::kPageSize >= T::kBlockN) {
+      const fj_i64 page = page_row[n_start / Cfg::kPageSize];
+      const fj_i64 slot = n_start % Cfg::kPageSize;
+      const int rows = args.seqlen_kv - n_start;
+      fj_load_tile<typename T::TileQK, T::kBlockN, T::kThreads, true>(
+          sk, k_head + T::kElemBytes * (page * args.k_stride_b + slot * args.k_stride_s),
+          args.k_stride_s, rows, tid);
+      fj_load_tile<typename T::TileV, T::kBlockN, T::kThreads, true>(
+          sk + T::kKBytes,
+          v_head + T::kElemBytes * (page * args.v_stride_b + slot * args.v_stride_s),
+          args.v_stride_s, rows, tid);
+      return;
+    } else if constexpr (Cfg::kPageSize > 0) {
+      FjPagedRows<typename T::TileQK, T::kBlockN, T::kThreads, Cfg::kPageSize> k_rows;
+      k_rows.lookup(page_row, n_start, args.seqlen_kv, tid);
+      k_rows.load(sk, k_head, args.k_stride_s, args.k_stride_b, n_start, tid);
+      if constexpr (T::TileQK::kChunks == T::TileV::kChunks) {
+        k_rows.load(sk + T::kKBytes, v_head, args.v_stride_s, args.v_stride_b, n_start, tid);
+      } else {
+        FjPagedRows<typename T::TileV, T::kBlockN, T::kThreads, Cfg::kPageSize> v_rows;
+        v_rows.lookup(page_row, n_start, args.seqlen_kv, tid);
+        v_rows.load(sk + T::kKBytes, v_head, args.v_stride_s, args.v_stride_b, n_start, tid);
+      }
+      return;
+    }
+#endif
     const int rows = args.seqlen_kv - n_start;
     fj_load_tile<typename T::TileQK, T::kBlockN, T::kThreads, kCheck>(
         sk, k_head + T::kElemBytes * (fj_i64)n_start * args.k_stride_s, args.k_stride_s, rows, tid);

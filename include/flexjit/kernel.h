@@ -38,7 +38,8 @@ struct KernelQuery {
   int block_size = 128;            // block_mask: the sparse tile size
   BlockConfig config;              // forward: zeros take the defaults
   int seqlen_q = 1;                // decode_split: query tokens (with gqa_ratio: the packed rows)
-  int page_size = 0;               // decode_split: 0 contiguous K / V, else the page size
+  int page_size = 0;               // decode_split, forward: 0 contiguous K / V, else the page
+                                   // size (forward: a paged KV cache, chunked prefill)
   MathMode math = MathMode::Auto;  // forward, backward_dkdv / dq, decode_split (docs/math.md)
   bool deterministic = false;      // backward_dkdv: ordered buffer gradients (docs/backward.md)
 };

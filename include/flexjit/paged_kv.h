@@ -1,7 +1,9 @@
 // A KV cache for decoding: per-sequence KV lengths (ragged batches) and, optionally, K and V in
 // page pools read through a page table — the layout serving engines keep their cache in.
 // flex_attention takes one through AttentionOptions::kv_cache (docs/runtime.md, "Decoding and
-// KV caches"; the kernels: docs/kernels/decode.md).
+// KV caches"; the kernels: docs/kernels/decode.md): up to 16 query tokens run the split-KV decode
+// kernels, a longer q (a prefill chunk appended to the cached sequences) the forward kernel
+// reading K / V through the page table.
 //
 //   // K / V pools [num_pages, page_size, Hkv, D]; table [B, max_pages] and lengths [B] int32,
 //   // all on the device.

@@ -59,6 +59,7 @@ kernels::KernelDesc kernels::desc_for_query(const KernelQuery& q, kernels::Selec
           arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk, q.gqa_ratio,
           q.divisible, q.full_blocks);
       kernels::set_math_mode(problem, q.math);
+      if (q.page_size != 0) kernels::set_kv_cache_flags(problem, q.page_size);
       return kernels::Registry::global().complete(problem, {}, overrides, q.variant, sel);
     }
     case kernels::Family::BlockMask:

@@ -63,26 +63,6 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
   return call;
 }
 
-// One forward step: the registry's variant for this arch and these inputs (or the one named in
-// options.variant), its config resolved from options.config.
-runtime::Plan plan_forward(Context& ctx, const ValidatedCall& call, const AttentionOptions& options,
-                           const tune::StepTuning& tuning) {
-  const QkvShape& s = call.inputs.shape;
-  const bool full_blocks = options.block_mask != nullptr &&
-                           options.block_mask->full_kv_num_blocks.defined() &&
-                           options.block_mask->full_kv_indices.defined();
-  kernels::KernelDesc problem = kernels::forward_problem(
-      cuda::Arch::parse(ctx.arch()), call.inputs.q.dtype, static_cast<int>(s.head_dim_qk),
-      static_cast<int>(s.head_dim_v), static_cast<int>(s.heads_q / s.heads_kv),
-      /*divisible=*/false, full_blocks);
-  kernels::set_math_mode(problem, options.math);
-  runtime::Plan plan;
-  plan.add(runtime::plan_step<kernels::ForwardVariant>(
-      problem, call.inputs, kernels::forward_facts(call.inputs), call.mods,
-      kernels::config_overrides(options.config), options.variant, tuning));
-  return plan;
-}
-
 // Short queries take the split-KV decode plan when it supports the call (runtime/Decode.h),
 // the forward otherwise; the choice and its reason are logged under FLEXJIT_LOG=kernels.
 runtime::Plan plan_attention(Context& ctx, const ValidatedCall& call,
@@ -99,7 +79,8 @@ runtime::Plan plan_attention(Context& ctx, const ValidatedCall& call,
     FJ_LOG("kernels", "flex_attention: forward plan for Sq={}: the decode plan cannot serve it: {}",
            s.seqlen_q, *why_not);
   }
-  return plan_forward(ctx, call, options, tuning);
+  return runtime::plan_forward(cuda::Arch::parse(ctx.arch()), call.inputs, call.mods, options,
+                               tuning);
 }
 
 // The tuning of a call that plans without launching: a stored winner is looked up (so the plan
@@ -111,6 +92,46 @@ tune::StepTuning lookup_only(Context& ctx, const AttentionOptions& options) {
 }
 
 }  // namespace
+
+kernels::KernelDesc runtime::forward_problem_of(const cuda::Arch& arch,
+                                                const kernels::ForwardInputs& in,
+                                                const AttentionOptions& options) {
+  const QkvShape& s = in.shape;
+  const bool full_blocks = in.block_mask != nullptr &&
+                           in.block_mask->full_kv_num_blocks.defined() &&
+                           in.block_mask->full_kv_indices.defined();
+  kernels::KernelDesc problem = kernels::forward_problem(
+      arch, in.q.dtype, static_cast<int>(s.head_dim_qk), static_cast<int>(s.head_dim_v),
+      static_cast<int>(s.heads_q / s.heads_kv), /*divisible=*/false, full_blocks);
+  kernels::set_math_mode(problem, options.math);
+  if (in.seq_lens != nullptr || in.page_table != nullptr) {
+    kernels::set_kv_cache_flags(problem, in.page_table != nullptr ? in.page_size : 0);
+  }
+  return problem;
+}
+
+runtime::Plan runtime::plan_forward(const cuda::Arch& arch, const kernels::ForwardInputs& in,
+                                    const Mods& mods, const AttentionOptions& options,
+                                    const tune::StepTuning& tuning) {
+  runtime::Plan plan;
+  plan.add(runtime::plan_step<kernels::ForwardVariant>(
+      forward_problem_of(arch, in, options), in, kernels::forward_facts(in), mods,
+      kernels::config_overrides(options.config), options.variant, tuning));
+  return plan;
+}
+
+std::optional<std::string> runtime::forward_unsupported(const cuda::Arch& arch,
+                                                        const kernels::ForwardInputs& in,
+                                                        const AttentionOptions& options) {
+  try {
+    kernels::Registry::global().complete(
+        forward_problem_of(arch, in, options), kernels::forward_facts(in),
+        kernels::config_overrides(options.config), options.variant);
+  } catch (const UnsupportedError& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
+}
 
 void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, const TensorRef& v,
                          const TensorRef& out, const TensorRef* lse,

@@ -13,6 +13,7 @@
 #include "runtime/AttentionCall.h"
 #include "runtime/ContextImpl.h"
 #include "runtime/CudaDriver.h"
+#include "runtime/ForwardPlan.h"
 #include "runtime/ModArgs.h"
 #include "util/Log.h"
 
@@ -276,13 +277,64 @@ void check_kv_cache_on_device(Context& ctx, const KvCache& cache, const KvCacheS
   throw RuntimeError(page_error(b, slot - 1, entry, len, shape));
 }
 
+KvCachePlanChoice choose_kv_cache_plan(int64_t seqlen_q,
+                                       const std::optional<std::string>& decode_why,
+                                       const std::optional<std::string>& forward_why) {
+  KvCachePlanChoice c;
+  if (seqlen_q <= kDecodeMaxQueries && !decode_why) return c;
+  if (!forward_why) {
+    c.forward = true;
+    c.why = seqlen_q > kDecodeMaxQueries
+                ? fmt::format(
+                      "chunked prefill: Sq = {} is more than the {} query tokens of the "
+                      "decode plan",
+                      seqlen_q, kDecodeMaxQueries)
+                : fmt::format("the decode plan cannot serve it: {}", *decode_why);
+    return c;
+  }
+  if (!decode_why) {
+    c.why = fmt::format("the forward cannot serve it: {}", *forward_why);
+    return c;
+  }
+  throw UnsupportedError(fmt::format(
+      "flex_attention on a KV cache: the decode plan cannot serve it: {}; nor can the forward: {}",
+      *decode_why, *forward_why));
+}
+
 namespace {
 
+// A call on a KV cache, validated, with the plan it takes: the forward on the cache (chunked
+// prefill: more than kDecodeMaxQueries query tokens) or the decode plan; when the preferred one
+// cannot serve the call, the other one if it can (an UnsupportedError with both reasons if
+// neither can).
 struct KvCacheCall {
   KvCacheShape shape;
   Mods mods;
   kernels::DecodeInputs inputs;
+  kernels::ForwardInputs forward;
+  bool use_forward = false;
+  std::string why;  // the choice, for FLEXJIT_LOG=kernels
 };
+
+// The forward inputs of a KV cache call: k and v as they are (pools, or [B, Hkv, Skv, D]); the
+// forward's launch reads pool strides as decode_split's does.
+kernels::ForwardInputs forward_inputs(const kernels::DecodeInputs& d, const KvCacheShape& shape) {
+  kernels::ForwardInputs f;
+  f.q = d.q;
+  f.k = d.k;
+  f.v = d.v;
+  f.out = d.out;
+  f.lse = d.lse;
+  f.shape = shape.qkv;
+  f.scale = d.scale;
+  f.block_mask = d.block_mask;
+  f.mod_params = d.mod_params;
+  f.page_table = d.page_table;
+  f.page_table_stride_b = d.page_table_stride_b;
+  f.page_size = d.page_size;
+  f.seq_lens = d.seq_lens;
+  return f;
+}
 
 KvCacheCall validate_kv_cache_call(Context& ctx, const TensorRef& q, const TensorRef& k,
                                    const TensorRef& v, const TensorRef& out, const TensorRef* lse,
@@ -295,6 +347,7 @@ KvCacheCall validate_kv_cache_call(Context& ctx, const TensorRef& q, const Tenso
   const int device_index = impl.device->index();
   check_on_device(q, device_index);
   check_attention_outputs(q, s, out, lse);
+  check_launch_limits(s);
   if (options.block_mask != nullptr) check_block_mask(*options.block_mask, s);
   call.mods = effective_mods(options);
   call.inputs = decode_inputs(q, k, v, out, lse, s, options,
@@ -306,10 +359,31 @@ KvCacheCall validate_kv_cache_call(Context& ctx, const TensorRef& q, const Tenso
     call.inputs.page_table_stride_b = cache.page_table.strides[0];
     call.inputs.page_size = static_cast<int>(call.shape.page_size);
   }
-  if (auto why = decode_unsupported(cuda::Arch::parse(ctx.arch()), call.inputs, options, false)) {
-    throw UnsupportedError("flex_attention on a KV cache: " + *why);
-  }
+  call.forward = forward_inputs(call.inputs, call.shape);
+  const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
+  const KvCachePlanChoice choice =
+      choose_kv_cache_plan(s.seqlen_q, decode_unsupported(arch, call.inputs, options, false),
+                           forward_unsupported(arch, call.forward, options));
+  call.use_forward = choice.forward;
+  call.why = choice.why;
   return call;
+}
+
+Plan plan_kv_cache(Context& ctx, const KvCacheCall& call, const AttentionOptions& options,
+                   const tune::StepTuning& tuning) {
+  const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
+  const QkvShape& s = call.shape.qkv;
+  if (call.use_forward) {
+    FJ_LOG("kernels", "flex_attention: forward plan on the KV cache (Sq={}, capacity {}{}): {}",
+           s.seqlen_q, s.seqlen_kv,
+           call.shape.paged ? fmt::format(", pages of {}", call.shape.page_size) : "", call.why);
+    return plan_forward(arch, call.forward, call.mods, options, tuning);
+  }
+  if (!call.why.empty()) {
+    FJ_LOG("kernels", "flex_attention: decode plan on the KV cache for Sq={}: {}", s.seqlen_q,
+           call.why);
+  }
+  return plan_decode(arch, call.inputs, call.mods, options, tuning);
 }
 
 }  // namespace
@@ -329,8 +403,8 @@ void flex_attention_kv_cache_into(Context& ctx, const TensorRef& q, const Tensor
     write_empty_attention(out, lse, static_cast<CUstream>(options.stream));
     return;
   }
-  const Plan plan = plan_decode(cuda::Arch::parse(ctx.arch()), call.inputs, call.mods, options,
-                                tune::step_tuning(ctx, options.autotune, options.stream));
+  const Plan plan =
+      plan_kv_cache(ctx, call, options, tune::step_tuning(ctx, options.autotune, options.stream));
   const BuiltPlan built = build_plan(impl.builder, plan);
   launch_plan(*impl.device, plan, built, static_cast<CuStream>(options.stream), options.workspace);
 }
@@ -343,8 +417,8 @@ std::string describe_kv_cache_plan(Context& ctx, const TensorRef& q, const Tenso
       q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
   const KvCacheCall call = validate_kv_cache_call(ctx, q, k, v, out, nullptr, options);
   if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0) return "(no kernel)";
-  return plan_decode(cuda::Arch::parse(ctx.arch()), call.inputs, call.mods, options,
-                     tune::lookup_only(tune::step_tuning(ctx, options.autotune, options.stream)))
+  return plan_kv_cache(ctx, call, options,
+                       tune::lookup_only(tune::step_tuning(ctx, options.autotune, options.stream)))
       .str();
 }
 
@@ -357,8 +431,8 @@ size_t flex_attention_kv_cache_workspace_bytes(Context& ctx, const TensorRef& q,
       q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
   const KvCacheCall call = validate_kv_cache_call(ctx, q, k, v, out, nullptr, options);
   if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0) return 0;
-  return plan_decode(cuda::Arch::parse(ctx.arch()), call.inputs, call.mods, options,
-                     tune::lookup_only(tune::step_tuning(ctx, options.autotune, options.stream)))
+  return plan_kv_cache(ctx, call, options,
+                       tune::lookup_only(tune::step_tuning(ctx, options.autotune, options.stream)))
       .workspace_bytes;
 }
 

@@ -26,6 +26,19 @@ std::optional<std::string> decode_unsupported(const cuda::Arch& arch,
                                               const kernels::DecodeInputs& in,
                                               const AttentionOptions& options, bool auto_dispatch);
 
+// Which plan a call on a KV cache takes (docs/kernels/decode.md, "When flex_attention takes
+// it"): decode for up to kDecodeMaxQueries query tokens, the forward on the cache (chunked
+// prefill) for more; either one when the other cannot serve the call (`decode_why` /
+// `forward_why`: their reasons, nullopt when they can). `why` says why for FLEXJIT_LOG=kernels
+// (empty when decode serves a short query). UnsupportedError with both reasons if neither can.
+struct KvCachePlanChoice {
+  bool forward = false;
+  std::string why;
+};
+KvCachePlanChoice choose_kv_cache_plan(int64_t seqlen_q,
+                                       const std::optional<std::string>& decode_why,
+                                       const std::optional<std::string>& forward_why);
+
 // The two-step plan: decode_split (its workspace: the partials) then decode_combine on the same
 // slice. `in.num_splits` is resolved here (config num_splits or the heuristic). With `tuning`
 // active both steps are tuned (docs/tuning.md): the split's candidates with the combine after

@@ -4,9 +4,28 @@
 
 #include <flexjit/attention.h>
 
+#include "kernels/forward/Forward.h"
+#include "runtime/Plan.h"
+
+#include <optional>
 #include <string>
 
 namespace flexjit::runtime {
+
+// The forward problem of validated inputs: dtype, head dims, GQA, the block mask's full blocks,
+// the math mode and, on a KV cache (in.page_table / in.seq_lens), the page_size / seq_lens flags.
+kernels::KernelDesc forward_problem_of(const cuda::Arch& arch, const kernels::ForwardInputs& in,
+                                       const AttentionOptions& options);
+
+// The one-step forward plan: the registry's forward variant for these inputs (or
+// options.variant), its config resolved from options.config (and `tuning`).
+Plan plan_forward(const cuda::Arch& arch, const kernels::ForwardInputs& in, const Mods& mods,
+                  const AttentionOptions& options, const tune::StepTuning& tuning);
+
+// Why no forward variant can serve these inputs (the registry's reasons); nullopt when one can.
+std::optional<std::string> forward_unsupported(const cuda::Arch& arch,
+                                               const kernels::ForwardInputs& in,
+                                               const AttentionOptions& options);
 
 // Plan::str() of the call (one line per step); a stored tuned config is looked up (cached or
 // search mode), nothing is searched or compiled. Throws what the call would for bad inputs.

@@ -96,12 +96,29 @@ std::vector<BenchCase> standard_cases(const CaseSelection& sel) {
     out.push_back({"noop paged16", "decode", anchor, "noop", false, {}, 16});
     out.push_back({"noop", "decode_128k", {1, 32, 8, 1, 131072, 128}, "noop", false, {}});
     out.push_back({"noop", "decode_spec4", {8, 32, 8, 4, 8192, 128}, "noop", false, {}});
+    // Chunked prefill against a cache: the forward on contiguous K / V (sm90a_wgmma on sm_90a),
+    // on a KV cache without pages (sm80_mma, contiguous loads) and through 16-key pages.
+    const BenchShape prefill{4, 32, 8, 2048, 8192, 128};
+    out.push_back({"offset_causal", "prefill", prefill, kOffsetCausal, true, {}});
+    out.push_back({"offset_causal ragged", "prefill", prefill, kOffsetCausal, true, {}, 0, true});
+    out.push_back({"offset_causal paged16", "prefill", prefill, kOffsetCausal, true, {}, 16});
   }
   return out;
 }
 
+namespace {
+
+Mods named_mods(const std::string& name) {
+  if (name == kOffsetCausal) {
+    return parse_mods("buffer q_pos: i32[B]\nmask_mod = q_idx + q_pos[b] >= kv_idx", name);
+  }
+  return standard_mods(name);
+}
+
+}  // namespace
+
 Mods case_mods(const BenchCase& c) {
-  Mods m = standard_mods(c.mods);
+  Mods m = named_mods(c.mods);
   for (const auto& [name, value] : c.params) {
     bool found = false;
     for (Param& p : m.params) {
@@ -117,7 +134,7 @@ Mods case_mods(const BenchCase& c) {
 
 std::vector<std::pair<std::string, npy::Array>> case_buffers(const BenchCase& c, uint64_t seed) {
   std::vector<std::pair<std::string, npy::Array>> out;
-  const Mods m = standard_mods(c.mods);
+  const Mods m = named_mods(c.mods);
   for (const Buffer& b : m.buffers) {
     const std::string& name = b.name();
     if (name == "slopes") {
@@ -128,6 +145,10 @@ std::vector<std::pair<std::string, npy::Array>> case_buffers(const BenchCase& c,
       out.push_back(make_buffer(name, DType::F32, slopes));
     } else if (name == "doc_id") {
       out.push_back(make_buffer(name, DType::I32, anchor_document_ids(c.shape.seqlen_kv)));
+    } else if (name == "q_pos") {
+      out.push_back(
+          make_buffer(name, DType::I32,
+                      std::vector<int32_t>(c.shape.batch, c.shape.seqlen_kv - c.shape.seqlen_q)));
     } else if (name == "bias") {
       uint64_t state = seed ^ 0xb1a5ULL;
       std::vector<float> bias(2 * static_cast<size_t>(c.shape.seqlen_kv));

@@ -26,8 +26,13 @@ struct BenchCase {
   std::string mods;         // a standard mods name (dsl/)
   bool block_mask = false;  // build a block mask (block 128) from the mods' mask_mod
   std::vector<std::pair<std::string, double>> params;
-  int page_size = 0;  // > 0: K / V in a paged cache of this page size (shuffled page table)
+  int page_size = 0;    // > 0: K / V in a paged cache of this page size (shuffled page table)
+  bool ragged = false;  // contiguous K / V passed as a KV cache with (full) seq_lens
 };
+
+// The chunked-prefill cases' mods: causal with the chunk at the end of each sequence, the offset
+// captured as a buffer (q_pos[b] = Skv - Sq), as a serving engine prefills against its cache.
+inline constexpr const char* kOffsetCausal = "offset_causal";
 
 // Which cases standard_cases returns.
 struct CaseSelection {
@@ -36,7 +41,9 @@ struct CaseSelection {
   bool quick = false;  // main shape: noop, causal, alibi+causal, document+causal only
   bool small = false;  // only tiny shapes of every case (memcheck, smoke tests)
   // The decoding cases (docs/kernels/decode.md): the anchors' decode shape contiguous and in
-  // 16-key pages, one 128k-key sequence, and 4 query tokens (speculative decoding).
+  // 16-key pages, one 128k-key sequence, and 4 query tokens (speculative decoding); and chunked
+  // prefill (group "prefill": B=4 Hq=32 Hkv=8, 2048 queries against 8192 keys, offset causal)
+  // contiguous, ragged (a KV cache without pages) and in 16-key pages.
   bool decode = false;
 };
 

@@ -305,6 +305,13 @@ struct InputSet {
   KvCache cache;
 };
 
+// Full lengths as a KV cache's seq_lens (paged sets, and contiguous ones run as a ragged cache).
+void add_seq_lens(Context& ctx, InputSet& in, const BenchShape& s) {
+  const std::vector<int32_t> lens(static_cast<size_t>(s.batch), s.seqlen_kv);
+  in.seq_lens = DeviceTensor::from_host(ctx, DType::I32, {s.batch}, lens.data());
+  in.cache.seq_lens = in.seq_lens.ref();
+}
+
 // A paged set: K / V pools of `page_size`-key pages holding B x Skv keys, a shuffled page table
 // (consecutive pages of a sequence are not adjacent in the pool) and full lengths.
 void make_paged(Context& ctx, InputSet& in, const BenchShape& s, int page_size, InputPool& pool) {
@@ -318,11 +325,9 @@ void make_paged(Context& ctx, InputSet& in, const BenchShape& s, int page_size, 
   for (size_t i = 0; i < table.size(); ++i)
     table[i] = static_cast<int32_t>(i);
   std::shuffle(table.begin(), table.end(), std::mt19937(0x9a6e));
-  const std::vector<int32_t> lens(static_cast<size_t>(s.batch), s.seqlen_kv);
   in.page_table = DeviceTensor::from_host(ctx, DType::I32, {s.batch, max_pages}, table.data());
-  in.seq_lens = DeviceTensor::from_host(ctx, DType::I32, {s.batch}, lens.data());
   in.cache.page_table = in.page_table.ref();
-  in.cache.seq_lens = in.seq_lens.ref();
+  add_seq_lens(ctx, in, s);
 }
 
 // Device-to-device copy bandwidth (read + write bytes / time) of a 1 GiB buffer: the reference
@@ -426,13 +431,17 @@ void run_attention_bench(const AttentionBenchOptions& o) {
   DeviceTensor out;
   std::optional<BenchShape> current;
   int current_page = 0;
+  bool current_ragged = false;
   for (const BenchCase& c : cases) {
     AttentionRow row;
     row.c = c;
     try {
       const BenchShape& s = c.shape;
-      if (!current || !same_shape(*current, s) || current_page != c.page_size) {
+      const bool kv_cache = c.page_size > 0 || c.ragged;
+      if (!current || !same_shape(*current, s) || current_page != c.page_size ||
+          current_ragged != c.ragged) {
         current_page = c.page_size;
+        current_ragged = c.ragged;
         sets.clear();
         out = DeviceTensor();
         const std::vector<int64_t> qshape{s.batch, s.heads_q, s.seqlen_q, s.head_dim};
@@ -455,6 +464,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
           } else {
             in.k = DeviceTensor::from_host(ctx, DType::BF16, kvshape, pool.take(kvn).data());
             in.v = DeviceTensor::from_host(ctx, DType::BF16, kvshape, pool.take(kvn).data());
+            if (c.ragged) add_seq_lens(ctx, in, s);
           }
           sets.push_back(std::move(in));
         }
@@ -491,7 +501,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       // First call: compile (cold unless --use-cache) and run, output poisoned with NaN
       // (0xffff) first so that an element the kernel never writes is counted.
       out.fill_bytes(0xff);
-      if (c.page_size > 0) aopts.kv_cache = &sets[0].cache;
+      if (kv_cache) aopts.kv_cache = &sets[0].cache;
       // A multi-kernel plan (split-KV decoding) gets its workspace once, as a serving loop
       // would give it, rather than from the stream-ordered allocator on every call. The
       // workspace query plans the call, which compiles its kernels: it belongs to the first
@@ -514,7 +524,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       const runtime::Timing t = timer.time(
           [&] {
             const InputSet& in = sets[next++ % sets.size()];
-            if (c.page_size > 0) aopts.kv_cache = &in.cache;
+            if (kv_cache) aopts.kv_cache = &in.cache;
             flex_attention_into(ctx, in.q, in.k, in.v, out, nullptr, aopts);
           },
           topts);
@@ -614,7 +624,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
         const runtime::Timing tt = timer.time(
             [&] {
               const InputSet& in = sets[next2++ % sets.size()];
-              if (c.page_size > 0) topt.kv_cache = &in.cache;
+              if (kv_cache) topt.kv_cache = &in.cache;
               flex_attention_into(ctx, in.q, in.k, in.v, out, nullptr, topt);
             },
             topts);
@@ -722,7 +732,9 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--decode", only_decode,
                 "Only the decoding cases: the anchors' decode shape (B=8 Hq=32 Hkv=8 Sq=1 "
                 "Skv=8192 D=128) contiguous and in 16-key pages, 128k keys, 4 query tokens; "
-                "reports the K/V bandwidth (TB/s) against the device's copy bandwidth");
+                "reports the K/V bandwidth (TB/s) against the device's copy bandwidth; and "
+                "chunked prefill (group prefill: 2048 queries against 8192 keys, offset causal) "
+                "contiguous, ragged and in 16-key pages, in TFLOP/s");
   cmd->add_flag("--quick", a.selection.quick,
                 "Main shape: only noop, causal, alibi+causal, document+causal");
   cmd->add_flag("--small", a.selection.small,

@@ -532,7 +532,9 @@ void run_cpu(const RunOptions& o) {
   const Inputs in = prepare(o, true);
   const GradientFiles grad_files = gradient_files(o, in.mods);
   if (has_kv_cache(in)) {
-    throw Error("--page-table / --seq-lens run on a GPU (the decode kernels); use --device cuda");
+    throw Error(
+        "--page-table / --seq-lens run on a GPU (the decode kernels, or the forward for more than "
+        "16 query tokens); use --device cuda");
   }
   const AttentionOptions opts = host_options(o, in);
   const QkvShape s = validate_qkv(in.q.view(), in.k.view(), in.v.view());

@@ -24,7 +24,8 @@ void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
         ->check(CLI::Range(1, 65536))
         ->capture_default_str();
     app.add_option("--page-size", o.page_size,
-                   "--kernel decode_split: page size of a paged KV cache (0: contiguous K/V)")
+                   "--kernel decode_split | forward: page size of a paged KV cache (0: "
+                   "contiguous K/V; forward: the chunked-prefill kernel on the cache)")
         ->capture_default_str();
     app.add_option("--splits", o.splits,
                    "--kernel decode_split: KV splits (default 0: from the SM count and length)")

@@ -26,6 +26,19 @@ KernelDesc forward_problem(const cuda::Arch& arch, DType dtype, int head_dim_qk,
   return d;
 }
 
+void set_kv_cache_flags(KernelDesc& d, int page_size) {
+  if (page_size != 0) d.flags.set("page_size", page_size);
+  d.flags.set("seq_lens", 1);
+}
+
+int64_t kv_page_size(const KernelDesc& d) {
+  return d.flags.get("page_size").value_or(0);
+}
+
+bool on_kv_cache(const KernelDesc& d) {
+  return kv_page_size(d) != 0 || d.flags.get("seq_lens").value_or(0) != 0;
+}
+
 InputFacts forward_facts(const ForwardInputs& in) {
   InputFacts f;
   f.aligned16 = in.shape.fast_path;

@@ -7,6 +7,10 @@
 //   divisible    1 when Sq % block_m == 0 and Skv % block_n == 0 (bounds checks compiled out)
 //   full_blocks  1 when the block mask carries full_* arrays (full tiles skip the mask_mod)
 //   fast_math    1: the score_mod's transcendentals use hardware approximations (MathMode.h)
+// and, on a KV cache only (chunked prefill; absent otherwise, so contiguous descriptions keep
+// their text and tuning keys):
+//   page_size    the page size of K / V pools read through a page table (1..256, 2^k)
+//   seq_lens     1: per-sequence KV lengths bound each sequence's keys (include/flexjit/paged_kv.h)
 #pragma once
 
 #include <flexjit/attention.h>
@@ -30,6 +34,13 @@ struct ForwardInputs {
   std::optional<float> scale;                   // default 1 / sqrt(head_dim_qk)
   const DeviceBlockMask* block_mask = nullptr;  // null: every tile, mask_mod everywhere
   std::vector<uint64_t> mod_params;             // the FjModParams bytes (runtime/ModArgs.h)
+  // A KV cache (flags page_size / seq_lens): with page_size > 0, k and v are pools [num_pages,
+  // page_size, Hkv, D] read through page_table [B, max_pages] and shape.seqlen_kv is the table's
+  // capacity; seq_lens [B] (device int32) bounds each sequence's keys.
+  const int* page_table = nullptr;
+  int64_t page_table_stride_b = 0;
+  int page_size = 0;
+  const int* seq_lens = nullptr;
 };
 
 using ForwardVariant = FamilyVariant<Family::Forward, ForwardInputs>;
@@ -56,6 +67,12 @@ namespace flexjit::kernels {
 // it (set_math_mode changes it).
 KernelDesc forward_problem(const cuda::Arch& arch, DType dtype, int head_dim_qk, int head_dim_v,
                            int gqa_ratio, bool divisible, bool full_blocks);
+
+// Marks a forward problem as one on a KV cache: page_size (0: contiguous K / V) and seq_lens = 1.
+void set_kv_cache_flags(KernelDesc& desc, int page_size);
+// The flags back: the page size (0 when absent) and whether the kernel runs on a KV cache.
+int64_t kv_page_size(const KernelDesc& desc);
+bool on_kv_cache(const KernelDesc& desc);
 
 // The input facts of a call: alignment, the block mask's tile size, the lengths.
 InputFacts forward_facts(const ForwardInputs& in);

@@ -62,6 +62,29 @@ int fwd_smem(const KernelDesc& d) {
                                d.config.at_int("num_stages"));
 }
 
+// The KV cache flags (Forward.h): page_size absent or a power of two up to 256, seq_lens 0 / 1,
+// and no `divisible` with them (each sequence has its own length).
+std::optional<std::string> kv_cache_flag_error(const KernelDesc& d) {
+  const int64_t page = kv_page_size(d);
+  if (page < 0 || page > 256 || (page & (page - 1)) != 0) {
+    return fmt::format(
+        "forward/sm80_mma does not support page_size = {}; supported: 0 (contiguous K / V) or a "
+        "power of two from 1 to 256",
+        page);
+  }
+  const int64_t lens = d.flags.get("seq_lens").value_or(0);
+  if (lens != 0 && lens != 1) {
+    return fmt::format("forward/sm80_mma needs flag 'seq_lens' = 0 or 1, not {}", lens);
+  }
+  if (on_kv_cache(d) && d.flags.at("divisible") != 0) {
+    return fmt::format(
+        "forward/sm80_mma on a KV cache needs divisible = 0: each sequence has its own length "
+        "({})",
+        d.str());
+  }
+  return std::nullopt;
+}
+
 Params make_config(int block_m, int block_n, int num_warps, int num_stages) {
   return {{"block_m", block_m},
           {"block_n", block_n},
@@ -130,6 +153,7 @@ void ForwardSm80Mma::validate(const KernelDesc& d) const {
     }
   }
   if (auto r = fast_math_flag_error(d)) throw UnsupportedError(*r);
+  if (auto r = kv_cache_flag_error(d)) throw UnsupportedError(*r);
   const int smem = fwd_smem(d);
   const int limit = cuda::max_smem_per_block(d.arch);
   if (smem > limit) {
@@ -157,6 +181,15 @@ Params ForwardSm80Mma::default_config(const KernelDesc& p) const {
     if (d <= 64) return make_config(128, 64, 4, 2);
     if (d <= 128) return make_config(64, 64, 4, small_smem ? 1 : 2);
     return make_config(64, 32, 4, p.arch.cc() >= 90 ? 2 : 1);
+  }
+  if (on_kv_cache(p)) {
+    // The page-table reads and the per-sequence bound take registers that 32 rows per warp do
+    // not have: NVRTC 13, sm_80 / sm_90a, page sizes 1 / 16 / 256, causal, softcap, alibi,
+    // sliding window, relative and T5 biases: 128x64 w4 spills 64-160 bytes at d=128 (4-48 at
+    // d=64); 16 rows per warp (w8) none, 155-255 registers. d=256 keeps its default, except
+    // on sm_86/89, where 1 stage spills 40-84 bytes and 64x32 with 2 stages (96 KiB) none.
+    if (d <= 128) return make_config(128, 64, 8, 2);
+    return small_smem ? make_config(64, 32, 4, 2) : make_config(64, 64, 4, 2);
   }
   if (d <= 64) return make_config(128, 64, 4, 2);
   // Measured on an H200 (docs/perf/NOTES.md, v1): 128x64 w4 343 TFLOP/s noop against 325 for
@@ -209,8 +242,9 @@ Params ForwardSm80Mma::resolve_config(const KernelDesc& problem, const Params& o
 
 void ForwardSm80Mma::specialize(KernelDesc& d, const InputFacts& facts) const {
   if (facts.seqlen_q < 0 || facts.seqlen_kv < 0) return;  // keep what the caller said
-  const bool divisible =
-      facts.seqlen_q % d.config.at("block_m") == 0 && facts.seqlen_kv % d.config.at("block_n") == 0;
+  // On a KV cache every sequence has its own length: the key bounds stay.
+  const bool divisible = !on_kv_cache(d) && facts.seqlen_q % d.config.at("block_m") == 0 &&
+                         facts.seqlen_kv % d.config.at("block_n") == 0;
   d.flags.set("divisible", divisible ? 1 : 0);
 }
 
@@ -250,8 +284,17 @@ std::string ForwardSm80Mma::config_struct(const Mods& mods, const KernelDesc& d,
 cuda::GeneratedSource ForwardSm80Mma::generate(const Mods& mods, const KernelDesc& desc) const {
   validate(desc);
   mods.check();
-  return assemble_variant_source(*this, desc, mods, config_struct(mods, desc),
-                                 "forward kernel `flexjit_forward`");
+  if (!on_kv_cache(desc)) {
+    return assemble_variant_source(*this, desc, mods, config_struct(mods, desc),
+                                   "forward kernel `flexjit_forward`");
+  }
+  // On a KV cache the kernel takes FjKvCacheArgs (forward_sm80.cuh, FJ_FWD_KV_CACHE).
+  const std::string config =
+      "#define FJ_FWD_KV_CACHE 1\n" +
+      config_struct(mods, desc,
+                    {fmt::format("static constexpr int kPageSize = {};", kv_page_size(desc))});
+  return assemble_variant_source(*this, desc, mods, config,
+                                 "forward kernel `flexjit_forward` on a KV cache");
 }
 
 unsigned ForwardSm80Mma::smem_bytes(const KernelDesc& desc) const {
@@ -265,6 +308,22 @@ std::vector<Launch> ForwardSm80Mma::launches(const KernelDesc& desc, const Forwa
   if (in.block_mask != nullptr) {
     a.mask = block_mask_args(*in.block_mask, desc.flags.at("full_blocks") != 0);
   }
+  const bool kv_cache = on_kv_cache(desc);
+  FJ_ASSERT(kv_cache == (in.seq_lens != nullptr || in.page_table != nullptr) &&
+                kv_page_size(desc) == (in.page_table != nullptr ? in.page_size : 0),
+            "forward/sm80_mma launched with KV cache inputs that its description does not match");
+  FjKvCacheArgs cache{};
+  if (kv_cache) {
+    cache.page_table = in.page_table;
+    cache.page_table_stride_b = in.page_table_stride_b;
+    cache.seq_lens = in.seq_lens;
+    if (in.page_table != nullptr) {  // pools [num_pages, page_size, Hkv, D]: b strides pages
+      a.k_stride_b = in.k.strides[0], a.k_stride_s = in.k.strides[1],
+      a.k_stride_h = in.k.strides[2];
+      a.v_stride_b = in.v.strides[0], a.v_stride_s = in.v.strides[1],
+      a.v_stride_h = in.v.strides[2];
+    }
+  }
   const int64_t bm = desc.config.at("block_m");
   Launch l;
   l.entry_point = "flexjit_forward";
@@ -274,6 +333,7 @@ std::vector<Launch> ForwardSm80Mma::launches(const KernelDesc& desc, const Forwa
   l.smem_bytes = smem_bytes(desc);
   l.args.add(a);
   l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
+  if (kv_cache) l.args.add(cache);
   std::vector<Launch> out;
   out.push_back(std::move(l));
   return out;

@@ -25,6 +25,16 @@ constexpr std::initializer_list<int> kBlockMs = {128};
 constexpr std::initializer_list<int> kBlockNs = {64, 128, 176};
 constexpr std::initializer_list<int> kStages = {2, 3, 4};
 
+// A KV cache (chunked prefill: the page_size / seq_lens flags, kernels/forward/Forward.h) is
+// forward/sm80_mma's: TMA boxes tile a [B, H, S, D] tensor, not pages through a table.
+std::optional<std::string> kv_cache_reason(const KernelDesc& p) {
+  if (!on_kv_cache(p)) return std::nullopt;
+  return fmt::format(
+      "its TMA tensor maps cannot follow a page table or per-sequence KV lengths ({}); "
+      "forward/sm80_mma reads a KV cache",
+      kv_page_size(p) != 0 ? fmt::format("pages of {}", kv_page_size(p)) : "ragged lengths");
+}
+
 bool one_of(int64_t v, std::initializer_list<int> allowed) {
   return std::find(allowed.begin(), allowed.end(), v) != allowed.end();
 }
@@ -102,6 +112,7 @@ std::optional<std::string> ForwardSm90Wgmma::unsupported(const KernelDesc& probl
         "tile)",
         facts.mask_kv_block);
   }
+  if (auto r = kv_cache_reason(problem)) return r;
   return std::nullopt;
 }
 
@@ -132,6 +143,7 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
     }
   }
   if (auto r = fast_math_flag_error(d)) throw UnsupportedError(*r);
+  if (auto r = kv_cache_reason(d)) throw UnsupportedError(*r);
   // Accumulators of S (block_n / 2) and O (head_dim_v / 2) plus P (block_n / 4) per thread must
   // fit the consumers' 240 registers with room for addresses and the softmax state.
   const int64_t live = d.config.at("block_n") / 2 + d.head_dim_v / 2 + d.config.at("block_n") / 4;
