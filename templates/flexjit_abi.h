@@ -199,6 +199,37 @@ FJ_HOST_DEVICE inline constexpr int fj_bwd_dq_smem_bytes(int block_m, int block_
          num_stages * elem_bytes * block_n * (head_dim_qk + head_dim_v);
 }
 
+// The sm_90a backward kernels (templates/backward_sm90.cuh) take the tensor maps as their last
+// parameter: `flexjit_bwd_dkdv(args, mods, grads, const __grid_constant__ FjBwdTmaMaps)` and
+// `flexjit_bwd_dq(args, mods, const __grid_constant__ FjBwdTmaMaps)`. q and dout are read in boxes
+// of 64 elements x BLOCK_M rows, k and v in boxes of 64 x BLOCK_N rows (128-byte swizzle, rows
+// past the sequence length read as zero). Launch: 384 threads (a producer warpgroup and two
+// consumer warpgroups of 64 rows); dK/dV grid (ceil(seqlen_kv / BLOCK_N), heads_kv, batch), dQ
+// grid (ceil(seqlen_q / BLOCK_M), heads_q, batch).
+struct FjBwdTmaMaps {
+  struct FjTmaDesc q, k, v, dout;
+};
+
+// Dynamic shared memory of the sm_90a dK/dV kernel: 1024 bytes of alignment slack, the K and V
+// tiles, num_stages Q tiles, num_stages dO tiles, num_stages pairs of lse2 / delta rows
+// (block_m floats each), then the mbarriers (K/V full; per stage full, empty).
+FJ_HOST_DEVICE inline constexpr int fj_bwd_dkdv_sm90_smem_bytes(int block_m, int block_n,
+                                                                int head_dim_qk, int head_dim_v,
+                                                                int elem_bytes, int num_stages) {
+  return 1024 + elem_bytes * (block_n + num_stages * block_m) * (head_dim_qk + head_dim_v) +
+         num_stages * 8 * block_m + 8 * (1 + 2 * num_stages);
+}
+
+// Dynamic shared memory of the sm_90a dQ kernel: 1024 bytes of slack, the Q and dO tiles (Q is
+// reused to stage dQ), num_stages K tiles, num_stages V tiles, the mbarriers (Q/dO full; per
+// stage full, empty).
+FJ_HOST_DEVICE inline constexpr int fj_bwd_dq_sm90_smem_bytes(int block_m, int block_n,
+                                                              int head_dim_qk, int head_dim_v,
+                                                              int elem_bytes, int num_stages) {
+  return 1024 + elem_bytes * (block_m + num_stages * block_n) * (head_dim_qk + head_dim_v) +
+         8 * (1 + 2 * num_stages);
+}
+
 // Split-KV decoding (templates/decode_split.cuh, decode_combine.cuh; docs/kernels/decode.md),
 // two kernels on one stream:
 //   flexjit_decode_split(args, params): grid (num_splits, heads_kv * row_groups, batch), block

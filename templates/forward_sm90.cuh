@@ -125,9 +125,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       fj_tma_prefetch_desc(&maps.k);
       fj_tma_prefetch_desc(&maps.v);
       fj_mbar_arrive_expect_tx(bar_q, T::kQLoadBytes);
-#pragma unroll
-      for (int c = 0; c < T::kDimQK / 64; ++c)
-        fj_tma_load_4d(sq + c * T::kBlockM * 128, &maps.q, c * 64, m_start, h, b, bar_q);
+      fj_tma_load_tile<T::kDimQK, T::kBlockM>(sq, &maps.q, m_start, h, b, bar_q);
       int next_tile = sched.num_total > 0 ? sched.tile(0) : 0;
       for (int i = 0; i < sched.num_total; ++i) {
         const int tile = next_tile;
@@ -138,15 +136,11 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         // outside the tensor and still counts the whole box) and the consumers mask it.
         const int n_start = tile * T::kBlockN;
         fj_mbar_arrive_expect_tx(bar_k + 8 * stage, T::kKBytes);
-#pragma unroll
-        for (int c = 0; c < T::kDimQK / 64; ++c)
-          fj_tma_load_4d(sk + stage * T::kKBytes + c * T::kBlockN * 128, &maps.k, c * 64, n_start,
-                         h_kv, b, bar_k + 8 * stage);
+        fj_tma_load_tile<T::kDimQK, T::kBlockN>(sk + stage * T::kKBytes, &maps.k, n_start, h_kv, b,
+                                                bar_k + 8 * stage);
         fj_mbar_arrive_expect_tx(bar_v + 8 * stage, T::kVBytes);
-#pragma unroll
-        for (int c = 0; c < T::kDimV / 64; ++c)
-          fj_tma_load_4d(sv + stage * T::kVBytes + c * T::kBlockN * 128, &maps.v, c * 64, n_start,
-                         h_kv, b, bar_v + 8 * stage);
+        fj_tma_load_tile<T::kDimV, T::kBlockN>(sv + stage * T::kVBytes, &maps.v, n_start, h_kv, b,
+                                               bar_v + 8 * stage);
       }
     }
     return;
@@ -223,15 +217,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     fj_rescale_row<T>(o, 0, 0, alpha[0]);
     fj_rescale_row<T>(o, 0, 1, alpha[1]);
   };
-  auto pack_p = [&] {
-#pragma unroll
-    for (int j = 0; j < T::kBlockN / 16; ++j) {
-      pa[j][0] = T::Mma::pack(s[0][2 * j][0], s[0][2 * j][1]);
-      pa[j][1] = T::Mma::pack(s[0][2 * j][2], s[0][2 * j][3]);
-      pa[j][2] = T::Mma::pack(s[0][2 * j + 1][0], s[0][2 * j + 1][1]);
-      pa[j][3] = T::Mma::pack(s[0][2 * j + 1][2], s[0][2 * j + 1][3]);
-    }
-  };
+  auto pack_p = [&] { fj_wgmma_pack_a<typename T::Element>(pa, s[0]); };
   auto release = [&](int stage) {
     __syncwarp();
     if (lane == 0) fj_mbar_arrive(bar_e + 8 * stage);
@@ -333,38 +319,15 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       const float lse = sum == 0.0f ? fj_neg_inf() : row_max[0][hr] * kLn2 + logf(sum);
       args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + row] = lse;
     }
-    const int tile_row = cw * 64 + warp * 16 + hr * 8 + (lane >> 2);
-#pragma unroll
-    for (int dt = 0; dt < T::kDTiles; ++dt) {
-      // Elements d = 8 dt + 2t, +1: chunk dt / 8, 16-byte unit dt % 8 (swizzled), 4 bytes in.
-      const fj_u32 addr = sq + (dt / 8) * T::kBlockM * 128 + tile_row * 128 +
-                          (((dt % 8) ^ (tile_row % 8)) << 4) + (lane & 3) * 4;
-      const fj_u32 packed = T::Mma::pack(o[0][dt][hr * 2] * inv, o[0][dt][hr * 2 + 1] * inv);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
-    }
+    fj_sw128_store_acc_half<typename T::Element, T::kBlockM>(sq, cw * 64 + warp * 16, lane, o[0],
+                                                             hr, inv);
   }
   fj_bar_sync(1 + cw, 128);
   char* out_tile = static_cast<char*>(args.out) +
                    T::kElemBytes * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
                                     (fj_i64)(m_start + cw * 64) * args.o_stride_s);
-  constexpr int kUnitsPerRow = T::kDimV / 8;
-  constexpr int kOutPerThread = 64 * kUnitsPerRow / 128;
-#pragma unroll
-  for (int it = 0; it < kOutPerThread; ++it) {
-    const int idx = it * 128 + wtid;
-    const int r = idx / kUnitsPerRow;  // row within this warpgroup's 64
-    const int u = idx % kUnitsPerRow;
-    if (m_start + cw * 64 + r >= args.seqlen_q) continue;
-    const int tile_row = cw * 64 + r;
-    const fj_u32 addr =
-        sq + (u / 8) * T::kBlockM * 128 + tile_row * 128 + (((u % 8) ^ (tile_row % 8)) << 4);
-    fj_u32x4 val;
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
-                 : "r"(addr));
-    *reinterpret_cast<fj_u32x4*>(out_tile + T::kElemBytes * (fj_i64)r * args.o_stride_s + u * 16) =
-        val;
-  }
+  fj_sw128_copy_out64<T::kDimV, T::kBlockM>(out_tile, args.o_stride_s, sq, cw * 64,
+                                            m_start + cw * 64, args.seqlen_q, wtid);
 }
 
 #endif  // FLEXJIT_FORWARD_SM90_CUH_

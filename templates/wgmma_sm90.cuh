@@ -11,7 +11,8 @@
 // chunks stored one after another (chunk c of an R-row tile at c * R * 128). Tiles start on
 // 1024-byte boundaries.
 //
-// Spliced after the generated mods (and the wgmma wrappers) and before forward_sm90.cuh.
+// Spliced after the generated mods (and the wgmma wrappers) and mma_sm80.cuh (FjMma's packing),
+// before forward_sm90.cuh or backward_sm90.cuh.
 #ifndef FLEXJIT_WGMMA_SM90_CUH_
 #define FLEXJIT_WGMMA_SM90_CUH_
 
@@ -61,6 +62,24 @@ FJ_DEVICE void fj_tma_load_4d(fj_u32 dst, const FjTmaDesc* map, int c0, int c1, 
 FJ_DEVICE void fj_tma_prefetch_desc(const FjTmaDesc* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
+// Loads rows [row, row + kRows) of (h, b), kDim elements wide, as kDim / 64 boxes of 64 columns
+// (chunk c at dst + c * kRows * 128), all completing on `bar`.
+template <int kDim, int kRows>
+FJ_DEVICE void fj_tma_load_tile(fj_u32 dst, const FjTmaDesc* map, int row, int h, int b,
+                                fj_u32 bar) {
+#pragma unroll
+  for (int c = 0; c < kDim / 64; ++c)
+    fj_tma_load_4d(dst + c * kRows * 128, map, c * 64, row, h, b, bar);
+}
+// A 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global
+// memory into shared memory, completing on `bar`.
+FJ_DEVICE void fj_bulk_load(fj_u32 dst, const void* src, fj_u32 bytes, fj_u32 bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
 
 // ---- wgmma --------------------------------------------------------------------------------
 // Orders this warpgroup's register and shared-memory accesses before the wgmma that follow
@@ -100,6 +119,72 @@ FJ_DEVICE fj_u64 fj_smem_desc_sw128(fj_u32 addr, fj_u32 lbo_bytes, fj_u32 sbo_by
   d |= (fj_u64)((sbo_bytes >> 4) & 0x3FFFu) << 32;
   d |= (fj_u64)1 << 62;
   return d;
+}
+
+// The A fragments of a register-operand wgmma (fj_wgmma_rs) from an m64nN accumulator: the C
+// fragments of n8 tiles 2j, 2j + 1 are the A fragment of k16 step j, packed to 16 bits.
+template <class E, int kN8>
+FJ_DEVICE void fj_wgmma_pack_a(fj_u32 (&a)[kN8 / 2][4], const float (&c)[kN8][4]) {
+#pragma unroll
+  for (int j = 0; j < kN8 / 2; ++j) {
+    a[j][0] = FjMma<E>::pack(c[2 * j][0], c[2 * j][1]);
+    a[j][1] = FjMma<E>::pack(c[2 * j][2], c[2 * j][3]);
+    a[j][2] = FjMma<E>::pack(c[2 * j + 1][0], c[2 * j + 1][1]);
+    a[j][3] = FjMma<E>::pack(c[2 * j + 1][2], c[2 * j + 1][3]);
+  }
+}
+
+// ---- 128-byte swizzled tiles in the epilogues --------------------------------------------
+// The address of 16-byte unit u (elements 8u .. 8u + 7) of row r of a kRows-row swizzled tile.
+template <int kRows>
+FJ_DEVICE fj_u32 fj_sw128_unit(fj_u32 tile, int r, int u) {
+  return tile + (u / 8) * kRows * 128 + r * 128 + (((u % 8) ^ (r % 8)) << 4);
+}
+// Stores this thread's row half hr (rows row0 + 8 hr + lane / 4, row0 the warp's first row in
+// the tile) of an m64nN accumulator, times mul, as 16-bit elements into a kRows-row swizzled
+// tile. The tile was last read by wgmma: the caller orders that first (fj_fence_proxy_async).
+template <class E, int kRows, int kN8>
+FJ_DEVICE void fj_sw128_store_acc_half(fj_u32 tile, int row0, int lane, const float (&acc)[kN8][4],
+                                       int hr, float mul) {
+  const int r = row0 + hr * 8 + (lane >> 2);
+#pragma unroll
+  for (int dt = 0; dt < kN8; ++dt) {
+    // Elements 8 dt + 2t, +1: unit dt, 4 bytes per lane pair in.
+    const fj_u32 addr = fj_sw128_unit<kRows>(tile, r, dt) + (lane & 3) * 4;
+    const fj_u32 packed = FjMma<E>::pack(acc[dt][hr * 2] * mul, acc[dt][hr * 2 + 1] * mul);
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
+  }
+}
+// Both row halves, times mul.
+template <class E, int kRows, int kN8>
+FJ_DEVICE void fj_sw128_store_acc(fj_u32 tile, int row0, int lane, const float (&acc)[kN8][4],
+                                  float mul) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr)
+    fj_sw128_store_acc_half<E, kRows>(tile, row0, lane, acc, hr, mul);
+}
+// Copies rows [row0, row0 + 64) of a kRows-row swizzled tile (kDim 16-bit elements a row) to
+// global memory at `gmem` (row row0's first element; rows stride_elems elements apart) with
+// 16-byte stores by the 128 threads of a warpgroup (wtid); row r goes out where first + r <
+// limit (first: its index in the sequence).
+template <int kDim, int kRows>
+FJ_DEVICE void fj_sw128_copy_out64(char* gmem, fj_i64 stride_elems, fj_u32 tile, int row0,
+                                   int first, int limit, int wtid) {
+  constexpr int kUnitsPerRow = kDim / 8;
+  constexpr int kPerThread = 64 * kUnitsPerRow / 128;
+#pragma unroll
+  for (int it = 0; it < kPerThread; ++it) {
+    const int idx = it * 128 + wtid;
+    const int r = idx / kUnitsPerRow;
+    const int u = idx % kUnitsPerRow;
+    if (first + r >= limit) continue;
+    const fj_u32 addr = fj_sw128_unit<kRows>(tile, row0 + r, u);
+    fj_u32x4 val;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                 : "r"(addr));
+    *reinterpret_cast<fj_u32x4*>(gmem + 2 * (fj_i64)r * stride_elems + u * 16) = val;
+  }
 }
 
 // ---- warpgroups ---------------------------------------------------------------------------

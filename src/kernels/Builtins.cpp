@@ -3,6 +3,7 @@
 // one line here (docs/kernels/README.md).
 #include "kernels/Registry.h"
 #include "kernels/backward/Sm80Backward.h"
+#include "kernels/backward/Sm90Backward.h"
 #include "kernels/block_mask/BlockMaskBuild.h"
 #include "kernels/decode/DecodeCombine.h"
 #include "kernels/decode/DecodeSplit.h"
@@ -19,6 +20,8 @@ void register_builtin_variants(Registry& registry) {
   registry.add(std::make_unique<BackwardDkDvSm80Mma>());
   registry.add(std::make_unique<BackwardDqSm80Mma>());
   registry.add(std::make_unique<BackwardDqAtomicConvert>());
+  registry.add(std::make_unique<BackwardDkDvSm90Wgmma>());
+  registry.add(std::make_unique<BackwardDqSm90Wgmma>());
   registry.add(std::make_unique<DecodeSplitSm80Mma>());
   registry.add(std::make_unique<DecodeCombineWarpPerRow>());
 }

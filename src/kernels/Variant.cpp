@@ -68,6 +68,31 @@ bool fit_tile_to_block(Params& config, const char* name, int64_t block, const Pa
   return true;
 }
 
+void specialize_divisible(KernelDesc& desc, const InputFacts& facts) {
+  if (facts.seqlen_q < 0 || facts.seqlen_kv < 0) return;
+  const bool divisible = facts.seqlen_q % desc.config.at("block_m") == 0 &&
+                         facts.seqlen_kv % desc.config.at("block_n") == 0;
+  desc.flags.set("divisible", divisible ? 1 : 0);
+}
+
+std::vector<Params> valid_configs(const Variant& variant, const KernelDesc& problem,
+                                  const std::vector<Params>& candidates) {
+  std::vector<Params> out;
+  for (const Params& c : candidates) {
+    KernelDesc d = problem;
+    d.config = c;
+    if (!d.flags.has("divisible")) d.flags.set("divisible", 0);
+    if (!d.flags.has("full_blocks")) d.flags.set("full_blocks", 0);
+    try {
+      variant.validate(d);
+    } catch (const UnsupportedError&) {
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
 Params apply_overrides(const Variant& variant, Params config, const Params& overrides) {
   for (const auto& [name, value] : overrides.items()) {
     if (!config.has(name)) {

@@ -156,6 +156,15 @@ bool fit_tile_to_block(Params& config, const char* name, int64_t block, const Pa
 // Applies `overrides` on `config`: UnsupportedError naming `variant` for unknown names.
 Params apply_overrides(const Variant& variant, Params config, const Params& overrides);
 
+// The `divisible` flag of a kernel tiled by config block_m x block_n: set when every tile is
+// full (the bounds checks compile out); left alone while the lengths are unknown (< 0).
+void specialize_divisible(KernelDesc& desc, const InputFacts& facts);
+
+// The configs among `candidates` that `variant` validates for `problem` (missing divisible /
+// full_blocks flags taken as 0): a config_space() from a grid of candidates.
+std::vector<Params> valid_configs(const Variant& variant, const KernelDesc& problem,
+                                  const std::vector<Params>& candidates);
+
 // A variant's translation unit: the comment block (flexjit and NVRTC versions, desc.str(), the
 // mods as text, `// source key: <sha256>`), then one `// ---- name ----` section each for the
 // templates before the mods, the config struct, the mods (generate_mod_functions, with the

@@ -136,38 +136,61 @@ double tolerance(DType dtype) {
   return dtype == DType::F16 ? 3e-3 : 1e-2;
 }
 
-std::vector<std::string> forward_families(Context& ctx) {
+namespace {
+
+const std::vector<std::string> kForwardSm90 = {"forward/sm90a_wgmma"};
+const std::vector<std::string> kBackwardSm90 = {"backward_dkdv/sm90a_wgmma",
+                                                "backward_dq/sm90a_wgmma"};
+
+// {"sm90a_wgmma", "sm80_mma"} on sm_90a where one of `names` is registered and selectable (not
+// experimental, or enabled); otherwise {"auto"}.
+std::vector<std::string> families_of(Context& ctx, const std::vector<std::string>& names) {
   if (ctx.arch() != "sm_90a") return {"auto"};
-  // Were the sm_90a family experimental again, it would be tested only where it is enabled
-  // (FLEXJIT_ENABLE_VARIANTS), so that the default suite does not depend on an unverified kernel.
   const kernels::Registry& reg = kernels::Registry::global();
-  const kernels::Variant* v = reg.find(kernels::Family::Forward, "sm90a_wgmma");
   const std::vector<std::string> enabled = reg.enabled();
-  const bool on =
-      v != nullptr && (!v->experimental() || std::find(enabled.begin(), enabled.end(),
-                                                       "forward/sm90a_wgmma") != enabled.end());
-  if (!on) return {"auto"};
-  return {"sm90a_wgmma", "sm80_mma"};
+  for (const kernels::Variant* v : reg.all()) {
+    const std::string name = fmt::format("{}/{}", kernels::to_string(v->family()), v->name());
+    if (std::find(names.begin(), names.end(), name) == names.end()) continue;
+    if (!v->experimental() || std::find(enabled.begin(), enabled.end(), name) != enabled.end())
+      return {"sm90a_wgmma", "sm80_mma"};
+  }
+  return {"auto"};
 }
 
-ForwardFamilyScope::ForwardFamilyScope(const std::string& family)
+}  // namespace
+
+std::vector<std::string> forward_families(Context& ctx) {
+  return families_of(ctx, kForwardSm90);
+}
+
+std::vector<std::string> backward_families(Context& ctx) {
+  return families_of(ctx, kBackwardSm90);
+}
+
+FamilyScope::FamilyScope(const std::string& family, const std::vector<std::string>& sm90_variants)
     : saved_excluded_(kernels::Registry::global().excluded()),
       saved_enabled_(kernels::Registry::global().enabled()) {
   kernels::Registry& reg = kernels::Registry::global();
   if (family == "sm80_mma") {
     std::vector<std::string> excluded = saved_excluded_;
-    excluded.push_back("forward/sm90a_wgmma");
+    excluded.insert(excluded.end(), sm90_variants.begin(), sm90_variants.end());
     reg.set_excluded(excluded);
   } else if (family == "sm90a_wgmma") {
     std::vector<std::string> enabled = saved_enabled_;
-    enabled.push_back("forward/sm90a_wgmma");
+    enabled.insert(enabled.end(), sm90_variants.begin(), sm90_variants.end());
     reg.set_enabled(enabled);
   }
 }
 
-ForwardFamilyScope::~ForwardFamilyScope() {
+FamilyScope::~FamilyScope() {
   kernels::Registry::global().set_excluded(saved_excluded_);
   kernels::Registry::global().set_enabled(saved_enabled_);
 }
+
+ForwardFamilyScope::ForwardFamilyScope(const std::string& family)
+    : FamilyScope(family, kForwardSm90) {}
+
+BackwardFamilyScope::BackwardFamilyScope(const std::string& family)
+    : FamilyScope(family, kBackwardSm90) {}
 
 }  // namespace flexjit::test

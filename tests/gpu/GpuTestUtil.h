@@ -64,22 +64,38 @@ ContextOptions cache_in(const std::filesystem::path& dir);
 // The tolerance on ErrorStats::rel for a dtype: 1e-2 bf16, 3e-3 f16.
 double tolerance(DType dtype);
 
-// The forward kernel families the GPU suite runs against on this device: on sm_90a (unless the
-// sm90a_wgmma family were marked experimental again and not enabled), "sm90a_wgmma" (selected where
-// it applies, sm80_mma elsewhere) and "sm80_mma" (the sm_90a family excluded); otherwise "auto"
-// (flexjit's own selection). Tests parametrize over them:
+// The kernel families the GPU suite runs against on this device: on sm_90a, "sm90a_wgmma" (the
+// sm_90a variants selected where they apply, sm80_mma elsewhere) and "sm80_mma" (the sm_90a
+// variants excluded); otherwise "auto" (flexjit's own selection). An experimental sm_90a variant
+// is tested only where FLEXJIT_ENABLE_VARIANTS lists it, so that the default suite does not
+// depend on an unverified kernel. Tests parametrize over them:
 //   const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
 //   test::ForwardFamilyScope scope(family);
+// forward: forward/sm90a_wgmma; backward: backward_dkdv/sm90a_wgmma and backward_dq/sm90a_wgmma
+// (either enabled runs the "sm90a_wgmma" family, whose scope enables both).
 std::vector<std::string> forward_families(Context& ctx);
-class ForwardFamilyScope {
+std::vector<std::string> backward_families(Context& ctx);
+
+// Steers automatic selection for one family of a test (see above) and restores it.
+class FamilyScope {
  public:
-  explicit ForwardFamilyScope(const std::string& family);
-  ~ForwardFamilyScope();
-  ForwardFamilyScope(const ForwardFamilyScope&) = delete;
-  ForwardFamilyScope& operator=(const ForwardFamilyScope&) = delete;
+  // `sm90_variants`: the family/variant names the "sm90a_wgmma" family enables and the
+  // "sm80_mma" family excludes.
+  FamilyScope(const std::string& family, const std::vector<std::string>& sm90_variants);
+  ~FamilyScope();
+  FamilyScope(const FamilyScope&) = delete;
+  FamilyScope& operator=(const FamilyScope&) = delete;
 
  private:
   std::vector<std::string> saved_excluded_, saved_enabled_;
+};
+class ForwardFamilyScope : public FamilyScope {
+ public:
+  explicit ForwardFamilyScope(const std::string& family);
+};
+class BackwardFamilyScope : public FamilyScope {
+ public:
+  explicit BackwardFamilyScope(const std::string& family);
 };
 
 }  // namespace flexjit::test

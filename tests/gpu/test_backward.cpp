@@ -197,17 +197,21 @@ void check_backward_case(Context& ctx, BwdCase c, uint64_t seed) {
 
 TEST_CASE("backward: every standard mod matches the fp64 CPU backward", "[gpu][backward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::backward_families(*ctx)));
+  test::BackwardFamilyScope family_scope(family);
+  INFO("backward family: " << family);
   const uint64_t seed = fresh_seed();
   for (const std::string& name : standard_mod_names()) {
     for (bool block_mask : {false, true}) {
       BwdCase c;
       c.mods = standard_mods(name);
       if (block_mask && !c.mods.mask_mod.defined()) continue;
-      c.label = name;
+      c.label = fmt::format("{} [{}]", name, family);
       c.block_mask = block_mask;
-      // Both ways of computing dQ: the second pass without a block mask, atomics with one.
-      c.dq_mode =
-          block_mask ? BackwardOptions::DqMode::Atomic : BackwardOptions::DqMode::SecondPass;
+      // Both ways of computing dQ: the second pass without a block mask, atomics with one
+      // (sm80_mma's; the sm_90a family makes dQ in a second pass: atomics would pass it over).
+      c.dq_mode = block_mask && family != "sm90a_wgmma" ? BackwardOptions::DqMode::Atomic
+                                                        : BackwardOptions::DqMode::SecondPass;
       c.shape = make_shape(2, 4, 2, 200, 321, 128, 128);
       check_backward_case(*ctx, c, seed + (block_mask ? 1 : 0));
     }
@@ -216,6 +220,9 @@ TEST_CASE("backward: every standard mod matches the fp64 CPU backward", "[gpu][b
 
 TEST_CASE("backward: GQA ratios, head dims, lengths and dtypes", "[gpu][backward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::backward_families(*ctx)));
+  test::BackwardFamilyScope family_scope(family);
+  INFO("backward family: " << family);
   const uint64_t seed = fresh_seed();
   struct Shape {
     int hq, hkv, sq, skv, dqk, dv;
@@ -235,10 +242,10 @@ TEST_CASE("backward: GQA ratios, head dims, lengths and dtypes", "[gpu][backward
         BwdCase c;
         c.dtype = dt;
         c.mods = standard_mods(mod);
-        c.label = mod;
+        c.label = fmt::format("{} [{}]", mod, family);
         c.shape = make_shape(1, sh.hq, sh.hkv, sh.sq, sh.skv, sh.dqk, sh.dv);
         c.block_mask = (i % 2) == 1 && c.mods.mask_mod.defined();
-        if (i % 3 == 1) c.dq_mode = BackwardOptions::DqMode::Atomic;
+        if (i % 3 == 1 && family != "sm90a_wgmma") c.dq_mode = BackwardOptions::DqMode::Atomic;
         check_backward_case(*ctx, c, seed + static_cast<uint64_t>(i++));
       }
     }
@@ -247,10 +254,13 @@ TEST_CASE("backward: GQA ratios, head dims, lengths and dtypes", "[gpu][backward
 
 TEST_CASE("backward: a longer sequence and a custom scale", "[gpu][backward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::backward_families(*ctx)));
+  test::BackwardFamilyScope family_scope(family);
+  INFO("backward family: " << family);
   const uint64_t seed = fresh_seed();
   BwdCase c;
   c.mods = standard_mods("causal");
-  c.label = "causal";
+  c.label = "causal [" + family + "]";
   c.shape = make_shape(1, 2, 1, 1024, 1024, 128, 128);
   c.block_mask = true;
   c.scale = 0.05f;
@@ -259,18 +269,24 @@ TEST_CASE("backward: a longer sequence and a custom scale", "[gpu][backward]") {
 
 TEST_CASE("backward: fully masked rows give zero gradients, never NaN", "[gpu][backward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::backward_families(*ctx)));
+  test::BackwardFamilyScope family_scope(family);
+  INFO("backward family: " << family);
   const uint64_t seed = fresh_seed();
   // kv_idx <= q_idx - 8: the first 8 query rows see nothing.
   BwdCase c;
   c.mods = Mods::from_mask([](Expr, Expr, Expr q, Expr kv) { return kv + 8 <= q; });
   c.mods.name = "shifted_causal";
-  c.label = "shifted causal";
+  c.label = "shifted causal [" + family + "]";
   c.shape = make_shape(1, 2, 2, 70, 70, 64, 64);
   check_backward_case(*ctx, c, seed);
 }
 
 TEST_CASE("backward: dlse = 0 gives the gradients without dlse", "[gpu][backward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::backward_families(*ctx)));
+  test::BackwardFamilyScope family_scope(family);
+  INFO("backward family: " << family);
   std::mt19937_64 rng(fresh_seed());
   const int64_t B = 1, H = 2, S = 96, D = 64;
   const HostTensor q = random_tensor(rng, DType::BF16, {B, H, S, D});

@@ -12,14 +12,13 @@
 #include "kernels/forward/Sm90Wgmma.h"
 #include "runtime/TensorMap.h"
 #include "support/KernelDescs.h"
+#include "support/Parallel.h"
 
 #include <flexjit_abi.h>
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
-#include <atomic>
 #include <mutex>
-#include <thread>
 
 using namespace flexjit;
 using namespace flexjit::kernels;
@@ -163,48 +162,39 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
   jit::CacheSettings settings;
   settings.enabled = false;
   KernelBuilder builder(settings);
-  std::atomic<size_t> next{0};
   std::mutex mu;
   std::vector<std::string> failures, report;
-  auto worker = [&] {
-    for (size_t i; (i = next++) < jobs.size();) {
-      const Job& j = jobs[i];
-      try {
-        const KernelDesc d = sm90_desc(j.dtype, j.dqk, j.dv, j.overrides);
-        const BuiltKernel k = builder.build(standard_mods(j.mods), d);
-        const auto& u = k.compiled.kernel->usage;
-        std::lock_guard<std::mutex> lock(mu);
-        report.push_back(fmt::format("{} {}: {} registers (launch bound), {} B spills, {} B smem",
-                                     d.str(), j.mods, u.registers, u.spill_store_bytes,
-                                     ForwardSm90Wgmma().smem_bytes(d)));
-        // Known (docs/perf/NOTES.md v8, v9): relative_bias(_causal) spills up to ~80 bytes,
-        // document(_causal) 16 and t5_bucketed_bias 8 with approximate math (buffer loads of
-        // 64 scores all in flight at once while the P V of the previous tile holds P and O).
-        // Every other mod: none.
-        const bool bias = j.mods.rfind("relative_bias", 0) == 0;
-        const bool small = j.mods.rfind("document", 0) == 0 || j.mods == "t5_bucketed_bias";
-        const int64_t allowed = bias ? 128 : small ? 32 : 0;
-        if (u.spill_store_bytes > allowed || u.spill_load_bytes > allowed) {
-          failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),
-                                         j.mods, u.spill_store_bytes, u.spill_load_bytes));
-        }
-        for (const char* needle : {"wgmma.mma_async", "cp.async.bulk.tensor.4d", "setmaxnreg.inc",
-                                   "mbarrier.try_wait"}) {
-          if (k.source->source.find(needle) == std::string::npos)
-            failures.push_back(fmt::format("{} {}: source lacks {}", d.str(), j.mods, needle));
-        }
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mu);
-        failures.push_back(j.mods + ": " + e.what());
+  test::run_parallel(jobs.size(), [&](size_t i) {
+    const Job& j = jobs[i];
+    try {
+      const KernelDesc d = sm90_desc(j.dtype, j.dqk, j.dv, j.overrides);
+      const BuiltKernel k = builder.build(standard_mods(j.mods), d);
+      const auto& u = k.compiled.kernel->usage;
+      std::lock_guard<std::mutex> lock(mu);
+      report.push_back(fmt::format("{} {}: {} registers (launch bound), {} B spills, {} B smem",
+                                   d.str(), j.mods, u.registers, u.spill_store_bytes,
+                                   ForwardSm90Wgmma().smem_bytes(d)));
+      // Known (docs/perf/NOTES.md v8, v9): relative_bias(_causal) spills up to ~80 bytes,
+      // document(_causal) 16 and t5_bucketed_bias 8 with approximate math (buffer loads of
+      // 64 scores all in flight at once while the P V of the previous tile holds P and O).
+      // Every other mod: none.
+      const bool bias = j.mods.rfind("relative_bias", 0) == 0;
+      const bool small = j.mods.rfind("document", 0) == 0 || j.mods == "t5_bucketed_bias";
+      const int64_t allowed = bias ? 128 : small ? 32 : 0;
+      if (u.spill_store_bytes > allowed || u.spill_load_bytes > allowed) {
+        failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),
+                                       j.mods, u.spill_store_bytes, u.spill_load_bytes));
       }
+      for (const char* needle :
+           {"wgmma.mma_async", "cp.async.bulk.tensor.4d", "setmaxnreg.inc", "mbarrier.try_wait"}) {
+        if (k.source->source.find(needle) == std::string::npos)
+          failures.push_back(fmt::format("{} {}: source lacks {}", d.str(), j.mods, needle));
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      failures.push_back(j.mods + ": " + e.what());
     }
-  };
-  std::vector<std::thread> pool;
-  const unsigned n = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
-  for (unsigned t = 0; t < n; ++t)
-    pool.emplace_back(worker);
-  for (auto& t : pool)
-    t.join();
+  });
   std::sort(report.begin(), report.end());
   WARN(fmt::format("{}", fmt::join(report, "\n")));
   CHECK(failures.empty());

@@ -4,6 +4,7 @@
 
 #include "kernels/MathMode.h"
 #include "kernels/forward/ForwardArgs.h"
+#include "runtime/TensorMap.h"
 
 #include <fmt/format.h>
 
@@ -43,6 +44,12 @@ InputFacts backward_facts(const BackwardInputs& in) {
   if (in.block_mask != nullptr) {
     f.mask_q_block = in.block_mask->meta().q_block_size;
     f.mask_kv_block = in.block_mask->meta().kv_block_size;
+  }
+  // The sm_90a kernels read q, k, v and dout through TMA tensor maps.
+  for (auto [t, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}, {&in.dout, "dout"}}) {
+    if (auto why = runtime::bhsd_tma_blocker(*t, name); why && f.tma_blocker.empty()) {
+      f.tma_blocker = *why;
+    }
   }
   f.seqlen_q = in.shape.seqlen_q;
   f.seqlen_kv = in.shape.seqlen_kv;

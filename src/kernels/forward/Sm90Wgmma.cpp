@@ -46,21 +46,7 @@ std::optional<std::string> not_in(const char* what, int64_t v, std::initializer_
 }
 
 std::optional<std::string> problem_reason(const KernelDesc& p) {
-  if (!(p.arch.cc() == 90 && p.arch.accelerated)) {
-    return fmt::format("wgmma and setmaxnreg need sm_90a, not {}", p.arch.str());
-  }
-  if (p.dtype != DType::BF16 && p.dtype != DType::F16) {
-    return fmt::format(
-        "{} inputs run on the tf32 tensor cores of sm80_mma (this variant takes bf16 and f16)",
-        to_string(p.dtype));
-  }
-  for (auto [what, d] : {std::pair{"head_dim_qk", p.head_dim_qk}, {"head_dim_v", p.head_dim_v}}) {
-    if (auto r = not_in(what, d, {64, 128, 256})) return r;
-  }
-  if (p.gqa_ratio < 1) {
-    return fmt::format("gqa_ratio (heads_q / heads_kv) must be at least 1, not {}", p.gqa_ratio);
-  }
-  return std::nullopt;
+  return wgmma_problem_reason(p, {64, 128, 256});
 }
 
 int sm90_smem(const KernelDesc& d) {
@@ -75,6 +61,37 @@ Params make_config(int block_m, int block_n, int num_stages) {
 
 }  // namespace
 
+std::optional<std::string> wgmma_problem_reason(const KernelDesc& p,
+                                                std::initializer_list<int> head_dims) {
+  if (!(p.arch.cc() == 90 && p.arch.accelerated)) {
+    return fmt::format("wgmma and setmaxnreg need sm_90a, not {}", p.arch.str());
+  }
+  if (p.dtype != DType::BF16 && p.dtype != DType::F16) {
+    return fmt::format(
+        "{} inputs run on the tf32 tensor cores of sm80_mma (this variant takes bf16 and f16)",
+        to_string(p.dtype));
+  }
+  for (auto [what, d] : {std::pair{"head_dim_qk", p.head_dim_qk}, {"head_dim_v", p.head_dim_v}}) {
+    if (!one_of(d, head_dims)) {
+      return fmt::format("{}/sm90a_wgmma does not support {} = {}; supported: {}",
+                         to_string(p.family), what, d, fmt::join(head_dims, ", "));
+    }
+  }
+  if (p.gqa_ratio < 1) {
+    return fmt::format("gqa_ratio (heads_q / heads_kv) must be at least 1, not {}", p.gqa_ratio);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> wgmma_input_reason(const InputFacts& facts) {
+  if (!facts.aligned16) {
+    return fmt::format("TMA needs 16-byte aligned pointers and strides: {}",
+                       facts.alignment_blocker);
+  }
+  if (!facts.tma_blocker.empty()) return facts.tma_blocker;
+  return std::nullopt;
+}
+
 std::string_view ForwardSm90Wgmma::summary() const {
   return "FlashAttention-3 structure: TMA, wgmma, producer/consumer warpgroups with setmaxnreg; "
          "bf16/f16; d 64/128/256; sm_90a";
@@ -83,11 +100,7 @@ std::string_view ForwardSm90Wgmma::summary() const {
 std::optional<std::string> ForwardSm90Wgmma::unsupported(const KernelDesc& problem,
                                                          const InputFacts& facts) const {
   if (auto r = problem_reason(problem)) return r;
-  if (!facts.aligned16) {
-    return fmt::format("TMA needs 16-byte aligned pointers and strides: {}",
-                       facts.alignment_blocker);
-  }
-  if (!facts.tma_blocker.empty()) return facts.tma_blocker;
+  if (auto r = wgmma_input_reason(facts)) return r;
   if (facts.mask_q_block != 0 && facts.mask_q_block % 128 != 0) {
     return fmt::format(
         "the block mask's q block size {} is not a multiple of this kernel's 128-row tiles",
@@ -162,22 +175,12 @@ Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
 }
 
 std::vector<Params> ForwardSm90Wgmma::config_space(const KernelDesc& p) const {
-  std::vector<Params> out;
-  for (int bm : kBlockMs) {
-    for (int bn : kBlockNs) {
-      for (int s : kStages) {
-        KernelDesc d = p;
-        d.config = make_config(bm, bn, s);
-        try {
-          validate(d);
-        } catch (const UnsupportedError&) {
-          continue;
-        }
-        out.push_back(d.config);
-      }
-    }
-  }
-  return out;
+  std::vector<Params> grid;
+  for (int bm : kBlockMs)
+    for (int bn : kBlockNs)
+      for (int s : kStages)
+        grid.push_back(make_config(bm, bn, s));
+  return valid_configs(*this, p, grid);
 }
 
 Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params& overrides,
@@ -205,10 +208,7 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
 }
 
 void ForwardSm90Wgmma::specialize(KernelDesc& d, const InputFacts& facts) const {
-  if (facts.seqlen_q < 0 || facts.seqlen_kv < 0) return;
-  const bool divisible =
-      facts.seqlen_q % d.config.at("block_m") == 0 && facts.seqlen_kv % d.config.at("block_n") == 0;
-  d.flags.set("divisible", divisible ? 1 : 0);
+  specialize_divisible(d, facts);
 }
 
 std::vector<TemplateText> ForwardSm90Wgmma::templates() const {

@@ -13,7 +13,19 @@
 
 #include "kernels/forward/Forward.h"
 
+#include <initializer_list>
+#include <optional>
+#include <string>
+
 namespace flexjit::kernels {
+
+// Why a wgmma kernel (the sm90a_wgmma variant of any family) cannot serve `problem`: not sm_90a,
+// not bf16 / f16, a head dim outside `head_dims`, a gqa_ratio below 1; nullopt when it can.
+std::optional<std::string> wgmma_problem_reason(const KernelDesc& problem,
+                                                std::initializer_list<int> head_dims);
+// Why its inputs cannot be read through TMA tensor maps (alignment, strides); nullopt when they
+// can.
+std::optional<std::string> wgmma_input_reason(const InputFacts& facts);
 
 class ForwardSm90Wgmma : public ForwardVariant {
  public:

@@ -1,0 +1,296 @@
+#include "kernels/backward/Sm90Backward.h"
+
+#include <flexjit/error.h>
+
+#include "codegen/cuda/ModCodegen.h"
+#include "codegen/cuda/Wgmma.h"
+#include "kernels/MathMode.h"
+#include "kernels/forward/Sm80Mma.h"
+#include "kernels/forward/Sm90Wgmma.h"
+#include "runtime/TensorMap.h"
+#include "util/Embedded.h"
+
+#include <flexjit_abi.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <initializer_list>
+
+namespace flexjit::kernels {
+
+namespace {
+
+constexpr bool is_dkdv(Family f) {
+  return f == Family::BackwardDkDv;
+}
+
+// The tiles each family allows: dK/dV's kv tile and dQ's q tile are the two 64-row consumers.
+struct Sm90Tiles {
+  std::initializer_list<int> block_m, block_n, stages;
+};
+constexpr Sm90Tiles kDkDvTiles = {{64, 128}, {128}, {1, 2, 3}};
+constexpr Sm90Tiles kDqTiles = {{128}, {64, 128}, {1, 2, 3}};
+
+constexpr const Sm90Tiles& tiles_of(Family f) {
+  return is_dkdv(f) ? kDkDvTiles : kDqTiles;
+}
+
+bool one_of(int64_t v, std::initializer_list<int> allowed) {
+  return std::find(allowed.begin(), allowed.end(), v) != allowed.end();
+}
+
+std::optional<std::string> not_in(const KernelDesc& d, const char* what, int64_t v,
+                                  std::initializer_list<int> allowed) {
+  if (one_of(v, allowed)) return std::nullopt;
+  return fmt::format("{}/sm90a_wgmma does not support {} = {}; supported: {}", to_string(d.family),
+                     what, v, fmt::join(allowed, ", "));
+}
+
+std::optional<std::string> problem_reason(const KernelDesc& p) {
+  if (auto r = wgmma_problem_reason(p, {64, 128})) return r;
+  // Deterministic buffer gradients (a dK/dV problem flag) are sm80_mma's fixed-order reduction;
+  // this variant adds them with fp32 atomics.
+  if (is_deterministic(p)) {
+    return std::string(
+        "deterministic buffer gradients run on sm80_mma (this variant adds them with fp32 "
+        "atomics)");
+  }
+  return std::nullopt;
+}
+
+// Accumulator registers per consumer thread (an m64nN accumulator is N / 2 floats): S and dP
+// (dK/dV: S^T, dP^T over the q tile; dQ: over the kv tile) and the gradients the CTA sums.
+int64_t live_registers(const KernelDesc& d) {
+  const int64_t bm = d.config.at("block_m"), bn = d.config.at("block_n");
+  if (is_dkdv(d.family)) return bm / 2 * 2 + d.head_dim_qk / 2 + d.head_dim_v / 2;
+  return bn / 2 * 2 + d.head_dim_qk / 2;
+}
+
+int sm90_bwd_smem(const KernelDesc& d) {
+  const int bm = d.config.at_int("block_m"), bn = d.config.at_int("block_n");
+  const int stages = d.config.at_int("num_stages");
+  return is_dkdv(d.family) ? fj_bwd_dkdv_sm90_smem_bytes(bm, bn, d.head_dim_qk, d.head_dim_v,
+                                                         dtype_size(d.dtype), stages)
+                           : fj_bwd_dq_sm90_smem_bytes(bm, bn, d.head_dim_qk, d.head_dim_v,
+                                                       dtype_size(d.dtype), stages);
+}
+
+Params make_config(int block_m, int block_n, int num_stages) {
+  return {{"block_m", block_m}, {"block_n", block_n}, {"num_stages", num_stages}};
+}
+
+}  // namespace
+
+template <Family F>
+std::string_view BackwardSm90Wgmma<F>::summary() const {
+  if constexpr (is_dkdv(F)) {
+    return "one CTA per 128-key tile over the GQA group's q tiles: TMA, producer / consumer "
+           "warpgroups, S^T, dP^T, dV += P^T dO, dK += dS^T Q on wgmma; bf16/f16; d 64/128; "
+           "sm_90a";
+  } else {
+    return "one CTA per 128-query tile over its KV tiles: TMA, producer / consumer warpgroups, "
+           "S, dP, dQ += dS K on wgmma; bf16/f16; d 64/128; sm_90a";
+  }
+}
+
+template <Family F>
+std::optional<std::string> BackwardSm90Wgmma<F>::unsupported(const KernelDesc& problem,
+                                                             const InputFacts& facts) const {
+  if (auto r = problem_reason(problem)) return r;
+  if (auto r = wgmma_input_reason(facts)) return r;
+  // The tiles the block mask's sparse blocks must be multiples of: dK/dV's 128 keys (its q tile
+  // shrinks to 64), dQ's 128 queries (its kv tile shrinks to 64).
+  const int q_tile = is_dkdv(F) ? 64 : 128, kv_tile = is_dkdv(F) ? 128 : 64;
+  if (facts.mask_q_block != 0 && facts.mask_q_block % q_tile != 0) {
+    return fmt::format(
+        "the block mask's q block size {} is not a multiple of {} (this kernel's "
+        "smallest q tile)",
+        facts.mask_q_block, q_tile);
+  }
+  if (facts.mask_kv_block != 0 && facts.mask_kv_block % kv_tile != 0) {
+    return fmt::format(
+        "the block mask's kv block size {} is not a multiple of {} (this kernel's "
+        "smallest kv tile)",
+        facts.mask_kv_block, kv_tile);
+  }
+  return std::nullopt;
+}
+
+template <Family F>
+void BackwardSm90Wgmma<F>::validate(const KernelDesc& d) const {
+  if (auto r = problem_reason(d)) throw UnsupportedError(*r);
+  const std::string fv = d.family_variant();
+  for (const char* name : {"block_m", "block_n", "num_stages"}) {
+    if (!d.config.has(name)) {
+      throw UnsupportedError(fmt::format("{} needs config '{}' ({})", fv, name, d.str()));
+    }
+  }
+  if (d.config.items().size() != 3) {
+    throw UnsupportedError(fmt::format(
+        "{} takes block_m, block_n and num_stages (its warpgroups follow from the tiles); got {}",
+        fv, d.config.str()));
+  }
+  const Sm90Tiles& t = tiles_of(F);
+  if (auto r = not_in(d, "block_m", d.config.at("block_m"), t.block_m)) throw UnsupportedError(*r);
+  if (auto r = not_in(d, "block_n", d.config.at("block_n"), t.block_n)) throw UnsupportedError(*r);
+  if (auto r = not_in(d, "num_stages", d.config.at("num_stages"), t.stages)) {
+    throw UnsupportedError(*r);
+  }
+  for (const char* flag : {"divisible", "full_blocks"}) {
+    auto v = d.flags.get(flag);
+    if (!v || (*v != 0 && *v != 1)) {
+      throw UnsupportedError(fmt::format("{} needs flag '{}' = 0 or 1 ({})", fv, flag, d.str()));
+    }
+  }
+  if (auto r = fast_math_flag_error(d)) throw UnsupportedError(*r);
+  // The accumulators must fit the consumers' 240 registers with room for addresses, indices and
+  // the packed A operands.
+  if (const int64_t live = live_registers(d); live > 200) {
+    throw UnsupportedError(fmt::format(
+        "{}: block_m = {}, block_n = {} with head dims {}/{} need {} accumulator registers per "
+        "consumer thread, more than the 200 of 240 this kernel allows; use {} = 64",
+        fv, d.config.at("block_m"), d.config.at("block_n"), d.head_dim_qk, d.head_dim_v, live,
+        is_dkdv(F) ? "block_m" : "block_n"));
+  }
+  const int smem = sm90_bwd_smem(d);
+  const int limit = cuda::max_smem_per_block(d.arch);
+  if (smem > limit) {
+    throw UnsupportedError(fmt::format(
+        "{}: config {} needs {} bytes of shared memory for head dims {}/{}, more than the {} "
+        "bytes a block may use on {}; lower num_stages",
+        fv, d.config.str(), smem, d.head_dim_qk, d.head_dim_v, limit, d.arch.str()));
+  }
+}
+
+template <Family F>
+Params BackwardSm90Wgmma<F>::default_config(const KernelDesc& p) const {
+  const int d = std::max(p.head_dim_qk, p.head_dim_v);
+  // Not measured yet (docs/perf/NOTES.md v10): two stages, the register budget's tiles.
+  if constexpr (is_dkdv(F)) {
+    return make_config(64, 128, 2);
+  } else {
+    return d <= 64 ? make_config(128, 128, 2) : make_config(128, 64, 2);
+  }
+}
+
+template <Family F>
+std::vector<Params> BackwardSm90Wgmma<F>::config_space(const KernelDesc& p) const {
+  std::vector<Params> grid;
+  const Sm90Tiles& t = tiles_of(F);
+  for (int bm : t.block_m)
+    for (int bn : t.block_n)
+      for (int s : t.stages)
+        grid.push_back(make_config(bm, bn, s));
+  return valid_configs(*this, p, grid);
+}
+
+template <Family F>
+Params BackwardSm90Wgmma<F>::resolve_config(const KernelDesc& problem, const Params& overrides,
+                                            const InputFacts& facts) const {
+  Params c = apply_overrides(*this, default_config(problem), overrides);
+  if (facts.mask_q_block == 0) return c;
+  // The tile that is not the consumers' may shrink to divide the block mask's sparse blocks.
+  if constexpr (is_dkdv(F)) {
+    fit_tile_to_block(c, "block_m", facts.mask_q_block, overrides, {128, 64});
+  } else {
+    fit_tile_to_block(c, "block_n", facts.mask_kv_block, overrides, {128, 64});
+  }
+  if (facts.mask_q_block % c.at("block_m") != 0 || facts.mask_kv_block % c.at("block_n") != 0) {
+    throw UnsupportedError(fmt::format(
+        "the block mask's sparse blocks ({}x{}) are not multiples of {}/sm90a_wgmma's {}x{} "
+        "tiles; build the mask with a block size that is a multiple of 128",
+        facts.mask_q_block, facts.mask_kv_block, to_string(F), c.at("block_m"), c.at("block_n")));
+  }
+  return c;
+}
+
+template <Family F>
+void BackwardSm90Wgmma<F>::specialize(KernelDesc& d, const InputFacts& facts) const {
+  specialize_divisible(d, facts);
+}
+
+template <Family F>
+std::vector<TemplateText> BackwardSm90Wgmma<F>::templates() const {
+  std::vector<TemplateText> t = common_templates();
+  // backward_sm80.cuh brings the element step (fj_bwd_element); its kernels need FJ_BWD_*
+  // defines, and these modules set FJ_BWD_SM90_* instead (generate()).
+  for (const char* name : {"mma_sm80.cuh", "attention_sm80.cuh", "backward_sm80.cuh",
+                           "wgmma_sm90.cuh", "backward_sm90.cuh"})
+    t.push_back({name, embedded::template_text(name), false});
+  return t;
+}
+
+template <Family F>
+std::vector<std::string> BackwardSm90Wgmma<F>::entry_points() const {
+  if constexpr (is_dkdv(F)) {
+    return {"flexjit_bwd_dkdv"};
+  } else {
+    return {"flexjit_bwd_dq"};
+  }
+}
+
+template <Family F>
+cuda::GeneratedSource BackwardSm90Wgmma<F>::generate(const Mods& mods,
+                                                     const KernelDesc& desc) const {
+  validate(desc);
+  mods.check();
+  KernelDesc d = desc;
+  d.config.set("num_warps", 8);  // the consumers' warps (the config struct's field)
+  std::string config =
+      fmt::format("#define {} 1\n", is_dkdv(F) ? "FJ_BWD_SM90_DKDV" : "FJ_BWD_SM90_DQ");
+  config += ForwardSm80Mma::config_struct(mods, d);
+  const int bm = desc.config.at_int("block_m"), bn = desc.config.at_int("block_n");
+  // dK/dV: S^T, dP^T (n = block_m) from shared memory; dV, dK (n = head dims) with A in
+  // registers. dQ: S, dP (n = block_n); dQ (n = head_dim_qk).
+  config.push_back('\n');
+  config += is_dkdv(F) ? cuda::wgmma_wrappers(desc.dtype, {bm}, {desc.head_dim_qk, desc.head_dim_v})
+                       : cuda::wgmma_wrappers(desc.dtype, {bn}, {desc.head_dim_qk});
+  return assemble_variant_source(*this, desc, mods, config,
+                                 is_dkdv(F) ? "backward dK/dV kernel `flexjit_bwd_dkdv`"
+                                            : "backward dQ kernel `flexjit_bwd_dq`",
+                                 "mods",
+                                 cuda::generate_mod_grad_functions(mods, math_functions(desc)));
+}
+
+template <Family F>
+unsigned BackwardSm90Wgmma<F>::smem_bytes(const KernelDesc& desc) const {
+  return static_cast<unsigned>(sm90_bwd_smem(desc));
+}
+
+template <Family F>
+std::vector<Launch> BackwardSm90Wgmma<F>::launches(const KernelDesc& desc, const BackwardInputs& in,
+                                                   void* workspace) const {
+  FJ_ASSERT(workspace != nullptr, "a backward kernel runs without the preprocess's workspace");
+  FJ_ASSERT(!in.dq_atomic, "the sm_90a backward makes dQ in a second pass, not with atomics");
+  const QkvShape& s = in.shape;
+  const int bm = desc.config.at_int("block_m"), bn = desc.config.at_int("block_n");
+  FjBwdTmaMaps maps;
+  maps.q = runtime::encode_bhsd_tma(in.q, bm, "q");
+  maps.dout = runtime::encode_bhsd_tma(in.dout, bm, "dout");
+  maps.k = runtime::encode_bhsd_tma(in.k, bn, "k");
+  maps.v = runtime::encode_bhsd_tma(in.v, bn, "v");
+  Launch l;
+  l.block = {384, 1, 1};
+  l.smem_bytes = smem_bytes(desc);
+  l.args.add(make_bwd_args(in, workspace, desc.flags.at("full_blocks") != 0));
+  l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
+  if constexpr (is_dkdv(F)) {
+    l.entry_point = "flexjit_bwd_dkdv";
+    l.grid = {static_cast<unsigned>((s.seqlen_kv + bn - 1) / bn), static_cast<unsigned>(s.heads_kv),
+              static_cast<unsigned>(s.batch)};
+    l.args.add_bytes(in.grad_params.data(), in.grad_params.size() * sizeof(uint64_t));
+  } else {
+    l.entry_point = "flexjit_bwd_dq";
+    l.grid = {static_cast<unsigned>((s.seqlen_q + bm - 1) / bm), static_cast<unsigned>(s.heads_q),
+              static_cast<unsigned>(s.batch)};
+  }
+  l.args.add(maps);
+  std::vector<Launch> out;
+  out.push_back(std::move(l));
+  return out;
+}
+
+template class BackwardSm90Wgmma<Family::BackwardDkDv>;
+template class BackwardSm90Wgmma<Family::BackwardDq>;
+
+}  // namespace flexjit::kernels

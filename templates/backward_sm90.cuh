@@ -1,0 +1,473 @@
+// flexjit backward attention kernels for sm_90a (Hopper): TMA loads, wgmma, warp specialization.
+// docs/kernels/backward_sm90.md has the design.
+//
+// Spliced last, after flexjit_abi.h, prelude.cuh, the generated FjConfig, mods, mod gradients
+// and wgmma wrappers, mma_sm80.cuh (16-bit packing), attention_sm80.cuh (the block schedule),
+// backward_sm80.cuh (fj_bwd_element, the element step shared with the sm_80 kernels; its entry
+// points need FJ_BWD_* defines, which these modules do not set) and wgmma_sm90.cuh. One module
+// holds one entry point:
+//
+//   flexjit_bwd_dkdv (FJ_BWD_SM90_DKDV): one CTA per KV tile of kBlockN = 128 keys of one
+//       (batch, kv head); warpgroup 0 produces, warpgroups 1 and 2 (64 kv rows each) consume.
+//       K and V are loaded once; for every q head of the GQA group and every q tile of kBlockM
+//       rows that the transposed block mask lists (partial tiles apply mask_mod), the producer
+//       streams Q, dO (TMA) and the tile's lse2 and delta (bulk copies) into a kNumStages ring,
+//       and each consumer computes, for its 64 kv rows:
+//         S^T = K Q^T, dP^T = V dO^T   wgmma, both operands in shared memory, K-major
+//         P^T, dS^T                    fj_bwd_element on the accumulator fragments (buffer
+//                                      gradients go out here)
+//         dV += P^T dO, dK += dS^T Q   wgmma, A from registers, B (dO, Q) MN-major
+//       then releases the stage. dK (times scale) and dV go out through the consumer's own
+//       rows of the K and V tiles.
+//   flexjit_bwd_dq (FJ_BWD_SM90_DQ): one CTA per q tile of kBlockM = 128 rows of one (batch,
+//       q head), the forward's schedule over the block mask's KV tiles: Q and dO loaded once,
+//       K and V per tile into the ring; consumer c (64 q rows) computes S = Q K^T,
+//       dP = dO V^T (both K-major), dS, and dQ += dS K (dS from registers, K MN-major).
+// The wgmma accumulator of m64nN is the m16n8 fragment of mma.sync repeated N / 8 times for
+// each warp's 16 rows, so the sm_80 element step runs on it unchanged: thread (g, t) holds rows
+// g, g + 8 of its warp's 16 and columns 8j + 2t, 8j + 2t + 1. No overlap between the GEMMs and
+// the element step inside a warpgroup in this first version (every group of wgmma is waited for
+// at once); between the two consumers, ping-pong turns (FjBwdTurns).
+// Shared memory (dynamic, aligned here to 1024 bytes; fj_bwd_*_sm90_smem_bytes in
+// flexjit_abi.h): 128-byte swizzled tiles (wgmma_sm90.cuh), then the f32 arrays, then the
+// mbarriers.
+#ifndef FLEXJIT_BACKWARD_SM90_CUH_
+#define FLEXJIT_BACKWARD_SM90_CUH_
+
+template <class Cfg>
+struct FjBwdSm90Traits {
+  using Element = typename Cfg::Element;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kNumStages = Cfg::kNumStages;
+  static constexpr int kDimQK = Cfg::kHeadDimQK;
+  static constexpr int kDimV = Cfg::kHeadDimV;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = (kConsumers + 1) * 128;
+  static constexpr int kElemBytes = 2;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(sizeof(Element) == 2, "flexjit backward_sm90: bf16 or f16 elements");
+  static_assert(kDimQK % 64 == 0 && kDimV % 64 == 0 && kDimQK <= 128 && kDimV <= 128,
+                "flexjit backward_sm90: head dims 64 or 128");
+  static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit backward_sm90: 1..4 stages");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
+                "flexjit backward_sm90: register split exceeds the register file");
+};
+
+// This warp's elements of a [rows x cols] accumulator pair (s: scores in, P out; dp: dP in, dS
+// out) through the element step. kRowsAreKv: the rows are keys (dK/dV: S^T) or queries (dQ: S).
+// lse2 / delta of the q index come from `q_lse2` / `q_delta` (indexed by column in dK/dV, by
+// the row half in dQ).
+template <class Cfg, bool kApplyMask, bool kRowsAreKv, int kN8>
+FJ_DEVICE void fj_bwd_sm90_elements(float (&s)[kN8][4], float (&dp)[kN8][4], const FjBwdArgs& args,
+                                    const FjModParams& mods, const FjGradParams& grads,
+                                    const float* col_lse2, const float* col_delta,
+                                    const float (&row_lse2)[2], const float (&row_delta)[2], int b,
+                                    int h, int row0, int col0, int lane, bool add_grads,
+                                    float (&grad_acc)[kFjGradSlots]) {
+  constexpr bool kCheck = !Cfg::kIsDivisible;
+#pragma unroll
+  for (int nt = 0; nt < kN8; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = nt * 8 + (lane & 3) * 2 + c;
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int row_idx = row0 + hr * 8 + (lane >> 2), col_idx = col0 + col;
+        int q_idx, kv_idx;
+        float lse2, delta;
+        if constexpr (kRowsAreKv) {
+          q_idx = col_idx, kv_idx = row_idx;
+          lse2 = col_lse2[col], delta = col_delta[col];
+        } else {
+          q_idx = row_idx, kv_idx = col_idx;
+          lse2 = row_lse2[hr], delta = row_delta[hr];
+        }
+        const bool ok = !kCheck || (q_idx < args.seqlen_q && kv_idx < args.seqlen_kv);
+        if constexpr (kCheck) {
+          q_idx = fj_imin(q_idx, args.seqlen_q - 1);
+          kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+        }
+        fj_bwd_element<Cfg, kApplyMask>(s[nt][hr * 2 + c], dp[nt][hr * 2 + c], mods, grads,
+                                        args.scale, lse2, delta, b, h, q_idx, kv_idx, ok, add_grads,
+                                        grad_acc);
+      }
+    }
+  }
+}
+
+// Issues D = A B^T over kDim (k16 steps) for this warpgroup: A = 64 rows starting at row a_row0
+// of a kRowsA-row swizzled tile, B = the kN rows of a kN-row tile (both K-major).
+template <int kDim, int kRowsA, int kN>
+FJ_DEVICE void fj_bwd_sm90_ss(float (&d)[kN / 8][4], fj_u32 tile_a, int a_row0, fj_u32 tile_b) {
+#pragma unroll
+  for (int kk = 0; kk < kDim / 16; ++kk) {
+    const int chunk = kk / 4, sub = kk % 4;
+    const fj_u64 da =
+        fj_smem_desc_sw128(tile_a + chunk * kRowsA * 128 + a_row0 * 128 + sub * 32, 16, 1024);
+    const fj_u64 db = fj_smem_desc_sw128(tile_b + chunk * kN * 128 + sub * 32, 16, 1024);
+    fj_wgmma_ss(d, da, db, kk > 0 ? 1 : 0);
+  }
+}
+
+// Issues D += A B for this warpgroup: A (64 x kK) from registers (k16 step j in a[j]), B the
+// kK x kDim tile of kK rows stored row-major (MN-major: 64-column chunks kK * 128 bytes apart).
+template <int kK, int kDim>
+FJ_DEVICE void fj_bwd_sm90_rs(float (&d)[kDim / 8][4], const fj_u32 (&a)[kK / 16][4],
+                              fj_u32 tile_b) {
+#pragma unroll
+  for (int j = 0; j < kK / 16; ++j) {
+    const fj_u64 db = fj_smem_desc_sw128(tile_b + j * 16 * 128, kK * 128, 1024);
+    fj_wgmma_rs(d, a[j], db, 1);
+  }
+}
+
+// Ping-pong between the two consumer warpgroups (the forward's v8 scheme): warpgroup c issues
+// wgmma only inside a turn, taken with a bar.sync on kBar + c and handed over right after the
+// issue with a bar.arrive on the other's barrier (256 threads: 128 syncing, 128 arriving), so
+// the tensor cores alternate between the two and one's element step runs under the other's
+// GEMMs instead of both waiting on the same stage at once. Warpgroup 0 takes the first turn
+// (start: warpgroup 1's arrival); every turn hands over, and warpgroup 0 absorbs warpgroup 1's
+// last hand-over (finish), so no arrival is left pending at exit, however many turns there
+// were. Both warpgroups walk the same tiles, hence take the same number of turns.
+struct FjBwdTurns {
+  static constexpr int kBar = 3;  // 1, 2: the epilogues' per-warpgroup barriers
+  int cw;
+  FJ_DEVICE void start() const {
+    if (cw == 1) fj_bar_arrive(kBar, 256);
+  }
+  FJ_DEVICE void begin() const { fj_bar_sync(kBar + cw, 256); }
+  FJ_DEVICE void end() const { fj_bar_arrive(kBar + (cw ^ 1), 256); }
+  FJ_DEVICE void finish() const {
+    if (cw == 0) fj_bar_sync(kBar, 256);
+  }
+};
+
+// Row `row` of (b, h) of a 16-bit [B, H, S, D] tensor with these element strides.
+FJ_DEVICE char* fj_bhs_row(void* base, fj_i64 stride_b, fj_i64 stride_h, fj_i64 stride_s, int b,
+                           int h, int row) {
+  return static_cast<char*>(base) +
+         2 * ((fj_i64)b * stride_b + (fj_i64)h * stride_h + (fj_i64)row * stride_s);
+}
+
+// S = A B^T and dP = A2 B2^T for this consumer, in one ping-pong turn, waited for: A and A2 are
+// the consumer's 64 rows (from row a_row0) of kRowsA-row tiles with kDimS / kDimP columns, B and
+// B2 kN-row tiles (dK/dV: K, V against Q, dO; dQ: Q, dO against K, V).
+template <int kDimS, int kDimP, int kRowsA, int kN>
+FJ_DEVICE void fj_bwd_sm90_s_dp(float (&s)[kN / 8][4], float (&dp)[kN / 8][4],
+                                const FjBwdTurns& turns, fj_u32 a, fj_u32 a2, int a_row0, fj_u32 b,
+                                fj_u32 b2) {
+  turns.begin();
+  fj_wgmma_fence();
+  fj_bwd_sm90_ss<kDimS, kRowsA, kN>(s, a, a_row0, b);
+  fj_bwd_sm90_ss<kDimP, kRowsA, kN>(dp, a2, a_row0, b2);
+  fj_wgmma_commit();
+  turns.end();
+  fj_wgmma_wait<0>();
+  fj_fence_regs(s);
+  fj_fence_regs(dp);
+}
+
+// The mbarriers of both kernels at `at` (8 bytes each): "once" for the tiles loaded once (dK/dV:
+// K and V; dQ: Q and dO), then per stage s of the ring "full" at full + 8s (the producer's one
+// arrival with the transaction bytes) and "empty" at empty + 8s (lane 0 of every consumer
+// warp). init() runs in one thread, then the whole CTA syncs (__syncthreads).
+template <int kStages, int kConsumers>
+struct FjBwdRing {
+  fj_u32 once, full, empty;
+  FJ_DEVICE explicit FjBwdRing(fj_u32 at) : once(at), full(at + 8), empty(at + 8 + 8 * kStages) {}
+  FJ_DEVICE void init() const {
+    fj_mbar_init(once, 1);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      fj_mbar_init(full + 8 * s, 1);
+      fj_mbar_init(empty + 8 * s, 4 * kConsumers);
+    }
+    fj_mbar_init_fence();
+  }
+};
+
+// This warp is done with a stage: lane 0 arrives on its "empty" barrier.
+FJ_DEVICE void fj_bwd_sm90_release(fj_u32 bar_empty, int lane) {
+  __syncwarp();
+  if (lane == 0) fj_mbar_arrive(bar_empty);
+}
+
+template <int kN8>
+FJ_DEVICE void fj_zero_acc(float (&d)[kN8][4]) {
+#pragma unroll
+  for (int i = 0; i < kN8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      d[i][e] = 0.0f;
+}
+
+// ---- dK / dV ---------------------------------------------------------------------------------
+
+#if defined(FJ_BWD_SM90_DKDV)
+extern "C" __global__ void __launch_bounds__(384, 1)
+    flexjit_bwd_dkdv(const FjBwdArgs args, const FjModParams mods, const FjGradParams grads,
+                     const __grid_constant__ FjBwdTmaMaps maps) {
+  using Cfg = FjConfig;
+  using T = FjBwdSm90Traits<Cfg>;
+  using E = typename T::Element;
+  constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kS = T::kNumStages;
+  static_assert(kBN == 64 * T::kConsumers, "flexjit bwd_dkdv sm90: 64 kv rows per consumer");
+  static_assert(kBM == 64 || kBM == 128, "flexjit bwd_dkdv sm90: q tiles of 64 or 128");
+  constexpr int kKBytes = kBN * T::kDimQK * 2, kVBytes = kBN * T::kDimV * 2;
+  constexpr int kQBytes = kBM * T::kDimQK * 2, kDoBytes = kBM * T::kDimV * 2;
+  constexpr int kOffV = kKBytes;
+  constexpr int kOffQ = kOffV + kVBytes;
+  constexpr int kOffDo = kOffQ + kS * kQBytes;
+  constexpr int kOffRows = kOffDo + kS * kDoBytes;  // per stage: lse2[kBM], delta[kBM]
+  constexpr int kOffBar = kOffRows + kS * 8 * kBM;
+  constexpr int kOffEnd = kOffBar + 8 * (1 + 2 * kS);
+  static_assert(kOffEnd + 1024 == fj_bwd_dkdv_sm90_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, 2, kS),
+                "flexjit bwd_dkdv sm90: shared-memory layout and fj_bwd_dkdv_sm90_smem_bytes "
+                "disagree");
+  extern __shared__ unsigned char fj_smem_raw[];
+  const fj_u32 base = (fj_smem_addr(fj_smem_raw) + 1023u) & ~1023u;
+  const fj_u32 sk = base, sv = base + kOffV, sq = base + kOffQ, sdo = base + kOffDo;
+  const fj_u32 srows = base + kOffRows;
+  const float* smem_rows =
+      reinterpret_cast<const float*>(fj_smem_raw + (srows - fj_smem_addr(fj_smem_raw)));
+  // once: K and V; full: Q, dO, lse2 and delta of a stage.
+  const FjBwdRing<kS, T::kConsumers> ring(base + kOffBar);
+  const fj_u32 bar_kv = ring.once, bar_full = ring.full, bar_empty = ring.empty;
+
+  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int n_start = n_block * kBN;
+
+  if (tid == 0) ring.init();
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer: one thread walks every q head's tiles in the consumers' order ----
+    fj_setmaxnreg_dec<T::kProducerRegs>();
+    if (tid != 0) return;
+    fj_tma_prefetch_desc(&maps.q);
+    fj_tma_prefetch_desc(&maps.dout);
+    fj_mbar_arrive_expect_tx(bar_kv, kKBytes + kVBytes);
+    fj_tma_load_tile<T::kDimQK, kBN>(sk, &maps.k, n_start, h_kv, b, bar_kv);
+    fj_tma_load_tile<T::kDimV, kBN>(sv, &maps.v, n_start, h_kv, b, bar_kv);
+    int i = 0;  // the ring's step, over all heads
+    for (int g = 0; g < Cfg::kGqaRatio; ++g) {
+      const int h = h_kv * Cfg::kGqaRatio + g;
+      const FjKvSchedule sched = fj_block_schedule<kBN, kBM, Cfg::kHasFullBlocks>(
+          args.mask_t, args.seqlen_q, b, h, n_block);
+      const fj_i64 ws_row0 = ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
+      for (int j = 0; j < sched.num_total; ++j) {
+        const int m0 = sched.tile(j) * kBM;
+        // A tile past seqlen_q (a ragged sparse block) is skipped by both sides: its lse2 /
+        // delta would lie past the workspace row.
+        if (m0 >= args.seqlen_q) continue;
+        const int stage = i % kS;
+        if (i >= kS) fj_mbar_wait(bar_empty + 8 * stage, ((i / kS) & 1) ^ 1);
+        const fj_u32 bar = bar_full + 8 * stage;
+        fj_mbar_arrive_expect_tx(bar, kQBytes + kDoBytes + 8 * kBM);
+        fj_tma_load_tile<T::kDimQK, kBM>(sq + stage * kQBytes, &maps.q, m0, h, b, bar);
+        fj_tma_load_tile<T::kDimV, kBM>(sdo + stage * kDoBytes, &maps.dout, m0, h, b, bar);
+        // lse2 / delta rows m0 .. m0 + kBM - 1 < seqlen_q_pad (a multiple of 128).
+        fj_bulk_load(srows + stage * 8 * kBM, args.lse2 + ws_row0 + m0, 4 * kBM, bar);
+        fj_bulk_load(srows + stage * 8 * kBM + 4 * kBM, args.delta + ws_row0 + m0, 4 * kBM, bar);
+        ++i;
+      }
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroup cw owns kv rows [64 cw, 64 cw + 64) of the tile ----
+  fj_setmaxnreg_inc<T::kConsumerRegs>();
+  const int cw = wg - 1;
+  const int wtid = tid % 128, warp = wtid / 32, lane = tid % 32;
+  float dk[T::kDimQK / 8][4], dv[T::kDimV / 8][4];
+  fj_zero_acc(dk);
+  fj_zero_acc(dv);
+  const int kv_row0 = n_start + cw * 64 + warp * 16;  // this warp's first kv row
+  const float no_rows[2] = {0.0f, 0.0f};
+  float grad_acc[kFjGradSlots];
+  const FjBwdTurns turns{cw};
+  turns.start();
+  fj_mbar_wait(bar_kv, 0);
+  int i = 0;
+  for (int g = 0; g < Cfg::kGqaRatio; ++g) {
+    const int h = h_kv * Cfg::kGqaRatio + g;
+#pragma unroll
+    for (int k = 0; k < kFjGradSlots; ++k)
+      grad_acc[k] = 0.0f;
+    const FjKvSchedule sched =
+        fj_block_schedule<kBN, kBM, Cfg::kHasFullBlocks>(args.mask_t, args.seqlen_q, b, h, n_block);
+    for (int j = 0; j < sched.num_total; ++j) {
+      const int m0 = sched.tile(j) * kBM;
+      if (m0 >= args.seqlen_q) continue;
+      const int stage = i % kS;
+      const fj_u32 sq_st = sq + stage * kQBytes, sdo_st = sdo + stage * kDoBytes;
+      fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
+      float s[kBM / 8][4], dp[kBM / 8][4];
+      fj_bwd_sm90_s_dp<T::kDimQK, T::kDimV, kBN, kBM>(s, dp, turns, sk, sv, cw * 64, sq_st, sdo_st);
+      const float* rows = smem_rows + stage * 2 * kBM;  // lse2[kBM], then delta[kBM]
+      // Partial tiles apply mask_mod (without one, both branches would be the same code).
+      if (Cfg::kHasMaskMod && j < sched.num_partial) {
+        fj_bwd_sm90_elements<Cfg, true, true>(s, dp, args, mods, grads, rows, rows + kBM, no_rows,
+                                              no_rows, b, h, kv_row0, m0, lane, true, grad_acc);
+      } else {
+        fj_bwd_sm90_elements<Cfg, false, true>(s, dp, args, mods, grads, rows, rows + kBM, no_rows,
+                                               no_rows, b, h, kv_row0, m0, lane, true, grad_acc);
+      }
+      fj_u32 pa[kBM / 16][4], dsa[kBM / 16][4];
+      fj_wgmma_pack_a<E>(pa, s);
+      fj_wgmma_pack_a<E>(dsa, dp);
+      turns.begin();
+      fj_wgmma_fence();
+      fj_bwd_sm90_rs<kBM, T::kDimV>(dv, pa, sdo_st);
+      fj_bwd_sm90_rs<kBM, T::kDimQK>(dk, dsa, sq_st);
+      fj_wgmma_commit();
+      turns.end();
+      fj_wgmma_wait<0>();
+      fj_fence_regs(dv);
+      fj_fence_regs(dk);
+      fj_bwd_sm90_release(bar_empty + 8 * stage, lane);
+      ++i;
+    }
+    if constexpr (kFjUniformGradSites > 0) fj_bufgrad_flush(mods, grads, b, h, grad_acc);
+  }
+  turns.finish();
+
+  // ---- epilogue: dK (times scale) and dV through this warpgroup's rows of the K and V tiles ----
+  fj_fence_proxy_async();  // the K / V rows were last read by wgmma (async proxy)
+  fj_sw128_store_acc<E, kBN>(sk, cw * 64 + warp * 16, lane, dk, args.scale);
+  fj_sw128_store_acc<E, kBN>(sv, cw * 64 + warp * 16, lane, dv, 1.0f);
+  fj_bar_sync(1 + cw, 128);
+  const int row0 = n_start + cw * 64;
+  fj_sw128_copy_out64<T::kDimQK, kBN>(
+      fj_bhs_row(args.dk, args.dk_stride_b, args.dk_stride_h, args.dk_stride_s, b, h_kv, row0),
+      args.dk_stride_s, sk, cw * 64, row0, args.seqlen_kv, wtid);
+  fj_sw128_copy_out64<T::kDimV, kBN>(
+      fj_bhs_row(args.dv, args.dv_stride_b, args.dv_stride_h, args.dv_stride_s, b, h_kv, row0),
+      args.dv_stride_s, sv, cw * 64, row0, args.seqlen_kv, wtid);
+}
+#endif  // FJ_BWD_SM90_DKDV
+
+// ---- dQ --------------------------------------------------------------------------------------
+
+#if defined(FJ_BWD_SM90_DQ)
+extern "C" __global__ void __launch_bounds__(384, 1)
+    flexjit_bwd_dq(const FjBwdArgs args, const FjModParams mods,
+                   const __grid_constant__ FjBwdTmaMaps maps) {
+  using Cfg = FjConfig;
+  using T = FjBwdSm90Traits<Cfg>;
+  using E = typename T::Element;
+  constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kS = T::kNumStages;
+  static_assert(kBM == 64 * T::kConsumers, "flexjit bwd_dq sm90: 64 q rows per consumer");
+  static_assert(kBN % 16 == 0 && kBN >= 16 && kBN <= 128, "flexjit bwd_dq sm90: kv tile");
+  constexpr int kQBytes = kBM * T::kDimQK * 2, kDoBytes = kBM * T::kDimV * 2;
+  constexpr int kKBytes = kBN * T::kDimQK * 2, kVBytes = kBN * T::kDimV * 2;
+  constexpr int kOffDo = kQBytes;
+  constexpr int kOffK = kOffDo + kDoBytes;
+  constexpr int kOffV = kOffK + kS * kKBytes;
+  constexpr int kOffBar = kOffV + kS * kVBytes;
+  constexpr int kOffEnd = kOffBar + 8 * (1 + 2 * kS);
+  static_assert(kOffEnd + 1024 == fj_bwd_dq_sm90_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, 2, kS),
+                "flexjit bwd_dq sm90: shared-memory layout and fj_bwd_dq_sm90_smem_bytes "
+                "disagree");
+  extern __shared__ unsigned char fj_smem_raw[];
+  const fj_u32 base = (fj_smem_addr(fj_smem_raw) + 1023u) & ~1023u;
+  const fj_u32 sq = base, sdo = base + kOffDo, sk = base + kOffK, sv = base + kOffV;
+  // once: Q and dO; full: K and V of a stage.
+  const FjBwdRing<kS, T::kConsumers> ring(base + kOffBar);
+  const fj_u32 bar_qdo = ring.once, bar_full = ring.full, bar_empty = ring.empty;
+
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest tiles first, as the forward
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, wg = tid / 128;
+  const int h_kv = h / Cfg::kGqaRatio;
+  const int m_start = m_block * kBM;
+
+  if (tid == 0) ring.init();
+  __syncthreads();
+
+  const FjKvSchedule sched =
+      fj_block_schedule<kBM, kBN, Cfg::kHasFullBlocks>(args.mask, args.seqlen_kv, b, h, m_block);
+
+  if (wg == 0) {
+    // ---- producer ----
+    fj_setmaxnreg_dec<T::kProducerRegs>();
+    if (tid != 0) return;
+    fj_tma_prefetch_desc(&maps.k);
+    fj_tma_prefetch_desc(&maps.v);
+    fj_mbar_arrive_expect_tx(bar_qdo, kQBytes + kDoBytes);
+    fj_tma_load_tile<T::kDimQK, kBM>(sq, &maps.q, m_start, h, b, bar_qdo);
+    fj_tma_load_tile<T::kDimV, kBM>(sdo, &maps.dout, m_start, h, b, bar_qdo);
+    for (int i = 0; i < sched.num_total; ++i) {
+      // A tile past seqlen_kv (a ragged sparse block) reads as zeros; its scores are masked.
+      const int n0 = sched.tile(i) * kBN;
+      const int stage = i % kS;
+      if (i >= kS) fj_mbar_wait(bar_empty + 8 * stage, ((i / kS) & 1) ^ 1);
+      const fj_u32 bar = bar_full + 8 * stage;
+      fj_mbar_arrive_expect_tx(bar, kKBytes + kVBytes);
+      fj_tma_load_tile<T::kDimQK, kBN>(sk + stage * kKBytes, &maps.k, n0, h_kv, b, bar);
+      fj_tma_load_tile<T::kDimV, kBN>(sv + stage * kVBytes, &maps.v, n0, h_kv, b, bar);
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroup cw owns q rows [64 cw, 64 cw + 64) of the tile ----
+  fj_setmaxnreg_inc<T::kConsumerRegs>();
+  const int cw = wg - 1;
+  const int wtid = tid % 128, warp = wtid / 32, lane = tid % 32;
+  const int q_row0 = m_start + cw * 64 + warp * 16;  // this warp's first q row
+  const fj_i64 ws_row0 = ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    lse2[hr] = args.lse2[ws_row0 + q_row0 + hr * 8 + (lane >> 2)];  // rows < seqlen_q_pad
+    delta[hr] = args.delta[ws_row0 + q_row0 + hr * 8 + (lane >> 2)];
+  }
+  float dq[T::kDimQK / 8][4];
+  fj_zero_acc(dq);
+  const FjGradParams no_grads = {};
+  float no_acc[kFjGradSlots] = {};
+  const FjBwdTurns turns{cw};
+  turns.start();
+  fj_mbar_wait(bar_qdo, 0);
+  for (int i = 0; i < sched.num_total; ++i) {
+    const int n0 = sched.tile(i) * kBN;
+    const int stage = i % kS;
+    const fj_u32 sk_st = sk + stage * kKBytes, sv_st = sv + stage * kVBytes;
+    fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
+    float s[kBN / 8][4], dp[kBN / 8][4];
+    fj_bwd_sm90_s_dp<T::kDimQK, T::kDimV, kBM, kBN>(s, dp, turns, sq, sdo, cw * 64, sk_st, sv_st);
+    if (Cfg::kHasMaskMod && i < sched.num_partial) {
+      fj_bwd_sm90_elements<Cfg, true, false>(s, dp, args, mods, no_grads, nullptr, nullptr, lse2,
+                                             delta, b, h, q_row0, n0, lane, false, no_acc);
+    } else {
+      fj_bwd_sm90_elements<Cfg, false, false>(s, dp, args, mods, no_grads, nullptr, nullptr, lse2,
+                                              delta, b, h, q_row0, n0, lane, false, no_acc);
+    }
+    fj_u32 dsa[kBN / 16][4];
+    fj_wgmma_pack_a<E>(dsa, dp);
+    turns.begin();
+    fj_wgmma_fence();
+    fj_bwd_sm90_rs<kBN, T::kDimQK>(dq, dsa, sk_st);
+    fj_wgmma_commit();
+    turns.end();
+    fj_wgmma_wait<0>();
+    fj_fence_regs(dq);
+    fj_bwd_sm90_release(bar_empty + 8 * stage, lane);
+  }
+  turns.finish();
+
+  // ---- epilogue: dQ (times scale) through this warpgroup's rows of the Q tile ----
+  fj_fence_proxy_async();
+  fj_sw128_store_acc<E, kBM>(sq, cw * 64 + warp * 16, lane, dq, args.scale);
+  fj_bar_sync(1 + cw, 128);
+  const int row0 = m_start + cw * 64;
+  fj_sw128_copy_out64<T::kDimQK, kBM>(
+      fj_bhs_row(args.dq, args.dq_stride_b, args.dq_stride_h, args.dq_stride_s, b, h, row0),
+      args.dq_stride_s, sq, cw * 64, row0, args.seqlen_q, wtid);
+}
+#endif  // FJ_BWD_SM90_DQ
+
+#endif  // FLEXJIT_BACKWARD_SM90_CUH_
