@@ -220,8 +220,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   constexpr int kOffV = kKBytes;
   constexpr int kOffQ = kOffV + kVBytes;
   constexpr int kOffDo = kOffQ + kS * kQBytes;
-  constexpr int kOffRows = kOffDo + kS * kDoBytes;  // per stage: lse2[kBM], delta[kBM]
-  constexpr int kOffBar = kOffRows + kS * 8 * kBM;
+  constexpr int kOffBar = kOffDo + kS * kDoBytes;
   constexpr int kOffEnd = kOffBar + 8 * (1 + 2 * kS);
   static_assert(kOffEnd + 1024 == fj_bwd_dkdv_sm90_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, 2, kS),
                 "flexjit bwd_dkdv sm90: shared-memory layout and fj_bwd_dkdv_sm90_smem_bytes "
@@ -229,10 +228,9 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   extern __shared__ unsigned char fj_smem_raw[];
   const fj_u32 base = (fj_smem_addr(fj_smem_raw) + 1023u) & ~1023u;
   const fj_u32 sk = base, sv = base + kOffV, sq = base + kOffQ, sdo = base + kOffDo;
-  const fj_u32 srows = base + kOffRows;
-  const float* smem_rows =
-      reinterpret_cast<const float*>(fj_smem_raw + (srows - fj_smem_addr(fj_smem_raw)));
-  // once: K and V; full: Q, dO, lse2 and delta of a stage.
+  // once: K and V; full: Q and dO of a stage. The consumers read a tile's lse2 and delta from
+  // global memory (L1): staged in shared memory by bulk copies, their generic-proxy reads and
+  // the next copy's async-proxy writes were a race to compute-sanitizer's racecheck.
   const FjBwdRing<kS, T::kConsumers> ring(base + kOffBar);
   const fj_u32 bar_kv = ring.once, bar_full = ring.full, bar_empty = ring.empty;
 
@@ -257,7 +255,6 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const int h = h_kv * Cfg::kGqaRatio + g;
       const FjKvSchedule sched = fj_block_schedule<kBN, kBM, Cfg::kHasFullBlocks>(
           args.mask_t, args.seqlen_q, b, h, n_block);
-      const fj_i64 ws_row0 = ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
       for (int j = 0; j < sched.num_total; ++j) {
         const int m0 = sched.tile(j) * kBM;
         // A tile past seqlen_q (a ragged sparse block) is skipped by both sides: its lse2 /
@@ -266,12 +263,9 @@ extern "C" __global__ void __launch_bounds__(384, 1)
         const int stage = i % kS;
         if (i >= kS) fj_mbar_wait(bar_empty + 8 * stage, ((i / kS) & 1) ^ 1);
         const fj_u32 bar = bar_full + 8 * stage;
-        fj_mbar_arrive_expect_tx(bar, kQBytes + kDoBytes + 8 * kBM);
+        fj_mbar_arrive_expect_tx(bar, kQBytes + kDoBytes);
         fj_tma_load_tile<T::kDimQK, kBM>(sq + stage * kQBytes, &maps.q, m0, h, b, bar);
         fj_tma_load_tile<T::kDimV, kBM>(sdo + stage * kDoBytes, &maps.dout, m0, h, b, bar);
-        // lse2 / delta rows m0 .. m0 + kBM - 1 < seqlen_q_pad (a multiple of 128).
-        fj_bulk_load(srows + stage * 8 * kBM, args.lse2 + ws_row0 + m0, 4 * kBM, bar);
-        fj_bulk_load(srows + stage * 8 * kBM + 4 * kBM, args.delta + ws_row0 + m0, 4 * kBM, bar);
         ++i;
       }
     }
@@ -294,6 +288,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   int i = 0;
   for (int g = 0; g < Cfg::kGqaRatio; ++g) {
     const int h = h_kv * Cfg::kGqaRatio + g;
+    const float* lse2_row = args.lse2 + ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
+    const float* delta_row = args.delta + ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
 #pragma unroll
     for (int k = 0; k < kFjGradSlots; ++k)
       grad_acc[k] = 0.0f;
@@ -307,13 +303,15 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
       float s[kBM / 8][4], dp[kBM / 8][4];
       fj_bwd_sm90_s_dp<T::kDimQK, T::kDimV, kBN, kBM>(s, dp, turns, sk, sv, cw * 64, sq_st, sdo_st);
-      const float* rows = smem_rows + stage * 2 * kBM;  // lse2[kBM], then delta[kBM]
+      // lse2 / delta of the tile's q rows m0 .. m0 + kBM - 1 < seqlen_q_pad (a multiple of 128).
+      const float* lse2 = lse2_row + m0;
+      const float* delta = delta_row + m0;
       // Partial tiles apply mask_mod (without one, both branches would be the same code).
       if (Cfg::kHasMaskMod && j < sched.num_partial) {
-        fj_bwd_sm90_elements<Cfg, true, true>(s, dp, args, mods, grads, rows, rows + kBM, no_rows,
+        fj_bwd_sm90_elements<Cfg, true, true>(s, dp, args, mods, grads, lse2, delta, no_rows,
                                               no_rows, b, h, kv_row0, m0, lane, true, grad_acc);
       } else {
-        fj_bwd_sm90_elements<Cfg, false, true>(s, dp, args, mods, grads, rows, rows + kBM, no_rows,
+        fj_bwd_sm90_elements<Cfg, false, true>(s, dp, args, mods, grads, lse2, delta, no_rows,
                                                no_rows, b, h, kv_row0, m0, lane, true, grad_acc);
       }
       fj_u32 pa[kBM / 16][4], dsa[kBM / 16][4];

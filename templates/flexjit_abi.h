@@ -211,13 +211,13 @@ struct FjBwdTmaMaps {
 };
 
 // Dynamic shared memory of the sm_90a dK/dV kernel: 1024 bytes of alignment slack, the K and V
-// tiles, num_stages Q tiles, num_stages dO tiles, num_stages pairs of lse2 / delta rows
-// (block_m floats each), then the mbarriers (K/V full; per stage full, empty).
+// tiles, num_stages Q tiles, num_stages dO tiles, then the mbarriers (K/V full; per stage full,
+// empty). lse2 and delta are read from global memory.
 FJ_HOST_DEVICE inline constexpr int fj_bwd_dkdv_sm90_smem_bytes(int block_m, int block_n,
                                                                 int head_dim_qk, int head_dim_v,
                                                                 int elem_bytes, int num_stages) {
   return 1024 + elem_bytes * (block_n + num_stages * block_m) * (head_dim_qk + head_dim_v) +
-         num_stages * 8 * block_m + 8 * (1 + 2 * num_stages);
+         8 * (1 + 2 * num_stages);
 }
 
 // Dynamic shared memory of the sm_90a dQ kernel: 1024 bytes of slack, the Q and dO tiles (Q is

@@ -71,15 +71,6 @@ FJ_DEVICE void fj_tma_load_tile(fj_u32 dst, const FjTmaDesc* map, int row, int h
   for (int c = 0; c < kDim / 64; ++c)
     fj_tma_load_4d(dst + c * kRows * 128, map, c * 64, row, h, b, bar);
 }
-// A 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global
-// memory into shared memory, completing on `bar`.
-FJ_DEVICE void fj_bulk_load(fj_u32 dst, const void* src, fj_u32 bytes, fj_u32 bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
 
 // ---- wgmma --------------------------------------------------------------------------------
 // Orders this warpgroup's register and shared-memory accesses before the wgmma that follow
