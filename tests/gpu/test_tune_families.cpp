@@ -112,6 +112,9 @@ TEST_CASE("backward: search tunes dK/dV and dQ; gradients and buffer gradients m
           "[gpu][tune][backward]") {
   FJ_REQUIRE_GPU_OR_SKIP(shared);
   (void)shared;
+  // The mma.sync variants (the sm_90a default is sm90a_wgmma): their config space has the
+  // num_stages = 1 and dQ-by-atomics configs these searches fix.
+  test::BackwardFamilyScope family_scope("sm80_mma");
   ScopedEnv env_off("FLEXJIT_AUTOTUNE", "off");  // create_block_mask: not tuned here
   TempDir dir;
   Context ctx(cache_in(dir.path()));
@@ -165,6 +168,9 @@ TEST_CASE("backward: with dQ by atomics, the dK/dV search keeps the strategy",
           "[gpu][tune][backward]") {
   FJ_REQUIRE_GPU_OR_SKIP(shared);
   (void)shared;
+  // The mma.sync variants (the sm_90a default is sm90a_wgmma): their config space has the
+  // num_stages = 1 and dQ-by-atomics configs these searches fix.
+  test::BackwardFamilyScope family_scope("sm80_mma");
   ScopedEnv env_off("FLEXJIT_AUTOTUNE", "off");  // create_block_mask: not tuned here
   TempDir dir;
   Context ctx(cache_in(dir.path()));

@@ -29,9 +29,11 @@ using namespace flexjit::kernels;
 
 namespace {
 
+// The sm_80 variants' description (named: on sm_90a the sm90a_wgmma variants are the default).
 KernelDesc bwd_desc(Family f, const std::string& arch, DType dtype, int dqk, int dv, int gqa = 1) {
   return Registry::global().complete(
-      backward_problem(f, cuda::Arch::parse(arch), dtype, dqk, dv, gqa, true), {}, {});
+      backward_problem(f, cuda::Arch::parse(arch), dtype, dqk, dv, gqa, true), {}, {},
+      f == Family::BackwardPreprocess ? "" : "sm80_mma");
 }
 
 }  // namespace
@@ -136,8 +138,9 @@ TEST_CASE("deterministic backward: descriptions, validation and workspace sizing
   CHECK(KernelDesc::parse(d.str()) == d);
   CHECK(KernelDesc::from_json(d.to_json()) == d);
   // The flag reaches the hash (the memo and tuning keys) and the source (the disk cache key).
-  const KernelDesc atomic = reg.complete(
-      backward_problem(Family::BackwardDkDv, arch, DType::BF16, 128, 128, 4, true), {}, {});
+  const KernelDesc atomic =
+      reg.complete(backward_problem(Family::BackwardDkDv, arch, DType::BF16, 128, 128, 4, true), {},
+                   {}, "sm80_mma");
   CHECK_FALSE(is_deterministic(atomic));
   CHECK(d.hash() != atomic.hash());
   const Mods alibi = standard_mods("alibi_causal");
@@ -165,8 +168,9 @@ TEST_CASE("deterministic backward: descriptions, validation and workspace sizing
   KernelDesc two = d;
   two.flags.set(kDeterministicFlag, 2);
   CHECK_THROWS_WITH(v.validate(two), Catch::Contains("flag 'deterministic' = 2"));
-  KernelDesc dq = reg.complete(
-      backward_problem(Family::BackwardDq, arch, DType::BF16, 128, 128, 1, true), {}, {});
+  KernelDesc dq =
+      reg.complete(backward_problem(Family::BackwardDq, arch, DType::BF16, 128, 128, 1, true), {},
+                   {}, "sm80_mma");
   dq.flags.set(kDeterministicFlag, 1);
   CHECK_THROWS_WITH(reg.find(Family::BackwardDq, "sm80_mma")->validate(dq),
                     Catch::Contains("only backward_dkdv takes it"));

@@ -254,17 +254,26 @@ TEST_CASE("manifests: backward workloads warm the plan's kernels as the runtime 
   // dK/dV candidates that add dQ with atomics bring the convert kernel.
   CHECK(of_family(plan, Family::BackwardDq).size() == 2);
   for (const tune::WarmKernel& k : of_family(plan, Family::BackwardDq))
+    CHECK(k.desc.variant == "sm90a_wgmma");  // the sm_90a default
+  // On sm_80 (the mma.sync variants, whose dK/dV config space has dQ by atomics):
+  const tune::WarmPlan plan80 = tune::plan_warmup(m, {"sm_80"}, false);
+  for (const tune::WarmKernel& k : of_family(plan80, Family::BackwardDq))
     CHECK(k.desc.variant == "sm80_mma");
-  const tune::WarmPlan all = tune::plan_warmup(m, {"sm_90a"}, true);
+  const tune::WarmPlan all = tune::plan_warmup(m, {"sm_80"}, true);
   bool convert = false, atomic_dkdv = false;
   for (const tune::WarmKernel& k : all.kernels) {
     convert = convert || k.desc.variant == "atomic_convert";
-    atomic_dkdv = atomic_dkdv ||
-                  (k.desc.family == Family::BackwardDkDv && k.desc.config.at("dq_atomic") == 1);
+    atomic_dkdv = atomic_dkdv || (k.desc.family == Family::BackwardDkDv &&
+                                  k.desc.config.get("dq_atomic").value_or(0) == 1);
   }
   CHECK(atomic_dkdv);
   CHECK(convert);
-  CHECK(all.kernels.size() > 3 * plan.kernels.size());
+  CHECK(all.kernels.size() > 3 * plan80.kernels.size());
+  // Every config of the sm_90a variants: more kernels than the defaults, none of them atomic.
+  const tune::WarmPlan all90 = tune::plan_warmup(m, {"sm_90a"}, true);
+  CHECK(all90.kernels.size() > plan.kernels.size());
+  for (const tune::WarmKernel& k : all90.kernels)
+    CHECK(k.desc.variant != "atomic_convert");
 }
 
 TEST_CASE("manifests: decode workloads warm one split kernel per tile config", "[tune]") {
@@ -380,7 +389,8 @@ TEST_CASE("the searches of the GPU tuning tests have a valid default and candida
   bwd.mask_q_block = bwd.mask_kv_block = 128;
   auto candidates = [&](const KernelDesc& problem, const kernels::InputFacts& facts,
                         const Params& caller) {
-    const kernels::Variant& v = *reg().select(problem, facts).variant;
+    // As StepTuner selects: a variant without a parameter the caller fixes is passed over.
+    const kernels::Variant& v = *reg().select(problem, facts, {}, caller).variant;
     KernelDesc keyed = problem;
     keyed.variant = std::string(v.name());
     const tune::CandidateSet set = tune::prune_configs(v, keyed, facts, caller, 232448);

@@ -25,7 +25,6 @@ class BackwardSm90Wgmma : public FamilyVariant<F, BackwardInputs> {
   std::string_view name() const override { return "sm90a_wgmma"; }
   std::string_view summary() const override;
   int priority() const override { return 10; }  // ahead of sm80_mma where it applies
-  bool experimental() const override { return true; }
   std::optional<std::string> unsupported(const KernelDesc& problem,
                                          const InputFacts& facts) const override;
   void validate(const KernelDesc& desc) const override;
