@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The first GPU check of the Hopper backward (backward_dkdv/sm90a_wgmma, backward_dq/sm90a_wgmma,
-# experimental), in two device calls of under 10 minutes each (PART=1, PART=2; unset: both,
+# The GPU check of the Hopper backward (backward_dkdv/sm90a_wgmma, backward_dq/sm90a_wgmma, the
+# sm_90a default since 2026-11-25), in two device calls of under 10 minutes each (PART=1, PART=2; unset: both,
 # which may pass the 10-minute limit). Runs ON the GPU machine from the repository root with a
 # Release build carried in .carry/build (flexjit, flexjit-tests). Logs under $OUT.
 #   PART=1  1. which variants the backward selects with the sm_90a variants enabled
@@ -21,8 +21,7 @@
 #   ninja -C build flexjit flexjit-tests && mkdir -p .carry/build &&
 #   cp build/flexjit build/flexjit-tests .carry/build/
 # then, on the device: PART=1 bash scripts/gpu_check_bwd90.sh (carry: .carry), then PART=2.
-# Run only the [gpu][backward] tag with FLEXJIT_ENABLE_VARIANTS set: other suites pin
-# sm80_mma's names.
+# [gpu][backward] runs every case against both families itself (test::backward_families).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-$(mktemp -d /tmp/gpu_bwd90_out.XXXXXX)}"
@@ -37,22 +36,23 @@ SM90=backward_dkdv/sm90a_wgmma,backward_dq/sm90a_wgmma
 t0=$(date +%s)
 step() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
 summary() { grep -E "FAILED|failed|test cases|assertions" -A4 "$1" | head -"${2:-40}"; }
-# bench LIMIT ENABLE ARGS...: the backward benchmark with FLEXJIT_ENABLE_VARIANTS=ENABLE.
+# bench LIMIT EXCLUDE ARGS...: the backward benchmark with FLEXJIT_EXCLUDE_VARIANTS=EXCLUDE
+# (empty: the sm90a_wgmma default; $SM90: the sm80_mma variants).
 bench() {
-  FLEXJIT_ENABLE_VARIANTS="$2" timeout -k 3 "$1" "$B/flexjit" bench --backward "${@:3}" 2>&1 |
+  FLEXJIT_EXCLUDE_VARIANTS="$2" timeout -k 3 "$1" "$B/flexjit" bench --backward "${@:3}" 2>&1 |
     grep -v "^#"
 }
 
 if [ "$PART" != 2 ]; then
   step selection
-  FLEXJIT_ENABLE_VARIANTS=$SM90 FLEXJIT_LOG=kernels timeout -k 3 45 "$B/flexjit" bench \
+  FLEXJIT_LOG=kernels timeout -k 3 45 "$B/flexjit" bench \
     --backward --small --repeats 1 --case causal > "$OUT/selection.log" 2>&1
   echo "rc=$?"; grep -E "backward_(dkdv|dq)" "$OUT/selection.log" | sort | uniq | head -6
 
   if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
     for tool in memcheck racecheck synccheck; do
       step "$tool"
-      FLEXJIT_ENABLE_VARIANTS=$SM90 timeout -k 3 75 compute-sanitizer --tool "$tool" \
+      timeout -k 3 75 compute-sanitizer --tool "$tool" \
         "$B/flexjit" bench --backward --small --repeats 1 \
         --case causal,alibi+causal,document+causal > "$OUT/san_$tool.log" 2>&1
       echo "$tool rc=$?" | tee -a "$OUT/san_summary.txt"
@@ -63,7 +63,7 @@ if [ "$PART" != 2 ]; then
 
   if [ "${SKIP_SUITE:-0}" != 1 ]; then
     step backward-tests
-    FLEXJIT_ENABLE_VARIANTS=$SM90 timeout -k 3 280 "$B/flexjit-tests" "[gpu][backward]" \
+    timeout -k 3 280 "$B/flexjit-tests" "[gpu][backward]" \
       > "$OUT/t_bwd.log" 2>&1
     echo "rc=$?"; summary "$OUT/t_bwd.log" 80
     grep -E "\[sm90a_wgmma\]" "$OUT/t_bwd.log" | head -60 > "$OUT/t_bwd_sm90_lines.txt"
@@ -76,18 +76,18 @@ if [ "$PART" != 1 ]; then
   echo "rc=$?"; summary "$OUT/t_fwd_small.log" 30
   step bench
   for run in $(seq 1 "${RUNS:-1}"); do
-    echo "-- run $run: sm90a_wgmma (enabled)"
-    bench 90 "$SM90" --quick | tee "$OUT/bench_sm90_$run.txt"
-    echo "-- run $run: sm80_mma (the default)"
-    bench 90 "" --quick | tee "$OUT/bench_sm80_$run.txt"
+    echo "-- run $run: sm90a_wgmma (the default)"
+    bench 90 "" --quick | tee "$OUT/bench_sm90_$run.txt"
+    echo "-- run $run: sm80_mma (sm90a_wgmma excluded)"
+    bench 90 "$SM90" --quick | tee "$OUT/bench_sm80_$run.txt"
   done
   # Configs (they apply to the forward too, where it takes them): dK/dV and dQ with 3 stages;
   # dQ with 128-key tiles.
   for cfg in "--stages 3" "--block-n 128"; do
-    echo "-- sm90a_wgmma $cfg"; bench 60 "$SM90" --case noop,causal $cfg | tee -a "$OUT/bench_sweep.txt"
+    echo "-- sm90a_wgmma $cfg"; bench 60 "" --case noop,causal $cfg | tee -a "$OUT/bench_sweep.txt"
   done
   echo "-- extra shapes, sm90a_wgmma"
-  bench 110 "$SM90" --quick --only-extra | tee "$OUT/bench_sm90_extra.txt"
+  bench 110 "" --quick --only-extra | tee "$OUT/bench_sm90_extra.txt"
   echo "-- torch flex on an H100, 2026-11-23 (fwd, bwd TFLOP/s in columns 12, 14; stored)"
   grep -E "^torch-flex,(noop|causal|alibi\+causal|document\+causal)," \
     docs/perf/runs/2026-11-23-h100-bwd/anchors.log | head -4

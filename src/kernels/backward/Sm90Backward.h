@@ -11,8 +11,8 @@
 //
 // Serves sm_90a, bf16 / f16, head dims 64 / 128 (qk and v independently), inputs a TMA tensor
 // map can describe, block masks whose sparse blocks the tiles divide; everything else falls
-// back to the sm80_mma variants with the reason in the `kernels` log. Experimental (selected
-// automatically only with FLEXJIT_ENABLE_VARIANTS) until verified on an H100.
+// back to the sm80_mma variants with the reason in the `kernels` log. The sm_90a default since
+// its verification on an H100 (docs/kernels/backward_sm90.md, "Status").
 #pragma once
 
 #include "kernels/backward/Backward.h"
