@@ -495,8 +495,8 @@ NB_MODULE(_flexjit, m) {
       "_flex_attention_backward_into",
       [](const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
          const Array& dout, const std::optional<Array>& dlse, const Array& dq, const Array& dk,
-         const Array& dv, const Mods& mods,
-         const PyBlockMask* block_mask, const std::vector<std::pair<std::string, Array>>& buffers,
+         const Array& dv, const Mods& mods, const PyBlockMask* block_mask,
+         const std::vector<std::pair<std::string, Array>>& buffers,
          const std::vector<std::pair<std::string, double>>& params,
          const std::vector<std::pair<std::string, Array>>& buffer_grads, std::optional<float> scale,
          uintptr_t stream, int num_threads, bool deterministic) {
@@ -564,8 +564,8 @@ NB_MODULE(_flexjit, m) {
         flex_attention_backward_into(ctx, tq, tk, tv, to_tensor(out), to_tensor(lse),
                                      to_tensor(dout), g, o, backward);
       },
-      "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dlse"_a.none(), "dq"_a, "dk"_a, "dv"_a, "mods"_a,
-      "block_mask"_a.none(), "buffers"_a, "params"_a, "buffer_grads"_a, "scale"_a.none(),
+      "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dlse"_a.none(), "dq"_a, "dk"_a, "dv"_a,
+      "mods"_a, "block_mask"_a.none(), "buffers"_a, "params"_a, "buffer_grads"_a, "scale"_a.none(),
       "stream"_a, "num_threads"_a, "deterministic"_a = false);
 
   // --- kernels (include/flexjit/kernel.h): emit, compile, inspect ---

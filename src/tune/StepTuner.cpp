@@ -141,8 +141,8 @@ bool first_use(const TuningKey& key) {
   static std::mutex mu;
   static auto* seen = new std::unordered_map<std::string, bool>();
   std::lock_guard<std::mutex> lock(mu);
-  return seen->emplace(key.kernel + " [" + key.bucket + "] " + key.mods_hash + " " + key.fixed,
-                       true)
+  return seen
+      ->emplace(key.kernel + " [" + key.bucket + "] " + key.mods_hash + " " + key.fixed, true)
       .second;
 }
 

@@ -509,8 +509,8 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       DeviceTensor workspace;
       row.first_call_s =
           1e-3 * time_ms([&] {
-            if (const size_t ws = flex_attention_workspace_bytes(ctx, sets[0].q, sets[0].k,
-                                                                 sets[0].v, aopts)) {
+            if (const size_t ws =
+                    flex_attention_workspace_bytes(ctx, sets[0].q, sets[0].k, sets[0].v, aopts)) {
               workspace =
                   DeviceTensor::empty(ctx, DType::I32, {static_cast<int64_t>((ws + 3) / 4)});
               aopts.workspace = {workspace.ref().data, ws};
