@@ -28,6 +28,7 @@
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace flexjit::tune {
 
@@ -139,11 +140,9 @@ bool has_choices(const kernels::Variant& variant, const kernels::KernelDesc& key
 // prints it once, not on every call).
 bool first_use(const TuningKey& key) {
   static std::mutex mu;
-  static auto* seen = new std::unordered_map<std::string, bool>();
+  static auto* seen = new std::unordered_set<std::string>();
   std::lock_guard<std::mutex> lock(mu);
-  return seen
-      ->emplace(key.kernel + " [" + key.bucket + "] " + key.mods_hash + " " + key.fixed, true)
-      .second;
+  return seen->insert(key.str()).second;
 }
 
 // The store of the context's cache directory; in memory when the disk cache is off or untrusted.

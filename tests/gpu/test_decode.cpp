@@ -268,6 +268,20 @@ const T& pick(std::mt19937_64& rng, const std::vector<T>& v) {
   return v[rng() % v.size()];
 }
 
+// A chunk of queries at the end of each sequence: causal with each sequence's offset captured
+// as a buffer (q_pos[b] = length - Sq).
+Mods offset_causal_mods() {
+  return parse_mods("buffer q_pos: i32[B]\nmask_mod = q_idx + q_pos[b] >= kv_idx",
+                    "offset_causal.fx");
+}
+
+// Row `row` (of [B, Hq, Sq]) saw no key: out exactly 0 over its `dim_v` values, lse -inf.
+void check_masked_row(const Result& r, size_t row, int dim_v) {
+  CHECK((std::isinf(r.lse[row]) && r.lse[row] < 0));
+  for (int d = 0; d < dim_v; ++d)
+    CHECK(r.out[row * dim_v + d] == 0.0f);
+}
+
 }  // namespace
 
 TEST_CASE("decode: every standard mod, contiguous K/V, flex_attention's automatic dispatch",
@@ -382,9 +396,7 @@ TEST_CASE("decode: fully masked rows give out 0 and lse -inf, never NaN", "[gpu]
         const size_t row = (static_cast<size_t>(b) * 4 + h) * 3 + qi;
         if (qi != 0 && h != 1) continue;
         INFO("b=" << b << " h=" << h << " q=" << qi);
-        CHECK((std::isinf(r.lse[row]) && r.lse[row] < 0));
-        for (int d = 0; d < 128; ++d)
-          CHECK(r.out[row * 128 + d] == 0.0f);
+        check_masked_row(r, row, 128);
       }
     }
   }
@@ -511,8 +523,7 @@ TEST_CASE("decode: chunked prefill through the forward on a paged cache, shuffle
     c.expect_forward = true;
     c.dim_qk = c.dim_v = pick(rng, std::vector<int>{64, 128});
     if (std::string(sh.mods) == "offset_causal") {
-      c.mods = parse_mods("buffer q_pos: i32[B]\nmask_mod = q_idx + q_pos[b] >= kv_idx",
-                          "offset_causal.fx");
+      c.mods = offset_causal_mods();
       std::vector<int32_t> pos;
       for (int len : sh.lens)
         pos.push_back(len - sh.sq);
@@ -536,7 +547,7 @@ TEST_CASE("decode: chunked prefill at small shapes", "[gpu][decode][prefill][sma
   for (int page : {0, 1, 16, 128}) {
     DecodeCase c;
     c.label = fmt::format("small prefill (page {})", page);
-    c.mods = parse_mods("buffer q_pos: i32[B]\nmask_mod = q_idx + q_pos[b] >= kv_idx", "off.fx");
+    c.mods = offset_causal_mods();
     c.batch = 3, c.heads_kv = 1, c.heads_q = 3, c.seqlen_q = 40;
     c.capacity = 256;
     c.lens = {200, 37, 0};
@@ -554,9 +565,7 @@ TEST_CASE("decode: chunked prefill at small shapes", "[gpu][decode][prefill][sma
         for (int qi = 0; qi < (b == 1 ? 3 : 40); ++qi) {
           const size_t row = (static_cast<size_t>(b) * 3 + h) * 40 + qi;
           INFO("page " << page << " b=" << b << " h=" << h << " q=" << qi);
-          CHECK((std::isinf(r.lse[row]) && r.lse[row] < 0));
-          for (int d = 0; d < 64; ++d)
-            CHECK(r.out[row * 64 + d] == 0.0f);
+          check_masked_row(r, row, 64);
         }
       }
     }
@@ -569,8 +578,7 @@ TEST_CASE("decode: chunked prefill on ragged contiguous K/V, block masks, f32 (t
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
-  const Mods offset_causal =
-      parse_mods("buffer q_pos: i32[B]\nmask_mod = q_idx + q_pos[b] >= kv_idx", "offset.fx");
+  const Mods offset_causal = offset_causal_mods();
   DecodeCase ragged;
   ragged.label = "prefill, ragged contiguous";
   ragged.mods = offset_causal;

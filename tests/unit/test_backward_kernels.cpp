@@ -12,6 +12,7 @@
 #include "kernels/backward/Backward.h"
 #include "kernels/backward/Sm80Backward.h"
 #include "passes/TypeCheck.h"
+#include "support/Parallel.h"
 
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
@@ -294,54 +295,46 @@ TEST_CASE("the deterministic dK/dV kernels compile for sm_80 and sm_90a with eve
   jit::CacheSettings settings;
   settings.enabled = false;
   KernelBuilder builder(settings);
-  std::atomic<size_t> next{0};
   std::mutex mu;
   std::vector<std::string> failures;
   std::vector<std::string> resources;
-  auto worker = [&] {
-    for (size_t i; (i = next++) < jobs.size();) {
-      const Job& j = jobs[i];
-      try {
-        const cuda::Arch arch = cuda::Arch::parse(j.arch);
-        const KernelDesc det = Registry::global().complete(
-            backward_problem(Family::BackwardDkDv, arch, j.dtype, j.dim, j.dim, 1, true, true), {},
-            {});
-        const KernelDesc atomic = Registry::global().complete(
-            backward_problem(Family::BackwardDkDv, arch, j.dtype, j.dim, j.dim, 1, true), {}, {});
-        const BuiltKernel k = builder.build(j.mods, det);
-        const BuiltKernel ka = builder.build(j.mods, atomic);
-        const auto& u = k.compiled.kernel->usage;
-        const auto& ua = ka.compiled.kernel->usage;
-        // The reduction kernel of the same module (1024 threads: at most 64 registers).
-        const jit::ResourceUsage ur =
-            jit::usage_from_ptxas_log(k.compiled.kernel->log, "flexjit_bwd_bufgrad_reduce");
-        std::lock_guard<std::mutex> lock(mu);
-        resources.push_back(fmt::format("{} {} {} d={}: {} (atomic: {}); reduction: {}", j.arch,
-                                        j.label, to_string(j.dtype), j.dim, u.str(), ua.str(),
-                                        ur.str()));
-        if (ur.registers < 0 || ur.registers > 64 || ur.spill_store_bytes != 0) {
-          failures.push_back(
-              fmt::format("{} {}: flexjit_bwd_bufgrad_reduce: {}", det.str(), j.label, ur.str()));
-        }
-        // The suite's bound for the backward kernels (64 bytes of spill stores), or the atomic
-        // twin's spills and 16 bytes (the slice pointer) where that is more.
-        if (u.spill_store_bytes > std::max(64, ua.spill_store_bytes + 16)) {
-          failures.push_back(fmt::format("{} {}: {} bytes of spill stores, atomic {}", det.str(),
-                                         j.label, u.spill_store_bytes, ua.spill_store_bytes));
-        }
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mu);
-        failures.push_back(j.arch + " " + j.label + " d=" + std::to_string(j.dim) + ": " +
-                           e.what());
+  test::run_parallel(jobs.size(), [&](size_t i) {
+    const Job& j = jobs[i];
+    try {
+      const cuda::Arch arch = cuda::Arch::parse(j.arch);
+      const KernelDesc det = Registry::global().complete(
+          backward_problem(Family::BackwardDkDv, arch, j.dtype, j.dim, j.dim, 1, true, true), {},
+          {});
+      // The atomic twin on the same variant (on sm_90a the default is sm90a_wgmma).
+      const KernelDesc atomic = Registry::global().complete(
+          backward_problem(Family::BackwardDkDv, arch, j.dtype, j.dim, j.dim, 1, true), {}, {},
+          "sm80_mma");
+      const BuiltKernel k = builder.build(j.mods, det);
+      const BuiltKernel ka = builder.build(j.mods, atomic);
+      const auto& u = k.compiled.kernel->usage;
+      const auto& ua = ka.compiled.kernel->usage;
+      // The reduction kernel of the same module (1024 threads: at most 64 registers).
+      const jit::ResourceUsage ur =
+          jit::usage_from_ptxas_log(k.compiled.kernel->log, "flexjit_bwd_bufgrad_reduce");
+      std::lock_guard<std::mutex> lock(mu);
+      resources.push_back(fmt::format("{} {} {} d={}: {} (atomic: {}); reduction: {}", j.arch,
+                                      j.label, to_string(j.dtype), j.dim, u.str(), ua.str(),
+                                      ur.str()));
+      if (ur.registers < 0 || ur.registers > 64 || ur.spill_store_bytes != 0) {
+        failures.push_back(
+            fmt::format("{} {}: flexjit_bwd_bufgrad_reduce: {}", det.str(), j.label, ur.str()));
       }
+      // The suite's bound for the backward kernels (64 bytes of spill stores), or the atomic
+      // twin's spills and 16 bytes (the slice pointer) where that is more.
+      if (u.spill_store_bytes > std::max(64, ua.spill_store_bytes + 16)) {
+        failures.push_back(fmt::format("{} {}: {} bytes of spill stores, atomic {}", det.str(),
+                                       j.label, u.spill_store_bytes, ua.spill_store_bytes));
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      failures.push_back(j.arch + " " + j.label + " d=" + std::to_string(j.dim) + ": " + e.what());
     }
-  };
-  std::vector<std::thread> pool;
-  const unsigned n = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
-  for (unsigned t = 0; t < n; ++t)
-    pool.emplace_back(worker);
-  for (auto& t : pool)
-    t.join();
+  });
   std::sort(resources.begin(), resources.end());
   for (const std::string& r : resources)
     UNSCOPED_INFO(r);

@@ -16,15 +16,14 @@
 #include "runtime/Decode.h"
 #include "runtime/ForwardPlan.h"
 #include "support/CliPath.h"
+#include "support/Parallel.h"
 
 #include <flexjit_abi.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include <atomic>
 #include <cstring>
 #include <mutex>
-#include <thread>
 
 using namespace flexjit;
 using namespace flexjit::kernels;
@@ -262,34 +261,25 @@ TEST_CASE("paged prefill: the paged forward compiles for sm_80 and sm_90a withou
   jit::CacheSettings settings;
   settings.enabled = false;
   KernelBuilder builder(settings);
-  std::atomic<size_t> next{0};
   std::mutex mu;
   std::vector<std::string> failures;
   std::vector<std::string> names(jobs.size());
   std::vector<int> registers(jobs.size(), -1), spills(jobs.size(), -1), stack(jobs.size(), -1);
-  auto worker = [&] {
-    for (size_t i; (i = next++) < jobs.size();) {
-      const Job& j = jobs[i];
-      try {
-        const KernelDesc d = Registry::global().complete(
-            paged_problem(j.arch, j.dtype, j.d, j.gqa, j.page), InputFacts{});
-        BuiltKernel k = builder.build(standard_mods(j.mods), d);
-        registers[i] = k.compiled.kernel->usage.registers;
-        spills[i] = k.compiled.kernel->usage.spill_store_bytes;
-        stack[i] = k.compiled.kernel->usage.stack_frame_bytes;
-        names[i] = d.str();
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mu);
-        failures.push_back(j.mods + " " + j.arch + ": " + e.what());
-      }
+  test::run_parallel(jobs.size(), [&](size_t i) {
+    const Job& j = jobs[i];
+    try {
+      const KernelDesc d = Registry::global().complete(
+          paged_problem(j.arch, j.dtype, j.d, j.gqa, j.page), InputFacts{});
+      BuiltKernel k = builder.build(standard_mods(j.mods), d);
+      registers[i] = k.compiled.kernel->usage.registers;
+      spills[i] = k.compiled.kernel->usage.spill_store_bytes;
+      stack[i] = k.compiled.kernel->usage.stack_frame_bytes;
+      names[i] = d.str();
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      failures.push_back(j.mods + " " + j.arch + ": " + e.what());
     }
-  };
-  std::vector<std::thread> pool;
-  const unsigned n = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
-  for (unsigned t = 0; t < n; ++t)
-    pool.emplace_back(worker);
-  for (auto& t : pool)
-    t.join();
+  });
   for (const auto& f : failures)
     FAIL_CHECK(f);
   for (size_t i = 0; i < jobs.size(); ++i) {
