@@ -188,12 +188,11 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   if (backward.dq_mode != BackwardOptions::DqMode::Auto) {
     dkdv_overrides.set("dq_atomic", backward.dq_mode == BackwardOptions::DqMode::Atomic ? 1 : 0);
   }
-  // Deterministic: dQ by the second pass (validate_backward refused dq_mode = Atomic), and the
-  // dK/dV kernel that implements the ordered buffer gradients unless the caller names one: a
-  // variant written without the flag must not be auto-selected and ignore it.
+  // Deterministic: dQ by the second pass (validate_backward refused dq_mode = Atomic). The
+  // registry picks a dK/dV variant that implements the ordered buffer gradients: the problem
+  // carries the flag, and a variant without it refuses the problem (sm90a_wgmma says so).
   if (backward.deterministic) dkdv_overrides.set("dq_atomic", 0);
-  const std::string dkdv_variant =
-      backward.deterministic && options.variant.empty() ? "sm80_mma" : options.variant;
+  const std::string& dkdv_variant = options.variant;
   const kernels::KernelDesc dkdv_desc = kernels::Registry::global().complete(
       problem(kernels::Family::BackwardDkDv), facts, dkdv_overrides, dkdv_variant);
   call.inputs.dq_atomic = dkdv_desc.config.get("dq_atomic").value_or(0) == 1;
