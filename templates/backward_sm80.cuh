@@ -210,11 +210,13 @@ extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_preprocess(const F
 // of bounds), and on return ds = d loss / d (scale * q.k) with dp = dO . v. `valid`: inside
 // the problem (bounds). With `add_grads` the buffer gradients get dS' = p (dp - delta): added at
 // once, or summed into grad_acc for the sites with one address per head (fj_bufgrad_flush).
-template <class Cfg, bool kApplyMask>
+// kDiag: the caller sums the diagonal site (kFjDiagGradSite) itself; its contribution comes
+// back in diag_v (0 without add_grads).
+template <class Cfg, bool kApplyMask, bool kDiag = false>
 FJ_DEVICE void fj_bwd_element(float& s_io, float& dp_io, const FjModParams& mods,
                               const FjGradParams& grads, float scale, float lse2, float delta,
                               int b, int h, int q_idx, int kv_idx, bool valid, bool add_grads,
-                              float (&grad_acc)[kFjGradSlots]) {
+                              float (&grad_acc)[kFjGradSlots], float* diag_v = nullptr) {
   constexpr float kLog2e = 1.4426950408889634f;
   const float x = s_io * scale;
   float y = x;
@@ -227,13 +229,82 @@ FJ_DEVICE void fj_bwd_element(float& s_io, float& dp_io, const FjModParams& mods
   float ds = ds_mod;
   if constexpr (Cfg::kHasScoreMod) {
     if constexpr (kFjHasBufferGrads) {
-      if (add_grads) fj_bufgrad(mods, grads, ds_mod, x, b, h, q_idx, kv_idx, grad_acc);
+      if (add_grads) fj_bufgrad<kDiag>(mods, grads, ds_mod, x, b, h, q_idx, kv_idx, grad_acc);
+      if constexpr (kDiag) {
+        *diag_v = add_grads ? fj_bufgrad_diag_value(mods, ds_mod, x, b, h, q_idx, kv_idx) : 0.0f;
+      }
     }
     ds = p == 0.0f ? 0.0f : ds_mod * fj_dscore(mods, x, b, h, q_idx, kv_idx);
   }
   s_io = p;
   dp_io = ds;
 }
+
+// ---- buffer gradients along diagonals (kFjDiagGradSite) --------------------------------------
+
+// A warp's dK/dV accumulator fragment covers 16 kv rows x 8 kN8 q columns: thread (g, t) =
+// (lane / 4, lane % 4) holds kv rows g, g + 8 and q columns 8 nt + 2t + c. The diagonal site's
+// index there is base + kFjDiagSign * k, k = col - row in [-15, 8 kN8 - 1], base its index at
+// the fragment's first (q, kv). Instead of one atomic per element, the warp sums each diagonal:
+//   put()    in the element loop (nt outer, then c, then hr): element (g + 8 hr, 8 nt + 2t + c)
+//            lies on diagonal 8 (nt - hr) + 2t + c - g; the rows g + 8 of column tile nt and g
+//            of tile nt - 1 share their diagonals, so a thread pairs them in registers and
+//            stores one float2 per column tile into slot s = nt - hr + 1 (kN8 + 1 slots of 64
+//            floats; within a slot element (g, u = 2t + c) sits at (8 g + u) ^ ((s & 3) << 3),
+//            so the stores and the reads below are free of bank conflicts);
+//   flush()  lane l sums diagonals k = l - 15, l + 17, ...: the 8 entries (g, u) with
+//            8 s + u = k + g + 8, and adds each nonzero sum with one fp32 atomic
+//            (fj_bufgrad_diag_add). Every slot position is written by every tile: no zeroing.
+// 4 (kN8 + 1) stores and 8 (8 kN8 + 15) / 32 loads per lane per tile instead of 8 kN8 atomics.
+template <int kN8>
+struct FjDiagGrad {
+  static constexpr int kSlots = kN8 + 1;
+  static constexpr int kFloats = kSlots * 64;  // per warp
+  float* scratch;                              // this warp's kFloats (shared memory)
+  float hold[2] = {0.0f, 0.0f};                // row g of the current column tile
+  float pend[2] = {0.0f, 0.0f};                // row g of the previous column tile
+  float out[2] = {0.0f, 0.0f};
+
+  FJ_DEVICE static int pos(int s, int g, int u) { return s * 64 + ((8 * g + u) ^ ((s & 3) << 3)); }
+
+  FJ_DEVICE void put(int nt, int c, int hr, float v, int lane) {
+    if (hr == 0) {
+      hold[c] = v;
+      return;
+    }
+    out[c] = pend[c] + v;  // slot nt: row g + 8 of tile nt, row g of tile nt - 1
+    pend[c] = hold[c];
+    if (c == 1) {
+      *reinterpret_cast<float2*>(scratch + pos(nt, lane >> 2, (lane & 3) * 2)) =
+          make_float2(out[0], out[1]);
+    }
+  }
+
+  // After the element loop: the last slot, then the sums. Every lane of the warp together.
+  FJ_DEVICE void flush(const FjModParams& mods, const FjGradParams& grads, int b, int h, int base,
+                       int lane) {
+    *reinterpret_cast<float2*>(scratch + pos(kN8, lane >> 2, (lane & 3) * 2)) =
+        make_float2(pend[0], pend[1]);
+    pend[0] = pend[1] = 0.0f;
+    __syncwarp();
+#pragma unroll
+    for (int k0 = -15; k0 < 8 * kN8; k0 += 32) {
+      const int k = k0 + lane;
+      float sum = 0.0f;
+      if (k < 8 * kN8) {
+#pragma unroll
+        for (int g = 0; g < 8; ++g) {
+          const int t = k + g + 8, s = t >> 3;
+          if (t >= 0 && s <= kN8) sum += scratch[pos(s, g, t & 7)];
+        }
+      }
+      // base + sign * k in wrapping i32 arithmetic, as the index itself.
+      const int index = (int)((unsigned)base + (unsigned)(kFjDiagSign * k));
+      if (sum != 0.0f) fj_bufgrad_diag_add(mods, grads, b, h, index, sum);
+    }
+    __syncwarp();
+  }
+};
 
 // ---- dK / dV ---------------------------------------------------------------------------------
 

@@ -59,13 +59,15 @@ struct FjBwdSm90Traits {
 // out) through the element step. kRowsAreKv: the rows are keys (dK/dV: S^T) or queries (dQ: S).
 // lse2 / delta of the q index come from `q_lse2` / `q_delta` (indexed by column in dK/dV, by
 // the row half in dQ).
-template <class Cfg, bool kApplyMask, bool kRowsAreKv, int kN8>
+// kDiag (dK/dV only): the diagonal buffer-gradient site goes into `diag` (FjDiagGrad).
+template <class Cfg, bool kApplyMask, bool kRowsAreKv, bool kDiag, int kN8>
 FJ_DEVICE void fj_bwd_sm90_elements(float (&s)[kN8][4], float (&dp)[kN8][4], const FjBwdArgs& args,
                                     const FjModParams& mods, const FjGradParams& grads,
                                     const float* col_lse2, const float* col_delta,
                                     const float (&row_lse2)[2], const float (&row_delta)[2], int b,
                                     int h, int row0, int col0, int lane, bool add_grads,
-                                    float (&grad_acc)[kFjGradSlots]) {
+                                    float (&grad_acc)[kFjGradSlots], FjDiagGrad<kN8>* diag) {
+  static_assert(!kDiag || kRowsAreKv, "flexjit backward_sm90: diagonal sums in dK/dV only");
   constexpr bool kCheck = !Cfg::kIsDivisible;
 #pragma unroll
   for (int nt = 0; nt < kN8; ++nt) {
@@ -89,9 +91,11 @@ FJ_DEVICE void fj_bwd_sm90_elements(float (&s)[kN8][4], float (&dp)[kN8][4], con
           q_idx = fj_imin(q_idx, args.seqlen_q - 1);
           kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
         }
-        fj_bwd_element<Cfg, kApplyMask>(s[nt][hr * 2 + c], dp[nt][hr * 2 + c], mods, grads,
-                                        args.scale, lse2, delta, b, h, q_idx, kv_idx, ok, add_grads,
-                                        grad_acc);
+        float diag_v = 0.0f;
+        fj_bwd_element<Cfg, kApplyMask, kDiag>(s[nt][hr * 2 + c], dp[nt][hr * 2 + c], mods, grads,
+                                               args.scale, lse2, delta, b, h, q_idx, kv_idx, ok,
+                                               add_grads, grad_acc, &diag_v);
+        if constexpr (kDiag) diag->put(nt, c, hr, diag_v, lane);
       }
     }
   }
@@ -282,6 +286,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const int kv_row0 = n_start + cw * 64 + warp * 16;  // this warp's first kv row
   const float no_rows[2] = {0.0f, 0.0f};
   float grad_acc[kFjGradSlots];
+  // The diagonal buffer-gradient site (kFjDiagGradSite): each consumer warp sums a tile's
+  // diagonals in its own kFloats of static shared memory (FjDiagGrad in backward_sm80.cuh).
+  constexpr bool kDiag = kFjDiagGradSite;
+  using Diag = FjDiagGrad<kBM / 8>;
+  __shared__ __align__(16) float fj_diag_smem[kDiag ? 4 * T::kConsumers * Diag::kFloats : 4];
+  Diag diag;
+  diag.scratch = fj_diag_smem + (kDiag ? (cw * 4 + warp) * Diag::kFloats : 0);
   const FjBwdTurns turns{cw};
   turns.start();
   fj_mbar_wait(bar_kv, 0);
@@ -308,11 +319,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const float* delta = delta_row + m0;
       // Partial tiles apply mask_mod (without one, both branches would be the same code).
       if (Cfg::kHasMaskMod && j < sched.num_partial) {
-        fj_bwd_sm90_elements<Cfg, true, true>(s, dp, args, mods, grads, lse2, delta, no_rows,
-                                              no_rows, b, h, kv_row0, m0, lane, true, grad_acc);
+        fj_bwd_sm90_elements<Cfg, true, true, kDiag>(s, dp, args, mods, grads, lse2, delta, no_rows,
+                                                     no_rows, b, h, kv_row0, m0, lane, true,
+                                                     grad_acc, &diag);
       } else {
-        fj_bwd_sm90_elements<Cfg, false, true>(s, dp, args, mods, grads, lse2, delta, no_rows,
-                                               no_rows, b, h, kv_row0, m0, lane, true, grad_acc);
+        fj_bwd_sm90_elements<Cfg, false, true, kDiag>(s, dp, args, mods, grads, lse2, delta,
+                                                      no_rows, no_rows, b, h, kv_row0, m0, lane,
+                                                      true, grad_acc, &diag);
       }
       fj_u32 pa[kBM / 16][4], dsa[kBM / 16][4];
       fj_wgmma_pack_a<E>(pa, s);
@@ -323,6 +336,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       fj_bwd_sm90_rs<kBM, T::kDimQK>(dk, dsa, sq_st);
       fj_wgmma_commit();
       turns.end();
+      // The diagonal sums go out under the dV / dK GEMMs.
+      if constexpr (kDiag) {
+        diag.flush(mods, grads, b, h, fj_bufgrad_diag_index(mods, b, h, m0, kv_row0), lane);
+      }
       fj_wgmma_wait<0>();
       fj_fence_regs(dv);
       fj_fence_regs(dk);
@@ -427,6 +444,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   fj_zero_acc(dq);
   const FjGradParams no_grads = {};
   float no_acc[kFjGradSlots] = {};
+  FjDiagGrad<kBN / 8>* const no_diag = nullptr;
   const FjBwdTurns turns{cw};
   turns.start();
   fj_mbar_wait(bar_qdo, 0);
@@ -438,11 +456,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     float s[kBN / 8][4], dp[kBN / 8][4];
     fj_bwd_sm90_s_dp<T::kDimQK, T::kDimV, kBM, kBN>(s, dp, turns, sq, sdo, cw * 64, sk_st, sv_st);
     if (Cfg::kHasMaskMod && i < sched.num_partial) {
-      fj_bwd_sm90_elements<Cfg, true, false>(s, dp, args, mods, no_grads, nullptr, nullptr, lse2,
-                                             delta, b, h, q_row0, n0, lane, false, no_acc);
+      fj_bwd_sm90_elements<Cfg, true, false, false>(s, dp, args, mods, no_grads, nullptr, nullptr,
+                                                    lse2, delta, b, h, q_row0, n0, lane, false,
+                                                    no_acc, no_diag);
     } else {
-      fj_bwd_sm90_elements<Cfg, false, false>(s, dp, args, mods, no_grads, nullptr, nullptr, lse2,
-                                              delta, b, h, q_row0, n0, lane, false, no_acc);
+      fj_bwd_sm90_elements<Cfg, false, false, false>(s, dp, args, mods, no_grads, nullptr, nullptr,
+                                                     lse2, delta, b, h, q_row0, n0, lane, false,
+                                                     no_acc, no_diag);
     }
     fj_u32 dsa[kBN / 16][4];
     fj_wgmma_pack_a<E>(dsa, dp);

@@ -55,6 +55,14 @@ TEST_CASE("gradient hooks: FjGradParams, fj_dscore and fj_bufgrad from the autod
   CHECK_THAT(rsrc, Catch::Contains("kFjUniformGradSites = 0") &&
                        Catch::Contains("__all_sync(0xffffffffu, ds == 0.0f)") &&
                        Catch::Contains("fj_grad_add(gp.grad_bias"));
+  // ... along the tile's diagonals: the sm_90a dK/dV kernel sums them (fj_bufgrad<true> leaves
+  // the site out; the sm_80 kernel keeps fj_bufgrad<false>, which adds it per element).
+  CHECK_THAT(rsrc, Catch::Contains("static constexpr bool kFjDiagGradSite = true;") &&
+                       Catch::Contains("static constexpr int kFjDiagSign = 1;") &&
+                       Catch::Contains("if constexpr (kDiagByCaller)") &&
+                       Catch::Contains("atomicAdd(gp.grad_bias + (") &&
+                       Catch::Contains("fj_clamp_index(diag_index, gp.gextent_bias[0])"));
+  CHECK_THAT(src, Catch::Contains("static constexpr bool kFjDiagGradSite = false;"));
   const cuda::GradParamLayout layout = cuda::grad_param_layout(alibi);
   REQUIRE(layout.entries.size() == 1);
   CHECK(layout.entries[0].offset == 0);
@@ -75,6 +83,35 @@ TEST_CASE("gradient hooks: FjGradParams, fj_dscore and fj_bufgrad from the autod
   // softcap: d/dscore of cap * tanh(score / cap) is 1 - tanh^2, no buffer.
   const std::string ssrc = cuda::generate_mod_grad_functions(standard_mods("softcap"));
   CHECK_THAT(ssrc, Catch::Contains("fj_tanh") && Catch::Contains("kFjHasBufferGrads = false"));
+}
+
+TEST_CASE("the diagonal buffer-gradient site: which loads qualify", "[backward][codegen]") {
+  auto diag = [](const std::string& text) {
+    return cuda::generate_mod_grad_functions(parse_mods(text));
+  };
+  // kv_idx - q_idx: the sign flips; a per-head table: the other index is added as it is.
+  const std::string rev = diag(
+      "buffer rel: f32[H, R]\nparam off: i32\nscore_mod = score + 2.0 * rel[h, kv_idx - "
+      "q_idx + off]");
+  CHECK_THAT(rev, Catch::Contains("kFjDiagGradSite = true;") &&
+                      Catch::Contains("kFjDiagSign = -1;") &&
+                      Catch::Contains("fj_clamp_index(h, gp.gextent_rel[0])") &&
+                      Catch::Contains("fj_clamp_index(diag_index, gp.gextent_rel[1])"));
+  // Not diagonal: a 2-D bias (positions in two indices), a scaled difference, T5's buckets.
+  for (const std::string& text :
+       {std::string("buffer b2: f32[Q, K]\nscore_mod = score + b2[q_idx, kv_idx]"),
+        std::string("buffer b1: f32[R]\nscore_mod = score + b1[2 * (q_idx - kv_idx) + 100]"),
+        std::string("buffer b1: f32[R]\nscore_mod = score + b1[q_idx]")}) {
+    INFO(text);
+    CHECK_THAT(diag(text), Catch::Contains("kFjDiagGradSite = false;"));
+  }
+  CHECK_THAT(cuda::generate_mod_grad_functions(standard_mods("t5_bucketed_bias")),
+             Catch::Contains("kFjDiagGradSite = false;"));
+  // The deterministic (ordered) hooks never leave a site to the kernel.
+  CHECK_THAT(
+      cuda::generate_mod_grad_functions(standard_mods("relative_bias"), cuda::MathFunctions::Exact,
+                                        cuda::GradAccumulation::Ordered),
+      Catch::Contains("kFjDiagGradSite = false;"));
 }
 
 TEST_CASE("deterministic gradient hooks add into the warp's partial slice in a fixed order",

@@ -6,6 +6,7 @@
 #include "ir/Printer.h"
 #include "ir/Visitor.h"
 #include "passes/Autodiff.h"
+#include "passes/LinearForm.h"
 
 #include <fmt/format.h>
 
@@ -500,12 +501,39 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
     return fmt::format("gp.grad_{} + ({})", name, offset);
   };
   const char* add = ordered ? "fj_grad_add_ordered" : "fj_grad_add";
-  {
-    auto fn = w.block(
-        "__device__ __forceinline__ void fj_bufgrad(const FjModParams& mp, const FjGradParams& "
-        "gp, float ds, float score, int b, int h, int q_idx, int kv_idx, float (&acc)"
-        "[kFjGradSlots])");
-    if (!per_element.empty()) {
+  // The diagonal site (Atomic mode only): the first per-element site with one index of the
+  // form ±(q_idx - kv_idx) + (b, h, params) and every other index free of q_idx and kv_idx. A
+  // kernel that opts in (fj_bufgrad<true>) leaves it out of fj_bufgrad and sums it along the
+  // tile's diagonals itself (fj_bufgrad_diag_*; docs/backward.md).
+  const passes::BufferGrad* diag = nullptr;
+  size_t diag_dim = 0;
+  int diag_sign = 0;
+  for (const passes::BufferGrad* g : per_element) {
+    if (ordered) break;
+    int found = -1, sign = 0;
+    bool ok = true;
+    for (size_t d = 0; d < g->indices.size() && ok; ++d) {
+      if (!passes::reads_positions(g->indices[d])) continue;
+      const auto f = passes::qkv_linear_form(g->indices[d]);
+      if (found >= 0 || !f || !((f->q == 1 && f->kv == -1) || (f->q == -1 && f->kv == 1))) {
+        ok = false;
+      } else {
+        found = static_cast<int>(d), sign = static_cast<int>(f->q);
+      }
+    }
+    if (ok && found >= 0) {
+      diag = g, diag_dim = static_cast<size_t>(found), diag_sign = sign;
+      break;
+    }
+  }
+  w.line(fmt::format("static constexpr bool kFjDiagGradSite = {};", diag ? "true" : "false"));
+  w.line(fmt::format("static constexpr int kFjDiagSign = {};", diag ? diag_sign : 1));
+  // fj_bufgrad's body, with or without the diagonal site.
+  auto emit_bufgrad_body = [&](bool with_diag) {
+    std::vector<const passes::BufferGrad*> sites;
+    for (const passes::BufferGrad* g : per_element)
+      if (with_diag || g != diag) sites.push_back(g);
+    if (!sites.empty()) {
       // Called by every lane of a warp together (fj_grad_add combines lanes): the early return
       // is a warp vote.
       w.line("if (__all_sync(0xffffffffu, ds == 0.0f)) return;");
@@ -520,14 +548,90 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
                          uniform[i]->buffer->name, i));
       w.line(fmt::format("acc[{}] += {} ? ds * {} : 0.0f;", i, reached, deriv));
     }
-    for (const passes::BufferGrad* g : per_element) {
+    for (const passes::BufferGrad* g : sites) {
       const std::string reached = lowering.lower(g->reached);
       const std::string deriv = lowering.lower(g->derivative);
       const std::string addr = address(lowering, *g);
       w.line(
           fmt::format("{}({}, ({} && ds != 0.0f) ? ds * {} : 0.0f);", add, addr, reached, deriv));
     }
-    if (!any) w.line("(void)acc;");
+    if (sites.empty() && uniform.empty()) {
+      w.line(
+          "(void)mp, (void)gp, (void)ds, (void)score, (void)b, (void)h, (void)q_idx, "
+          "(void)kv_idx, (void)acc;");
+    }
+  };
+  w.line("// kDiagByCaller: the caller sums the diagonal site itself (kFjDiagGradSite).");
+  w.line("template <bool kDiagByCaller = false>");
+  {
+    auto fn = w.block(
+        "__device__ __forceinline__ void fj_bufgrad(const FjModParams& mp, const FjGradParams& "
+        "gp, float ds, float score, int b, int h, int q_idx, int kv_idx, float (&acc)"
+        "[kFjGradSlots])");
+    if (diag == nullptr) {
+      emit_bufgrad_body(true);
+    } else {
+      {
+        auto b = w.block("if constexpr (kDiagByCaller)");
+        emit_bufgrad_body(false);
+      }
+      auto b = w.block("else");
+      emit_bufgrad_body(true);
+    }
+  }
+  w.line("");
+  w.line("// The diagonal site: its contribution at one element (0 where not reached), its");
+  w.line(
+      "// diagonal index at (q_idx, kv_idx), and the add of a diagonal's sum (an fp32 atomic at");
+  w.line("// the indices clamped into the extents). Without a diagonal site: 0 and no-ops.");
+  {
+    auto fn = w.block(
+        "__device__ __forceinline__ float fj_bufgrad_diag_value(const FjModParams& mp, float ds, "
+        "float score, int b, int h, int q_idx, int kv_idx)");
+    if (diag == nullptr) {
+      w.line(
+          "return (void)mp, (void)ds, (void)score, (void)b, (void)h, (void)q_idx, "
+          "(void)kv_idx, 0.0f;");
+    } else {
+      ExprLowering lowering(w, math);
+      const std::string reached = lowering.lower(diag->reached);
+      const std::string deriv = lowering.lower(diag->derivative);
+      w.line(fmt::format("return ({} && ds != 0.0f) ? ds * {} : 0.0f;", reached, deriv));
+    }
+  }
+  {
+    auto fn = w.block(
+        "__device__ __forceinline__ int fj_bufgrad_diag_index(const FjModParams& mp, int b, int "
+        "h, int q_idx, int kv_idx)");
+    if (diag == nullptr) {
+      w.line("return (void)mp, (void)b, (void)h, (void)q_idx, (void)kv_idx, 0;");
+    } else {
+      w.line("// " + ir::to_text(diag->indices[diag_dim]));
+      ExprLowering lowering(w, math);
+      w.line("return " + lowering.lower(diag->indices[diag_dim]) + ";");
+    }
+  }
+  {
+    auto fn = w.block(
+        "__device__ __forceinline__ void fj_bufgrad_diag_add(const FjModParams& mp, const "
+        "FjGradParams& gp, int b, int h, int diag_index, float v)");
+    if (diag == nullptr) {
+      w.line("(void)mp, (void)gp, (void)b, (void)h, (void)diag_index, (void)v;");
+    } else {
+      // The other indices read neither position: 0 stands in for q_idx and kv_idx.
+      w.line("const int q_idx = 0, kv_idx = 0;");
+      w.line("(void)q_idx, (void)kv_idx;");
+      const std::string& name = diag->buffer->name;
+      ExprLowering lowering(w, math);
+      std::vector<std::string> terms;
+      for (size_t d = 0; d < diag->indices.size(); ++d) {
+        const std::string idx = d == diag_dim ? "diag_index" : lowering.lower(diag->indices[d]);
+        const std::string clamped =
+            w.ssa("fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx, name, d));
+        terms.push_back(fmt::format("{} * gp.gstride_{}[{}]", clamped, name, d));
+      }
+      w.line(fmt::format("atomicAdd(gp.grad_{} + ({}), v);", name, fmt::join(terms, " + ")));
+    }
   }
   w.line("");
   {

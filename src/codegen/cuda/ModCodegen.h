@@ -79,6 +79,16 @@ enum class GradAccumulation { Atomic, Ordered };
 //       the workspace of the slices and a slice's length (null / 0 without float buffers)
 //   void fj_bufgrad_store(const FjGradParams& gp, fj_i64 e, float v);
 //       writes v at element e of a slice's layout into its gradient tensor (no-op past the end)
+//   template <bool kDiagByCaller = false> void fj_bufgrad(...)   (the signature above)
+//       kDiagByCaller = true leaves the diagonal site out: the kernel sums it itself.
+//   static constexpr bool kFjDiagGradSite;  // Atomic mode: the first per-element site with one
+//       index ±(q_idx - kv_idx) + (b, h, params) and the others free of q_idx and kv_idx
+//       (passes::qkv_linear_form); its gradient lands along the score tile's diagonals
+//   static constexpr int kFjDiagSign;       // +1 for q_idx - kv_idx, -1 for kv_idx - q_idx
+//   float fj_bufgrad_diag_value(mp, ds, score, b, h, q_idx, kv_idx);  // its contribution
+//   int fj_bufgrad_diag_index(mp, b, h, q_idx, kv_idx);   // its diagonal index there
+//   void fj_bufgrad_diag_add(mp, gp, b, h, int diag_index, float v);   // fp32 atomic, clamped
+//       (without a diagonal site: 0, 0 and a no-op)
 //   static constexpr bool kFjHasBufferGrads;   // whether fj_bufgrad does anything
 //   static constexpr int kFjUniformGradSites;  // sites summed per head; kFjGradSlots = max(1, ..)
 //   static constexpr int kFjElementGradSites;  // sites added at every element
