@@ -246,61 +246,74 @@ FJ_DEVICE void fj_bwd_element(float& s_io, float& dp_io, const FjModParams& mods
 // (lane / 4, lane % 4) holds kv rows g, g + 8 and q columns 8 nt + 2t + c. The diagonal site's
 // index there is base + kFjDiagSign * k, k = col - row in [-15, 8 kN8 - 1], base its index at
 // the fragment's first (q, kv). Instead of one atomic per element, the warp sums each diagonal:
-//   put()    in the element loop (nt outer, then c, then hr): element (g + 8 hr, 8 nt + 2t + c)
-//            lies on diagonal 8 (nt - hr) + 2t + c - g; the rows g + 8 of column tile nt and g
-//            of tile nt - 1 share their diagonals, so a thread pairs them in registers and
-//            stores one float2 per column tile into slot s = nt - hr + 1 (kN8 + 1 slots of 64
-//            floats; within a slot element (g, u = 2t + c) sits at (8 g + u) ^ ((s & 3) << 3),
-//            so the stores and the reads below are free of bank conflicts);
-//   flush()  lane l sums diagonals k = l - 15, l + 17, ...: the 8 entries (g, u) with
-//            8 s + u = k + g + 8, and adds each nonzero sum with one fp32 atomic
-//            (fj_bufgrad_diag_add). Every slot position is written by every tile: no zeroing.
-// 4 (kN8 + 1) stores and 8 (8 kN8 + 15) / 32 loads per lane per tile instead of 8 kN8 atomics.
+//   put()    in the element loop (nt outer, then c, then hr): element (g + 8 hr, 8 nt + u),
+//            u = 2t + c, lies on diagonal k = 8 (nt - hr) + u - g. Row g + 8 of column tile nt
+//            and row g of tile nt - 1 share their diagonals: a thread adds the two in a register
+//            and stores the sum at (r = 8 nt + u, g) of its warp's table (one store per two
+//            elements);
+//   flush()  diagonal k is the sum over g of the table's (k + g + 8, g): lane l sums diagonals
+//            l - 15, l + 17, ... with 8 loads at immediate offsets each, and adds each nonzero
+//            sum with one fp32 atomic (fj_bufgrad_diag_add).
+// The table: rows r in [-7, 8 kN8 + 15) of 9 floats (8 used: the odd row length spreads both the
+// stores and the loads over the banks); the rows outside [0, 8 kN8 + 8) are zero (init()) and
+// every row inside is rewritten by every tile.
 template <int kN8>
 struct FjDiagGrad {
-  static constexpr int kSlots = kN8 + 1;
-  static constexpr int kFloats = kSlots * 64;  // per warp
-  float* scratch;                              // this warp's kFloats (shared memory)
-  float hold[2] = {0.0f, 0.0f};                // row g of the current column tile
-  float pend[2] = {0.0f, 0.0f};                // row g of the previous column tile
-  float out[2] = {0.0f, 0.0f};
+  static constexpr int kRowLo = 7;                // rows below r = 0
+  static constexpr int kRows = 8 * kN8 + 8 + 14;  // r in [-7, 8 kN8 + 15)
+  static constexpr int kFloats = kRows * 9;       // per warp
+  float* scratch;                                 // this warp's kFloats (shared memory)
+  float* mine;                                    // (u = 2t, g): the lane's first element
+  float hold[2] = {0.0f, 0.0f};                   // row g of the current column tile
+  float pend[2] = {0.0f, 0.0f};                   // row g of the previous column tile
 
-  FJ_DEVICE static int pos(int s, int g, int u) { return s * 64 + ((8 * g + u) ^ ((s & 3) << 3)); }
+  FJ_DEVICE static constexpr int at(int r, int g) { return 9 * (r + kRowLo) + g; }
+
+  // Zeroes the rows no tile writes. Every lane of the warp together, once.
+  FJ_DEVICE void init(float* warp_scratch, int lane) {
+    scratch = warp_scratch;
+    mine = scratch + at((lane & 3) * 2, lane >> 2);
+    for (int i = lane; i < 9 * kRowLo; i += 32) {
+      scratch[i] = 0.0f;
+      scratch[at(8 * kN8 + 8, 0) + i] = 0.0f;
+    }
+    __syncwarp();
+  }
 
   FJ_DEVICE void put(int nt, int c, int hr, float v, int lane) {
     if (hr == 0) {
       hold[c] = v;
       return;
     }
-    out[c] = pend[c] + v;  // slot nt: row g + 8 of tile nt, row g of tile nt - 1
+    // Row 8 nt + u: row g + 8 of tile nt, row g of tile nt - 1 (at an immediate offset from the
+    // lane's first element).
+    (void)lane;
+    mine[at(8 * nt + c, 0) - at(0, 0)] = pend[c] + v;
     pend[c] = hold[c];
-    if (c == 1) {
-      *reinterpret_cast<float2*>(scratch + pos(nt, lane >> 2, (lane & 3) * 2)) =
-          make_float2(out[0], out[1]);
-    }
   }
 
-  // After the element loop: the last slot, then the sums. Every lane of the warp together.
+  // After the element loop: the last row group, then the sums. Every lane of the warp together.
   FJ_DEVICE void flush(const FjModParams& mods, const FjGradParams& grads, int b, int h, int base,
                        int lane) {
-    *reinterpret_cast<float2*>(scratch + pos(kN8, lane >> 2, (lane & 3) * 2)) =
-        make_float2(pend[0], pend[1]);
-    pend[0] = pend[1] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      mine[at(8 * kN8 + c, 0) - at(0, 0)] = pend[c];
+      pend[c] = 0.0f;
+    }
     __syncwarp();
 #pragma unroll
     for (int k0 = -15; k0 < 8 * kN8; k0 += 32) {
       const int k = k0 + lane;
-      float sum = 0.0f;
       if (k < 8 * kN8) {
+        const float* row = scratch + at(k + 8, 0);  // (k + g + 8, g) = row + 10 g
+        float sum = 0.0f;
 #pragma unroll
-        for (int g = 0; g < 8; ++g) {
-          const int t = k + g + 8, s = t >> 3;
-          if (t >= 0 && s <= kN8) sum += scratch[pos(s, g, t & 7)];
-        }
+        for (int g = 0; g < 8; ++g)
+          sum += row[10 * g];
+        // base + sign * k in wrapping i32 arithmetic, as the index itself.
+        const int index = (int)((unsigned)base + (unsigned)(kFjDiagSign * k));
+        if (sum != 0.0f) fj_bufgrad_diag_add(mods, grads, b, h, index, sum);
       }
-      // base + sign * k in wrapping i32 arithmetic, as the index itself.
-      const int index = (int)((unsigned)base + (unsigned)(kFjDiagSign * k));
-      if (sum != 0.0f) fj_bufgrad_diag_add(mods, grads, b, h, index, sum);
     }
     __syncwarp();
   }

@@ -292,7 +292,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   using Diag = FjDiagGrad<kBM / 8>;
   __shared__ __align__(16) float fj_diag_smem[kDiag ? 4 * T::kConsumers * Diag::kFloats : 4];
   Diag diag;
-  diag.scratch = fj_diag_smem + (kDiag ? (cw * 4 + warp) * Diag::kFloats : 0);
+  if constexpr (kDiag) diag.init(fj_diag_smem + (cw * 4 + warp) * Diag::kFloats, lane);
   const FjBwdTurns turns{cw};
   turns.start();
   fj_mbar_wait(bar_kv, 0);

@@ -593,10 +593,18 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
           "return (void)mp, (void)ds, (void)score, (void)b, (void)h, (void)q_idx, "
           "(void)kv_idx, 0.0f;");
     } else {
-      ExprLowering lowering(w, math);
-      const std::string reached = lowering.lower(diag->reached);
-      const std::string deriv = lowering.lower(diag->derivative);
-      w.line(fmt::format("return ({} && ds != 0.0f) ? ds * {} : 0.0f;", reached, deriv));
+      const Expr& r = diag->reached;
+      const Expr& d = diag->derivative;
+      if (r->op == Op::BoolImm && r->ival != 0 && d->op == Op::FloatImm && std::isfinite(d->fval)) {
+        // Always reached, a finite constant derivative (score + bias[...]): ds = 0 gives 0.
+        w.line("(void)mp, (void)score, (void)b, (void)h, (void)q_idx, (void)kv_idx;");
+        w.line(fmt::format("return ds * {};", cuda_float_literal(static_cast<float>(d->fval))));
+      } else {
+        ExprLowering lowering(w, math);
+        const std::string reached = lowering.lower(r);
+        const std::string deriv = lowering.lower(d);
+        w.line(fmt::format("return ({} && ds != 0.0f) ? ds * {} : 0.0f;", reached, deriv));
+      }
     }
   }
   {
