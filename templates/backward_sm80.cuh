@@ -212,15 +212,23 @@ extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_preprocess(const F
 // once, or summed into grad_acc for the sites with one address per head (fj_bufgrad_flush).
 // kDiag: the caller sums the diagonal site (kFjDiagGradSite) itself; its contribution comes
 // back in diag_v (0 without add_grads).
-template <class Cfg, bool kApplyMask, bool kDiag = false>
+// kDl: the score_mod's diagonal load (kFjDiagLoad) comes in as `dl`, loaded by the caller.
+template <class Cfg, bool kApplyMask, bool kDiag = false, bool kDl = false>
 FJ_DEVICE void fj_bwd_element(float& s_io, float& dp_io, const FjModParams& mods,
                               const FjGradParams& grads, float scale, float lse2, float delta,
                               int b, int h, int q_idx, int kv_idx, bool valid, bool add_grads,
-                              float (&grad_acc)[kFjGradSlots], float* diag_v = nullptr) {
+                              float (&grad_acc)[kFjGradSlots], float* diag_v = nullptr,
+                              float dl = 0.0f) {
   constexpr float kLog2e = 1.4426950408889634f;
   const float x = s_io * scale;
   float y = x;
-  if constexpr (Cfg::kHasScoreMod) y = fj_score_mod(mods, x, b, h, q_idx, kv_idx);
+  if constexpr (Cfg::kHasScoreMod) {
+    if constexpr (kDl) {
+      y = fj_score_mod(mods, x, b, h, q_idx, kv_idx, dl);
+    } else {
+      y = fj_score_mod(mods, x, b, h, q_idx, kv_idx);
+    }
+  }
   if constexpr (kApplyMask && Cfg::kHasMaskMod) {
     if (!fj_mask_mod(mods, b, h, q_idx, kv_idx)) valid = false;
   }
@@ -229,12 +237,26 @@ FJ_DEVICE void fj_bwd_element(float& s_io, float& dp_io, const FjModParams& mods
   float ds = ds_mod;
   if constexpr (Cfg::kHasScoreMod) {
     if constexpr (kFjHasBufferGrads) {
-      if (add_grads) fj_bufgrad<kDiag>(mods, grads, ds_mod, x, b, h, q_idx, kv_idx, grad_acc);
-      if constexpr (kDiag) {
-        *diag_v = add_grads ? fj_bufgrad_diag_value(mods, ds_mod, x, b, h, q_idx, kv_idx) : 0.0f;
+      if constexpr (kDl) {
+        if (add_grads) {
+          fj_bufgrad<kDiag>(mods, grads, ds_mod, x, b, h, q_idx, kv_idx, grad_acc, dl);
+        }
+        if constexpr (kDiag) {
+          *diag_v =
+              add_grads ? fj_bufgrad_diag_value(mods, ds_mod, x, b, h, q_idx, kv_idx, dl) : 0.0f;
+        }
+      } else {
+        if (add_grads) fj_bufgrad<kDiag>(mods, grads, ds_mod, x, b, h, q_idx, kv_idx, grad_acc);
+        if constexpr (kDiag) {
+          *diag_v = add_grads ? fj_bufgrad_diag_value(mods, ds_mod, x, b, h, q_idx, kv_idx) : 0.0f;
+        }
       }
     }
-    ds = p == 0.0f ? 0.0f : ds_mod * fj_dscore(mods, x, b, h, q_idx, kv_idx);
+    if constexpr (kDl) {
+      ds = p == 0.0f ? 0.0f : ds_mod * fj_dscore(mods, x, b, h, q_idx, kv_idx, dl);
+    } else {
+      ds = p == 0.0f ? 0.0f : ds_mod * fj_dscore(mods, x, b, h, q_idx, kv_idx);
+    }
   }
   s_io = p;
   dp_io = ds;
@@ -316,6 +338,48 @@ struct FjDiagGrad {
       }
     }
     __syncwarp();
+  }
+};
+
+// The score_mod's diagonal load (kFjDiagLoad), once per diagonal of a warp's fragment instead
+// of once per element: in the same 16-row x 8 kN8-column fragment, element (row, col) lies on
+// diagonal k = col - row in [-15, 8 kN8 - 1] and reads index base + dir * k. issue() loads the
+// diagonals into registers (lane l: k = l - 15, l + 17, ...) before the tile's GEMMs are waited
+// for, commit() puts them in the warp's table (k + 15), and element (g + 8 hr, 8 nt + 2t + c)
+// reads its value at mine(lane)[8 (nt - hr) + c]. Only diagonals that hold a position of the
+// problem (rows < `rows`, columns < `cols`) are loaded: there the user's contract keeps the
+// index in bounds; the others read as 0 and belong to elements outside the problem.
+template <int kN8>
+struct FjDiagLoads {
+  static constexpr int kCount = 8 * kN8 + 15;
+  static constexpr int kPer = (kCount + 31) / 32;  // loads per lane
+  static constexpr int kFloats = kPer * 32;        // per warp
+  float* table;                                    // this warp's kFloats (shared memory)
+  float v[kPer];
+
+  FJ_DEVICE void issue(const FjModParams& mods, int b, int h, int base, int dir, int rows, int cols,
+                       int lane) {
+#pragma unroll
+    for (int p = 0; p < kPer; ++p) {
+      const int k = p * 32 + lane - 15;
+      v[p] = 0.0f;
+      if (k < 8 * kN8 && rows > 0 && k > -rows && k < cols) {
+        v[p] = fj_diag_load(mods, b, h, (int)((unsigned)base + (unsigned)(dir * k)));
+      }
+    }
+  }
+
+  // Every lane of the warp together: the previous tile's reads are done before the writes.
+  FJ_DEVICE void commit(int lane) {
+    __syncwarp();
+#pragma unroll
+    for (int p = 0; p < kPer; ++p)
+      table[p * 32 + lane] = v[p];
+    __syncwarp();
+  }
+
+  FJ_DEVICE const float* mine(int lane) const {
+    return table + 15 + (lane & 3) * 2 - (lane >> 2);
   }
 };
 

@@ -59,14 +59,16 @@ struct FjBwdSm90Traits {
 // out) through the element step. kRowsAreKv: the rows are keys (dK/dV: S^T) or queries (dQ: S).
 // lse2 / delta of the q index come from `q_lse2` / `q_delta` (indexed by column in dK/dV, by
 // the row half in dQ).
-// kDiag (dK/dV only): the diagonal buffer-gradient site goes into `diag` (FjDiagGrad).
-template <class Cfg, bool kApplyMask, bool kRowsAreKv, bool kDiag, int kN8>
+// kDiag (dK/dV only): the diagonal buffer-gradient site goes into `diag` (FjDiagGrad). kDl: the
+// score_mod's diagonal load comes from `dl` (FjDiagLoads::mine).
+template <class Cfg, bool kApplyMask, bool kRowsAreKv, bool kDiag, bool kDl, int kN8>
 FJ_DEVICE void fj_bwd_sm90_elements(float (&s)[kN8][4], float (&dp)[kN8][4], const FjBwdArgs& args,
                                     const FjModParams& mods, const FjGradParams& grads,
                                     const float* col_lse2, const float* col_delta,
                                     const float (&row_lse2)[2], const float (&row_delta)[2], int b,
                                     int h, int row0, int col0, int lane, bool add_grads,
-                                    float (&grad_acc)[kFjGradSlots], FjDiagGrad<kN8>* diag) {
+                                    float (&grad_acc)[kFjGradSlots], FjDiagGrad<kN8>* diag,
+                                    const float* dl) {
   static_assert(!kDiag || kRowsAreKv, "flexjit backward_sm90: diagonal sums in dK/dV only");
   constexpr bool kCheck = !Cfg::kIsDivisible;
 #pragma unroll
@@ -92,9 +94,11 @@ FJ_DEVICE void fj_bwd_sm90_elements(float (&s)[kN8][4], float (&dp)[kN8][4], con
           kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
         }
         float diag_v = 0.0f;
-        fj_bwd_element<Cfg, kApplyMask, kDiag>(s[nt][hr * 2 + c], dp[nt][hr * 2 + c], mods, grads,
-                                               args.scale, lse2, delta, b, h, q_idx, kv_idx, ok,
-                                               add_grads, grad_acc, &diag_v);
+        float dl_v = 0.0f;
+        if constexpr (kDl) dl_v = dl[8 * (nt - hr) + c];
+        fj_bwd_element<Cfg, kApplyMask, kDiag, kDl>(s[nt][hr * 2 + c], dp[nt][hr * 2 + c], mods,
+                                                    grads, args.scale, lse2, delta, b, h, q_idx,
+                                                    kv_idx, ok, add_grads, grad_acc, &diag_v, dl_v);
         if constexpr (kDiag) diag->put(nt, c, hr, diag_v, lane);
       }
     }
@@ -293,6 +297,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   __shared__ __align__(16) float fj_diag_smem[kDiag ? 4 * T::kConsumers * Diag::kFloats : 4];
   Diag diag;
   if constexpr (kDiag) diag.init(fj_diag_smem + (cw * 4 + warp) * Diag::kFloats, lane);
+  // The score_mod's diagonal load (kFjDiagLoad): a tile's diagonals once per warp.
+  constexpr bool kDl = kFjDiagLoad;
+  using Loads = FjDiagLoads<kBM / 8>;
+  __shared__ __align__(16) float fj_dl_smem[kDl ? 4 * T::kConsumers * Loads::kFloats : 4];
+  Loads loads;
+  loads.table = fj_dl_smem + (kDl ? (cw * 4 + warp) * Loads::kFloats : 0);
   const FjBwdTurns turns{cw};
   turns.start();
   fj_mbar_wait(bar_kv, 0);
@@ -311,21 +321,28 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       if (m0 >= args.seqlen_q) continue;
       const int stage = i % kS;
       const fj_u32 sq_st = sq + stage * kQBytes, sdo_st = sdo + stage * kDoBytes;
+      if constexpr (kDl) {
+        // Rows: this warp's 16 kv rows; columns: the tile's kBM q rows (S^T).
+        loads.issue(mods, b, h, fj_bufgrad_diag_index(mods, b, h, m0, kv_row0), kFjDiagSign,
+                    args.seqlen_kv - kv_row0, args.seqlen_q - m0, lane);
+      }
       fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
       float s[kBM / 8][4], dp[kBM / 8][4];
       fj_bwd_sm90_s_dp<T::kDimQK, T::kDimV, kBN, kBM>(s, dp, turns, sk, sv, cw * 64, sq_st, sdo_st);
+      if constexpr (kDl) loads.commit(lane);
       // lse2 / delta of the tile's q rows m0 .. m0 + kBM - 1 < seqlen_q_pad (a multiple of 128).
       const float* lse2 = lse2_row + m0;
       const float* delta = delta_row + m0;
       // Partial tiles apply mask_mod (without one, both branches would be the same code).
+      const float* dl = loads.mine(lane);
       if (Cfg::kHasMaskMod && j < sched.num_partial) {
-        fj_bwd_sm90_elements<Cfg, true, true, kDiag>(s, dp, args, mods, grads, lse2, delta, no_rows,
-                                                     no_rows, b, h, kv_row0, m0, lane, true,
-                                                     grad_acc, &diag);
+        fj_bwd_sm90_elements<Cfg, true, true, kDiag, kDl>(s, dp, args, mods, grads, lse2, delta,
+                                                          no_rows, no_rows, b, h, kv_row0, m0, lane,
+                                                          true, grad_acc, &diag, dl);
       } else {
-        fj_bwd_sm90_elements<Cfg, false, true, kDiag>(s, dp, args, mods, grads, lse2, delta,
-                                                      no_rows, no_rows, b, h, kv_row0, m0, lane,
-                                                      true, grad_acc, &diag);
+        fj_bwd_sm90_elements<Cfg, false, true, kDiag, kDl>(s, dp, args, mods, grads, lse2, delta,
+                                                           no_rows, no_rows, b, h, kv_row0, m0,
+                                                           lane, true, grad_acc, &diag, dl);
       }
       fj_u32 pa[kBM / 16][4], dsa[kBM / 16][4];
       fj_wgmma_pack_a<E>(pa, s);
@@ -445,6 +462,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const FjGradParams no_grads = {};
   float no_acc[kFjGradSlots] = {};
   FjDiagGrad<kBN / 8>* const no_diag = nullptr;
+  // The score_mod's diagonal load (kFjDiagLoad): rows are q here, so the index runs the other
+  // way along k = col - row.
+  constexpr bool kDl = kFjDiagLoad;
+  using Loads = FjDiagLoads<kBN / 8>;
+  __shared__ __align__(16) float fj_dl_smem[kDl ? 4 * T::kConsumers * Loads::kFloats : 4];
+  Loads loads;
+  loads.table = fj_dl_smem + (kDl ? (cw * 4 + warp) * Loads::kFloats : 0);
   const FjBwdTurns turns{cw};
   turns.start();
   fj_mbar_wait(bar_qdo, 0);
@@ -452,17 +476,23 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     const int n0 = sched.tile(i) * kBN;
     const int stage = i % kS;
     const fj_u32 sk_st = sk + stage * kKBytes, sv_st = sv + stage * kVBytes;
+    if constexpr (kDl) {
+      loads.issue(mods, b, h, fj_bufgrad_diag_index(mods, b, h, q_row0, n0), -kFjDiagSign,
+                  args.seqlen_q - q_row0, args.seqlen_kv - n0, lane);
+    }
     fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
     float s[kBN / 8][4], dp[kBN / 8][4];
     fj_bwd_sm90_s_dp<T::kDimQK, T::kDimV, kBM, kBN>(s, dp, turns, sq, sdo, cw * 64, sk_st, sv_st);
+    if constexpr (kDl) loads.commit(lane);
+    const float* dl = loads.mine(lane);
     if (Cfg::kHasMaskMod && i < sched.num_partial) {
-      fj_bwd_sm90_elements<Cfg, true, false, false>(s, dp, args, mods, no_grads, nullptr, nullptr,
-                                                    lse2, delta, b, h, q_row0, n0, lane, false,
-                                                    no_acc, no_diag);
+      fj_bwd_sm90_elements<Cfg, true, false, false, kDl>(s, dp, args, mods, no_grads, nullptr,
+                                                         nullptr, lse2, delta, b, h, q_row0, n0,
+                                                         lane, false, no_acc, no_diag, dl);
     } else {
-      fj_bwd_sm90_elements<Cfg, false, false, false>(s, dp, args, mods, no_grads, nullptr, nullptr,
-                                                     lse2, delta, b, h, q_row0, n0, lane, false,
-                                                     no_acc, no_diag);
+      fj_bwd_sm90_elements<Cfg, false, false, false, kDl>(s, dp, args, mods, no_grads, nullptr,
+                                                          nullptr, lse2, delta, b, h, q_row0, n0,
+                                                          lane, false, no_acc, no_diag, dl);
     }
     fj_u32 dsa[kBN / 16][4];
     fj_wgmma_pack_a<E>(dsa, dp);

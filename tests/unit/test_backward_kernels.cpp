@@ -63,6 +63,15 @@ TEST_CASE("gradient hooks: FjGradParams, fj_dscore and fj_bufgrad from the autod
                        Catch::Contains("atomicAdd(gp.grad_bias + (") &&
                        Catch::Contains("fj_clamp_index(diag_index, gp.gextent_bias[0])"));
   CHECK_THAT(src, Catch::Contains("static constexpr bool kFjDiagGradSite = false;"));
+  // The score_mod reads the site itself: the kernels load a tile's diagonals once and pass each
+  // element its value (the overloads with fj_dl read no memory for it).
+  CHECK_THAT(rsrc, Catch::Contains("static constexpr bool kFjDiagLoad = true;") &&
+                       Catch::Contains("float fj_diag_load(const FjModParams& mp, int b, int h, "
+                                       "int diag_index)") &&
+                       Catch::Contains("score + fj_dl;"));
+  CHECK_THAT(src, Catch::Contains("static constexpr bool kFjDiagLoad = false;") &&
+                      Catch::Contains("return (void)fj_dl, fj_score_mod(mp, score, b, h, q_idx, "
+                                      "kv_idx);"));
   const cuda::GradParamLayout layout = cuda::grad_param_layout(alibi);
   REQUIRE(layout.entries.size() == 1);
   CHECK(layout.entries[0].offset == 0);

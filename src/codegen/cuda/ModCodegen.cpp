@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 
 namespace flexjit::cuda {
@@ -120,6 +121,13 @@ class ExprLowering {
  public:
   ExprLowering(SourceWriter& w, MathFunctions math) : w_(w), math_(math) {}
 
+  // Lowers every load of `buffer` at indices structurally equal to `indices` to `value` (a C
+  // expression) instead of a memory access.
+  void substitute_load(std::shared_ptr<const ir::BufferDecl> buffer, std::vector<Expr> indices,
+                       std::string value) {
+    subst_ = Substitution{std::move(buffer), std::move(indices), std::move(value)};
+  }
+
   // Returns the C value of `root`: a temporary, a function argument or a literal.
   std::string lower(const Expr& root) {
     // Children are visited before parents, each distinct node once.
@@ -151,6 +159,7 @@ class ExprLowering {
         return n.type == ScalarType::Bool ? "(" + member + " != 0)" : member;
       }
       case Op::Load:
+        if (subst_ && is_substituted(n)) return subst_->value;
         return lower_load(e);
       case Op::Cast: {
         const Expr& a = n.args[0];
@@ -194,8 +203,23 @@ class ExprLowering {
                                                buffer_ptr_member(buf.name), off));
   }
 
+  bool is_substituted(const ir::Node& n) const {
+    if (!ir::equal(*n.buffer, *subst_->buffer) || n.args.size() != subst_->indices.size()) {
+      return false;
+    }
+    for (size_t d = 0; d < n.args.size(); ++d)
+      if (!ir::equal(n.args[d], subst_->indices[d])) return false;
+    return true;
+  }
+
+  struct Substitution {
+    std::shared_ptr<const ir::BufferDecl> buffer;
+    std::vector<Expr> indices;
+    std::string value;
+  };
   SourceWriter& w_;
   MathFunctions math_;
+  std::optional<Substitution> subst_;
   std::unordered_map<const ir::Node*, std::string> values_;
 };
 
@@ -529,7 +553,13 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
   w.line(fmt::format("static constexpr bool kFjDiagGradSite = {};", diag ? "true" : "false"));
   w.line(fmt::format("static constexpr int kFjDiagSign = {};", diag ? diag_sign : 1));
   // fj_bufgrad's body, with or without the diagonal site.
-  auto emit_bufgrad_body = [&](bool with_diag) {
+  // The diagonal load (kFjDiagLoad below): lowered as the parameter fj_dl when `dl`.
+  auto make_lowering = [&](bool dl) {
+    ExprLowering lowering(w, math);
+    if (dl) lowering.substitute_load(diag->buffer, diag->indices, "fj_dl");
+    return lowering;
+  };
+  auto emit_bufgrad_body = [&](bool with_diag, bool dl = false) {
     std::vector<const passes::BufferGrad*> sites;
     for (const passes::BufferGrad* g : per_element)
       if (with_diag || g != diag) sites.push_back(g);
@@ -540,7 +570,7 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
     } else if (!uniform.empty()) {
       w.line("if (ds == 0.0f) return;");
     }
-    ExprLowering lowering(w, math);
+    ExprLowering lowering = make_lowering(dl);
     for (size_t i = 0; i < uniform.size(); ++i) {
       const std::string reached = lowering.lower(uniform[i]->reached);
       const std::string deriv = lowering.lower(uniform[i]->derivative);
@@ -560,6 +590,7 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
           "(void)mp, (void)gp, (void)ds, (void)score, (void)b, (void)h, (void)q_idx, "
           "(void)kv_idx, (void)acc;");
     }
+    if (dl) w.line("(void)fj_dl;");
   };
   w.line("// kDiagByCaller: the caller sums the diagonal site itself (kFjDiagGradSite).");
   w.line("template <bool kDiagByCaller = false>");
@@ -580,6 +611,21 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
     }
   }
   w.line("");
+  auto emit_diag_value = [&](bool dl) {
+    const Expr& r = diag->reached;
+    const Expr& d = diag->derivative;
+    if (r->op == Op::BoolImm && r->ival != 0 && d->op == Op::FloatImm && std::isfinite(d->fval)) {
+      // Always reached, a finite constant derivative (score + bias[...]): ds = 0 gives 0.
+      w.line("(void)mp, (void)score, (void)b, (void)h, (void)q_idx, (void)kv_idx;");
+      if (dl) w.line("(void)fj_dl;");
+      w.line(fmt::format("return ds * {};", cuda_float_literal(static_cast<float>(d->fval))));
+    } else {
+      ExprLowering lowering = make_lowering(dl);
+      const std::string reached = lowering.lower(r);
+      const std::string deriv = lowering.lower(d);
+      w.line(fmt::format("return ({} && ds != 0.0f) ? ds * {} : 0.0f;", reached, deriv));
+    }
+  };
   w.line("// The diagonal site: its contribution at one element (0 where not reached), its");
   w.line(
       "// diagonal index at (q_idx, kv_idx), and the add of a diagonal's sum (an fp32 atomic at");
@@ -593,18 +639,7 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
           "return (void)mp, (void)ds, (void)score, (void)b, (void)h, (void)q_idx, "
           "(void)kv_idx, 0.0f;");
     } else {
-      const Expr& r = diag->reached;
-      const Expr& d = diag->derivative;
-      if (r->op == Op::BoolImm && r->ival != 0 && d->op == Op::FloatImm && std::isfinite(d->fval)) {
-        // Always reached, a finite constant derivative (score + bias[...]): ds = 0 gives 0.
-        w.line("(void)mp, (void)score, (void)b, (void)h, (void)q_idx, (void)kv_idx;");
-        w.line(fmt::format("return ds * {};", cuda_float_literal(static_cast<float>(d->fval))));
-      } else {
-        ExprLowering lowering(w, math);
-        const std::string reached = lowering.lower(r);
-        const std::string deriv = lowering.lower(d);
-        w.line(fmt::format("return ({} && ds != 0.0f) ? ds * {} : 0.0f;", reached, deriv));
-      }
+      emit_diag_value(false);
     }
   }
   {
@@ -639,6 +674,105 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
         terms.push_back(fmt::format("{} * gp.gstride_{}[{}]", clamped, name, d));
       }
       w.line(fmt::format("atomicAdd(gp.grad_{} + ({}), v);", name, fmt::join(terms, " + ")));
+    }
+  }
+  w.line("");
+  // kFjDiagLoad: the score_mod itself reads the diagonal site (bias[q_idx - kv_idx + offset]).
+  // The sm_90a kernels then load a tile's diagonals once (fj_diag_load, the indices clamped
+  // into the extents: the kernels also evaluate positions outside the problem) and hand every
+  // element its value through the overloads that take `fj_dl`, which read no memory for it.
+  bool diag_load = false;
+  if (diag != nullptr && mods.score_mod.defined()) {
+    ir::for_each_node(mods.score_mod, [&](const Expr& n) {
+      if (n->op != Op::Load || !ir::equal(*n->buffer, *diag->buffer) ||
+          n->args.size() != diag->indices.size()) {
+        return;
+      }
+      bool same = true;
+      for (size_t d = 0; d < n->args.size(); ++d)
+        same = same && ir::equal(n->args[d], diag->indices[d]);
+      diag_load = diag_load || same;
+    });
+  }
+  w.line(fmt::format("static constexpr bool kFjDiagLoad = {};", diag_load ? "true" : "false"));
+  if (!diag_load) {
+    // Forwarding overloads, so that the kernels' calls with fj_dl resolve in every module.
+    w.line(
+        "__device__ __forceinline__ float fj_diag_load(const FjModParams& mp, int b, int h, int "
+        "diag_index) { return (void)mp, (void)b, (void)h, (void)diag_index, 0.0f; }");
+    w.line(
+        "__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, "
+        "int h, int q_idx, int kv_idx, float fj_dl) { return (void)fj_dl, fj_score_mod(mp, "
+        "score, b, h, q_idx, kv_idx); }");
+    w.line(
+        "__device__ __forceinline__ float fj_dscore(const FjModParams& mp, float score, int b, "
+        "int h, int q_idx, int kv_idx, float fj_dl) { return (void)fj_dl, fj_dscore(mp, score, "
+        "b, h, q_idx, kv_idx); }");
+    w.line(
+        "__device__ __forceinline__ float fj_bufgrad_diag_value(const FjModParams& mp, float ds, "
+        "float score, int b, int h, int q_idx, int kv_idx, float fj_dl) { return (void)fj_dl, "
+        "fj_bufgrad_diag_value(mp, ds, score, b, h, q_idx, kv_idx); }");
+    w.line("template <bool kDiagByCaller = false>");
+    w.line(
+        "__device__ __forceinline__ void fj_bufgrad(const FjModParams& mp, const FjGradParams& "
+        "gp, float ds, float score, int b, int h, int q_idx, int kv_idx, float (&acc)"
+        "[kFjGradSlots], float fj_dl) { (void)fj_dl; fj_bufgrad<kDiagByCaller>(mp, gp, ds, "
+        "score, b, h, q_idx, kv_idx, acc); }");
+  } else {
+    {
+      // Read only at diagonals that hold a position of the problem (the kernels check): the
+      // user's contract keeps the index in bounds there.
+      auto fn = w.block(
+          "__device__ __forceinline__ float fj_diag_load(const FjModParams& mp, int b, int h, "
+          "int diag_index)");
+      w.line("const int q_idx = 0, kv_idx = 0;");
+      w.line("(void)q_idx, (void)kv_idx;");
+      const std::string& name = diag->buffer->name;
+      ExprLowering lowering(w, math);
+      std::vector<std::string> terms;
+      for (size_t d = 0; d < diag->indices.size(); ++d) {
+        const std::string idx = d == diag_dim ? "diag_index" : lowering.lower(diag->indices[d]);
+        terms.push_back(fmt::format("(fj_i64){} * mp.{}[{}]", idx, buffer_stride_member(name), d));
+      }
+      w.line(fmt::format("return {}(mp.{}, {});", load_function(diag->buffer->dtype),
+                         buffer_ptr_member(name), fmt::join(terms, " + ")));
+    }
+    auto emit_with_dl = [&](const char* signature, const Expr& body, const char* absent) {
+      auto fn = w.block(signature);
+      w.line("(void)fj_dl;");
+      if (!body.defined()) {
+        w.line(fmt::format("return {};", absent));
+        return;
+      }
+      ExprLowering lowering = make_lowering(true);
+      w.line("return " + lowering.lower(body) + ";");
+    };
+    emit_with_dl(
+        "__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, "
+        "int h, int q_idx, int kv_idx, float fj_dl)",
+        mods.score_mod, "score");
+    emit_with_dl(
+        "__device__ __forceinline__ float fj_dscore(const FjModParams& mp, float score, int b, "
+        "int h, int q_idx, int kv_idx, float fj_dl)",
+        grads.d_score, "1.0f");
+    {
+      auto fn = w.block(
+          "__device__ __forceinline__ float fj_bufgrad_diag_value(const FjModParams& mp, float "
+          "ds, float score, int b, int h, int q_idx, int kv_idx, float fj_dl)");
+      emit_diag_value(true);
+    }
+    w.line("template <bool kDiagByCaller = false>");
+    {
+      auto fn = w.block(
+          "__device__ __forceinline__ void fj_bufgrad(const FjModParams& mp, const FjGradParams& "
+          "gp, float ds, float score, int b, int h, int q_idx, int kv_idx, float (&acc)"
+          "[kFjGradSlots], float fj_dl)");
+      {
+        auto b = w.block("if constexpr (kDiagByCaller)");
+        emit_bufgrad_body(false, true);
+      }
+      auto b = w.block("else");
+      emit_bufgrad_body(true, true);
     }
   }
   w.line("");
