@@ -58,7 +58,8 @@ struct FjSm90Traits {
   static constexpr int kOffV = kOffK + kNumStages * kKBytes;
   static constexpr int kOffBar = kOffV + kNumStages * kVBytes;
   static constexpr int kOffEnd = kOffBar + 8 * (1 + 3 * kNumStages);
-  // Register split (65536 per SM, one CTA): the producer keeps few, the consumers take the rest.
+  // Register split (65536 per SM, one CTA): the producer keeps few, the consumers take the rest
+  // (FlashAttention-3's 24 / 240 with two consumer warpgroups, 32 / 160 with three).
   static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
 
@@ -76,6 +77,56 @@ struct FjSm90Traits {
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
                 "flexjit forward_sm90: register split exceeds the register file");
 };
+
+// Scores and online softmax of a tile that calls no mod (no score_mod; no mask_mod, or a full
+// tile), with the softmax scale folded into the exponent (FlashAttention-3's): the max is taken
+// on the raw q·k and each P = 2^(s·c − max·c) is one FFMA and one ex2, where fj_scores +
+// fj_softmax_row spend a multiply, a subtract and an ex2 per score (64 fewer instructions per
+// warp and 64x128 tile: ~12 % of the consumers' issue slots at head dim 64). Only for a scale
+// > 0 (otherwise the max of the scaled scores is not the scaled max: the caller takes
+// fj_scores + fj_softmax_row). Leaves the factors by which O must be rescaled in alpha.
+template <class Cfg, class T>
+FJ_DEVICE void fj_sm90_softmax_folded(float (&s)[1][T::kNTiles][4], float (&row_max)[1][2],
+                                      float (&row_sum)[1][2], float (&alpha)[2],
+                                      const FjFwdArgs& args, int n_start, int kv_col0) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float c = args.scale * kLog2e;  // > 0: the caller checked
+  if constexpr (!Cfg::kIsDivisible) {
+    // Keys past seqlen_kv (zero-filled in shared memory) must not take part (c > 0 keeps -inf).
+    if (n_start + T::kBlockN > args.seqlen_kv) {
+#pragma unroll
+      for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (kv_col0 + nt * 8 + (e & 1) >= args.seqlen_kv) s[0][nt][e] = fj_neg_inf();
+    }
+  }
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float mx = fj_neg_inf();
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt)
+      mx = fmaxf(mx, fmaxf(s[0][nt][hr * 2], s[0][nt][hr * 2 + 1]));
+    // The 4 threads of a quad hold the same row.
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = fmaxf(row_max[0][hr], mx * c);
+    const float ref = mx == fj_neg_inf() ? 0.0f : mx;
+    alpha[hr] = fj_ex2_approx(row_max[0][hr] - ref);
+    row_max[0][hr] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt) {
+#pragma unroll
+      for (int e = hr * 2; e < hr * 2 + 2; ++e) {
+        const float p = fj_ex2_approx(fmaf(s[0][nt][e], c, -ref));
+        s[0][nt][e] = p;
+        sum += p;
+      }
+    }
+    row_sum[0][hr] = row_sum[0][hr] * alpha[hr] + sum;
+  }
+}
 
 extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128, 1)
     flexjit_forward(const FjFwdArgs args, const FjModParams mods,
@@ -206,6 +257,11 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   float alpha[2];
   auto softmax = [&](int i, int n_start) {
     const int kv_col0 = n_start + (lane & 3) * 2;
+    // No mod to call on this tile: the scale folded into the exponent.
+    if (!Cfg::kHasScoreMod && (!Cfg::kHasMaskMod || i >= sched.num_partial) && args.scale > 0.0f) {
+      fj_sm90_softmax_folded<Cfg, T>(s, row_max, row_sum, alpha, args, n_start, kv_col0);
+      return;
+    }
     if (i < sched.num_partial)
       fj_scores<Cfg, T, true>(s, args, mods, b, h, q_row0, n_start, kv_col0);
     else
