@@ -229,12 +229,22 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   fj_u32 pa[T::kBlockN / 16][4];  // P of the previous tile, the A operand of its P V
   float s[1][T::kNTiles][4];
   // S = Q K^T of a stage: k16 steps over the head dim, 64-element chunks of Q and K.
+  // Q's descriptors are the same for every tile; kept in registers across the loop they take
+  // 2 * kDimQK / 16 of them, and they were what spilled first in kernels whose score_mod loads
+  // buffers (relative_bias_causal d 128: 64 of its 72 B). With a score_mod they are rebuilt
+  // every tile from an address the compiler cannot hoist (one add per k16 step: a descriptor's
+  // low bits are address >> 4). relative_bias_causal still spills (the 64 bias loads of a tile
+  // in flight): d 128 80 B, d 64 20 B (was 64 B).
+  constexpr bool kRebuildQDesc = Cfg::kHasScoreMod;
   auto issue_qk = [&](int stage) {
     const fj_u32 sk_stage = sk + stage * T::kKBytes;
+    fj_u32 q_base = sq_wg;
+    if constexpr (kRebuildQDesc) asm volatile("mov.b32 %0, %1;\n" : "=r"(q_base) : "r"(sq_wg));
+    const fj_u64 da0 = fj_smem_desc_sw128(q_base, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < T::kDimQK / 16; ++kk) {
       const int chunk = kk / 4, sub = kk % 4;
-      const fj_u64 da = fj_smem_desc_sw128(sq_wg + chunk * T::kBlockM * 128 + sub * 32, 16, 1024);
+      const fj_u64 da = da0 + (fj_u64)((chunk * T::kBlockM * 128 + sub * 32) >> 4);
       const fj_u64 db =
           fj_smem_desc_sw128(sk_stage + chunk * T::kBlockN * 128 + sub * 32, 16, 1024);
       fj_wgmma_ss(s[0], da, db, kk > 0 ? 1 : 0);
