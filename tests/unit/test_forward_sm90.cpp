@@ -188,10 +188,11 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
       report.push_back(fmt::format("{} {}: {} registers (launch bound), {} B spills, {} B smem",
                                    d.str(), j.mods, u.registers, u.spill_store_bytes,
                                    ForwardSm90Wgmma().smem_bytes(d)));
-      // Known (docs/perf/NOTES.md v8, v9): relative_bias(_causal) spills up to ~80 bytes,
-      // document(_causal) 16 and t5_bucketed_bias 8 with approximate math (buffer loads of
-      // 64 scores all in flight at once while the P V of the previous tile holds P and O).
-      // Every other mod: none.
+      // Known (docs/perf/NOTES.md v8, v9; docs/kernels/forward_sm90.md "Next"):
+      // relative_bias_causal spills 52 bytes (72 before the folded softmax), relative_bias and
+      // t5_bucketed_bias 16 with approximate math (buffer loads of 64 scores all in flight at
+      // once while the P V of the previous tile holds P and O); document(_causal) 0 now (16
+      // before). Every other mod: none.
       const bool bias = j.mods.rfind("relative_bias", 0) == 0;
       const bool small = j.mods.rfind("document", 0) == 0 || j.mods == "t5_bucketed_bias";
       // block_m 192 (160 registers per consumer thread): softcap_causal spills 24 B; a
