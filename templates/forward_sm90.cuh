@@ -58,7 +58,8 @@ struct FjSm90Traits {
   static constexpr int kOffV = kOffK + kNumStages * kKBytes;
   static constexpr int kOffBar = kOffV + kNumStages * kVBytes;
   static constexpr int kOffEnd = kOffBar + 8 * (1 + 3 * kNumStages);
-  // Register split (65536 per SM, one CTA): the producer keeps few, the consumers take the rest.
+  // Register split (65536 per SM, one CTA): the producer keeps few, the consumers take the rest
+  // (FlashAttention-3's 24 / 240 with two consumer warpgroups, 32 / 160 with three).
   static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
 
@@ -76,6 +77,89 @@ struct FjSm90Traits {
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
                 "flexjit forward_sm90: register split exceeds the register file");
 };
+
+// The scores of a tile for fj_sm90_softmax (the log2-domain factor left out: the softmax folds
+// it into its FFMA). kRaw (no mod to call on this tile and a scale > 0): the raw q·k, no
+// per-score work, the softmax multiplies by scale · log2(e); otherwise score_mod(q·k · scale)
+// (or q·k · scale), the mask_mod on partial tiles, and the softmax multiplies by log2(e). Keys
+// past seqlen_kv become -inf either way. Same indices as fj_scores (forward_common.cuh).
+template <class Cfg, class T, bool kApplyMask, bool kRaw>
+FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& args,
+                              const FjModParams& mods, int b, int h, int q_row0, int n_start,
+                              int kv_col0) {
+  if constexpr (!kRaw) {
+    const float scale = args.scale;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      int q_idx = q_row0 + hr * 8;
+      // Mods only ever see in-range indices (their buffer loads stay in bounds); rows past
+      // seqlen_q are computed on a clamped index and never written.
+      if constexpr (!Cfg::kIsDivisible) q_idx = fj_imin(q_idx, args.seqlen_q - 1);
+#pragma unroll
+      for (int nt = 0; nt < T::kNTiles; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          int kv_idx = kv_col0 + nt * 8 + c;
+          if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+          float x = s[0][nt][hr * 2 + c] * scale;
+          if constexpr (Cfg::kHasScoreMod) x = fj_score_mod(mods, x, b, h, q_idx, kv_idx);
+          if constexpr (kApplyMask && Cfg::kHasMaskMod) {
+            if (!fj_mask_mod(mods, b, h, q_idx, kv_idx)) x = fj_neg_inf();
+          }
+          s[0][nt][hr * 2 + c] = x;
+        }
+      }
+    }
+  }
+  if constexpr (!Cfg::kIsDivisible) {
+    // Keys past seqlen_kv (zero-filled in shared memory) must not take part.
+    if (n_start + T::kBlockN > args.seqlen_kv) {
+#pragma unroll
+      for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (kv_col0 + nt * 8 + (e & 1) >= args.seqlen_kv) s[0][nt][e] = fj_neg_inf();
+    }
+  }
+}
+
+// The online softmax of a tile with its log2-domain factor c (> 0) folded into the exponent
+// (FlashAttention-3's): the max is taken on the scores as fj_sm90_scores leaves them and each
+// P = 2^(x·c − max·c) is one FFMA and one ex2, where fj_scores + fj_softmax_row spend a
+// multiply (or two), a subtract and an ex2 per score: 64 fewer instructions per warp and
+// 64x128 tile, ~12 % of the consumers' issue slots at head dim 64. Folds the tile into the
+// running max (log2 domain, as fj_softmax_row keeps it) and per-thread sum, turns S into P in
+// place, and leaves the factors by which O must be rescaled in alpha.
+template <class T>
+FJ_DEVICE void fj_sm90_softmax(float (&s)[1][T::kNTiles][4], float (&row_max)[1][2],
+                               float (&row_sum)[1][2], float (&alpha)[2], float c) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float mx = fj_neg_inf();
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt)
+      mx = fmaxf(mx, fmaxf(s[0][nt][hr * 2], s[0][nt][hr * 2 + 1]));
+    // The 4 threads of a quad hold the same row.
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = fmaxf(row_max[0][hr], mx * c);  // c > 0: -inf stays -inf
+    // A row whose max is still -inf (everything masked so far) uses 0 as its reference.
+    const float ref = mx == fj_neg_inf() ? 0.0f : mx;
+    alpha[hr] = fj_ex2_approx(row_max[0][hr] - ref);
+    row_max[0][hr] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt) {
+#pragma unroll
+      for (int e = hr * 2; e < hr * 2 + 2; ++e) {
+        const float p = fj_ex2_approx(fmaf(s[0][nt][e], c, -ref));
+        s[0][nt][e] = p;
+        sum += p;
+      }
+    }
+    row_sum[0][hr] = row_sum[0][hr] * alpha[hr] + sum;
+  }
+}
 
 extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128, 1)
     flexjit_forward(const FjFwdArgs args, const FjModParams mods,
@@ -178,12 +262,22 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   fj_u32 pa[T::kBlockN / 16][4];  // P of the previous tile, the A operand of its P V
   float s[1][T::kNTiles][4];
   // S = Q K^T of a stage: k16 steps over the head dim, 64-element chunks of Q and K.
+  // Q's descriptors are the same for every tile; kept in registers across the loop they take
+  // 2 * kDimQK / 16 of them, and they were what spilled first in kernels whose score_mod loads
+  // buffers (relative_bias_causal d 128: 64 of its 72 B). With a score_mod they are rebuilt
+  // every tile from an address the compiler cannot hoist (one add per k16 step: a descriptor's
+  // low bits are address >> 4). relative_bias_causal still spills (the 64 bias loads of a tile
+  // in flight): d 128 80 B, d 64 20 B (was 64 B).
+  constexpr bool kRebuildQDesc = Cfg::kHasScoreMod;
   auto issue_qk = [&](int stage) {
     const fj_u32 sk_stage = sk + stage * T::kKBytes;
+    fj_u32 q_base = sq_wg;
+    if constexpr (kRebuildQDesc) asm volatile("mov.b32 %0, %1;\n" : "=r"(q_base) : "r"(sq_wg));
+    const fj_u64 da0 = fj_smem_desc_sw128(q_base, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < T::kDimQK / 16; ++kk) {
       const int chunk = kk / 4, sub = kk % 4;
-      const fj_u64 da = fj_smem_desc_sw128(sq_wg + chunk * T::kBlockM * 128 + sub * 32, 16, 1024);
+      const fj_u64 da = da0 + (fj_u64)((chunk * T::kBlockM * 128 + sub * 32) >> 4);
       const fj_u64 db =
           fj_smem_desc_sw128(sk_stage + chunk * T::kBlockN * 128 + sub * 32, 16, 1024);
       fj_wgmma_ss(s[0], da, db, kk > 0 ? 1 : 0);
@@ -205,13 +299,20 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   // must be rescaled are left in alpha.
   float alpha[2];
   auto softmax = [&](int i, int n_start) {
+    constexpr float kLog2e = 1.4426950408889634f;
     const int kv_col0 = n_start + (lane & 3) * 2;
-    if (i < sched.num_partial)
-      fj_scores<Cfg, T, true>(s, args, mods, b, h, q_row0, n_start, kv_col0);
-    else
-      fj_scores<Cfg, T, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
-    alpha[0] = fj_softmax_row<T>(s, row_max, row_sum, 0, 0);
-    alpha[1] = fj_softmax_row<T>(s, row_max, row_sum, 0, 1);
+    const bool partial = i < sched.num_partial;
+    float c = kLog2e;
+    if (!Cfg::kHasScoreMod && !(Cfg::kHasMaskMod && partial) && args.scale > 0.0f) {
+      // No mod to call on this tile: the scale goes into the exponent's factor too.
+      fj_sm90_scores<Cfg, T, false, true>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+      c = args.scale * kLog2e;
+    } else if (partial) {
+      fj_sm90_scores<Cfg, T, true, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+    } else {
+      fj_sm90_scores<Cfg, T, false, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+    }
+    fj_sm90_softmax<T>(s, row_max, row_sum, alpha, c);
   };
   auto rescale_o = [&] {
     fj_rescale_row<T>(o, 0, 0, alpha[0]);

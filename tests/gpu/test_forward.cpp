@@ -55,6 +55,7 @@ struct Case {
   const DeviceBlockMask* block_mask = nullptr;
   Layout layout = Layout::Contiguous;
   bool force_gpu_reference = false;
+  BlockConfig config;  // zeros: the variant's defaults
 };
 
 struct CaseResult {
@@ -139,6 +140,7 @@ CaseResult run_case(Context& ctx, Case& c, std::mt19937_64& rng) {
   o.block_mask = c.block_mask;
   o.bindings = bindings;
   o.scale = c.scale;
+  o.config = c.config;
   flex_attention_into(ctx, dq.view, dk.view, dv.view, out, &lse.ref(), o);
   ctx.synchronize();
 
@@ -274,6 +276,50 @@ TEST_CASE("forward: random shapes, GQA, head dims, dtypes and layouts", "[gpu][f
                           c.layout == Layout::Contiguous ? "contiguous" : "sliced+transposed");
     bind_standard(c, rng);
     check_case(*ctx, c, rng, seed);
+  }
+}
+
+// The sm90a_wgmma configs that no default selects (the head-dim-64 candidates of issue 10:
+// three consumer warpgroups with block_m 192, block_n 176 / 192, 2 or 4 stages) on ragged
+// lengths, GQA, every mod kind (none, mask only, score_mod, buffer loads) and a negative scale
+// (the folded-scale softmax's fallback); docs/kernels/forward_sm90.md "Configs".
+TEST_CASE("forward: sm90a_wgmma's non-default configs match the reference", "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::vector<std::string> families = test::forward_families(*ctx);
+  if (std::find(families.begin(), families.end(), "sm90a_wgmma") == families.end()) {
+    WARN("skipped: forward/sm90a_wgmma is not selectable here");
+    return;
+  }
+  test::ForwardFamilyScope family_scope("sm90a_wgmma");
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  struct Cfg {
+    int block_m, block_n, num_stages, dqk, dv;
+  };
+  const std::vector<Cfg> configs = {
+      {192, 128, 4, 64, 64}, {192, 128, 2, 64, 64},  {192, 64, 4, 64, 64},   {128, 192, 4, 64, 64},
+      {128, 176, 4, 64, 64}, {192, 128, 3, 128, 64}, {128, 192, 2, 128, 64}, {128, 128, 3, 64, 64}};
+  const std::vector<std::string> mods = {
+      "noop",           "causal",          "alibi_causal",
+      "softcap_causal", "document_causal", "relative_bias_causal"};
+  for (const Cfg& k : configs) {
+    for (size_t m = 0; m < mods.size(); ++m) {
+      Case c;
+      const bool big = m % 2 == 0;
+      c.shape = big ? make_shape(1, 4, 2, 1000, 777, k.dqk, k.dv)
+                    : make_shape(2, 3, 1, 200, 333, k.dqk, k.dv);
+      c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+      c.mods = standard_mods(mods[m]);
+      if (m == 1) c.scale = -0.1f;  // the folded softmax takes only a positive scale
+      c.config.block_m = k.block_m;
+      c.config.block_n = k.block_n;
+      c.config.num_stages = k.num_stages;
+      c.label = fmt::format("{}x{} {} stages d {}/{} {}", k.block_m, k.block_n, k.num_stages, k.dqk,
+                            k.dv, mods[m]);
+      bind_standard(c, rng);
+      check_case(*ctx, c, rng, seed);
+    }
   }
 }
 

@@ -21,8 +21,10 @@ namespace flexjit::kernels {
 
 namespace {
 
-constexpr std::initializer_list<int> kBlockMs = {128};
-constexpr std::initializer_list<int> kBlockNs = {64, 128, 176};
+// block_m 192: three consumer warpgroups (no ping-pong, 160 registers each) for the
+// softmax-bound head dim 64; block_n 192: the wider KV tile FlashAttention-3 uses there.
+constexpr std::initializer_list<int> kBlockMs = {128, 192};
+constexpr std::initializer_list<int> kBlockNs = {64, 128, 176, 192};
 constexpr std::initializer_list<int> kStages = {2, 3, 4};
 
 // A KV cache (chunked prefill: the page_size / seq_lens flags, kernels/forward/Forward.h) is
@@ -145,13 +147,17 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
   if (auto r = fast_math_flag_error(d)) throw UnsupportedError(*r);
   if (auto r = kv_cache_reason(d)) throw UnsupportedError(*r);
   // Accumulators of S (block_n / 2) and O (head_dim_v / 2) plus P (block_n / 4) per thread must
-  // fit the consumers' 240 registers with room for addresses and the softmax state.
+  // fit the consumers' registers (240 with two consumer warpgroups, 160 with three) with room
+  // for addresses and the softmax state.
+  const bool three = d.config.at("block_m") == 192;
   const int64_t live = d.config.at("block_n") / 2 + d.head_dim_v / 2 + d.config.at("block_n") / 4;
-  if (live > 200) {
+  const int64_t budget = three ? 128 : 200;
+  if (live > budget) {
     throw UnsupportedError(fmt::format(
         "block_n = {} with head_dim_v = {} needs {} accumulator and operand registers per "
-        "consumer thread, more than the 200 of 240 this kernel allows; use block_n = 64",
-        d.config.at("block_n"), d.head_dim_v, live));
+        "consumer thread, more than the {} of {} this kernel allows with block_m = {}; use {}",
+        d.config.at("block_n"), d.head_dim_v, live, budget, three ? 160 : 240,
+        d.config.at("block_m"), three ? "block_m = 128 or a smaller block_n" : "block_n = 64"));
   }
   const int smem = sm90_smem(d);
   const int limit = cuda::max_smem_per_block(d.arch);
