@@ -20,7 +20,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32)
   using Cfg = FjConfig;
   using Element = typename Cfg::Element;
   constexpr int kDimV = Cfg::kHeadDimV;
-  constexpr int kPairs = kDimV / 64;  // element pairs per lane
+  constexpr int kPairs = kDimV / 64;                         // element pairs per lane
+  constexpr int kBatch = Cfg::kBatch > 0 ? Cfg::kBatch : 1;  // splits per batch of loads
   static_assert(kDimV % 64 == 0, "flexjit decode_combine: Dv must be a multiple of 64");
   constexpr float kLn2 = 0.6931471805599453f;
   const float neg_inf = __int_as_float(0xff800000u);
@@ -48,7 +49,39 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32)
   for (int i = 0; i < kPairs; ++i)
     acc[i][0] = acc[i][1] = 0.0f;
   float denom = 0.0f;
-  if (m != neg_inf) {
+  if constexpr (Cfg::kBatch > 0) {
+    // The same sums in the same order, with the loads of kBatch splits issued before any is
+    // used (a split whose weight is 0 adds nothing, as below).
+    if (m != neg_inf) {
+      const float* o = args.o_part + row * splits * kDimV;
+      for (int s0 = 0; s0 < splits; s0 += kBatch) {
+        float l[kBatch];
+        fj_f32x2 x[kBatch][kPairs];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int s = s0 + j;
+          l[j] = s < splits ? lse[s] : neg_inf;
+#pragma unroll
+          for (int i = 0; i < kPairs; ++i) {
+            x[j][i] = s < splits
+                          ? *reinterpret_cast<const fj_f32x2*>(o + s * kDimV + 64 * i + 2 * lane)
+                          : fj_f32x2{0.0f, 0.0f};
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const float w = exp2f(l[j] - m);
+          if (w == 0.0f) continue;
+          denom += w;
+#pragma unroll
+          for (int i = 0; i < kPairs; ++i) {
+            acc[i][0] += w * x[j][i].x;
+            acc[i][1] += w * x[j][i].y;
+          }
+        }
+      }
+    }
+  } else if (m != neg_inf) {
     const float* o = args.o_part + row * splits * kDimV;
     for (int s = 0; s < splits; ++s) {
       const float w = exp2f(lse[s] - m);  // the same value in every lane: no divergence

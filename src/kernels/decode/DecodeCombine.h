@@ -9,13 +9,24 @@
 
 namespace flexjit::kernels {
 
+//
+// decode_combine/warp_batched (experimental, ranked above warp_per_row; FLEXJIT_ENABLE_VARIANTS=
+// decode_combine/warp_batched): the same kernel issuing the partial loads of 8 splits before
+// it uses any (FjConfig::kBatch), so a row costs about one L2 round trip per 8 splits instead
+// of one per split.
 class DecodeCombineWarpPerRow : public DecodeCombineVariant {
  public:
   static constexpr const char* kEntry = "flexjit_decode_combine";
   static constexpr const char* kCheckInit = "flexjit_decode_check_init";
   static constexpr const char* kCheckPages = "flexjit_decode_check_pages";
 
-  std::string_view name() const override { return "warp_per_row"; }
+  // batch: 0 the split loop as written (warp_per_row); > 0 loads of `batch` splits issued
+  // together (warp_batched).
+  explicit DecodeCombineWarpPerRow(int batch = 0) : batch_(batch) {}
+
+  std::string_view name() const override { return batch_ > 0 ? "warp_batched" : "warp_per_row"; }
+  int priority() const override { return batch_ > 0 ? 1 : 0; }
+  bool experimental() const override { return batch_ > 0; }
   std::string_view summary() const override;
   std::optional<std::string> unsupported(const KernelDesc& problem,
                                          const InputFacts& facts) const override;
@@ -32,6 +43,9 @@ class DecodeCombineWarpPerRow : public DecodeCombineVariant {
   // Reads the split step's workspace (the plan gives the combine step that slice).
   std::vector<Launch> launches(const KernelDesc& desc, const DecodeInputs& in,
                                void* workspace) const override;
+
+ private:
+  int batch_ = 0;
 };
 
 }  // namespace flexjit::kernels
