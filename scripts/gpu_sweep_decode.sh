@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# One device call that sweeps the decode kernel's variants and configs (issue "Decoding": the
+# anchors' decode shape at >= 2.5 TB/s on an H100; docs/kernels/decode.md, "L2 hints").
+#
+#   bash scripts/gpu_sweep_decode.sh FLEXJIT_BINARY OUT_DIR
+#   e.g. bash scripts/gpu_sweep_decode.sh .carry/build/flexjit "$OUT/sweep"
+#
+# Every run is `flexjit bench --decode` on the decode cases only (no chunked prefill): group
+# decode (the anchors' shape B=8 Hq=32 Hkv=8 Sq=1 Skv=8192 D=128: noop, alibi+causal, noop in
+# 16-key pages), and for the main runs decode_128k (B=1, 128k keys) and decode_spec4 (4 query
+# tokens). One log per run in OUT_DIR (NN_name.log; the kernel selections in NN_name.plans.log),
+# a table of every run's TB/s last. Runs go in order of importance and stop when the next would
+# pass BUDGET seconds (default 110), so the whole script stays under 120 s on an H100.
+#
+# Variants (experimental, selected with FLEXJIT_ENABLE_VARIANTS; they rank above the defaults):
+#   decode_split/sm80_ef       K/V cp.async with an L2::evict_first cache policy
+#   decode_split/sm80_ef256    the same plus the L2::256B prefetch-size hint
+#   decode_combine/warp_batched  the combine issuing 8 splits' loads before using them
+# Configs: the bench's --stages / --block-n / --warps / --splits (docs/kernels/decode.md).
+# Diagnostic: --no-flush (no 100 MiB memset before each repeat, so no dirty lines in the L2).
+# Correctness of the variants first (optional, not in BUDGET): TESTS=path/to/flexjit-tests.
+set -u
+
+if [ $# -lt 2 ]; then
+  echo "usage: $0 FLEXJIT_BINARY OUT_DIR" >&2
+  exit 2
+fi
+FLEXJIT="$1"
+OUT_DIR="$2"
+BUDGET="${BUDGET:-110}"
+T_RUN="${T_RUN:-40}"
+mkdir -p "$OUT_DIR"
+if [ ! -x "$FLEXJIT" ]; then
+  echo "$FLEXJIT is missing or not executable" >&2
+  exit 2
+fi
+if [ -z "${FLEXJIT_CACHE_DIR:-}" ]; then
+  FLEXJIT_CACHE_DIR="$(mktemp -d /tmp/flexjit-sweep-cache.XXXXXX)"
+  trap 'rm -rf "$FLEXJIT_CACHE_DIR"' EXIT
+fi
+export FLEXJIT_CACHE_DIR
+T0=$(date +%s)
+ALL="decode,decode_128k,decode_spec4"
+EF="decode_split/sm80_ef"
+EF256="decode_split/sm80_ef256"
+CB="decode_combine/warp_batched"
+
+# name | FLEXJIT_ENABLE_VARIANTS | cases | extra bench flags
+RUNS=(
+  "base||$ALL|"
+  "ef|$EF|$ALL|"
+  "ef_cb|$EF,$CB|$ALL|"
+  "base_noflush||decode|--no-flush"
+  "ef_noflush|$EF|decode|--no-flush"
+  "cb|$CB|$ALL|"
+  "ef256_cb|$EF256,$CB|$ALL|"
+  "ef_stages2|$EF|decode|--stages 2"
+  "ef_stages2_splits4|$EF|decode|--stages 2 --splits 4"
+  "base_stages2_splits4||decode|--stages 2 --splits 4"
+  "ef_bn32w2s2|$EF|decode|--block-n 32 --warps 2 --stages 2"
+  "ef_bn32w2s4|$EF|decode|--block-n 32 --warps 2 --stages 4"
+  "ef_splits8|$EF|decode|--splits 8"
+  "base_again||decode|"
+  "ef_again|$EF|decode|"
+)
+
+# Optional, before the timings and outside BUDGET: the decode GPU tests on the new variants
+# (TESTS=.carry/build/flexjit-tests; each suite limited to T_TESTS seconds, default 200).
+if [ -n "${TESTS:-}" ]; then
+  for enable in "$EF,$CB" "$EF256"; do
+    tag="tests_${enable//[\/,]/_}"
+    FLEXJIT_ENABLE_VARIANTS="$enable" timeout -k 5 "${T_TESTS:-200}" "$TESTS" \
+      "[gpu][decode]~[prefill]~[tune]" > "$OUT_DIR/$tag.log" 2>&1
+    echo "$tag rc=$? $(grep -E '^(All tests passed|test cases:)' "$OUT_DIR/$tag.log" | tail -n 1)"
+  done
+  T0=$(date +%s)
+fi
+
+SUMMARY="$OUT_DIR/summary.txt"
+: > "$SUMMARY"
+i=0
+for run in "${RUNS[@]}"; do
+  IFS='|' read -r name enable cases flags <<< "$run"
+  i=$((i + 1))
+  tag=$(printf '%02d_%s' "$i" "$name")
+  elapsed=$(($(date +%s) - T0))
+  if [ "$elapsed" -gt $((BUDGET - 8)) ]; then
+    echo "$tag skipped (at ${elapsed}s, BUDGET ${BUDGET}s)" >> "$SUMMARY"
+    continue
+  fi
+  limit=$((BUDGET - elapsed))
+  [ "$limit" -gt "$T_RUN" ] && limit="$T_RUN"
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  FLEXJIT_ENABLE_VARIANTS="$enable" FLEXJIT_LOG=kernels timeout -k 5 "$limit" \
+    "$FLEXJIT" bench --decode --use-cache --case "$cases" $flags \
+    > "$OUT_DIR/$tag.log" 2> "$OUT_DIR/$tag.plans.log"
+  rc=$?
+  {
+    echo "### $tag: enable='$enable' cases=$cases flags='$flags' rc=$rc $(($(date +%s) - start))s"
+    grep -E 'TB/s  =' "$OUT_DIR/$tag.log" | sed 's/^/    /'
+    grep -oE 'selected decode_(split|combine)/[a-z0-9_]+' "$OUT_DIR/$tag.plans.log" | sort | uniq -c |
+      sed 's/^/    /'
+    grep -E 'FAILED|non-finite|error' "$OUT_DIR/$tag.log" | head -3 | sed 's/^/    /'
+  } >> "$SUMMARY"
+done
+grep -m1 -E 'device copy bandwidth' "$OUT_DIR"/01_base.log >> "$SUMMARY" 2> /dev/null
+echo "total $(($(date +%s) - T0))s" >> "$SUMMARY"
+cat "$SUMMARY"
