@@ -26,7 +26,7 @@ void register_builtin_variants(Registry& registry) {
   registry.add(std::make_unique<DecodeSplitSm80Mma>(1));  // sm80_ef (experimental)
   registry.add(std::make_unique<DecodeSplitSm80Mma>(2));  // sm80_ef256 (experimental)
   registry.add(std::make_unique<DecodeCombineWarpPerRow>());
-  registry.add(std::make_unique<DecodeCombineWarpPerRow>(8));  // warp_batched (experimental)
+  registry.add(std::make_unique<DecodeCombineWarpPerRow>(true));  // warp_batched (experimental)
 }
 
 }  // namespace flexjit::kernels

@@ -549,7 +549,7 @@ TEST_CASE("decode: the L2-hint and batched-combine variants are experimental and
   CHECK(resolve_num_splits(ef, in) == resolve_num_splits(base, in));
   CHECK(resolve_num_splits(ef_s2, in) == 6);
 
-  // The source: kKvHint in FjConfig, the cache policy only where asked for; kBatch likewise.
+  // The source: kKvHint in FjConfig, the cache policy only where asked for; kSplitLanes likewise.
   const Mods mods = standard_mods("alibi");
   const std::string src0 = reg.get(Family::DecodeSplit, "sm80_mma").generate(mods, base).source;
   const std::string src1 = reg.get(Family::DecodeSplit, "sm80_ef").generate(mods, ef).source;
@@ -559,9 +559,9 @@ TEST_CASE("decode: the L2-hint and batched-combine variants are experimental and
   CHECK_THAT(src2, Catch::Contains("kKvHint = 2;"));
   const KernelDesc cb0 = reg.complete(combine_problem, InputFacts{});
   CHECK_THAT(reg.get(Family::DecodeCombine, "warp_per_row").generate(mods, cb0).source,
-             Catch::Contains("kBatch = 0;"));
+             Catch::Contains("kSplitLanes = false;"));
   CHECK_THAT(reg.get(Family::DecodeCombine, "warp_batched").generate(mods, cb).source,
-             Catch::Contains("kBatch = 8;"));
+             Catch::Contains("kSplitLanes = true;"));
 }
 
 TEST_CASE("decode: the L2-hint and batched-combine variants compile for sm_80 and sm_90a",

@@ -34,9 +34,10 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
 }  // namespace
 
 std::string_view DecodeCombineWarpPerRow::summary() const {
-  return batch_ > 0 ? "split-KV decoding: LSE-weighted sum of the splits, one warp per output "
-                      "row, the loads of 8 splits issued together (experimental)"
-                    : "split-KV decoding: LSE-weighted sum of the splits, one warp per output row";
+  return split_lanes_
+             ? "split-KV decoding: LSE-weighted sum of the splits, one warp per output "
+               "row, its lanes divided among the splits (experimental)"
+             : "split-KV decoding: LSE-weighted sum of the splits, one warp per output row";
 }
 
 std::optional<std::string> DecodeCombineWarpPerRow::unsupported(const KernelDesc& problem,
@@ -81,8 +82,9 @@ cuda::GeneratedSource DecodeCombineWarpPerRow::generate(const Mods& mods,
   w.line(fmt::format("// Compile-time configuration: {}", desc.str()));
   {
     auto s = w.block("struct FjConfig", ";");
-    w.line(fmt::format("static constexpr int kNumWarps = {}, kHeadDimV = {}, kBatch = {};",
-                       desc.config.at("num_warps"), desc.head_dim_v, batch_));
+    w.line(fmt::format("static constexpr int kNumWarps = {}, kHeadDimV = {};",
+                       desc.config.at("num_warps"), desc.head_dim_v));
+    w.line(fmt::format("static constexpr bool kSplitLanes = {};", split_lanes_));
     w.line(fmt::format("using Element = {};", element_type(desc.dtype)));
   }
   return assemble_variant_source(*this, desc, mods, w.str(),
