@@ -79,6 +79,53 @@ fi
 
 SUMMARY="$OUT_DIR/summary.txt"
 : > "$SUMMARY"
+
+# Quick correctness of every variant (counts in BUDGET, ~10 s): `flexjit run --check` (softcap: max
+# relative error of out against the CPU backend's fp64 reference; bf16 passes under 2e-2) on
+# small decode inputs written here with numpy: the anchors' structure (B=8 Hq=32 Hkv=8, 1000
+# keys: 4 splits, the combine's one-pass path), GQA 3 at 3000 keys (23 splits: its multi-pass
+# path), and 16-key pages (shuffled, ragged lengths 1000 / 777).
+if python3 -c 'import numpy' 2> /dev/null; then
+  DATA="$(mktemp -d /tmp/flexjit-sweep-data.XXXXXX)"
+  python3 - "$DATA" <<'PY'
+import sys, numpy as np
+d = sys.argv[1]
+rng = np.random.default_rng()
+def save(name, a):  # bf16 bits in uint16 (round to nearest even), as --dtype bf16 reads them
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    np.save(f"{d}/{name}.npy", ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16))
+save("q1", rng.standard_normal((8, 32, 1, 128))); save("k1", rng.standard_normal((8, 8, 1000, 128)))
+save("v1", rng.standard_normal((8, 8, 1000, 128)))
+save("q2", rng.standard_normal((1, 6, 1, 128))); save("k2", rng.standard_normal((1, 2, 3000, 128)))
+save("v2", rng.standard_normal((1, 2, 3000, 128)))
+B, Hkv, ps, max_pages = 2, 2, 16, 63
+pages = rng.permutation(B * max_pages + 3).astype(np.int32)
+save("q3", rng.standard_normal((B, Hkv * 4, 1, 128)))
+save("k3", rng.standard_normal((B * max_pages + 3, ps, Hkv, 128)))
+save("v3", rng.standard_normal((B * max_pages + 3, ps, Hkv, 128)))
+np.save(f"{d}/t3.npy", pages[: B * max_pages].reshape(B, max_pages))
+np.save(f"{d}/l3.npy", np.array([1000, 777], dtype=np.int32))
+PY
+  for enable in "" "$EF,$CB" "$EF256"; do
+    for c in 1 2 3; do
+      extra=""
+      [ "$c" = 3 ] && extra="--page-table $DATA/t3.npy --seq-lens $DATA/l3.npy"
+      log="$OUT_DIR/check_${c}_${enable//[\/,]/_}.log"
+      # shellcheck disable=SC2086
+      FLEXJIT_ENABLE_VARIANTS="$enable" FLEXJIT_LOG=kernels timeout -k 5 30 "$FLEXJIT" run \
+        --mods softcap --dtype bf16 --q "$DATA/q$c.npy" --k "$DATA/k$c.npy" \
+        --v "$DATA/v$c.npy" $extra --check --repeat 1 > "$log" 2>&1
+      rc=$?
+      rel=$(grep -oE 'max relative error vs the fp64 CPU reference: [0-9.e+-]+' "$log" | awk '{print $NF}')
+      sel=$(grep -oE 'selected decode_(split|combine)/[a-z0-9_]+' "$log" | sort -u | awk '{print $2}' | tr '\n' ' ')
+      verdict=$(awk -v r="${rel:-nan}" 'BEGIN { print (r != "nan" && r + 0 < 2e-2) ? "ok" : "FAIL" }')
+      echo "check $c enable='$enable' rc=$rc rel=${rel:-none} $verdict [$sel]" >> "$SUMMARY"
+    done
+  done
+  rm -rf "$DATA"
+else
+  echo "checks skipped: no numpy" >> "$SUMMARY"
+fi
 i=0
 for run in "${RUNS[@]}"; do
   IFS='|' read -r name enable cases flags <<< "$run"
