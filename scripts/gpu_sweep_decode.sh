@@ -154,4 +154,27 @@ for run in "${RUNS[@]}"; do
 done
 grep -m1 -E 'device copy bandwidth' "$OUT_DIR"/01_base.log >> "$SUMMARY" 2> /dev/null
 echo "total $(($(date +%s) - T0))s" >> "$SUMMARY"
+# Compact table last: TB/s per case and run (the device tool keeps the output's tail).
+{
+  echo
+  printf '%-24s %7s %7s %7s %7s %7s\n' run noop alibi paged16 128k spec4
+  for f in "$OUT_DIR"/[0-9][0-9]_*.log; do
+    case "$f" in *.plans.log) continue ;; esac
+    awk -v run="$(basename "$f" .log)" '
+      /TB\/s  =/ {
+        key = $1 ":" $2; v = $(NF - 5)
+        if ($1 == "decode" && $2 == "noop" && $3 == "paged16") { key = "paged"; v = $(NF - 5) }
+        else if ($1 == "decode" && $2 == "noop") key = "noop"
+        else if ($1 == "decode") key = "alibi"
+        else if ($1 == "decode_128k") key = "128k"
+        else if ($1 == "decode_spec4") key = "spec4"
+        t[key] = v
+      }
+      END {
+        printf "%-24s %7s %7s %7s %7s %7s\n", run, t["noop"] ? t["noop"] : "-",
+          t["alibi"] ? t["alibi"] : "-", t["paged"] ? t["paged"] : "-",
+          t["128k"] ? t["128k"] : "-", t["spec4"] ? t["spec4"] : "-"
+      }' "$f"
+  done
+} >> "$SUMMARY"
 cat "$SUMMARY"
