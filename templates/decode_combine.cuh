@@ -15,6 +15,106 @@ struct alignas(8) fj_f32x2 {
   float x, y;
 };
 
+// FjConfig::kSplitLanes (decode_combine/warp_batched): the lanes of the warp divide the splits
+// among them instead: kLanes = Dv / 16 lanes per split, each owning 16 consecutive floats of the
+// row (four 16-byte loads), kPerPass = 32 / kLanes splits at once. With at most kPerPass splits
+// (the anchors' decode shape: 4 at Dv = 128) one pass loads every LSE and partial at once, a
+// single round trip to the L2 where the loop below makes one per split; more splits take their
+// max first, then passes of kPerPass. The sums over the splits end with shuffles (xor kLanes ..
+// 16), so the additions' order differs from the loop's (rounding only).
+template <class Cfg>
+FJ_DEVICE void fj_dec_combine_split_lanes(const FjDecodeCombineArgs& args, fj_i64 row, int b, int h,
+                                          int qi, int lane) {
+  using Element = typename Cfg::Element;
+  constexpr int kDimV = Cfg::kHeadDimV;
+  constexpr int kLanes = kDimV / 16;
+  constexpr int kPerPass = 32 / kLanes;
+  constexpr float kLn2 = 0.6931471805599453f;
+  const float neg_inf = __int_as_float(0xff800000u);
+  const int splits = args.num_splits;
+  const float* lse = args.lse_part + row * splits;
+  const float* o = args.o_part + row * splits * kDimV;
+  const int sub = lane / kLanes;         // this lane's split within a pass
+  const int col = (lane % kLanes) * 16;  // its first element of the row
+  auto load = [&](int s, float(&x)[16]) {
+    const float4* src = reinterpret_cast<const float4*>(o + (fj_i64)s * kDimV + col);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 v = src[k];
+      x[4 * k] = v.x, x[4 * k + 1] = v.y, x[4 * k + 2] = v.z, x[4 * k + 3] = v.w;
+    }
+  };
+  float acc[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k)
+    acc[k] = 0.0f;
+  float denom = 0.0f, m;
+  if (splits <= kPerPass) {
+    const bool valid = sub < splits;
+    const int s = valid ? sub : 0;  // a lane past the last split reads split 0, weighs it 0
+    float x[16];
+    const float l_raw = lse[s];
+    load(s, x);
+    const float l = valid ? l_raw : neg_inf;
+    m = l;
+#pragma unroll
+    for (int off = kLanes; off < 32; off <<= 1)
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (m != neg_inf) {
+      const float w = exp2f(l - m);  // 0 for a split that saw no key
+      if (w != 0.0f) {
+        denom = w;
+#pragma unroll
+        for (int k = 0; k < 16; ++k)
+          acc[k] = w * x[k];
+      }
+    }
+  } else {
+    m = neg_inf;
+    for (int s = lane; s < splits; s += 32)
+      m = fmaxf(m, lse[s]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (m != neg_inf) {
+      for (int s0 = 0; s0 < splits; s0 += kPerPass) {
+        const int s = s0 + sub;
+        if (s >= splits) break;
+        float x[16];
+        const float l = lse[s];
+        load(s, x);
+        const float w = exp2f(l - m);
+        if (w == 0.0f) continue;
+        denom += w;
+#pragma unroll
+        for (int k = 0; k < 16; ++k)
+          acc[k] += w * x[k];
+      }
+    }
+  }
+#pragma unroll
+  for (int off = kLanes; off < 32; off <<= 1) {
+    denom += __shfl_xor_sync(0xffffffffu, denom, off);
+#pragma unroll
+    for (int k = 0; k < 16; ++k)
+      acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], off);
+  }
+  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  if (sub == 0) {
+    unsigned char* out_row =
+        static_cast<unsigned char*>(args.out) +
+        sizeof(Element) * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
+                           (fj_i64)qi * args.o_stride_s + col);
+#pragma unroll
+    for (int k = 0; k < 16; k += 2)
+      FjMma<Element>::store2(out_row + sizeof(Element) * k, acc[k] * inv, acc[k + 1] * inv);
+  }
+  if (args.lse != nullptr && lane == 0) {
+    args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + qi] =
+        denom > 0.0f ? (m + log2f(denom)) * kLn2 : neg_inf;
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32)
     flexjit_decode_combine(const FjDecodeCombineArgs args) {
   using Cfg = FjConfig;
@@ -33,6 +133,10 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32)
   const int qi = (int)(row % args.seqlen_q);
   const int h = (int)((row / args.seqlen_q) % args.heads_q);
   const int b = (int)(row / ((fj_i64)args.seqlen_q * args.heads_q));
+  if constexpr (Cfg::kSplitLanes) {
+    fj_dec_combine_split_lanes<Cfg>(args, row, b, h, qi, lane);
+    return;
+  }
   const int splits = args.num_splits;
   const float* lse = args.lse_part + row * splits;
 

@@ -61,6 +61,7 @@ struct FjDecTraits {
                     (kDimV == 64 || kDimV == 128 || kDimV == 256),
                 "flexjit decode_split: head dims must be 64, 128 or 256");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit decode_split: 1..4 stages");
+  static_assert(Cfg::kKvHint >= 0 && Cfg::kKvHint <= 2, "flexjit decode_split: kKvHint 0..2");
   static_assert(kPageSize == 0 || (kPageSize & (kPageSize - 1)) == 0,
                 "flexjit decode_split: the page size must be a power of two");
   static_assert(kBlockN * TileQK::kChunks % kThreads == 0 &&
@@ -83,12 +84,44 @@ struct FjDecKv {
   const int* table;                 // this sequence's page table row, or null
 };
 
+// One 16-byte K / V copy. kKvHint (FjConfig; docs/kernels/decode.md, "L2 hints"): 0 plain
+// cp.async.cg; 1 with an L2::evict_first cache policy (K and V are read once: the lines they
+// occupy in the L2 go first, so the streaming reads do not push out other data, dirty lines
+// that would need a write-back included); 2 the same plus the L2::256B prefetch-size hint.
+template <int kKvHint>
+FJ_DEVICE void fj_dec_cp_async_16(fj_u32 dst, const void* src, bool valid,
+                                  unsigned long long policy) {
+  if constexpr (kKvHint == 0) {
+    fj_cp_async_16(dst, src, valid);
+  } else if constexpr (kKvHint == 1) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+                 "l"(src), "r"(valid ? 16 : 0), "l"(policy)
+                 : "memory");
+  } else {
+    asm volatile(
+        "cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+        "l"(src), "r"(valid ? 16 : 0), "l"(policy)
+        : "memory");
+  }
+}
+
+// The L2 cache policy of the K / V copies (unused when kKvHint == 0).
+template <int kKvHint>
+FJ_DEVICE unsigned long long fj_dec_kv_policy() {
+  unsigned long long policy = 0;
+  if constexpr (kKvHint != 0) {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  }
+  return policy;
+}
+
 // Copies keys [n_start, n_start + kRows) of K or V (row stride `stride`, page stride `pstride`)
 // into a swizzled tile with cp.async; keys >= len are zero-filled and read nothing. Thread tid
 // copies chunk tid % kChunks of rows tid / kChunks + i * kRowStep.
-template <class Tile, int kRows, int kThreads, int kPageSize>
+template <class Tile, int kRows, int kThreads, int kPageSize, int kKvHint>
 FJ_DEVICE void fj_dec_load_tile(fj_u32 smem, const unsigned short* base, fj_i64 stride,
-                                fj_i64 pstride, const int* table, int n_start, int len, int tid) {
+                                fj_i64 pstride, const int* table, int n_start, int len, int tid,
+                                unsigned long long policy) {
   static_assert(kThreads % Tile::kChunks == 0, "flexjit: a thread must keep its chunk column");
   constexpr int kRowStep = kThreads / Tile::kChunks;
   constexpr int kPerThread = kRows / kRowStep;
@@ -118,7 +151,7 @@ FJ_DEVICE void fj_dec_load_tile(fj_u32 smem, const unsigned short* base, fj_i64 
       }
       src += c * Tile::kElemsPerChunk;
     }
-    fj_cp_async_16(smem + Tile::offset(r, c), src, valid);
+    fj_dec_cp_async_16<kKvHint>(smem + Tile::offset(r, c), src, valid, policy);
   }
 }
 
@@ -220,14 +253,16 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   const fj_u32 sq = fj_smem_addr(fj_smem);
   const fj_u32 skv = sq + T::kQBytes;
 
+  const unsigned long long kv_policy = fj_dec_kv_policy<Cfg::kKvHint>();
   auto load_kv = [&](int tile, int stage) {
     const int n_start = tile * T::kBlockN;
     if (n_start >= len) return;  // past the end of a ragged sparse block: skipped
     const fj_u32 sk = skv + stage * T::kStageBytes;
-    fj_dec_load_tile<typename T::TileQK, T::kBlockN, T::kThreads, T::kPageSize>(
-        sk, kv.k, kv.k_stride_s, kv.k_stride_pg, kv.table, n_start, len, tid);
-    fj_dec_load_tile<typename T::TileV, T::kBlockN, T::kThreads, T::kPageSize>(
-        sk + T::kKBytes, kv.v, kv.v_stride_s, kv.v_stride_pg, kv.table, n_start, len, tid);
+    fj_dec_load_tile<typename T::TileQK, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
+        sk, kv.k, kv.k_stride_s, kv.k_stride_pg, kv.table, n_start, len, tid, kv_policy);
+    fj_dec_load_tile<typename T::TileV, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
+        sk + T::kKBytes, kv.v, kv.v_stride_s, kv.v_stride_pg, kv.table, n_start, len, tid,
+        kv_policy);
   };
 
   // Q: packed row r of the tile is head hkv * G + (row0 + r) / seqlen_q, token (row0 + r) %

@@ -15,6 +15,7 @@
 #include "kernels/decode/DecodeSplit.h"
 #include "runtime/Decode.h"
 #include "support/CliPath.h"
+#include "support/Parallel.h"
 #include "util/Npy.h"
 
 #include <catch2/catch.hpp>
@@ -494,6 +495,138 @@ TEST_CASE("decode: both templates compile for every arch, mods, head dims and la
       for (int dv : {64, 128, 256}) {
         INFO(arch << " " << to_string(dt) << " dv=" << dv);
         BuiltKernel k = builder.build(standard_mods("alibi"), combine_desc(arch, dt, dv));
+        CHECK(k.compiled.kernel->usage.registers > 0);
+        CHECK(k.compiled.kernel->usage.spill_store_bytes == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("decode: the L2-hint and batched-combine variants are experimental and opt-in",
+          "[decode][variants]") {
+  Registry& reg = Registry::global();
+  const KernelDesc problem =
+      decode_split_problem(cuda::Arch::parse("sm_90a"), DType::BF16, 128, 128, 4, 16, 0, true);
+  const KernelDesc combine_problem =
+      decode_combine_problem(cuda::Arch::parse("sm_90a"), DType::BF16, 128);
+  for (const char* name : {"sm80_ef", "sm80_ef256"}) {
+    const Variant& v = reg.get(Family::DecodeSplit, name);
+    CHECK(v.experimental());
+    CHECK(v.priority() > reg.get(Family::DecodeSplit, "sm80_mma").priority());
+  }
+  CHECK(reg.get(Family::DecodeCombine, "warp_batched").experimental());
+  CHECK_FALSE(reg.get(Family::DecodeSplit, "sm80_mma").experimental());
+  CHECK_FALSE(reg.get(Family::DecodeCombine, "warp_per_row").experimental());
+
+  // Not enabled: the defaults, with the experimental ones passed over and named.
+  Selection sel;
+  CHECK(reg.complete(problem, InputFacts{}, {}, {}, &sel).variant == "sm80_mma");
+  CHECK_THAT(sel.str(), Catch::Contains("decode_split/sm80_ef: experimental") &&
+                            Catch::Contains("FLEXJIT_ENABLE_VARIANTS=decode_split/sm80_ef"));
+  CHECK(reg.complete(combine_problem, InputFacts{}).variant == "warp_per_row");
+
+  // Enabled (FLEXJIT_ENABLE_VARIANTS): they win, with the same config as the default.
+  const std::vector<std::string> before = reg.enabled();
+  reg.set_enabled({"decode_split/sm80_ef", "decode_combine/warp_batched"});
+  const KernelDesc ef = reg.complete(problem, InputFacts{});
+  const KernelDesc cb = reg.complete(combine_problem, InputFacts{});
+  reg.set_enabled({"decode_split/sm80_ef256"});
+  const KernelDesc ef256 = reg.complete(problem, InputFacts{});
+  reg.set_enabled(before);
+  CHECK(ef.variant == "sm80_ef");
+  CHECK(ef256.variant == "sm80_ef256");
+  CHECK(cb.variant == "warp_batched");
+  const KernelDesc base = reg.complete(problem, InputFacts{});
+  CHECK(ef.config.str() == base.config.str());
+  CHECK(ef256.config.str() == base.config.str());
+  // Config overrides and the split count apply to them as to sm80_mma.
+  const KernelDesc ef_s2 =
+      reg.complete(problem, InputFacts{}, Params{{"num_stages", 2}, {"num_splits", 6}}, "sm80_ef");
+  CHECK(ef_s2.config.at("num_stages") == 2);
+  DecodeInputs in;
+  in.batch = 8, in.heads_q = 32, in.heads_kv = 8, in.seqlen_q = 1, in.seqlen_kv = 8192;
+  in.head_dim_qk = in.head_dim_v = 128, in.sm_count = 132;
+  CHECK(resolve_num_splits(ef, in) == resolve_num_splits(base, in));
+  CHECK(resolve_num_splits(ef_s2, in) == 6);
+
+  // The source: kKvHint in FjConfig, the cache policy only where asked for; kSplitLanes likewise.
+  const Mods mods = standard_mods("alibi");
+  const std::string src0 = reg.get(Family::DecodeSplit, "sm80_mma").generate(mods, base).source;
+  const std::string src1 = reg.get(Family::DecodeSplit, "sm80_ef").generate(mods, ef).source;
+  const std::string src2 = reg.get(Family::DecodeSplit, "sm80_ef256").generate(mods, ef256).source;
+  CHECK_THAT(src0, Catch::Contains("kKvHint = 0;"));
+  CHECK_THAT(src1, Catch::Contains("kKvHint = 1;"));
+  CHECK_THAT(src2, Catch::Contains("kKvHint = 2;"));
+  const KernelDesc cb0 = reg.complete(combine_problem, InputFacts{});
+  CHECK_THAT(reg.get(Family::DecodeCombine, "warp_per_row").generate(mods, cb0).source,
+             Catch::Contains("kSplitLanes = false;"));
+  CHECK_THAT(reg.get(Family::DecodeCombine, "warp_batched").generate(mods, cb).source,
+             Catch::Contains("kSplitLanes = true;"));
+}
+
+TEST_CASE("decode: the L2-hint and batched-combine variants compile for sm_80 and sm_90a",
+          "[decode][nvrtc][variants]") {
+  struct Job {
+    std::string variant, mods, arch;
+    DType dtype;
+    int dqk, dv, gqa, sq, page;
+    Params overrides;
+  };
+  std::vector<Job> jobs;
+  for (const std::string arch : {"sm_80", "sm_90a"}) {
+    for (const std::string v : {"sm80_ef", "sm80_ef256"}) {
+      jobs.push_back({v, "noop", arch, DType::BF16, 128, 128, 4, 1, 0, {}});       // the anchors'
+      jobs.push_back({v, "noop", arch, DType::BF16, 128, 128, 4, 1, 16, {}});      // paged16
+      jobs.push_back({v, "noop", arch, DType::BF16, 128, 128, 4, 4, 0, {}});       // spec4
+      jobs.push_back({v, "alibi_causal", arch, DType::F16, 64, 64, 3, 5, 1, {}});  // 1-key pages
+      jobs.push_back({v, "document_causal", arch, DType::BF16, 128, 64, 8, 16, 256, {}});
+      jobs.push_back({v, "relative_bias", arch, DType::BF16, 256, 256, 1, 1, 32, {}});
+      jobs.push_back({v, "softcap", arch, DType::BF16, 128, 128, 4, 1, 0,
+                      Params{{"block_n", 32}, {"num_warps", 2}, {"num_stages", 4}}});
+      jobs.push_back({v, "noop", arch, DType::BF16, 128, 128, 4, 1, 0,
+                      Params{{"block_n", 128}, {"num_warps", 4}, {"num_stages", 2}}});
+    }
+  }
+  jit::CacheSettings settings;
+  settings.enabled = false;
+  KernelBuilder builder(settings);
+  std::mutex mu;
+  std::vector<std::string> failures;
+  std::vector<std::string> usage(jobs.size());
+  std::vector<int> registers(jobs.size(), -1), spills(jobs.size(), -1);
+  test::run_parallel(jobs.size(), [&](size_t i) {
+    const Job& j = jobs[i];
+    try {
+      const KernelDesc d = Registry::global().complete(
+          decode_split_problem(cuda::Arch::parse(j.arch), j.dtype, j.dqk, j.dv, j.gqa,
+                               decode_rows(j.gqa, j.sq), j.page, /*full_blocks=*/true),
+          InputFacts{}, j.overrides, j.variant);
+      BuiltKernel k = builder.build(standard_mods(j.mods), d);
+      registers[i] = k.compiled.kernel->usage.registers;
+      spills[i] = k.compiled.kernel->usage.spill_store_bytes;
+      usage[i] = d.str();
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      failures.push_back(j.variant + " " + j.mods + " " + j.arch + ": " + e.what());
+    }
+  });
+  for (const auto& f : failures)
+    FAIL_CHECK(f);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    INFO(jobs[i].mods << " " << usage[i] << ": " << registers[i] << " registers, " << spills[i]
+                      << " spill bytes");
+    CHECK(registers[i] > 0);
+    CHECK(registers[i] <= 255);
+    CHECK(spills[i] == 0);
+  }
+  for (const std::string arch : {"sm_80", "sm_90a"}) {
+    for (DType dt : {DType::BF16, DType::F16}) {
+      for (int dv : {64, 128, 256}) {
+        INFO(arch << " " << to_string(dt) << " dv=" << dv);
+        const KernelDesc d =
+            Registry::global().complete(decode_combine_problem(cuda::Arch::parse(arch), dt, dv),
+                                        InputFacts{}, {}, "warp_batched");
+        BuiltKernel k = builder.build(standard_mods("alibi"), d);
         CHECK(k.compiled.kernel->usage.registers > 0);
         CHECK(k.compiled.kernel->usage.spill_store_bytes == 0);
       }

@@ -34,7 +34,10 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
 }  // namespace
 
 std::string_view DecodeCombineWarpPerRow::summary() const {
-  return "split-KV decoding: LSE-weighted sum of the splits, one warp per output row";
+  return split_lanes_
+             ? "split-KV decoding: LSE-weighted sum of the splits, one warp per output "
+               "row, its lanes divided among the splits (experimental)"
+             : "split-KV decoding: LSE-weighted sum of the splits, one warp per output row";
 }
 
 std::optional<std::string> DecodeCombineWarpPerRow::unsupported(const KernelDesc& problem,
@@ -81,6 +84,7 @@ cuda::GeneratedSource DecodeCombineWarpPerRow::generate(const Mods& mods,
     auto s = w.block("struct FjConfig", ";");
     w.line(fmt::format("static constexpr int kNumWarps = {}, kHeadDimV = {};",
                        desc.config.at("num_warps"), desc.head_dim_v));
+    w.line(fmt::format("static constexpr bool kSplitLanes = {};", split_lanes_));
     w.line(fmt::format("using Element = {};", element_type(desc.dtype)));
   }
   return assemble_variant_source(*this, desc, mods, w.str(),

@@ -9,13 +9,24 @@
 
 namespace flexjit::kernels {
 
+//
+// decode_combine/warp_batched (experimental, ranked above warp_per_row; FLEXJIT_ENABLE_VARIANTS=
+// decode_combine/warp_batched): the same kernel with the warp's lanes divided among the splits
+// (FjConfig::kSplitLanes): Dv / 16 lanes per split, so up to 32 / (Dv / 16) splits (4 at Dv =
+// 128) are loaded in one round trip instead of one round trip per split.
 class DecodeCombineWarpPerRow : public DecodeCombineVariant {
  public:
   static constexpr const char* kEntry = "flexjit_decode_combine";
   static constexpr const char* kCheckInit = "flexjit_decode_check_init";
   static constexpr const char* kCheckPages = "flexjit_decode_check_pages";
 
-  std::string_view name() const override { return "warp_per_row"; }
+  // split_lanes: false the split loop of one warp (warp_per_row); true the warp's lanes
+  // divided among the splits (warp_batched).
+  explicit DecodeCombineWarpPerRow(bool split_lanes = false) : split_lanes_(split_lanes) {}
+
+  std::string_view name() const override { return split_lanes_ ? "warp_batched" : "warp_per_row"; }
+  int priority() const override { return split_lanes_ ? 1 : 0; }
+  bool experimental() const override { return split_lanes_; }
   std::string_view summary() const override;
   std::optional<std::string> unsupported(const KernelDesc& problem,
                                          const InputFacts& facts) const override;
@@ -32,6 +43,9 @@ class DecodeCombineWarpPerRow : public DecodeCombineVariant {
   // Reads the split step's workspace (the plan gives the combine step that slice).
   std::vector<Launch> launches(const KernelDesc& desc, const DecodeInputs& in,
                                void* workspace) const override;
+
+ private:
+  bool split_lanes_ = false;
 };
 
 }  // namespace flexjit::kernels

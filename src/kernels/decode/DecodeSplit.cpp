@@ -94,9 +94,29 @@ constexpr int kTwoPerSmBytes = 113 * 1024;
 
 }  // namespace
 
+std::string_view DecodeSplitSm80Mma::name() const {
+  switch (kv_hint_) {
+    case 1:
+      return "sm80_ef";
+    case 2:
+      return "sm80_ef256";
+    default:
+      return "sm80_mma";
+  }
+}
+
 std::string_view DecodeSplitSm80Mma::summary() const {
-  return "split-KV decoding: GQA group x query tokens packed into mma.sync M, cp.async K/V "
-         "pipeline, contiguous or paged K/V; bf16/f16; d 64/128/256; sm_80 and newer";
+  switch (kv_hint_) {
+    case 1:
+      return "split-KV decoding as sm80_mma, K/V copies with an L2::evict_first cache policy "
+             "(experimental)";
+    case 2:
+      return "split-KV decoding as sm80_mma, K/V copies with an L2::evict_first cache policy "
+             "and the L2::256B prefetch size (experimental)";
+    default:
+      return "split-KV decoding: GQA group x query tokens packed into mma.sync M, cp.async K/V "
+             "pipeline, contiguous or paged K/V; bf16/f16; d 64/128/256; sm_80 and newer";
+  }
 }
 
 std::optional<std::string> DecodeSplitSm80Mma::unsupported(const KernelDesc& problem,
@@ -247,7 +267,7 @@ std::vector<TemplateText> DecodeSplitSm80Mma::templates() const {
   return t;
 }
 
-std::string DecodeSplitSm80Mma::config_struct(const Mods& mods, const KernelDesc& d) {
+std::string DecodeSplitSm80Mma::config_struct(const Mods& mods, const KernelDesc& d, int kv_hint) {
   cuda::SourceWriter w;
   w.line(fmt::format("// Compile-time configuration: {}", d.str()));
   {
@@ -264,6 +284,7 @@ std::string DecodeSplitSm80Mma::config_struct(const Mods& mods, const KernelDesc
                        b(d.flags.at("full_blocks") != 0)));
     w.line(fmt::format("static constexpr bool kHasScoreMod = {}, kHasMaskMod = {};",
                        b(cuda::has_score_mod(mods)), b(cuda::has_mask_mod(mods))));
+    w.line(fmt::format("static constexpr int kKvHint = {};", kv_hint));
     w.line(fmt::format("using Element = {};", element_type(d.dtype)));
   }
   return w.str();
@@ -278,7 +299,7 @@ cuda::GeneratedSource DecodeSplitSm80Mma::generate(const Mods& mods, const Kerne
   KernelDesc source_desc = desc;
   source_desc.config.set("num_splits", 0);
   return assemble_variant_source(
-      *this, source_desc, mods, config_struct(mods, source_desc),
+      *this, source_desc, mods, config_struct(mods, source_desc, kv_hint_),
       fmt::format("split-KV decoding kernel `{}` (any num_splits: a launch parameter)", kEntry));
 }
 

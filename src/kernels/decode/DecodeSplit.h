@@ -15,13 +15,25 @@
 
 namespace flexjit::kernels {
 
+//
+// The same kernel registers under more names, with an L2 hint on the K / V copies
+// (FjConfig::kKvHint; docs/kernels/decode.md, "L2 hints"): sm80_ef (L2::evict_first) and
+// sm80_ef256 (L2::evict_first + L2::256B prefetch). They are experimental and rank above
+// sm80_mma, so FLEXJIT_ENABLE_VARIANTS=decode_split/sm80_ef selects one for a measurement.
 class DecodeSplitSm80Mma : public DecodeSplitVariant {
  public:
   static constexpr const char* kEntry = "flexjit_decode_split";
   static constexpr int kMaxSplitsConfig = 1024;
 
-  std::string_view name() const override { return "sm80_mma"; }
+  // kv_hint: 0 plain cp.async (the default variant), 1 L2::evict_first, 2 L2::evict_first and
+  // the L2::256B prefetch size.
+  explicit DecodeSplitSm80Mma(int kv_hint = 0) : kv_hint_(kv_hint) {}
+
+  std::string_view name() const override;
   std::string_view summary() const override;
+  int priority() const override { return kv_hint_; }
+  bool experimental() const override { return kv_hint_ != 0; }
+  int kv_hint() const { return kv_hint_; }
   std::optional<std::string> unsupported(const KernelDesc& problem,
                                          const InputFacts& facts) const override;
   void validate(const KernelDesc& desc) const override;
@@ -38,9 +50,12 @@ class DecodeSplitSm80Mma : public DecodeSplitVariant {
                                void* workspace) const override;
 
   // struct FjConfig { static constexpr int kRows, kBlockN, kNumWarps, kNumStages, kHeadDimQK,
-  //   kHeadDimV, kGqaRatio, kPageSize; static constexpr bool kHasFullBlocks, kHasScoreMod,
-  //   kHasMaskMod; using Element = fj_bf16 | fj_f16; };
-  static std::string config_struct(const Mods& mods, const KernelDesc& desc);
+  //   kHeadDimV, kGqaRatio, kPageSize, kKvHint; static constexpr bool kHasFullBlocks,
+  //   kHasScoreMod, kHasMaskMod; using Element = fj_bf16 | fj_f16; };
+  static std::string config_struct(const Mods& mods, const KernelDesc& desc, int kv_hint = 0);
+
+ private:
+  int kv_hint_ = 0;
 };
 
 // The FjDecodeArgs of a call on `workspace` (null: the partial pointers stay null).
