@@ -10,8 +10,9 @@
 namespace flexjit::kernels {
 
 //
-// decode_combine/warp_batched (experimental, ranked above warp_per_row; FLEXJIT_ENABLE_VARIANTS=
-// decode_combine/warp_batched): the same kernel with the warp's lanes divided among the splits
+// decode_combine/warp_batched (the default since 2026-11-25's H100 sweep, ranked above
+// warp_per_row, which stays selectable by name): the same kernel with the warp's lanes divided
+// among the splits
 // (FjConfig::kSplitLanes): Dv / 16 lanes per split, so up to 32 / (Dv / 16) splits (4 at Dv =
 // 128) are loaded in one round trip instead of one round trip per split.
 class DecodeCombineWarpPerRow : public DecodeCombineVariant {
@@ -26,7 +27,7 @@ class DecodeCombineWarpPerRow : public DecodeCombineVariant {
 
   std::string_view name() const override { return split_lanes_ ? "warp_batched" : "warp_per_row"; }
   int priority() const override { return split_lanes_ ? 1 : 0; }
-  bool experimental() const override { return split_lanes_; }
+  bool experimental() const override { return false; }
   std::string_view summary() const override;
   std::optional<std::string> unsupported(const KernelDesc& problem,
                                          const InputFacts& facts) const override;

@@ -18,8 +18,10 @@ namespace flexjit::kernels {
 //
 // The same kernel registers under more names, with an L2 hint on the K / V copies
 // (FjConfig::kKvHint; docs/kernels/decode.md, "L2 hints"): sm80_ef (L2::evict_first) and
-// sm80_ef256 (L2::evict_first + L2::256B prefetch). They are experimental and rank above
-// sm80_mma, so FLEXJIT_ENABLE_VARIANTS=decode_split/sm80_ef selects one for a measurement.
+// sm80_ef256 (L2::evict_first + L2::256B prefetch). sm80_ef256 is the default since the H100
+// sweep of 2026-11-25 (docs/perf/NOTES.md v11: +2 % over sm80_mma with warp_batched); sm80_ef
+// is experimental and ranks above it (FLEXJIT_ENABLE_VARIANTS=decode_split/sm80_ef), sm80_mma
+// (no hint) stays selectable by name.
 class DecodeSplitSm80Mma : public DecodeSplitVariant {
  public:
   static constexpr const char* kEntry = "flexjit_decode_split";
@@ -31,8 +33,8 @@ class DecodeSplitSm80Mma : public DecodeSplitVariant {
 
   std::string_view name() const override;
   std::string_view summary() const override;
-  int priority() const override { return kv_hint_; }
-  bool experimental() const override { return kv_hint_ != 0; }
+  int priority() const override { return kv_hint_ == 2 ? 1 : kv_hint_ == 1 ? 2 : 0; }
+  bool experimental() const override { return kv_hint_ == 1; }
   int kv_hint() const { return kv_hint_; }
   std::optional<std::string> unsupported(const KernelDesc& problem,
                                          const InputFacts& facts) const override;
