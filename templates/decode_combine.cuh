@@ -125,6 +125,11 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32)
   constexpr float kLn2 = 0.6931471805599453f;
   const float neg_inf = __int_as_float(0xff800000u);
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched programmatically (sm_90+): wait until the split kernel's partials are complete and
+  // visible; a no-op for a plain launch.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const fj_i64 row = (fj_i64)blockIdx.x * Cfg::kNumWarps + warp;

@@ -463,6 +463,11 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   }
   fj_cp_async_wait<0>();
   __syncthreads();  // every warp is done with Q / K / V in shared memory
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Programmatic dependent launch: the combine kernel may be launched from here on (its
+  // griddepcontrol.wait still waits for this grid's writes); a no-op without it.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 
   // Epilogue: each warp publishes its rows' max, sum and unnormalized O; then the CTA merges the
   // kWarpsN partial softmaxes of every row and writes the split's partials.

@@ -82,6 +82,10 @@ struct Launch {
   runtime::Dim3 grid, block;
   unsigned smem_bytes = 0;
   KernelArgs args;
+  // Programmatic dependent launch (sm_90+; runtime::launch): the kernel may start while the
+  // previous one on the stream is still running, and executes griddepcontrol.wait before it
+  // reads anything that kernel wrote.
+  bool programmatic = false;
 };
 
 class Variant {

@@ -39,6 +39,8 @@ void Driver::load() {
   }
   FLEXJIT_DRIVER_FUNCTIONS(FLEXJIT_DRIVER_RESOLVE)
 #undef FLEXJIT_DRIVER_RESOLVE
+  cuLaunchKernelEx_ =
+      reinterpret_cast<decltype(&cuLaunchKernelEx)>(dlsym(lib, FLEXJIT_SYMBOL(cuLaunchKernelEx)));
 
   if (CUresult r = cuInit_(0); r != CUDA_SUCCESS) {
     reason_ = fmt::format("cuInit failed: {}", describe(r));

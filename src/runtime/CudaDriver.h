@@ -83,6 +83,9 @@ class Driver {
   FLEXJIT_DRIVER_FUNCTIONS(FLEXJIT_DRIVER_MEMBER)
 #undef FLEXJIT_DRIVER_MEMBER
 
+  // Optional entry points: null when the driver lacks them (launch() then falls back).
+  decltype(&cuLaunchKernelEx) cuLaunchKernelEx_ = nullptr;  // CUDA 11.8+: launch attributes
+
   // "CUDA_ERROR_INVALID_VALUE: invalid argument" (names from cuGetErrorName/String).
   std::string describe(CUresult r) const;
 

@@ -74,7 +74,7 @@ void ModuleCache::clear() {
 }
 
 void launch(const Kernel& kernel, Dim3 grid, Dim3 block, unsigned dynamic_smem_bytes,
-            CuStream stream, void** args) {
+            CuStream stream, void** args, bool programmatic) {
   Driver::get().require();
   FJ_ASSERT(kernel.function != nullptr, "launch of a kernel that was never loaded");
   if (dynamic_smem_bytes > kDefaultDynamicSmemBytes) {
@@ -88,6 +88,20 @@ void launch(const Kernel& kernel, Dim3 grid, Dim3 block, unsigned dynamic_smem_b
             kernel.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             static_cast<int>(dynamic_smem_bytes));
     }
+  }
+  if (programmatic && Driver::get().cuLaunchKernelEx_ != nullptr) {
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig config{};
+    config.gridDimX = grid.x, config.gridDimY = grid.y, config.gridDimZ = grid.z;
+    config.blockDimX = block.x, config.blockDimY = block.y, config.blockDimZ = block.z;
+    config.sharedMemBytes = dynamic_smem_bytes;
+    config.hStream = stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    FJ_CU(cuLaunchKernelEx, kernel.describe(), &config, kernel.function, args, nullptr);
+    return;
   }
   FJ_CU(cuLaunchKernel, kernel.describe(), kernel.function, grid.x, grid.y, grid.z, block.x,
         block.y, block.z, dynamic_smem_bytes, stream, args, nullptr);

@@ -71,7 +71,11 @@ class ModuleCache {
 // Dynamic shared memory above the 48 KiB default first raises the function's
 // MAX_DYNAMIC_SHARED_SIZE_BYTES. Errors: RuntimeError "cuLaunchKernel failed for kernel
 // 'flexjit_forward' (forward alibi bf16 d128): CUDA_ERROR_INVALID_VALUE: invalid argument".
+// `programmatic`: a programmatic dependent launch (sm_90+, cuLaunchKernelEx with
+// PROGRAMMATIC_STREAM_SERIALIZATION): the kernel may start while the stream's previous kernel
+// is still running and must wait (griddepcontrol.wait) before it reads that kernel's results;
+// a plain launch where the driver has no cuLaunchKernelEx.
 void launch(const Kernel& kernel, Dim3 grid, Dim3 block, unsigned dynamic_smem_bytes,
-            CuStream stream, void** args);
+            CuStream stream, void** args, bool programmatic = false);
 
 }  // namespace flexjit::runtime

@@ -91,7 +91,7 @@ void launch_plan(Device& device, const Plan& plan, const BuiltPlan& built, CuStr
       FJ_LOG("runtime", "launch {}: grid ({}, {}, {}) block {} smem {} ({})", step.desc.str(),
              l.grid.x, l.grid.y, l.grid.z, l.block.x, l.smem_bytes,
              jit::to_string(built.kernels[i].compiled.outcome));
-      launch(kernel, l.grid, l.block, l.smem_bytes, stream, l.args.pointers());
+      launch(kernel, l.grid, l.block, l.smem_bytes, stream, l.args.pointers(), l.programmatic);
     }
   }
 }

@@ -115,6 +115,9 @@ std::vector<Launch> DecodeCombineWarpPerRow::launches(const KernelDesc& desc,
   l.grid = {static_cast<unsigned>((static_cast<int64_t>(packed) + warps - 1) / warps), 1, 1};
   l.block = {static_cast<unsigned>(warps * 32), 1, 1};
   l.args.add(a);
+  // sm_90+: launched while the split kernel finishes (its CTAs trigger after their main loop);
+  // the kernel's griddepcontrol.wait orders its reads after every split write.
+  l.programmatic = desc.arch.major >= 9;
   std::vector<Launch> out;
   out.push_back(std::move(l));
   return out;
