@@ -24,7 +24,7 @@ void register_builtin_variants(Registry& registry) {
   registry.add(std::make_unique<BackwardDqSm90Wgmma>());
   registry.add(std::make_unique<DecodeSplitSm80Mma>());
   registry.add(std::make_unique<DecodeSplitSm80Mma>(1));  // sm80_ef (experimental)
-  registry.add(std::make_unique<DecodeSplitSm80Mma>(2));  // sm80_ef256 (the default)
+  registry.add(std::make_unique<DecodeSplitSm80Mma>(2));  // sm80_ef256 (experimental)
   registry.add(std::make_unique<DecodeCombineWarpPerRow>());
   registry.add(std::make_unique<DecodeCombineWarpPerRow>(true));  // warp_batched (the default)
 }

@@ -680,7 +680,7 @@ TEST_CASE("decode: flexjit run on a paged KV cache matches the fp64 reference (-
   if (sq == 2) {
     CHECK_THAT(out, Catch::Contains("flex_attention: decode plan") &&
                         Catch::Contains("pages of 16") &&
-                        Catch::Contains("selected decode_split/sm80_ef256") &&
+                        Catch::Contains("selected decode_split/sm80_mma") &&
                         Catch::Contains("selected decode_combine/warp_batched"));
   } else {
     CHECK_THAT(out, Catch::Contains("flex_attention: forward plan on the KV cache") &&

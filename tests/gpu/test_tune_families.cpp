@@ -226,7 +226,7 @@ TEST_CASE("decode: search tunes the split (with its split count) and the combine
   o.config.num_stages = 2;
   o.autotune = AutotuneMode::Off;
   REQUIRE_THAT(runtime::describe_forward_plan(ctx, q, k, v, o),
-               Catch::StartsWith("decode_split/sm80_ef256"));
+               Catch::StartsWith("decode_split/sm80_mma"));
   const AttentionResult base = flex_attention(ctx, q, k, v, o);
 
   ScopedEnv print("FLEXJIT_PRINT_AUTOTUNING", "1");
@@ -238,7 +238,7 @@ TEST_CASE("decode: search tunes the split (with its split count) and the combine
 
   const std::vector<tune::TuningRecord> recs = records_in(dir.path());
   CHECK(recs.size() == 2);
-  const tune::TuningRecord* split = record_of(recs, "decode_split/sm80_ef256");
+  const tune::TuningRecord* split = record_of(recs, "decode_split/sm80_mma");
   const tune::TuningRecord* combine = record_of(recs, "decode_combine/warp_batched");
   REQUIRE(split != nullptr);
   REQUIRE(combine != nullptr);

@@ -56,10 +56,9 @@ TensorRef fake_cuda(DType dtype, std::vector<int64_t> shape, uintptr_t addr = 0x
 
 TEST_CASE("decode: descriptions, defaults and text / JSON round trips", "[decode][desc]") {
   const KernelDesc d = split_desc("sm_90a", DType::BF16, 128, 128, 4, 1, 16);
-  CHECK(
-      d.str() ==
-      "decode_split/sm80_ef256 sm_90a bf16 d=128/128 gqa=4 fast_math=1 full_blocks=1 page_size=16 "
-      "rows=16 | block_n=64 num_splits=0 num_stages=3 num_warps=4");
+  CHECK(d.str() ==
+        "decode_split/sm80_mma sm_90a bf16 d=128/128 gqa=4 fast_math=1 full_blocks=1 page_size=16 "
+        "rows=16 | block_n=64 num_splits=0 num_stages=3 num_warps=4");
   CHECK(KernelDesc::parse(d.str()) == d);
   CHECK(KernelDesc::from_json(d.to_json()) == d);
   const KernelDesc c = combine_desc("sm_80", DType::F16, 256);
@@ -406,7 +405,7 @@ TEST_CASE("decode: emit through the public API and the CLI", "[decode][api]") {
   const KernelSource src = emit_kernel(standard_mods("alibi_causal"), q);
   CHECK(src.kernel_name == "flexjit_decode_split");
   CHECK_THAT(src.description,
-             Catch::StartsWith("decode_split/sm80_ef256 sm_90a bf16 d=128/128 gqa=5") &&
+             Catch::StartsWith("decode_split/sm80_mma sm_90a bf16 d=128/128 gqa=5") &&
                  Catch::Contains("page_size=16 rows=32"));
   CHECK_THAT(src.source, Catch::Contains("kRows = 32, kBlockN = 64, kNumWarps = 4") &&
                              Catch::Contains("kGqaRatio = 5, kPageSize = 16"));
@@ -423,7 +422,7 @@ TEST_CASE("decode: emit through the public API and the CLI", "[decode][api]") {
   REQUIRE(test::run_cli("emit --kernel decode_split --mods softcap --gqa 3 --queries 2 --page-size "
                         "1 --head-dim 64 --arch sm_80",
                         &out) == 0);
-  CHECK_THAT(out, Catch::Contains("decode_split/sm80_ef256 sm_80 bf16 d=64/64 gqa=3") &&
+  CHECK_THAT(out, Catch::Contains("decode_split/sm80_mma sm_80 bf16 d=64/64 gqa=3") &&
                       Catch::Contains("flexjit_decode_split"));
   REQUIRE(test::run_cli("emit --kernel decode_split --page-size 3 --arch sm_80", &out) == 1);
   CHECK_THAT(out, Catch::Contains("page_size = 3"));
@@ -503,33 +502,30 @@ TEST_CASE("decode: both templates compile for every arch, mods, head dims and la
   }
 }
 
-TEST_CASE("decode: sm80_ef256 and warp_batched are the defaults; sm80_ef is opt-in",
+TEST_CASE("decode: warp_batched is the default combine; the L2-hint splits are opt-in",
           "[decode][variants]") {
   Registry& reg = Registry::global();
   const KernelDesc problem =
       decode_split_problem(cuda::Arch::parse("sm_90a"), DType::BF16, 128, 128, 4, 16, 0, true);
   const KernelDesc combine_problem =
       decode_combine_problem(cuda::Arch::parse("sm_90a"), DType::BF16, 128);
-  const int mma = reg.get(Family::DecodeSplit, "sm80_mma").priority();
-  CHECK(reg.get(Family::DecodeSplit, "sm80_ef").experimental());
-  CHECK_FALSE(reg.get(Family::DecodeSplit, "sm80_ef256").experimental());
-  CHECK(reg.get(Family::DecodeSplit, "sm80_ef256").priority() > mma);
-  CHECK(reg.get(Family::DecodeSplit, "sm80_ef").priority() >
-        reg.get(Family::DecodeSplit, "sm80_ef256").priority());
+  for (const char* name : {"sm80_ef", "sm80_ef256"}) {
+    const Variant& v = reg.get(Family::DecodeSplit, name);
+    CHECK(v.experimental());
+    CHECK(v.priority() > reg.get(Family::DecodeSplit, "sm80_mma").priority());
+  }
   CHECK_FALSE(reg.get(Family::DecodeCombine, "warp_batched").experimental());
   CHECK(reg.get(Family::DecodeCombine, "warp_batched").priority() >
         reg.get(Family::DecodeCombine, "warp_per_row").priority());
   CHECK_FALSE(reg.get(Family::DecodeSplit, "sm80_mma").experimental());
   CHECK_FALSE(reg.get(Family::DecodeCombine, "warp_per_row").experimental());
 
-  // Not enabled: the defaults, with the experimental one passed over and named.
+  // Not enabled: the defaults, with the experimental ones passed over and named.
   Selection sel;
-  CHECK(reg.complete(problem, InputFacts{}, {}, {}, &sel).variant == "sm80_ef256");
+  CHECK(reg.complete(problem, InputFacts{}, {}, {}, &sel).variant == "sm80_mma");
   CHECK_THAT(sel.str(), Catch::Contains("decode_split/sm80_ef: experimental") &&
                             Catch::Contains("FLEXJIT_ENABLE_VARIANTS=decode_split/sm80_ef"));
   CHECK(reg.complete(combine_problem, InputFacts{}).variant == "warp_batched");
-  // The plain ones by name.
-  CHECK(reg.complete(problem, InputFacts{}, {}, "sm80_mma").variant == "sm80_mma");
   CHECK(reg.complete(combine_problem, InputFacts{}, {}, "warp_per_row").variant == "warp_per_row");
 
   // Enabled (FLEXJIT_ENABLE_VARIANTS): they win, with the same config as the default.

@@ -18,10 +18,11 @@ namespace flexjit::kernels {
 //
 // The same kernel registers under more names, with an L2 hint on the K / V copies
 // (FjConfig::kKvHint; docs/kernels/decode.md, "L2 hints"): sm80_ef (L2::evict_first) and
-// sm80_ef256 (L2::evict_first + L2::256B prefetch). sm80_ef256 is the default since the H100
-// sweep of 2026-11-25 (docs/perf/NOTES.md v11: +2 % over sm80_mma with warp_batched); sm80_ef
-// is experimental and ranks above it (FLEXJIT_ENABLE_VARIANTS=decode_split/sm80_ef), sm80_mma
-// (no hint) stays selectable by name.
+// sm80_ef256 (L2::evict_first + L2::256B prefetch). Both are experimental and rank above
+// sm80_mma (FLEXJIT_ENABLE_VARIANTS=decode_split/sm80_ef256 selects one): sm80_ef256 measured
+// +2 % on the H100, but one of its builds (block_n 32, 8 warps, gqa 5) faults with an illegal
+// instruction at run time (docs/perf/NOTES.md v11: ptxas gives an LDGSTS an odd uniform
+// register as its cache-policy descriptor), so it is not the default.
 class DecodeSplitSm80Mma : public DecodeSplitVariant {
  public:
   static constexpr const char* kEntry = "flexjit_decode_split";
@@ -33,8 +34,8 @@ class DecodeSplitSm80Mma : public DecodeSplitVariant {
 
   std::string_view name() const override;
   std::string_view summary() const override;
-  int priority() const override { return kv_hint_ == 2 ? 1 : kv_hint_ == 1 ? 2 : 0; }
-  bool experimental() const override { return kv_hint_ == 1; }
+  int priority() const override { return kv_hint_; }
+  bool experimental() const override { return kv_hint_ != 0; }
   int kv_hint() const { return kv_hint_; }
   std::optional<std::string> unsupported(const KernelDesc& problem,
                                          const InputFacts& facts) const override;
