@@ -52,6 +52,23 @@ TensorRef fake_cuda(DType dtype, std::vector<int64_t> shape, uintptr_t addr = 0x
                                TensorRef::Device::CUDA, 0);
 }
 
+// The results of a batch of compile jobs: every failure reported, then every build within the
+// register file and without spills.
+template <class Job>
+void check_builds(const std::vector<std::string>& failures, const std::vector<Job>& jobs,
+                  const std::vector<std::string>& usage, const std::vector<int>& registers,
+                  const std::vector<int>& spills) {
+  for (const auto& f : failures)
+    FAIL_CHECK(f);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    INFO(jobs[i].mods << " " << usage[i] << ": " << registers[i] << " registers, " << spills[i]
+                      << " spill bytes");
+    CHECK(registers[i] > 0);
+    CHECK(registers[i] <= 255);
+    CHECK(spills[i] == 0);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("decode: descriptions, defaults and text / JSON round trips", "[decode][desc]") {
@@ -480,15 +497,7 @@ TEST_CASE("decode: both templates compile for every arch, mods, head dims and la
     pool.emplace_back(worker);
   for (auto& t : pool)
     t.join();
-  for (const auto& f : failures)
-    FAIL_CHECK(f);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    INFO(jobs[i].mods << " " << usage[i] << ": " << registers[i] << " registers, " << spills[i]
-                      << " spill bytes");
-    CHECK(registers[i] > 0);
-    CHECK(registers[i] <= 255);
-    CHECK(spills[i] == 0);
-  }
+  check_builds(failures, jobs, usage, registers, spills);
   // The combine kernel: every arch, every dtype it writes, every Dv.
   for (const std::string& arch : archs) {
     for (DType dt : {DType::BF16, DType::F16}) {
@@ -613,15 +622,7 @@ TEST_CASE("decode: the L2-hint and batched-combine variants compile for sm_80 an
       failures.push_back(j.variant + " " + j.mods + " " + j.arch + ": " + e.what());
     }
   });
-  for (const auto& f : failures)
-    FAIL_CHECK(f);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    INFO(jobs[i].mods << " " << usage[i] << ": " << registers[i] << " registers, " << spills[i]
-                      << " spill bytes");
-    CHECK(registers[i] > 0);
-    CHECK(registers[i] <= 255);
-    CHECK(spills[i] == 0);
-  }
+  check_builds(failures, jobs, usage, registers, spills);
   for (const std::string arch : {"sm_80", "sm_90a"}) {
     for (DType dt : {DType::BF16, DType::F16}) {
       for (int dv : {64, 128, 256}) {

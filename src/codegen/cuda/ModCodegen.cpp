@@ -117,6 +117,16 @@ std::string_view binary_function(Op op, ScalarType t, MathFunctions math) {
 }
 
 // Lowers the expressions of one function body into SSA temporaries of a SourceWriter.
+// Whether `n` loads `buffer` at indices structurally equal to `indices`.
+bool is_load_of(const ir::Node& n, const ir::BufferDecl& buffer, const std::vector<Expr>& indices) {
+  if (n.op != Op::Load || !ir::equal(*n.buffer, buffer) || n.args.size() != indices.size()) {
+    return false;
+  }
+  for (size_t d = 0; d < n.args.size(); ++d)
+    if (!ir::equal(n.args[d], indices[d])) return false;
+  return true;
+}
+
 class ExprLowering {
  public:
   ExprLowering(SourceWriter& w, MathFunctions math) : w_(w), math_(math) {}
@@ -159,7 +169,7 @@ class ExprLowering {
         return n.type == ScalarType::Bool ? "(" + member + " != 0)" : member;
       }
       case Op::Load:
-        if (subst_ && is_substituted(n)) return subst_->value;
+        if (subst_ && is_load_of(n, *subst_->buffer, subst_->indices)) return subst_->value;
         return lower_load(e);
       case Op::Cast: {
         const Expr& a = n.args[0];
@@ -201,15 +211,6 @@ class ExprLowering {
     std::string off = w_.ssa("fj_i64", offset);
     return w_.ssa(c_type(e->type), fmt::format("{}(mp.{}, {})", load_function(buf.dtype),
                                                buffer_ptr_member(buf.name), off));
-  }
-
-  bool is_substituted(const ir::Node& n) const {
-    if (!ir::equal(*n.buffer, *subst_->buffer) || n.args.size() != subst_->indices.size()) {
-      return false;
-    }
-    for (size_t d = 0; d < n.args.size(); ++d)
-      if (!ir::equal(n.args[d], subst_->indices[d])) return false;
-    return true;
   }
 
   struct Substitution {
@@ -654,6 +655,17 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
       w.line("return " + lowering.lower(diag->indices[diag_dim]) + ";");
     }
   }
+  // The diagonal site's indices as C values: `diag_index` in its diagonal dimension, the others
+  // lowered (they read neither position: 0 stands in for q_idx and kv_idx).
+  auto diag_site_indices = [&]() {
+    w.line("const int q_idx = 0, kv_idx = 0;");
+    w.line("(void)q_idx, (void)kv_idx;");
+    ExprLowering lowering(w, math);
+    std::vector<std::string> idx;
+    for (size_t d = 0; d < diag->indices.size(); ++d)
+      idx.push_back(d == diag_dim ? "diag_index" : lowering.lower(diag->indices[d]));
+    return idx;
+  };
   {
     auto fn = w.block(
         "__device__ __forceinline__ void fj_bufgrad_diag_add(const FjModParams& mp, const "
@@ -661,16 +673,12 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
     if (diag == nullptr) {
       w.line("(void)mp, (void)gp, (void)b, (void)h, (void)diag_index, (void)v;");
     } else {
-      // The other indices read neither position: 0 stands in for q_idx and kv_idx.
-      w.line("const int q_idx = 0, kv_idx = 0;");
-      w.line("(void)q_idx, (void)kv_idx;");
       const std::string& name = diag->buffer->name;
-      ExprLowering lowering(w, math);
+      const std::vector<std::string> idx = diag_site_indices();
       std::vector<std::string> terms;
-      for (size_t d = 0; d < diag->indices.size(); ++d) {
-        const std::string idx = d == diag_dim ? "diag_index" : lowering.lower(diag->indices[d]);
+      for (size_t d = 0; d < idx.size(); ++d) {
         const std::string clamped =
-            w.ssa("fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx, name, d));
+            w.ssa("fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx[d], name, d));
         terms.push_back(fmt::format("{} * gp.gstride_{}[{}]", clamped, name, d));
       }
       w.line(fmt::format("atomicAdd(gp.grad_{} + ({}), v);", name, fmt::join(terms, " + ")));
@@ -678,20 +686,13 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
   }
   w.line("");
   // kFjDiagLoad: the score_mod itself reads the diagonal site (bias[q_idx - kv_idx + offset]).
-  // The sm_90a kernels then load a tile's diagonals once (fj_diag_load, the indices clamped
-  // into the extents: the kernels also evaluate positions outside the problem) and hand every
-  // element its value through the overloads that take `fj_dl`, which read no memory for it.
+  // The sm_90a kernels then load a tile's diagonals once (fj_diag_load, only at diagonals that
+  // hold a position of the problem) and hand every element its value through the overloads
+  // that take `fj_dl`, which read no memory for it.
   bool diag_load = false;
   if (diag != nullptr && mods.score_mod.defined()) {
     ir::for_each_node(mods.score_mod, [&](const Expr& n) {
-      if (n->op != Op::Load || !ir::equal(*n->buffer, *diag->buffer) ||
-          n->args.size() != diag->indices.size()) {
-        return;
-      }
-      bool same = true;
-      for (size_t d = 0; d < n->args.size(); ++d)
-        same = same && ir::equal(n->args[d], diag->indices[d]);
-      diag_load = diag_load || same;
+      diag_load = diag_load || is_load_of(*n.get(), *diag->buffer, diag->indices);
     });
   }
   w.line(fmt::format("static constexpr bool kFjDiagLoad = {};", diag_load ? "true" : "false"));
@@ -725,15 +726,12 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
       auto fn = w.block(
           "__device__ __forceinline__ float fj_diag_load(const FjModParams& mp, int b, int h, "
           "int diag_index)");
-      w.line("const int q_idx = 0, kv_idx = 0;");
-      w.line("(void)q_idx, (void)kv_idx;");
       const std::string& name = diag->buffer->name;
-      ExprLowering lowering(w, math);
+      const std::vector<std::string> idx = diag_site_indices();
       std::vector<std::string> terms;
-      for (size_t d = 0; d < diag->indices.size(); ++d) {
-        const std::string idx = d == diag_dim ? "diag_index" : lowering.lower(diag->indices[d]);
-        terms.push_back(fmt::format("(fj_i64){} * mp.{}[{}]", idx, buffer_stride_member(name), d));
-      }
+      for (size_t d = 0; d < idx.size(); ++d)
+        terms.push_back(
+            fmt::format("(fj_i64){} * mp.{}[{}]", idx[d], buffer_stride_member(name), d));
       w.line(fmt::format("return {}(mp.{}, {});", load_function(diag->buffer->dtype),
                          buffer_ptr_member(name), fmt::join(terms, " + ")));
     }
