@@ -92,8 +92,8 @@ struct alignas(64) FjTmaDesc {
 // `flexjit_forward(const FjFwdArgs, const FjModParams, const __grid_constant__ FjFwdTmaMaps)`.
 // q, k and v as 4-D tensors {D, S, H, B} (innermost first) read in boxes of 64 elements
 // (128 bytes) x BLOCK_M (q) or BLOCK_N (k, v) rows with the 128-byte swizzle; rows past the
-// sequence length read as zero. Launch: grid (ceil(seqlen_q / BLOCK_M), heads_q, batch), block
-// (BLOCK_M / 64 + 1) * 128 threads (one producer warpgroup, one consumer warpgroup per 64 query
+// sequence length read as zero. Launch: grid (ceil(ceil(seqlen_q / BLOCK_M) / Q_TILES), heads_q,
+// batch) with Q_TILES query tiles per CTA (1 or 2), block (BLOCK_M / 64 + 1) * 128 threads (one producer warpgroup, one consumer warpgroup per 64 query
 // rows), dynamic shared memory fj_forward_sm90_smem_bytes(...).
 struct FjFwdTmaMaps {
   struct FjTmaDesc q, k, v;
@@ -101,15 +101,15 @@ struct FjFwdTmaMaps {
 
 // Dynamic shared memory of the sm_90a forward kernel: 1024 bytes of slack to align the tiles
 // to the 128-byte swizzle's 1024-byte atoms, the Q tile (reused for the O tile: the wider head
-// dim), num_stages K and V tiles, then the mbarriers (Q full; per stage K full, V full, KV
-// empty). forward_sm90.cuh's FjSm90Traits checks the layout.
+// dim), num_stages K and V tiles, then the mbarriers (Q full, Q empty; per stage K full, V full,
+// KV empty). forward_sm90.cuh's FjSm90Traits checks the layout.
 FJ_HOST_DEVICE inline constexpr int fj_forward_sm90_smem_bytes(int block_m, int block_n,
                                                                int head_dim_qk, int head_dim_v,
                                                                int elem_bytes, int num_stages) {
   return 1024 +
          elem_bytes * (block_m * (head_dim_qk > head_dim_v ? head_dim_qk : head_dim_v) +
                        num_stages * block_n * (head_dim_qk + head_dim_v)) +
-         8 * (1 + 3 * num_stages);
+         8 * (2 + 3 * num_stages);
 }
 
 // Arguments of the block-mask builder (templates/block_mask.cuh, whose header documents the

@@ -57,7 +57,9 @@ struct FjSm90Traits {
   static constexpr int kOffK = kQBytes;
   static constexpr int kOffV = kOffK + kNumStages * kKBytes;
   static constexpr int kOffBar = kOffV + kNumStages * kVBytes;
-  static constexpr int kOffEnd = kOffBar + 8 * (1 + 3 * kNumStages);
+  static constexpr int kOffEnd = kOffBar + 8 * (2 + 3 * kNumStages);
+  // Query tiles per CTA (FjConfig::kQTiles): 1, or 2 (m blocks N - 1 - j and j of CTA j).
+  static constexpr int kQTiles = Cfg::kQTiles;
   // Register split (65536 per SM, one CTA): the producer keeps few, the consumers take the rest
   // (FlashAttention-3's 24 / 240 with two consumer warpgroups, 32 / 160 with three).
   static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
@@ -70,6 +72,7 @@ struct FjSm90Traits {
   static_assert(kDimQK % 64 == 0 && kDimV % 64 == 0 && kDimV <= 256,
                 "flexjit forward_sm90: head dims must be multiples of 64 (v at most 256)");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm90: 1..4 stages");
+  static_assert(kQTiles == 1 || kQTiles == 2, "flexjit forward_sm90: 1 or 2 query tiles per CTA");
   static_assert(kOffEnd + 1024 == fj_forward_sm90_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV,
                                                              kElemBytes, kNumStages),
                 "flexjit forward_sm90: shared-memory layout and fj_forward_sm90_smem_bytes "
@@ -161,6 +164,26 @@ FJ_DEVICE void fj_sm90_softmax(float (&s)[1][T::kNTiles][4], float (&row_max)[1]
   }
 }
 
+// The query tile (m block) that CTA blockIdx.x computes as its item-th of n_items (kQTiles):
+// with one tile per CTA, the heaviest first (causal); with two, CTA j takes m blocks N - 1 - j
+// and j, whose causal KV ranges add up to the same number of tiles for every CTA.
+template <class T>
+struct FjQTiles {
+  int num_m;  // query tiles of a head: ceil(seqlen_q / kBlockM)
+  int j;
+  FJ_DEVICE FjQTiles(int seqlen_q) : num_m((seqlen_q + T::kBlockM - 1) / T::kBlockM) {
+    j = blockIdx.x;
+  }
+  FJ_DEVICE int count() const {
+    if constexpr (T::kQTiles == 1) return 1;
+    return num_m - 1 - j > j ? 2 : 1;
+  }
+  FJ_DEVICE int m_block(int item) const {
+    if constexpr (T::kQTiles == 1) return num_m - 1 - j;
+    return item == 0 ? num_m - 1 - j : j;
+  }
+};
+
 extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128, 1)
     flexjit_forward(const FjFwdArgs args, const FjModParams mods,
                     const __grid_constant__ FjFwdTmaMaps maps) {
@@ -172,22 +195,25 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   const fj_u32 sq = smem_base;
   const fj_u32 sk = smem_base + T::kOffK;
   const fj_u32 sv = smem_base + T::kOffV;
+  // Q full at bar_q, Q empty (every consumer warp is done with the Q tile) at bar_qe; per stage
+  // s: K full at bar_k + 8s, V full at bar_v + 8s, KV empty at bar_e + 8s.
   const fj_u32 bar_q = smem_base + T::kOffBar;
-  // Per stage s: K full at bar_k + 8s, V full at bar_v + 8s, KV empty at bar_e + 8s.
-  const fj_u32 bar_k = bar_q + 8;
+  const fj_u32 bar_qe = bar_q + 8;
+  const fj_u32 bar_k = bar_qe + 8;
   const fj_u32 bar_v = bar_k + 8 * T::kNumStages;
   const fj_u32 bar_e = bar_v + 8 * T::kNumStages;
 
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest query tiles first (causal)
+  const FjQTiles<T> qtiles(args.seqlen_q);
+  const int n_items = qtiles.count();
   const int h = blockIdx.y;
   const int b = blockIdx.z;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   const int h_kv = h / Cfg::kGqaRatio;
-  const int m_start = m_block * T::kBlockM;
 
   if (tid == 0) {
     fj_mbar_init(bar_q, 1);
+    fj_mbar_init(bar_qe, 4 * T::kConsumers);  // lane 0 of every consumer warp
 #pragma unroll
     for (int s = 0; s < T::kNumStages; ++s) {
       fj_mbar_init(bar_k + 8 * s, 1);
@@ -198,9 +224,6 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   }
   __syncthreads();
 
-  const FjKvSchedule sched = fj_block_schedule<T::kBlockM, T::kBlockN, Cfg::kHasFullBlocks>(
-      args.mask, args.seqlen_kv, b, h, m_block);
-
   if (wg == 0) {
     // ---- producer ----
     fj_setmaxnreg_dec<T::kProducerRegs>();
@@ -208,23 +231,32 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       fj_tma_prefetch_desc(&maps.q);
       fj_tma_prefetch_desc(&maps.k);
       fj_tma_prefetch_desc(&maps.v);
-      fj_mbar_arrive_expect_tx(bar_q, T::kQLoadBytes);
-      fj_tma_load_tile<T::kDimQK, T::kBlockM>(sq, &maps.q, m_start, h, b, bar_q);
-      int next_tile = sched.num_total > 0 ? sched.tile(0) : 0;
-      for (int i = 0; i < sched.num_total; ++i) {
-        const int tile = next_tile;
-        if (i + 1 < sched.num_total) next_tile = sched.tile(i + 1);
-        const int stage = i % T::kNumStages;
-        if (i >= T::kNumStages) fj_mbar_wait(bar_e + 8 * stage, ((i / T::kNumStages) & 1) ^ 1);
-        // A tile past the end of a ragged sparse block reads as zeros (TMA fills what lies
-        // outside the tensor and still counts the whole box) and the consumers mask it.
-        const int n_start = tile * T::kBlockN;
-        fj_mbar_arrive_expect_tx(bar_k + 8 * stage, T::kKBytes);
-        fj_tma_load_tile<T::kDimQK, T::kBlockN>(sk + stage * T::kKBytes, &maps.k, n_start, h_kv, b,
-                                                bar_k + 8 * stage);
-        fj_mbar_arrive_expect_tx(bar_v + 8 * stage, T::kVBytes);
-        fj_tma_load_tile<T::kDimV, T::kBlockN>(sv + stage * T::kVBytes, &maps.v, n_start, h_kv, b,
-                                               bar_v + 8 * stage);
+      int g = 0;  // KV tiles loaded so far, over every query tile: the ring position
+      for (int item = 0; item < n_items; ++item) {
+        const int m_block = qtiles.m_block(item);
+        const FjKvSchedule sched = fj_block_schedule<T::kBlockM, T::kBlockN, Cfg::kHasFullBlocks>(
+            args.mask, args.seqlen_kv, b, h, m_block);
+        // The next Q tile once the consumers' last S = Q K^T of the previous one is done: it
+        // arrives while they finish that tile's P V and epilogue.
+        if (item > 0) fj_mbar_wait(bar_qe, (item - 1) & 1);
+        fj_mbar_arrive_expect_tx(bar_q, T::kQLoadBytes);
+        fj_tma_load_tile<T::kDimQK, T::kBlockM>(sq, &maps.q, m_block * T::kBlockM, h, b, bar_q);
+        int next_tile = sched.num_total > 0 ? sched.tile(0) : 0;
+        for (int i = 0; i < sched.num_total; ++i, ++g) {
+          const int tile = next_tile;
+          if (i + 1 < sched.num_total) next_tile = sched.tile(i + 1);
+          const int stage = g % T::kNumStages;
+          if (g >= T::kNumStages) fj_mbar_wait(bar_e + 8 * stage, ((g / T::kNumStages) & 1) ^ 1);
+          // A tile past the end of a ragged sparse block reads as zeros (TMA fills what lies
+          // outside the tensor and still counts the whole box) and the consumers mask it.
+          const int n_start = tile * T::kBlockN;
+          fj_mbar_arrive_expect_tx(bar_k + 8 * stage, T::kKBytes);
+          fj_tma_load_tile<T::kDimQK, T::kBlockN>(sk + stage * T::kKBytes, &maps.k, n_start, h_kv,
+                                                  b, bar_k + 8 * stage);
+          fj_mbar_arrive_expect_tx(bar_v + 8 * stage, T::kVBytes);
+          fj_tma_load_tile<T::kDimV, T::kBlockN>(sv + stage * T::kVBytes, &maps.v, n_start, h_kv,
+                                                 b, bar_v + 8 * stage);
+        }
       }
     }
     return;
@@ -239,25 +271,20 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   const fj_u32 sq_wg = sq + cw * 64 * 128;
 
   float o[1][T::kDTiles][4];
-  float row_max[1][2] = {{fj_neg_inf(), fj_neg_inf()}};
-  float row_sum[1][2] = {{0.0f, 0.0f}};
-#pragma unroll
-  for (int dt = 0; dt < T::kDTiles; ++dt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      o[0][dt][e] = 0.0f;
+  float row_max[1][2];
+  float row_sum[1][2];
 
-  const int q_row0 = m_start + cw * 64 + warp * 16 + (lane >> 2);
   // Ping-pong: warpgroup c may issue wgmma after a bar.sync on kSchedBar + c, and hands the turn
   // to the other with a bar.arrive on its barrier (256 threads: 128 syncing, 128 arriving). One
-  // turn per tile; warpgroup 0 goes first; the last turn of warpgroup 1 hands nothing on, so no
-  // arrival is left pending when the CTA exits.
+  // turn per tile, over every query tile of the CTA; warpgroup 0 goes first (warpgroup 1's
+  // arrival below), and consumes warpgroup 1's last hand-over at the end, so that no arrival is
+  // left pending when the CTA exits.
   constexpr int kSchedBar = 3;  // 1, 2: the epilogue's per-warpgroup barriers
   constexpr bool kPingPong = T::kConsumers == 2;
   // Intra-warpgroup overlap of the softmax of tile i with the P V of tile i - 1 (S of tile i, P
   // of tile i - 1 and O live at once: too many registers with d_v = 256).
   constexpr bool kOverlap = T::kDimV <= 128;
-  if (kPingPong && cw == 1 && sched.num_total > 0) fj_bar_arrive(kSchedBar, 256);
+  if (kPingPong && cw == 1) fj_bar_arrive(kSchedBar, 256);
 
   fj_u32 pa[T::kBlockN / 16][4];  // P of the previous tile, the A operand of its P V
   float s[1][T::kNTiles][4];
@@ -295,26 +322,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     }
     fj_wgmma_commit();
   };
-  // Scores and online softmax of tile i (S in s, turned into P in place); the factors by which O
-  // must be rescaled are left in alpha.
-  float alpha[2];
-  auto softmax = [&](int i, int n_start) {
-    constexpr float kLog2e = 1.4426950408889634f;
-    const int kv_col0 = n_start + (lane & 3) * 2;
-    const bool partial = i < sched.num_partial;
-    float c = kLog2e;
-    if (!Cfg::kHasScoreMod && !(Cfg::kHasMaskMod && partial) && args.scale > 0.0f) {
-      // No mod to call on this tile: the scale goes into the exponent's factor too.
-      fj_sm90_scores<Cfg, T, false, true>(s, args, mods, b, h, q_row0, n_start, kv_col0);
-      c = args.scale * kLog2e;
-    } else if (partial) {
-      fj_sm90_scores<Cfg, T, true, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
-    } else {
-      fj_sm90_scores<Cfg, T, false, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
-    }
-    fj_sm90_softmax<T>(s, row_max, row_sum, alpha, c);
-  };
-  auto rescale_o = [&] {
+  auto rescale_o = [&](const float (&alpha)[2]) {
     fj_rescale_row<T>(o, 0, 0, alpha[0]);
     fj_rescale_row<T>(o, 0, 1, alpha[1]);
   };
@@ -323,56 +331,105 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     __syncwarp();
     if (lane == 0) fj_mbar_arrive(bar_e + 8 * stage);
   };
+  // This warp is done with the Q tile (its last S = Q K^T has completed).
+  auto release_q = [&] {
+    __syncwarp();
+    if (lane == 0) fj_mbar_arrive(bar_qe);
+  };
   auto turn_begin = [&] {
     if (kPingPong) fj_bar_sync(kSchedBar + cw, 256);
   };
-  auto turn_end = [&](int i) {
-    if (kPingPong && !(cw == 1 && i + 1 == sched.num_total))
-      fj_bar_arrive(kSchedBar + (cw ^ 1), 256);
+  auto turn_end = [&] {
+    if (kPingPong) fj_bar_arrive(kSchedBar + (cw ^ 1), 256);
   };
 
-  const int num_total = sched.num_total;
-  fj_mbar_wait(bar_q, 0);
-  if (num_total > 0) {
-    if constexpr (kOverlap) {
+  int g = 0;  // KV tiles consumed so far, over every query tile: the ring position
+#pragma unroll 1
+  for (int item = 0; item < n_items; ++item) {
+    const int m_block = qtiles.m_block(item);
+    const int m_start = m_block * T::kBlockM;
+    const FjKvSchedule sched = fj_block_schedule<T::kBlockM, T::kBlockN, Cfg::kHasFullBlocks>(
+        args.mask, args.seqlen_kv, b, h, m_block);
+    const int q_row0 = m_start + cw * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+    for (int dt = 0; dt < T::kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        o[0][dt][e] = 0.0f;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      row_max[0][hr] = fj_neg_inf();
+      row_sum[0][hr] = 0.0f;
+    }
+    // Scores and online softmax of tile i (S in s, turned into P in place); the factors by which
+    // O must be rescaled are left in alpha.
+    auto softmax = [&](int i, int n_start, float (&alpha)[2]) {
+      constexpr float kLog2e = 1.4426950408889634f;
+      const int kv_col0 = n_start + (lane & 3) * 2;
+      const bool partial = i < sched.num_partial;
+      float c = kLog2e;
+      if (!Cfg::kHasScoreMod && !(Cfg::kHasMaskMod && partial) && args.scale > 0.0f) {
+        // No mod to call on this tile: the scale goes into the exponent's factor too.
+        fj_sm90_scores<Cfg, T, false, true>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+        c = args.scale * kLog2e;
+      } else if (partial) {
+        fj_sm90_scores<Cfg, T, true, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+      } else {
+        fj_sm90_scores<Cfg, T, false, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+      }
+      fj_sm90_softmax<T>(s, row_max, row_sum, alpha, c);
+    };
+
+    const int num_total = sched.num_total;
+    fj_mbar_wait(bar_q, item & 1);
+    if (num_total == 0) {
+      release_q();
+    } else if constexpr (kOverlap) {
       // Tile 0: S only.
       int tile = sched.tile(0);
       int next_tile = num_total > 1 ? sched.tile(1) : 0;  // read one tile ahead
-      fj_mbar_wait(bar_k, 0);
+      float alpha[2];
+      fj_mbar_wait(bar_k + 8 * (g % T::kNumStages), (g / T::kNumStages) & 1);
       turn_begin();
       fj_wgmma_fence();
-      issue_qk(0);
-      turn_end(0);
+      issue_qk(g % T::kNumStages);
+      turn_end();
       fj_wgmma_wait<0>();
       fj_fence_regs(s[0]);
-      softmax(0, tile * T::kBlockN);  // O is still zero: no rescale
+      if (num_total == 1) release_q();
+      softmax(0, tile * T::kBlockN, alpha);  // O is still zero: no rescale
       pack_p();
       // Tile i: S of tile i and P V of tile i - 1 issued together; the softmax of tile i runs
       // while the tensor cores multiply P V, and O is rescaled once that is done.
       for (int i = 1; i < num_total; ++i) {
         tile = next_tile;
         if (i + 1 < num_total) next_tile = sched.tile(i + 1);
-        const int stage = i % T::kNumStages;
-        const int prev = (i - 1) % T::kNumStages;
-        fj_mbar_wait(bar_k + 8 * stage, (i / T::kNumStages) & 1);
-        fj_mbar_wait(bar_v + 8 * prev, ((i - 1) / T::kNumStages) & 1);
+        const int gi = g + i;
+        const int stage = gi % T::kNumStages;
+        const int prev = (gi - 1) % T::kNumStages;
+        fj_mbar_wait(bar_k + 8 * stage, (gi / T::kNumStages) & 1);
+        fj_mbar_wait(bar_v + 8 * prev, ((gi - 1) / T::kNumStages) & 1);
         turn_begin();
         fj_wgmma_fence();
         issue_qk(stage);
         issue_pv(prev);
-        turn_end(i);
+        turn_end();
         fj_wgmma_wait<1>();
         fj_fence_regs(s[0]);
-        softmax(i, tile * T::kBlockN);
-        fj_wgmma_wait<0>();
+        softmax(i, tile * T::kBlockN, alpha);
+        // P V of tile i - 1 is waited for only after the softmax: fj_wgmma_wait_after makes the
+        // wait start a basic block that depends on the softmax's result.
+        fj_wgmma_wait_after<0>(row_sum[0][0] + row_sum[0][1]);
         fj_fence_regs(o[0]);
+        if (i + 1 == num_total) release_q();
         release(prev);
-        rescale_o();
+        rescale_o(alpha);
         pack_p();
       }
       // The last tile's P V.
-      const int last = (num_total - 1) % T::kNumStages;
-      fj_mbar_wait(bar_v + 8 * last, ((num_total - 1) / T::kNumStages) & 1);
+      const int gl = g + num_total - 1;
+      const int last = gl % T::kNumStages;
+      fj_mbar_wait(bar_v + 8 * last, (gl / T::kNumStages) & 1);
       fj_wgmma_fence();
       issue_pv(last);
       fj_wgmma_wait<0>();
@@ -384,17 +441,20 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       for (int i = 0; i < num_total; ++i) {
         const int tile = next_tile;
         if (i + 1 < num_total) next_tile = sched.tile(i + 1);
-        const int stage = i % T::kNumStages;
-        const int parity = (i / T::kNumStages) & 1;
+        const int gi = g + i;
+        const int stage = gi % T::kNumStages;
+        const int parity = (gi / T::kNumStages) & 1;
+        float alpha[2];
         fj_mbar_wait(bar_k + 8 * stage, parity);
         turn_begin();
         fj_wgmma_fence();
         issue_qk(stage);
-        turn_end(i);
+        turn_end();
         fj_wgmma_wait<0>();
         fj_fence_regs(s[0]);
-        softmax(i, tile * T::kBlockN);
-        rescale_o();
+        if (i + 1 == num_total) release_q();
+        softmax(i, tile * T::kBlockN, alpha);
+        rescale_o(alpha);
         pack_p();
         fj_mbar_wait(bar_v + 8 * stage, parity);
         fj_wgmma_fence();
@@ -404,31 +464,50 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         release(stage);
       }
     }
-  }
+    g += num_total;
 
-  // ---- epilogue: normalize, LSE, O through shared memory (this warpgroup's Q rows) ----
-  constexpr float kLn2 = 0.6931471805599453f;
-  fj_fence_proxy_async();  // the Q rows were last read by wgmma (async proxy)
+    // ---- epilogue: normalize, LSE, O ----
+    constexpr float kLn2 = 0.6931471805599453f;
+    if constexpr (T::kQTiles == 1) fj_fence_proxy_async();  // Q rows last read by wgmma
 #pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    float sum = row_sum[0][hr];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;  // fully masked row: 0, LSE -inf
-    const int row = q_row0 + hr * 8;
-    if (args.lse != nullptr && (lane & 3) == 0 && row < args.seqlen_q) {
-      const float lse = sum == 0.0f ? fj_neg_inf() : row_max[0][hr] * kLn2 + logf(sum);
-      args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + row] = lse;
+    for (int hr = 0; hr < 2; ++hr) {
+      float sum = row_sum[0][hr];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;  // fully masked row: 0, LSE -inf
+      const int row = q_row0 + hr * 8;
+      if (args.lse != nullptr && (lane & 3) == 0 && row < args.seqlen_q) {
+        const float lse = sum == 0.0f ? fj_neg_inf() : row_max[0][hr] * kLn2 + logf(sum);
+        args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + row] = lse;
+      }
+      if constexpr (T::kQTiles == 1) {
+        // Through shared memory (this warpgroup's Q rows), 16-byte stores below.
+        fj_sw128_store_acc_half<typename T::Element, T::kBlockM>(sq, cw * 64 + warp * 16, lane,
+                                                                 o[0], hr, inv);
+      } else {
+        // Straight from the registers: the Q tile is already the next query tile's.
+        if (row < args.seqlen_q) {
+          unsigned char* out_row =
+              static_cast<unsigned char*>(args.out) +
+              T::kElemBytes * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
+                               (fj_i64)row * args.o_stride_s + (lane & 3) * 2);
+#pragma unroll
+          for (int dt = 0; dt < T::kDTiles; ++dt)
+            T::Mma::store2(out_row + T::kElemBytes * dt * 8, o[0][dt][hr * 2] * inv,
+                           o[0][dt][hr * 2 + 1] * inv);
+        }
+      }
     }
-    fj_sw128_store_acc_half<typename T::Element, T::kBlockM>(sq, cw * 64 + warp * 16, lane, o[0],
-                                                             hr, inv);
+    if constexpr (T::kQTiles == 1) {
+      fj_bar_sync(1 + cw, 128);
+      char* out_tile = static_cast<char*>(args.out) +
+                       T::kElemBytes * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
+                                        (fj_i64)(m_start + cw * 64) * args.o_stride_s);
+      fj_sw128_copy_out64<T::kDimV, T::kBlockM>(out_tile, args.o_stride_s, sq, cw * 64,
+                                                m_start + cw * 64, args.seqlen_q, wtid);
+    }
   }
-  fj_bar_sync(1 + cw, 128);
-  char* out_tile = static_cast<char*>(args.out) +
-                   T::kElemBytes * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
-                                    (fj_i64)(m_start + cw * 64) * args.o_stride_s);
-  fj_sw128_copy_out64<T::kDimV, T::kBlockM>(out_tile, args.o_stride_s, sq, cw * 64,
-                                            m_start + cw * 64, args.seqlen_q, wtid);
+  if (kPingPong && cw == 0) fj_bar_sync(kSchedBar, 256);  // warpgroup 1's last hand-over
 }
 
 #endif  // FLEXJIT_FORWARD_SM90_CUH_

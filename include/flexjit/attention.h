@@ -44,6 +44,9 @@ struct BlockConfig {
   // Split-KV decoding only (docs/kernels/decode.md): the splits of the KV range; 0 chooses
   // them from the SM count and the KV length. block_m does not apply there.
   int num_splits = 0;
+  // forward/sm90a_wgmma only (docs/kernels/forward_sm90.md): query tiles per CTA, 1 or 2 (m
+  // blocks N - 1 - j and j; the second's loads overlap the first's last tile and epilogue).
+  int q_tiles = 0;
 };
 
 // Device scratch memory for calls whose kernels need it (several kernels in one call, or a

@@ -98,10 +98,13 @@ TEST_CASE("sm90a_wgmma configs: defaults, the space, and precise refusals", "[sm
       Catch::Contains("registers per consumer thread") && Catch::Contains("block_m = 192"));
   CHECK_THROWS_WITH(sm90_desc(DType::BF16, 64, 64, {{"block_m", 256}}),
                     Catch::Contains("block_m = 256") && Catch::Contains("128, 192"));
+  CHECK_THROWS_WITH(sm90_desc(DType::BF16, 64, 64, {{"q_tiles", 3}}),
+                    Catch::Contains("q_tiles = 3") && Catch::Contains("1, 2"));
+  CHECK(sm90_desc(DType::BF16, 64, 64, {{"q_tiles", 2}}).config.at("q_tiles") == 2);
   // The layout formula: 1024 bytes of alignment slack, Q (the wider head dim), the stages,
-  // and 1 + 3 * stages mbarriers.
+  // and 2 + 3 * stages mbarriers.
   CHECK(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 2) ==
-        1024 + 2 * (128 * 128 + 2 * 128 * 256) + 8 * 7);
+        1024 + 2 * (128 * 128 + 2 * 128 * 256) + 8 * 8);
   const KernelDesc d = sm90_desc(DType::BF16, 128, 128);
   CHECK(v.smem_bytes(d) ==
         static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 3)));
@@ -172,6 +175,11 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
   jobs.push_back({"causal", DType::BF16, 128, 64, {{"block_m", 192}, {"num_stages", 3}}});
   jobs.push_back({"noop", DType::BF16, 64, 64, {{"block_n", 192}}});
   jobs.push_back({"causal", DType::F16, 64, 64, {{"block_n", 192}}});
+  // Two query tiles per CTA (the epilogue stores from registers).
+  for (const char* m : {"noop", "causal", "alibi_causal", "document_causal"})
+    jobs.push_back({m, DType::BF16, 64, 64, {{"q_tiles", 2}}});
+  jobs.push_back({"causal", DType::BF16, 128, 128, {{"q_tiles", 2}, {"num_stages", 2}}});
+  jobs.push_back({"softcap", DType::F16, 256, 256, {{"q_tiles", 2}}});
 
   jit::CacheSettings settings;
   settings.enabled = false;

@@ -776,7 +776,7 @@ void register_bench(CLI::App& app) {
     }
     a.repeats = repeats;
     a.deterministic = opts.deterministic;
-    a.config = {opts.block_m, opts.block_n, opts.warps, opts.stages, opts.splits};
+    a.config = {opts.block_m, opts.block_n, opts.warps, opts.stages, opts.splits, opts.q_tiles};
     a.math = math_mode(opts.math);
     run_attention_bench(a);
   });

@@ -54,6 +54,9 @@ void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
       ->check(CLI::Range(1, 65536));
   app.add_option("--stages", o.stages, "K/V pipeline stages (default: the variant's table)")
       ->check(CLI::Range(1, 65536));
+  app.add_option("--q-tiles", o.q_tiles,
+                 "forward/sm90a_wgmma: query tiles per CTA, 1 or 2 (default: the variant's table)")
+      ->check(CLI::Range(1, 2));
   app.add_flag("--divisible", o.divisible,
                "Assume Sq and Skv are multiples of the block sizes (skips bounds checks)");
   app.add_flag("--no-full-blocks", o.no_full_blocks,
@@ -129,7 +132,7 @@ KernelQuery make_query(const KernelOptions& o) {
   q.head_dim_qk = o.head_dim;
   q.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim;
   q.gqa_ratio = o.gqa;
-  q.config = {o.block_m, o.block_n, o.warps, o.stages, o.splits};
+  q.config = {o.block_m, o.block_n, o.warps, o.stages, o.splits, o.q_tiles};
   q.seqlen_q = o.queries;
   q.page_size = o.page_size;
   q.block_size = o.block_size;

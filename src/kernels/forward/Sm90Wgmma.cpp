@@ -26,6 +26,9 @@ namespace {
 constexpr std::initializer_list<int> kBlockMs = {128, 192};
 constexpr std::initializer_list<int> kBlockNs = {64, 128, 176, 192};
 constexpr std::initializer_list<int> kStages = {2, 3, 4};
+// Query tiles per CTA: 2 pairs m blocks N - 1 - j and j (equal causal work per CTA) and loads
+// the second's Q and first K / V tiles while the consumers finish the first.
+constexpr std::initializer_list<int> kQTiles = {1, 2};
 
 // A KV cache (chunked prefill: the page_size / seq_lens flags, kernels/forward/Forward.h) is
 // forward/sm80_mma's: TMA boxes tile a [B, H, S, D] tensor, not pages through a table.
@@ -57,8 +60,16 @@ int sm90_smem(const KernelDesc& d) {
                                     d.config.at_int("num_stages"));
 }
 
-Params make_config(int block_m, int block_n, int num_stages) {
-  return {{"block_m", block_m}, {"block_n", block_n}, {"num_stages", num_stages}};
+Params make_config(int block_m, int block_n, int num_stages, int q_tiles) {
+  return {{"block_m", block_m},
+          {"block_n", block_n},
+          {"num_stages", num_stages},
+          {"q_tiles", q_tiles}};
+}
+
+// q_tiles may be absent (configs written before it existed): one query tile per CTA.
+int q_tiles_of(const KernelDesc& d) {
+  return static_cast<int>(d.config.get("q_tiles").value_or(1));
 }
 
 }  // namespace
@@ -126,10 +137,10 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
           fmt::format("forward/sm90a_wgmma needs config '{}' ({})", name, d.str()));
     }
   }
-  if (d.config.items().size() != 3) {
+  if (d.config.items().size() != (d.config.has("q_tiles") ? 4u : 3u)) {
     throw UnsupportedError(fmt::format(
-        "forward/sm90a_wgmma takes block_m, block_n and num_stages (its warpgroups follow from "
-        "block_m); got {}",
+        "forward/sm90a_wgmma takes block_m, block_n, num_stages and q_tiles (its warpgroups "
+        "follow from block_m); got {}",
         d.config.str()));
   }
   if (auto r = not_in("block_m", d.config.at("block_m"), kBlockMs)) throw UnsupportedError(*r);
@@ -137,6 +148,7 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
   if (auto r = not_in("num_stages", d.config.at("num_stages"), kStages)) {
     throw UnsupportedError(*r);
   }
+  if (auto r = not_in("q_tiles", q_tiles_of(d), kQTiles)) throw UnsupportedError(*r);
   for (const char* flag : {"divisible", "full_blocks"}) {
     auto v = d.flags.get(flag);
     if (!v || (*v != 0 && *v != 1)) {
@@ -175,9 +187,9 @@ Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
   // Measured on an H100 (docs/perf/NOTES.md v8, v9): d = 128 noop 581 TFLOP/s with 3 stages,
   // 511 with 2 (causal 489 / 448), block_n 176 (2 stages fit) 520; d = 64 noop 396 with 4
   // stages, 378 with 3, 323 with 2 (causal 296-297 with 3 or 4).
-  if (d <= 64) return make_config(128, 128, 4);
-  if (d <= 128) return make_config(128, 128, 3);
-  return make_config(128, 64, 2);
+  if (d <= 64) return make_config(128, 128, 4, 1);
+  if (d <= 128) return make_config(128, 128, 3, 1);
+  return make_config(128, 64, 2, 1);
 }
 
 std::vector<Params> ForwardSm90Wgmma::config_space(const KernelDesc& p) const {
@@ -185,7 +197,8 @@ std::vector<Params> ForwardSm90Wgmma::config_space(const KernelDesc& p) const {
   for (int bm : kBlockMs)
     for (int bn : kBlockNs)
       for (int s : kStages)
-        grid.push_back(make_config(bm, bn, s));
+        for (int qt : kQTiles)
+          grid.push_back(make_config(bm, bn, s, qt));
   return valid_configs(*this, p, grid);
 }
 
@@ -231,11 +244,14 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
   // The config struct (the same members as sm80_mma's; kNumWarps is the consumers' warps) and
   // the wgmma shapes the kernel uses: S (n = block_n) and O (n = head_dim_v).
   const int bm = desc.config.at_int("block_m");
-  std::string config = ForwardSm80Mma::config_struct(mods, [&] {
-    KernelDesc d = desc;
-    d.config.set("num_warps", bm / 16);
-    return d;
-  }());
+  std::string config = ForwardSm80Mma::config_struct(
+      mods,
+      [&] {
+        KernelDesc d = desc;
+        d.config.set("num_warps", bm / 16);
+        return d;
+      }(),
+      {fmt::format("static constexpr int kQTiles = {};", q_tiles_of(desc))});
   const std::string wrappers =
       cuda::wgmma_wrappers(desc.dtype, {desc.config.at_int("block_n")}, {desc.head_dim_v});
   config.push_back('\n');
@@ -262,8 +278,10 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   maps.v = runtime::encode_bhsd_tma(in.v, bn, "v");
   Launch l;
   l.entry_point = "flexjit_forward";
-  l.grid = {static_cast<unsigned>((s.seqlen_q + bm - 1) / bm), static_cast<unsigned>(s.heads_q),
-            static_cast<unsigned>(s.batch)};
+  const int64_t m_blocks = (s.seqlen_q + bm - 1) / bm;
+  const int q_tiles = q_tiles_of(desc);
+  l.grid = {static_cast<unsigned>((m_blocks + q_tiles - 1) / q_tiles),
+            static_cast<unsigned>(s.heads_q), static_cast<unsigned>(s.batch)};
   l.block = {static_cast<unsigned>((bm / 64 + 1) * 128), 1, 1};
   l.smem_bytes = smem_bytes(desc);
   l.args.add(a);
