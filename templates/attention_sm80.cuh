@@ -301,4 +301,62 @@ FJ_DEVICE void fj_pv(float (&o)[T::kMTiles][T::kDTiles][4],
   }
 }
 
+// The score_mod's diagonal load (kFjDiagLoad; the sm_90a kernels), once per diagonal of a
+// warp's fragment instead of once per element: in the same 16-row x 8 kN8-column fragment,
+// element (row, col) lies on diagonal k = col - row in [-15, 8 kN8 - 1] and reads index
+// base + dir * k. issue() loads the diagonals into registers (lane l: entry e = k + 15 = l,
+// l + 32, ... in v[0], v[1], ...) before the tile's GEMMs are waited for. Element
+// (g + 8 hr, 8 nt + 2t + c) (g = lane / 4, t = lane % 4) then reads its value either through
+// shared memory (the backward: commit() puts the entries in the warp's table, the element reads
+// mine(lane)[8 (nt - hr) + c]) or straight from the lanes that loaded it (the forward:
+// shuffled(8 (nt - hr) + c, lane), no shared memory). Only diagonals that hold a position of
+// the problem (rows < `rows`, columns < `cols`) are loaded: there the user's contract keeps the
+// index in bounds; the others read as 0 and belong to elements outside the problem.
+template <int kN8>
+struct FjDiagLoads {
+  static constexpr int kCount = 8 * kN8 + 15;
+  static constexpr int kPer = (kCount + 31) / 32;  // loads per lane
+  static constexpr int kFloats = kPer * 32;        // per warp
+  float* table;                                    // this warp's kFloats (shared memory)
+  float v[kPer];
+
+  FJ_DEVICE void issue(const FjModParams& mods, int b, int h, int base, int dir, int rows, int cols,
+                       int lane) {
+#pragma unroll
+    for (int p = 0; p < kPer; ++p) {
+      const int k = p * 32 + lane - 15;
+      v[p] = 0.0f;
+      if (k < 8 * kN8 && rows > 0 && k > -rows && k < cols) {
+        v[p] = fj_diag_load(mods, b, h, (int)((unsigned)base + (unsigned)(dir * k)));
+      }
+    }
+  }
+
+  // Every lane of the warp together: the previous tile's reads are done before the writes.
+  FJ_DEVICE void commit(int lane) {
+    __syncwarp();
+#pragma unroll
+    for (int p = 0; p < kPer; ++p)
+      table[p * 32 + lane] = v[p];
+    __syncwarp();
+  }
+
+  FJ_DEVICE const float* mine(int lane) const {
+    return table + 15 + (lane & 3) * 2 - (lane >> 2);
+  }
+
+  // The value of element (g + 8 hr, 8 nt + 2t + c) for j = 8 (nt - hr) + c (a constant once the
+  // caller's loops are unrolled), from the lane that loaded it: its entry e = j + 15 + 2t - g.
+  // Over the warp, e spans the 14 entries [j + 8, j + 21], in one v[p] or across two (then two
+  // shuffles and a select). Every lane of the warp together.
+  FJ_DEVICE float shuffled(int j, int lane) const {
+    const int e = j + 15 + (lane & 3) * 2 - (lane >> 2);
+    const int p0 = (j + 8) >> 5, p1 = (j + 21) >> 5;
+    const float lo = __shfl_sync(0xffffffffu, v[p0], e & 31);
+    if (p0 == p1) return lo;
+    const float hi = __shfl_sync(0xffffffffu, v[p1], e & 31);
+    return (e >> 5) == p0 ? lo : hi;
+  }
+};
+
 #endif  // FLEXJIT_ATTENTION_SM80_CUH_

@@ -341,48 +341,6 @@ struct FjDiagGrad {
   }
 };
 
-// The score_mod's diagonal load (kFjDiagLoad), once per diagonal of a warp's fragment instead
-// of once per element: in the same 16-row x 8 kN8-column fragment, element (row, col) lies on
-// diagonal k = col - row in [-15, 8 kN8 - 1] and reads index base + dir * k. issue() loads the
-// diagonals into registers (lane l: k = l - 15, l + 17, ...) before the tile's GEMMs are waited
-// for, commit() puts them in the warp's table (k + 15), and element (g + 8 hr, 8 nt + 2t + c)
-// reads its value at mine(lane)[8 (nt - hr) + c]. Only diagonals that hold a position of the
-// problem (rows < `rows`, columns < `cols`) are loaded: there the user's contract keeps the
-// index in bounds; the others read as 0 and belong to elements outside the problem.
-template <int kN8>
-struct FjDiagLoads {
-  static constexpr int kCount = 8 * kN8 + 15;
-  static constexpr int kPer = (kCount + 31) / 32;  // loads per lane
-  static constexpr int kFloats = kPer * 32;        // per warp
-  float* table;                                    // this warp's kFloats (shared memory)
-  float v[kPer];
-
-  FJ_DEVICE void issue(const FjModParams& mods, int b, int h, int base, int dir, int rows, int cols,
-                       int lane) {
-#pragma unroll
-    for (int p = 0; p < kPer; ++p) {
-      const int k = p * 32 + lane - 15;
-      v[p] = 0.0f;
-      if (k < 8 * kN8 && rows > 0 && k > -rows && k < cols) {
-        v[p] = fj_diag_load(mods, b, h, (int)((unsigned)base + (unsigned)(dir * k)));
-      }
-    }
-  }
-
-  // Every lane of the warp together: the previous tile's reads are done before the writes.
-  FJ_DEVICE void commit(int lane) {
-    __syncwarp();
-#pragma unroll
-    for (int p = 0; p < kPer; ++p)
-      table[p * 32 + lane] = v[p];
-    __syncwarp();
-  }
-
-  FJ_DEVICE const float* mine(int lane) const {
-    return table + 15 + (lane & 3) * 2 - (lane >> 2);
-  }
-};
-
 // ---- dK / dV ---------------------------------------------------------------------------------
 
 #if defined(FJ_BWD_DKDV)

@@ -323,7 +323,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const fj_u32 sq_st = sq + stage * kQBytes, sdo_st = sdo + stage * kDoBytes;
       if constexpr (kDl) {
         // Rows: this warp's 16 kv rows; columns: the tile's kBM q rows (S^T).
-        loads.issue(mods, b, h, fj_bufgrad_diag_index(mods, b, h, m0, kv_row0), kFjDiagSign,
+        loads.issue(mods, b, h, fj_diag_load_index(mods, b, h, m0, kv_row0), kFjDiagLoadSign,
                     args.seqlen_kv - kv_row0, args.seqlen_q - m0, lane);
       }
       fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
@@ -477,7 +477,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     const int stage = i % kS;
     const fj_u32 sk_st = sk + stage * kKBytes, sv_st = sv + stage * kVBytes;
     if constexpr (kDl) {
-      loads.issue(mods, b, h, fj_bufgrad_diag_index(mods, b, h, q_row0, n0), -kFjDiagSign,
+      loads.issue(mods, b, h, fj_diag_load_index(mods, b, h, q_row0, n0), -kFjDiagLoadSign,
                   args.seqlen_q - q_row0, args.seqlen_kv - n0, lane);
     }
     fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);

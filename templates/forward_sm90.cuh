@@ -86,31 +86,57 @@ struct FjSm90Traits {
 // per-score work, the softmax multiplies by scale · log2(e); otherwise score_mod(q·k · scale)
 // (or q·k · scale), the mask_mod on partial tiles, and the softmax multiplies by log2(e). Keys
 // past seqlen_kv become -inf either way. Same indices as fj_scores (forward_common.cuh).
-template <class Cfg, class T, bool kApplyMask, bool kRaw>
+// kDl: the score_mod's diagonal load (kFjDiagLoad) comes from the warp's loads in `dl`.
+template <class Cfg, class T, bool kApplyMask, bool kRaw, bool kDl>
 FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& args,
                               const FjModParams& mods, int b, int h, int q_row0, int n_start,
-                              int kv_col0) {
+                              int kv_col0, const FjDiagLoads<T::kNTiles>& dl, int lane) {
   if constexpr (!kRaw) {
     const float scale = args.scale;
+    // Mods only ever see in-range indices (their buffer loads stay in bounds); rows past
+    // seqlen_q are computed on a clamped index and never written.
+    auto row_index = [&](int hr) {
+      const int q_idx = q_row0 + hr * 8;
+      return Cfg::kIsDivisible ? q_idx : fj_imin(q_idx, args.seqlen_q - 1);
+    };
+    auto element = [&](int hr, int q_idx, int nt, int c, float dl_value) {
+      int kv_idx = kv_col0 + nt * 8 + c;
+      if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+      float x = s[0][nt][hr * 2 + c] * scale;
+      if constexpr (kDl) {
+        x = fj_score_mod(mods, x, b, h, q_idx, kv_idx, dl_value);
+      } else if constexpr (Cfg::kHasScoreMod) {
+        x = fj_score_mod(mods, x, b, h, q_idx, kv_idx);
+      }
+      if constexpr (kApplyMask && Cfg::kHasMaskMod) {
+        if (!fj_mask_mod(mods, b, h, q_idx, kv_idx)) x = fj_neg_inf();
+      }
+      s[0][nt][hr * 2 + c] = x;
+    };
+    if constexpr (kDl && T::kConsumers == 2) {
+      // Elements (hr 0, nt m, c) and (hr 1, nt m + 1, c) lie on the same diagonals: one
+      // shuffled value (j = 8 m + c) serves both (34 shuffles, some doubled, instead of 64 per
+      // 16 x 128 fragment). Not with three consumer warpgroups: at 160 registers per thread,
+      // keeping both rows' elements of a diagonal in flight spills.
+      const int q_idx0 = row_index(0), q_idx1 = row_index(1);
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      int q_idx = q_row0 + hr * 8;
-      // Mods only ever see in-range indices (their buffer loads stay in bounds); rows past
-      // seqlen_q are computed on a clamped index and never written.
-      if constexpr (!Cfg::kIsDivisible) q_idx = fj_imin(q_idx, args.seqlen_q - 1);
-#pragma unroll
-      for (int nt = 0; nt < T::kNTiles; ++nt) {
+      for (int m = -1; m < T::kNTiles; ++m) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          int kv_idx = kv_col0 + nt * 8 + c;
-          if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
-          float x = s[0][nt][hr * 2 + c] * scale;
-          if constexpr (Cfg::kHasScoreMod) x = fj_score_mod(mods, x, b, h, q_idx, kv_idx);
-          if constexpr (kApplyMask && Cfg::kHasMaskMod) {
-            if (!fj_mask_mod(mods, b, h, q_idx, kv_idx)) x = fj_neg_inf();
-          }
-          s[0][nt][hr * 2 + c] = x;
+          const float dl_value = dl.shuffled(8 * m + c, lane);
+          if (m >= 0) element(0, q_idx0, m, c, dl_value);
+          if (m + 1 < T::kNTiles) element(1, q_idx1, m + 1, c, dl_value);
         }
+      }
+    } else {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int q_idx = row_index(hr);
+#pragma unroll
+        for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            element(hr, q_idx, nt, c, kDl ? dl.shuffled(8 * (nt - hr) + c, lane) : 0.0f);
       }
     }
   }
@@ -294,8 +320,8 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   // 2 * kDimQK / 16 of them, and they were what spilled first in kernels whose score_mod loads
   // buffers (relative_bias_causal d 128: 64 of its 72 B). With a score_mod they are rebuilt
   // every tile from an address the compiler cannot hoist (one add per k16 step: a descriptor's
-  // low bits are address >> 4). relative_bias_causal still spills (the 64 bias loads of a tile
-  // in flight): d 128 80 B, d 64 20 B (was 64 B).
+  // low bits are address >> 4). relative_bias_causal still spilled then (the 64 bias loads of a
+  // tile in flight: d 128 80 B, d 64 20 B), until its bias was read once per diagonal (kDl).
   constexpr bool kRebuildQDesc = Cfg::kHasScoreMod;
   auto issue_qk = [&](int stage) {
     const fj_u32 sk_stage = sk + stage * T::kKBytes;
@@ -323,6 +349,13 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     }
     fj_wgmma_commit();
   };
+  // The score_mod's diagonal load (kFjDiagLoad: bias[q_idx - kv_idx + offset]), once per
+  // diagonal of the warp's 16 x kBlockN fragment instead of once per score: load_diagonals(tile)
+  // (per query tile, below) issues the loads into registers before the tile's S is waited for,
+  // and each score takes its value from the lane that loaded it (FjDiagLoads::shuffled; no
+  // shared memory).
+  constexpr bool kDl = Cfg::kHasScoreMod && kFjDiagLoad;
+  FjDiagLoads<T::kNTiles> dl;
   auto rescale_o = [&](const float (&alpha)[2]) {
     fj_rescale_row<T>(o, 0, 0, alpha[0]);
     fj_rescale_row<T>(o, 0, 1, alpha[1]);
@@ -352,6 +385,14 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     const FjKvSchedule sched = fj_block_schedule<T::kBlockM, T::kBlockN, Cfg::kHasFullBlocks>(
         args.mask, args.seqlen_kv, b, h, m_block);
     const int q_row0 = m_start + cw * 64 + warp * 16 + (lane >> 2);
+    const int dl_row0 = m_start + cw * 64 + warp * 16;  // this warp's first query row
+    auto load_diagonals = [&](int tile) {
+      if constexpr (kDl) {
+        const int n_start = tile * T::kBlockN;
+        dl.issue(mods, b, h, fj_diag_load_index(mods, b, h, dl_row0, n_start), -kFjDiagLoadSign,
+                 args.seqlen_q - dl_row0, args.seqlen_kv - n_start, lane);
+      }
+    };
 #pragma unroll
     for (int dt = 0; dt < T::kDTiles; ++dt)
 #pragma unroll
@@ -371,12 +412,15 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       float c = kLog2e;
       if (!Cfg::kHasScoreMod && !(Cfg::kHasMaskMod && partial) && args.scale > 0.0f) {
         // No mod to call on this tile: the scale goes into the exponent's factor too.
-        fj_sm90_scores<Cfg, T, false, true>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+        fj_sm90_scores<Cfg, T, false, true, false>(s, args, mods, b, h, q_row0, n_start, kv_col0,
+                                                   dl, lane);
         c = args.scale * kLog2e;
       } else if (partial) {
-        fj_sm90_scores<Cfg, T, true, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+        fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0,
+                                                 dl, lane);
       } else {
-        fj_sm90_scores<Cfg, T, false, false>(s, args, mods, b, h, q_row0, n_start, kv_col0);
+        fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0,
+                                                  dl, lane);
       }
       fj_sm90_softmax<T>(s, row_max, row_sum, alpha, c);
     };
@@ -395,6 +439,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       fj_wgmma_fence();
       issue_qk(g % T::kNumStages);
       turn_end();
+      load_diagonals(tile);
       fj_wgmma_wait<0>();
       fj_fence_regs(s[0]);
       if (num_total == 1) release_q();
@@ -415,6 +460,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         issue_qk(stage);
         issue_pv(prev);
         turn_end();
+        load_diagonals(tile);
         fj_wgmma_wait<1>();
         fj_fence_regs(s[0]);
         softmax(i, tile * T::kBlockN, alpha);
@@ -451,6 +497,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         fj_wgmma_fence();
         issue_qk(stage);
         turn_end();
+        load_diagonals(tile);
         fj_wgmma_wait<0>();
         fj_fence_regs(s[0]);
         if (i + 1 == num_total) release_q();

@@ -330,6 +330,74 @@ TEST_CASE("forward: sm90a_wgmma's non-default configs match the reference", "[gp
   }
 }
 
+// Loads at ±(q_idx - kv_idx) + (h, params) are the score_mod's diagonal load (kFjDiagLoad:
+// sm90a_wgmma reads a tile's diagonals once per warp and hands each score its value by shuffles):
+// a reversed sign into a per-head f16 table, a load reached only under a where(), two sites of
+// one table (the first per diagonal, the second per score); ragged lengths (diagonals only in
+// part inside the problem), GQA, head dims 64 and 128, and on sm90a_wgmma three consumer
+// warpgroups and wide KV tiles. Every family.
+TEST_CASE("forward: score_mod loads along the tile's diagonals match the reference",
+          "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
+  test::ForwardFamilyScope family_scope(family);
+  INFO("forward family: " << family);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  struct Mod {
+    const char* label;
+    const char* text;
+  };
+  const Mod mods[] = {
+      {"per-head reversed",
+       "buffer rel: f16[H, R]\nparam off: i32\nscore_mod = score + 2.0 * rel[h, kv_idx - q_idx + "
+       "off]\nmask_mod = kv_idx <= q_idx + 50"},
+      {"reached under where",
+       "buffer bias: f32[R]\nparam offset: i32\nscore_mod = where(q_idx >= kv_idx, score + "
+       "bias[q_idx - kv_idx + offset], score * 0.5)"},
+      {"two sites of one table",
+       "buffer bias: f32[R]\nparam offset: i32\nscore_mod = score + bias[q_idx - kv_idx + "
+       "offset] + 0.5 * bias[q_idx - kv_idx + offset - 1]"},
+  };
+  struct Shape {
+    int b, hq, hkv, sq, skv, d;
+    int block_m = 0, block_n = 0;  // 0: the default (sm90a_wgmma only otherwise)
+  };
+  std::vector<Shape> shapes = {{2, 4, 2, 200, 321, 128},
+                               {1, 3, 1, 129, 1000, 64},
+                               {1, 2, 2, 1000, 77, 64},
+                               {1, 2, 1, 256, 256, 128}};
+  if (family == "sm90a_wgmma") {
+    shapes.push_back({1, 2, 1, 333, 500, 64, 192, 0});
+    shapes.push_back({2, 2, 2, 300, 401, 64, 0, 192});
+  }
+  for (const Mod& m : mods) {
+    for (const Shape& sh : shapes) {
+      Case c;
+      c.mods = parse_mods(m.text);
+      c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+      c.shape = make_shape(sh.b, sh.hq, sh.hkv, sh.sq, sh.skv, sh.d, sh.d);
+      c.config.block_m = sh.block_m;
+      c.config.block_n = sh.block_n;
+      c.label = fmt::format("{} (block {}x{})", m.label, sh.block_m, sh.block_n);
+      if (std::string(m.label) == "per-head reversed") {
+        // rel[h, kv - q + Sq], kv - q + Sq in [1, Sq + Skv - 1].
+        std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+        const int64_t r = sh.sq + sh.skv + 1;
+        std::vector<float> v(static_cast<size_t>(sh.hq * r));
+        for (float& x : v)
+          x = u(rng);
+        c.buffers["rel"] = host_buffer(DType::F16, {sh.hq, r}, v);
+        c.params.emplace_back("off", sh.sq);
+      }
+      // Otherwise bind_standard: bias[Sq + Skv + 1], offset = Skv (index - 1 stays in range).
+      bind_standard(c, rng);
+      check_case(*ctx, c, rng, seed);
+    }
+  }
+}
+
 // fp32 inputs run on tf32 tensor cores (10-bit mantissa operands, fp32 accumulate); the issue's
 // bound for them is ‖out − ref‖ / ‖ref‖ ≤ 1e-3 against the fp64 reference.
 TEST_CASE("forward: fp32 inputs on tf32 tensor cores match the fp64 reference",

@@ -64,14 +64,32 @@ TEST_CASE("gradient hooks: FjGradParams, fj_dscore and fj_bufgrad from the autod
                        Catch::Contains("fj_clamp_index(diag_index, gp.gextent_bias[0])"));
   CHECK_THAT(src, Catch::Contains("static constexpr bool kFjDiagGradSite = false;"));
   // The score_mod reads the site itself: the kernels load a tile's diagonals once and pass each
-  // element its value (the overloads with fj_dl read no memory for it).
-  CHECK_THAT(rsrc, Catch::Contains("static constexpr bool kFjDiagLoad = true;") &&
-                       Catch::Contains("float fj_diag_load(const FjModParams& mp, int b, int h, "
-                                       "int diag_index)") &&
-                       Catch::Contains("score + fj_dl;"));
-  CHECK_THAT(src, Catch::Contains("static constexpr bool kFjDiagLoad = false;") &&
-                      Catch::Contains("return (void)fj_dl, fj_score_mod(mp, score, b, h, q_idx, "
-                                      "kv_idx);"));
+  // element its value (the overloads with fj_dl read no memory for it). kFjDiagLoad,
+  // fj_diag_load and fj_score_mod's overload come with the mods (the forward's module, which
+  // the backward's source includes); the gradient hooks add the other overloads, once each.
+  const std::string rmods = cuda::generate_mod_functions(standard_mods("relative_bias"));
+  CHECK_THAT(rmods, Catch::Contains("static constexpr bool kFjDiagLoad = true;") &&
+                        Catch::Contains("float fj_diag_load(const FjModParams& mp, int b, int h, "
+                                        "int diag_index)") &&
+                        Catch::Contains("score + fj_dl;"));
+  CHECK_THAT(rsrc, !Catch::Contains("kFjDiagLoad") && !Catch::Contains("fj_diag_load(") &&
+                       !Catch::Contains("float fj_score_mod("));
+  auto once = [](const std::string& text, const std::string& needle) {
+    const size_t at = text.find(needle);
+    return at != std::string::npos && at == text.rfind(needle);
+  };
+  CHECK(once(rsrc,
+             "float fj_dscore(const FjModParams& mp, float score, int b, int h, int "
+             "q_idx, int kv_idx, float fj_dl)"));
+  CHECK(once(rsrc,
+             "float fj_bufgrad_diag_value(const FjModParams& mp, float ds, float score, "
+             "int b, int h, int q_idx, int kv_idx, float fj_dl)"));
+  CHECK_THAT(cuda::generate_mod_functions(alibi),
+             Catch::Contains("static constexpr bool kFjDiagLoad = false;") &&
+                 Catch::Contains("return (void)fj_dl, fj_score_mod(mp, score, b, h, q_idx, "
+                                 "kv_idx);"));
+  CHECK_THAT(src, Catch::Contains("return (void)fj_dl, fj_dscore(mp, score, b, h, q_idx, "
+                                  "kv_idx);"));
   const cuda::GradParamLayout layout = cuda::grad_param_layout(alibi);
   REQUIRE(layout.entries.size() == 1);
   CHECK(layout.entries[0].offset == 0);

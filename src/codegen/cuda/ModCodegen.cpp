@@ -290,6 +290,140 @@ void emit_function(SourceWriter& w, const char* signature, const Expr& body,
   w.line("return " + lowering.lower(body) + ";");
 }
 
+bool is_float_buffer(DType d) {
+  return d == DType::F32 || d == DType::F16 || d == DType::BF16;
+}
+
+// A diagonal site: a load of `buffer` at `indices` where index `dim` is sign * (q_idx - kv_idx)
+// + (b, h, params) (passes::qkv_linear_form) and every other index is free of q_idx and kv_idx.
+// Over a score tile it takes one value per diagonal (docs/backward.md).
+struct DiagSite {
+  std::shared_ptr<const ir::BufferDecl> buffer;
+  std::vector<Expr> indices;
+  size_t dim = 0;
+  int sign = 1;  // +1 for q_idx - kv_idx, -1 for kv_idx - q_idx
+};
+
+std::optional<DiagSite> as_diag_site(const std::shared_ptr<const ir::BufferDecl>& buffer,
+                                     const std::vector<Expr>& indices) {
+  int found = -1, sign = 0;
+  for (size_t d = 0; d < indices.size(); ++d) {
+    if (!passes::reads_positions(indices[d])) continue;
+    const auto f = passes::qkv_linear_form(indices[d]);
+    if (found >= 0 || !f || !((f->q == 1 && f->kv == -1) || (f->q == -1 && f->kv == 1))) {
+      return std::nullopt;
+    }
+    found = static_cast<int>(d), sign = static_cast<int>(f->q);
+  }
+  if (found < 0) return std::nullopt;
+  return DiagSite{buffer, indices, static_cast<size_t>(found), sign};
+}
+
+// The score_mod's diagonal load (kFjDiagLoad): its first load of a float buffer (children
+// before parents, as ir::for_each_node visits) that is a diagonal site; both the forward's and
+// the backward's module pick it with this function, so the two agree.
+std::optional<DiagSite> diag_load_site(const Mods& mods) {
+  std::optional<DiagSite> site;
+  if (!mods.score_mod.defined()) return site;
+  ir::for_each_node(mods.score_mod, [&](const Expr& n) {
+    if (site || n->op != Op::Load || !is_float_buffer(n->buffer->dtype)) return;
+    site = as_diag_site(n->buffer, n->args);
+  });
+  return site;
+}
+
+// A lowering that reads the diagonal load `site` from the parameter fj_dl (none: plain).
+ExprLowering diag_lowering(SourceWriter& w, MathFunctions math, const DiagSite* site) {
+  ExprLowering lowering(w, math);
+  if (site != nullptr) lowering.substitute_load(site->buffer, site->indices, "fj_dl");
+  return lowering;
+}
+
+// `int name(mp, b, h, q_idx, kv_idx)`: the diagonal index of `site` at (q_idx, kv_idx); 0
+// without a site.
+void emit_diag_index_function(SourceWriter& w, MathFunctions math, const std::string& name,
+                              const DiagSite* site) {
+  auto fn = w.block(fmt::format(
+      "__device__ __forceinline__ int {}(const FjModParams& mp, int b, int h, int q_idx, int "
+      "kv_idx)",
+      name));
+  if (site == nullptr) {
+    w.line("return (void)mp, (void)b, (void)h, (void)q_idx, (void)kv_idx, 0;");
+    return;
+  }
+  w.line("// " + ir::to_text(site->indices[site->dim]));
+  ExprLowering lowering(w, math);
+  w.line("return " + lowering.lower(site->indices[site->dim]) + ";");
+}
+
+// The indices of `site` as C values inside a function with an `int diag_index` parameter:
+// diag_index in its diagonal dimension, the others lowered (they read neither position: 0
+// stands in for q_idx and kv_idx).
+std::vector<std::string> diag_site_index_values(SourceWriter& w, MathFunctions math,
+                                                const DiagSite& site) {
+  w.line("const int q_idx = 0, kv_idx = 0;");
+  w.line("(void)q_idx, (void)kv_idx;");
+  ExprLowering lowering(w, math);
+  std::vector<std::string> idx;
+  for (size_t d = 0; d < site.indices.size(); ++d)
+    idx.push_back(d == site.dim ? "diag_index" : lowering.lower(site.indices[d]));
+  return idx;
+}
+
+// A function of `signature` (its last parameter `float fj_dl`) returning `body` with the
+// diagonal load read from fj_dl (`absent` when body is undefined).
+void emit_with_dl(SourceWriter& w, MathFunctions math, const std::string& signature,
+                  const Expr& body, const char* absent, const DiagSite& site) {
+  auto fn = w.block(signature);
+  w.line("(void)fj_dl;");
+  if (!body.defined()) {
+    w.line(fmt::format("return {};", absent));
+    return;
+  }
+  ExprLowering lowering = diag_lowering(w, math, &site);
+  w.line("return " + lowering.lower(body) + ";");
+}
+
+// kFjDiagLoad (ModCodegen.h): the score_mod's diagonal load, its sign, index and load, and the
+// fj_score_mod overload that takes its value as fj_dl.
+void emit_diag_load(SourceWriter& w, const Mods& mods, MathFunctions math) {
+  const std::optional<DiagSite> site = diag_load_site(mods);
+  w.line("// The score_mod's diagonal load: a float buffer read at an index");
+  w.line("// kFjDiagLoadSign * (q_idx - kv_idx) + (b, h, params). The sm_90a kernels load a");
+  w.line("// tile's diagonals once (fj_diag_load, only at diagonals that hold a position of the");
+  w.line("// problem) and hand every element its value through the overloads that take fj_dl.");
+  w.line(fmt::format("static constexpr bool kFjDiagLoad = {};", site ? "true" : "false"));
+  w.line(fmt::format("static constexpr int kFjDiagLoadSign = {};", site ? site->sign : 1));
+  emit_diag_index_function(w, math, "fj_diag_load_index", site ? &*site : nullptr);
+  const char* score_mod_dl =
+      "__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, "
+      "int h, int q_idx, int kv_idx, float fj_dl)";
+  if (!site) {
+    // Forwarding overloads, so that the kernels' calls with fj_dl resolve in every module.
+    w.line(
+        "__device__ __forceinline__ float fj_diag_load(const FjModParams& mp, int b, int h, int "
+        "diag_index) { return (void)mp, (void)b, (void)h, (void)diag_index, 0.0f; }");
+    w.line(fmt::format("{} {{ return (void)fj_dl, fj_score_mod(mp, score, b, h, q_idx, kv_idx); }}",
+                       score_mod_dl));
+    return;
+  }
+  {
+    // Read only at diagonals that hold a position of the problem (the kernels check): the
+    // user's contract keeps the index in bounds there.
+    auto fn = w.block(
+        "__device__ __forceinline__ float fj_diag_load(const FjModParams& mp, int b, int h, int "
+        "diag_index)");
+    const std::string& name = site->buffer->name;
+    const std::vector<std::string> idx = diag_site_index_values(w, math, *site);
+    std::vector<std::string> terms;
+    for (size_t d = 0; d < idx.size(); ++d)
+      terms.push_back(fmt::format("(fj_i64){} * mp.{}[{}]", idx[d], buffer_stride_member(name), d));
+    w.line(fmt::format("return {}(mp.{}, {});", load_function(site->buffer->dtype),
+                       buffer_ptr_member(name), fmt::join(terms, " + ")));
+  }
+  emit_with_dl(w, math, score_mod_dl, mods.score_mod, "score", *site);
+}
+
 }  // namespace
 
 std::string cuda_float_literal(float v) {
@@ -347,14 +481,12 @@ std::string generate_mod_functions(const Mods& mods, MathFunctions math) {
                 "__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, "
                 "int q_idx, int kv_idx)",
                 mods.mask_mod, "true", MathFunctions::Exact);
+  w.line("");
+  emit_diag_load(w, mods, math);
   return w.str();
 }
 
 namespace {
-
-bool is_float_buffer(DType d) {
-  return d == DType::F32 || d == DType::F16 || d == DType::BF16;
-}
 
 // The deterministic mode's slice helpers (ModCodegen.h): emitted in both modes, so that the
 // reduction kernel compiles beside every dK/dV kernel.
@@ -531,35 +663,22 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
   // kernel that opts in (fj_bufgrad<true>) leaves it out of fj_bufgrad and sums it along the
   // tile's diagonals itself (fj_bufgrad_diag_*; docs/backward.md).
   const passes::BufferGrad* diag = nullptr;
-  size_t diag_dim = 0;
-  int diag_sign = 0;
+  std::optional<DiagSite> diag_site;
   for (const passes::BufferGrad* g : per_element) {
     if (ordered) break;
-    int found = -1, sign = 0;
-    bool ok = true;
-    for (size_t d = 0; d < g->indices.size() && ok; ++d) {
-      if (!passes::reads_positions(g->indices[d])) continue;
-      const auto f = passes::qkv_linear_form(g->indices[d]);
-      if (found >= 0 || !f || !((f->q == 1 && f->kv == -1) || (f->q == -1 && f->kv == 1))) {
-        ok = false;
-      } else {
-        found = static_cast<int>(d), sign = static_cast<int>(f->q);
-      }
-    }
-    if (ok && found >= 0) {
-      diag = g, diag_dim = static_cast<size_t>(found), diag_sign = sign;
+    diag_site = as_diag_site(g->buffer, g->indices);
+    if (diag_site) {
+      diag = g;
       break;
     }
   }
   w.line(fmt::format("static constexpr bool kFjDiagGradSite = {};", diag ? "true" : "false"));
-  w.line(fmt::format("static constexpr int kFjDiagSign = {};", diag ? diag_sign : 1));
+  w.line(fmt::format("static constexpr int kFjDiagSign = {};", diag ? diag_site->sign : 1));
+  // The score_mod's diagonal load (kFjDiagLoad, emitted with the mods by
+  // generate_mod_functions): lowered as the parameter fj_dl when `dl`.
+  const std::optional<DiagSite> load_site = diag_load_site(mods);
+  auto make_lowering = [&](bool dl) { return diag_lowering(w, math, dl ? &*load_site : nullptr); };
   // fj_bufgrad's body, with or without the diagonal site.
-  // The diagonal load (kFjDiagLoad below): lowered as the parameter fj_dl when `dl`.
-  auto make_lowering = [&](bool dl) {
-    ExprLowering lowering(w, math);
-    if (dl) lowering.substitute_load(diag->buffer, diag->indices, "fj_dl");
-    return lowering;
-  };
   auto emit_bufgrad_body = [&](bool with_diag, bool dl = false) {
     std::vector<const passes::BufferGrad*> sites;
     for (const passes::BufferGrad* g : per_element)
@@ -643,29 +762,7 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
       emit_diag_value(false);
     }
   }
-  {
-    auto fn = w.block(
-        "__device__ __forceinline__ int fj_bufgrad_diag_index(const FjModParams& mp, int b, int "
-        "h, int q_idx, int kv_idx)");
-    if (diag == nullptr) {
-      w.line("return (void)mp, (void)b, (void)h, (void)q_idx, (void)kv_idx, 0;");
-    } else {
-      w.line("// " + ir::to_text(diag->indices[diag_dim]));
-      ExprLowering lowering(w, math);
-      w.line("return " + lowering.lower(diag->indices[diag_dim]) + ";");
-    }
-  }
-  // The diagonal site's indices as C values: `diag_index` in its diagonal dimension, the others
-  // lowered (they read neither position: 0 stands in for q_idx and kv_idx).
-  auto diag_site_indices = [&]() {
-    w.line("const int q_idx = 0, kv_idx = 0;");
-    w.line("(void)q_idx, (void)kv_idx;");
-    ExprLowering lowering(w, math);
-    std::vector<std::string> idx;
-    for (size_t d = 0; d < diag->indices.size(); ++d)
-      idx.push_back(d == diag_dim ? "diag_index" : lowering.lower(diag->indices[d]));
-    return idx;
-  };
+  emit_diag_index_function(w, math, "fj_bufgrad_diag_index", diag ? &*diag_site : nullptr);
   {
     auto fn = w.block(
         "__device__ __forceinline__ void fj_bufgrad_diag_add(const FjModParams& mp, const "
@@ -674,7 +771,7 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
       w.line("(void)mp, (void)gp, (void)b, (void)h, (void)diag_index, (void)v;");
     } else {
       const std::string& name = diag->buffer->name;
-      const std::vector<std::string> idx = diag_site_indices();
+      const std::vector<std::string> idx = diag_site_index_values(w, math, *diag_site);
       std::vector<std::string> terms;
       for (size_t d = 0; d < idx.size(); ++d) {
         const std::string clamped =
@@ -685,86 +782,46 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
     }
   }
   w.line("");
-  // kFjDiagLoad: the score_mod itself reads the diagonal site (bias[q_idx - kv_idx + offset]).
-  // The sm_90a kernels then load a tile's diagonals once (fj_diag_load, only at diagonals that
-  // hold a position of the problem) and hand every element its value through the overloads
-  // that take `fj_dl`, which read no memory for it.
-  bool diag_load = false;
-  if (diag != nullptr && mods.score_mod.defined()) {
-    ir::for_each_node(mods.score_mod, [&](const Expr& n) {
-      diag_load = diag_load || is_load_of(*n.get(), *diag->buffer, diag->indices);
-    });
-  }
-  w.line(fmt::format("static constexpr bool kFjDiagLoad = {};", diag_load ? "true" : "false"));
-  if (!diag_load) {
+  // The overloads that take the score_mod's diagonal load as fj_dl (kFjDiagLoad; fj_score_mod's
+  // comes with the mods).
+  if (!load_site) {
     // Forwarding overloads, so that the kernels' calls with fj_dl resolve in every module.
-    w.line(
-        "__device__ __forceinline__ float fj_diag_load(const FjModParams& mp, int b, int h, int "
-        "diag_index) { return (void)mp, (void)b, (void)h, (void)diag_index, 0.0f; }");
-    w.line(
-        "__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, "
-        "int h, int q_idx, int kv_idx, float fj_dl) { return (void)fj_dl, fj_score_mod(mp, "
-        "score, b, h, q_idx, kv_idx); }");
     w.line(
         "__device__ __forceinline__ float fj_dscore(const FjModParams& mp, float score, int b, "
         "int h, int q_idx, int kv_idx, float fj_dl) { return (void)fj_dl, fj_dscore(mp, score, "
         "b, h, q_idx, kv_idx); }");
+  } else {
+    emit_with_dl(w, math,
+                 "__device__ __forceinline__ float fj_dscore(const FjModParams& mp, float score, "
+                 "int b, int h, int q_idx, int kv_idx, float fj_dl)",
+                 grads.d_score, "1.0f", *load_site);
+  }
+  if (!load_site || diag == nullptr) {
     w.line(
         "__device__ __forceinline__ float fj_bufgrad_diag_value(const FjModParams& mp, float ds, "
         "float score, int b, int h, int q_idx, int kv_idx, float fj_dl) { return (void)fj_dl, "
         "fj_bufgrad_diag_value(mp, ds, score, b, h, q_idx, kv_idx); }");
-    w.line("template <bool kDiagByCaller = false>");
+  } else {
+    auto fn = w.block(
+        "__device__ __forceinline__ float fj_bufgrad_diag_value(const FjModParams& mp, float "
+        "ds, float score, int b, int h, int q_idx, int kv_idx, float fj_dl)");
+    emit_diag_value(true);
+  }
+  w.line("template <bool kDiagByCaller = false>");
+  if (!load_site) {
     w.line(
         "__device__ __forceinline__ void fj_bufgrad(const FjModParams& mp, const FjGradParams& "
         "gp, float ds, float score, int b, int h, int q_idx, int kv_idx, float (&acc)"
         "[kFjGradSlots], float fj_dl) { (void)fj_dl; fj_bufgrad<kDiagByCaller>(mp, gp, ds, "
         "score, b, h, q_idx, kv_idx, acc); }");
   } else {
-    {
-      // Read only at diagonals that hold a position of the problem (the kernels check): the
-      // user's contract keeps the index in bounds there.
-      auto fn = w.block(
-          "__device__ __forceinline__ float fj_diag_load(const FjModParams& mp, int b, int h, "
-          "int diag_index)");
-      const std::string& name = diag->buffer->name;
-      const std::vector<std::string> idx = diag_site_indices();
-      std::vector<std::string> terms;
-      for (size_t d = 0; d < idx.size(); ++d)
-        terms.push_back(
-            fmt::format("(fj_i64){} * mp.{}[{}]", idx[d], buffer_stride_member(name), d));
-      w.line(fmt::format("return {}(mp.{}, {});", load_function(diag->buffer->dtype),
-                         buffer_ptr_member(name), fmt::join(terms, " + ")));
-    }
-    auto emit_with_dl = [&](const char* signature, const Expr& body, const char* absent) {
-      auto fn = w.block(signature);
-      w.line("(void)fj_dl;");
-      if (!body.defined()) {
-        w.line(fmt::format("return {};", absent));
-        return;
-      }
-      ExprLowering lowering = make_lowering(true);
-      w.line("return " + lowering.lower(body) + ";");
-    };
-    emit_with_dl(
-        "__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, "
-        "int h, int q_idx, int kv_idx, float fj_dl)",
-        mods.score_mod, "score");
-    emit_with_dl(
-        "__device__ __forceinline__ float fj_dscore(const FjModParams& mp, float score, int b, "
-        "int h, int q_idx, int kv_idx, float fj_dl)",
-        grads.d_score, "1.0f");
-    {
-      auto fn = w.block(
-          "__device__ __forceinline__ float fj_bufgrad_diag_value(const FjModParams& mp, float "
-          "ds, float score, int b, int h, int q_idx, int kv_idx, float fj_dl)");
-      emit_diag_value(true);
-    }
-    w.line("template <bool kDiagByCaller = false>");
-    {
-      auto fn = w.block(
-          "__device__ __forceinline__ void fj_bufgrad(const FjModParams& mp, const FjGradParams& "
-          "gp, float ds, float score, int b, int h, int q_idx, int kv_idx, float (&acc)"
-          "[kFjGradSlots], float fj_dl)");
+    auto fn = w.block(
+        "__device__ __forceinline__ void fj_bufgrad(const FjModParams& mp, const FjGradParams& "
+        "gp, float ds, float score, int b, int h, int q_idx, int kv_idx, float (&acc)"
+        "[kFjGradSlots], float fj_dl)");
+    if (diag == nullptr) {
+      emit_bufgrad_body(true, true);
+    } else {
       {
         auto b = w.block("if constexpr (kDiagByCaller)");
         emit_bufgrad_body(false, true);

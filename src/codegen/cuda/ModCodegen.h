@@ -7,6 +7,17 @@
 //   __device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp,
 //                                               int b, int h, int q_idx, int kv_idx);
 //
+// and the score_mod's diagonal load (kFjDiagLoad), used by the sm_90a kernels:
+//   static constexpr bool kFjDiagLoad;   // the score_mod loads a float buffer at a "diagonal
+//       site": one index kFjDiagLoadSign * (q_idx - kv_idx) + (b, h, params), the others free
+//       of q_idx and kv_idx (passes::qkv_linear_form; the first such load); its value is
+//       constant along each diagonal of a score tile
+//   static constexpr int kFjDiagLoadSign;  // +1 for q_idx - kv_idx, -1 for kv_idx - q_idx
+//   int fj_diag_load_index(mp, b, h, q_idx, kv_idx);   // the site's diagonal index there
+//   float fj_diag_load(mp, b, h, int diag_index);      // the site's value at that index
+//   float fj_score_mod(mp, score, b, h, q_idx, kv_idx, float fj_dl);  // the site read from fj_dl
+//       (without a site: 0, 0 and forwarding to the overload without fj_dl)
+//
 // Both functions are always emitted: an absent score_mod returns `score`, an absent mask_mod
 // returns `true`. Bodies are straight-line SSA (`const float t3 = ...;`), one temporary per
 // distinct IR node; structurally equal sub-expressions share a temporary even when they are
@@ -89,6 +100,9 @@ enum class GradAccumulation { Atomic, Ordered };
 //   int fj_bufgrad_diag_index(mp, b, h, q_idx, kv_idx);   // its diagonal index there
 //   void fj_bufgrad_diag_add(mp, gp, b, h, int diag_index, float v);   // fp32 atomic, clamped
 //       (without a diagonal site: 0, 0 and a no-op)
+//   float fj_dscore(..., float fj_dl), float fj_bufgrad_diag_value(..., float fj_dl),
+//   void fj_bufgrad<kDiagByCaller>(..., float fj_dl)   // kFjDiagLoad's site read from fj_dl
+//       (generate_mod_functions emits kFjDiagLoad, fj_diag_load and fj_score_mod's overload)
 //   static constexpr bool kFjHasBufferGrads;   // whether fj_bufgrad does anything
 //   static constexpr int kFjUniformGradSites;  // sites summed per head; kFjGradSlots = max(1, ..)
 //   static constexpr int kFjElementGradSites;  // sites added at every element
