@@ -8,6 +8,7 @@
 
 #include "Pipeline.h"
 #include "codegen/cuda/ModParamLayout.h"
+#include "ir/Evaluate.h"
 #include "gpu/GpuTestUtil.h"
 #include "gpu/StandardBindings.h"
 #include "runtime/Device.h"
@@ -385,9 +386,9 @@ TEST_CASE("forward: score_mod loads along the tile's diagonals match the referen
         // rel[h, kv - q + Sq], kv - q + Sq in [1, Sq + Skv - 1].
         std::uniform_real_distribution<float> u(-0.5f, 0.5f);
         const int64_t r = sh.sq + sh.skv + 1;
-        std::vector<float> v(static_cast<size_t>(sh.hq * r));
-        for (float& x : v)
-          x = u(rng);
+        std::vector<uint16_t> v(static_cast<size_t>(sh.hq * r));  // f16 bits
+        for (uint16_t& x : v)
+          x = ir::float_to_f16_bits(u(rng));
         c.buffers["rel"] = host_buffer(DType::F16, {sh.hq, r}, v);
         c.params.emplace_back("off", sh.sq);
       }
