@@ -307,10 +307,9 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   // left pending when the CTA exits.
   constexpr int kSchedBar = 3;  // 1, 2: the epilogue's per-warpgroup barriers
   constexpr bool kPingPong = T::kConsumers == 2;
-  // Intra-warpgroup overlap of the softmax of tile i with the P V of tile i - 1 (S of tile i, P
-  // of tile i - 1 and O live at once: too many registers with d_v = 256, and for the 160 of
-  // three consumer warpgroups: softcap_causal d 64 spilled 188 B).
-  constexpr bool kOverlap = T::kDimV <= 128 && T::kConsumers == 2;
+  // Intra-warpgroup overlap: S of tile i and P V of tile i - 1 issued in one turn (S of tile i,
+  // P of tile i - 1 and O live at once: too many registers with d_v = 256).
+  constexpr bool kOverlap = T::kDimV <= 128;
   if (kPingPong && cw == 1) fj_bar_arrive(kSchedBar, 256);
 
   fj_u32 pa[T::kBlockN / 16][4];  // P of the previous tile, the A operand of its P V
@@ -464,9 +463,11 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         fj_wgmma_wait<1>();
         fj_fence_regs(s[0]);
         softmax(i, tile * T::kBlockN, alpha);
-        // P V of tile i - 1 is waited for only after the softmax: fj_wgmma_wait_after makes the
-        // wait start a basic block that depends on the softmax's result.
-        fj_wgmma_wait_after<0>(row_sum[0][0] + row_sum[0][1]);
+        // ptxas places this wait at the top of the softmax's basic block, so the softmax runs
+        // after P V rather than under it; the ping-pong of the two consumers keeps the tensor
+        // cores busy meanwhile. Forcing the wait below the softmax (a never-taken branch on its
+        // row sums) measured 2-4 % slower (docs/perf/NOTES.md v12).
+        fj_wgmma_wait<0>();
         fj_fence_regs(o[0]);
         if (i + 1 == num_total) release_q();
         release(prev);

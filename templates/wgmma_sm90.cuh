@@ -96,17 +96,6 @@ FJ_DEVICE void fj_fence_regs(float (&d)[N][4]) {
     for (int e = 0; e < 4; ++e)
       asm volatile("" : "+f"(d[i][e])::"memory");
 }
-// fj_wgmma_wait<N> placed after the computation of `after` (any value the work to overlap with
-// the pending wgmma produces last). ptxas hoists a WARPGROUP.DEPBAR towards the top of its basic
-// block, above independent work that the source puts before it: a softmax between the issue of
-// P V and its wait would run after the wait, not under the GEMM (docs/perf/NOTES.md v12). A
-// branch on `after` that is never taken (the caller passes a value that is never negative,
-// NaN included: the comparison is false) ends the block there, so the wait stays below.
-template <int N>
-FJ_DEVICE void fj_wgmma_wait_after(float after) {
-  if (after < 0.0f) asm volatile("trap;");
-  fj_wgmma_wait<N>();
-}
 
 // A shared-memory matrix descriptor for the 128-byte swizzle: start address, leading and stride
 // byte offsets (PTX ISA "Matrix Descriptor Format"; bits 0-13 address >> 4, 16-29 LBO >> 4,
