@@ -252,7 +252,11 @@ FJ_DEVICE void fj_bwd_element(float& s_io, float& dp_io, const FjModParams& mods
         }
       }
     }
-    if constexpr (kDl) {
+    // Where P is 0, ds is 0: ds_mod is 0 there, and the select keeps a derivative that is inf or
+    // NaN at a masked score from making it NaN (not needed for a constant one: kFjDScoreConst).
+    if constexpr (kFjDScoreConst) {
+      ds = ds_mod * fj_dscore(mods, x, b, h, q_idx, kv_idx);
+    } else if constexpr (kDl) {
       ds = p == 0.0f ? 0.0f : ds_mod * fj_dscore(mods, x, b, h, q_idx, kv_idx, dl);
     } else {
       ds = p == 0.0f ? 0.0f : ds_mod * fj_dscore(mods, x, b, h, q_idx, kv_idx);

@@ -600,6 +600,15 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
                 "__device__ __forceinline__ float fj_dscore(const FjModParams& mp, float score, "
                 "int b, int h, int q_idx, int kv_idx)",
                 grads.d_score, "1.0f", math);
+  // kFjDScoreConst: d score_mod / d score is a finite constant (any additive bias: ALiBi, a
+  // relative-bias table). The kernels then skip the select that keeps ds at 0 where P is 0
+  // (there ds_mod = P (dP - delta) is 0 already; the select guards a derivative that is inf or
+  // NaN at a masked score), two instructions per score.
+  const bool dscore_const = !grads.d_score.defined() ||
+                            (grads.d_score->op == ir::Op::FloatImm &&
+                             std::isfinite(grads.d_score->fval));
+  w.line(fmt::format("static constexpr bool kFjDScoreConst = {};",
+                     dscore_const ? "true" : "false"));
   w.line("");
   // Only load sites of buffers that FjGradParams lists (float buffers) get a gradient; the
   // autodiff pass gives none to integer buffers anyway. A site whose indices (and whether it is
