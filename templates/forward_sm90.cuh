@@ -377,7 +377,6 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   };
 
   int g = 0;  // KV tiles consumed so far, over every query tile: the ring position
-#pragma unroll 1
   for (int item = 0; item < n_items; ++item) {
     const int m_block = qtiles.m_block(item);
     const int m_start = m_block * T::kBlockM;
