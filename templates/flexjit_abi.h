@@ -93,8 +93,9 @@ struct alignas(64) FjTmaDesc {
 // q, k and v as 4-D tensors {D, S, H, B} (innermost first) read in boxes of 64 elements
 // (128 bytes) x BLOCK_M (q) or BLOCK_N (k, v) rows with the 128-byte swizzle; rows past the
 // sequence length read as zero. Launch: grid (ceil(ceil(seqlen_q / BLOCK_M) / Q_TILES), heads_q,
-// batch) with Q_TILES query tiles per CTA (1 or 2), block (BLOCK_M / 64 + 1) * 128 threads (one producer warpgroup, one consumer warpgroup per 64 query
-// rows), dynamic shared memory fj_forward_sm90_smem_bytes(...).
+// batch) with Q_TILES query tiles per CTA (1 or 2), block (BLOCK_M / 64 + 1) * 128 threads (one
+// producer warpgroup, one consumer warpgroup per 64 query rows), dynamic shared memory
+// fj_forward_sm90_smem_bytes(...).
 struct FjFwdTmaMaps {
   struct FjTmaDesc q, k, v;
 };

@@ -280,8 +280,8 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
           fj_tma_load_tile<T::kDimQK, T::kBlockN>(sk + stage * T::kKBytes, &maps.k, n_start, h_kv,
                                                   b, bar_k + 8 * stage);
           fj_mbar_arrive_expect_tx(bar_v + 8 * stage, T::kVBytes);
-          fj_tma_load_tile<T::kDimV, T::kBlockN>(sv + stage * T::kVBytes, &maps.v, n_start, h_kv,
-                                                 b, bar_v + 8 * stage);
+          fj_tma_load_tile<T::kDimV, T::kBlockN>(sv + stage * T::kVBytes, &maps.v, n_start, h_kv, b,
+                                                 bar_v + 8 * stage);
         }
       }
     }
@@ -355,7 +355,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   // shared memory).
   constexpr bool kDl = Cfg::kHasScoreMod && kFjDiagLoad;
   FjDiagLoads<T::kNTiles> dl;
-  auto rescale_o = [&](const float (&alpha)[2]) {
+  auto rescale_o = [&](const float(&alpha)[2]) {
     fj_rescale_row<T>(o, 0, 0, alpha[0]);
     fj_rescale_row<T>(o, 0, 1, alpha[1]);
   };
@@ -403,7 +403,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     }
     // Scores and online softmax of tile i (S in s, turned into P in place); the factors by which
     // O must be rescaled are left in alpha.
-    auto softmax = [&](int i, int n_start, float (&alpha)[2]) {
+    auto softmax = [&](int i, int n_start, float(&alpha)[2]) {
       constexpr float kLog2e = 1.4426950408889634f;
       const int kv_col0 = n_start + (lane & 3) * 2;
       const bool partial = i < sched.num_partial;
@@ -414,11 +414,11 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
                                                    dl, lane);
         c = args.scale * kLog2e;
       } else if (partial) {
-        fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0,
-                                                 dl, lane);
+        fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0, dl,
+                                                 lane);
       } else {
-        fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0,
-                                                  dl, lane);
+        fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0, dl,
+                                                  lane);
       }
       fj_sm90_softmax<T>(s, row_max, row_sum, alpha, c);
     };

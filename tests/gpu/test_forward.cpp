@@ -8,9 +8,9 @@
 
 #include "Pipeline.h"
 #include "codegen/cuda/ModParamLayout.h"
-#include "ir/Evaluate.h"
 #include "gpu/GpuTestUtil.h"
 #include "gpu/StandardBindings.h"
+#include "ir/Evaluate.h"
 #include "runtime/Device.h"
 #include "runtime/ModArgs.h"
 #include "runtime/ModuleCache.h"
@@ -302,9 +302,9 @@ TEST_CASE("forward: sm90a_wgmma's non-default configs match the reference", "[gp
   // q_tiles 2: pairs of query tiles per CTA (an odd count of them leaves one CTA a single tile),
   // with and without the intra-warpgroup overlap (d_v 256), with three consumers.
   const std::vector<Cfg> configs = {
-      {192, 128, 4, 64, 64},     {192, 128, 2, 64, 64},      {192, 64, 4, 64, 64},
-      {128, 192, 4, 64, 64},     {128, 176, 4, 64, 64},      {192, 128, 3, 128, 64},
-      {128, 192, 2, 128, 64},    {128, 128, 3, 64, 64},      {128, 128, 4, 64, 64, 2},
+      {192, 128, 4, 64, 64},      {192, 128, 2, 64, 64},     {192, 64, 4, 64, 64},
+      {128, 192, 4, 64, 64},      {128, 176, 4, 64, 64},     {192, 128, 3, 128, 64},
+      {128, 192, 2, 128, 64},     {128, 128, 3, 64, 64},     {128, 128, 4, 64, 64, 2},
       {128, 128, 2, 128, 128, 2}, {128, 64, 2, 256, 256, 2}, {192, 128, 4, 64, 64, 2}};
   const std::vector<std::string> mods = {
       "noop",           "causal",          "alibi_causal",
@@ -313,7 +313,7 @@ TEST_CASE("forward: sm90a_wgmma's non-default configs match the reference", "[gp
     for (size_t m = 0; m < mods.size(); ++m) {
       Case c;
       const bool big = m % 2 == 0;
-      c.shape = big            ? make_shape(1, 4, 2, 1000, 777, k.dqk, k.dv)
+      c.shape = big              ? make_shape(1, 4, 2, 1000, 777, k.dqk, k.dv)
                 : k.q_tiles == 2 ? make_shape(2, 3, 1, 333, 200, k.dqk, k.dv)
                                  : make_shape(2, 3, 1, 200, 333, k.dqk, k.dv);
       c.dtype = rng() % 2 ? DType::BF16 : DType::F16;

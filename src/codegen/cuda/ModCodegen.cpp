@@ -604,11 +604,10 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
   // relative-bias table). The kernels then skip the select that keeps ds at 0 where P is 0
   // (there ds_mod = P (dP - delta) is 0 already; the select guards a derivative that is inf or
   // NaN at a masked score), two instructions per score.
-  const bool dscore_const = !grads.d_score.defined() ||
-                            (grads.d_score->op == ir::Op::FloatImm &&
-                             std::isfinite(grads.d_score->fval));
-  w.line(fmt::format("static constexpr bool kFjDScoreConst = {};",
-                     dscore_const ? "true" : "false"));
+  const bool dscore_const = !grads.d_score.defined() || (grads.d_score->op == ir::Op::FloatImm &&
+                                                         std::isfinite(grads.d_score->fval));
+  w.line(
+      fmt::format("static constexpr bool kFjDScoreConst = {};", dscore_const ? "true" : "false"));
   w.line("");
   // Only load sites of buffers that FjGradParams lists (float buffers) get a gradient; the
   // autodiff pass gives none to integer buffers anyway. A site whose indices (and whether it is

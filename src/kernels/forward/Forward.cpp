@@ -60,10 +60,9 @@ InputFacts forward_facts(const ForwardInputs& in) {
 
 Params config_overrides(const BlockConfig& c) {
   Params p;
-  for (auto [name, v] :
-       {std::pair{"block_m", c.block_m}, std::pair{"block_n", c.block_n},
-        std::pair{"num_warps", c.num_warps}, std::pair{"num_stages", c.num_stages},
-        std::pair{"q_tiles", c.q_tiles}}) {
+  for (auto [name, v] : {std::pair{"block_m", c.block_m}, std::pair{"block_n", c.block_n},
+                         std::pair{"num_warps", c.num_warps}, std::pair{"num_stages", c.num_stages},
+                         std::pair{"q_tiles", c.q_tiles}}) {
     if (v < 0) throw UnsupportedError(fmt::format("{} must not be negative ({})", name, v));
     if (v > 0) p.set(name, v);
   }

@@ -61,10 +61,8 @@ int sm90_smem(const KernelDesc& d) {
 }
 
 Params make_config(int block_m, int block_n, int num_stages, int q_tiles) {
-  return {{"block_m", block_m},
-          {"block_n", block_n},
-          {"num_stages", num_stages},
-          {"q_tiles", q_tiles}};
+  return {
+      {"block_m", block_m}, {"block_n", block_n}, {"num_stages", num_stages}, {"q_tiles", q_tiles}};
 }
 
 // q_tiles may be absent (configs written before it existed): one query tile per CTA.
