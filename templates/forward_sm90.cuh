@@ -196,10 +196,9 @@ FJ_DEVICE void fj_sm90_softmax(float (&s)[1][T::kNTiles][4], float (&row_max)[1]
 template <class T>
 struct FjQTiles {
   int num_m;  // query tiles of a head: ceil(seqlen_q / kBlockM)
-  int j;
-  FJ_DEVICE FjQTiles(int seqlen_q) : num_m((seqlen_q + T::kBlockM - 1) / T::kBlockM) {
-    j = blockIdx.x;
-  }
+  int j;      // blockIdx.x
+  FJ_DEVICE explicit FjQTiles(int seqlen_q)
+      : num_m((seqlen_q + T::kBlockM - 1) / T::kBlockM), j(blockIdx.x) {}
   FJ_DEVICE int count() const {
     if constexpr (T::kQTiles == 1) return 1;
     return num_m - 1 - j > j ? 2 : 1;

@@ -87,7 +87,7 @@ struct FjMma<fj_bf16> {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // d = {hi, lo}
     return r;
   }
-  // Stores (x0, x1) as two adjacent elements at a 4-byte aligned shared-memory pointer.
+  // Stores (x0, x1) as two adjacent elements at a 4-byte aligned pointer (shared or global).
   static FJ_DEVICE void store2(unsigned char* dst, float x0, float x1) {
     *reinterpret_cast<fj_u32*>(dst) = pack(x0, x1);
   }
@@ -107,7 +107,7 @@ struct FjMma<fj_f16> {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
   }
-  // Stores (x0, x1) as two adjacent elements at a 4-byte aligned shared-memory pointer.
+  // Stores (x0, x1) as two adjacent elements at a 4-byte aligned pointer (shared or global).
   static FJ_DEVICE void store2(unsigned char* dst, float x0, float x1) {
     *reinterpret_cast<fj_u32*>(dst) = pack(x0, x1);
   }

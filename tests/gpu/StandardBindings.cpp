@@ -1,5 +1,7 @@
 #include "gpu/StandardBindings.h"
 
+#include "ir/Evaluate.h"
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -54,6 +56,41 @@ void bind_standard_mods(const Mods& mods, const AttentionShape& s, std::mt19937_
     if (p.name() == "dilation") params.emplace_back("dilation", 1 + rng() % 3);
     if (p.name() == "cap") params.emplace_back("cap", 5.0 + (rng() % 45));
   }
+}
+
+std::vector<DiagonalSiteMod> diagonal_site_mods(DType table) {
+  return {
+      {"per-head reversed",
+       "buffer rel: " + std::string(to_string(table)) +
+           "[H, R]\nparam off: i32\nscore_mod = score + 2.0 * rel[h, kv_idx - q_idx + "
+           "off]\nmask_mod = kv_idx <= q_idx + 50"},
+      {"reached under where",
+       "buffer bias: f32[R]\nparam offset: i32\nscore_mod = where(q_idx >= kv_idx, score + "
+       "bias[q_idx - kv_idx + offset], score * 0.5)"},
+      {"two sites of one table",
+       "buffer bias: f32[R]\nparam offset: i32\nscore_mod = score + bias[q_idx - kv_idx + "
+       "offset] + 0.5 * bias[q_idx - kv_idx + offset - 1]"},
+  };
+}
+
+void bind_per_head_reversed(DType table, const AttentionShape& s, std::mt19937_64& rng,
+                            std::map<std::string, HostBuffer>& buffers,
+                            std::vector<std::pair<std::string, double>>& params) {
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  const int64_t r = s.seqlen_q + s.seqlen_kv + 1;
+  const size_t n = static_cast<size_t>(s.heads_q * r);
+  if (table == DType::F16) {
+    std::vector<uint16_t> v(n);  // f16 bits
+    for (uint16_t& x : v)
+      x = ir::float_to_f16_bits(u(rng));
+    buffers["rel"] = host_buffer(table, {s.heads_q, r}, v);
+  } else {
+    std::vector<float> v(n);
+    for (float& x : v)
+      x = u(rng);
+    buffers["rel"] = host_buffer(table, {s.heads_q, r}, v);
+  }
+  params.emplace_back("off", s.seqlen_q);
 }
 
 }  // namespace flexjit::test

@@ -38,4 +38,19 @@ void bind_standard_mods(const Mods& mods, const AttentionShape& s, std::mt19937_
                         std::map<std::string, HostBuffer>& buffers,
                         std::vector<std::pair<std::string, double>>& params);
 
+// The score_mods of the diagonal-site tests (test_forward.cpp, test_backward.cpp): a reversed
+// per-head table `rel` of dtype `table` (f32 or f16) beside a mask_mod, a site reached only under
+// where(), and two sites of one table.
+struct DiagonalSiteMod {
+  std::string label, text;
+};
+std::vector<DiagonalSiteMod> diagonal_site_mods(DType table);
+
+// The bindings of diagonal_site_mods' "per-head reversed": rel[Hq, Sq + Skv + 1] uniform in
+// [-0.5, 0.5] (stored as `table`) and off = Sq, so kv - q + Sq lies in [1, Sq + Skv - 1]. The
+// other two take bind_standard_mods' bias and offset.
+void bind_per_head_reversed(DType table, const AttentionShape& s, std::mt19937_64& rng,
+                            std::map<std::string, HostBuffer>& buffers,
+                            std::vector<std::pair<std::string, double>>& params);
+
 }  // namespace flexjit::test

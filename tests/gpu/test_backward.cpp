@@ -385,27 +385,12 @@ TEST_CASE("backward: buffer gradients summed along the tile's diagonals", "[gpu]
   test::BackwardFamilyScope family_scope(family);
   INFO("backward family: " << family);
   const uint64_t seed = fresh_seed();
-  struct Mod {
-    const char* label;
-    const char* text;
-  };
-  const Mod mods[] = {
-      {"per-head reversed",
-       "buffer rel: f32[H, R]\nparam off: i32\nscore_mod = score + 2.0 * rel[h, kv_idx - q_idx + "
-       "off]\nmask_mod = kv_idx <= q_idx + 50"},
-      {"reached under where",
-       "buffer bias: f32[R]\nparam offset: i32\nscore_mod = where(q_idx >= kv_idx, score + "
-       "bias[q_idx - kv_idx + offset], score * 0.5)"},
-      {"two sites of one table",
-       "buffer bias: f32[R]\nparam offset: i32\nscore_mod = score + bias[q_idx - kv_idx + "
-       "offset] + 0.5 * bias[q_idx - kv_idx + offset - 1]"},
-  };
   struct Shape {
     int b, hq, hkv, sq, skv, d;
   };
   const Shape shapes[] = {{2, 4, 2, 200, 321, 128}, {1, 3, 1, 129, 1000, 64}};
   int i = 0;
-  for (const Mod& m : mods) {
+  for (const DiagonalSiteMod& m : diagonal_site_mods(DType::F32)) {
     for (const Shape& sh : shapes) {
       BwdCase c;
       c.mods = parse_mods(m.text);
@@ -413,19 +398,11 @@ TEST_CASE("backward: buffer gradients summed along the tile's diagonals", "[gpu]
       c.shape = make_shape(sh.b, sh.hq, sh.hkv, sh.sq, sh.skv, sh.d, sh.d);
       c.block_mask = c.mods.mask_mod.defined() && sh.d == 128;
       c.dq_mode = BackwardOptions::DqMode::SecondPass;
-      if (std::string(m.label) == "per-head reversed") {
-        // rel[h, kv - q + Sq], kv - q + Sq in [1, Sq + Skv - 1].
+      if (m.label == "per-head reversed") {
         std::mt19937_64 brng(seed + 100 + static_cast<uint64_t>(i));
-        std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-        const int64_t r = sh.sq + sh.skv + 1;
-        std::vector<float> v(static_cast<size_t>(sh.hq * r));
-        for (float& x : v)
-          x = u(brng);
-        c.buffers["rel"] = host_buffer(DType::F32, {sh.hq, r}, v);
-        c.params.emplace_back("off", sh.sq);
-      } else {
-        // bind_standard_mods: bias[Sq + Skv + 1], offset = Skv (index - 1 stays in range).
+        bind_per_head_reversed(DType::F32, c.shape, brng, c.buffers, c.params);
       }
+      // The others: bind_standard_mods' bias[Sq + Skv + 1], offset = Skv (index - 1 in range).
       check_backward_case(*ctx, c, seed + static_cast<uint64_t>(i++));
     }
   }

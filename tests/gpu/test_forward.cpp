@@ -10,7 +10,6 @@
 #include "codegen/cuda/ModParamLayout.h"
 #include "gpu/GpuTestUtil.h"
 #include "gpu/StandardBindings.h"
-#include "ir/Evaluate.h"
 #include "runtime/Device.h"
 #include "runtime/ModArgs.h"
 #include "runtime/ModuleCache.h"
@@ -346,21 +345,6 @@ TEST_CASE("forward: score_mod loads along the tile's diagonals match the referen
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
-  struct Mod {
-    const char* label;
-    const char* text;
-  };
-  const Mod mods[] = {
-      {"per-head reversed",
-       "buffer rel: f16[H, R]\nparam off: i32\nscore_mod = score + 2.0 * rel[h, kv_idx - q_idx + "
-       "off]\nmask_mod = kv_idx <= q_idx + 50"},
-      {"reached under where",
-       "buffer bias: f32[R]\nparam offset: i32\nscore_mod = where(q_idx >= kv_idx, score + "
-       "bias[q_idx - kv_idx + offset], score * 0.5)"},
-      {"two sites of one table",
-       "buffer bias: f32[R]\nparam offset: i32\nscore_mod = score + bias[q_idx - kv_idx + "
-       "offset] + 0.5 * bias[q_idx - kv_idx + offset - 1]"},
-  };
   struct Shape {
     int b, hq, hkv, sq, skv, d;
     int block_m = 0, block_n = 0;  // 0: the default (sm90a_wgmma only otherwise)
@@ -373,7 +357,7 @@ TEST_CASE("forward: score_mod loads along the tile's diagonals match the referen
     shapes.push_back({1, 2, 1, 333, 500, 64, 192, 0});
     shapes.push_back({2, 2, 2, 300, 401, 64, 0, 192});
   }
-  for (const Mod& m : mods) {
+  for (const DiagonalSiteMod& m : diagonal_site_mods(DType::F16)) {
     for (const Shape& sh : shapes) {
       Case c;
       c.mods = parse_mods(m.text);
@@ -382,15 +366,8 @@ TEST_CASE("forward: score_mod loads along the tile's diagonals match the referen
       c.config.block_m = sh.block_m;
       c.config.block_n = sh.block_n;
       c.label = fmt::format("{} (block {}x{})", m.label, sh.block_m, sh.block_n);
-      if (std::string(m.label) == "per-head reversed") {
-        // rel[h, kv - q + Sq], kv - q + Sq in [1, Sq + Skv - 1].
-        std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-        const int64_t r = sh.sq + sh.skv + 1;
-        std::vector<uint16_t> v(static_cast<size_t>(sh.hq * r));  // f16 bits
-        for (uint16_t& x : v)
-          x = ir::float_to_f16_bits(u(rng));
-        c.buffers["rel"] = host_buffer(DType::F16, {sh.hq, r}, v);
-        c.params.emplace_back("off", sh.sq);
+      if (m.label == "per-head reversed") {
+        bind_per_head_reversed(DType::F16, c.shape, rng, c.buffers, c.params);
       }
       // Otherwise bind_standard: bias[Sq + Skv + 1], offset = Skv (index - 1 stays in range).
       bind_standard(c, rng);
