@@ -375,11 +375,12 @@ void add_bias2d(BwdCase& c, std::mt19937_64& rng) {
 }  // namespace
 
 TEST_CASE("backward: buffer gradients summed along the tile's diagonals", "[gpu][backward]") {
-  // Loads at ±(q_idx - kv_idx) + (h, params) are the sm_90a dK/dV kernel's diagonal site
-  // (FjDiagGrad): a reversed sign with a per-head table and a derivative of 2, a site reached
-  // only under a where() (contributions 0 elsewhere), and two sites of one buffer (the first
-  // summed along diagonals, the second added per element); non-divisible lengths, GQA, a block
-  // mask, head dims 64 and 128. Both families: sm80_mma adds every site per element.
+  // Loads at indices that are functions of q_idx - kv_idx (and h, params) are the sm_90a dK/dV
+  // kernel's diagonal site (FjDiagGrad): a reversed sign with a per-head table and a derivative
+  // of 2, a site reached only under a where() (contributions 0 elsewhere), two sites of one
+  // buffer (the first summed along diagonals, the second added per element), and a nonlinear
+  // function of the difference (|q - kv| mod 7: 7 addresses per head); non-divisible lengths,
+  // GQA, a block mask, head dims 64 and 128. Both families: sm80_mma adds every site per element.
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
   const std::string family = GENERATE_COPY(from_range(test::backward_families(*ctx)));
   test::BackwardFamilyScope family_scope(family);
@@ -399,6 +400,9 @@ TEST_CASE("backward: buffer gradients summed along the tile's diagonals", "[gpu]
       {"two sites of one table",
        "buffer bias: f32[R]\nparam offset: i32\nscore_mod = score + bias[q_idx - kv_idx + "
        "offset] + 0.5 * bias[q_idx - kv_idx + offset - 1]"},
+      {"a nonlinear function of the difference",
+       "buffer tab: f32[H, 7]\nscore_mod = score + tab[h, abs(q_idx - kv_idx) % 7] * "
+       "where(kv_idx > q_idx, 1.0, -0.5)"},
   };
   struct Shape {
     int b, hq, hkv, sq, skv, d;
@@ -423,6 +427,15 @@ TEST_CASE("backward: buffer gradients summed along the tile's diagonals", "[gpu]
           x = u(brng);
         c.buffers["rel"] = host_buffer(DType::F32, {sh.hq, r}, v);
         c.params.emplace_back("off", sh.sq);
+      } else if (std::string(m.label) == "a nonlinear function of the difference") {
+        // Many diagonals per address (|q - kv| mod 7), a derivative that changes sign across
+        // the main diagonal.
+        std::mt19937_64 brng(seed + 200 + static_cast<uint64_t>(i));
+        std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+        std::vector<float> v(static_cast<size_t>(sh.hq * 7));
+        for (float& x : v)
+          x = u(brng);
+        c.buffers["tab"] = host_buffer(DType::F32, {sh.hq, 7}, v);
       } else {
         // bind_standard_mods: bias[Sq + Skv + 1], offset = Skv (index - 1 stays in range).
       }

@@ -360,6 +360,9 @@ TEST_CASE("forward: score_mod loads along the tile's diagonals match the referen
       {"two sites of one table",
        "buffer bias: f32[R]\nparam offset: i32\nscore_mod = score + bias[q_idx - kv_idx + "
        "offset] + 0.5 * bias[q_idx - kv_idx + offset - 1]"},
+      {"a nonlinear function of the difference",
+       "buffer tab: f32[H, 7]\nscore_mod = score + tab[h, abs(q_idx - kv_idx) % 7] * "
+       "where(kv_idx > q_idx, 1.0, -0.5)"},
   };
   struct Shape {
     int b, hq, hkv, sq, skv, d;
@@ -391,6 +394,12 @@ TEST_CASE("forward: score_mod loads along the tile's diagonals match the referen
           x = ir::float_to_f16_bits(u(rng));
         c.buffers["rel"] = host_buffer(DType::F16, {sh.hq, r}, v);
         c.params.emplace_back("off", sh.sq);
+      } else if (std::string(m.label) == "a nonlinear function of the difference") {
+        std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+        std::vector<float> v(static_cast<size_t>(sh.hq * 7));
+        for (float& x : v)
+          x = u(rng);
+        c.buffers["tab"] = host_buffer(DType::F32, {sh.hq, 7}, v);
       }
       // Otherwise bind_standard: bias[Sq + Skv + 1], offset = Skv (index - 1 stays in range).
       bind_standard(c, rng);
