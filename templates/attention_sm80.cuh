@@ -303,12 +303,13 @@ FJ_DEVICE void fj_pv(float (&o)[T::kMTiles][T::kDTiles][4],
 
 // The score_mod's diagonal load (kFjDiagLoad; the sm_90a kernels), once per diagonal of a
 // warp's fragment instead of once per element: in the same 16-row x 8 kN8-column fragment,
-// element (row, col) lies on diagonal k = col - row in [-15, 8 kN8 - 1] and reads index
-// base + dir * k. issue() loads the diagonals into registers (lane l: entry e = k + 15 = l,
-// l + 32, ... in v[0], v[1], ...) before the tile's GEMMs are waited for. Element
-// (g + 8 hr, 8 nt + 2t + c) (g = lane / 4, t = lane % 4) then reads its value either through
-// shared memory (the backward: commit() puts the entries in the warp's table, the element reads
-// mine(lane)[8 (nt - hr) + c]) or straight from the lanes that loaded it (the forward:
+// element (row, col) lies on diagonal k = col - row in [-15, 8 kN8 - 1], where q_idx - kv_idx
+// is d = d0 + dir * k (d0 at k = 0; dir = -1 when rows are q, +1 when rows are kv), and reads
+// the site's value there, fj_diag_load_at(d). issue() loads the diagonals into registers (lane l:
+// entry e = k + 15 = l, l + 32, ... in v[0], v[1], ...) before the tile's GEMMs are waited for.
+// Element (g + 8 hr, 8 nt + 2t + c) (g = lane / 4, t = lane % 4) then reads its value either
+// through shared memory (the backward: commit() puts the entries in the warp's table, the element
+// reads mine(lane)[8 (nt - hr) + c]) or straight from the lanes that loaded it (the forward:
 // shuffled(8 (nt - hr) + c, lane), no shared memory). Only diagonals that hold a position of
 // the problem (rows < `rows`, columns < `cols`) are loaded: there the user's contract keeps the
 // index in bounds; the others read as 0 and belong to elements outside the problem.
@@ -320,14 +321,15 @@ struct FjDiagLoads {
   float* table;                                    // this warp's kFloats (shared memory)
   float v[kPer];
 
-  FJ_DEVICE void issue(const FjModParams& mods, int b, int h, int base, int dir, int rows, int cols,
+  FJ_DEVICE void issue(const FjModParams& mods, int b, int h, int d0, int dir, int rows, int cols,
                        int lane) {
 #pragma unroll
     for (int p = 0; p < kPer; ++p) {
       const int k = p * 32 + lane - 15;
       v[p] = 0.0f;
       if (k < 8 * kN8 && rows > 0 && k > -rows && k < cols) {
-        v[p] = fj_diag_load(mods, b, h, (int)((unsigned)base + (unsigned)(dir * k)));
+        // d0 + dir * k in wrapping i32 arithmetic, as q_idx - kv_idx itself.
+        v[p] = fj_diag_load_at(mods, b, h, (int)((unsigned)d0 + (unsigned)(dir * k)));
       }
     }
   }

@@ -269,9 +269,11 @@ FJ_DEVICE void fj_bwd_element(float& s_io, float& dp_io, const FjModParams& mods
 // ---- buffer gradients along diagonals (kFjDiagGradSite) --------------------------------------
 
 // A warp's dK/dV accumulator fragment covers 16 kv rows x 8 kN8 q columns: thread (g, t) =
-// (lane / 4, lane % 4) holds kv rows g, g + 8 and q columns 8 nt + 2t + c. The diagonal site's
-// index there is base + kFjDiagSign * k, k = col - row in [-15, 8 kN8 - 1], base its index at
-// the fragment's first (q, kv). Instead of one atomic per element, the warp sums each diagonal:
+// (lane / 4, lane % 4) holds kv rows g, g + 8 and q columns 8 nt + 2t + c. Element (row, col)
+// lies on diagonal k = col - row in [-15, 8 kN8 - 1], where q_idx - kv_idx is d = d0 + dir * k
+// (d0 = q0 - kv0 at the fragment's first (q, kv); dir = +1, the rows being kv), and the
+// diagonal site's indices are a function of d (kFjDiagGradSite). Instead of one atomic per element,
+// the warp sums each diagonal:
 //   put()    in the element loop (nt outer, then c, then hr): element (g + 8 hr, 8 nt + u),
 //            u = 2t + c, lies on diagonal k = 8 (nt - hr) + u - g. Row g + 8 of column tile nt
 //            and row g of tile nt - 1 share their diagonals: a thread adds the two in a register
@@ -279,7 +281,8 @@ FJ_DEVICE void fj_bwd_element(float& s_io, float& dp_io, const FjModParams& mods
 //            elements);
 //   flush()  diagonal k is the sum over g of the table's (k + g + 8, g): lane l sums diagonals
 //            l - 15, l + 17, ... with 8 loads at immediate offsets each, and adds each nonzero
-//            sum with one fp32 atomic (fj_bufgrad_diag_add).
+//            sum with one fp32 atomic at the site's indices on diagonal d
+//            (fj_bufgrad_diag_add_at).
 // The table: rows r in [-7, 8 kN8 + 15) of 9 floats (8 used: the odd row length spreads both the
 // stores and the loads over the banks); the rows outside [0, 8 kN8 + 8) are zero (init()) and
 // every row inside is rewritten by every tile.
@@ -319,8 +322,8 @@ struct FjDiagGrad {
   }
 
   // After the element loop: the last row group, then the sums. Every lane of the warp together.
-  FJ_DEVICE void flush(const FjModParams& mods, const FjGradParams& grads, int b, int h, int base,
-                       int lane) {
+  FJ_DEVICE void flush(const FjModParams& mods, const FjGradParams& grads, int b, int h, int d0,
+                       int dir, int lane) {
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       mine[at(8 * kN8 + c, 0) - at(0, 0)] = pend[c];
@@ -336,9 +339,9 @@ struct FjDiagGrad {
 #pragma unroll
         for (int g = 0; g < 8; ++g)
           sum += row[10 * g];
-        // base + sign * k in wrapping i32 arithmetic, as the index itself.
-        const int index = (int)((unsigned)base + (unsigned)(kFjDiagSign * k));
-        if (sum != 0.0f) fj_bufgrad_diag_add(mods, grads, b, h, index, sum);
+        // d0 + dir * k in wrapping i32 arithmetic, as q_idx - kv_idx itself.
+        const int d = (int)((unsigned)d0 + (unsigned)(dir * k));
+        if (sum != 0.0f) fj_bufgrad_diag_add_at(mods, grads, b, h, d, sum);
       }
     }
     __syncwarp();

@@ -322,9 +322,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const int stage = i % kS;
       const fj_u32 sq_st = sq + stage * kQBytes, sdo_st = sdo + stage * kDoBytes;
       if constexpr (kDl) {
-        // Rows: this warp's 16 kv rows; columns: the tile's kBM q rows (S^T).
-        loads.issue(mods, b, h, fj_diag_load_index(mods, b, h, m0, kv_row0), kFjDiagLoadSign,
-                    args.seqlen_kv - kv_row0, args.seqlen_q - m0, lane);
+        // Rows: this warp's 16 kv rows; columns: the tile's kBM q rows (S^T). Element (row, col)
+        // has q_idx - kv_idx = (m0 + col) - (kv_row0 + row) = (m0 - kv_row0) + k.
+        loads.issue(mods, b, h, m0 - kv_row0, 1, args.seqlen_kv - kv_row0, args.seqlen_q - m0,
+                    lane);
       }
       fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
       float s[kBM / 8][4], dp[kBM / 8][4];
@@ -355,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       turns.end();
       // The diagonal sums go out under the dV / dK GEMMs.
       if constexpr (kDiag) {
-        diag.flush(mods, grads, b, h, fj_bufgrad_diag_index(mods, b, h, m0, kv_row0), lane);
+        diag.flush(mods, grads, b, h, m0 - kv_row0, 1, lane);
       }
       fj_wgmma_wait<0>();
       fj_fence_regs(dv);
@@ -462,8 +463,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const FjGradParams no_grads = {};
   float no_acc[kFjGradSlots] = {};
   FjDiagGrad<kBN / 8>* const no_diag = nullptr;
-  // The score_mod's diagonal load (kFjDiagLoad): rows are q here, so the index runs the other
-  // way along k = col - row.
+  // The score_mod's diagonal load (kFjDiagLoad): rows are q here, so q_idx - kv_idx runs the
+  // other way along k = col - row.
   constexpr bool kDl = kFjDiagLoad;
   using Loads = FjDiagLoads<kBN / 8>;
   __shared__ __align__(16) float fj_dl_smem[kDl ? 4 * T::kConsumers * Loads::kFloats : 4];
@@ -477,8 +478,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     const int stage = i % kS;
     const fj_u32 sk_st = sk + stage * kKBytes, sv_st = sv + stage * kVBytes;
     if constexpr (kDl) {
-      loads.issue(mods, b, h, fj_diag_load_index(mods, b, h, q_row0, n0), -kFjDiagLoadSign,
-                  args.seqlen_q - q_row0, args.seqlen_kv - n0, lane);
+      // q_idx - kv_idx = (q_row0 + row) - (n0 + col) = (q_row0 - n0) - k.
+      loads.issue(mods, b, h, q_row0 - n0, -1, args.seqlen_q - q_row0, args.seqlen_kv - n0, lane);
     }
     fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
     float s[kBN / 8][4], dp[kBN / 8][4];

@@ -347,7 +347,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     }
     fj_wgmma_commit();
   };
-  // The score_mod's diagonal load (kFjDiagLoad: bias[q_idx - kv_idx + offset]), once per
+  // The score_mod's diagonal load (kFjDiagLoad: bias[f(q_idx - kv_idx)]), once per
   // diagonal of the warp's 16 x kBlockN fragment instead of once per score: load_diagonals(tile)
   // (per query tile, below) issues the loads into registers before the tile's S is waited for,
   // and each score takes its value from the lane that loaded it (FjDiagLoads::shuffled; no
@@ -386,8 +386,9 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     auto load_diagonals = [&](int tile) {
       if constexpr (kDl) {
         const int n_start = tile * T::kBlockN;
-        dl.issue(mods, b, h, fj_diag_load_index(mods, b, h, dl_row0, n_start), -kFjDiagLoadSign,
-                 args.seqlen_q - dl_row0, args.seqlen_kv - n_start, lane);
+        // q_idx - kv_idx = (dl_row0 + row) - (n_start + col) = (dl_row0 - n_start) - k.
+        dl.issue(mods, b, h, dl_row0 - n_start, -1, args.seqlen_q - dl_row0,
+                 args.seqlen_kv - n_start, lane);
       }
     };
 #pragma unroll

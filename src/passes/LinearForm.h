@@ -3,9 +3,9 @@
 //     a * q_idx + c * kv_idx + r
 //
 // with constant a and c and a rest r that reads neither q_idx nor kv_idx (b, h, params,
-// constants, loads at such indices). The backward uses it to find buffer gradients that land
-// along the score tile's diagonals (a relative-position bias read at q_idx - kv_idx + offset):
-// over a tile the index then takes a known, contiguous set of values (docs/backward.md).
+// constants, loads at such indices). passes::depends_only_on_position_difference
+// (PositionDifference.h) builds on it to find the diagonal sites of the sm_90a kernels (a
+// relative-position bias read at q_idx - kv_idx + offset, or at a function of that).
 //
 // The rules are syntactic, over + - (binary and unary) and * by an integer constant; anything
 // else that reads q_idx or kv_idx (min, max, select, division, casts from f32, loads) is not a

@@ -31,14 +31,10 @@ __device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h,
   return true;
 }
 
-// The score_mod's diagonal load: a float buffer read at an index
-// kFjDiagLoadSign * (q_idx - kv_idx) + (b, h, params). The sm_90a kernels load a
-// tile's diagonals once (fj_diag_load, only at diagonals that hold a position of the
+// The score_mod's diagonal load: a float buffer read at indices that depend on q_idx
+// and kv_idx only through d = q_idx - kv_idx. The sm_90a kernels load a tile's
+// diagonals once (fj_diag_load_at, only at diagonals that hold a position of the
 // problem) and hand every element its value through the overloads that take fj_dl.
 static constexpr bool kFjDiagLoad = false;
-static constexpr int kFjDiagLoadSign = 1;
-__device__ __forceinline__ int fj_diag_load_index(const FjModParams& mp, int b, int h, int q_idx, int kv_idx) {
-  return (void)mp, (void)b, (void)h, (void)q_idx, (void)kv_idx, 0;
-}
-__device__ __forceinline__ float fj_diag_load(const FjModParams& mp, int b, int h, int diag_index) { return (void)mp, (void)b, (void)h, (void)diag_index, 0.0f; }
+__device__ __forceinline__ float fj_diag_load_at(const FjModParams& mp, int b, int h, int d) { return (void)mp, (void)b, (void)h, (void)d, 0.0f; }
 __device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx, float fj_dl) { return (void)fj_dl, fj_score_mod(mp, score, b, h, q_idx, kv_idx); }

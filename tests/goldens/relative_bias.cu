@@ -32,22 +32,18 @@ __device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h,
   return true;
 }
 
-// The score_mod's diagonal load: a float buffer read at an index
-// kFjDiagLoadSign * (q_idx - kv_idx) + (b, h, params). The sm_90a kernels load a
-// tile's diagonals once (fj_diag_load, only at diagonals that hold a position of the
+// The score_mod's diagonal load: a float buffer read at indices that depend on q_idx
+// and kv_idx only through d = q_idx - kv_idx. The sm_90a kernels load a tile's
+// diagonals once (fj_diag_load_at, only at diagonals that hold a position of the
 // problem) and hand every element its value through the overloads that take fj_dl.
 static constexpr bool kFjDiagLoad = true;
-static constexpr int kFjDiagLoadSign = 1;
-__device__ __forceinline__ int fj_diag_load_index(const FjModParams& mp, int b, int h, int q_idx, int kv_idx) {
-  // q_idx - kv_idx + offset
+__device__ __forceinline__ float fj_diag_load_at(const FjModParams& mp, int b, int h, int d) {
+  // bias[q_idx - kv_idx + offset] at q_idx = d, kv_idx = 0
+  const int q_idx = d, kv_idx = 0;
+  (void)q_idx, (void)kv_idx;
   const int t0 = fj_isub(q_idx, kv_idx);
   const int t1 = fj_iadd(t0, mp.param_offset);
-  return t1;
-}
-__device__ __forceinline__ float fj_diag_load(const FjModParams& mp, int b, int h, int diag_index) {
-  const int q_idx = 0, kv_idx = 0;
-  (void)q_idx, (void)kv_idx;
-  return fj_ld_f32(mp.buf_bias, (fj_i64)diag_index * mp.stride_bias[0]);
+  return fj_ld_f32(mp.buf_bias, (fj_i64)t1 * mp.stride_bias[0]);
 }
 __device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx, float fj_dl) {
   (void)fj_dl;

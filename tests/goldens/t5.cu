@@ -38,14 +38,37 @@ __device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h,
   return true;
 }
 
-// The score_mod's diagonal load: a float buffer read at an index
-// kFjDiagLoadSign * (q_idx - kv_idx) + (b, h, params). The sm_90a kernels load a
-// tile's diagonals once (fj_diag_load, only at diagonals that hold a position of the
+// The score_mod's diagonal load: a float buffer read at indices that depend on q_idx
+// and kv_idx only through d = q_idx - kv_idx. The sm_90a kernels load a tile's
+// diagonals once (fj_diag_load_at, only at diagonals that hold a position of the
 // problem) and hand every element its value through the overloads that take fj_dl.
-static constexpr bool kFjDiagLoad = false;
-static constexpr int kFjDiagLoadSign = 1;
-__device__ __forceinline__ int fj_diag_load_index(const FjModParams& mp, int b, int h, int q_idx, int kv_idx) {
-  return (void)mp, (void)b, (void)h, (void)q_idx, (void)kv_idx, 0;
+static constexpr bool kFjDiagLoad = true;
+__device__ __forceinline__ float fj_diag_load_at(const FjModParams& mp, int b, int h, int d) {
+  // rel_table[h, min(int(floor(log(float(abs(q_idx - kv_idx)) + 1.0) * 4.0)), 31)] at q_idx = d, kv_idx = 0
+  const int q_idx = d, kv_idx = 0;
+  (void)q_idx, (void)kv_idx;
+  const int t0 = fj_isub(q_idx, kv_idx);
+  const int t1 = fj_iabs(t0);
+  const float t2 = (float)t1;
+  const float t3 = t2 + 1.0f;
+  const float t4 = fj_log(t3);
+  const float t5 = t4 * 4.0f;
+  const float t6 = fj_floor(t5);
+  const int t7 = fj_f2i(t6);
+  const int t8 = fj_imin(t7, 31);
+  return fj_ld_f32(mp.buf_rel_table, (fj_i64)h * mp.stride_rel_table[0] + (fj_i64)t8 * mp.stride_rel_table[1]);
 }
-__device__ __forceinline__ float fj_diag_load(const FjModParams& mp, int b, int h, int diag_index) { return (void)mp, (void)b, (void)h, (void)diag_index, 0.0f; }
-__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx, float fj_dl) { return (void)fj_dl, fj_score_mod(mp, score, b, h, q_idx, kv_idx); }
+__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx, float fj_dl) {
+  (void)fj_dl;
+  const int t0 = fj_isub(q_idx, kv_idx);
+  const int t1 = fj_iabs(t0);
+  const float t2 = (float)t1;
+  const float t3 = t2 + 1.0f;
+  const float t4 = fj_log(t3);
+  const float t5 = t4 * 4.0f;
+  const float t6 = fj_floor(t5);
+  const int t7 = fj_f2i(t6);
+  const int t8 = fj_imin(t7, 31);
+  const float t9 = score + fj_dl;
+  return t9;
+}

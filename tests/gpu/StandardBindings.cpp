@@ -70,27 +70,37 @@ std::vector<DiagonalSiteMod> diagonal_site_mods(DType table) {
       {"two sites of one table",
        "buffer bias: f32[R]\nparam offset: i32\nscore_mod = score + bias[q_idx - kv_idx + "
        "offset] + 0.5 * bias[q_idx - kv_idx + offset - 1]"},
+      {"a nonlinear function of the difference",
+       "buffer tab: f32[H, 7]\nscore_mod = score + tab[h, abs(q_idx - kv_idx) % 7] * "
+       "where(kv_idx > q_idx, 1.0, -0.5)"},
   };
 }
 
-void bind_per_head_reversed(DType table, const AttentionShape& s, std::mt19937_64& rng,
-                            std::map<std::string, HostBuffer>& buffers,
+void bind_diagonal_site_mod(const DiagonalSiteMod& mod, DType table, const AttentionShape& s,
+                            std::mt19937_64& rng, std::map<std::string, HostBuffer>& buffers,
                             std::vector<std::pair<std::string, double>>& params) {
   std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-  const int64_t r = s.seqlen_q + s.seqlen_kv + 1;
-  const size_t n = static_cast<size_t>(s.heads_q * r);
-  if (table == DType::F16) {
-    std::vector<uint16_t> v(n);  // f16 bits
-    for (uint16_t& x : v)
-      x = ir::float_to_f16_bits(u(rng));
-    buffers["rel"] = host_buffer(table, {s.heads_q, r}, v);
-  } else {
-    std::vector<float> v(n);
+  if (mod.label == "per-head reversed") {
+    const int64_t r = s.seqlen_q + s.seqlen_kv + 1;
+    const size_t n = static_cast<size_t>(s.heads_q * r);
+    if (table == DType::F16) {
+      std::vector<uint16_t> v(n);  // f16 bits
+      for (uint16_t& x : v)
+        x = ir::float_to_f16_bits(u(rng));
+      buffers["rel"] = host_buffer(table, {s.heads_q, r}, v);
+    } else {
+      std::vector<float> v(n);
+      for (float& x : v)
+        x = u(rng);
+      buffers["rel"] = host_buffer(table, {s.heads_q, r}, v);
+    }
+    params.emplace_back("off", s.seqlen_q);
+  } else if (mod.label == "a nonlinear function of the difference") {
+    std::vector<float> v(static_cast<size_t>(s.heads_q * 7));
     for (float& x : v)
       x = u(rng);
-    buffers["rel"] = host_buffer(table, {s.heads_q, r}, v);
+    buffers["tab"] = host_buffer(DType::F32, {s.heads_q, 7}, v);
   }
-  params.emplace_back("off", s.seqlen_q);
 }
 
 }  // namespace flexjit::test

@@ -40,17 +40,19 @@ void bind_standard_mods(const Mods& mods, const AttentionShape& s, std::mt19937_
 
 // The score_mods of the diagonal-site tests (test_forward.cpp, test_backward.cpp): a reversed
 // per-head table `rel` of dtype `table` (f32 or f16) beside a mask_mod, a site reached only under
-// where(), and two sites of one table.
+// where(), two sites of one table, and a nonlinear function of q - kv (|q - kv| mod 7: many
+// diagonals per address, a derivative that changes sign across the main diagonal).
 struct DiagonalSiteMod {
   std::string label, text;
 };
 std::vector<DiagonalSiteMod> diagonal_site_mods(DType table);
 
-// The bindings of diagonal_site_mods' "per-head reversed": rel[Hq, Sq + Skv + 1] uniform in
-// [-0.5, 0.5] (stored as `table`) and off = Sq, so kv - q + Sq lies in [1, Sq + Skv - 1]. The
-// other two take bind_standard_mods' bias and offset.
-void bind_per_head_reversed(DType table, const AttentionShape& s, std::mt19937_64& rng,
-                            std::map<std::string, HostBuffer>& buffers,
+// The bindings that bind_standard_mods has no rule for: "per-head reversed" gets rel[Hq, Sq + Skv
+// + 1] uniform in [-0.5, 0.5] (stored as `table`) and off = Sq, so kv - q + Sq lies in [1, Sq +
+// Skv - 1]; the nonlinear one gets tab[Hq, 7] (f32) uniform in [-0.5, 0.5]. The other two take
+// bind_standard_mods' bias and offset (bias[Sq + Skv + 1], offset = Skv).
+void bind_diagonal_site_mod(const DiagonalSiteMod& mod, DType table, const AttentionShape& s,
+                            std::mt19937_64& rng, std::map<std::string, HostBuffer>& buffers,
                             std::vector<std::pair<std::string, double>>& params);
 
 }  // namespace flexjit::test

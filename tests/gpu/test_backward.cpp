@@ -375,11 +375,12 @@ void add_bias2d(BwdCase& c, std::mt19937_64& rng) {
 }  // namespace
 
 TEST_CASE("backward: buffer gradients summed along the tile's diagonals", "[gpu][backward]") {
-  // Loads at ±(q_idx - kv_idx) + (h, params) are the sm_90a dK/dV kernel's diagonal site
-  // (FjDiagGrad): a reversed sign with a per-head table and a derivative of 2, a site reached
-  // only under a where() (contributions 0 elsewhere), and two sites of one buffer (the first
-  // summed along diagonals, the second added per element); non-divisible lengths, GQA, a block
-  // mask, head dims 64 and 128. Both families: sm80_mma adds every site per element.
+  // Loads at indices that are functions of q_idx - kv_idx (and h, params) are the sm_90a dK/dV
+  // kernel's diagonal site (FjDiagGrad): a reversed sign with a per-head table and a derivative
+  // of 2, a site reached only under a where() (contributions 0 elsewhere), two sites of one
+  // buffer (the first summed along diagonals, the second added per element), and a nonlinear
+  // function of the difference (|q - kv| mod 7: 7 addresses per head); non-divisible lengths,
+  // GQA, a block mask, head dims 64 and 128. Both families: sm80_mma adds every site per element.
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
   const std::string family = GENERATE_COPY(from_range(test::backward_families(*ctx)));
   test::BackwardFamilyScope family_scope(family);
@@ -398,11 +399,8 @@ TEST_CASE("backward: buffer gradients summed along the tile's diagonals", "[gpu]
       c.shape = make_shape(sh.b, sh.hq, sh.hkv, sh.sq, sh.skv, sh.d, sh.d);
       c.block_mask = c.mods.mask_mod.defined() && sh.d == 128;
       c.dq_mode = BackwardOptions::DqMode::SecondPass;
-      if (m.label == "per-head reversed") {
-        std::mt19937_64 brng(seed + 100 + static_cast<uint64_t>(i));
-        bind_per_head_reversed(DType::F32, c.shape, brng, c.buffers, c.params);
-      }
-      // The others: bind_standard_mods' bias[Sq + Skv + 1], offset = Skv (index - 1 in range).
+      std::mt19937_64 brng(seed + 100 + static_cast<uint64_t>(i));
+      bind_diagonal_site_mod(m, DType::F32, c.shape, brng, c.buffers, c.params);
       check_backward_case(*ctx, c, seed + static_cast<uint64_t>(i++));
     }
   }

@@ -366,10 +366,7 @@ TEST_CASE("forward: score_mod loads along the tile's diagonals match the referen
       c.config.block_m = sh.block_m;
       c.config.block_n = sh.block_n;
       c.label = fmt::format("{} (block {}x{})", m.label, sh.block_m, sh.block_n);
-      if (m.label == "per-head reversed") {
-        bind_per_head_reversed(DType::F16, c.shape, rng, c.buffers, c.params);
-      }
-      // Otherwise bind_standard: bias[Sq + Skv + 1], offset = Skv (index - 1 stays in range).
+      bind_diagonal_site_mod(m, DType::F16, c.shape, rng, c.buffers, c.params);
       bind_standard(c, rng);
       check_case(*ctx, c, rng, seed);
     }

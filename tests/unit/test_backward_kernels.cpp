@@ -58,21 +58,25 @@ TEST_CASE("gradient hooks: FjGradParams, fj_dscore and fj_bufgrad from the autod
   // ... along the tile's diagonals: the sm_90a dK/dV kernel sums them (fj_bufgrad<true> leaves
   // the site out; the sm_80 kernel keeps fj_bufgrad<false>, which adds it per element).
   CHECK_THAT(rsrc, Catch::Contains("static constexpr bool kFjDiagGradSite = true;") &&
-                       Catch::Contains("static constexpr int kFjDiagSign = 1;") &&
                        Catch::Contains("if constexpr (kDiagByCaller)") &&
+                       Catch::Contains("void fj_bufgrad_diag_add_at(const FjModParams& mp, const "
+                                       "FjGradParams& gp, int b, int h, int d, float v)") &&
+                       Catch::Contains("const int q_idx = d, kv_idx = 0;") &&
                        Catch::Contains("atomicAdd(gp.grad_bias + (") &&
-                       Catch::Contains("fj_clamp_index(diag_index, gp.gextent_bias[0])"));
+                       Catch::Contains("fj_clamp_index(t1, gp.gextent_bias[0])") &&
+                       !Catch::Contains("kFjDiagSign"));
   CHECK_THAT(src, Catch::Contains("static constexpr bool kFjDiagGradSite = false;"));
   // The score_mod reads the site itself: the kernels load a tile's diagonals once and pass each
   // element its value (the overloads with fj_dl read no memory for it). kFjDiagLoad,
-  // fj_diag_load and fj_score_mod's overload come with the mods (the forward's module, which
+  // fj_diag_load_at and fj_score_mod's overload come with the mods (the forward's module, which
   // the backward's source includes); the gradient hooks add the other overloads, once each.
   const std::string rmods = cuda::generate_mod_functions(standard_mods("relative_bias"));
-  CHECK_THAT(rmods, Catch::Contains("static constexpr bool kFjDiagLoad = true;") &&
-                        Catch::Contains("float fj_diag_load(const FjModParams& mp, int b, int h, "
-                                        "int diag_index)") &&
-                        Catch::Contains("score + fj_dl;"));
-  CHECK_THAT(rsrc, !Catch::Contains("kFjDiagLoad") && !Catch::Contains("fj_diag_load(") &&
+  CHECK_THAT(rmods,
+             Catch::Contains("static constexpr bool kFjDiagLoad = true;") &&
+                 Catch::Contains("float fj_diag_load_at(const FjModParams& mp, int b, int h, "
+                                 "int d)") &&
+                 Catch::Contains("score + fj_dl;"));
+  CHECK_THAT(rsrc, !Catch::Contains("kFjDiagLoad") && !Catch::Contains("fj_diag_load_at(") &&
                        !Catch::Contains("float fj_score_mod("));
   auto once = [](const std::string& text, const std::string& needle) {
     const size_t at = text.find(needle);
@@ -116,24 +120,29 @@ TEST_CASE("the diagonal buffer-gradient site: which loads qualify", "[backward][
   auto diag = [](const std::string& text) {
     return cuda::generate_mod_grad_functions(parse_mods(text));
   };
-  // kv_idx - q_idx: the sign flips; a per-head table: the other index is added as it is.
+  // kv_idx - q_idx into a per-head table: both indices evaluated at q_idx = d, kv_idx = 0.
   const std::string rev = diag(
       "buffer rel: f32[H, R]\nparam off: i32\nscore_mod = score + 2.0 * rel[h, kv_idx - "
       "q_idx + off]");
   CHECK_THAT(rev, Catch::Contains("kFjDiagGradSite = true;") &&
-                      Catch::Contains("kFjDiagSign = -1;") &&
+                      Catch::Contains("fj_isub(kv_idx, q_idx)") &&
                       Catch::Contains("fj_clamp_index(h, gp.gextent_rel[0])") &&
-                      Catch::Contains("fj_clamp_index(diag_index, gp.gextent_rel[1])"));
-  // Not diagonal: a 2-D bias (positions in two indices), a scaled difference, T5's buckets.
+                      Catch::Contains("fj_clamp_index(t1, gp.gextent_rel[1])"));
+  // Any function of q_idx - kv_idx: T5's buckets (the head index kept), a scaled difference.
+  const std::string t5 = cuda::generate_mod_grad_functions(standard_mods("t5_bucketed_bias"));
+  CHECK_THAT(t5, Catch::Contains("kFjDiagGradSite = true;") &&
+                     Catch::Contains("fj_clamp_index(h, gp.gextent_bias[0])") &&
+                     Catch::Contains("fj_log") && Catch::Contains("fj_iabs("));
+  CHECK_THAT(diag("buffer b1: f32[R]\nscore_mod = score + b1[2 * (q_idx - kv_idx) + 100]"),
+             Catch::Contains("kFjDiagGradSite = true;"));
+  // Not diagonal: a 2-D bias (positions in two indices), one position alone, their sum.
   for (const std::string& text :
        {std::string("buffer b2: f32[Q, K]\nscore_mod = score + b2[q_idx, kv_idx]"),
-        std::string("buffer b1: f32[R]\nscore_mod = score + b1[2 * (q_idx - kv_idx) + 100]"),
-        std::string("buffer b1: f32[R]\nscore_mod = score + b1[q_idx]")}) {
+        std::string("buffer b1: f32[R]\nscore_mod = score + b1[q_idx]"),
+        std::string("buffer b1: f32[R]\nscore_mod = score + b1[q_idx + kv_idx]")}) {
     INFO(text);
     CHECK_THAT(diag(text), Catch::Contains("kFjDiagGradSite = false;"));
   }
-  CHECK_THAT(cuda::generate_mod_grad_functions(standard_mods("t5_bucketed_bias")),
-             Catch::Contains("kFjDiagGradSite = false;"));
   // The deterministic (ordered) hooks never leave a site to the kernel.
   CHECK_THAT(
       cuda::generate_mod_grad_functions(standard_mods("relative_bias"), cuda::MathFunctions::Exact,

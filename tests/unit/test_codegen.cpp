@@ -323,24 +323,25 @@ TEST_CASE("the score_mod's diagonal load: which loads qualify, and its hooks com
   const std::string r = generate_mod_functions(rel);
   INFO(r);
   CHECK_THAT(r, Catch::Contains("static constexpr bool kFjDiagLoad = true;") &&
-                    Catch::Contains("static constexpr int kFjDiagLoadSign = 1;") &&
-                    Catch::Contains("int fj_diag_load_index(const FjModParams& mp, int b, int h, "
-                                    "int q_idx, int kv_idx)") &&
-                    Catch::Contains("return fj_ld_f32(mp.buf_bias, (fj_i64)diag_index * "
+                    Catch::Contains("float fj_diag_load_at(const FjModParams& mp, int b, int h, "
+                                    "int d)") &&
+                    Catch::Contains("const int q_idx = d, kv_idx = 0;") &&
+                    Catch::Contains("return fj_ld_f32(mp.buf_bias, (fj_i64)t1 * "
                                     "mp.stride_bias[0]);") &&
                     Catch::Contains("int q_idx, int kv_idx, float fj_dl) {") &&
-                    Catch::Contains("score + fj_dl;"));
-  CHECK(count(r, "fj_ld_f32(") == 2);  // fj_score_mod and fj_diag_load, not the fj_dl overload
+                    Catch::Contains("score + fj_dl;") && !Catch::Contains("kFjDiagLoadSign"));
+  CHECK(count(r, "fj_ld_f32(") == 2);  // fj_score_mod and fj_diag_load_at, not the fj_dl one
   check_compiles(rel);
-  // kv_idx - q_idx into a per-head f16 table: the sign flips, the head index is kept.
+  // kv_idx - q_idx into a per-head f16 table: the head index is kept, the other evaluated at
+  // q_idx = d, kv_idx = 0.
   const Mods rev = parse_mods(
       "buffer rel: f16[H, R]\nparam off: i32\nscore_mod = score + 2.0 * rel[h, kv_idx - q_idx + "
       "off]");
   const std::string v = generate_mod_functions(rev);
   CHECK_THAT(v, Catch::Contains("static constexpr bool kFjDiagLoad = true;") &&
-                    Catch::Contains("static constexpr int kFjDiagLoadSign = -1;") &&
+                    Catch::Contains("fj_isub(kv_idx, q_idx)") &&
                     Catch::Contains("return fj_ld_f16(mp.buf_rel, (fj_i64)h * mp.stride_rel[0] + "
-                                    "(fj_i64)diag_index * mp.stride_rel[1]);") &&
+                                    "(fj_i64)t1 * mp.stride_rel[1]);") &&
                     Catch::Contains("2.0f * fj_dl"));
   check_compiles(rev);
   // Two sites of one table: the first is the diagonal load, the second stays a load.
@@ -349,21 +350,36 @@ TEST_CASE("the score_mod's diagonal load: which loads qualify, and its hooks com
       "+ 0.5 * bias[q_idx - kv_idx + offset - 1]");
   const std::string t = generate_mod_functions(two);
   CHECK_THAT(t, Catch::Contains("static constexpr bool kFjDiagLoad = true;"));
-  CHECK(count(t, "fj_ld_f32(") == 4);  // 2 in fj_score_mod, 1 in fj_diag_load, 1 with fj_dl
+  CHECK(count(t, "fj_ld_f32(") == 4);  // 2 in fj_score_mod, 1 in fj_diag_load_at, 1 with fj_dl
   check_compiles(two);
-  // Not a diagonal load: no score_mod, a per-head load, T5's buckets, a 2-D bias, a scaled
-  // difference, a load that only the mask_mod makes.
+  // Any function of q_idx - kv_idx qualifies: T5's buckets (abs, log, floor, min, where), a
+  // scaled difference, a residue of its absolute value.
+  for (const Mods& m :
+       {standard_mods("t5_bucketed_bias"),
+        parse_mods("buffer b1: f32[R]\nscore_mod = score + b1[2 * (q_idx - kv_idx) + 100]"),
+        parse_mods("buffer b1: f32[H, 7]\nscore_mod = score * b1[h, abs(q_idx - kv_idx) % 7]")}) {
+    const std::string text = generate_mod_functions(m);
+    INFO(text);
+    CHECK_THAT(text, Catch::Contains("static constexpr bool kFjDiagLoad = true;") &&
+                         Catch::Contains("const int q_idx = d, kv_idx = 0;") &&
+                         Catch::Contains("float fj_dl) {"));
+    check_compiles(m);
+  }
+  // Not a diagonal load: no score_mod, a per-head load, a 2-D bias, a sum of the positions, an
+  // index that reads q_idx alone, a load that only the mask_mod makes.
   for (const Mods& m :
        {standard_mods("noop"), standard_mods("causal"), standard_mods("alibi"),
-        standard_mods("alibi_causal"), standard_mods("t5_bucketed_bias"),
+        standard_mods("alibi_causal"),
         parse_mods("buffer b2: f32[Q, K]\nscore_mod = score + b2[q_idx, kv_idx]"),
-        parse_mods("buffer b1: f32[R]\nscore_mod = score + b1[2 * (q_idx - kv_idx) + 100]"),
+        parse_mods("buffer b1: f32[R]\nscore_mod = score + b1[q_idx + kv_idx]"),
+        parse_mods("buffer b1: f32[R]\nscore_mod = score + b1[where(q_idx > 5, q_idx - kv_idx, "
+                   "0)]"),
         parse_mods("buffer b1: f32[R]\nmask_mod = b1[q_idx - kv_idx + 100] > 0.0")}) {
     const std::string text = generate_mod_functions(m);
     INFO(text);
     CHECK_THAT(text, Catch::Contains("static constexpr bool kFjDiagLoad = false;") &&
-                         Catch::Contains("fj_diag_load(const FjModParams& mp, int b, int h, int "
-                                         "diag_index) { return (void)mp,") &&
+                         Catch::Contains("fj_diag_load_at(const FjModParams& mp, int b, int h, "
+                                         "int d) { return (void)mp,") &&
                          Catch::Contains("return (void)fj_dl, fj_score_mod(mp, score, b, h, "
                                          "q_idx, kv_idx); }"));
     check_compiles(m);

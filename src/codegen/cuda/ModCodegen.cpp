@@ -7,6 +7,7 @@
 #include "ir/Visitor.h"
 #include "passes/Autodiff.h"
 #include "passes/LinearForm.h"
+#include "passes/PositionDifference.h"
 
 #include <fmt/format.h>
 
@@ -294,29 +295,24 @@ bool is_float_buffer(DType d) {
   return d == DType::F32 || d == DType::F16 || d == DType::BF16;
 }
 
-// A diagonal site: a load of `buffer` at `indices` where index `dim` is sign * (q_idx - kv_idx)
-// + (b, h, params) (passes::qkv_linear_form) and every other index is free of q_idx and kv_idx.
-// Over a score tile it takes one value per diagonal (docs/backward.md).
+// A diagonal site: a load of `buffer` at `indices` where every index depends on q_idx and
+// kv_idx only through d = q_idx - kv_idx (passes::depends_only_on_position_difference: a
+// relative-position index ±d + (b, h, params), T5's bucket of d, ...) and at least one reads
+// them. Over a score tile it takes one value per diagonal (docs/kernels/backward_sm90.md).
 struct DiagSite {
   std::shared_ptr<const ir::BufferDecl> buffer;
   std::vector<Expr> indices;
-  size_t dim = 0;
-  int sign = 1;  // +1 for q_idx - kv_idx, -1 for kv_idx - q_idx
 };
 
 std::optional<DiagSite> as_diag_site(const std::shared_ptr<const ir::BufferDecl>& buffer,
                                      const std::vector<Expr>& indices) {
-  int found = -1, sign = 0;
-  for (size_t d = 0; d < indices.size(); ++d) {
-    if (!passes::reads_positions(indices[d])) continue;
-    const auto f = passes::qkv_linear_form(indices[d]);
-    if (found >= 0 || !f || !((f->q == 1 && f->kv == -1) || (f->q == -1 && f->kv == 1))) {
-      return std::nullopt;
-    }
-    found = static_cast<int>(d), sign = static_cast<int>(f->q);
+  bool reads = false;
+  for (const Expr& e : indices) {
+    if (!passes::depends_only_on_position_difference(e)) return std::nullopt;
+    reads = reads || passes::reads_positions(e);
   }
-  if (found < 0) return std::nullopt;
-  return DiagSite{buffer, indices, static_cast<size_t>(found), sign};
+  if (!reads) return std::nullopt;
+  return DiagSite{buffer, indices};
 }
 
 // The score_mod's diagonal load (kFjDiagLoad): its first load of a float buffer (children
@@ -339,34 +335,22 @@ ExprLowering diag_lowering(SourceWriter& w, MathFunctions math, const DiagSite* 
   return lowering;
 }
 
-// `int name(mp, b, h, q_idx, kv_idx)`: the diagonal index of `site` at (q_idx, kv_idx); 0
-// without a site.
-void emit_diag_index_function(SourceWriter& w, MathFunctions math, const std::string& name,
-                              const DiagSite* site) {
-  auto fn = w.block(fmt::format(
-      "__device__ __forceinline__ int {}(const FjModParams& mp, int b, int h, int q_idx, int "
-      "kv_idx)",
-      name));
-  if (site == nullptr) {
-    w.line("return (void)mp, (void)b, (void)h, (void)q_idx, (void)kv_idx, 0;");
-    return;
-  }
-  w.line("// " + ir::to_text(site->indices[site->dim]));
-  ExprLowering lowering(w, math);
-  w.line("return " + lowering.lower(site->indices[site->dim]) + ";");
-}
-
-// The indices of `site` as C values inside a function with an `int diag_index` parameter:
-// diag_index in its diagonal dimension, the others lowered (they read neither position: 0
-// stands in for q_idx and kv_idx).
+// The indices of `site` as C values inside a function with an `int d` parameter (the diagonal
+// q_idx - kv_idx): the index expressions lowered with q_idx = d and kv_idx = 0, which give
+// their value at every (q_idx, kv_idx) of that diagonal.
 std::vector<std::string> diag_site_index_values(SourceWriter& w, MathFunctions math,
                                                 const DiagSite& site) {
-  w.line("const int q_idx = 0, kv_idx = 0;");
+  std::vector<std::string> text;
+  for (const Expr& e : site.indices)
+    text.push_back(ir::to_text(e));
+  w.line(
+      fmt::format("// {}[{}] at q_idx = d, kv_idx = 0", site.buffer->name, fmt::join(text, ", ")));
+  w.line("const int q_idx = d, kv_idx = 0;");
   w.line("(void)q_idx, (void)kv_idx;");
   ExprLowering lowering(w, math);
   std::vector<std::string> idx;
-  for (size_t d = 0; d < site.indices.size(); ++d)
-    idx.push_back(d == site.dim ? "diag_index" : lowering.lower(site.indices[d]));
+  for (const Expr& e : site.indices)
+    idx.push_back(lowering.lower(e));
   return idx;
 }
 
@@ -388,31 +372,29 @@ void emit_with_dl(SourceWriter& w, MathFunctions math, const std::string& signat
 // fj_score_mod overload that takes its value as fj_dl.
 void emit_diag_load(SourceWriter& w, const Mods& mods, MathFunctions math) {
   const std::optional<DiagSite> site = diag_load_site(mods);
-  w.line("// The score_mod's diagonal load: a float buffer read at an index");
-  w.line("// kFjDiagLoadSign * (q_idx - kv_idx) + (b, h, params). The sm_90a kernels load a");
-  w.line("// tile's diagonals once (fj_diag_load, only at diagonals that hold a position of the");
+  w.line("// The score_mod's diagonal load: a float buffer read at indices that depend on q_idx");
+  w.line("// and kv_idx only through d = q_idx - kv_idx. The sm_90a kernels load a tile's");
+  w.line("// diagonals once (fj_diag_load_at, only at diagonals that hold a position of the");
   w.line("// problem) and hand every element its value through the overloads that take fj_dl.");
   w.line(fmt::format("static constexpr bool kFjDiagLoad = {};", site ? "true" : "false"));
-  w.line(fmt::format("static constexpr int kFjDiagLoadSign = {};", site ? site->sign : 1));
-  emit_diag_index_function(w, math, "fj_diag_load_index", site ? &*site : nullptr);
   const char* score_mod_dl =
       "__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, "
       "int h, int q_idx, int kv_idx, float fj_dl)";
   if (!site) {
     // Forwarding overloads, so that the kernels' calls with fj_dl resolve in every module.
     w.line(
-        "__device__ __forceinline__ float fj_diag_load(const FjModParams& mp, int b, int h, int "
-        "diag_index) { return (void)mp, (void)b, (void)h, (void)diag_index, 0.0f; }");
+        "__device__ __forceinline__ float fj_diag_load_at(const FjModParams& mp, int b, int h, "
+        "int d) { return (void)mp, (void)b, (void)h, (void)d, 0.0f; }");
     w.line(fmt::format("{} {{ return (void)fj_dl, fj_score_mod(mp, score, b, h, q_idx, kv_idx); }}",
                        score_mod_dl));
     return;
   }
   {
     // Read only at diagonals that hold a position of the problem (the kernels check): the
-    // user's contract keeps the index in bounds there.
+    // user's contract keeps the indices in bounds there.
     auto fn = w.block(
-        "__device__ __forceinline__ float fj_diag_load(const FjModParams& mp, int b, int h, int "
-        "diag_index)");
+        "__device__ __forceinline__ float fj_diag_load_at(const FjModParams& mp, int b, int h, "
+        "int d)");
     const std::string& name = site->buffer->name;
     const std::vector<std::string> idx = diag_site_index_values(w, math, *site);
     std::vector<std::string> terms;
@@ -666,10 +648,10 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
     return fmt::format("gp.grad_{} + ({})", name, offset);
   };
   const char* add = ordered ? "fj_grad_add_ordered" : "fj_grad_add";
-  // The diagonal site (Atomic mode only): the first per-element site with one index of the
-  // form ±(q_idx - kv_idx) + (b, h, params) and every other index free of q_idx and kv_idx. A
-  // kernel that opts in (fj_bufgrad<true>) leaves it out of fj_bufgrad and sums it along the
-  // tile's diagonals itself (fj_bufgrad_diag_*; docs/backward.md).
+  // The diagonal site (Atomic mode only): the first per-element site whose indices depend on
+  // q_idx and kv_idx only through q_idx - kv_idx (DiagSite). A kernel that opts in
+  // (fj_bufgrad<true>) leaves it out of fj_bufgrad and sums it along the tile's diagonals itself
+  // (fj_bufgrad_diag_*; docs/backward.md).
   const passes::BufferGrad* diag = nullptr;
   std::optional<DiagSite> diag_site;
   for (const passes::BufferGrad* g : per_element) {
@@ -681,7 +663,6 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
     }
   }
   w.line(fmt::format("static constexpr bool kFjDiagGradSite = {};", diag ? "true" : "false"));
-  w.line(fmt::format("static constexpr int kFjDiagSign = {};", diag ? diag_site->sign : 1));
   // The score_mod's diagonal load (kFjDiagLoad, emitted with the mods by
   // generate_mod_functions): lowered as the parameter fj_dl when `dl`.
   const std::optional<DiagSite> load_site = diag_load_site(mods);
@@ -754,10 +735,10 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
       w.line(fmt::format("return ({} && ds != 0.0f) ? ds * {} : 0.0f;", reached, deriv));
     }
   };
-  w.line("// The diagonal site: its contribution at one element (0 where not reached), its");
   w.line(
-      "// diagonal index at (q_idx, kv_idx), and the add of a diagonal's sum (an fp32 atomic at");
-  w.line("// the indices clamped into the extents). Without a diagonal site: 0 and no-ops.");
+      "// The diagonal site: its contribution at one element (0 where not reached), and the add");
+  w.line("// of diagonal d's sum (d = q_idx - kv_idx; an fp32 atomic at the site's indices there,");
+  w.line("// clamped into the extents). Without a diagonal site: 0 and a no-op.");
   {
     auto fn = w.block(
         "__device__ __forceinline__ float fj_bufgrad_diag_value(const FjModParams& mp, float ds, "
@@ -770,13 +751,12 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
       emit_diag_value(false);
     }
   }
-  emit_diag_index_function(w, math, "fj_bufgrad_diag_index", diag ? &*diag_site : nullptr);
   {
     auto fn = w.block(
-        "__device__ __forceinline__ void fj_bufgrad_diag_add(const FjModParams& mp, const "
-        "FjGradParams& gp, int b, int h, int diag_index, float v)");
+        "__device__ __forceinline__ void fj_bufgrad_diag_add_at(const FjModParams& mp, const "
+        "FjGradParams& gp, int b, int h, int d, float v)");
     if (diag == nullptr) {
-      w.line("(void)mp, (void)gp, (void)b, (void)h, (void)diag_index, (void)v;");
+      w.line("(void)mp, (void)gp, (void)b, (void)h, (void)d, (void)v;");
     } else {
       const std::string& name = diag->buffer->name;
       const std::vector<std::string> idx = diag_site_index_values(w, math, *diag_site);

@@ -9,12 +9,11 @@
 //
 // and the score_mod's diagonal load (kFjDiagLoad), used by the sm_90a kernels:
 //   static constexpr bool kFjDiagLoad;   // the score_mod loads a float buffer at a "diagonal
-//       site": one index kFjDiagLoadSign * (q_idx - kv_idx) + (b, h, params), the others free
-//       of q_idx and kv_idx (passes::qkv_linear_form; the first such load); its value is
-//       constant along each diagonal of a score tile
-//   static constexpr int kFjDiagLoadSign;  // +1 for q_idx - kv_idx, -1 for kv_idx - q_idx
-//   int fj_diag_load_index(mp, b, h, q_idx, kv_idx);   // the site's diagonal index there
-//   float fj_diag_load(mp, b, h, int diag_index);      // the site's value at that index
+//       site": indices that depend on q_idx and kv_idx only through d = q_idx - kv_idx
+//       (passes::depends_only_on_position_difference: ±d + (b, h, params), T5's bucket of d;
+//       the first such load); its value is constant along each diagonal of a score tile
+//   float fj_diag_load_at(mp, b, h, int d);   // the site's value on diagonal d (its indices
+//       evaluated at q_idx = d, kv_idx = 0)
 //   float fj_score_mod(mp, score, b, h, q_idx, kv_idx, float fj_dl);  // the site read from fj_dl
 //       (without a site: 0, 0 and forwarding to the overload without fj_dl)
 //
@@ -92,17 +91,16 @@ enum class GradAccumulation { Atomic, Ordered };
 //       writes v at element e of a slice's layout into its gradient tensor (no-op past the end)
 //   template <bool kDiagByCaller = false> void fj_bufgrad(...)   (the signature above)
 //       kDiagByCaller = true leaves the diagonal site out: the kernel sums it itself.
-//   static constexpr bool kFjDiagGradSite;  // Atomic mode: the first per-element site with one
-//       index ±(q_idx - kv_idx) + (b, h, params) and the others free of q_idx and kv_idx
-//       (passes::qkv_linear_form); its gradient lands along the score tile's diagonals
-//   static constexpr int kFjDiagSign;       // +1 for q_idx - kv_idx, -1 for kv_idx - q_idx
+//   static constexpr bool kFjDiagGradSite;  // Atomic mode: the first per-element site whose
+//       indices depend on q_idx and kv_idx only through d = q_idx - kv_idx (as kFjDiagLoad's);
+//       its gradient lands along the score tile's diagonals
 //   float fj_bufgrad_diag_value(mp, ds, score, b, h, q_idx, kv_idx);  // its contribution
-//   int fj_bufgrad_diag_index(mp, b, h, q_idx, kv_idx);   // its diagonal index there
-//   void fj_bufgrad_diag_add(mp, gp, b, h, int diag_index, float v);   // fp32 atomic, clamped
-//       (without a diagonal site: 0, 0 and a no-op)
+//   void fj_bufgrad_diag_add_at(mp, gp, b, h, int d, float v);   // fp32 atomic at the site's
+//       indices on diagonal d (q_idx = d, kv_idx = 0), clamped
+//       (without a diagonal site: 0 and a no-op)
 //   float fj_dscore(..., float fj_dl), float fj_bufgrad_diag_value(..., float fj_dl),
 //   void fj_bufgrad<kDiagByCaller>(..., float fj_dl)   // kFjDiagLoad's site read from fj_dl
-//       (generate_mod_functions emits kFjDiagLoad, fj_diag_load and fj_score_mod's overload)
+//       (generate_mod_functions emits kFjDiagLoad, fj_diag_load_at and fj_score_mod's overload)
 //   static constexpr bool kFjHasBufferGrads;   // whether fj_bufgrad does anything
 //   static constexpr int kFjUniformGradSites;  // sites summed per head; kFjGradSlots = max(1, ..)
 //   static constexpr int kFjElementGradSites;  // sites added at every element
