@@ -184,17 +184,29 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   const kernels::InputFacts facts = kernels::backward_facts(call.inputs);
   // A named variant (options.variant) and the block config apply to the dK/dV and dQ kernels.
   kernels::Params overrides = kernels::config_overrides(options.config);
+  // dq_atomic is a config of the dK/dV variants that can add dQ by atomics (sm80_mma); the others
+  // (sm90a_wgmma) always leave dQ to the second pass and take no such key, so the key goes into
+  // the overrides only where it decides something: a caller's key refuses every variant without
+  // it, and the registry would pick the next one (NOTES v13: the tuned plan ran sm80_mma's dK/dV
+  // on sm_90a that way).
   kernels::Params dkdv_overrides = overrides;
-  if (backward.dq_mode != BackwardOptions::DqMode::Auto) {
-    dkdv_overrides.set("dq_atomic", backward.dq_mode == BackwardOptions::DqMode::Atomic ? 1 : 0);
-  }
-  // Deterministic: dQ by the second pass (validate_backward refused dq_mode = Atomic). The
-  // registry picks a dK/dV variant that implements the ordered buffer gradients: the problem
-  // carries the flag, and a variant without it refuses the problem (sm90a_wgmma says so).
+  // Atomic: only a variant with dq_atomic = 1 can do it. Deterministic: dQ by the second pass
+  // (validate_backward refused dq_mode = Atomic); the registry picks a dK/dV variant that
+  // implements the ordered buffer gradients: the problem carries the flag, and a variant without
+  // it refuses the problem (sm90a_wgmma says so).
+  if (backward.dq_mode == BackwardOptions::DqMode::Atomic) dkdv_overrides.set("dq_atomic", 1);
   if (backward.deterministic) dkdv_overrides.set("dq_atomic", 0);
   const std::string& dkdv_variant = options.variant;
-  const kernels::KernelDesc dkdv_desc = kernels::Registry::global().complete(
-      problem(kernels::Family::BackwardDkDv), facts, dkdv_overrides, dkdv_variant);
+  const kernels::Registry& reg = kernels::Registry::global();
+  kernels::KernelDesc dkdv_desc =
+      reg.complete(problem(kernels::Family::BackwardDkDv), facts, dkdv_overrides, dkdv_variant);
+  // SecondPass: the chosen variant's own choice, unless it would add dQ by atomics.
+  if (backward.dq_mode == BackwardOptions::DqMode::SecondPass &&
+      dkdv_desc.config.get("dq_atomic").value_or(0) != 0) {
+    dkdv_overrides.set("dq_atomic", 0);
+    dkdv_desc =
+        reg.complete(problem(kernels::Family::BackwardDkDv), facts, dkdv_overrides, dkdv_variant);
+  }
   call.inputs.dq_atomic = dkdv_desc.config.get("dq_atomic").value_or(0) == 1;
 
   runtime::Plan plan;
@@ -204,8 +216,11 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   tune::StepTuning on_preprocess = tuning;
   if (tuning.active()) {
     on_preprocess.before = runtime::companion_of(plan.steps[0]);
-    // The plan's dQ strategy holds for every candidate (the workspace was sized for it).
-    dkdv_overrides.set("dq_atomic", call.inputs.dq_atomic ? 1 : 0);
+    // The plan's dQ strategy holds for every candidate (the workspace was sized for it), where
+    // the variant has the choice.
+    if (dkdv_desc.config.has("dq_atomic")) {
+      dkdv_overrides.set("dq_atomic", call.inputs.dq_atomic ? 1 : 0);
+    }
   }
   runtime::PlanStep dkdv = runtime::plan_step<kernels::BackwardDkDvVariant>(
       problem(kernels::Family::BackwardDkDv), call.inputs, facts, call.mods, dkdv_overrides,

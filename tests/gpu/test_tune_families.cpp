@@ -203,6 +203,55 @@ TEST_CASE("backward: with dQ by atomics, the dK/dV search keeps the strategy",
   check_same_gradients(tuned, base);
 }
 
+TEST_CASE("backward: search and a second pass keep the arch's default dK/dV and dQ variants",
+          "[gpu][tune][backward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(shared);
+  // No family scope: the variants the registry picks for this GPU. The tuned plan once carried
+  // the dQ strategy as dq_atomic = 0 into the dK/dV overrides, a key sm90a_wgmma does not have,
+  // so the search and the plan ran sm80_mma's dK/dV on sm_90a, 27-73 % slower (NOTES v13); so
+  // did BackwardOptions::DqMode::SecondPass.
+  const bool hopper = shared->arch() == "sm_90a";
+  const std::string want = hopper ? "sm90a_wgmma" : "sm80_mma";
+  ScopedEnv env_off("FLEXJIT_AUTOTUNE", "off");  // create_block_mask: not tuned here
+  TempDir dir;
+  Context ctx(cache_in(dir.path()));
+  const uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  BackwardCase c;
+  make_backward_case(ctx, rng, c);
+  AttentionOptions o = c.o;
+  const BackwardResult base =
+      flex_attention_backward(ctx, c.q, c.k, c.v, c.fwd.out, c.fwd.lse, c.dout, o);
+
+  const uint64_t searches = tune::search_count();
+  o.autotune = AutotuneMode::Search;
+  const BackwardResult tuned =
+      flex_attention_backward(ctx, c.q, c.k, c.v, c.fwd.out, c.fwd.lse, c.dout, o);
+  ctx.synchronize();
+  CHECK(tune::search_count() == searches + 2);  // dK/dV and dQ
+  const std::vector<tune::TuningRecord> recs = records_in(dir.path());
+  CHECK(recs.size() == 2);
+  const tune::TuningRecord* dkdv = record_of(recs, "backward_dkdv/" + want);
+  const tune::TuningRecord* dq = record_of(recs, "backward_dq/" + want);
+  REQUIRE(dkdv != nullptr);
+  REQUIRE(dq != nullptr);
+  check_all_ok(*dkdv);
+  check_all_ok(*dq);
+  if (hopper) CHECK(dkdv->key.fixed.empty());  // nothing the caller fixed
+  check_same_gradients(tuned, base);
+
+  // A second pass asked for: the same kernels as the defaults' (sm90a_wgmma makes dQ so anyway).
+  BackwardOptions pass;
+  pass.dq_mode = BackwardOptions::DqMode::SecondPass;
+  o.autotune = AutotuneMode::Cached;
+  const BackwardResult second =
+      flex_attention_backward(ctx, c.q, c.k, c.v, c.fwd.out, c.fwd.lse, c.dout, o, pass);
+  ctx.synchronize();
+  CHECK(tune::search_count() == searches + 2);  // the stored winners: the same keys
+  check_same_gradients(second, base);
+}
+
 TEST_CASE("decode: search tunes the split (with its split count) and the combine",
           "[gpu][tune][decode]") {
   FJ_REQUIRE_GPU_OR_SKIP(shared);

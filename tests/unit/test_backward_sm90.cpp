@@ -142,8 +142,21 @@ TEST_CASE("sm90a_wgmma backward configs: defaults, the space, and precise refusa
   }
   CHECK(sm90_desc(Family::BackwardDkDv, DType::BF16, 128, 128).config.str() ==
         "block_m=64 block_n=128 num_stages=2");
+  // dQ at d = 128: 64 keys for lengths that leave a ragged tile (or are not known), 128 where
+  // both divide 128 (NOTES v13: 1.13-1.19x on masked cases); a caller's block_n stays.
   CHECK(sm90_desc(Family::BackwardDq, DType::BF16, 128, 128).config.str() ==
         "block_m=128 block_n=64 num_stages=2");
+  {
+    const Variant& dq = Registry::global().get(Family::BackwardDq, "sm90a_wgmma");
+    const KernelDesc p = bwd_problem(Family::BackwardDq, "sm_90a", DType::BF16, 128, 128);
+    InputFacts even, ragged;
+    even.seqlen_q = 4096, even.seqlen_kv = 1024;
+    ragged.seqlen_q = 4096, ragged.seqlen_kv = 1000;
+    CHECK(dq.resolve_config(p, {}, even).str() == "block_m=128 block_n=128 num_stages=2");
+    CHECK(dq.resolve_config(p, {}, ragged).str() == "block_m=128 block_n=64 num_stages=2");
+    CHECK(dq.resolve_config(p, {{"block_n", 64}}, even).str() ==
+          "block_m=128 block_n=64 num_stages=2");
+  }
   CHECK(sm90_desc(Family::BackwardDq, DType::BF16, 64, 64).config.str() ==
         "block_m=128 block_n=128 num_stages=2");
   // dK + dV (64 + 64) and S^T + dP^T (64 + 64 with 128-row q tiles) do not fit at d = 128.
