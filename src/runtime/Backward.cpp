@@ -10,6 +10,7 @@
 #include "kernels/backward/Backward.h"
 #include "kernels/forward/Forward.h"
 #include "runtime/AttentionCall.h"
+#include "runtime/BackwardPlan.h"
 #include "runtime/ContextImpl.h"
 #include "runtime/ModArgs.h"
 #include "runtime/Plan.h"
@@ -301,13 +302,16 @@ BackwardResult flex_attention_backward(Context& ctx, const TensorRef& q, const T
   return r;
 }
 
-size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
-                                               const TensorRef& v, const AttentionOptions& options,
-                                               const BackwardOptions& backward) {
+namespace {
+
+// The plan of the backward of q, k, v with stand-ins for its other tensors in the inputs' layouts
+// (the plan does not depend on their data); tuned configs looked up, never searched. Empty (no
+// steps) when the backward launches no kernel.
+runtime::Plan stand_in_backward_plan(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                     const TensorRef& v, const AttentionOptions& options,
+                                     const BackwardOptions& backward) {
   const QkvShape s = validate_qkv(q, k, v);
-  if (q.device == TensorRef::Device::CPU) return 0;
-  if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0) return 0;
-  // Stand-ins with the inputs' layouts: the plan does not depend on the outputs' data.
+  if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0) return {};
   const TensorRef out = TensorRef::contiguous(
       q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
   const TensorRef lse = TensorRef::contiguous(q.data, DType::F32, {s.batch, s.heads_q, s.seqlen_q},
@@ -326,8 +330,25 @@ size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q,
   ValidatedBackward call =
       validate_backward(ctx, q, k, v, out, lse, out, grads, options, backward, s);
   return plan_backward(ctx, call, options, backward,
-                       tune::lookup_only(tune::step_tuning(ctx, options.autotune, options.stream)))
-      .workspace_bytes;
+                       tune::lookup_only(tune::step_tuning(ctx, options.autotune, options.stream)));
+}
+
+}  // namespace
+
+size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                               const TensorRef& v, const AttentionOptions& options,
+                                               const BackwardOptions& backward) {
+  const QkvShape s = validate_qkv(q, k, v);
+  if (q.device == TensorRef::Device::CPU) return 0;
+  if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0) return 0;
+  return stand_in_backward_plan(ctx, q, k, v, options, backward).workspace_bytes;
+}
+
+std::string runtime::describe_backward_plan(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                            const TensorRef& v, const AttentionOptions& options,
+                                            const BackwardOptions& backward) {
+  const runtime::Plan plan = stand_in_backward_plan(ctx, q, k, v, options, backward);
+  return plan.steps.empty() ? "(no kernel)" : plan.str();
 }
 
 }  // namespace flexjit

@@ -13,6 +13,7 @@
 #include "Pipeline.h"
 #include "gpu/GpuTestUtil.h"
 #include "jit/Nvrtc.h"
+#include "runtime/BackwardPlan.h"
 #include "runtime/Device.h"
 #include "runtime/ForwardPlan.h"
 #include "runtime/Timer.h"
@@ -240,6 +241,12 @@ TEST_CASE("backward: search and a second pass keep the arch's default dK/dV and 
   check_all_ok(*dq);
   if (hopper) CHECK(dkdv->key.fixed.empty());  // nothing the caller fixed
   check_same_gradients(tuned, base);
+  // The plan the next call runs (what `flexjit bench --backward --autotune` prints): the winners.
+  const std::string plan = runtime::describe_backward_plan(ctx, c.q, c.k, c.v, o);
+  INFO(plan);
+  CHECK_THAT(plan, Catch::Contains("backward_dkdv/" + want) &&
+                       Catch::Contains(dkdv->config.str()) &&
+                       Catch::Contains("backward_dq/" + want) && Catch::Contains(dq->config.str()));
 
   // A second pass asked for: the same kernels as the defaults' (sm90a_wgmma makes dQ so anyway).
   BackwardOptions pass;

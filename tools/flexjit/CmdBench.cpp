@@ -15,6 +15,7 @@
 #include "flexjit/Options.h"
 #include "kernels/KernelQuery.h"
 #include "kernels/MathMode.h"
+#include "runtime/BackwardPlan.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/Device.h"
 #include "runtime/ForwardPlan.h"
@@ -167,8 +168,10 @@ struct AttentionRow {
   std::string config, tuned_config;
   double tuned_ms = 0, tuned_tflops = 0, tune_s = 0;
   bool tuned = false;
-  // --autotune with --backward: the backward with its tuned dK/dV and dQ configs.
+  // --autotune with --backward: the backward with its tuned dK/dV and dQ configs, and the
+  // configs of both backward plans (bwd_configs_of).
   double tuned_bwd_ms = 0, tuned_bwd_tflops = 0, bwd_tune_s = 0;
+  std::string bwd_config, tuned_bwd_config;
 };
 
 // The config part of a plan description ("block_m=128 block_n=64 ...").
@@ -177,6 +180,24 @@ std::string config_of(const std::string& plan) {
   const size_t end = plan.find(" (workspace");
   if (bar == std::string::npos) return plan;
   return plan.substr(bar + 3, end == std::string::npos ? std::string::npos : end - bar - 3);
+}
+
+// The dK/dV and dQ steps of a backward plan description, "kernel config; kernel config" (the
+// preprocess has one config and is left out).
+std::string bwd_configs_of(const std::string& plan) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= plan.size()) {
+    const size_t nl = plan.find('\n', at);
+    const std::string line = plan.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
+    const std::string kernel = line.substr(0, line.find(' '));
+    if (kernel.rfind("backward_dkdv", 0) == 0 || kernel.rfind("backward_dq", 0) == 0) {
+      out.push_back(kernel + " " + config_of(line));
+    }
+    if (nl == std::string::npos) break;
+    at = nl + 1;
+  }
+  return out.empty() ? plan : fmt::format("{}", fmt::join(out, "; "));
 }
 
 // The anchors' CSV columns (torch_flex_bench.py); bwd_* and first_bwd_s only with --backward.
@@ -230,7 +251,9 @@ nlohmann::json json_row(const AttentionRow& r) {
               {"tune_s", r.tune_s}});
   }
   if (r.tuned_bwd_ms > 0) {
-    j.update({{"tuned_bwd_ms", r.tuned_bwd_ms},
+    j.update({{"bwd_config", r.bwd_config},
+              {"tuned_bwd_config", r.tuned_bwd_config},
+              {"tuned_bwd_ms", r.tuned_bwd_ms},
               {"tuned_bwd_tflops", r.tuned_bwd_tflops},
               {"bwd_tune_s", r.bwd_tune_s}});
   }
@@ -271,9 +294,9 @@ void print_table_row(const AttentionRow& r) {
     }
     if (r.tuned_bwd_ms > 0) {
       fmt::print(
-          "{:<18} backward: default {:.1f} TFLOP/s -> tuned {:.1f} TFLOP/s ({:+.1f}%, tuning "
-          "{:.1f} s)\n",
-          "", r.bwd_tflops, r.tuned_bwd_tflops,
+          "{:<18} backward: default {} {:.1f} TFLOP/s -> tuned {} {:.1f} TFLOP/s ({:+.1f}%, "
+          "tuning {:.1f} s)\n",
+          "", r.bwd_config, r.bwd_tflops, r.tuned_bwd_config, r.tuned_bwd_tflops,
           r.bwd_tflops > 0 ? 100.0 * (r.tuned_bwd_tflops / r.bwd_tflops - 1) : 0.0, r.bwd_tune_s);
     }
   }
@@ -588,6 +611,10 @@ void run_attention_bench(const AttentionBenchOptions& o) {
               },
               topts);
           ctx.synchronize();
+          row.bwd_config =
+              bwd_configs_of(runtime::describe_backward_plan(ctx, in.q, in.k, in.v, aopts, bopts));
+          row.tuned_bwd_config = bwd_configs_of(
+              runtime::describe_backward_plan(ctx, in.q, in.k, in.v, tuned_opts, bopts));
           row.tuned_bwd_ms = tt.median_ms;
           row.tuned_bwd_tflops = 2.5 * forward_flops(s, row.density) / (tt.median_ms * 1e-3) / 1e12;
         }
