@@ -17,7 +17,8 @@
 # SKIP_BENCH, SKIP_ANCHORS, SKIP_MASKS. BENCH_ARGS adds arguments to `flexjit bench`.
 # Time limits in seconds: T_TESTS (the whole [gpu] suite took 510-830 s on an H100 in
 # 2026-11-24's runs, more than one 10-minute device call: run it by tags, e.g.
-# TEST_SPEC='[gpu][backward],[gpu][buffers]' then the rest), T_MEMCHECK, T_RACECHECK, T_SYNCCHECK, T_BENCH, T_ANCHORS, T_MASK_FLEXJIT, T_MASK_TORCH.
+# TEST_SPEC='[gpu][backward],[gpu][buffers]' then the rest; scripts/gpu_tests.sh runs such
+# groups under their own limits and a budget), T_MEMCHECK, T_RACECHECK, T_SYNCCHECK, T_BENCH, T_ANCHORS, T_MASK_FLEXJIT, T_MASK_TORCH.
 # Every step is time-limited and the script goes on after a failure (set -u, never set -e).
 set -u
 

@@ -18,6 +18,10 @@
 // (`mask_mod = q_idx + q_pos[b] >= kv_idx`). A block mask is built for Sq x (max_pages *
 // page_size) keys (or Sq x Skv without pages). A sequence of length 0, or a row whose keys are
 // all masked, gets out 0 and lse -inf.
+//
+// On host tensors (q, k, v, the table and the lengths all on the CPU) flex_attention_cpu runs
+// the same semantics (cpu.h): it gathers each sequence's keys through the table and masks the
+// keys past its length. The backward takes no KV cache (UnsupportedError).
 #pragma once
 
 #include <flexjit/export.h>
@@ -63,8 +67,9 @@ struct KvCacheShape {
 // first problem: a table or lengths tensor of the wrong dtype ("page_table has dtype i64;
 // expected i32"), rank or shape, or on another device; pools whose page sizes, heads or head
 // dims disagree; a page size that is not a power of two from 1 to 256; a capacity of 2^31 keys
-// or more. Head dims and dtypes the kernels cannot run are UnsupportedErrors from the kernel
-// selection (flex_attention), also before any launch.
+// or more; a table or lengths tensor on another device than q. Head dims and dtypes the kernels
+// cannot run are UnsupportedErrors from the kernel selection (flex_attention), also before any
+// launch. Host tensors pass (the CPU backend runs them).
 FLEXJIT_API KvCacheShape validate_kv_cache(const TensorRef& q, const TensorRef& k,
                                            const TensorRef& v, const KvCache& cache);
 

@@ -73,9 +73,10 @@ def _block_mask(mods: flexjit.Mods, q: Tensor, k: Tensor, params: List[Tuple[str
 def _flex_attention_op(q: Tensor, k: Tensor, v: Tensor, mods_text: str,
                        buffer_names: str, buffers: List[Tensor], param_names: str,
                        param_values: List[float], scale: Optional[float],
-                       return_lse: bool) -> Tuple[Tensor, Tensor]:
+                       return_lse: bool, deterministic: bool) -> Tuple[Tensor, Tensor]:
     """The forward. The lse is always computed and returned (the backward needs it);
-    return_lse says whether the caller sees it, and so whether its gradient can be non-zero."""
+    return_lse says whether the caller sees it, and so whether its gradient can be non-zero.
+    deterministic is the backward's (kept for it by autograd); the forward is deterministic."""
     mods = _mods(mods_text)
     params = list(zip(_names(param_names), param_values))
     block_mask = _block_mask(mods, q, k, params)
@@ -86,7 +87,8 @@ def _flex_attention_op(q: Tensor, k: Tensor, v: Tensor, mods_text: str,
 
 
 @_flex_attention_op.register_fake
-def _(q, k, v, mods_text, buffer_names, buffers, param_names, param_values, scale, return_lse):
+def _(q, k, v, mods_text, buffer_names, buffers, param_names, param_values, scale, return_lse,
+      deterministic):
     b, hq, sq, _ = q.shape
     out = q.new_empty((b, hq, sq, v.shape[-1]),
                       dtype=q.dtype if q.device.type == "cuda" else torch.float32)
@@ -105,10 +107,11 @@ def _flex_attention_backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                                 dout: Tensor, dlse: Optional[Tensor], mods_text: str,
                                 buffer_names: str, buffers: List[Tensor],
                                 param_names: str, param_values: List[float],
-                                scale: Optional[float]) -> List[Tensor]:
+                                scale: Optional[float], deterministic: bool) -> List[Tensor]:
     """[dq, dk, dv, one per buffer]: dq / dk / dv in q's dtype on a GPU (f32 on the CPU
     backend); an f32 gradient of each floating-point buffer's shape, an empty tensor for an
-    integer buffer."""
+    integer buffer. deterministic: the buffer gradients summed in a fixed order on the GPU
+    (bitwise repeatable; the CPU backend always is)."""
     mods = _mods(mods_text)
     names = _names(buffer_names)
     params = list(zip(_names(param_names), param_values))
@@ -121,7 +124,8 @@ def _flex_attention_backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
         dlse = dlse.to(torch.float32).contiguous()
     dq, dk, dv, grads = flexjit.flex_attention_backward(
         q, k, v, out, lse, dout, mods, block_mask=block_mask,
-        buffers=dict(zip(names, buffers)), params=dict(params), scale=scale, dlse=dlse)
+        buffers=dict(zip(names, buffers)), params=dict(params), scale=scale, dlse=dlse,
+        deterministic=deterministic)
     result = [dq, dk, dv]
     for name, has_grad in zip(names, _grad_buffers(mods, names)):
         result.append(grads[name] if has_grad else q.new_empty((0,), dtype=torch.float32))
@@ -130,7 +134,7 @@ def _flex_attention_backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
 
 @_flex_attention_backward_op.register_fake
 def _(q, k, v, out, lse, dout, dlse, mods_text, buffer_names, buffers, param_names, param_values,
-      scale):
+      scale, deterministic):
     dtype = q.dtype if q.device.type == "cuda" else torch.float32
     result = [q.new_empty(q.shape, dtype=dtype), k.new_empty(k.shape, dtype=dtype),
               v.new_empty(v.shape, dtype=dtype)]
@@ -141,26 +145,28 @@ def _(q, k, v, out, lse, dout, dlse, mods_text, buffer_names, buffers, param_nam
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, mods_text, buffer_names, buffers, param_names, param_values, scale,
-     return_lse) = inputs
+     return_lse, deterministic) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, *buffers)
     ctx.flexjit_args = (mods_text, buffer_names, param_names, list(param_values),
-                        scale, return_lse)
+                        scale, return_lse, deterministic)
 
 
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, *buffers = ctx.saved_tensors
-    mods_text, buffer_names, param_names, param_values, scale, return_lse = ctx.flexjit_args
+    (mods_text, buffer_names, param_names, param_values, scale, return_lse,
+     deterministic) = ctx.flexjit_args
     dlse = grad_lse if return_lse else None  # unseen by the caller: its gradient is zero
     grads = torch.ops.flexjit.flex_attention_backward(
         q, k, v, out, lse, grad_out, dlse, mods_text, buffer_names, buffers, param_names,
-        param_values, scale)
+        param_values, scale, deterministic)
     dq, dk, dv = grads[0].to(q.dtype), grads[1].to(k.dtype), grads[2].to(v.dtype)
     dbuffers = [g.to(b.dtype) if b.is_floating_point() and g.shape == b.shape else None
                 for b, g in zip(buffers, grads[3:])]
     # One entry per input in the inputs' structure: torch treats a list of floats as one leaf
     # (None), but an empty list as a list ([]).
-    return dq, dk, dv, None, None, dbuffers, None, (None if param_values else []), None, None
+    return (dq, dk, dv, None, None, dbuffers, None, (None if param_values else []), None, None,
+            None)
 
 
 _flex_attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -184,13 +190,15 @@ except AttributeError:  # pragma: no cover
 def flex_attention(q: Tensor, k: Tensor, v: Tensor, score_mod: Any = None, mask_mod: Any = None,
                    buffers: Optional[Mapping[str, Tensor]] = None,
                    params: Optional[Mapping[str, float]] = None, scale: Optional[float] = None,
-                   return_lse: bool = False):
+                   return_lse: bool = False, deterministic: bool = False):
     """flexjit.flex_attention through the custom op (eager, autograd and torch.compile).
     Arguments as in flexjit.flex_attention, without block_mask (a GPU mask_mod gets a cached
-    block mask). Differentiable in q, k, v and the floating-point buffers."""
+    block mask). Differentiable in q, k, v and the floating-point buffers; deterministic=True
+    makes the backward's buffer gradients bitwise repeatable on the GPU (per-warp partials
+    summed in a fixed order, as flexjit.flex_attention_backward(deterministic=True))."""
     buffers = dict(buffers or {})
     params = dict(params or {})
     out, lse = torch.ops.flexjit.flex_attention(
         q, k, v, _mods_text(score_mod, mask_mod), ",".join(buffers), list(buffers.values()),
-        ",".join(params), [float(x) for x in params.values()], scale, return_lse)
+        ",".join(params), [float(x) for x in params.values()], scale, return_lse, deterministic)
     return (out, lse) if return_lse else out

@@ -136,15 +136,15 @@ std::optional<std::string> runtime::forward_unsupported(const cuda::Arch& arch,
 void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, const TensorRef& v,
                          const TensorRef& out, const TensorRef* lse,
                          const AttentionOptions& options) {
+  if (q.device == TensorRef::Device::CPU) {  // host tensors: the CPU backend (cpu.h)
+    flex_attention_cpu_into(q, k, v, out, lse, options);
+    return;
+  }
   if (options.kv_cache != nullptr) {
     runtime::flex_attention_kv_cache_into(ctx, q, k, v, out, lse, options);
     return;
   }
   const QkvShape s = validate_qkv(q, k, v);
-  if (q.device == TensorRef::Device::CPU) {  // host tensors: the CPU backend (cpu.h)
-    flex_attention_cpu_into(q, k, v, out, lse, options);
-    return;
-  }
   const ValidatedCall call = validate_call(ctx, q, k, v, out, lse, options, s);
   ContextImpl& impl = impl_of(ctx);
   impl.device->make_current();
@@ -162,11 +162,18 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
 
 size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
                                       const TensorRef& v, const AttentionOptions& options) {
+  if (q.device == TensorRef::Device::CPU) {  // the CPU backend takes no workspace
+    if (options.kv_cache != nullptr) {
+      validate_kv_cache(q, k, v, *options.kv_cache);
+    } else {
+      validate_qkv(q, k, v);
+    }
+    return 0;
+  }
   if (options.kv_cache != nullptr) {
     return runtime::flex_attention_kv_cache_workspace_bytes(ctx, q, k, v, options);
   }
   const QkvShape s = validate_qkv(q, k, v);
-  if (q.device == TensorRef::Device::CPU) return 0;
   // A stand-in output with q's layout: the plan does not depend on out's data.
   TensorRef out = TensorRef::contiguous(
       q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);

@@ -35,6 +35,16 @@ bool is_float(DType d) {
   return d == DType::F32 || d == DType::F16 || d == DType::BF16;
 }
 
+// The backward differentiates contiguous K / V; on a KV cache (pools, ragged lengths) it would
+// read pools as [B, Hkv, Skv, D] or every key past a sequence's length.
+void reject_kv_cache(const AttentionOptions& options) {
+  if (options.kv_cache != nullptr) {
+    throw UnsupportedError(
+        "flex_attention_backward does not take a KV cache (options.kv_cache): its gradients are "
+        "for contiguous K / V [B, Hkv, Skv, D] of one length; call it without kv_cache");
+  }
+}
+
 ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const TensorRef& k,
                                     const TensorRef& v, const TensorRef& out, const TensorRef& lse,
                                     const TensorRef& dout, const BackwardOutputs& grads,
@@ -247,6 +257,7 @@ void flex_attention_backward_into(Context& ctx, const TensorRef& q, const Tensor
                                   const TensorRef& dout, const BackwardOutputs& grads,
                                   const AttentionOptions& options,
                                   const BackwardOptions& backward) {
+  reject_kv_cache(options);
   const QkvShape s = validate_qkv(q, k, v);
   if (q.device == TensorRef::Device::CPU) {
     throw RuntimeError(
@@ -281,6 +292,7 @@ BackwardResult flex_attention_backward(Context& ctx, const TensorRef& q, const T
                                        const TensorRef& lse, const TensorRef& dout,
                                        const AttentionOptions& options,
                                        const BackwardOptions& backward) {
+  reject_kv_cache(options);
   validate_qkv(q, k, v);
   BackwardResult r;
   r.dq = DeviceTensor::empty(ctx, q.dtype, q.shape);
@@ -338,6 +350,7 @@ runtime::Plan stand_in_backward_plan(Context& ctx, const TensorRef& q, const Ten
 size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,
                                                const TensorRef& v, const AttentionOptions& options,
                                                const BackwardOptions& backward) {
+  reject_kv_cache(options);
   const QkvShape s = validate_qkv(q, k, v);
   if (q.device == TensorRef::Device::CPU) return 0;
   if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0) return 0;

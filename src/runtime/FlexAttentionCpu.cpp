@@ -1,11 +1,13 @@
-// flex_attention_cpu, the public CPU API (include/flexjit/cpu.h): checks the call, builds a
-// CPU block mask for a mask_mod (cpu/JitBlockMask.h) and runs the forward kernel
-// (cpu/ForwardKernel.h), in fp32 or the fp64 reference mode.
+// flex_attention_cpu, the public CPU API (include/flexjit/cpu.h): checks the call, gathers a KV
+// cache (cpu/KvCacheGather.h), builds a CPU block mask for a mask_mod (cpu/JitBlockMask.h) and
+// runs the forward kernel (cpu/ForwardKernel.h), in fp32 or the fp64 reference mode.
 #include <flexjit/cpu.h>
 #include <flexjit/error.h>
+#include <flexjit/paged_kv.h>
 
 #include "cpu/ForwardKernel.h"
 #include "cpu/JitBlockMask.h"
+#include "cpu/KvCacheGather.h"
 
 #include <fmt/format.h>
 
@@ -28,6 +30,21 @@ void check_output(const char* what, const TensorRef& t, const std::vector<int64_
 void flex_attention_cpu_into(const TensorRef& q, const TensorRef& k, const TensorRef& v,
                              const TensorRef& out, const TensorRef* lse,
                              const AttentionOptions& options, const CpuRunOptions& cpu) {
+  if (options.kv_cache != nullptr) {  // gathered to contiguous K / V, the lengths as a mask
+    const KvCacheShape shape = validate_kv_cache(q, k, v, *options.kv_cache);
+    for (auto [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+      if (t->device != TensorRef::Device::CPU) {
+        throw RuntimeError(
+            fmt::format("flex_attention_cpu: {} is on {}; the CPU backend needs CPU tensors", name,
+                        to_string(t->device, t->device_index)));
+      }
+    }
+    const QkvShape& s = shape.qkv;
+    check_output("out", out, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
+    const cpu::GatheredKv g = cpu::gather_kv_cache(k, v, *options.kv_cache, shape);
+    flex_attention_cpu_into(q, g.k, g.v, out, lse, cpu::with_length_mask(options, g), cpu);
+    return;
+  }
   const QkvShape s = cpu::check_cpu_qkv("flex_attention_cpu", q, k, v);
   check_output("out", out, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
   if (lse != nullptr) check_output("lse", *lse, {s.batch, s.heads_q, s.seqlen_q});
@@ -66,7 +83,9 @@ void flex_attention_cpu_into(const TensorRef& q, const TensorRef& k, const Tenso
 
 CpuAttentionResult flex_attention_cpu(const TensorRef& q, const TensorRef& k, const TensorRef& v,
                                       const AttentionOptions& options, const CpuRunOptions& cpu) {
-  const QkvShape s = cpu::check_cpu_qkv("flex_attention_cpu", q, k, v);
+  const QkvShape s = options.kv_cache != nullptr
+                         ? validate_kv_cache(q, k, v, *options.kv_cache).qkv
+                         : cpu::check_cpu_qkv("flex_attention_cpu", q, k, v);
   CpuAttentionResult r;
   r.shape = {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v};
   r.out.resize(static_cast<size_t>(s.batch * s.heads_q * s.seqlen_q * s.head_dim_v));

@@ -131,11 +131,6 @@ KvCacheShape validate_kv_cache(const TensorRef& q, const TensorRef& k, const Ten
                                      shape_str(cache.seq_lens.shape), batch));
     }
   }
-  if (q.device != TensorRef::Device::CUDA) {
-    throw RuntimeError(
-        fmt::format("a KV cache (ragged lengths, pages) runs on the GPU; q, k and v are on {}",
-                    to_string(q.device, q.device_index)));
-  }
   return out;
 }
 

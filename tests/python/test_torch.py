@@ -37,7 +37,8 @@ def test_custom_op_on_cpu_and_its_fake_shapes():
                                                            is_causal=True)
     assert rel(out, ref) < 1e-5
     torch.library.opcheck(torch.ops.flexjit.flex_attention.default,
-                          (q, q, q, "mask_mod = q_idx >= kv_idx", "", [], "", [], None, True),
+                          (q, q, q, "mask_mod = q_idx >= kv_idx", "", [], "", [], None, True,
+                           False),
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
 
@@ -149,15 +150,32 @@ def test_autograd_on_cpu_every_standard_mod(name):
         assert rel_floor(t.grad, r.grad) < 1e-4
 
 
+def test_custom_op_deterministic_on_cpu():
+    """deterministic=True through autograd on CPU tensors: the CPU backward is deterministic
+    already, so the gradients are the default's, bit for bit."""
+    q0 = torch.randn(1, 2, 48, 16)
+    slopes0 = torch.rand(2)
+
+    def grads(deterministic):
+        q = q0.clone().requires_grad_()
+        slopes = slopes0.clone().requires_grad_()
+        fjt.flex_attention(q, q, q, score_mod="alibi", mask_mod="causal",
+                           buffers={"slopes": slopes}, deterministic=deterministic).sum().backward()
+        return q.grad, slopes.grad
+
+    for a, b in zip(grads(True), grads(False)):
+        assert torch.equal(a, b)
+
+
 def test_backward_op_schema_and_fake():
     q = torch.randn(1, 2, 32, 16)
     slopes = torch.rand(2)
     mods = flexjit.make_mods("alibi", "causal").to_text()
     out, lse = torch.ops.flexjit.flex_attention(q, q, q, mods, "slopes", [slopes], "", [], None,
-                                                True)
+                                                True, False)
     torch.library.opcheck(torch.ops.flexjit.flex_attention_backward.default,
                           (q, q, q, out, lse, torch.randn_like(out), None, mods, "slopes",
-                           [slopes], "", [], None),
+                           [slopes], "", [], None, False),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -355,6 +373,36 @@ def test_deterministic_buffer_gradients_are_bitwise_repeatable():
                                                      runs[0][3]["bias"])):
             assert torch.equal(a, b)
     assert torch.isfinite(runs[0][3]["bias"]).all() and runs[0][3]["bias"].abs().sum() > 0
+
+
+@cuda
+def test_custom_op_deterministic_backward_is_bitwise_repeatable():
+    """flexjit.torch.flex_attention(deterministic=True): autograd's buffer gradient (and dq, dk,
+    dv) have the same bits in three runs, and agree with the default (atomic) backward."""
+    S = 384
+    q0, k0, v0 = (torch.randn(1, 2, S, 64, device="cuda", dtype=torch.bfloat16)
+                  for _ in range(3))
+    bias0 = torch.randn(2 * S, device="cuda")
+    dout = torch.randn(1, 2, S, 64, device="cuda", dtype=torch.bfloat16)
+
+    def grads(deterministic):
+        q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+        bias = bias0.clone().requires_grad_()
+        out = fjt.flex_attention(q, k, v, score_mod="relative_bias", mask_mod="causal",
+                                 buffers={"bias": bias}, params={"offset": S},
+                                 deterministic=deterministic)
+        (out.float() * dout.float()).sum().backward()
+        return q.grad, k.grad, v.grad, bias.grad
+
+    runs = [grads(True) for _ in range(3)]
+    atomic = grads(False)
+    torch.cuda.synchronize()
+    for run in runs[1:]:
+        for a, b in zip(run, runs[0]):
+            assert torch.equal(a, b)
+    for a, b in zip(runs[0], atomic):
+        assert torch.isfinite(a).all()
+        assert rel(a, b.double()) <= 1e-2
 
 
 @cuda

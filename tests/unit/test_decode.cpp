@@ -26,6 +26,7 @@
 #include <atomic>
 #include <filesystem>
 #include <mutex>
+#include <random>
 #include <thread>
 
 using namespace flexjit;
@@ -375,14 +376,16 @@ TEST_CASE("decode: validate_kv_cache names the tensor, the value and what is acc
   CHECK_THAT(fails(fake_cuda(DType::BF16, {2, 2, 300, 128}),
                    fake_cuda(DType::BF16, {2, 2, 300, 128}), KvCache{}),
              Catch::Contains("neither seq_lens nor a page_table"));
-  // Host tensors: a KV cache runs on the GPU.
+  // Host tensors are accepted (the CPU backend runs them), but the lengths must be on q's device.
   TensorRef hq = q;
   hq.device = TensorRef::Device::CPU;
   KvCache hc = ragged;
-  hc.seq_lens.device = TensorRef::Device::CPU;
   TensorRef hk = fake_cuda(DType::BF16, {2, 2, 300, 128});
   hk.device = TensorRef::Device::CPU;
-  CHECK_THROWS_WITH(validate_kv_cache(hq, hk, hk, hc), Catch::Contains("runs on the GPU"));
+  CHECK_THROWS_WITH(validate_kv_cache(hq, hk, hk, hc),
+                    Catch::Contains("seq_lens is on cuda:0 but q is on cpu"));
+  hc.seq_lens.device = TensorRef::Device::CPU;
+  CHECK(validate_kv_cache(hq, hk, hk, hc).qkv.seqlen_kv == 300);
 }
 
 TEST_CASE("decode: check_pages reports the first bad length or page entry", "[decode][errors]") {
@@ -651,12 +654,63 @@ TEST_CASE("decode: flexjit run reads a paged KV cache and says what it needs", "
                             path("k.npy") + " --page-table " + path("table.npy") + " --seq-lens " +
                             path("lens.npy");
   std::string out;
-  CHECK(test::run_cli("run --device cpu " + files, &out) == 1);
-  CHECK_THAT(out, Catch::Contains("--page-table / --seq-lens run on a GPU"));
+  CHECK(test::run_cli("run --device cpu " + files + " --dout " + path("q.npy"), &out) == 1);
+  CHECK_THAT(out, Catch::Contains("the backward (--dout) does not take a KV cache"));
   CHECK(test::run_cli("run --random 1,2,16,64 --page-table " + path("table.npy"), &out) == 1);
   CHECK_THAT(out, Catch::Contains("give --q, --k, --v too"));
   REQUIRE(test::run_cli("run --help", &out) == 0);
   CHECK_THAT(out, Catch::Contains("--page-table") && Catch::Contains("--seq-lens") &&
                       Catch::Contains("--check-pages"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("decode: flexjit run --device cpu runs a paged KV cache and --check reads each b",
+          "[decode][cli][cpu]") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("flexjit-decode-cpu-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto path = [&](const char* name) { return (dir / name).string(); };
+  // Two sequences of 37 and 12 keys in a shuffled pool of 8-key pages; the queries sit at the end
+  // of each sequence (q_pos[b]), so a reference that ran every sequence as b = 0 would mask
+  // sequence 1's rows against sequence 0's offset.
+  std::mt19937 rng(12345);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  auto random_array = [&](std::vector<int64_t> shape) {
+    npy::Array a = npy::make_array(DType::F32, std::move(shape));
+    for (int64_t i = 0; i < a.numel(); ++i)
+      a.as<float>()[i] = dist(rng);
+    return a;
+  };
+  auto int_array = [](std::vector<int64_t> shape, const std::vector<int32_t>& values) {
+    npy::Array a = npy::make_array(DType::I32, std::move(shape));
+    std::copy(values.begin(), values.end(), a.as<int32_t>());
+    return a;
+  };
+  npy::write(path("q.npy"), random_array({2, 4, 3, 32}));
+  npy::write(path("k.npy"), random_array({10, 8, 2, 32}));
+  npy::write(path("v.npy"), random_array({10, 8, 2, 32}));
+  npy::write(path("table.npy"), int_array({2, 5}, {3, 7, 0, 9, 5, 2, 8, -1, -1, -1}));
+  npy::write(path("lens.npy"), int_array({2}, {37, 12}));
+  npy::write(path("qpos.npy"), int_array({2}, {34, 9}));
+  const std::string args =
+      "run --device cpu --mods 'buffer q_pos: i32[B]\nmask_mod = q_idx + q_pos[b] >= kv_idx' "
+      "--q " +
+      path("q.npy") + " --k " + path("k.npy") + " --v " + path("v.npy") + " --page-table " +
+      path("table.npy") + " --seq-lens " + path("lens.npy") +
+      " --buffer q_pos=" + path("qpos.npy") + " --out " + path("out.npy") +
+      " --check --repeat 1 --json";
+  std::string out;
+  REQUIRE(test::run_cli(args, &out) == 0);
+  INFO(out);
+  const nlohmann::json j = nlohmann::json::parse(out.substr(out.find('{')));
+  CHECK(j.at("nan").get<int64_t>() == 0);
+  CHECK(j.at("nan_mismatches_vs_fp64").get<int64_t>() == 0);
+  CHECK(j.at("max_rel_error_vs_fp64").get<double>() <= 1e-5);
+  const npy::Array o = npy::read(path("out.npy"));
+  CHECK(o.shape == std::vector<int64_t>{2, 4, 3, 32});
+  // A page entry the sequence reads that is not in the pool: a precise error, nothing written.
+  npy::write(path("table.npy"), int_array({2, 5}, {3, 7, 0, 9, 12, 2, 8, -1, -1, -1}));
+  CHECK(test::run_cli(args, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("page_table[0][4] = 12 is not a page of the pool (0 .. 9)"));
   std::filesystem::remove_all(dir);
 }

@@ -333,39 +333,13 @@ bool has_kv_cache(const Inputs& in) {
   return !in.page_table.shape.empty() || !in.seq_lens.shape.empty();
 }
 
-// Sequence b of a KV-cache call as a contiguous batch of one: q[b] and its first seq_lens[b]
-// keys, gathered through the page table (what the reference runs on; mods see b = 0).
-std::array<npy::Array, 3> gather_sequence(const Inputs& in, int64_t b) {
-  const bool paged = !in.page_table.shape.empty();
-  const int64_t hq = in.q.shape[1], sq = in.q.shape[2], dqk = in.q.shape[3];
-  const int64_t hkv = paged ? in.k.shape[2] : in.k.shape[1];
-  const int64_t ps = paged ? in.k.shape[1] : 0;
-  const int64_t len = in.seq_lens.shape.empty() ? in.k.shape[2] : in.seq_lens.as<int32_t>()[b];
-  const int es = dtype_size(in.q.dtype);
-  std::array<npy::Array, 3> r;
-  r[0] = npy::make_array(in.q.dtype, {1, hq, sq, dqk});
-  std::memcpy(r[0].bytes.data(), in.q.bytes.data() + b * hq * sq * dqk * es, r[0].bytes.size());
-  for (int t = 0; t < 2; ++t) {
-    const npy::Array& src = t == 0 ? in.k : in.v;
-    const int64_t d = src.shape[3];
-    npy::Array& dst = r[1 + t];
-    dst = npy::make_array(src.dtype, {1, hkv, len, d});
-    for (int64_t h = 0; h < hkv; ++h) {
-      for (int64_t n = 0; n < len; ++n) {
-        int64_t row;  // element offset of key n of head h
-        if (paged) {
-          const int64_t max_pages = in.page_table.shape[1];
-          const int64_t page = in.page_table.as<int32_t>()[b * max_pages + n / ps];
-          row = ((page * ps + n % ps) * hkv + h) * d;
-        } else {
-          row = ((b * hkv + h) * src.shape[2] + n) * d;
-        }
-        std::memcpy(dst.bytes.data() + (h * len + n) * d * es, src.bytes.data() + row * es,
-                    static_cast<size_t>(d * es));
-      }
-    }
-  }
-  return r;
+// The KV cache of the call as host tensors (the CPU backend reads them; views of `in`).
+KvCache host_kv_cache(const RunOptions& o, const Inputs& in) {
+  KvCache cache;
+  if (!in.page_table.shape.empty()) cache.page_table = in.page_table.view();
+  if (!in.seq_lens.shape.empty()) cache.seq_lens = in.seq_lens.view();
+  cache.check_pages = o.check_pages;
+  return cache;
 }
 
 CheckResult check_against_reference(const RunOptions& o, const Inputs& in, const npy::Array& out) {
@@ -373,24 +347,12 @@ CheckResult check_against_reference(const RunOptions& o, const Inputs& in, const
   CpuRunOptions cro;
   cro.reference_f64 = true;
   cro.num_threads = o.threads;
-  std::vector<double> ref_out;
-  if (has_kv_cache(in)) {
-    const int64_t rows = in.q.shape[1] * in.q.shape[2] * out.shape[3];
-    for (int64_t b = 0; b < in.q.shape[0]; ++b) {
-      const auto seq = gather_sequence(in, b);
-      if (seq[1].shape[2] == 0) {  // an empty sequence: out 0
-        ref_out.insert(ref_out.end(), static_cast<size_t>(rows), 0.0);
-        continue;
-      }
-      const CpuAttentionResult rb =
-          flex_attention_cpu(seq[0].view(), seq[1].view(), seq[2].view(), opts, cro);
-      ref_out.insert(ref_out.end(), rb.out.begin(), rb.out.end());
-    }
-  } else {
-    const CpuAttentionResult all =
-        flex_attention_cpu(in.q.view(), in.k.view(), in.v.view(), opts, cro);
-    ref_out.assign(all.out.begin(), all.out.end());
-  }
+  // On a KV cache the whole batch at once (mods that read b see each sequence's b).
+  const KvCache cache = host_kv_cache(o, in);
+  if (has_kv_cache(in)) opts.kv_cache = &cache;
+  const CpuAttentionResult all =
+      flex_attention_cpu(in.q.view(), in.k.view(), in.v.view(), opts, cro);
+  const std::vector<float>& ref_out = all.out;
   CheckResult r;
   double err = 0, scale = 0;
   for (size_t i = 0; i < ref_out.size(); ++i) {
@@ -531,13 +493,15 @@ void run_backward_cpu(const RunOptions& o, const Inputs& in, const AttentionOpti
 void run_cpu(const RunOptions& o) {
   const Inputs in = prepare(o, true);
   const GradientFiles grad_files = gradient_files(o, in.mods);
-  if (has_kv_cache(in)) {
-    throw Error(
-        "--page-table / --seq-lens run on a GPU (the decode kernels, or the forward for more than "
-        "16 query tokens); use --device cuda");
+  if (has_kv_cache(in) && !o.dout.empty()) {
+    throw Error("the backward (--dout) does not take a KV cache (--page-table / --seq-lens)");
   }
-  const AttentionOptions opts = host_options(o, in);
-  const QkvShape s = validate_qkv(in.q.view(), in.k.view(), in.v.view());
+  AttentionOptions opts = host_options(o, in);
+  const KvCache cache = host_kv_cache(o, in);
+  if (has_kv_cache(in)) opts.kv_cache = &cache;
+  const QkvShape s = has_kv_cache(in)
+                         ? validate_kv_cache(in.q.view(), in.k.view(), in.v.view(), cache).qkv
+                         : validate_qkv(in.q.view(), in.k.view(), in.v.view());
   CpuRunOptions cro;
   cro.num_threads = o.threads;
   npy::Array out = npy::make_array(DType::F32, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});

@@ -1,0 +1,113 @@
+// gather_kv_cache and with_length_mask (cpu/KvCacheGather.h).
+#include "cpu/KvCacheGather.h"
+
+#include "runtime/Decode.h"
+
+#include <flexjit/error.h>
+#include <flexjit/mods.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace flexjit::cpu {
+
+namespace {
+
+int32_t read_i32(const TensorRef& t, int64_t offset) {
+  int32_t x = 0;
+  std::memcpy(&x, static_cast<const char*>(t.data) + offset * 4, 4);
+  return x;
+}
+
+// Copies key n of (b, h) into row (b, h, n) of a [B, Hkv, max_len, D] contiguous array.
+void gather_one(const TensorRef& src, std::vector<char>& dst, const KvCacheShape& shape,
+                const TensorRef& table, const GatheredKv& g) {
+  const int64_t batch = shape.qkv.batch, hkv = shape.qkv.heads_kv;
+  const int64_t d = src.shape[3];
+  const size_t es = static_cast<size_t>(dtype_size(src.dtype));
+  const size_t row_bytes = static_cast<size_t>(d) * es;
+  dst.assign(static_cast<size_t>(batch * hkv * g.max_len) * row_bytes, 0);
+  const char* base = static_cast<const char*>(src.data);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = g.lengths[static_cast<size_t>(b)];
+    for (int64_t h = 0; h < hkv; ++h) {
+      for (int64_t n = 0; n < len; ++n) {
+        int64_t offset;  // elements
+        if (shape.paged) {
+          const int64_t page = read_i32(table, b * table.strides[0] + n / shape.page_size);
+          offset =
+              page * src.strides[0] + (n % shape.page_size) * src.strides[1] + h * src.strides[2];
+        } else {
+          offset = b * src.strides[0] + h * src.strides[1] + n * src.strides[2];
+        }
+        std::memcpy(dst.data() + static_cast<size_t>((b * hkv + h) * g.max_len + n) * row_bytes,
+                    base + static_cast<size_t>(offset) * es, row_bytes);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+GatheredKv gather_kv_cache(const TensorRef& k, const TensorRef& v, const KvCache& cache,
+                           const KvCacheShape& shape) {
+  const int64_t batch = shape.qkv.batch, capacity = shape.qkv.seqlen_kv;
+  GatheredKv g;
+  std::vector<int> lens(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b)
+    lens[static_cast<size_t>(b)] = read_i32(cache.seq_lens, b * cache.seq_lens.strides[0]);
+  // The table's rows as check_kv_cache_entries reads them (row stride in elements).
+  std::vector<int> table;
+  int64_t table_stride = 0;
+  if (shape.paged) {
+    table_stride = shape.max_pages;
+    table.resize(static_cast<size_t>(batch * shape.max_pages));
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t p = 0; p < shape.max_pages; ++p) {
+        table[static_cast<size_t>(b * shape.max_pages + p)] =
+            read_i32(cache.page_table, b * cache.page_table.strides[0] + p);
+      }
+    }
+  }
+  if (cache.check_pages) runtime::check_kv_cache_entries(lens, table, table_stride, shape);
+  // Clamped as the kernels clamp; then every page the clamped lengths read must be in the pool.
+  g.lengths.resize(lens.size());
+  for (size_t b = 0; b < lens.size(); ++b)
+    g.lengths[b] = static_cast<int32_t>(std::clamp<int64_t>(lens[b], 0, capacity));
+  if (shape.paged) {
+    const std::vector<int> clamped(g.lengths.begin(), g.lengths.end());
+    runtime::check_kv_cache_entries(clamped, table, table_stride, shape);
+  }
+  g.max_len = g.lengths.empty() ? 0 : *std::max_element(g.lengths.begin(), g.lengths.end());
+  gather_one(k, g.k_bytes, shape, cache.page_table, g);
+  gather_one(v, g.v_bytes, shape, cache.page_table, g);
+  const int64_t hkv = shape.qkv.heads_kv;
+  g.k = TensorRef::contiguous(g.k_bytes.data(), k.dtype, {batch, hkv, g.max_len, k.shape[3]});
+  g.v = TensorRef::contiguous(g.v_bytes.data(), v.dtype, {batch, hkv, g.max_len, v.shape[3]});
+  g.length_ref = TensorRef::contiguous(g.lengths.data(), DType::I32, {batch});
+  return g;
+}
+
+AttentionOptions with_length_mask(const AttentionOptions& options, const GatheredKv& g) {
+  for (const Buffer& b : options.mods.buffers) {
+    if (b.name() == kKvLengthBuffer) {
+      throw RuntimeError(fmt::format(
+          "the mods declare a buffer named '{}', the name the CPU backend gives the KV cache's "
+          "lengths; rename it",
+          kKvLengthBuffer));
+    }
+  }
+  AttentionOptions o = options;
+  o.kv_cache = nullptr;
+  const Mods lengths =
+      parse_mods(fmt::format("buffer {0}: i32[B]\nmask_mod = kv_idx < {0}[b]", kKvLengthBuffer),
+                 "<kv cache lengths>");
+  o.mods = combine(options.mods, lengths);
+  o.mods.name = options.mods.name;
+  o.bindings.buffers.emplace_back(kKvLengthBuffer, g.length_ref);
+  return o;
+}
+
+}  // namespace flexjit::cpu
