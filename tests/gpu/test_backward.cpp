@@ -8,6 +8,7 @@
 #include <flexjit/backward.h>
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
+#include <flexjit/paged_kv.h>
 
 #include "cpu/BackwardKernel.h"
 #include "gpu/GpuTestUtil.h"
@@ -352,6 +353,16 @@ TEST_CASE("backward: bad inputs are precise errors before any launch", "[gpu][ba
   CHECK_THROWS_WITH(
       flex_attention_backward_into(*ctx, t, t, t, f.out, f.lse, f.out, outs, od),
       Catch::Contains("a gradient is given for buffer 'doc_id', an integer or bool buffer"));
+  // A KV cache (ragged lengths here): the backward would differentiate every key of K / V.
+  std::vector<int32_t> lens = {40};
+  const DeviceTensor len_t = DeviceTensor::from_host(*ctx, DType::I32, {1}, lens.data());
+  KvCache cache;
+  cache.seq_lens = len_t.ref();
+  AttentionOptions ok = o;
+  ok.kv_cache = &cache;
+  CHECK_THROWS_WITH(flex_attention_backward(*ctx, t, t, t, f.out, f.lse, f.out, ok),
+                    Catch::Contains("flex_attention_backward does not take a KV cache"));
+  CHECK_THROWS_AS(flex_attention_backward_workspace_bytes(*ctx, t, t, t, ok), UnsupportedError);
 }
 
 namespace {
