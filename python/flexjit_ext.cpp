@@ -464,7 +464,8 @@ NB_MODULE(_flexjit, m) {
          const Mods& mods, const PyBlockMask* block_mask,
          const std::vector<std::pair<std::string, Array>>& buffers,
          const std::vector<std::pair<std::string, double>>& params, std::optional<float> scale,
-         uintptr_t stream, int num_threads) {
+         uintptr_t stream, int num_threads, std::optional<Array> seq_lens,
+         std::optional<Array> page_table, bool check_pages) {
         const TensorRef tq = to_tensor(q), tk = to_tensor(k), tv = to_tensor(v);
         const TensorRef tout = to_tensor(out);
         std::optional<TensorRef> tlse;
@@ -475,6 +476,14 @@ NB_MODULE(_flexjit, m) {
         o.scale = scale;
         o.return_lse = tlse.has_value();
         o.stream = reinterpret_cast<void*>(stream);
+        // A KV cache (paged_kv.h): ragged lengths, and pools read through a page table.
+        KvCache cache;
+        if (seq_lens || page_table) {
+          if (seq_lens) cache.seq_lens = to_tensor(*seq_lens);
+          if (page_table) cache.page_table = to_tensor(*page_table);
+          cache.check_pages = check_pages;
+          o.kv_cache = &cache;
+        }
         nb::gil_scoped_release release;
         if (tq.device == TensorRef::Device::CPU) {
           o.mods = cpu_mods(o.mods, block_mask);
@@ -489,7 +498,8 @@ NB_MODULE(_flexjit, m) {
         flex_attention_into(ctx, tq, tk, tv, tout, tlse ? &*tlse : nullptr, o);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "mods"_a, "block_mask"_a.none(), "buffers"_a,
-      "params"_a, "scale"_a.none(), "stream"_a, "num_threads"_a);
+      "params"_a, "scale"_a.none(), "stream"_a, "num_threads"_a, "seq_lens"_a.none() = nb::none(),
+      "page_table"_a.none() = nb::none(), "check_pages"_a = false);
 
   m.def(
       "_flex_attention_backward_into",

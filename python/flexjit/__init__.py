@@ -222,7 +222,8 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
                    block_mask: Optional[BlockMask] = None,
                    buffers: Optional[Mapping[str, Any]] = None,
                    params: Optional[Mapping[str, Any]] = None, scale: Optional[float] = None,
-                   return_lse: bool = False, num_threads: int = 0):
+                   return_lse: bool = False, num_threads: int = 0, seq_lens: Any = None,
+                   page_table: Any = None, check_pages: bool = False):
     """softmax(score_mod(scale · q kᵀ) masked by mask_mod) · v, as torch's flex_attention.
 
     q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]: DLPack arrays on one device,
@@ -232,6 +233,12 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
     ``block_mask``: from ``create_block_mask`` (on the GPU, the tiles to visit; its mask_mod is
     used when no mask_mod is given). ``scale`` defaults to 1/sqrt(D).
 
+    A KV cache (docs/kernels/decode.md): ``seq_lens`` [B] int32 makes k / v ragged (sequence b
+    attends to its first seq_lens[b] keys); with ``page_table`` [B, max_pages] int32 too, k and v
+    are page pools [num_pages, page_size, Hkv, D]. Both on q's device; up to 16 query tokens
+    take the split-KV decode kernels on a GPU. ``check_pages`` checks every length and page
+    entry first (RuntimeError naming the first bad one).
+
     Returns out [B, Hq, Sq, Dv] (f32 on the CPU backend, q's dtype on a GPU) or, with
     ``return_lse``, (out, lse [B, Hq, Sq] f32, natural log), arrays of q's framework. GPU work
     is queued on the framework's current stream. Raises ``flexjit.Error`` subclasses
@@ -239,12 +246,20 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
     """
     mods = make_mods(score_mod, mask_mod)
     _check_names(mods, block_mask, buffers, params)
-    out_shape, lse_shape = _output_shapes(q, k, v)
+    if seq_lens is None and page_table is None:
+        out_shape, lse_shape = _output_shapes(q, k, v)
+    else:  # pools or ragged k / v: out has q's rows and v's head dim (validated in the call)
+        qs = tuple(q.shape)
+        if len(qs) != 4 or len(tuple(v.shape)) != 4:
+            raise RuntimeError(f"q and v must have 4 dims on a KV cache; q has shape {qs}, "
+                               f"v {tuple(v.shape)}")
+        out_shape, lse_shape = [qs[0], qs[1], qs[2], tuple(v.shape)[3]], [qs[0], qs[1], qs[2]]
     device = _device(q)
     out = _empty(q, out_shape, gpu_dtype_of_q=device >= 0)
     lse = _empty(q, lse_shape, gpu_dtype_of_q=False) if return_lse else None
     _C._flex_attention_into(q, k, v, out, lse, mods, block_mask, _buffers(buffers),
-                            _params(params), scale, _stream(q, device), num_threads)
+                            _params(params), scale, _stream(q, device), num_threads,
+                            seq_lens, page_table, check_pages)
     return (out, lse) if return_lse else out
 
 

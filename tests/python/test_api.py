@@ -313,3 +313,67 @@ def test_cpu_backward_takes_a_block_masks_mask_mod_as_the_forward_does():
     with_block_mask = flexjit.flex_attention_backward(q, k, v, out, lse, dout, block_mask=bm)
     for a, b in zip(with_mask[:3], with_block_mask[:3]):
         np.testing.assert_array_equal(a, b)
+
+
+# --- KV caches -----------------------------------------------------------------------------
+
+
+def test_paged_kv_cache_on_the_cpu_matches_each_sequence_alone():
+    """seq_lens + page_table on NumPy arrays: each sequence attends to its first seq_lens[b]
+    keys, read through the page table of a shuffled pool; queries sit at the end of each
+    sequence (q_pos[b]), so the mask reads b. Against the fp64 reference of each sequence run
+    alone on its own keys."""
+    rng = np.random.default_rng(7)
+    B, Hq, Hkv, Sq, D, ps, max_pages = 3, 4, 2, 2, 16, 4, 6
+    lens = np.array([21, 0, 13], dtype=np.int32)
+    logical_k = rng.standard_normal((B, Hkv, ps * max_pages, D), dtype=np.float32)
+    logical_v = rng.standard_normal((B, Hkv, ps * max_pages, D), dtype=np.float32)
+    q = rng.standard_normal((B, Hq, Sq, D), dtype=np.float32)
+    num_pages = B * max_pages + 1
+    perm = rng.permutation(num_pages)
+    table = np.full((B, max_pages), -1, dtype=np.int32)  # entries never read hold -1
+    k_pool = np.full((num_pages, ps, Hkv, D), np.nan, dtype=np.float32)
+    v_pool = np.full((num_pages, ps, Hkv, D), np.nan, dtype=np.float32)
+    used = 0
+    for b in range(B):
+        for n in range(lens[b]):
+            if n % ps == 0:
+                table[b, n // ps] = perm[used]
+                used += 1
+            page = table[b, n // ps]
+            k_pool[page, n % ps] = logical_k[b, :, n]
+            v_pool[page, n % ps] = logical_v[b, :, n]
+    q_pos = np.maximum(lens - Sq, 0).astype(np.int32)
+    mods = flexjit.parse_mods("buffer q_pos: i32[B]\nmask_mod = q_idx + q_pos[b] >= kv_idx")
+    out, lse = flexjit.flex_attention(q, k_pool, v_pool, mask_mod=mods, buffers={"q_pos": q_pos},
+                                      seq_lens=lens, page_table=table, return_lse=True)
+    assert out.shape == (B, Hq, Sq, D) and lse.shape == (B, Hq, Sq)
+    for b in range(B):
+        n = int(lens[b])
+        if n == 0:  # an empty sequence: out 0, lse -inf
+            assert np.all(out[b] == 0) and np.all(np.isneginf(lse[b]))
+            continue
+        offset = int(q_pos[b])
+        ref, ref_lse = attention_f64(q[b:b + 1], logical_k[b:b + 1, :, :n],
+                                     logical_v[b:b + 1, :, :n],
+                                     mask_mod=lambda bb, h, qi, ki: qi + offset >= ki)
+        assert rel_error(out[b:b + 1], ref) < F32_TOL
+        assert np.allclose(lse[b:b + 1], ref_lse, rtol=1e-5, atol=1e-5)
+    # Ragged contiguous k / v: the same lengths without a table.
+    out2 = flexjit.flex_attention(q, logical_k, logical_v, mask_mod=mods,
+                                  buffers={"q_pos": q_pos}, seq_lens=lens)
+    np.testing.assert_allclose(out2, out, rtol=1e-5, atol=1e-6)
+
+
+def test_kv_cache_errors_name_the_tensor_and_the_entry():
+    q = np.zeros((1, 2, 1, 16), dtype=np.float32)
+    pool = np.zeros((3, 4, 1, 16), dtype=np.float32)
+    lens = np.array([9], dtype=np.int32)
+    with pytest.raises(flexjit.RuntimeError, match="page_table has dtype f32; expected i32"):
+        flexjit.flex_attention(q, pool, pool, seq_lens=lens,
+                               page_table=np.zeros((1, 3), dtype=np.float32))
+    with pytest.raises(flexjit.RuntimeError, match=r"page_table\[0\]\[2\] = 5 is not a page of the pool"):
+        flexjit.flex_attention(q, pool, pool, seq_lens=lens,
+                               page_table=np.array([[0, 1, 5]], dtype=np.int32))
+    with pytest.raises(flexjit.RuntimeError, match="a paged KV cache needs seq_lens"):
+        flexjit.flex_attention(q, pool, pool, page_table=np.array([[0, 1, 2]], dtype=np.int32))

@@ -669,7 +669,8 @@ void register_run(CLI::App& app) {
       "  flexjit run --mods softcap --q q.npy --k k_pages.npy --v v_pages.npy \\\n"
       "      --page-table table.npy --seq-lens lens.npy --out out.npy --check\n\n"
       "A KV cache: --seq-lens [B] int32 (ragged lengths) and, with --page-table [B, max_pages]\n"
-      "int32, --k / --v are page pools [num_pages, page_size, Hkv, D] (docs/kernels/decode.md).");
+      "int32, --k / --v are page pools [num_pages, page_size, Hkv, D] (docs/kernels/decode.md);\n"
+      "on a GPU or on the CPU backend (--device cpu).");
   static RunOptions o;
   cmd->add_option("--mods", o.mods, "Mods: a standard name, a .fx file or inline text");
   cmd->add_option("--score-mod", o.score_mod, "A score_mod: standard name, .fx file or text");
