@@ -277,6 +277,38 @@ def test_custom_op_under_torch_compile_matches_eager():
 
 
 @cuda
+@pytest.mark.parametrize("sq", [1, 4, 40])
+def test_paged_kv_cache_on_the_gpu_matches_the_cpu_backend(sq):
+    """flexjit.flex_attention(seq_lens=, page_table=) on CUDA tensors (the decode kernels for
+    up to 16 queries, the forward on the cache for 40) against the CPU backend on the same cache
+    in fp32: 16-key pages of a shuffled pool, ragged lengths (one empty), queries at the end of
+    each sequence."""
+    gen = torch.Generator().manual_seed(sq)
+    B, Hq, Hkv, D, ps, max_pages = 3, 8, 2, 64, 16, 5
+    lens = torch.tensor([70, 0, 33], dtype=torch.int32)
+    num_pages = B * max_pages
+    table = torch.randperm(num_pages, generator=gen).to(torch.int32).reshape(B, max_pages)
+    q = torch.randn(B, Hq, sq, D, generator=gen).to(torch.bfloat16)
+    k_pool = torch.randn(num_pages, ps, Hkv, D, generator=gen).to(torch.bfloat16)
+    v_pool = torch.randn(num_pages, ps, Hkv, D, generator=gen).to(torch.bfloat16)
+    q_pos = torch.clamp(lens - sq, min=0).to(torch.int32)
+    mods = "buffer q_pos: i32[B]\nmask_mod = q_idx + q_pos[b] >= kv_idx"
+    ref, ref_lse = flexjit.flex_attention(q, k_pool, v_pool, mask_mod=mods,
+                                          buffers={"q_pos": q_pos}, seq_lens=lens,
+                                          page_table=table, return_lse=True)
+    out, lse = flexjit.flex_attention(q.cuda(), k_pool.cuda(), v_pool.cuda(), mask_mod=mods,
+                                      buffers={"q_pos": q_pos.cuda()}, seq_lens=lens.cuda(),
+                                      page_table=table.cuda(), return_lse=True)
+    torch.cuda.synchronize()
+    assert out.dtype == torch.bfloat16 and out.shape == (B, Hq, sq, D)
+    assert torch.isfinite(out).all()
+    assert rel(out.cpu(), ref.double()) <= TOL[torch.bfloat16]
+    assert torch.equal(torch.isneginf(lse.cpu()), torch.isneginf(ref_lse))  # sequence 1 is empty
+    finite = torch.isfinite(ref_lse)
+    assert torch.allclose(lse.cpu()[finite], ref_lse[finite], rtol=1e-2, atol=1e-2)
+
+
+@cuda
 def test_gpu_errors_are_flexjit_exceptions():
     q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(flexjit.RuntimeError, match="slopes"):
