@@ -8,6 +8,7 @@
 
 #include "ir/Evaluate.h"
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -22,6 +23,16 @@ struct ReferenceResult {
   std::vector<double> out;  // [B, Hq, Sq, Dv]
   std::vector<double> lse;  // [B, Hq, Sq]
 };
+
+// ||got - want|| / ||want|| (Frobenius; ||got - want|| when want is all zeros).
+inline double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
 
 // q [B, Hq, Sq, Dqk], k [B, Hkv, Skv, Dqk], v [B, Hkv, Skv, Dv], all contiguous.
 ReferenceResult reference_attention(const Mods& mods, const AttentionShape& s,

@@ -57,15 +57,6 @@ Input make_input(std::mt19937& rng, int B, int H, int S, int D, bool strided) {
   return in;
 }
 
-double rel_error(const std::vector<float>& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
 // Runs one case in fp32 and fp64 against the reference; returns the number of fully masked rows.
 int check_case(const Mods& mods, const ir::EvalEnv& env, const Case& c, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -97,7 +88,7 @@ int check_case(const Mods& mods, const ir::EvalEnv& env, const Case& c, uint32_t
   INFO(mods.name << " B=" << c.B << " Hq=" << c.Hq << " Hkv=" << c.Hkv << " Sq=" << c.Sq
                  << " Skv=" << c.Skv << " D=" << c.D << " Dv=" << c.Dv << " strided=" << c.strided
                  << " block_mask=" << c.block_mask);
-  REQUIRE(rel_error(out, ref.out) <= 1e-5);
+  REQUIRE(test::relative_error(out, ref.out) <= 1e-5);
   double err64 = 0;
   for (size_t i = 0; i < ref.out.size(); ++i)
     err64 = std::max(err64, std::abs(out64[i] - ref.out[i]));
@@ -256,7 +247,7 @@ TEST_CASE("CPU forward reads bf16 and f16 inputs", "[cpu]") {
                                host4(bits[0].data(), dt, 1, 2, S, D),
                                host4(bits[1].data(), dt, 1, 2, S, D),
                                host4(bits[2].data(), dt, 1, 2, S, D), out.data(), lse.data(), opt);
-    REQUIRE(rel_error(out, ref.out) <= 1e-5);
+    REQUIRE(test::relative_error(out, ref.out) <= 1e-5);
   }
 }
 

@@ -43,15 +43,6 @@ struct Run {
   std::vector<double> ref_out, ref_lse;
 };
 
-double rel_error(const std::vector<float>& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
 Run run(const Cache& c, uint32_t seed, bool reference_f64) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -186,7 +177,7 @@ void check(const Run& r, double tol) {
   REQUIRE(r.out.size() == r.ref_out.size());
   for (float x : r.out)
     REQUIRE_FALSE(std::isnan(x));
-  CHECK(rel_error(r.out, r.ref_out) <= tol);
+  CHECK(test::relative_error(r.out, r.ref_out) <= tol);
   REQUIRE(r.lse.size() == r.ref_lse.size());
   for (size_t i = 0; i < r.lse.size(); ++i) {
     INFO("lse row " << i);
