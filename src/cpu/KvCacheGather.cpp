@@ -21,9 +21,10 @@ int32_t read_i32(const TensorRef& t, int64_t offset) {
   return x;
 }
 
-// Copies key n of (b, h) into row (b, h, n) of a [B, Hkv, max_len, D] contiguous array.
+// Copies key n of (b, h) into row (b, h, n) of a [B, Hkv, max_len, D] contiguous array; `table`
+// is the page table's host copy ([B, max_pages], empty without pages).
 void gather_one(const TensorRef& src, std::vector<char>& dst, const KvCacheShape& shape,
-                const TensorRef& table, const GatheredKv& g) {
+                const std::vector<int>& table, const GatheredKv& g) {
   const int64_t batch = shape.qkv.batch, hkv = shape.qkv.heads_kv;
   const int64_t d = src.shape[3];
   const size_t es = static_cast<size_t>(dtype_size(src.dtype));
@@ -36,7 +37,8 @@ void gather_one(const TensorRef& src, std::vector<char>& dst, const KvCacheShape
       for (int64_t n = 0; n < len; ++n) {
         int64_t offset;  // elements
         if (shape.paged) {
-          const int64_t page = read_i32(table, b * table.strides[0] + n / shape.page_size);
+          const int64_t page =
+              table[static_cast<size_t>(b * shape.max_pages + n / shape.page_size)];
           offset =
               page * src.strides[0] + (n % shape.page_size) * src.strides[1] + h * src.strides[2];
         } else {
@@ -58,11 +60,9 @@ GatheredKv gather_kv_cache(const TensorRef& k, const TensorRef& v, const KvCache
   std::vector<int> lens(static_cast<size_t>(batch));
   for (int64_t b = 0; b < batch; ++b)
     lens[static_cast<size_t>(b)] = read_i32(cache.seq_lens, b * cache.seq_lens.strides[0]);
-  // The table's rows as check_kv_cache_entries reads them (row stride in elements).
+  // The table's rows as check_kv_cache_entries reads them (row stride max_pages).
   std::vector<int> table;
-  int64_t table_stride = 0;
   if (shape.paged) {
-    table_stride = shape.max_pages;
     table.resize(static_cast<size_t>(batch * shape.max_pages));
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t p = 0; p < shape.max_pages; ++p) {
@@ -71,18 +71,16 @@ GatheredKv gather_kv_cache(const TensorRef& k, const TensorRef& v, const KvCache
       }
     }
   }
-  if (cache.check_pages) runtime::check_kv_cache_entries(lens, table, table_stride, shape);
-  // Clamped as the kernels clamp; then every page the clamped lengths read must be in the pool.
+  // check_pages reports a length outside [0, capacity]; without it the lengths are clamped as
+  // the kernels clamp them. Either way every page the lengths read must be in the pool.
   g.lengths.resize(lens.size());
   for (size_t b = 0; b < lens.size(); ++b)
-    g.lengths[b] = static_cast<int32_t>(std::clamp<int64_t>(lens[b], 0, capacity));
-  if (shape.paged) {
-    const std::vector<int> clamped(g.lengths.begin(), g.lengths.end());
-    runtime::check_kv_cache_entries(clamped, table, table_stride, shape);
-  }
+    g.lengths[b] = static_cast<int>(std::clamp<int64_t>(lens[b], 0, capacity));
+  runtime::check_kv_cache_entries(cache.check_pages ? lens : g.lengths, table, shape.max_pages,
+                                  shape);
   g.max_len = g.lengths.empty() ? 0 : *std::max_element(g.lengths.begin(), g.lengths.end());
-  gather_one(k, g.k_bytes, shape, cache.page_table, g);
-  gather_one(v, g.v_bytes, shape, cache.page_table, g);
+  gather_one(k, g.k_bytes, shape, table, g);
+  gather_one(v, g.v_bytes, shape, table, g);
   const int64_t hkv = shape.qkv.heads_kv;
   g.k = TensorRef::contiguous(g.k_bytes.data(), k.dtype, {batch, hkv, g.max_len, k.shape[3]});
   g.v = TensorRef::contiguous(g.v_bytes.data(), v.dtype, {batch, hkv, g.max_len, v.shape[3]});

@@ -21,7 +21,7 @@ inline constexpr const char* kKvLengthBuffer = "fj_kv_len";
 
 struct GatheredKv {
   std::vector<char> k_bytes, v_bytes;  // [B, Hkv, max_len, D] contiguous, the inputs' dtypes
-  std::vector<int32_t> lengths;        // [B], clamped to [0, capacity] as the GPU kernels do
+  std::vector<int> lengths;            // [B], clamped to [0, capacity] as the GPU kernels do
   int64_t max_len = 0;
   TensorRef k, v;        // views of k_bytes / v_bytes
   TensorRef length_ref;  // a view of `lengths`, [B] i32
