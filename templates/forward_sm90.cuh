@@ -152,6 +152,13 @@ FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& arg
   }
 }
 
+// How far (log2 units) a tile's row max may pass the running max before the softmax moves its
+// reference: the P of a score above the reference is at most 2^kFjMaxSlack = 256 (bf16 and f16
+// hold it with their usual relative precision; the fp32 row sums and O cannot overflow at any
+// length a 32-bit index reaches), and most tiles after a row's first keep alpha = 1, so O's
+// rescale (d_v / 4 multiplies per thread and tile) and alpha's ex2 are skipped.
+constexpr float kFjMaxSlack = 8.0f;
+
 // The online softmax of a tile with its log2-domain factor c (> 0) folded into the exponent
 // (FlashAttention-3's): the max is taken on the scores as fj_sm90_scores leaves them and each
 // P = 2^(x·c − max·c) is one FFMA and one ex2, where fj_scores + fj_softmax_row spend a
@@ -171,11 +178,18 @@ FJ_DEVICE void fj_sm90_softmax(float (&s)[1][T::kNTiles][4], float (&row_max)[1]
     // The 4 threads of a quad hold the same row.
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    mx = fmaxf(row_max[0][hr], mx * c);  // c > 0: -inf stays -inf
-    // A row whose max is still -inf (everything masked so far) uses 0 as its reference.
-    const float ref = mx == fj_neg_inf() ? 0.0f : mx;
-    alpha[hr] = fj_ex2_approx(row_max[0][hr] - ref);
-    row_max[0][hr] = mx;
+    mx *= c;  // c > 0: -inf stays -inf
+    // The reference moves only when the tile's max passes it by more than kMaxSlack
+    // (FlashAttention-4's conditional rescaling): otherwise alpha is 1 and the caller skips
+    // O's rescale. A row whose max is -inf (everything masked so far) keeps -inf (-inf + slack
+    // is -inf, so its first finite max moves it) and uses 0 as its reference.
+    if (mx > row_max[0][hr] + kFjMaxSlack) {
+      alpha[hr] = fj_ex2_approx(row_max[0][hr] - mx);  // 0 from -inf
+      row_max[0][hr] = mx;
+    } else {
+      alpha[hr] = 1.0f;
+    }
+    const float ref = row_max[0][hr] == fj_neg_inf() ? 0.0f : row_max[0][hr];
     float sum = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < T::kNTiles; ++nt) {
@@ -354,9 +368,12 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   // shared memory).
   constexpr bool kDl = Cfg::kHasScoreMod && kFjDiagLoad;
   FjDiagLoads<T::kNTiles> dl;
+  // Skipped by the whole warp when none of its rows moved its reference (fj_sm90_softmax).
   auto rescale_o = [&](const float(&alpha)[2]) {
-    fj_rescale_row<T>(o, 0, 0, alpha[0]);
-    fj_rescale_row<T>(o, 0, 1, alpha[1]);
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+      fj_rescale_row<T>(o, 0, 0, alpha[0]);
+      fj_rescale_row<T>(o, 0, 1, alpha[1]);
+    }
   };
   auto pack_p = [&] { fj_wgmma_pack_a<typename T::Element>(pa, s[0]); };
   auto release = [&](int stage) {
