@@ -79,6 +79,10 @@ TEST_CASE("decode: descriptions, defaults and text / JSON round trips", "[decode
         "rows=16 | block_n=64 num_splits=0 num_stages=3 num_warps=4");
   CHECK(KernelDesc::parse(d.str()) == d);
   CHECK(KernelDesc::from_json(d.to_json()) == d);
+  // Contiguous K / V take 2 stages (a paged cache 3: its page-table lookups want the deeper
+  // ring; d = 256 also 3).
+  CHECK(split_desc("sm_90a", DType::BF16, 128, 128, 4, 1, 0).config.at("num_stages") == 2);
+  CHECK(split_desc("sm_90a", DType::BF16, 256, 256, 1, 1, 0).config.at("num_stages") == 3);
   const KernelDesc c = combine_desc("sm_80", DType::F16, 256);
   CHECK(c.str() == "decode_combine/warp_batched sm_80 f16 d=256/256 gqa=1 | num_warps=4");
   CHECK(KernelDesc::parse(c.str()) == c);
@@ -203,9 +207,13 @@ TEST_CASE("decode: the split heuristic fills the GPU once and keeps splits worth
   in.head_dim_qk = in.head_dim_v = 128;
   in.sm_count = 132;
   const KernelDesc d = split_desc("sm_90a", DType::BF16, 128, 128, 4, 1, 0);
-  const int per_sm = cuda::max_smem_per_block(d.arch) /
-                     static_cast<int>(Registry::global().get(d.family, d.variant).smem_bytes(d));
+  // At most two CTAs per SM count (the default's 2-stage tiles would leave room for 3).
+  const int per_sm =
+      std::min(2, cuda::max_smem_per_block(d.arch) /
+                      static_cast<int>(Registry::global().get(d.family, d.variant).smem_bytes(d)));
+  CHECK(per_sm == 2);
   CHECK(resolve_num_splits(d, in) == decode_num_splits(64, 8192, 64, 132, per_sm));
+  CHECK(resolve_num_splits(d, in) == 4);
   const KernelDesc fixed =
       split_desc("sm_90a", DType::BF16, 128, 128, 4, 1, 0, {{"num_splits", 7}});
   CHECK(resolve_num_splits(fixed, in) == 7);
