@@ -154,9 +154,10 @@ FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& arg
 
 // How far (log2 units) a tile's row max may pass the running max before the softmax moves its
 // reference: the P of a score above the reference is at most 2^kFjMaxSlack = 256 (bf16 and f16
-// hold it with their usual relative precision; the fp32 row sums and O cannot overflow at any
-// length a 32-bit index reaches), and most tiles after a row's first keep alpha = 1, so O's
-// rescale (d_v / 4 multiplies per thread and tile) and alpha's ex2 are skipped.
+// hold it with their usual relative precision; the fp32 row sums cannot overflow at any length
+// a 32-bit index reaches, nor O while |V| < 2^88: 2^8 x 2^31 keys x 2^88 < 2^128), and most
+// tiles after a row's first keep alpha = 1, so O's rescale (d_v / 4 multiplies per thread and
+// tile) and alpha's ex2 are skipped.
 constexpr float kFjMaxSlack = 8.0f;
 
 // The online softmax of a tile with its log2-domain factor c (> 0) folded into the exponent

@@ -461,7 +461,7 @@ TEST_CASE("forward: fully masked rows give 0 and lse -inf", "[gpu][forward][smal
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
-  // Head dim 64 as well: sm90a_wgmma sums P's rows on the tensor cores there.
+  // Head dim 64 as well (its own tiles and stage counts in each family).
   for (const int dim : {128, 64}) {
     INFO("head dim " << dim);
     Case c;
