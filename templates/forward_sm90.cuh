@@ -180,7 +180,7 @@ FJ_DEVICE void fj_sm90_softmax(float (&s)[1][T::kNTiles][4], float (&row_max)[1]
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     mx *= c;  // c > 0: -inf stays -inf
-    // The reference moves only when the tile's max passes it by more than kMaxSlack
+    // The reference moves only when the tile's max passes it by more than kFjMaxSlack
     // (FlashAttention-4's conditional rescaling): otherwise alpha is 1 and the caller skips
     // O's rescale. A row whose max is -inf (everything masked so far) keeps -inf (-inf + slack
     // is -inf, so its first finite max moves it) and uses 0 as its reference.

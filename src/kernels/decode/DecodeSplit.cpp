@@ -216,9 +216,9 @@ Params DecodeSplitSm80Mma::default_config(const KernelDesc& p) const {
   const int bn = std::min(wide ? 32 : 64, 32 * (warps / warps_m));
   const int limit = cuda::max_smem_per_block(p.arch);
   const int es = dtype_size(p.dtype == DType::F16 ? DType::F16 : DType::BF16);
+  const bool paged = p.flags.get("page_size").value_or(0) != 0;
   int stages = 1;
-  for (int s : {3, 2, 1}) {
-    if (s == 3 && !wide && p.flags.get("page_size").value_or(0) == 0) continue;
+  for (int s = wide || paged ? 3 : 2; s > 1; --s) {
     const int smem =
         fj_decode_split_smem_bytes(rows, bn, p.head_dim_qk, p.head_dim_v, es, s, warps);
     if (smem <= std::min(limit, kTwoPerSmBytes)) {
