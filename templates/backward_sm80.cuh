@@ -838,13 +838,50 @@ FJ_DEVICE void fj_store4(char* dst, float x0, float x1, float x2, float x3) {
   }
 }
 
+// Two f32 values stored as two consecutive elements of E.
+template <class E>
+FJ_DEVICE void fj_store2(char* dst, float x0, float x1) {
+  if constexpr (sizeof(E) == 4) {
+    float* d = reinterpret_cast<float*>(dst);
+    d[0] = x0;
+    d[1] = x1;
+  } else {
+    *reinterpret_cast<fj_u32*>(dst) = FjMma<E>::pack(x0, x1);
+  }
+}
+
 #if defined(FJ_BWD_DQ_CONVERT)
-// 64 rows per CTA, 128 threads: dq = scale * dq_accum, 4 elements per step.
+// 64 rows per CTA, 128 threads: dq = scale * dq_accum, 4 elements per step. kDqLayout 0: the
+// accumulator's rows; 1: the 64-row block in the sm_90a dK/dV kernel's fragment order
+// (backward_sm90.cuh, fj_bwd_sm90_dq_bulk_add): [consumer c][warp w][k][lane][4] with kW =
+// kD / 2 columns per consumer, k < kW / 8; lane (g, t) holds rows w 16 + g (elements 0, 1) and
+// + 8 (2, 3) at columns c kW + 8 k + 2 t, + 1.
 extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_dq_convert(const FjBwdArgs args) {
   using E = typename FjConfig::Element;
   constexpr int kD = FjConfig::kHeadDimQK;
   const int h = blockIdx.y, b = blockIdx.z;
   const fj_i64 ws_row0 = ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
+  if constexpr (FjConfig::kDqLayout == 1) {
+    constexpr int kW = kD / 2, kK = kW / 8;
+    const float* block = args.dq_accum + (ws_row0 + blockIdx.x * 64) * kD;
+    for (int f = threadIdx.x; f < 64 * kD / 4; f += 128) {
+      const int lane = f % 32, k = (f / 32) % kK, w = (f / (32 * kK)) % 4, c = f / (128 * kK);
+      const fj_u32x4 a = *reinterpret_cast<const fj_u32x4*>(block + 4 * f);
+      const int col = c * kW + 8 * k + 2 * (lane & 3);
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int q = blockIdx.x * 64 + w * 16 + hr * 8 + (lane >> 2);
+        if (q >= args.seqlen_q) continue;
+        const float x0 = __uint_as_float(hr ? a.z : a.x) * args.scale;
+        const float x1 = __uint_as_float(hr ? a.w : a.y) * args.scale;
+        fj_store2<E>(static_cast<char*>(args.dq) +
+                         sizeof(E) * ((fj_i64)b * args.dq_stride_b + (fj_i64)h * args.dq_stride_h +
+                                      (fj_i64)q * args.dq_stride_s + col),
+                     x0, x1);
+      }
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < 64 * kD / 4; idx += 128) {
     const int r = idx / (kD / 4), c4 = idx % (kD / 4);
     const int q = blockIdx.x * 64 + r;

@@ -131,6 +131,62 @@ FJ_DEVICE void fj_bwd_sm90_rs(float (&d)[kDim / 8][4], const fj_u32 (&a)[kK / 16
   }
 }
 
+// Issues D (+)= dS K[:, c0 .. c0 + kW) for this warpgroup (kW columns of dQ): A = dS (64 q x kBN
+// kv) read MN-major from the dS^T tile (kBN kv rows of 64 q, 128 bytes each), B = those columns
+// of the K tile (kBN kv rows, MN-major; a column offset inside a 64-column chunk moves the
+// descriptor's start, which the 128-byte swizzle, a function of the address, allows). Both
+// descriptors step 16 rows (2048 bytes) per k16.
+template <int kBN, int kW>
+FJ_DEVICE void fj_bwd_sm90_dq_piece(float (&d)[kW / 8][4], fj_u32 tile_ds, fj_u32 tile_k, int c0) {
+  const fj_u32 k_cols = tile_k + (c0 / 64) * kBN * 128 + (c0 % 64) * 2;
+#pragma unroll
+  for (int j = 0; j < kBN / 16; ++j) {
+    const fj_u64 da = fj_smem_desc_sw128(tile_ds + j * 16 * 128, kBN * 128, 1024);
+    const fj_u64 db = fj_smem_desc_sw128(k_cols + j * 16 * 128, kBN * 128, 1024);
+    fj_wgmma_tt(d, da, db, j > 0 ? 1 : 0);
+  }
+}
+
+// Adds this warp's 16 rows of dQ's kW columns of one consumer (accumulator d) into the f32
+// accumulator's block `gdst` (the warp's 16 x kW floats of dq_accum_layout 1: float4 k of lane l
+// at (32 k + l) * 16 bytes, the order the convert kernel reads): stored in that order into the
+// warp's `stage` in shared memory (consecutive lanes, consecutive 16 bytes: no bank conflicts),
+// then one bulk reduction (cp.reduce.async.bulk .add.f32) by lane 0. Global red instructions
+// from the consumers cost the fused kernel 25 % (docs/perf/NOTES.md v16); the bulk reduction
+// moves whole lines through the async proxy. Lane 0 waits until its previous reduction has read
+// the stage before the warp overwrites it.
+template <int kW>
+FJ_DEVICE void fj_bwd_sm90_dq_bulk_add(float* gdst, fj_u32 stage, int lane,
+                                       const float (&d)[kW / 8][4]) {
+  if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  __syncwarp();
+#pragma unroll
+  for (int k = 0; k < kW / 8; ++k) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + (k * 32 + lane) * 16),
+                 "f"(d[k][0]), "f"(d[k][1]), "f"(d[k][2]), "f"(d[k][3])
+                 : "memory");
+  }
+  fj_fence_proxy_async();  // the stores, before the bulk copy (async proxy) reads them
+  __syncwarp();
+  if (lane == 0) {
+    asm volatile(
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+        "cp.async.bulk.commit_group;\n" ::"l"(gdst),
+        "r"(stage), "n"(kW / 8 * 32 * 16)
+        : "memory");
+  }
+}
+
+// The dK/dV kernel's walk over a head's q tiles: step jw takes the schedule's tile j. With dQ
+// added here (kRotate), each CTA starts at a different tile (two per kv tile on), so the CTAs of
+// one head, which run together, do not add into the same dQ rows at the same time.
+template <bool kRotate>
+FJ_DEVICE int fj_bwd_sm90_walk(int jw, int num_total, int n_block) {
+  if constexpr (!kRotate) return jw;
+  const int j = jw + (2 * n_block) % num_total;
+  return j >= num_total ? j - num_total : j;
+}
+
 // Ping-pong between the two consumer warpgroups (the forward's v8 scheme): warpgroup c issues
 // wgmma only inside a turn, taken with a bar.sync on kBar + c and handed over right after the
 // issue with a bar.arrive on the other's barrier (256 threads: 128 syncing, 128 arriving), so
@@ -228,14 +284,24 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   constexpr int kOffV = kKBytes;
   constexpr int kOffQ = kOffV + kVBytes;
   constexpr int kOffDo = kOffQ + kS * kQBytes;
-  constexpr int kOffBar = kOffDo + kS * kDoBytes;
+  // dq_atomic: dQ = dS K in this kernel (docs/kernels/backward_sm90.md "dQ by reductions").
+  constexpr bool kDqAtomic = Cfg::kDqAtomic;
+  static_assert(!kDqAtomic || kBM == 64, "flexjit bwd_dkdv sm90: dq_atomic takes q tiles of 64");
+  constexpr int kDqW = T::kDimQK / 2;  // dQ's columns per consumer and step
+  constexpr int kDsBytes = kBN * kBM * 2;    // one dS^T tile
+  constexpr int kStageBytes = kDqW / 8 * 32 * 16;  // a warp's dQ rows on their way out (f32)
+  constexpr int kOffDs = kOffDo + kS * kDoBytes;
+  constexpr int kOffStage = kOffDs + (kDqAtomic ? 2 * kDsBytes : 0);
+  constexpr int kOffBar = kOffStage + (kDqAtomic ? 4 * T::kConsumers * kStageBytes : 0);
   constexpr int kOffEnd = kOffBar + 8 * (1 + 2 * kS);
-  static_assert(kOffEnd + 1024 == fj_bwd_dkdv_sm90_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, 2, kS),
+  static_assert(kOffEnd + 1024 == fj_bwd_dkdv_sm90_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, 2, kS,
+                                                              kDqAtomic ? 1 : 0),
                 "flexjit bwd_dkdv sm90: shared-memory layout and fj_bwd_dkdv_sm90_smem_bytes "
                 "disagree");
   extern __shared__ unsigned char fj_smem_raw[];
   const fj_u32 base = (fj_smem_addr(fj_smem_raw) + 1023u) & ~1023u;
   const fj_u32 sk = base, sv = base + kOffV, sq = base + kOffQ, sdo = base + kOffDo;
+  const fj_u32 sds = base + kOffDs, sstage = base + kOffStage;
   // once: K and V; full: Q and dO of a stage. The consumers read a tile's lse2 and delta from
   // global memory (L1): staged in shared memory by bulk copies, their generic-proxy reads and
   // the next copy's async-proxy writes were a race to compute-sanitizer's racecheck.
@@ -263,7 +329,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       const int h = h_kv * Cfg::kGqaRatio + g;
       const FjKvSchedule sched = fj_block_schedule<kBN, kBM, Cfg::kHasFullBlocks>(
           args.mask_t, args.seqlen_q, b, h, n_block);
-      for (int j = 0; j < sched.num_total; ++j) {
+      for (int jw = 0; jw < sched.num_total; ++jw) {
+        const int j = fj_bwd_sm90_walk<kDqAtomic>(jw, sched.num_total, n_block);
         const int m0 = sched.tile(j) * kBM;
         // A tile past seqlen_q (a ragged sparse block) is skipped by both sides: its lse2 /
         // delta would lie past the workspace row.
@@ -304,6 +371,26 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   Loads loads;
   loads.table = fj_dl_smem + (kDl ? (cw * 4 + warp) * Loads::kFloats : 0);
   const FjBwdTurns turns{cw};
+  // dq_atomic: each consumer stores its dS^T rows into the step's dS^T tile (step parity) before
+  // its dV / dK turn, and issues half of a step's dQ columns in that turn: consumer 1 the second
+  // half of this step (both halves of dS^T are in by then: consumer 0 stored its own before its
+  // turn), consumer 0 the first half of the previous step (and of the last after the loop).
+  // Every consumer issues in every turn (at the first step consumer 0's product is discarded):
+  // wgmma under a condition the compiler cannot prove warpgroup-uniform gets serialized. The
+  // turns order every read of a dS^T tile before the stores two steps later.
+  // A step's q tile as one number (one register across the loop: alibi's kernel spilled with
+  // two): the index of its 64-row block among batch b's rows of the workspace, h * seqlen_q_pad
+  // / 64 + m0 / 64; -1 for none.
+  auto q_block = [&](int h, int m0) { return h * (args.seqlen_q_pad / 64) + m0 / 64; };
+  int prev_block = -1;  // the previous step's
+  // This warp's part of dQ's accumulator block `blk` (dq_accum_layout 1: the 64 rows of the
+  // block, consumer cw's kDqW columns, then this warp's 16 rows), and its stage in shared memory.
+  auto dq_block = [&](int blk) {
+    return args.dq_accum +
+           ((fj_i64)b * args.heads_q * args.seqlen_q_pad + (fj_i64)blk * 64) * T::kDimQK +
+           (cw * 4 + warp) * 16 * kDqW;
+  };
+  const fj_u32 my_stage = sstage + (cw * 4 + warp) * kStageBytes;
   turns.start();
   fj_mbar_wait(bar_kv, 0);
   int i = 0;
@@ -316,7 +403,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       grad_acc[k] = 0.0f;
     const FjKvSchedule sched =
         fj_block_schedule<kBN, kBM, Cfg::kHasFullBlocks>(args.mask_t, args.seqlen_q, b, h, n_block);
-    for (int j = 0; j < sched.num_total; ++j) {
+    for (int jw = 0; jw < sched.num_total; ++jw) {
+      const int j = fj_bwd_sm90_walk<kDqAtomic>(jw, sched.num_total, n_block);
       const int m0 = sched.tile(j) * kBM;
       if (m0 >= args.seqlen_q) continue;
       const int stage = i % kS;
@@ -348,12 +436,34 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       fj_u32 pa[kBM / 16][4], dsa[kBM / 16][4];
       fj_wgmma_pack_a<E>(pa, s);
       fj_wgmma_pack_a<E>(dsa, dp);
+      // dq_atomic: the step whose dQ columns [cw kDqW, + kDqW) this consumer adds in this turn
+      // (its q block; -1: none).
+      const int dq_blk = cw == 1 ? q_block(h, m0) : prev_block;
+      float dq[kDqW / 8][4];  // live from its issue to its reductions only
+      if constexpr (kDqAtomic) {
+        fj_sw128_store_packed<kBN>(sds + (i & 1) * kDsBytes, cw * 64 + warp * 16, lane, dsa);
+        fj_fence_proxy_async();  // the stores, before the wgmma (async proxy) that read them
+        prev_block = q_block(h, m0);
+      }
       turns.begin();
       fj_wgmma_fence();
+      if constexpr (kDqAtomic) {
+        // Its own group, first: its reductions go out (and its registers are free) while dV / dK
+        // run. Consumer 1: this step's dS^T (parity i); consumer 0: the previous step's (i - 1).
+        fj_bwd_sm90_dq_piece<kBN, kDqW>(dq, sds + ((i + 1 - cw) & 1) * kDsBytes, sk, cw * kDqW);
+        fj_wgmma_commit();
+      }
       fj_bwd_sm90_rs<kBM, T::kDimV>(dv, pa, sdo_st);
       fj_bwd_sm90_rs<kBM, T::kDimQK>(dk, dsa, sq_st);
       fj_wgmma_commit();
       turns.end();
+      if constexpr (kDqAtomic) {
+        fj_wgmma_wait<1>();
+        fj_fence_regs(dq);
+        if (dq_blk >= 0) {
+          fj_bwd_sm90_dq_bulk_add<kDqW>(dq_block(dq_blk), my_stage, lane, dq);
+        }
+      }
       // The diagonal sums go out under the dV / dK GEMMs.
       if constexpr (kDiag) {
         diag.flush(mods, grads, b, h, m0 - kv_row0, 1, lane);
@@ -367,6 +477,25 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     if constexpr (kFjUniformGradSites > 0) fj_bufgrad_flush(mods, grads, b, h, grad_acc);
   }
   turns.finish();
+  if constexpr (kDqAtomic) {
+    // Consumer 0's half of the last step (consumer 1's stores came before its last hand-over,
+    // which finish() absorbed; consumer 1 issues the same product and discards it, to keep wgmma
+    // uniform); then both consumers meet before either epilogue overwrites K rows that the
+    // other's dQ products read.
+    float dq[kDqW / 8][4];
+    fj_wgmma_fence();
+    fj_bwd_sm90_dq_piece<kBN, kDqW>(dq, sds + ((i + 1) & 1) * kDsBytes, sk, 0);
+    fj_wgmma_commit();
+    fj_wgmma_wait<0>();
+    fj_fence_regs(dq);
+    if (cw == 0 && prev_block >= 0) {
+      fj_bwd_sm90_dq_bulk_add<kDqW>(dq_block(prev_block), my_stage, lane, dq);
+    }
+    // The reductions have read their stages before the CTA's shared memory goes away (their
+    // writes complete with the grid, as TMA stores' do).
+    if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    fj_bar_sync(5, 256);
+  }
 
   // ---- epilogue: dK (times scale) and dV through this warpgroup's rows of the K and V tiles ----
   fj_fence_proxy_async();  // the K / V rows were last read by wgmma (async proxy)

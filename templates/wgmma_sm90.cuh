@@ -154,6 +154,30 @@ FJ_DEVICE void fj_sw128_store_acc(fj_u32 tile, int row0, int lane, const float (
   for (int hr = 0; hr < 2; ++hr)
     fj_sw128_store_acc_half<E, kRows>(tile, row0, lane, acc, hr, mul);
 }
+// Stores A fragments made by fj_wgmma_pack_a (this warp's 16 rows from row0 of the tile, 16 * kK
+// 16-bit columns; a[j] holds n8 tile 2 j's rows 0-7, 8-15, then tile 2 j + 1's) into a
+// kRows-row swizzled tile: the layout wgmma reads back (K-major for rows along M or N, MN-major
+// for rows along K). One stmatrix per k16 step: its four 8 x 8 matrices are a[j][0..3], lane l
+// giving the address of row l % 8 of matrix l / 8 (8 rows of 16 bytes: all 32 banks).
+// The row's address is made opaque to the compiler, so the kK addresses are formed here, not
+// hoisted out of the caller's loop into registers that the caller's peak needs (ptxas spilled
+// them in the dK/dV kernel).
+template <int kRows, int kK>
+FJ_DEVICE void fj_sw128_store_packed(fj_u32 tile, int row0, int lane, const fj_u32 (&a)[kK][4]) {
+  const int m = lane >> 3;
+  const int r = row0 + (m & 1) * 8 + (lane & 7);
+  fj_u32 row_addr = tile + r * 128;
+  asm volatile("" : "+r"(row_addr));
+  // Unit 2 j + m / 2 of the row, swizzled: (2 (j % 4) ^ (m / 2) ^ (r % 8)) in chunk j / 4.
+  const fj_u32 x = (((m >> 1) ^ (r & 7)) << 4);
+#pragma unroll
+  for (int j = 0; j < kK; ++j) {
+    const fj_u32 addr = row_addr + (j / 4) * kRows * 128 + (x ^ ((j % 4) << 5));
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                 "r"(a[j][0]), "r"(a[j][1]), "r"(a[j][2]), "r"(a[j][3])
+                 : "memory");
+  }
+}
 // Copies rows [row0, row0 + 64) of a kRows-row swizzled tile (kDim 16-bit elements a row) to
 // global memory at `gmem` (row row0's first element; rows stride_elems elements apart) with
 // 16-byte stores by the 128 threads of a warpgroup (wtid); row r goes out where first + r <

@@ -195,11 +195,10 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   const kernels::InputFacts facts = kernels::backward_facts(call.inputs);
   // A named variant (options.variant) and the block config apply to the dK/dV and dQ kernels.
   kernels::Params overrides = kernels::config_overrides(options.config);
-  // dq_atomic is a config of the dK/dV variants that can add dQ by atomics (sm80_mma); the others
-  // (sm90a_wgmma) always leave dQ to the second pass and take no such key, so the key goes into
-  // the overrides only where it decides something: a caller's key refuses every variant without
-  // it, and the registry would pick the next one (NOTES v13: the tuned plan ran sm80_mma's dK/dV
-  // on sm_90a that way).
+  // dq_atomic is a config of the dK/dV variants that can add dQ themselves (sm80_mma by atomics,
+  // sm90a_wgmma by bulk reductions, its default); the key goes into the overrides only where it
+  // decides something: a caller's key refuses every variant without it, and the registry would
+  // pick the next one (NOTES v13: the tuned plan ran sm80_mma's dK/dV on sm_90a that way).
   kernels::Params dkdv_overrides = overrides;
   // Atomic: only a variant with dq_atomic = 1 can do it. Deterministic: dQ by the second pass
   // (validate_backward refused dq_mode = Atomic); the registry picks a dK/dV variant that
@@ -241,7 +240,8 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   runtime::PlanStep dq = call.inputs.dq_atomic
                              ? runtime::plan_step<kernels::BackwardDqVariant>(
                                    problem(kernels::Family::BackwardDq), call.inputs, facts,
-                                   call.mods, {}, "atomic_convert")
+                                   call.mods, {{"dq_layout", kernels::dq_accum_layout(dkdv_desc)}},
+                                   "atomic_convert")
                              : runtime::plan_step<kernels::BackwardDqVariant>(
                                    problem(kernels::Family::BackwardDq), call.inputs, facts,
                                    call.mods, overrides, options.variant, on_preprocess);

@@ -345,12 +345,19 @@ WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& a
     plan.kernels.push_back({w.index, d, w.mods, is_default});
   };
   // The default of a step and, with --all-configs, every pruned candidate; whether any of them
-  // adds dQ with atomics (a dK/dV config with dq_atomic = 1: the plan then converts dQ).
+  // adds dQ itself (a dK/dV config with dq_atomic = 1: the plan then converts dQ; `layout`: the
+  // accumulator's, kernels::dq_accum_layout) and whether the default does.
+  struct StepAdded {
+    bool dq_atomic = false, default_dq_atomic = false;
+    int layout = 0;
+  };
   auto add_step = [&](const Workload& w, const WarmStep& st) {
     const kernels::KernelDesc d = reg.complete(st.problem, st.facts, {}, st.forced);
-    bool dq_atomic = d.config.get("dq_atomic").value_or(0) == 1;
+    StepAdded r;
+    r.dq_atomic = r.default_dq_atomic = d.config.get("dq_atomic").value_or(0) == 1;
+    r.layout = kernels::dq_accum_layout(d);
     add(w, d, true);
-    if (!all_configs) return dq_atomic;
+    if (!all_configs) return r;
     const kernels::Selection sel = reg.select(st.problem, st.facts, st.forced);
     kernels::KernelDesc keyed = st.problem;
     keyed.variant = std::string(sel.variant->name());
@@ -358,9 +365,9 @@ WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& a
     plan.pruned += set.pruned.size();
     for (const kernels::Params& c : set.candidates) {
       add(w, reg.complete(st.problem, st.facts, c, st.forced), c == set.default_config);
-      dq_atomic = dq_atomic || c.get("dq_atomic").value_or(0) == 1;
+      r.dq_atomic = r.dq_atomic || c.get("dq_atomic").value_or(0) == 1;
     }
-    return dq_atomic;
+    return r;
   };
   for (const Workload& w : manifest.workloads) {
     const EntryError err(manifest.file, w.index, w.named ? w.name : "");
@@ -387,18 +394,24 @@ WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& a
             for (const WorkloadShape& s : w.shapes) {
               kernels::Family fam = families_of_kind(w.kind).front();
               try {
+                // Whether the default plan's dK/dV kernel adds dQ: then it has no second pass.
+                bool default_dq_atomic = false;
                 for (const WarmStep& st : workload_steps(w, arch, dt, hd, gqa, s)) {
                   fam = st.problem.family;
-                  const bool dq_atomic = add_step(w, st);
-                  if (dq_atomic && st.problem.family == kernels::Family::BackwardDkDv) {
+                  if (fam == kernels::Family::BackwardDq && default_dq_atomic && !all_configs) {
+                    continue;
+                  }
+                  const StepAdded added = add_step(w, st);
+                  if (added.dq_atomic && st.problem.family == kernels::Family::BackwardDkDv) {
+                    default_dq_atomic = added.default_dq_atomic;
                     // The dQ convert of the plans whose dK/dV kernel adds dQ.
                     fam = kernels::Family::BackwardDq;
                     add(w,
                         reg.complete(kernels::backward_problem(kernels::Family::BackwardDq,
                                                                cuda::Arch::parse(arch), dt,
                                                                hd.first, hd.second, gqa, mask),
-                                     st.facts, {}, "atomic_convert"),
-                        true);
+                                     st.facts, {{"dq_layout", added.layout}}, "atomic_convert"),
+                        added.default_dq_atomic);
                   }
                 }
                 if (mask) {

@@ -209,10 +209,9 @@ TEST_CASE("backward: every standard mod matches the fp64 CPU backward", "[gpu][b
       if (block_mask && !c.mods.mask_mod.defined()) continue;
       c.label = fmt::format("{} [{}]", name, family);
       c.block_mask = block_mask;
-      // Both ways of computing dQ: the second pass without a block mask, atomics with one
-      // (sm80_mma's; the sm_90a family makes dQ in a second pass: atomics would pass it over).
-      c.dq_mode = block_mask && family != "sm90a_wgmma" ? BackwardOptions::DqMode::Atomic
-                                                        : BackwardOptions::DqMode::SecondPass;
+      // Both ways of computing dQ: the second pass without a block mask, atomics from the dK/dV
+      // kernel with one.
+      c.dq_mode = block_mask ? BackwardOptions::DqMode::Atomic : BackwardOptions::DqMode::SecondPass;
       c.shape = make_shape(2, 4, 2, 200, 321, 128, 128);
       check_backward_case(*ctx, c, seed + (block_mask ? 1 : 0));
     }
@@ -246,7 +245,9 @@ TEST_CASE("backward: GQA ratios, head dims, lengths and dtypes", "[gpu][backward
         c.label = fmt::format("{} [{}]", mod, family);
         c.shape = make_shape(1, sh.hq, sh.hkv, sh.sq, sh.skv, sh.dqk, sh.dv);
         c.block_mask = (i % 2) == 1 && c.mods.mask_mod.defined();
-        if (i % 3 == 1 && family != "sm90a_wgmma") c.dq_mode = BackwardOptions::DqMode::Atomic;
+        // Every third case atomics, the next the second pass, the third the variant's default.
+        if (i % 3 == 1) c.dq_mode = BackwardOptions::DqMode::Atomic;
+        if (i % 3 == 2) c.dq_mode = BackwardOptions::DqMode::SecondPass;
         check_backward_case(*ctx, c, seed + static_cast<uint64_t>(i++));
       }
     }

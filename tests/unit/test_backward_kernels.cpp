@@ -294,10 +294,24 @@ TEST_CASE("backward variants: registration, descriptions and validation", "[back
   const KernelDesc a64 =
       reg.complete(backward_problem(Family::BackwardDkDv, cuda::Arch::parse("sm_90a"), DType::BF16,
                                     64, 64, 1, true),
-                   {}, {{"dq_atomic", 1}});
+                   {}, {{"dq_atomic", 1}}, "sm80_mma");
   CHECK(a64.config.str() == "block_m=64 block_n=64 dq_atomic=1 num_stages=2 num_warps=4");
   CHECK(reg.find(Family::BackwardDq, "atomic_convert") != nullptr);
   CHECK_FALSE(reg.find(Family::BackwardDq, "atomic_convert")->auto_select());
+  // The convert reads the accumulator in the layout of the dK/dV kernel that filled it.
+  {
+    const KernelDesc cp = backward_problem(Family::BackwardDq, cuda::Arch::parse("sm_90a"),
+                                           DType::BF16, 128, 128, 1, true);
+    CHECK(reg.complete(cp, {}, {}, "atomic_convert").config.str() == "dq_layout=0 num_warps=4");
+    CHECK(reg.complete(cp, {}, {{"dq_layout", 1}}, "atomic_convert").config.str() ==
+          "dq_layout=1 num_warps=4");
+    CHECK_THROWS_WITH(reg.complete(cp, {}, {{"dq_layout", 2}}, "atomic_convert"),
+                      Catch::Contains("dq_layout is 0 (rows") && Catch::Contains("not 2"));
+    KernelDesc k80 = cp, k90 = cp;
+    k80.variant = "sm80_mma", k90.variant = "sm90a_wgmma";
+    CHECK(dq_accum_layout(k80) == 0);
+    CHECK(dq_accum_layout(k90) == 1);
+  }
   CHECK(KernelDesc::parse(d.str()) == d);
   CHECK(KernelDesc::from_json(d.to_json()) == d);
   const KernelDesc p = bwd_desc(Family::BackwardPreprocess, "sm_80", DType::F16, 64, 128);
@@ -426,10 +440,17 @@ TEST_CASE("the backward kernels compile for every arch, dtype and head dim", "[b
     std::string arch, mods;
     DType dtype;
     int dqk, dv;
-    bool dq_atomic = false;
+    bool dq_atomic = false;  // dK/dV: dq_atomic = 1; dQ: the convert kernel in dq_layout
+    int dq_layout = 0;
   };
   std::vector<Job> jobs;
   const Family families[] = {Family::BackwardPreprocess, Family::BackwardDkDv, Family::BackwardDq};
+  // The dQ convert in both accumulator layouts (sm80_mma's rows, sm90a_wgmma's fragment blocks).
+  for (int layout : {0, 1}) {
+    for (int d : {64, 128})
+      jobs.push_back({Family::BackwardDq, "sm_90a", "noop", DType::BF16, d, d, true, layout});
+  }
+  jobs.push_back({Family::BackwardDq, "sm_80", "noop", DType::F32, 128, 128, true, 0});
   for (Family f : families) {
     for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"})
       jobs.push_back({f, arch, "alibi_causal", DType::BF16, 128, 128});
@@ -459,7 +480,8 @@ TEST_CASE("the backward kernels compile for every arch, dtype and head dim", "[b
               backward_problem(j.family, cuda::Arch::parse(j.arch), j.dtype, j.dqk, j.dv, 1, true);
           d = j.family == Family::BackwardDkDv
                   ? Registry::global().complete(p, {}, {{"dq_atomic", 1}})
-                  : Registry::global().complete(p, {}, {}, "atomic_convert");
+                  : Registry::global().complete(p, {}, {{"dq_layout", j.dq_layout}},
+                                                "atomic_convert");
         }
         const BuiltKernel k = builder.build(standard_mods(j.mods), d);
         if (k.compiled.kernel->usage.spill_store_bytes > 64) {

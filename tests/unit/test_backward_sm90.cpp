@@ -54,10 +54,15 @@ TEST_CASE("sm90a_wgmma backward: the sm_90a default, sm80_mma for what it cannot
           "sm80_mma");
     CHECK(reg.complete(bwd_problem(f, "sm_90", DType::BF16, 128, 128), {}, {}).variant ==
           "sm80_mma");
-    // A config parameter only sm80_mma has (num_warps, dq_atomic) passes it over.
+    // A config parameter only sm80_mma has (num_warps) passes it over.
     CHECK(reg.complete(p, {}, {{"num_warps", 4}}).variant == "sm80_mma");
     if (f == Family::BackwardDkDv) {
-      CHECK(reg.complete(p, {}, {{"dq_atomic", 1}}).variant == "sm80_mma");
+      // Both dQ strategies are this variant's (its dq_atomic config).
+      for (int a : {0, 1}) {
+        const KernelDesc d = reg.complete(p, {}, {{"dq_atomic", a}});
+        CHECK(d.variant == "sm90a_wgmma");
+        CHECK(d.config.at("dq_atomic") == a);
+      }
       // Deterministic buffer gradients are sm80_mma's.
       Selection det;
       const KernelDesc dp = backward_problem(f, cuda::Arch::parse("sm_90a"), DType::BF16, 128, 128,
@@ -141,7 +146,16 @@ TEST_CASE("sm90a_wgmma backward configs: defaults, the space, and precise refusa
     }
   }
   CHECK(sm90_desc(Family::BackwardDkDv, DType::BF16, 128, 128).config.str() ==
-        "block_m=64 block_n=128 num_stages=2");
+        "block_m=64 block_n=128 dq_atomic=1 num_stages=2");
+  // dQ inside the dK/dV kernel takes 64-query steps: a caller's block_m = 128 alone gets the
+  // second pass, with dq_atomic = 1 a precise refusal.
+  CHECK(sm90_desc(Family::BackwardDkDv, DType::BF16, 64, 64, {{"block_m", 128}}).config.str() ==
+        "block_m=128 block_n=128 dq_atomic=0 num_stages=2");
+  CHECK_THROWS_WITH(
+      sm90_desc(Family::BackwardDkDv, DType::BF16, 64, 64, {{"block_m", 128}, {"dq_atomic", 1}}),
+      Catch::Contains("dq_atomic = 1 takes block_m = 64"));
+  CHECK_THROWS_WITH(sm90_desc(Family::BackwardDkDv, DType::BF16, 64, 64, {{"dq_atomic", 2}}),
+                    Catch::Contains("dq_atomic must be 0 or 1, not 2"));
   // dQ at d = 128: 64 keys for lengths that leave a ragged tile (or are not known), 128 where
   // both divide 128 (NOTES v13: 1.13-1.19x on masked cases); a caller's block_n stays.
   CHECK(sm90_desc(Family::BackwardDq, DType::BF16, 128, 128).config.str() ==
@@ -169,8 +183,11 @@ TEST_CASE("sm90a_wgmma backward configs: defaults, the space, and precise refusa
   CHECK_THROWS_WITH(sm90_desc(Family::BackwardDq, DType::BF16, 128, 128, {{"num_warps", 8}}),
                     Catch::Contains("num_warps"));
   // The layout formulas: slack, tiles, the mbarriers.
-  CHECK(fj_bwd_dkdv_sm90_smem_bytes(64, 128, 128, 128, 2, 2) ==
+  CHECK(fj_bwd_dkdv_sm90_smem_bytes(64, 128, 128, 128, 2, 2, 0) ==
         1024 + 2 * (128 + 2 * 64) * 256 + 8 * 5);
+  // dq_atomic: two 128 x 64 dS^T tiles and 64 x 128 f32 dQ rows.
+  CHECK(fj_bwd_dkdv_sm90_smem_bytes(64, 128, 128, 128, 2, 2, 1) ==
+        1024 + 2 * (128 + 2 * 64) * 256 + 2 * 2 * 128 * 64 + 4 * 64 * 128 + 8 * 5);
   CHECK(fj_bwd_dq_sm90_smem_bytes(128, 64, 128, 128, 2, 2) ==
         1024 + 2 * (128 + 2 * 64) * 256 + 8 * 5);
 }
@@ -196,6 +213,10 @@ TEST_CASE("sm90a_wgmma backward compiles for every standard mod at d 64 / 128 wi
   jobs.push_back({Family::BackwardDkDv, "causal", DType::BF16, 64, 64, {{"block_m", 128}}});
   jobs.push_back({Family::BackwardDq, "causal", DType::BF16, 128, 128, {{"block_n", 128}}});
   jobs.push_back({Family::BackwardDkDv, "noop", DType::BF16, 128, 128, {{"num_stages", 3}}});
+  // The dK/dV kernel without dQ (the second pass's plan); the defaults above add it.
+  for (const char* m : {"noop", "relative_bias_causal", "document_causal"})
+    jobs.push_back({Family::BackwardDkDv, m, DType::BF16, 128, 128, {{"dq_atomic", 0}}});
+  jobs.push_back({Family::BackwardDkDv, "alibi_causal", DType::F16, 64, 64, {{"dq_atomic", 0}}});
 
   jit::CacheSettings settings;
   settings.enabled = false;
@@ -218,10 +239,15 @@ TEST_CASE("sm90a_wgmma backward compiles for every standard mod at d 64 / 128 wi
                       d.str(), j.mods, u.registers, u.spill_store_bytes, u.spill_load_bytes,
                       Registry::global().get(j.family, "sm90a_wgmma").smem_bytes(d), secs));
       // Known (docs/perf/NOTES.md v10): dQ at d = 64 with its 128-key tiles spills 16 bytes for
-      // relative_bias_causal (the bias loads of 64 scores in flight beside S, dP and dQ).
+      // relative_bias_causal (the bias loads of 64 scores in flight beside S, dP and dQ); NOTES
+      // v16: dK/dV with dQ added (dq_atomic) at d = 128 spills 16 bytes for alibi without a
+      // mask (two 64-bit values stored before the S^T / dP^T GEMMs and loaded in the element
+      // step: its slope gradient's per-head sums and the element step pass 240 registers).
       // Every other case: none.
       const bool known =
-          j.family == Family::BackwardDq && j.dqk == 64 && j.mods.rfind("relative_bias", 0) == 0;
+          (j.family == Family::BackwardDq && j.dqk == 64 && j.mods.rfind("relative_bias", 0) == 0) ||
+          (j.family == Family::BackwardDkDv && j.dqk == 128 && j.mods == "alibi" &&
+           d.config.get("dq_atomic").value_or(0) == 1);
       const int64_t allowed = known ? 32 : 0;
       if (u.spill_store_bytes > allowed || u.spill_load_bytes > allowed) {
         failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),
@@ -231,6 +257,12 @@ TEST_CASE("sm90a_wgmma backward compiles for every standard mod at d 64 / 128 wi
            {"wgmma.mma_async", "cp.async.bulk.tensor.4d", "setmaxnreg.inc", "mbarrier.try_wait"}) {
         if (k.source->source.find(needle) == std::string::npos)
           failures.push_back(fmt::format("{} {}: source lacks {}", d.str(), j.mods, needle));
+      }
+      // dQ inside the dK/dV kernel: the generated MN-major wrapper only there.
+      const bool adds_dq = d.config.get("dq_atomic").value_or(0) == 1;
+      if ((k.source->source.find("FJ_DEVICE void fj_wgmma_tt(") != std::string::npos) != adds_dq) {
+        failures.push_back(fmt::format("{} {}: {} fj_wgmma_tt", d.str(), j.mods,
+                                       adds_dq ? "source lacks" : "source has"));
       }
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(mu);

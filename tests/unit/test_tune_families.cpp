@@ -232,10 +232,12 @@ TEST_CASE("manifests: backward workloads warm the plan's kernels as the runtime 
   CHECK(plan.notes.empty());
   CHECK(of_family(plan, Family::BackwardPreprocess).size() == 1);  // no per-shape flags
   CHECK(of_family(plan, Family::BlockMask).size() == 1);
-  // dK/dV and dQ as the runtime completes them for each shape: divisible at 4096, not at 1000.
+  // dK/dV as the runtime completes it for each shape: divisible at 4096, not at 1000. Its default
+  // on sm_90a adds dQ itself (dq_atomic = 1), so the plans' dQ step is the convert of its
+  // accumulator layout (one kernel for both shapes), not a second pass.
   const cuda::Arch sm90 = cuda::Arch::parse("sm_90a");
-  for (Family f : {Family::BackwardDkDv, Family::BackwardDq}) {
-    const std::vector<tune::WarmKernel> ks = of_family(plan, f);
+  {
+    const std::vector<tune::WarmKernel> ks = of_family(plan, Family::BackwardDkDv);
     REQUIRE(ks.size() == 2);
     std::set<std::string> warmed;
     for (const tune::WarmKernel& k : ks)
@@ -244,17 +246,18 @@ TEST_CASE("manifests: backward workloads warm the plan's kernels as the runtime 
       kernels::InputFacts facts;
       facts.seqlen_q = facts.seqlen_kv = s;
       facts.mask_q_block = facts.mask_kv_block = 128;
-      const KernelDesc d =
-          reg().complete(kernels::backward_problem(f, sm90, DType::BF16, 128, 128, 1, true), facts);
+      const KernelDesc d = reg().complete(
+          kernels::backward_problem(Family::BackwardDkDv, sm90, DType::BF16, 128, 128, 1, true),
+          facts);
       CHECK(warmed.count(d.str()) == 1);
       CHECK(d.flags.at("divisible") == (s == 4096 ? 1 : 0));
+      CHECK(d.config.at("dq_atomic") == 1);
     }
   }
-  // The untuned plans make dQ in a second pass: no convert kernel. With every config, the
-  // dK/dV candidates that add dQ with atomics bring the convert kernel.
-  CHECK(of_family(plan, Family::BackwardDq).size() == 2);
-  for (const tune::WarmKernel& k : of_family(plan, Family::BackwardDq))
-    CHECK(k.desc.variant == "sm90a_wgmma");  // the sm_90a default
+  const std::vector<tune::WarmKernel> dq90 = of_family(plan, Family::BackwardDq);
+  REQUIRE(dq90.size() == 1);
+  CHECK(dq90[0].desc.variant == "atomic_convert");
+  CHECK(dq90[0].desc.config.at("dq_layout") == 1);
   // On sm_80 (the mma.sync variants, whose dK/dV config space has dQ by atomics):
   const tune::WarmPlan plan80 = tune::plan_warmup(m, {"sm_80"}, false);
   for (const tune::WarmKernel& k : of_family(plan80, Family::BackwardDq))
@@ -269,11 +272,16 @@ TEST_CASE("manifests: backward workloads warm the plan's kernels as the runtime 
   CHECK(atomic_dkdv);
   CHECK(convert);
   CHECK(all.kernels.size() > 3 * plan80.kernels.size());
-  // Every config of the sm_90a variants: more kernels than the defaults, none of them atomic.
+  // Every config of the sm_90a variants: more kernels than the defaults, with the second pass
+  // (the dK/dV candidates without dQ) and the convert of sm90a_wgmma's layout.
   const tune::WarmPlan all90 = tune::plan_warmup(m, {"sm_90a"}, true);
   CHECK(all90.kernels.size() > plan.kernels.size());
-  for (const tune::WarmKernel& k : all90.kernels)
-    CHECK(k.desc.variant != "atomic_convert");
+  bool pass90 = false;
+  for (const tune::WarmKernel& k : all90.kernels) {
+    if (k.desc.variant == "atomic_convert") CHECK(k.desc.config.at("dq_layout") == 1);
+    pass90 = pass90 || (k.desc.family == Family::BackwardDq && k.desc.variant == "sm90a_wgmma");
+  }
+  CHECK(pass90);
 }
 
 TEST_CASE("manifests: decode workloads warm one split kernel per tile config", "[tune]") {
@@ -387,15 +395,16 @@ TEST_CASE("the searches of the GPU tuning tests have a valid default and candida
   kernels::InputFacts bwd;
   bwd.seqlen_q = bwd.seqlen_kv = 256;
   bwd.mask_q_block = bwd.mask_kv_block = 128;
+  // The backward searches run under the sm80_mma family scope (test::BackwardFamilyScope).
   auto candidates = [&](const KernelDesc& problem, const kernels::InputFacts& facts,
-                        const Params& caller) {
+                        const Params& caller, const std::string& variant = {}) {
     // As StepTuner selects: a variant without a parameter the caller fixes is passed over.
-    const kernels::Variant& v = *reg().select(problem, facts, {}, caller).variant;
+    const kernels::Variant& v = *reg().select(problem, facts, variant, caller).variant;
     KernelDesc keyed = problem;
     keyed.variant = std::string(v.name());
     const tune::CandidateSet set = tune::prune_configs(v, keyed, facts, caller, 232448);
     // The default is valid (the untuned call runs it).
-    KernelDesc d = reg().complete(problem, facts, caller);
+    KernelDesc d = reg().complete(problem, facts, caller, variant);
     CHECK_NOTHROW(v.validate(d));
     return set.candidates.size();
   };
@@ -403,13 +412,13 @@ TEST_CASE("the searches of the GPU tuning tests have a valid default and candida
     INFO("dq_atomic " << atomic);
     const size_t dkdv = candidates(
         kernels::backward_problem(Family::BackwardDkDv, sm90, DType::BF16, 64, 64, 1, true), bwd,
-        {{"dq_atomic", atomic}, {"num_stages", 1}});
+        {{"dq_atomic", atomic}, {"num_stages", 1}}, "sm80_mma");
     CHECK(dkdv >= 2);
     WARN("backward_dkdv candidates (dq_atomic " << atomic << "): " << dkdv);
   }
   const size_t dq =
       candidates(kernels::backward_problem(Family::BackwardDq, sm90, DType::BF16, 64, 64, 1, true),
-                 bwd, {{"num_stages", 1}});
+                 bwd, {{"num_stages", 1}}, "sm80_mma");
   CHECK(dq >= 2);
   kernels::DecodeInputs in = decode_inputs();
   in.batch = 2, in.heads_q = 8, in.heads_kv = 2, in.seqlen_kv = 1024;

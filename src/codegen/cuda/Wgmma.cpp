@@ -36,27 +36,32 @@ void check_n(int n) {
 }  // namespace
 
 std::string wgmma_wrappers(DType dtype, const std::vector<int>& ss_n,
-                           const std::vector<int>& rs_n) {
+                           const std::vector<int>& rs_n, const std::vector<int>& tt_n) {
   FJ_ASSERT(dtype == DType::BF16 || dtype == DType::F16, "wgmma wrappers are for bf16 / f16");
   const char* ab = dtype == DType::BF16 ? "bf16" : "f16";
   SourceWriter w;
   w.line(fmt::format("// wgmma.mma_async m64nNk16 .f32.{0}.{0} (codegen/cuda/Wgmma.h)", ab));
-  for (int n : std::set<int>(ss_n.begin(), ss_n.end())) {
+  // Both operands from shared memory: K-major (fj_wgmma_ss, transpose bits 0 0) or MN-major
+  // (fj_wgmma_tt, 1 1).
+  auto smem_form = [&](const char* name, int n, int trans) {
     check_n(n);
     const int acc = n / 2;
-    auto f =
-        w.block(fmt::format("FJ_DEVICE void fj_wgmma_ss(float (&d)[{}][4], unsigned long "
-                            "long desc_a, unsigned long long desc_b, int accumulate)",
-                            n / 8));
+    auto f = w.block(fmt::format("FJ_DEVICE void {}(float (&d)[{}][4], unsigned long "
+                                 "long desc_a, unsigned long long desc_b, int accumulate)",
+                                 name, n / 8));
     w.line("asm volatile(");
     w.line("    \"{\\n .reg .pred p;\\n\"");
     w.line(fmt::format("    \" setp.ne.b32 p, %{}, 0;\\n\"", acc + 2));
     w.line(fmt::format("    \" wgmma.mma_async.sync.aligned.m64n{}k16.f32.{}.{} \"", n, ab, ab));
-    w.line(fmt::format("    \"{}, %{}, %{}, p, 1, 1, 0, 0;\\n}}\\n\"", reg_list(0, acc), acc,
-                       acc + 1));
+    w.line(fmt::format("    \"{}, %{}, %{}, p, 1, 1, {}, {};\\n}}\\n\"", reg_list(0, acc), acc,
+                       acc + 1, trans, trans));
     w.line(fmt::format("    : {}", acc_operands(n)));
     w.line("    : \"l\"(desc_a), \"l\"(desc_b), \"r\"(accumulate));");
-  }
+  };
+  for (int n : std::set<int>(ss_n.begin(), ss_n.end()))
+    smem_form("fj_wgmma_ss", n, 0);
+  for (int n : std::set<int>(tt_n.begin(), tt_n.end()))
+    smem_form("fj_wgmma_tt", n, 1);
   for (int n : std::set<int>(rs_n.begin(), rs_n.end())) {
     check_n(n);
     const int acc = n / 2;

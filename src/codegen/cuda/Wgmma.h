@@ -9,6 +9,9 @@
 //   void fj_wgmma_rs(float (&d)[N / 8][4], const fj_u32 (&a)[4], fj_u64 desc_b, int accumulate);
 //     D (+)= A B, A (64 x 16) from registers (the m16n8k16 A fragment of each warp's 16 rows), B
 //     (16 x N) MN-major in shared memory.
+//   void fj_wgmma_tt(float (&d)[N / 8][4], fj_u64 desc_a, fj_u64 desc_b, int accumulate);
+//     D (+)= A B, A (64 x 16) and B (16 x N) both MN-major in shared memory (the transpose bits
+//     set): the backward's dQ = dS K reads dS from the dK/dV kernel's dS^T tile this way.
 //
 // Overloads differ by the accumulator's extent, so a kernel calls fj_wgmma_ss(s, ...) for any
 // generated N. Operands are bf16 or f16 with f32 accumulation; scale-a/b are +1.
@@ -23,6 +26,7 @@ namespace flexjit::cuda {
 
 // The wrappers for `dtype` (BF16 or F16; InternalError otherwise) and the N of each form
 // (duplicates ignored; each N a multiple of 8 in [8, 256], else InternalError).
-std::string wgmma_wrappers(DType dtype, const std::vector<int>& ss_n, const std::vector<int>& rs_n);
+std::string wgmma_wrappers(DType dtype, const std::vector<int>& ss_n, const std::vector<int>& rs_n,
+                           const std::vector<int>& tt_n = {});
 
 }  // namespace flexjit::cuda

@@ -86,6 +86,10 @@ size_t floats_before_partials(const QkvShape& s, bool dq_atomic) {
 
 }  // namespace
 
+int dq_accum_layout(const KernelDesc& dkdv) {
+  return dkdv.variant == "sm90a_wgmma" ? 1 : 0;
+}
+
 size_t backward_scratch_bytes(const QkvShape& s, bool dq_atomic, int64_t bufgrad_slice_elems) {
   return sizeof(float) *
          (floats_before_partials(s, dq_atomic) + static_cast<size_t>(backward_bufgrad_slices(s)) *

@@ -51,6 +51,13 @@ struct BackwardInputs {
   int grad_partials_offset = -1;
 };
 
+// How a dK/dV kernel that adds dQ (config dq_atomic = 1) lays out the f32 accumulator; the
+// plan's backward_dq/atomic_convert takes it as its config `dq_layout`. 0: rows [B * Hq,
+// seqlen_q_pad, Dqk] (sm80_mma's atomics); 1: blocks of 64 query rows (at the same offsets as
+// those rows), each in the order of the sm_90a wgmma accumulator fragments that one bulk
+// reduction per warp adds (sm90a_wgmma; templates/backward_sm90.cuh, fj_bwd_sm90_dq_bulk_add).
+int dq_accum_layout(const KernelDesc& dkdv);
+
 using BackwardPreprocessVariant = FamilyVariant<Family::BackwardPreprocess, BackwardInputs>;
 using BackwardDkDvVariant = FamilyVariant<Family::BackwardDkDv, BackwardInputs>;
 using BackwardDqVariant = FamilyVariant<Family::BackwardDq, BackwardInputs>;

@@ -133,7 +133,18 @@ std::optional<std::string> BackwardRowKernelSm80<F>::unsupported(const KernelDes
 template <Family F>
 void BackwardRowKernelSm80<F>::validate(const KernelDesc& d) const {
   if (auto r = problem_reason(d)) throw UnsupportedError(*r);
-  require_keys(d, {"num_warps"});
+  if constexpr (F == Family::BackwardDq) {
+    require_keys(d, {"dq_layout", "num_warps"});
+    const int64_t layout = d.config.at("dq_layout");
+    if (layout != 0 && layout != 1) {
+      throw UnsupportedError(fmt::format(
+          "{}: dq_layout is 0 (rows, sm80_mma's dK/dV) or 1 (64-row tiles in wgmma fragment "
+          "order, sm90a_wgmma's), not {}",
+          d.family_variant(), layout));
+    }
+  } else {
+    require_keys(d, {"num_warps"});
+  }
   if (d.config.at("num_warps") != 4) {
     throw UnsupportedError(fmt::format("{} runs 4 warps per block, not {}", d.family_variant(),
                                        d.config.at("num_warps")));
@@ -142,6 +153,9 @@ void BackwardRowKernelSm80<F>::validate(const KernelDesc& d) const {
 
 template <Family F>
 Params BackwardRowKernelSm80<F>::default_config(const KernelDesc&) const {
+  // The dQ convert reads the accumulator in the layout of the dK/dV kernel that filled it
+  // (dq_accum_layout, set by the backward plan).
+  if constexpr (F == Family::BackwardDq) return {{"dq_layout", 0}, {"num_warps", 4}};
   return {{"num_warps", 4}};
 }
 
@@ -166,6 +180,9 @@ cuda::GeneratedSource BackwardRowKernelSm80<F>::generate(const Mods& mods,
     auto s = w.block("struct FjConfig", ";");
     w.line(fmt::format("static constexpr int kHeadDimQK = {}, kHeadDimV = {};", desc.head_dim_qk,
                        desc.head_dim_v));
+    if constexpr (F == Family::BackwardDq) {
+      w.line(fmt::format("static constexpr int kDqLayout = {};", desc.config.at("dq_layout")));
+    }
     w.line(fmt::format("using Element = {};", element_type(desc.dtype)));
   }
   return assemble_variant_source(*this, desc, mods, w.str(), std::string(spec_.what), "mods",

@@ -31,6 +31,10 @@ struct Sm90Tiles {
 constexpr Sm90Tiles kDkDvTiles = {{64, 128}, {128}, {1, 2, 3}};
 constexpr Sm90Tiles kDqTiles = {{128}, {64, 128}, {1, 2, 3}};
 
+// dK/dV's default dQ strategy: 1 = dQ = dS K inside the dK/dV kernel, added with f32
+// reductions (FlashAttention-3's plan), 0 = backward_dq's second pass (PyTorch's).
+constexpr int kDefaultDqAtomic = 1;
+
 constexpr const Sm90Tiles& tiles_of(Family f) {
   return is_dkdv(f) ? kDkDvTiles : kDqTiles;
 }
@@ -58,11 +62,21 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
   return std::nullopt;
 }
 
+bool dq_atomic(const KernelDesc& d) {
+  return d.config.get("dq_atomic").value_or(0) != 0;
+}
+
 // Accumulator registers per consumer thread (an m64nN accumulator is N / 2 floats): S and dP
-// (dK/dV: S^T, dP^T over the q tile; dQ: over the kv tile) and the gradients the CTA sums.
+// (dK/dV: S^T, dP^T over the q tile; dQ: over the kv tile) and the gradients the CTA sums. With
+// dq_atomic, each consumer's half of dQ's columns (head_dim_qk / 4) is live with the packed
+// P^T, dS^T (block_m / 2) while the dV / dK products run, after S^T and dP^T are gone.
 int64_t live_registers(const KernelDesc& d) {
   const int64_t bm = d.config.at("block_m"), bn = d.config.at("block_n");
-  if (is_dkdv(d.family)) return bm / 2 * 2 + d.head_dim_qk / 2 + d.head_dim_v / 2;
+  if (is_dkdv(d.family)) {
+    const int64_t transient =
+        dq_atomic(d) ? std::max<int64_t>(bm, bm / 2 + d.head_dim_qk / 4) : bm;
+    return transient + d.head_dim_qk / 2 + d.head_dim_v / 2;
+  }
   return bn / 2 * 2 + d.head_dim_qk / 2;
 }
 
@@ -70,13 +84,23 @@ int sm90_bwd_smem(const KernelDesc& d) {
   const int bm = d.config.at_int("block_m"), bn = d.config.at_int("block_n");
   const int stages = d.config.at_int("num_stages");
   return is_dkdv(d.family) ? fj_bwd_dkdv_sm90_smem_bytes(bm, bn, d.head_dim_qk, d.head_dim_v,
-                                                         dtype_size(d.dtype), stages)
+                                                         dtype_size(d.dtype), stages,
+                                                         dq_atomic(d) ? 1 : 0)
                            : fj_bwd_dq_sm90_smem_bytes(bm, bn, d.head_dim_qk, d.head_dim_v,
                                                        dtype_size(d.dtype), stages);
 }
 
 Params make_config(int block_m, int block_n, int num_stages) {
   return {{"block_m", block_m}, {"block_n", block_n}, {"num_stages", num_stages}};
+}
+
+// dK/dV's config also says how dQ is made: dq_atomic = 1 adds dQ = dS K into the workspace's
+// f32 accumulator from this kernel (backward_dq/atomic_convert writes dq), 0 leaves it to
+// backward_dq's second pass.
+Params make_dkdv_config(int block_m, int block_n, int num_stages, int dq_atomic) {
+  Params p = make_config(block_m, block_n, num_stages);
+  p.set("dq_atomic", dq_atomic);
+  return p;
 }
 
 }  // namespace
@@ -120,15 +144,31 @@ template <Family F>
 void BackwardSm90Wgmma<F>::validate(const KernelDesc& d) const {
   if (auto r = problem_reason(d)) throw UnsupportedError(*r);
   const std::string fv = d.family_variant();
-  for (const char* name : {"block_m", "block_n", "num_stages"}) {
+  const std::vector<const char*> keys =
+      is_dkdv(F) ? std::vector<const char*>{"block_m", "block_n", "num_stages", "dq_atomic"}
+                 : std::vector<const char*>{"block_m", "block_n", "num_stages"};
+  for (const char* name : keys) {
     if (!d.config.has(name)) {
       throw UnsupportedError(fmt::format("{} needs config '{}' ({})", fv, name, d.str()));
     }
   }
-  if (d.config.items().size() != 3) {
+  if (d.config.items().size() != keys.size()) {
     throw UnsupportedError(fmt::format(
-        "{} takes block_m, block_n and num_stages (its warpgroups follow from the tiles); got {}",
-        fv, d.config.str()));
+        "{} takes {} (its warpgroups follow from the tiles); got {}", fv,
+        is_dkdv(F) ? "block_m, block_n, num_stages and dq_atomic" : "block_m, block_n and num_stages",
+        d.config.str()));
+  }
+  if constexpr (is_dkdv(F)) {
+    const int64_t a = d.config.at("dq_atomic");
+    if (a != 0 && a != 1) {
+      throw UnsupportedError(fmt::format("{}: dq_atomic must be 0 or 1, not {}", fv, a));
+    }
+    if (a == 1 && d.config.at("block_m") != 64) {
+      throw UnsupportedError(fmt::format(
+          "{}: dq_atomic = 1 takes block_m = 64 (the dS^T tile of a 64-query step is the dQ "
+          "products' A operand); got block_m = {}",
+          fv, d.config.at("block_m")));
+    }
   }
   const Sm90Tiles& t = tiles_of(F);
   if (auto r = not_in(d, "block_m", d.config.at("block_m"), t.block_m)) throw UnsupportedError(*r);
@@ -170,7 +210,7 @@ Params BackwardSm90Wgmma<F>::default_config(const KernelDesc& p) const {
   // divide the tiles.
   const int d = std::max(p.head_dim_qk, p.head_dim_v);
   if constexpr (is_dkdv(F)) {
-    return make_config(64, 128, 2);
+    return make_dkdv_config(64, 128, 2, kDefaultDqAtomic);
   } else {
     return d <= 64 ? make_config(128, 128, 2) : make_config(128, 64, 2);
   }
@@ -182,8 +222,14 @@ std::vector<Params> BackwardSm90Wgmma<F>::config_space(const KernelDesc& p) cons
   const Sm90Tiles& t = tiles_of(F);
   for (int bm : t.block_m)
     for (int bn : t.block_n)
-      for (int s : t.stages)
-        grid.push_back(make_config(bm, bn, s));
+      for (int s : t.stages) {
+        if constexpr (is_dkdv(F)) {
+          for (int a : {0, 1})
+            grid.push_back(make_dkdv_config(bm, bn, s, a));
+        } else {
+          grid.push_back(make_config(bm, bn, s));
+        }
+      }
   return valid_configs(*this, p, grid);
 }
 
@@ -191,7 +237,10 @@ template <Family F>
 Params BackwardSm90Wgmma<F>::resolve_config(const KernelDesc& problem, const Params& overrides,
                                             const InputFacts& facts) const {
   Params c = apply_overrides(*this, default_config(problem), overrides);
-  if constexpr (!is_dkdv(F)) {
+  if constexpr (is_dkdv(F)) {
+    // A q tile of 128 asked for without a dQ strategy: the second pass (dq_atomic takes 64).
+    if (c.at("block_m") != 64 && !overrides.has("dq_atomic")) c.set("dq_atomic", 0);
+  } else {
     // Lengths that divide 128 x 128 tiles (the divisible build, no bounds checks): dQ's
     // 128-key tile, 1.13-1.19x faster than 64 on the H100's masked cases at d = 128 and 1.01x
     // without a mask (NOTES v13).
@@ -249,12 +298,18 @@ cuda::GeneratedSource BackwardSm90Wgmma<F>::generate(const Mods& mods,
   d.config.set("num_warps", 8);  // the consumers' warps (the config struct's field)
   std::string config =
       fmt::format("#define {} 1\n", is_dkdv(F) ? "FJ_BWD_SM90_DKDV" : "FJ_BWD_SM90_DQ");
-  config += ForwardSm80Mma::config_struct(mods, d);
+  config += ForwardSm80Mma::config_struct(
+      mods, d,
+      {fmt::format("static constexpr bool kDqAtomic = {};", dq_atomic(d) ? "true" : "false")});
   const int bm = desc.config.at_int("block_m"), bn = desc.config.at_int("block_n");
   // dK/dV: S^T, dP^T (n = block_m) from shared memory; dV, dK (n = head dims) with A in
   // registers. dQ: S, dP (n = block_n); dQ (n = head_dim_qk).
   config.push_back('\n');
-  config += is_dkdv(F) ? cuda::wgmma_wrappers(desc.dtype, {bm}, {desc.head_dim_qk, desc.head_dim_v})
+  // dq_atomic adds dQ = dS K, half its columns per consumer, both operands MN-major in shared
+  // memory.
+  config += is_dkdv(F) ? cuda::wgmma_wrappers(desc.dtype, {bm}, {desc.head_dim_qk, desc.head_dim_v},
+                                              dq_atomic(d) ? std::vector<int>{desc.head_dim_qk / 2}
+                                                           : std::vector<int>{})
                        : cuda::wgmma_wrappers(desc.dtype, {bn}, {desc.head_dim_qk});
   return assemble_variant_source(*this, desc, mods, config,
                                  is_dkdv(F) ? "backward dK/dV kernel `flexjit_bwd_dkdv`"
@@ -272,7 +327,8 @@ template <Family F>
 std::vector<Launch> BackwardSm90Wgmma<F>::launches(const KernelDesc& desc, const BackwardInputs& in,
                                                    void* workspace) const {
   FJ_ASSERT(workspace != nullptr, "a backward kernel runs without the preprocess's workspace");
-  FJ_ASSERT(!in.dq_atomic, "the sm_90a backward makes dQ in a second pass, not with atomics");
+  FJ_ASSERT(!is_dkdv(F) ? !in.dq_atomic : in.dq_atomic == dq_atomic(desc),
+            "the sm_90a dK/dV kernel launched with a dQ accumulator its config does not match");
   const QkvShape& s = in.shape;
   const int bm = desc.config.at_int("block_m"), bn = desc.config.at_int("block_n");
   FjBwdTmaMaps maps;
