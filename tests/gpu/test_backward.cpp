@@ -12,6 +12,7 @@
 
 #include "cpu/BackwardKernel.h"
 #include "gpu/GpuTestUtil.h"
+#include "runtime/BackwardPlan.h"
 #include "gpu/StandardBindings.h"
 
 #include <fmt/format.h>
@@ -490,10 +491,20 @@ TEST_CASE("backward: the deterministic workspace holds the partial slices",
   o.mods = standard_mods("relative_bias");
   o.bindings.buffers = {{"bias", bias.ref()}};
   o.bindings.params = {{"offset", static_cast<double>(S)}};
-  const size_t atomic = flex_attention_backward_workspace_bytes(*ctx, tq, tkv, tkv, o);
+  const size_t pass = flex_attention_backward_workspace_bytes(
+      *ctx, tq, tkv, tkv, o, {.dq_mode = BackwardOptions::DqMode::SecondPass});
+  const size_t dflt = flex_attention_backward_workspace_bytes(*ctx, tq, tkv, tkv, o);
   const size_t det =
       flex_attention_backward_workspace_bytes(*ctx, tq, tkv, tkv, o, {.deterministic = true});
-  // One slice of the 600-entry table per 16 kv rows of round_up(300, 128) = 384, per (b, kv head).
-  CHECK(atomic == 8 * B * Hq * 384);
-  CHECK(det == atomic + 4 * B * Hkv * (384 / 16) * 600);
+  // lse2 and delta: two floats per padded q row, round_up(300, 128) = 384 rows per (b, q head).
+  CHECK(pass == 8 * B * Hq * 384);
+  // A default dK/dV kernel that adds dQ itself (sm90a_wgmma's) adds the f32 accumulator.
+  const std::string plan = runtime::describe_backward_plan(*ctx, tq, tkv, tkv, o);
+  INFO(plan);
+  const bool adds_dq = plan.find("backward_dq/atomic_convert") != std::string::npos;
+  if (ctx->arch() == "sm_90a") CHECK(adds_dq);
+  CHECK(dflt == pass + (adds_dq ? 4 * B * Hq * 384 * D : 0));
+  // Deterministic (dQ by the second pass): one slice of the 600-entry table per 16 kv rows, per
+  // (b, kv head).
+  CHECK(det == pass + 4 * B * Hkv * (384 / 16) * 600);
 }

@@ -583,8 +583,13 @@ void run_attention_bench(const AttentionBenchOptions& o) {
                         : o.bwd_dq == "pass" ? BackwardOptions::DqMode::SecondPass
                                              : BackwardOptions::DqMode::Auto;
         bopts.deterministic = o.deterministic;  // --deterministic (the kernel options')
+        // Not the forward's workspace (sized for the forward's plan: a decoding case's split
+        // partials): the backward takes its own from the stream-ordered allocator.
+        AttentionOptions bwd_opts = aopts;
+        bwd_opts.workspace = {};
         auto backward = [&] {
-          flex_attention_backward_into(ctx, in.q, in.k, in.v, out, lse, dout, grads, aopts, bopts);
+          flex_attention_backward_into(ctx, in.q, in.k, in.v, out, lse, dout, grads, bwd_opts,
+                                       bopts);
         };
         row.first_bwd_s = 1e-3 * time_ms([&] {
                             backward();
@@ -596,7 +601,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
         row.bwd_tflops = 2.5 * forward_flops(s, row.density) / (tb.median_ms * 1e-3) / 1e12;
         if (tuned_mode && *tuned_mode != tune::Mode::Off) {
           // The same backward with its dK/dV and dQ steps tuned (searched on the first call).
-          AttentionOptions tuned_opts = aopts;
+          AttentionOptions tuned_opts = bwd_opts;
           tuned_opts.autotune =
               *tuned_mode == tune::Mode::Search ? AutotuneMode::Search : AutotuneMode::Cached;
           row.bwd_tune_s = 1e-3 * time_ms([&] {
