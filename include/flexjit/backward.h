@@ -35,13 +35,17 @@ struct BackwardOptions {
   // true: each 16-key slice of the dK/dV kernel adds its contributions, in a fixed order, into
   // its own partial copy of the buffers in the workspace, and a reduction kernel sums the copies
   // in a fixed order. It costs workspace, 4 * B * Hkv * round_up(Skv, 128) / 16 * (the float
-  // buffers' element count, rounded up to 4) bytes, and time (docs/backward.md). dQ, dK and dV
-  // are deterministic in both modes unless dq_mode is Atomic, which deterministic refuses
-  // (RuntimeError).
+  // buffers' element count, rounded up to 4) bytes, and time (docs/backward.md). dK and dV are
+  // deterministic in both modes; dQ too with the second pass, which deterministic = true picks
+  // (with dq_mode = Atomic it is a RuntimeError). With false, dQ follows dq_mode.
   bool deterministic = false;
   // How dQ is computed: a second pass over the KV tiles (deterministic, no workspace beyond
-  // lse2 / delta), or fp32 atomics from the dK/dV kernel into an accumulator of
-  // 4 * B * Hq * round_up(Sq, 128) * Dqk bytes plus a convert pass. Auto: the variant's default.
+  // lse2 / delta), or by the dK/dV kernel itself into an f32 accumulator of
+  // 4 * B * Hq * round_up(Sq, 128) * Dqk bytes (fp32 atomics on sm80_mma, bulk reductions on
+  // sm90a_wgmma: the order of the additions, so dQ's last bits, can change between runs) plus a
+  // convert pass. Auto: the dK/dV variant's default — the second pass for sm80_mma, dQ in the
+  // dK/dV kernel for sm90a_wgmma (the sm_90a default: faster but for the sparsest masks,
+  // docs/backward.md).
   enum class DqMode { Auto, SecondPass, Atomic };
   DqMode dq_mode = DqMode::Auto;
 };

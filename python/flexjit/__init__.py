@@ -303,9 +303,10 @@ def flex_attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: An
     ``out`` and ``lse`` are what ``flex_attention(..., return_lse=True)`` returned with the same
     mods, block mask, buffers, params and scale. ``dlse`` (f32, lse's shape and device) is the
     gradient of the loss in ``lse`` when the loss uses it; None: it does not.
-    ``deterministic``: buffer gradients from per-warp partials summed in a fixed order
-    (bitwise the same on every run, at the cost of a workspace; docs/backward.md) instead of
-    fp32 atomics; the CPU backend is always deterministic. Returns
+    ``deterministic``: buffer gradients from per-warp partials summed in a fixed order and dQ
+    by a second pass (bitwise the same on every run, at the cost of a workspace and time;
+    docs/backward.md) instead of fp32 atomics and, on sm_90a, dQ added by the dK/dV kernel;
+    the CPU backend is always deterministic. Returns
     ``(dq, dk, dv, buffer_grads)``: arrays of q's framework (q / k / v's dtype on a GPU, f32 on
     the CPU backend) and a dict of f32 gradients, one per captured float buffer, in the
     buffer's shape.
