@@ -17,6 +17,10 @@
 //         P^T, dS^T                    fj_bwd_element on the accumulator fragments (buffer
 //                                      gradients go out here)
 //         dV += P^T dO, dK += dS^T Q   wgmma, A from registers, B (dO, Q) MN-major
+//         dQ (kDqAtomic, the default)  dS^T to shared memory, dQ = dS K (half the columns per
+//                                      consumer, both operands MN-major), f32 bulk reductions
+//                                      into the workspace's accumulator (docs/kernels/
+//                                      backward_sm90.md "dQ inside the dK/dV kernel")
 //       then releases the stage. dK (times scale) and dV go out through the consumer's own
 //       rows of the K and V tiles.
 //   flexjit_bwd_dq (FJ_BWD_SM90_DQ): one CTA per q tile of kBlockM = 128 rows of one (batch,
