@@ -288,7 +288,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   constexpr int kOffV = kKBytes;
   constexpr int kOffQ = kOffV + kVBytes;
   constexpr int kOffDo = kOffQ + kS * kQBytes;
-  // dq_atomic: dQ = dS K in this kernel (docs/kernels/backward_sm90.md "dQ by reductions").
+  // dq_atomic: dQ = dS K in this kernel (docs/kernels/backward_sm90.md "dQ inside the dK/dV
+  // kernel").
   constexpr bool kDqAtomic = Cfg::kDqAtomic;
   static_assert(!kDqAtomic || kBM == 64, "flexjit bwd_dkdv sm90: dq_atomic takes q tiles of 64");
   constexpr int kDqW = T::kDimQK / 2;  // dQ's columns per consumer and step
