@@ -170,7 +170,8 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
 
 // preprocess -> dK/dV -> dQ; the last two read the preprocess's slice of the workspace. The dK/dV
 // kernel's config decides how dQ is made: a second pass (backward_dq's auto-selected variant) or
-// atomics into an accumulator in that slice (then backward_dq/atomic_convert writes dq). With
+// added by the dK/dV kernel into an accumulator in that slice (then backward_dq/atomic_convert,
+// in the accumulator layout of the dK/dV variant, writes dq). With
 // `tuning` active, the dK/dV and dQ steps are tuned (docs/tuning.md) on the preprocess's
 // workspace, the dQ strategy (dq_atomic) fixed as BackwardOptions::dq_mode or the defaults set it:
 // the tiles of each kernel are searched, not the choice between the two plans.
