@@ -292,8 +292,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   // kernel").
   constexpr bool kDqAtomic = Cfg::kDqAtomic;
   static_assert(!kDqAtomic || kBM == 64, "flexjit bwd_dkdv sm90: dq_atomic takes q tiles of 64");
-  constexpr int kDqW = T::kDimQK / 2;  // dQ's columns per consumer and step
-  constexpr int kDsBytes = kBN * kBM * 2;    // one dS^T tile
+  constexpr int kDqW = T::kDimQK / 2;              // dQ's columns per consumer and step
+  constexpr int kDsBytes = kBN * kBM * 2;          // one dS^T tile
   constexpr int kStageBytes = kDqW / 8 * 32 * 16;  // a warp's dQ rows on their way out (f32)
   constexpr int kOffDs = kOffDo + kS * kDoBytes;
   constexpr int kOffStage = kOffDs + (kDqAtomic ? 2 * kDsBytes : 0);

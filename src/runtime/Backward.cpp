@@ -238,14 +238,14 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
       dkdv_variant, on_preprocess);
   dkdv.workspace_of = 0;
   plan.add(std::move(dkdv));
-  runtime::PlanStep dq = call.inputs.dq_atomic
-                             ? runtime::plan_step<kernels::BackwardDqVariant>(
-                                   problem(kernels::Family::BackwardDq), call.inputs, facts,
-                                   call.mods, {{"dq_layout", kernels::dq_accum_layout(dkdv_desc)}},
-                                   "atomic_convert")
-                             : runtime::plan_step<kernels::BackwardDqVariant>(
-                                   problem(kernels::Family::BackwardDq), call.inputs, facts,
-                                   call.mods, overrides, options.variant, on_preprocess);
+  runtime::PlanStep dq =
+      call.inputs.dq_atomic
+          ? runtime::plan_step<kernels::BackwardDqVariant>(
+                problem(kernels::Family::BackwardDq), call.inputs, facts, call.mods,
+                {{"dq_layout", kernels::dq_accum_layout(dkdv_desc)}}, "atomic_convert")
+          : runtime::plan_step<kernels::BackwardDqVariant>(problem(kernels::Family::BackwardDq),
+                                                           call.inputs, facts, call.mods, overrides,
+                                                           options.variant, on_preprocess);
   dq.workspace_of = 0;
   plan.add(std::move(dq));
   return plan;

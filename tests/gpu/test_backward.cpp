@@ -12,8 +12,8 @@
 
 #include "cpu/BackwardKernel.h"
 #include "gpu/GpuTestUtil.h"
-#include "runtime/BackwardPlan.h"
 #include "gpu/StandardBindings.h"
+#include "runtime/BackwardPlan.h"
 
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
@@ -212,7 +212,8 @@ TEST_CASE("backward: every standard mod matches the fp64 CPU backward", "[gpu][b
       c.block_mask = block_mask;
       // Both ways of computing dQ: the second pass without a block mask, atomics from the dK/dV
       // kernel with one.
-      c.dq_mode = block_mask ? BackwardOptions::DqMode::Atomic : BackwardOptions::DqMode::SecondPass;
+      c.dq_mode =
+          block_mask ? BackwardOptions::DqMode::Atomic : BackwardOptions::DqMode::SecondPass;
       c.shape = make_shape(2, 4, 2, 200, 321, 128, 128);
       check_backward_case(*ctx, c, seed + (block_mask ? 1 : 0));
     }

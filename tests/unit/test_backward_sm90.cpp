@@ -244,10 +244,10 @@ TEST_CASE("sm90a_wgmma backward compiles for every standard mod at d 64 / 128 wi
       // mask (two 64-bit values stored before the S^T / dP^T GEMMs and loaded in the element
       // step: its slope gradient's per-head sums and the element step pass 240 registers).
       // Every other case: none.
-      const bool known =
-          (j.family == Family::BackwardDq && j.dqk == 64 && j.mods.rfind("relative_bias", 0) == 0) ||
-          (j.family == Family::BackwardDkDv && j.dqk == 128 && j.mods == "alibi" &&
-           d.config.get("dq_atomic").value_or(0) == 1);
+      const bool known = (j.family == Family::BackwardDq && j.dqk == 64 &&
+                          j.mods.rfind("relative_bias", 0) == 0) ||
+                         (j.family == Family::BackwardDkDv && j.dqk == 128 && j.mods == "alibi" &&
+                          d.config.get("dq_atomic").value_or(0) == 1);
       const int64_t allowed = known ? 32 : 0;
       if (u.spill_store_bytes > allowed || u.spill_load_bytes > allowed) {
         failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),

@@ -35,8 +35,8 @@ void check_n(int n) {
 
 }  // namespace
 
-std::string wgmma_wrappers(DType dtype, const std::vector<int>& ss_n,
-                           const std::vector<int>& rs_n, const std::vector<int>& tt_n) {
+std::string wgmma_wrappers(DType dtype, const std::vector<int>& ss_n, const std::vector<int>& rs_n,
+                           const std::vector<int>& tt_n) {
   FJ_ASSERT(dtype == DType::BF16 || dtype == DType::F16, "wgmma wrappers are for bf16 / f16");
   const char* ab = dtype == DType::BF16 ? "bf16" : "f16";
   SourceWriter w;
@@ -46,9 +46,10 @@ std::string wgmma_wrappers(DType dtype, const std::vector<int>& ss_n,
   auto smem_form = [&](const char* name, int n, int trans) {
     check_n(n);
     const int acc = n / 2;
-    auto f = w.block(fmt::format("FJ_DEVICE void {}(float (&d)[{}][4], unsigned long "
-                                 "long desc_a, unsigned long long desc_b, int accumulate)",
-                                 name, n / 8));
+    auto f =
+        w.block(fmt::format("FJ_DEVICE void {}(float (&d)[{}][4], unsigned long "
+                            "long desc_a, unsigned long long desc_b, int accumulate)",
+                            name, n / 8));
     w.line("asm volatile(");
     w.line("    \"{\\n .reg .pred p;\\n\"");
     w.line(fmt::format("    \" setp.ne.b32 p, %{}, 0;\\n\"", acc + 2));

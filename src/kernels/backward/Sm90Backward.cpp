@@ -73,8 +73,7 @@ bool dq_atomic(const KernelDesc& d) {
 int64_t live_registers(const KernelDesc& d) {
   const int64_t bm = d.config.at("block_m"), bn = d.config.at("block_n");
   if (is_dkdv(d.family)) {
-    const int64_t transient =
-        dq_atomic(d) ? std::max<int64_t>(bm, bm / 2 + d.head_dim_qk / 4) : bm;
+    const int64_t transient = dq_atomic(d) ? std::max<int64_t>(bm, bm / 2 + d.head_dim_qk / 4) : bm;
     return transient + d.head_dim_qk / 2 + d.head_dim_v / 2;
   }
   return bn / 2 * 2 + d.head_dim_qk / 2;
@@ -83,11 +82,11 @@ int64_t live_registers(const KernelDesc& d) {
 int sm90_bwd_smem(const KernelDesc& d) {
   const int bm = d.config.at_int("block_m"), bn = d.config.at_int("block_n");
   const int stages = d.config.at_int("num_stages");
-  return is_dkdv(d.family) ? fj_bwd_dkdv_sm90_smem_bytes(bm, bn, d.head_dim_qk, d.head_dim_v,
-                                                         dtype_size(d.dtype), stages,
-                                                         dq_atomic(d) ? 1 : 0)
-                           : fj_bwd_dq_sm90_smem_bytes(bm, bn, d.head_dim_qk, d.head_dim_v,
-                                                       dtype_size(d.dtype), stages);
+  return is_dkdv(d.family)
+             ? fj_bwd_dkdv_sm90_smem_bytes(bm, bn, d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
+                                           stages, dq_atomic(d) ? 1 : 0)
+             : fj_bwd_dq_sm90_smem_bytes(bm, bn, d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
+                                         stages);
 }
 
 Params make_config(int block_m, int block_n, int num_stages) {
@@ -153,10 +152,11 @@ void BackwardSm90Wgmma<F>::validate(const KernelDesc& d) const {
     }
   }
   if (d.config.items().size() != keys.size()) {
-    throw UnsupportedError(fmt::format(
-        "{} takes {} (its warpgroups follow from the tiles); got {}", fv,
-        is_dkdv(F) ? "block_m, block_n, num_stages and dq_atomic" : "block_m, block_n and num_stages",
-        d.config.str()));
+    throw UnsupportedError(fmt::format("{} takes {} (its warpgroups follow from the tiles); got {}",
+                                       fv,
+                                       is_dkdv(F) ? "block_m, block_n, num_stages and dq_atomic"
+                                                  : "block_m, block_n and num_stages",
+                                       d.config.str()));
   }
   if constexpr (is_dkdv(F)) {
     const int64_t a = d.config.at("dq_atomic");
