@@ -56,6 +56,19 @@ Params Variant::resolve_config(const KernelDesc& problem, const Params& override
   return apply_overrides(*this, default_config(problem), overrides);
 }
 
+void require_keys(const KernelDesc& d, std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    if (!d.config.has(name)) {
+      throw UnsupportedError(
+          fmt::format("{} needs config '{}' ({})", d.family_variant(), name, d.str()));
+    }
+  }
+  if (d.config.items().size() != names.size()) {
+    throw UnsupportedError(fmt::format("{} takes {} config values; got {}", d.family_variant(),
+                                       names.size(), d.config.str()));
+  }
+}
+
 bool fit_tile_to_block(Params& config, const char* name, int64_t block, const Params& overrides,
                        std::initializer_list<int> sizes) {
   if (block % config.at(name) == 0 || overrides.has(name)) return false;

@@ -157,6 +157,10 @@ class FamilyVariant : public Variant {
 bool fit_tile_to_block(Params& config, const char* name, int64_t block, const Params& overrides,
                        std::initializer_list<int> sizes);
 
+// UnsupportedError unless desc's config has exactly the keys `names` (naming the missing one, or
+// the count it takes).
+void require_keys(const KernelDesc& desc, std::initializer_list<const char*> names);
+
 // Applies `overrides` on `config`: UnsupportedError naming `variant` for unknown names.
 Params apply_overrides(const Variant& variant, Params config, const Params& overrides);
 

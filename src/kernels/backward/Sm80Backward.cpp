@@ -55,19 +55,6 @@ std::optional<std::string> alignment_reason(const InputFacts& facts) {
       facts.alignment_blocker);
 }
 
-void require_keys(const KernelDesc& d, std::initializer_list<const char*> names) {
-  for (const char* name : names) {
-    if (!d.config.has(name)) {
-      throw UnsupportedError(
-          fmt::format("{} needs config '{}' ({})", d.family_variant(), name, d.str()));
-    }
-  }
-  if (d.config.items().size() != names.size()) {
-    throw UnsupportedError(fmt::format("{} takes {} config values; got {}", d.family_variant(),
-                                       names.size(), d.config.str()));
-  }
-}
-
 Params make_config(int block_m, int block_n, int num_warps, int num_stages) {
   return {{"block_m", block_m},
           {"block_n", block_n},

@@ -143,22 +143,9 @@ template <Family F>
 void BackwardSm90Wgmma<F>::validate(const KernelDesc& d) const {
   if (auto r = problem_reason(d)) throw UnsupportedError(*r);
   const std::string fv = d.family_variant();
-  const std::vector<const char*> keys =
-      is_dkdv(F) ? std::vector<const char*>{"block_m", "block_n", "num_stages", "dq_atomic"}
-                 : std::vector<const char*>{"block_m", "block_n", "num_stages"};
-  for (const char* name : keys) {
-    if (!d.config.has(name)) {
-      throw UnsupportedError(fmt::format("{} needs config '{}' ({})", fv, name, d.str()));
-    }
-  }
-  if (d.config.items().size() != keys.size()) {
-    throw UnsupportedError(fmt::format("{} takes {} (its warpgroups follow from the tiles); got {}",
-                                       fv,
-                                       is_dkdv(F) ? "block_m, block_n, num_stages and dq_atomic"
-                                                  : "block_m, block_n and num_stages",
-                                       d.config.str()));
-  }
+  // No num_warps: the warpgroups follow from the tiles.
   if constexpr (is_dkdv(F)) {
+    require_keys(d, {"block_m", "block_n", "dq_atomic", "num_stages"});
     const int64_t a = d.config.at("dq_atomic");
     if (a != 0 && a != 1) {
       throw UnsupportedError(fmt::format("{}: dq_atomic must be 0 or 1, not {}", fv, a));
@@ -169,6 +156,8 @@ void BackwardSm90Wgmma<F>::validate(const KernelDesc& d) const {
           "products' A operand); got block_m = {}",
           fv, d.config.at("block_m")));
     }
+  } else {
+    require_keys(d, {"block_m", "block_n", "num_stages"});
   }
   const Sm90Tiles& t = tiles_of(F);
   if (auto r = not_in(d, "block_m", d.config.at("block_m"), t.block_m)) throw UnsupportedError(*r);
