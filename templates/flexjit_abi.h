@@ -56,6 +56,9 @@ struct FjFwdArgs {
   int batch, heads_q, heads_kv, seqlen_q, seqlen_kv;
   float scale;  // multiplies q·k before score_mod (default 1/sqrt(Dqk))
   struct FjBlockMaskArgs mask;
+  // The persistent sm_90a forward's work counter (4 bytes of the call's workspace, zeroed on the
+  // stream before the launch); null for every other kernel.
+  int* sched_counter;
 };
 
 // The third parameter of the sm_80 forward kernel on a KV cache (chunked prefill; problem flags
@@ -93,24 +96,27 @@ struct alignas(64) FjTmaDesc {
 // q, k and v as 4-D tensors {D, S, H, B} (innermost first) read in boxes of 64 elements
 // (128 bytes) x BLOCK_M (q) or BLOCK_N (k, v) rows with the 128-byte swizzle; rows past the
 // sequence length read as zero. Launch: grid (ceil(ceil(seqlen_q / BLOCK_M) / Q_TILES), heads_q,
-// batch) with Q_TILES query tiles per CTA (1 or 2), block (BLOCK_M / 64 + 1) * 128 threads (one
-// producer warpgroup, one consumer warpgroup per 64 query rows), dynamic shared memory
-// fj_forward_sm90_smem_bytes(...).
+// batch) with Q_TILES query tiles per CTA (1 or 2), or, persistent, grid (G, 1, 1) with G at
+// most the pairs of query tiles (batch * heads_q * ceil(ceil(seqlen_q / BLOCK_M) / 2); the SM
+// count); block (BLOCK_M / 64 + 1) * 128 threads (one producer warpgroup, one consumer
+// warpgroup per 64 query rows), dynamic shared memory fj_forward_sm90_smem_bytes(...).
 struct FjFwdTmaMaps {
   struct FjTmaDesc q, k, v;
 };
 
 // Dynamic shared memory of the sm_90a forward kernel: 1024 bytes of slack to align the tiles
-// to the 128-byte swizzle's 1024-byte atoms, the Q tile (reused for the O tile: the wider head
-// dim), num_stages K and V tiles, then the mbarriers (Q full, Q empty; per stage K full, V full,
-// KV empty). forward_sm90.cuh's FjSm90Traits checks the layout.
+// to the 128-byte swizzle's 1024-byte atoms, q_bufs Q tiles (1, or 2 where a CTA computes
+// several query tiles; each reused for its O tile: the wider head dim), num_stages K and V
+// tiles, then the mbarriers (per Q buffer Q full, Q empty; per stage K full, V full, KV empty)
+// and per Q buffer an 8-byte tile slot. forward_sm90.cuh's FjSm90Traits checks the layout.
 FJ_HOST_DEVICE inline constexpr int fj_forward_sm90_smem_bytes(int block_m, int block_n,
                                                                int head_dim_qk, int head_dim_v,
-                                                               int elem_bytes, int num_stages) {
+                                                               int elem_bytes, int num_stages,
+                                                               int q_bufs = 1) {
   return 1024 +
-         elem_bytes * (block_m * (head_dim_qk > head_dim_v ? head_dim_qk : head_dim_v) +
+         elem_bytes * (q_bufs * block_m * (head_dim_qk > head_dim_v ? head_dim_qk : head_dim_v) +
                        num_stages * block_n * (head_dim_qk + head_dim_v)) +
-         8 * (2 + 3 * num_stages);
+         8 * (3 * q_bufs + 3 * num_stages);
 }
 
 // Arguments of the block-mask builder (templates/block_mask.cuh, whose header documents the

@@ -54,16 +54,27 @@ struct FjSm90Traits {
   static constexpr int kQLoadBytes = kBlockM * kDimQK * kElemBytes;
   static constexpr int kKBytes = kBlockN * kDimQK * kElemBytes;
   static constexpr int kVBytes = kBlockN * kDimV * kElemBytes;
-  static constexpr int kOffK = kQBytes;
+  // Query tiles per CTA (FjConfig::kQTiles): 1, or 2 (m blocks N - 1 - j and j of CTA j); with
+  // kPersistent, pairs of them over every head, as many as the CTA's share (FjWorkItems).
+  static constexpr int kQTiles = Cfg::kQTiles;
+  static constexpr bool kPersistent = Cfg::kPersistent != 0;
+  static constexpr bool kMultiItem = kQTiles == 2 || kPersistent;
+  // Q tile buffers (FjConfig::kQBufs, from the host: 2 where a CTA computes several query tiles
+  // and shared memory holds a second). With 2, query tile k + 1's Q is loaded while tile k
+  // runs, and each tile's O goes out through its own Q buffer; with 1 and several tiles, the next
+  // Q is loaded once the last S = Q K^T is done and O is stored from the registers.
+  static constexpr int kQBufs = Cfg::kQBufs;
+  static constexpr int kOffK = kQBufs * kQBytes;
   static constexpr int kOffV = kOffK + kNumStages * kKBytes;
   static constexpr int kOffBar = kOffV + kNumStages * kVBytes;
-  static constexpr int kOffEnd = kOffBar + 8 * (2 + 3 * kNumStages);
-  // Query tiles per CTA (FjConfig::kQTiles): 1, or 2 (m blocks N - 1 - j and j of CTA j).
-  static constexpr int kQTiles = Cfg::kQTiles;
+  static constexpr int kOffEnd = kOffBar + 8 * (3 * kQBufs + 3 * kNumStages);
   // Register split (65536 per SM, one CTA): the producer keeps few, the consumers take the rest
   // (FlashAttention-3's 24 / 240 with two consumer warpgroups, 32 / 160 with three).
-  static constexpr int kProducerRegs = kConsumers == 2 ? 24 : 32;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  // A persistent producer also carries its tile and claimed pair (40 / 232: at 24 it spilled).
+  // The CTA's 168 x 384 registers at launch are what the split redistributes: 128 (168 - P) =
+  // 128 (C - 168) x kConsumers.
+  static constexpr int kProducerRegs = kConsumers == 2 ? (kPersistent ? 40 : 24) : 32;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? (kPersistent ? 232 : 240) : 160;
 
   static_assert(sizeof(Element) == 2, "flexjit forward_sm90: bf16 or f16 elements");
   static_assert(kConsumers == 2 || kConsumers == 3, "flexjit forward_sm90: kBlockM is 128 or 192");
@@ -73,8 +84,12 @@ struct FjSm90Traits {
                 "flexjit forward_sm90: head dims must be multiples of 64 (v at most 256)");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm90: 1..4 stages");
   static_assert(kQTiles == 1 || kQTiles == 2, "flexjit forward_sm90: 1 or 2 query tiles per CTA");
+  static_assert(!kPersistent || kQTiles == 2,
+                "flexjit forward_sm90: a persistent CTA walks pairs of query tiles (kQTiles 2)");
+  static_assert(kQBufs == 1 || (kQBufs == 2 && kMultiItem),
+                "flexjit forward_sm90: a second Q buffer only where a CTA computes several tiles");
   static_assert(kOffEnd + 1024 == fj_forward_sm90_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV,
-                                                             kElemBytes, kNumStages),
+                                                             kElemBytes, kNumStages, kQBufs),
                 "flexjit forward_sm90: shared-memory layout and fj_forward_sm90_smem_bytes "
                 "disagree");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
@@ -96,7 +111,7 @@ FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& arg
     // Mods only ever see in-range indices (their buffer loads stay in bounds); rows past
     // seqlen_q are computed on a clamped index and never written.
     auto row_index = [&](int hr) {
-      const int q_idx = q_row0 + hr * 8;
+      const int q_idx = fj_here(q_row0) + hr * 8;
       return Cfg::kIsDivisible ? q_idx : fj_imin(q_idx, args.seqlen_q - 1);
     };
     auto element = [&](int hr, int q_idx, int nt, int c, float dl_value) {
@@ -205,22 +220,62 @@ FJ_DEVICE void fj_sm90_softmax(float (&s)[1][T::kNTiles][4], float (&row_max)[1]
   }
 }
 
-// The query tile (m block) that CTA blockIdx.x computes as its item-th of n_items (kQTiles):
-// with one tile per CTA, the heaviest first (causal); with two, CTA j takes m blocks N - 1 - j
-// and j, whose causal KV ranges add up to the same number of tiles for every CTA.
+// The query tiles (b, h, m block) a CTA computes, in order. N = ceil(seqlen_q / kBlockM) tiles
+// per head.
+//   kQTiles 1: m block N - 1 - blockIdx.x of head (blockIdx.z, blockIdx.y), the heaviest first.
+//   kQTiles 2: m blocks N - 1 - j and j (j = blockIdx.x), whose causal KV ranges add up to the
+//     same number of tiles for every CTA.
+//   kPersistent (grid (G, 1, 1), G at most the SM count): the pairs of kQTiles 2 over every head,
+//     pair p of head bh = b * Hq + h being number bh * P + p (P = ceil(N / 2)), handed out in
+//     that order: CTA j starts with pair j, and each CTA's producer takes the next unclaimed one
+//     from the work counter (atomicAdd on args.sched_counter, zeroed before the launch) one pair
+//     ahead of need. So the CTAs running at once work on neighbouring pairs of a few heads (their
+//     K / V stay in L2), a CTA that drew light tiles (a sparse mask's) takes more of them, and no
+//     CTA ends and starts between query tiles: the producer loads the next tile's Q and K / V
+//     while the consumers finish the last one (kQBufs). The producer passes each tile to the
+//     consumers through its Q buffer's tile slot, an async-proxy store (st.async) that the
+//     Q-full barrier counts with the Q tile (-1: no tiles left).
 template <class T>
-struct FjQTiles {
-  int num_m;  // query tiles of a head: ceil(seqlen_q / kBlockM)
-  int j;      // blockIdx.x
-  FJ_DEVICE explicit FjQTiles(int seqlen_q)
-      : num_m((seqlen_q + T::kBlockM - 1) / T::kBlockM), j(blockIdx.x) {}
-  FJ_DEVICE int count() const {
-    if constexpr (T::kQTiles == 1) return 1;
-    return num_m - 1 - j > j ? 2 : 1;
+struct FjWorkItems {
+  int pair;  // without kPersistent: 0 until the CTA's tiles are done
+  int half;  // 0: the pair's first (heavier) tile comes next, 1: its second
+  FJ_DEVICE FjWorkItems() : pair(0), half(0) {}
+  FJ_DEVICE static int num_m(const FjFwdArgs& args) {
+    return (args.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   }
-  FJ_DEVICE int m_block(int item) const {
-    if constexpr (T::kQTiles == 1) return num_m - 1 - j;
-    return item == 0 ? num_m - 1 - j : j;
+  FJ_DEVICE static int num_pairs(const FjFwdArgs& args) {
+    return args.batch * args.heads_q * ((num_m(args) + 1) / 2);
+  }
+  // Tile `code` (pair * 2 + half) as b, h, m_block.
+  FJ_DEVICE static void decode(const FjFwdArgs& args, int code, int& b, int& h, int& m_block) {
+    const int n = num_m(args), per_head = (n + 1) / 2;
+    const int pair = code >> 1, bh = pair / per_head, p = pair - bh * per_head;
+    b = bh / args.heads_q;
+    h = bh - b * args.heads_q;
+    m_block = (code & 1) ? p : n - 1 - p;
+  }
+  // The tile after `code` in its pair, or -1 when the pair has no second (the middle tile of an
+  // odd N, or the second already).
+  FJ_DEVICE static int second(const FjFwdArgs& args, int code) {
+    const int n = num_m(args);
+    return (code & 1) == 0 && 2 * ((code >> 1) % ((n + 1) / 2)) + 1 != n ? code + 1 : -1;
+  }
+  // Without kPersistent: the next query tile into b, h, m_block; false when there is none left.
+  FJ_DEVICE bool next(const FjFwdArgs& args, int& b, int& h, int& m_block) {
+    if (pair != 0) return false;
+    const int n = num_m(args);
+    b = blockIdx.z;
+    h = blockIdx.y;
+    const int j = blockIdx.x;
+    if (T::kQTiles == 1 || half == 0) {
+      m_block = n - 1 - j;
+      if (T::kQTiles == 1 || n - 1 - j <= j) pair = 1;  // no second tile
+      half = 1;
+    } else {
+      m_block = j;
+      pair = 1;
+    }
+    return true;
   }
 };
 
@@ -235,25 +290,28 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   const fj_u32 sq = smem_base;
   const fj_u32 sk = smem_base + T::kOffK;
   const fj_u32 sv = smem_base + T::kOffV;
-  // Q full at bar_q, Q empty (every consumer warp is done with the Q tile) at bar_qe; per stage
-  // s: K full at bar_k + 8s, V full at bar_v + 8s, KV empty at bar_e + 8s.
+  // Per Q buffer u: Q full at bar_q + 8u, Q empty (every consumer warp is done with it) at
+  // bar_qe + 8u; per stage s: K full at bar_k + 8s, V full at bar_v + 8s, KV empty at bar_e + 8s;
+  // then per Q buffer the tile slot (kPersistent: its tile, FjWorkItems::decode's code).
   const fj_u32 bar_q = smem_base + T::kOffBar;
-  const fj_u32 bar_qe = bar_q + 8;
-  const fj_u32 bar_k = bar_qe + 8;
+  const fj_u32 bar_qe = bar_q + 8 * T::kQBufs;
+  const fj_u32 bar_k = bar_qe + 8 * T::kQBufs;
   const fj_u32 bar_v = bar_k + 8 * T::kNumStages;
   const fj_u32 bar_e = bar_v + 8 * T::kNumStages;
+  const fj_u32 tile_slot = smem_base + T::kOffBar + 8 * (2 * T::kQBufs + 3 * T::kNumStages);
+  // The Q buffer of a CTA's item-th query tile, and how many tiles used it before.
+  auto q_buf = [](int item) { return T::kQBufs == 2 ? (item & 1) : 0; };
+  auto q_uses = [](int item) { return T::kQBufs == 2 ? item / 2 : item; };
 
-  const FjQTiles<T> qtiles(args.seqlen_q);
-  const int n_items = qtiles.count();
-  const int h = blockIdx.y;
-  const int b = blockIdx.z;
   const int tid = threadIdx.x;
   const int wg = tid / 128;
-  const int h_kv = h / Cfg::kGqaRatio;
 
   if (tid == 0) {
-    fj_mbar_init(bar_q, 1);
-    fj_mbar_init(bar_qe, 4 * T::kConsumers);  // lane 0 of every consumer warp
+#pragma unroll
+    for (int u = 0; u < T::kQBufs; ++u) {
+      fj_mbar_init(bar_q + 8 * u, 1);
+      fj_mbar_init(bar_qe + 8 * u, 4 * T::kConsumers);  // lane 0 of every consumer warp
+    }
 #pragma unroll
     for (int s = 0; s < T::kNumStages; ++s) {
       fj_mbar_init(bar_k + 8 * s, 1);
@@ -272,15 +330,46 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       fj_tma_prefetch_desc(&maps.k);
       fj_tma_prefetch_desc(&maps.v);
       int g = 0;  // KV tiles loaded so far, over every query tile: the ring position
-      for (int item = 0; item < n_items; ++item) {
-        const int m_block = qtiles.m_block(item);
+      FjWorkItems<T> items;
+      int b, h, m_block;
+      // kPersistent: the tile (pair * 2 + half) and the pair claimed for after this one.
+      int code = 2 * (int)blockIdx.x, next_pair = 0;
+      for (int item = 0;; ++item) {
+        if constexpr (T::kPersistent) {
+          const int u = q_buf(item);
+          if ((code >> 1) >= FjWorkItems<T>::num_pairs(args)) {
+            // No tiles left: the consumers wake on the Q-full barrier and read -1.
+            if (q_uses(item) > 0) fj_mbar_wait(bar_qe + 8 * u, (q_uses(item) - 1) & 1);
+            fj_mbar_arrive_expect_tx(bar_q + 8 * u, 4);
+            fj_st_async_b32(tile_slot + 8 * u, -1, bar_q + 8 * u);
+            break;
+          }
+          if ((code & 1) == 0) {
+            // Claim the pair after this one now: the atomic's latency passes under this pair.
+            next_pair = (int)gridDim.x + atomicAdd(args.sched_counter, 1);
+          }
+          FjWorkItems<T>::decode(args, code, b, h, m_block);
+        } else {
+          if (!items.next(args, b, h, m_block)) break;
+        }
+        const int h_kv = h / Cfg::kGqaRatio;
         const FjKvSchedule sched = fj_block_schedule<T::kBlockM, T::kBlockN, Cfg::kHasFullBlocks>(
             args.mask, args.seqlen_kv, b, h, m_block);
-        // The next Q tile once the consumers' last S = Q K^T of the previous one is done: it
-        // arrives while they finish that tile's P V and epilogue.
-        if (item > 0) fj_mbar_wait(bar_qe, (item - 1) & 1);
-        fj_mbar_arrive_expect_tx(bar_q, T::kQLoadBytes);
-        fj_tma_load_tile<T::kDimQK, T::kBlockM>(sq, &maps.q, m_block * T::kBlockM, h, b, bar_q);
+        // Q into its buffer once the tile that used it before is done with it: with two buffers,
+        // tile item - 2 after its epilogue (long before); with one, the previous tile after its
+        // last S = Q K^T, so that Q arrives while the consumers finish that tile's P V and
+        // epilogue. Then the first K / V tile goes first (its stage frees before that last S).
+        const int u = q_buf(item);
+        auto load_q = [&] {
+          if (q_uses(item) > 0) fj_mbar_wait(bar_qe + 8 * u, (q_uses(item) - 1) & 1);
+          fj_mbar_arrive_expect_tx(bar_q + 8 * u, T::kQLoadBytes + (T::kPersistent ? 4 : 0));
+          // The tile goes with its Q: an async-proxy store counted on the same barrier.
+          if constexpr (T::kPersistent) fj_st_async_b32(tile_slot + 8 * u, code, bar_q + 8 * u);
+          fj_tma_load_tile<T::kDimQK, T::kBlockM>(sq + u * T::kQBytes, &maps.q,
+                                                  m_block * T::kBlockM, h, b, bar_q + 8 * u);
+        };
+        const bool q_first = T::kQBufs == 2 || item == 0 || sched.num_total == 0;
+        if (q_first) load_q();
         int next_tile = sched.num_total > 0 ? sched.tile(0) : 0;
         for (int i = 0; i < sched.num_total; ++i, ++g) {
           const int tile = next_tile;
@@ -296,6 +385,11 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
           fj_mbar_arrive_expect_tx(bar_v + 8 * stage, T::kVBytes);
           fj_tma_load_tile<T::kDimV, T::kBlockN>(sv + stage * T::kVBytes, &maps.v, n_start, h_kv, b,
                                                  bar_v + 8 * stage);
+          if (!q_first && i == 0) load_q();
+        }
+        if constexpr (T::kPersistent) {
+          const int second = FjWorkItems<T>::second(args, code);
+          code = second >= 0 ? second : 2 * next_pair;
         }
       }
     }
@@ -308,23 +402,19 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   const int wtid = tid % 128;
   const int warp = wtid / 32;
   const int lane = tid % 32;
-  const fj_u32 sq_wg = sq + cw * 64 * 128;
+  fj_u32 sq_wg = sq + cw * 64 * 128;  // this warpgroup's Q rows (of the current Q buffer)
 
   float o[1][T::kDTiles][4];
   float row_max[1][2];
   float row_sum[1][2];
 
-  // Ping-pong: warpgroup c may issue wgmma after a bar.sync on kSchedBar + c, and hands the turn
-  // to the other with a bar.arrive on its barrier (256 threads: 128 syncing, 128 arriving). One
-  // turn per tile, over every query tile of the CTA; warpgroup 0 goes first (warpgroup 1's
-  // arrival below), and consumes warpgroup 1's last hand-over at the end, so that no arrival is
-  // left pending when the CTA exits.
-  constexpr int kSchedBar = 3;  // 1, 2: the epilogue's per-warpgroup barriers
-  constexpr bool kPingPong = T::kConsumers == 2;
+  // Turns (FjTurns, wgmma_sm90.cuh): ping-pong with two consumer warpgroups, a rotation with
+  // three; one turn per tile, over every query tile of the CTA.
+  const FjTurns<T::kConsumers, 1 + T::kConsumers> turns{cw};  // 1..kConsumers: the epilogue's
   // Intra-warpgroup overlap: S of tile i and P V of tile i - 1 issued in one turn (S of tile i,
   // P of tile i - 1 and O live at once: too many registers with d_v = 256).
   constexpr bool kOverlap = T::kDimV <= 128;
-  if (kPingPong && cw == 1) fj_bar_arrive(kSchedBar, 256);
+  turns.start();
 
   fj_u32 pa[T::kBlockN / 16][4];  // P of the previous tile, the A operand of its P V
   float s[1][T::kNTiles][4];
@@ -335,7 +425,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   // every tile from an address the compiler cannot hoist (one add per k16 step: a descriptor's
   // low bits are address >> 4). relative_bias_causal still spilled then (the 64 bias loads of a
   // tile in flight: d 128 80 B, d 64 20 B), until its bias was read once per diagonal (kDl).
-  constexpr bool kRebuildQDesc = Cfg::kHasScoreMod;
+  constexpr bool kRebuildQDesc = Cfg::kHasScoreMod || Cfg::kHasMaskMod;
   auto issue_qk = [&](int stage) {
     const fj_u32 sk_stage = sk + stage * T::kKBytes;
     fj_u32 q_base = sq_wg;
@@ -381,22 +471,35 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     __syncwarp();
     if (lane == 0) fj_mbar_arrive(bar_e + 8 * stage);
   };
-  // This warp is done with the Q tile (its last S = Q K^T has completed).
+  // This warp is done with the Q tile (its last S = Q K^T has completed): with one Q buffer,
+  // the producer may load the next tile's Q (with two, the epilogue releases the buffer).
+  int q_item = 0;  // the CTA's query tile being computed
   auto release_q = [&] {
-    __syncwarp();
-    if (lane == 0) fj_mbar_arrive(bar_qe);
+    if constexpr (T::kQBufs == 1) {
+      __syncwarp();
+      if (lane == 0) fj_mbar_arrive(bar_qe);
+    }
   };
-  auto turn_begin = [&] {
-    if (kPingPong) fj_bar_sync(kSchedBar + cw, 256);
-  };
-  auto turn_end = [&] {
-    if (kPingPong) fj_bar_arrive(kSchedBar + (cw ^ 1), 256);
-  };
+  auto turn_begin = [&] { turns.begin(); };
+  auto turn_end = [&] { turns.end(); };
 
   int g = 0;  // KV tiles consumed so far, over every query tile: the ring position
-  for (int item = 0; item < n_items; ++item) {
-    const int m_block = qtiles.m_block(item);
+  FjWorkItems<T> items;
+  int b, h, m_block;
+  for (;; ++q_item) {
+    const int u = q_buf(q_item);
+    if constexpr (T::kPersistent) {
+      // The producer's tile for this Q buffer (stored with its Q, on the same barrier).
+      fj_mbar_wait(bar_q + 8 * u, q_uses(q_item) & 1);
+      const int code = fj_lds_b32(tile_slot + 8 * u);
+      if (code < 0) break;
+      FjWorkItems<T>::decode(args, code, b, h, m_block);
+    } else {
+      if (!items.next(args, b, h, m_block)) break;
+    }
     const int m_start = m_block * T::kBlockM;
+    const fj_u32 sq_item = sq + u * T::kQBytes;
+    sq_wg = sq_item + cw * 64 * 128;
     const FjKvSchedule sched = fj_block_schedule<T::kBlockM, T::kBlockN, Cfg::kHasFullBlocks>(
         args.mask, args.seqlen_kv, b, h, m_block);
     const int q_row0 = m_start + cw * 64 + warp * 16 + (lane >> 2);
@@ -442,7 +545,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     };
 
     const int num_total = sched.num_total;
-    fj_mbar_wait(bar_q, item & 1);
+    if constexpr (!T::kPersistent) fj_mbar_wait(bar_q + 8 * u, q_uses(q_item) & 1);
     if (num_total == 0) {
       release_q();
     } else if constexpr (kOverlap) {
@@ -534,29 +637,37 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
 
     // ---- epilogue: normalize, LSE, O ----
     constexpr float kLn2 = 0.6931471805599453f;
-    if constexpr (T::kQTiles == 1) fj_fence_proxy_async();  // Q rows last read by wgmma
+    // O goes out through this tile's Q buffer (16-byte stores) unless a single buffer already
+    // holds the next tile's Q.
+    constexpr bool kStaged = T::kQBufs == 2 || !T::kMultiItem;
+    if constexpr (kStaged) fj_fence_proxy_async();  // Q rows last read by wgmma
+    // The epilogue's rows from the thread index read here: kept across the tile loop, they were
+    // the last spills of the document masks at d 128 (the loop needs every register).
+    const int etid = fj_tid_here() % 128;
+    const int ecw = fj_tid_here() / 128 - 1;
+    const int wg_row0 = m_start + ecw * 64;  // this warpgroup's first query row
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       float sum = row_sum[0][hr];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;  // fully masked row: 0, LSE -inf
-      const int row = q_row0 + hr * 8;
-      if (args.lse != nullptr && (lane & 3) == 0 && row < args.seqlen_q) {
+      const int row = wg_row0 + (etid / 32) * 16 + (etid % 32) / 4 + hr * 8;
+      if (args.lse != nullptr && (etid & 3) == 0 && row < args.seqlen_q) {
         const float lse = sum == 0.0f ? fj_neg_inf() : row_max[0][hr] * kLn2 + logf(sum);
         args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + row] = lse;
       }
-      if constexpr (T::kQTiles == 1) {
+      if constexpr (kStaged) {
         // Through shared memory (this warpgroup's Q rows), 16-byte stores below.
-        fj_sw128_store_acc_half<typename T::Element, T::kBlockM>(sq, cw * 64 + warp * 16, lane,
-                                                                 o[0], hr, inv);
+        fj_sw128_store_acc_half<typename T::Element, T::kBlockM>(
+            sq_item, ecw * 64 + (etid / 32) * 16, etid % 32, o[0], hr, inv);
       } else {
         // Straight from the registers: the Q tile is already the next query tile's.
         if (row < args.seqlen_q) {
           unsigned char* out_row =
               static_cast<unsigned char*>(args.out) +
               T::kElemBytes * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
-                               (fj_i64)row * args.o_stride_s + (lane & 3) * 2);
+                               (fj_i64)row * args.o_stride_s + (etid & 3) * 2);
 #pragma unroll
           for (int dt = 0; dt < T::kDTiles; ++dt)
             T::Mma::store2(out_row + T::kElemBytes * dt * 8, o[0][dt][hr * 2] * inv,
@@ -564,16 +675,23 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         }
       }
     }
-    if constexpr (T::kQTiles == 1) {
-      fj_bar_sync(1 + cw, 128);
+    if constexpr (kStaged) {
+      fj_bar_sync(1 + ecw, 128);
       char* out_tile = static_cast<char*>(args.out) +
                        T::kElemBytes * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
-                                        (fj_i64)(m_start + cw * 64) * args.o_stride_s);
-      fj_sw128_copy_out64<T::kDimV, T::kBlockM>(out_tile, args.o_stride_s, sq, cw * 64,
-                                                m_start + cw * 64, args.seqlen_q, wtid);
+                                        (fj_i64)wg_row0 * args.o_stride_s);
+      fj_sw128_copy_out64<T::kDimV, T::kBlockM>(out_tile, args.o_stride_s, sq_item, ecw * 64,
+                                                wg_row0, args.seqlen_q, etid);
+      if constexpr (T::kQBufs == 2) {
+        // The buffer's next Q (tile q_item + 2) is a TMA write: order this warp's generic
+        // accesses to it before that, then release it.
+        fj_fence_proxy_async();
+        __syncwarp();
+        if ((etid & 31) == 0) fj_mbar_arrive(bar_qe + 8 * u);
+      }
     }
   }
-  if (kPingPong && cw == 0) fj_bar_sync(kSchedBar, 256);  // warpgroup 1's last hand-over
+  turns.finish();  // the last warpgroup's last hand-over
 }
 
 #endif  // FLEXJIT_FORWARD_SM90_CUH_

@@ -34,6 +34,20 @@ FJ_DEVICE void fj_mbar_arrive_expect_tx(fj_u32 bar, fj_u32 bytes) {
 FJ_DEVICE void fj_mbar_arrive(fj_u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// A 4-byte store to this CTA's shared memory through the async proxy, counted as 4 transaction
+// bytes on mbarrier `bar` (like a TMA load's): a value handed to the threads that wait on `bar`
+// together with the data it describes.
+FJ_DEVICE void fj_st_async_b32(fj_u32 addr, int value, fj_u32 bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr),
+      "r"(value), "r"(bar)
+      : "memory");
+}
+FJ_DEVICE int fj_lds_b32(fj_u32 addr) {
+  int v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 // Waits until the phase of parity `parity` has completed (acquire: what the arriving threads
 // wrote before arriving, and the transactions, are visible after it).
 FJ_DEVICE void fj_mbar_wait(fj_u32 bar, int parity) {
@@ -202,6 +216,22 @@ FJ_DEVICE void fj_sw128_copy_out64(char* gmem, fj_i64 stride_elems, fj_u32 tile,
   }
 }
 
+// x, as a value the compiler must take from here: what is computed from it is computed here, not
+// hoisted out of the loop this sits in nor kept live across it. For cheap values (a row index,
+// a shared-memory address) that ptxas would otherwise keep in a register for the whole tile loop
+// and spill when the consumers' registers run out.
+FJ_DEVICE int fj_here(int x) {
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+  return x;
+}
+
+// threadIdx.x read here (an S2R), not a register kept from the kernel's start.
+FJ_DEVICE int fj_tid_here() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return t;
+}
+
 // ---- warpgroups ---------------------------------------------------------------------------
 // Register reallocation between warpgroups (every thread of the warpgroup executes it).
 template <int kRegs>
@@ -219,6 +249,57 @@ FJ_DEVICE void fj_bar_sync(int id, int threads) {
 FJ_DEVICE void fj_bar_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// The same with the barrier id an immediate: no register holds it across a loop (a computed
+// id kept live over the forward's tile loop was its last spill at d 128).
+template <int kId, int kThreads>
+FJ_DEVICE void fj_bar_sync_n() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+template <int kId, int kThreads>
+FJ_DEVICE void fj_bar_arrive_n() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
+// Turns between kConsumers (2 or 3) consumer warpgroups that issue wgmma (FlashAttention-3's
+// warp scheduler barriers): warpgroup c issues only inside a turn, taken with a bar.sync on
+// kBar + c and handed to warpgroup (c + 1) mod kConsumers right after the issue with a
+// bar.arrive on that one's barrier (256 threads: 128 syncing, 128 arriving). So the tensor
+// cores take the warpgroups' GEMMs in a fixed rotation (ping-pong with two) and one's softmax
+// or element step runs under the others' GEMMs. Warpgroup 0 takes the first turn (start: the
+// last warpgroup's arrival); warpgroup 0 absorbs the last hand-over (finish), so no arrival is
+// left pending at exit. Every warpgroup must take the same number of turns. The ids are
+// immediates (one branch per turn on the warp-uniform cw).
+template <int kConsumers, int kBar>
+struct FjTurns {
+  static_assert(kConsumers == 2 || kConsumers == 3, "flexjit: turns between 2 or 3 warpgroups");
+  static_assert(kBar >= 1 && kBar + kConsumers <= 16, "flexjit: named barrier ids 1..15");
+  int cw;
+  FJ_DEVICE void start() const {
+    if (cw == kConsumers - 1) fj_bar_arrive_n<kBar, 256>();
+  }
+  FJ_DEVICE void begin() const {
+    if (cw == 0) {
+      fj_bar_sync_n<kBar, 256>();
+    } else if (kConsumers == 2 || cw == 1) {
+      fj_bar_sync_n<kBar + 1, 256>();
+    } else {
+      fj_bar_sync_n<kBar + (kConsumers - 1), 256>();
+    }
+  }
+  FJ_DEVICE void end() const {
+    if (cw == kConsumers - 1) {
+      fj_bar_arrive_n<kBar, 256>();
+    } else if (cw == 0) {
+      fj_bar_arrive_n<kBar + 1, 256>();
+    } else {
+      fj_bar_arrive_n<kBar + (kConsumers - 1), 256>();
+    }
+  }
+  FJ_DEVICE void finish() const {
+    if (cw == 0) fj_bar_sync_n<kBar, 256>();
+  }
+};
+
 // Orders this thread's generic-proxy shared-memory accesses with the async proxy (TMA, wgmma).
 FJ_DEVICE void fj_fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

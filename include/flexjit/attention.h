@@ -47,6 +47,10 @@ struct BlockConfig {
   // forward/sm90a_wgmma only (docs/kernels/forward_sm90.md): query tiles per CTA, 1 or 2 (m
   // blocks N - 1 - j and j; the second's loads overlap the first's last tile and epilogue).
   int q_tiles = 0;
+  // forward/sm90a_wgmma only: 1 = persistent CTAs (about one per SM, each walking pairs of query
+  // tiles over every head, the next tile's loads under the last one's end; implies q_tiles 2),
+  // -1 = one CTA per query tile (or pair), 0 = the default.
+  int persistent = 0;
 };
 
 // Device scratch memory for calls whose kernels need it (several kernels in one call, or a

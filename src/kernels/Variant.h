@@ -86,6 +86,10 @@ struct Launch {
   // previous one on the stream is still running, and executes griddepcontrol.wait before it
   // reads anything that kernel wrote.
   bool programmatic = false;
+  // Bytes of the step's workspace set to zero on the stream right before the kernel (a counter
+  // the kernel's CTAs take work from: the persistent forward's); none when zero_bytes is 0.
+  void* zero_first = nullptr;
+  size_t zero_bytes = 0;
 };
 
 class Variant {

@@ -333,6 +333,7 @@ kernels::ForwardInputs forward_inputs(const kernels::DecodeInputs& d, const KvCa
   f.page_table_stride_b = d.page_table_stride_b;
   f.page_size = d.page_size;
   f.seq_lens = d.seq_lens;
+  f.sm_count = d.sm_count;
   return f;
 }
 

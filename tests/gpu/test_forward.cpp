@@ -297,14 +297,19 @@ TEST_CASE("forward: sm90a_wgmma's non-default configs match the reference", "[gp
   struct Cfg {
     int block_m, block_n, num_stages, dqk, dv;
     int q_tiles = 1;
+    int persistent = -1;
   };
   // q_tiles 2: pairs of query tiles per CTA (an odd count of them leaves one CTA a single tile),
-  // with and without the intra-warpgroup overlap (d_v 256), with three consumers.
+  // with and without the intra-warpgroup overlap (d_v 256), with three consumers. persistent:
+  // more pairs than SMs (each CTA walks several, over heads and batches), two Q buffers (d 64)
+  // and one (d 128 at 3 stages, d 256).
   const std::vector<Cfg> configs = {
-      {192, 128, 4, 64, 64},      {192, 128, 2, 64, 64},     {192, 64, 4, 64, 64},
-      {128, 192, 4, 64, 64},      {128, 176, 4, 64, 64},     {192, 128, 3, 128, 64},
-      {128, 192, 2, 128, 64},     {128, 128, 3, 64, 64},     {128, 128, 4, 64, 64, 2},
-      {128, 128, 2, 128, 128, 2}, {128, 64, 2, 256, 256, 2}, {192, 128, 4, 64, 64, 2}};
+      {192, 128, 4, 64, 64},       {192, 128, 2, 64, 64},         {192, 64, 4, 64, 64},
+      {128, 192, 4, 64, 64},       {128, 176, 4, 64, 64},         {192, 128, 3, 128, 64},
+      {128, 192, 2, 128, 64},      {128, 128, 3, 64, 64},         {128, 128, 4, 64, 64, 2},
+      {128, 128, 2, 128, 128, 2},  {128, 64, 2, 256, 256, 2},     {192, 128, 4, 64, 64, 2},
+      {128, 128, 4, 64, 64, 2, 1}, {128, 128, 3, 128, 128, 2, 1}, {128, 64, 2, 256, 256, 2, 1},
+      {192, 128, 4, 64, 64, 2, 1}};
   const std::vector<std::string> mods = {
       "noop",           "causal",          "alibi_causal",
       "softcap_causal", "document_causal", "relative_bias_causal"};
@@ -312,9 +317,16 @@ TEST_CASE("forward: sm90a_wgmma's non-default configs match the reference", "[gp
     for (size_t m = 0; m < mods.size(); ++m) {
       Case c;
       const bool big = m % 2 == 0;
-      c.shape = big              ? make_shape(1, 4, 2, 1000, 777, k.dqk, k.dv)
-                : k.q_tiles == 2 ? make_shape(2, 3, 1, 333, 200, k.dqk, k.dv)
-                                 : make_shape(2, 3, 1, 200, 333, k.dqk, k.dv);
+      if (k.persistent == 1) {
+        // 576 / 384 pairs of query tiles (8 and 3 per head, the odd one alone): every CTA of a
+        // GPU with up to 132 SMs walks several, over heads and batches.
+        c.shape = big ? make_shape(2, 72, 8, 1000, 777, k.dqk, k.dv)
+                      : make_shape(3, 64, 4, 333, 200, k.dqk, k.dv);
+      } else {
+        c.shape = big              ? make_shape(1, 4, 2, 1000, 777, k.dqk, k.dv)
+                  : k.q_tiles == 2 ? make_shape(2, 3, 1, 333, 200, k.dqk, k.dv)
+                                   : make_shape(2, 3, 1, 200, 333, k.dqk, k.dv);
+      }
       c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
       c.mods = standard_mods(mods[m]);
       if (m == 1) c.scale = -0.1f;  // the folded softmax takes only a positive scale
@@ -322,8 +334,10 @@ TEST_CASE("forward: sm90a_wgmma's non-default configs match the reference", "[gp
       c.config.block_n = k.block_n;
       c.config.num_stages = k.num_stages;
       c.config.q_tiles = k.q_tiles;
-      c.label = fmt::format("{}x{} {} stages {} q tiles d {}/{} {}", k.block_m, k.block_n,
-                            k.num_stages, k.q_tiles, k.dqk, k.dv, mods[m]);
+      c.config.persistent = k.persistent;
+      c.label =
+          fmt::format("{}x{} {} stages {} q tiles{} d {}/{} {}", k.block_m, k.block_n, k.num_stages,
+                      k.q_tiles, k.persistent == 1 ? " persistent" : "", k.dqk, k.dv, mods[m]);
       bind_standard(c, rng);
       check_case(*ctx, c, rng, seed);
     }

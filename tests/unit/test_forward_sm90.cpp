@@ -101,13 +101,32 @@ TEST_CASE("sm90a_wgmma configs: defaults, the space, and precise refusals", "[sm
   CHECK_THROWS_WITH(sm90_desc(DType::BF16, 64, 64, {{"q_tiles", 3}}),
                     Catch::Contains("q_tiles = 3") && Catch::Contains("1, 2"));
   CHECK(sm90_desc(DType::BF16, 64, 64, {{"q_tiles", 2}}).config.at("q_tiles") == 2);
-  // The layout formula: 1024 bytes of alignment slack, Q (the wider head dim), the stages,
-  // and 2 + 3 * stages mbarriers.
+  // Persistent CTAs walk pairs of query tiles: asked for alone, q_tiles 2 comes with it; with
+  // q_tiles 1 it is refused; q_tiles 1 alone turns it off.
+  const KernelDesc pd = sm90_desc(DType::BF16, 64, 64, {{"persistent", 1}});
+  CHECK(pd.config.at("persistent") == 1);
+  CHECK(pd.config.at("q_tiles") == 2);
+  CHECK_THROWS_WITH(sm90_desc(DType::BF16, 64, 64, {{"persistent", 1}, {"q_tiles", 1}}),
+                    Catch::Contains("persistent = 1") && Catch::Contains("q_tiles = 2"));
+  CHECK_THROWS_WITH(sm90_desc(DType::BF16, 64, 64, {{"persistent", 2}}),
+                    Catch::Contains("persistent = 2") && Catch::Contains("0, 1"));
+  CHECK(sm90_desc(DType::BF16, 64, 64, {{"q_tiles", 1}}).config.at("persistent") == 0);
+  // The layout formula: 1024 bytes of alignment slack, the Q buffers (the wider head dim), the
+  // stages, and per Q buffer 3 and per stage 3 mbarriers / slots of 8 bytes.
   CHECK(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 2) ==
-        1024 + 2 * (128 * 128 + 2 * 128 * 256) + 8 * 8);
+        1024 + 2 * (128 * 128 + 2 * 128 * 256) + 8 * 9);
+  CHECK(fj_forward_sm90_smem_bytes(128, 128, 64, 64, 2, 4, 2) ==
+        1024 + 2 * (2 * 128 * 64 + 4 * 128 * 128) + 8 * 18);
   const KernelDesc d = sm90_desc(DType::BF16, 128, 128);
   CHECK(v.smem_bytes(d) ==
         static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 3)));
+  // Two Q buffers where a CTA computes several query tiles and they fit (d 64, 4 stages), one
+  // where they do not (d 128, 3 stages: 2 would need 262 KB).
+  CHECK(v.smem_bytes(pd) ==
+        static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 64, 64, 2, 4, 2)));
+  const KernelDesc pd128 = sm90_desc(DType::BF16, 128, 128, {{"persistent", 1}});
+  CHECK(v.smem_bytes(pd128) ==
+        static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 3, 1)));
 }
 
 TEST_CASE("wgmma wrappers: one overload per N with N / 2 accumulators", "[sm90][codegen]") {

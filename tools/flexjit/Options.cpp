@@ -57,6 +57,11 @@ void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
   app.add_option("--q-tiles", o.q_tiles,
                  "forward/sm90a_wgmma: query tiles per CTA, 1 or 2 (default: the variant's table)")
       ->check(CLI::Range(1, 2));
+  app.add_option("--persistent", o.persistent,
+                 "forward/sm90a_wgmma: 1 = persistent CTAs, about one per SM, walking pairs of "
+                 "query tiles (implies --q-tiles 2); 0 = one CTA per query tile or pair "
+                 "(default: the variant's table)")
+      ->check(CLI::Range(0, 1));
   app.add_flag("--divisible", o.divisible,
                "Assume Sq and Skv are multiples of the block sizes (skips bounds checks)");
   app.add_flag("--no-full-blocks", o.no_full_blocks,
@@ -132,7 +137,15 @@ KernelQuery make_query(const KernelOptions& o) {
   q.head_dim_qk = o.head_dim;
   q.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim;
   q.gqa_ratio = o.gqa;
-  q.config = {o.block_m, o.block_n, o.warps, o.stages, o.splits, o.q_tiles};
+  q.config = {o.block_m,
+              o.block_n,
+              o.warps,
+              o.stages,
+              o.splits,
+              o.q_tiles,
+              o.persistent == 1   ? 1
+              : o.persistent == 0 ? -1
+                                  : 0};
   q.seqlen_q = o.queries;
   q.page_size = o.page_size;
   q.block_size = o.block_size;

@@ -33,6 +33,7 @@ struct KernelOptions {
   int page_size = 0;           // --kernel decode_split: 0 contiguous K / V, else the page size
   int splits = 0;              // --kernel decode_split: 0 = from the SM count and the KV length
   int q_tiles = 0;             // forward/sm90a_wgmma: query tiles per CTA (0: the default)
+  int persistent = -1;         // forward/sm90a_wgmma: 1 persistent CTAs, 0 not (-1: the default)
   std::string math = "auto";   // --math: auto | exact | approx (docs/math.md)
 };
 

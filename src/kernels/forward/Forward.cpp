@@ -66,6 +66,11 @@ Params config_overrides(const BlockConfig& c) {
     if (v < 0) throw UnsupportedError(fmt::format("{} must not be negative ({})", name, v));
     if (v > 0) p.set(name, v);
   }
+  if (c.persistent < -1 || c.persistent > 1) {
+    throw UnsupportedError(fmt::format(
+        "persistent must be 1 (on), -1 (off) or 0 (the default), not {}", c.persistent));
+  }
+  if (c.persistent != 0) p.set("persistent", c.persistent == 1 ? 1 : 0);
   return p;
 }
 

@@ -41,6 +41,8 @@ struct ForwardInputs {
   int64_t page_table_stride_b = 0;
   int page_size = 0;
   const int* seq_lens = nullptr;
+  // The device's SM count (0: unknown): persistent kernels launch about one CTA per SM.
+  int sm_count = 0;
 };
 
 using ForwardVariant = FamilyVariant<Family::Forward, ForwardInputs>;

@@ -29,6 +29,9 @@ constexpr std::initializer_list<int> kStages = {2, 3, 4};
 // Query tiles per CTA: 2 pairs m blocks N - 1 - j and j (equal causal work per CTA) and loads
 // the second's Q and first K / V tiles while the consumers finish the first.
 constexpr std::initializer_list<int> kQTiles = {1, 2};
+// Persistent CTAs (about one per SM) walking pairs of query tiles over every head (q_tiles 2),
+// the next tile's loads under the last one's end (forward_sm90.cuh, FjWorkItems).
+constexpr std::initializer_list<int> kPersistent = {0, 1};
 
 // A KV cache (chunked prefill: the page_size / seq_lens flags, kernels/forward/Forward.h) is
 // forward/sm80_mma's: TMA boxes tile a [B, H, S, D] tensor, not pages through a table.
@@ -54,20 +57,38 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
   return wgmma_problem_reason(p, {64, 128, 256});
 }
 
-int sm90_smem(const KernelDesc& d) {
-  return fj_forward_sm90_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
-                                    d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
-                                    d.config.at_int("num_stages"));
-}
-
-Params make_config(int block_m, int block_n, int num_stages, int q_tiles) {
-  return {
-      {"block_m", block_m}, {"block_n", block_n}, {"num_stages", num_stages}, {"q_tiles", q_tiles}};
-}
-
-// q_tiles may be absent (configs written before it existed): one query tile per CTA.
+// q_tiles and persistent may be absent (configs written before they existed): one query tile
+// per CTA, one CTA per query tile.
 int q_tiles_of(const KernelDesc& d) {
   return static_cast<int>(d.config.get("q_tiles").value_or(1));
+}
+int persistent_of(const KernelDesc& d) {
+  return static_cast<int>(d.config.get("persistent").value_or(0));
+}
+
+int sm90_smem(const KernelDesc& d, int q_bufs) {
+  return fj_forward_sm90_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
+                                    d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
+                                    d.config.at_int("num_stages"), q_bufs);
+}
+
+// Q buffers: two where a CTA computes several query tiles and shared memory holds them (the next
+// tile's Q loads during the last one), else one.
+int q_bufs_of(const KernelDesc& d) {
+  const bool several = q_tiles_of(d) == 2 || persistent_of(d) == 1;
+  return several && sm90_smem(d, 2) <= cuda::max_smem_per_block(d.arch) ? 2 : 1;
+}
+
+int sm90_smem(const KernelDesc& d) {
+  return sm90_smem(d, q_bufs_of(d));
+}
+
+Params make_config(int block_m, int block_n, int num_stages, int q_tiles, int persistent) {
+  return {{"block_m", block_m},
+          {"block_n", block_n},
+          {"num_stages", num_stages},
+          {"q_tiles", q_tiles},
+          {"persistent", persistent}};
 }
 
 }  // namespace
@@ -135,10 +156,11 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
           fmt::format("forward/sm90a_wgmma needs config '{}' ({})", name, d.str()));
     }
   }
-  if (d.config.items().size() != (d.config.has("q_tiles") ? 4u : 3u)) {
+  if (d.config.items().size() !=
+      3u + (d.config.has("q_tiles") ? 1u : 0u) + (d.config.has("persistent") ? 1u : 0u)) {
     throw UnsupportedError(fmt::format(
-        "forward/sm90a_wgmma takes block_m, block_n, num_stages and q_tiles (its warpgroups "
-        "follow from block_m); got {}",
+        "forward/sm90a_wgmma takes block_m, block_n, num_stages, q_tiles and persistent (its "
+        "warpgroups follow from block_m); got {}",
         d.config.str()));
   }
   if (auto r = not_in("block_m", d.config.at("block_m"), kBlockMs)) throw UnsupportedError(*r);
@@ -147,6 +169,13 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
     throw UnsupportedError(*r);
   }
   if (auto r = not_in("q_tiles", q_tiles_of(d), kQTiles)) throw UnsupportedError(*r);
+  if (auto r = not_in("persistent", persistent_of(d), kPersistent)) throw UnsupportedError(*r);
+  if (persistent_of(d) == 1 && q_tiles_of(d) != 2) {
+    throw UnsupportedError(fmt::format(
+        "forward/sm90a_wgmma: persistent = 1 walks pairs of query tiles and needs q_tiles = 2, "
+        "not {}",
+        q_tiles_of(d)));
+  }
   for (const char* flag : {"divisible", "full_blocks"}) {
     auto v = d.flags.get(flag);
     if (!v || (*v != 0 && *v != 1)) {
@@ -185,9 +214,9 @@ Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
   // Measured on an H100 (docs/perf/NOTES.md v8, v9): d = 128 noop 581 TFLOP/s with 3 stages,
   // 511 with 2 (causal 489 / 448), block_n 176 (2 stages fit) 520; d = 64 noop 396 with 4
   // stages, 378 with 3, 323 with 2 (causal 296-297 with 3 or 4).
-  if (d <= 64) return make_config(128, 128, 4, 1);
-  if (d <= 128) return make_config(128, 128, 3, 1);
-  return make_config(128, 64, 2, 1);
+  if (d <= 64) return make_config(128, 128, 4, 1, 0);
+  if (d <= 128) return make_config(128, 128, 3, 1, 0);
+  return make_config(128, 64, 2, 1, 0);
 }
 
 std::vector<Params> ForwardSm90Wgmma::config_space(const KernelDesc& p) const {
@@ -196,13 +225,22 @@ std::vector<Params> ForwardSm90Wgmma::config_space(const KernelDesc& p) const {
     for (int bn : kBlockNs)
       for (int s : kStages)
         for (int qt : kQTiles)
-          grid.push_back(make_config(bm, bn, s, qt));
+          for (int pe : kPersistent)
+            if (pe == 0 || qt == 2) grid.push_back(make_config(bm, bn, s, qt, pe));
   return valid_configs(*this, p, grid);
 }
 
 Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params& overrides,
                                         const InputFacts& facts) const {
   Params c = apply_overrides(*this, default_config(problem), overrides);
+  // Persistence walks pairs of query tiles: asked for alone it brings q_tiles 2; one tile per
+  // CTA asked for alone turns it off.
+  if (overrides.get("persistent").value_or(0) == 1 && !overrides.has("q_tiles")) {
+    c.set("q_tiles", 2);
+  }
+  if (overrides.get("q_tiles").value_or(0) == 1 && !overrides.has("persistent")) {
+    c.set("persistent", 0);
+  }
   // A wider block_n asked for with the default stages: as many stages as fit (at least 2).
   if (!overrides.has("num_stages")) {
     KernelDesc d = problem;
@@ -249,7 +287,9 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
         d.config.set("num_warps", bm / 16);
         return d;
       }(),
-      {fmt::format("static constexpr int kQTiles = {};", q_tiles_of(desc))});
+      {fmt::format("static constexpr int kQTiles = {};", q_tiles_of(desc)),
+       fmt::format("static constexpr int kPersistent = {};", persistent_of(desc)),
+       fmt::format("static constexpr int kQBufs = {};", q_bufs_of(desc))});
   const std::string wrappers =
       cuda::wgmma_wrappers(desc.dtype, {desc.config.at_int("block_n")}, {desc.head_dim_v});
   config.push_back('\n');
@@ -261,8 +301,12 @@ unsigned ForwardSm90Wgmma::smem_bytes(const KernelDesc& desc) const {
   return static_cast<unsigned>(sm90_smem(desc));
 }
 
+size_t ForwardSm90Wgmma::workspace_bytes(const KernelDesc& desc, const ForwardInputs&) const {
+  return persistent_of(desc) == 1 ? sizeof(int) : 0;
+}
+
 std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const ForwardInputs& in,
-                                               void*) const {
+                                               void* workspace) const {
   const QkvShape& s = in.shape;
   FjFwdArgs a = make_fwd_args(in.q, in.k, in.v, in.out, in.lse ? &*in.lse : nullptr, s, in.scale);
   if (in.block_mask != nullptr) {
@@ -278,8 +322,19 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   l.entry_point = "flexjit_forward";
   const int64_t m_blocks = (s.seqlen_q + bm - 1) / bm;
   const int q_tiles = q_tiles_of(desc);
-  l.grid = {static_cast<unsigned>((m_blocks + q_tiles - 1) / q_tiles),
-            static_cast<unsigned>(s.heads_q), static_cast<unsigned>(s.batch)};
+  if (persistent_of(desc) == 1) {
+    // As many CTAs as fit the GPU at once (one per SM), at most one per pair of query tiles.
+    const int64_t pairs = s.batch * s.heads_q * ((m_blocks + 1) / 2);
+    const int64_t ctas = in.sm_count > 0 ? std::min<int64_t>(pairs, in.sm_count) : pairs;
+    l.grid = {static_cast<unsigned>(std::max<int64_t>(ctas, 1)), 1, 1};
+    FJ_ASSERT(workspace != nullptr, "the persistent forward launched without its work counter");
+    a.sched_counter = static_cast<int*>(workspace);
+    l.zero_first = workspace;
+    l.zero_bytes = sizeof(int);
+  } else {
+    l.grid = {static_cast<unsigned>((m_blocks + q_tiles - 1) / q_tiles),
+              static_cast<unsigned>(s.heads_q), static_cast<unsigned>(s.batch)};
+  }
   l.block = {static_cast<unsigned>((bm / 64 + 1) * 128), 1, 1};
   l.smem_bytes = smem_bytes(desc);
   l.args.add(a);

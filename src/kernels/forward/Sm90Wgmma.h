@@ -6,9 +6,10 @@
 // Serves sm_90a only, bf16 and f16 (f32 inputs stay on sm80_mma's tf32 path), head dims
 // 64/128/256, inputs a TMA tensor map can describe (16-byte aligned, strides positive multiples
 // of 16 bytes); everything else falls back to forward/sm80_mma with the reason in the
-// `kernels` log. Config: block_m {128} (two consumer warpgroups), block_n {64, 128, 176},
-// num_stages {2, 3, 4}; the shared memory fj_forward_sm90_smem_bytes() must fit. The sm_90a
-// default since its verification on an H100 (docs/perf/NOTES.md v8).
+// `kernels` log. Config: block_m {128, 192} (two or three consumer warpgroups), block_n {64,
+// 128, 176, 192}, num_stages {2, 3, 4}, q_tiles {1, 2}, persistent {0, 1}; the shared memory
+// fj_forward_sm90_smem_bytes() must fit. The sm_90a default since its verification on an H100
+// (docs/perf/NOTES.md v8).
 #pragma once
 
 #include "kernels/forward/Forward.h"
@@ -44,6 +45,8 @@ class ForwardSm90Wgmma : public ForwardVariant {
   std::vector<std::string> entry_points() const override { return {"flexjit_forward"}; }
   cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
   unsigned smem_bytes(const KernelDesc& desc) const override;
+  // persistent = 1: the work counter (zeroed before each launch).
+  size_t workspace_bytes(const KernelDesc& desc, const ForwardInputs& in) const override;
   std::vector<Launch> launches(const KernelDesc& desc, const ForwardInputs& in,
                                void* workspace) const override;
 };
