@@ -56,8 +56,9 @@ struct FjFwdArgs {
   int batch, heads_q, heads_kv, seqlen_q, seqlen_kv;
   float scale;  // multiplies q·k before score_mod (default 1/sqrt(Dqk))
   struct FjBlockMaskArgs mask;
-  // The persistent sm_90a forward's work counter (4 bytes of the call's workspace, zeroed on the
-  // stream before the launch); null for every other kernel.
+  // The persistent sm_90a forward's workspace: the work counter (int 0 of 16 bytes, zeroed on the
+  // stream before the launch), then per CTA and Q buffer a 16-byte tile slot
+  // (fj_forward_sm90_persistent_workspace_bytes); null for every other kernel.
   int* sched_counter;
 };
 
@@ -108,7 +109,7 @@ struct FjFwdTmaMaps {
 // to the 128-byte swizzle's 1024-byte atoms, q_bufs Q tiles (1, or 2 where a CTA computes
 // several query tiles; each reused for its O tile: the wider head dim), num_stages K and V
 // tiles, then the mbarriers (per Q buffer Q full, Q empty; per stage K full, V full, KV empty)
-// and per Q buffer an 8-byte tile slot. forward_sm90.cuh's FjSm90Traits checks the layout.
+// and per Q buffer a 16-byte tile slot. forward_sm90.cuh's FjSm90Traits checks the layout.
 FJ_HOST_DEVICE inline constexpr int fj_forward_sm90_smem_bytes(int block_m, int block_n,
                                                                int head_dim_qk, int head_dim_v,
                                                                int elem_bytes, int num_stages,
@@ -116,7 +117,14 @@ FJ_HOST_DEVICE inline constexpr int fj_forward_sm90_smem_bytes(int block_m, int 
   return 1024 +
          elem_bytes * (q_bufs * block_m * (head_dim_qk > head_dim_v ? head_dim_qk : head_dim_v) +
                        num_stages * block_n * (head_dim_qk + head_dim_v)) +
-         8 * (3 * q_bufs + 3 * num_stages);
+         (8 * (2 * q_bufs + 3 * num_stages) + 15) / 16 * 16 + 16 * q_bufs;
+}
+
+// The persistent sm_90a forward's workspace for `ctas` CTAs: the 16-byte counter block, then a
+// 16-byte tile slot per CTA and Q buffer.
+FJ_HOST_DEVICE inline constexpr fj_i64 fj_forward_sm90_persistent_workspace_bytes(int ctas,
+                                                                                  int q_bufs) {
+  return 16 + 16 * (fj_i64)ctas * q_bufs;
 }
 
 // Arguments of the block-mask builder (templates/block_mask.cuh, whose header documents the

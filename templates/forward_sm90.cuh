@@ -67,7 +67,8 @@ struct FjSm90Traits {
   static constexpr int kOffK = kQBufs * kQBytes;
   static constexpr int kOffV = kOffK + kNumStages * kKBytes;
   static constexpr int kOffBar = kOffV + kNumStages * kVBytes;
-  static constexpr int kOffEnd = kOffBar + 8 * (3 * kQBufs + 3 * kNumStages);
+  static constexpr int kOffSlot = kOffBar + (8 * (2 * kQBufs + 3 * kNumStages) + 15) / 16 * 16;
+  static constexpr int kOffEnd = kOffSlot + 16 * kQBufs;
   // Register split (65536 per SM, one CTA): the producer keeps few, the consumers take the rest
   // (FlashAttention-3's 24 / 240 with two consumer warpgroups, 32 / 160 with three).
   // A persistent producer also carries its tile and claimed pair (40 / 232: at 24 it spilled).
@@ -233,8 +234,8 @@ FJ_DEVICE void fj_sm90_softmax(float (&s)[1][T::kNTiles][4], float (&row_max)[1]
 //     K / V stay in L2), a CTA that drew light tiles (a sparse mask's) takes more of them, and no
 //     CTA ends and starts between query tiles: the producer loads the next tile's Q and K / V
 //     while the consumers finish the last one (kQBufs). The producer passes each tile to the
-//     consumers through its Q buffer's tile slot, an async-proxy store (st.async) that the
-//     Q-full barrier counts with the Q tile (-1: no tiles left).
+//     consumers through its Q buffer's tile slot, copied from a global slot of the workspace by
+//     the async proxy and counted by the Q-full barrier with the Q tile (-1: no tiles left).
 template <class T>
 struct FjWorkItems {
   int pair;  // without kPersistent: 0 until the CTA's tiles are done
@@ -298,7 +299,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   const fj_u32 bar_k = bar_qe + 8 * T::kQBufs;
   const fj_u32 bar_v = bar_k + 8 * T::kNumStages;
   const fj_u32 bar_e = bar_v + 8 * T::kNumStages;
-  const fj_u32 tile_slot = smem_base + T::kOffBar + 8 * (2 * T::kQBufs + 3 * T::kNumStages);
+  const fj_u32 tile_slot = smem_base + T::kOffSlot;
   // The Q buffer of a CTA's item-th query tile, and how many tiles used it before.
   auto q_buf = [](int item) { return T::kQBufs == 2 ? (item & 1) : 0; };
   auto q_uses = [](int item) { return T::kQBufs == 2 ? item / 2 : item; };
@@ -334,14 +335,24 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       int b, h, m_block;
       // kPersistent: the tile (pair * 2 + half) and the pair claimed for after this one.
       int code = 2 * (int)blockIdx.x, next_pair = 0;
+      // The tile of Q buffer u to the consumers, with the Q-full arrival (and `q_bytes` of Q
+      // still to land): written to this CTA's global slot and copied into the shared one by the
+      // async proxy, so that it lands with Q and on the same barrier (a generic shared-memory
+      // store ordered only by the mbarrier is a race to compute-sanitizer's racecheck).
+      auto send_tile = [&](int u, int value, int q_bytes) {
+        int* const slot = args.sched_counter + 4 * (1 + (int)blockIdx.x * T::kQBufs + u);
+        *reinterpret_cast<volatile int*>(slot) = value;
+        fj_fence_proxy_async_global();
+        fj_mbar_arrive_expect_tx(bar_q + 8 * u, q_bytes + 16);
+        fj_bulk_load16(tile_slot + 16 * u, slot, bar_q + 8 * u);
+      };
       for (int item = 0;; ++item) {
         if constexpr (T::kPersistent) {
           const int u = q_buf(item);
           if ((code >> 1) >= FjWorkItems<T>::num_pairs(args)) {
             // No tiles left: the consumers wake on the Q-full barrier and read -1.
             if (q_uses(item) > 0) fj_mbar_wait(bar_qe + 8 * u, (q_uses(item) - 1) & 1);
-            fj_mbar_arrive_expect_tx(bar_q + 8 * u, 4);
-            fj_st_async_b32(tile_slot + 8 * u, -1, bar_q + 8 * u);
+            send_tile(u, -1, 0);
             break;
           }
           if ((code & 1) == 0) {
@@ -362,9 +373,11 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         const int u = q_buf(item);
         auto load_q = [&] {
           if (q_uses(item) > 0) fj_mbar_wait(bar_qe + 8 * u, (q_uses(item) - 1) & 1);
-          fj_mbar_arrive_expect_tx(bar_q + 8 * u, T::kQLoadBytes + (T::kPersistent ? 4 : 0));
-          // The tile goes with its Q: an async-proxy store counted on the same barrier.
-          if constexpr (T::kPersistent) fj_st_async_b32(tile_slot + 8 * u, code, bar_q + 8 * u);
+          if constexpr (T::kPersistent) {
+            send_tile(u, code, T::kQLoadBytes);
+          } else {
+            fj_mbar_arrive_expect_tx(bar_q + 8 * u, T::kQLoadBytes);
+          }
           fj_tma_load_tile<T::kDimQK, T::kBlockM>(sq + u * T::kQBytes, &maps.q,
                                                   m_block * T::kBlockM, h, b, bar_q + 8 * u);
         };
@@ -491,7 +504,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     if constexpr (T::kPersistent) {
       // The producer's tile for this Q buffer (stored with its Q, on the same barrier).
       fj_mbar_wait(bar_q + 8 * u, q_uses(q_item) & 1);
-      const int code = fj_lds_b32(tile_slot + 8 * u);
+      const int code = fj_lds_b32(tile_slot + 16 * u);
       if (code < 0) break;
       FjWorkItems<T>::decode(args, code, b, h, m_block);
     } else {

@@ -34,14 +34,18 @@ FJ_DEVICE void fj_mbar_arrive_expect_tx(fj_u32 bar, fj_u32 bytes) {
 FJ_DEVICE void fj_mbar_arrive(fj_u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-// A 4-byte store to this CTA's shared memory through the async proxy, counted as 4 transaction
-// bytes on mbarrier `bar` (like a TMA load's): a value handed to the threads that wait on `bar`
-// together with the data it describes.
-FJ_DEVICE void fj_st_async_b32(fj_u32 addr, int value, fj_u32 bar) {
+// 16 bytes of global memory into this CTA's shared memory (both 16-byte aligned) through the
+// async proxy, counted as 16 transaction bytes on mbarrier `bar` (like a TMA load's). Global
+// memory this thread wrote must be ordered before it first (fj_fence_proxy_async_global).
+FJ_DEVICE void fj_bulk_load16(fj_u32 smem_dst, const void* gmem_src, fj_u32 bar) {
   asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr),
-      "r"(value), "r"(bar)
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 16, [%2];\n" ::
+          "r"(smem_dst),
+      "l"(gmem_src), "r"(bar)
       : "memory");
+}
+FJ_DEVICE void fj_fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 FJ_DEVICE int fj_lds_b32(fj_u32 addr) {
   int v;

@@ -128,9 +128,10 @@ FLEXJIT_API void flex_attention_into(Context& ctx, const TensorRef& q, const Ten
                                      const TensorRef& v, const TensorRef& out, const TensorRef* lse,
                                      const AttentionOptions& options = {});
 
-// The workspace bytes flex_attention_into needs for this call: 0 for the forward kernels; the
-// split-KV decode plan's partials (B x Hq x Sq x splits x (Dv + 1) floats) when the call decodes
-// (docs/kernels/decode.md).
+// The workspace bytes flex_attention_into needs for this call: 0 for the forward kernels except
+// persistent ones (forward/sm90a_wgmma with persistent = 1, the default at head dim 64 on
+// sm_90a: a 4-byte work counter, 256 with alignment); the split-KV decode plan's partials
+// (B x Hq x Sq x splits x (Dv + 1) floats) when the call decodes (docs/kernels/decode.md).
 FLEXJIT_API size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q,
                                                   const TensorRef& k, const TensorRef& v,
                                                   const AttentionOptions& options = {});

@@ -83,6 +83,15 @@ int sm90_smem(const KernelDesc& d) {
   return sm90_smem(d, q_bufs_of(d));
 }
 
+// Persistent CTAs: as many as fit the GPU at once (one per SM), at most one per pair of query
+// tiles (all of them where the SM count is unknown).
+int64_t persistent_ctas(const KernelDesc& d, const ForwardInputs& in) {
+  const int64_t bm = d.config.at("block_m");
+  const int64_t m_blocks = (in.shape.seqlen_q + bm - 1) / bm;
+  const int64_t pairs = in.shape.batch * in.shape.heads_q * ((m_blocks + 1) / 2);
+  return std::max<int64_t>(1, in.sm_count > 0 ? std::min<int64_t>(pairs, in.sm_count) : pairs);
+}
+
 Params make_config(int block_m, int block_n, int num_stages, int q_tiles, int persistent) {
   return {{"block_m", block_m},
           {"block_n", block_n},
@@ -213,8 +222,10 @@ Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
   const int d = std::max(p.head_dim_qk, p.head_dim_v);
   // Measured on an H100 (docs/perf/NOTES.md v8, v9): d = 128 noop 581 TFLOP/s with 3 stages,
   // 511 with 2 (causal 489 / 448), block_n 176 (2 stages fit) 520; d = 64 noop 396 with 4
-  // stages, 378 with 3, 323 with 2 (causal 296-297 with 3 or 4).
-  if (d <= 64) return make_config(128, 128, 4, 1, 0);
+  // stages, 378 with 3, 323 with 2 (causal 296-297 with 3 or 4). Persistent CTAs (v17): d = 64
+  // +4-6 % on all four of its cases (two Q buffers fit); at d = 128 (one Q buffer) noop gains and
+  // the sparse masks lose 5-10 %, so there they stay off.
+  if (d <= 64) return make_config(128, 128, 4, 2, 1);
   if (d <= 128) return make_config(128, 128, 3, 1, 0);
   return make_config(128, 64, 2, 1, 0);
 }
@@ -301,8 +312,10 @@ unsigned ForwardSm90Wgmma::smem_bytes(const KernelDesc& desc) const {
   return static_cast<unsigned>(sm90_smem(desc));
 }
 
-size_t ForwardSm90Wgmma::workspace_bytes(const KernelDesc& desc, const ForwardInputs&) const {
-  return persistent_of(desc) == 1 ? sizeof(int) : 0;
+size_t ForwardSm90Wgmma::workspace_bytes(const KernelDesc& desc, const ForwardInputs& in) const {
+  if (persistent_of(desc) != 1) return 0;
+  return static_cast<size_t>(fj_forward_sm90_persistent_workspace_bytes(
+      static_cast<int>(persistent_ctas(desc, in)), q_bufs_of(desc)));
 }
 
 std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const ForwardInputs& in,
@@ -323,13 +336,10 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   const int64_t m_blocks = (s.seqlen_q + bm - 1) / bm;
   const int q_tiles = q_tiles_of(desc);
   if (persistent_of(desc) == 1) {
-    // As many CTAs as fit the GPU at once (one per SM), at most one per pair of query tiles.
-    const int64_t pairs = s.batch * s.heads_q * ((m_blocks + 1) / 2);
-    const int64_t ctas = in.sm_count > 0 ? std::min<int64_t>(pairs, in.sm_count) : pairs;
-    l.grid = {static_cast<unsigned>(std::max<int64_t>(ctas, 1)), 1, 1};
+    l.grid = {static_cast<unsigned>(persistent_ctas(desc, in)), 1, 1};
     FJ_ASSERT(workspace != nullptr, "the persistent forward launched without its work counter");
     a.sched_counter = static_cast<int*>(workspace);
-    l.zero_first = workspace;
+    l.zero_first = workspace;  // the counter (the tile slots are written before they are read)
     l.zero_bytes = sizeof(int);
   } else {
     l.grid = {static_cast<unsigned>((m_blocks + q_tiles - 1) / q_tiles),
