@@ -59,8 +59,8 @@ struct FjSm90Traits {
   static constexpr int kQTiles = Cfg::kQTiles;
   static constexpr bool kPersistent = Cfg::kPersistent != 0;
   static constexpr bool kMultiItem = kQTiles == 2 || kPersistent;
-  // Q tile buffers (FjConfig::kQBufs, from the host: 2 where a CTA computes several query tiles
-  // and shared memory holds a second). With 2, query tile k + 1's Q is loaded while tile k
+  // Q tile buffers (FjConfig::kQBufs, from the host: 2 for persistent CTAs, and with kQTiles 2
+  // where shared memory holds a second). With 2, query tile k + 1's Q is loaded while tile k
   // runs, and each tile's O goes out through its own Q buffer; with 1 and several tiles, the next
   // Q is loaded once the last S = Q K^T is done and O is stored from the registers.
   static constexpr int kQBufs = Cfg::kQBufs;
@@ -89,6 +89,8 @@ struct FjSm90Traits {
                 "flexjit forward_sm90: a persistent CTA walks pairs of query tiles (kQTiles 2)");
   static_assert(kQBufs == 1 || (kQBufs == 2 && kMultiItem),
                 "flexjit forward_sm90: a second Q buffer only where a CTA computes several tiles");
+  static_assert(!kPersistent || kQBufs == 2,
+                "flexjit forward_sm90: persistent CTAs use 2 Q buffers");
   static_assert(kOffEnd + 1024 == fj_forward_sm90_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV,
                                                              kElemBytes, kNumStages, kQBufs),
                 "flexjit forward_sm90: shared-memory layout and fj_forward_sm90_smem_bytes "
@@ -505,6 +507,9 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       // The producer's tile for this Q buffer (stored with its Q, on the same barrier).
       fj_mbar_wait(bar_q + 8 * u, q_uses(q_item) & 1);
       const int code = fj_lds_b32(tile_slot + 16 * u);
+      // The slot's next tile is an async-proxy write (the bulk copy): order this generic read
+      // before it (the Q-empty arrival that lets the producer send it comes later).
+      fj_fence_proxy_async();
       if (code < 0) break;
       FjWorkItems<T>::decode(args, code, b, h, m_block);
     } else {

@@ -125,12 +125,18 @@ TEST_CASE("sm90a_wgmma configs: defaults, the space, and precise refusals", "[sm
   const KernelDesc d = sm90_desc(DType::BF16, 128, 128);
   CHECK(v.smem_bytes(d) ==
         static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 3)));
-  // Two Q buffers where a CTA computes several query tiles and they fit (d 64, 4 stages), one
-  // where they do not (d 128, 3 stages: 2 would need 262 KB).
+  // Persistent CTAs take two Q buffers: at d 64 with its 4 stages; at d 128 the default's 3
+  // stages would need 262 KB, so asked for alone it comes with 2, and 3 asked for is refused.
   CHECK(v.smem_bytes(pd) ==
         static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 64, 64, 2, 4, 2)));
   const KernelDesc pd128 = sm90_desc(DType::BF16, 128, 128, {{"persistent", 1}});
+  CHECK(pd128.config.at("num_stages") == 2);
   CHECK(v.smem_bytes(pd128) ==
+        static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 2, 2)));
+  CHECK_THROWS_WITH(sm90_desc(DType::BF16, 128, 128, {{"persistent", 1}, {"num_stages", 3}}),
+                    Catch::Contains("lower num_stages"));
+  // Two query tiles per CTA without persistence: a second Q buffer only where it fits.
+  CHECK(v.smem_bytes(sm90_desc(DType::BF16, 128, 128, {{"q_tiles", 2}})) ==
         static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 3, 1)));
 }
 
@@ -211,8 +217,7 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
   jobs.push_back({"relative_bias_causal", DType::BF16, 64, 64, {{"block_m", 192}}});
   jobs.push_back({"relative_bias_causal", DType::BF16, 64, 64, {{"block_n", 192}}});
   jobs.push_back({"relative_bias", DType::BF16, 128, 64, {{"block_m", 192}, {"num_stages", 3}}});
-  // Persistent CTAs (the d 64 default, above) at d 128: one Q buffer, the producer's 40
-  // registers.
+  // Persistent CTAs (the d 64 default, above) at d 128: 2 stages, the producer's 40 registers.
   for (const char* m : {"noop", "causal", "alibi_causal", "relative_bias_causal"})
     jobs.push_back({m, DType::BF16, 128, 128, {{"persistent", 1}}});
   jobs.push_back({"causal", DType::BF16, 64, 64, {{"persistent", 0}, {"q_tiles", 1}}});
@@ -241,8 +246,8 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
       // Persistent CTAs: document_causal keeps a 64-bit value of the query-tile loop in local
       // memory at d 64 (8 B: one store and one load per query tile, outside the KV-tile loop;
       // docs/perf/NOTES.md v17). Every other default: none.
-      const bool per_tile = d.config.get("persistent").value_or(0) == 1 &&
-                            j.mods == "document_causal" && j.dqk == 64;
+      const bool per_tile =
+          d.config.get("persistent").value_or(0) == 1 && j.mods == "document_causal" && j.dqk == 64;
       const int64_t allowed = three ? 32 : per_tile ? 8 : 0;
       if (u.spill_store_bytes > allowed || u.spill_load_bytes > allowed) {
         failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),

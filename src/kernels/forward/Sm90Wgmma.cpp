@@ -72,11 +72,11 @@ int sm90_smem(const KernelDesc& d, int q_bufs) {
                                     d.config.at_int("num_stages"), q_bufs);
 }
 
-// Q buffers: two where a CTA computes several query tiles and shared memory holds them (the next
-// tile's Q loads during the last one), else one.
+// Q buffers (the next tile's Q loads during the last one): two for persistent CTAs; with two
+// query tiles per CTA two where shared memory holds them, else one; one otherwise.
 int q_bufs_of(const KernelDesc& d) {
-  const bool several = q_tiles_of(d) == 2 || persistent_of(d) == 1;
-  return several && sm90_smem(d, 2) <= cuda::max_smem_per_block(d.arch) ? 2 : 1;
+  if (persistent_of(d) == 1) return 2;
+  return q_tiles_of(d) == 2 && sm90_smem(d, 2) <= cuda::max_smem_per_block(d.arch) ? 2 : 1;
 }
 
 int sm90_smem(const KernelDesc& d) {
@@ -251,6 +251,17 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   }
   if (overrides.get("q_tiles").value_or(0) == 1 && !overrides.has("persistent")) {
     c.set("persistent", 0);
+  }
+  // Without a block mask at head dim 64 (no mask, or a score_mod or mask_mod alone): three
+  // consumer warpgroups taking turns in rotation (block_m 192), the softmax-bound tile's other
+  // lever: noop 430.9 TFLOP/s against 404.3 with 128 rows (docs/perf/NOTES.md v17). With a block
+  // mask its 128-row sparse blocks do not divide 192-row tiles. Only where 192-row tiles cover
+  // at most an eighth more rows than 128-row ones (short or ragged query lengths).
+  const int64_t rows192 = (facts.seqlen_q + 191) / 192 * 192;
+  const int64_t rows128 = (facts.seqlen_q + 127) / 128 * 128;
+  if (facts.mask_kv_block == 0 && !overrides.has("block_m") && facts.seqlen_q > 0 &&
+      std::max(problem.head_dim_qk, problem.head_dim_v) <= 64 && 8 * rows192 <= 9 * rows128) {
+    c.set("block_m", 192);
   }
   // A wider block_n asked for with the default stages: as many stages as fit (at least 2).
   if (!overrides.has("num_stages")) {
