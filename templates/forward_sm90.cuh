@@ -308,6 +308,10 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
+  // Named barriers: 1..kConsumers the epilogue's, kConsumers + 1.. the turns' (FjTurns), then per
+  // Q buffer the persistent tile slot's handshake.
+  constexpr int kSlotBar = 1 + 2 * T::kConsumers;
+  static_assert(kSlotBar + T::kQBufs <= 16, "flexjit forward_sm90: named barrier ids 1..15");
 
   if (tid == 0) {
 #pragma unroll
@@ -341,7 +345,11 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       // still to land): written to this CTA's global slot and copied into the shared one by the
       // async proxy, so that it lands with Q and on the same barrier (a generic shared-memory
       // store ordered only by the mbarrier is a race to compute-sanitizer's racecheck).
-      auto send_tile = [&](int u, int value, int q_bytes) {
+      auto send_tile = [&](int u, int uses, int value, int q_bytes) {
+        // The consumers have read this slot's previous tile (their arrival on its named barrier
+        // follows the read): a handshake compute-sanitizer's racecheck can follow, where the
+        // Q-empty mbarrier alone (which orders it too) is not.
+        if (uses > 0) fj_bar_sync(kSlotBar + u, 32 + 128 * T::kConsumers);
         int* const slot = args.sched_counter + 4 * (1 + (int)blockIdx.x * T::kQBufs + u);
         *reinterpret_cast<volatile int*>(slot) = value;
         fj_fence_proxy_async_global();
@@ -354,7 +362,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
           if ((code >> 1) >= FjWorkItems<T>::num_pairs(args)) {
             // No tiles left: the consumers wake on the Q-full barrier and read -1.
             if (q_uses(item) > 0) fj_mbar_wait(bar_qe + 8 * u, (q_uses(item) - 1) & 1);
-            send_tile(u, -1, 0);
+            send_tile(u, q_uses(item), -1, 0);
             break;
           }
           if ((code & 1) == 0) {
@@ -376,7 +384,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         auto load_q = [&] {
           if (q_uses(item) > 0) fj_mbar_wait(bar_qe + 8 * u, (q_uses(item) - 1) & 1);
           if constexpr (T::kPersistent) {
-            send_tile(u, code, T::kQLoadBytes);
+            send_tile(u, q_uses(item), code, T::kQLoadBytes);
           } else {
             fj_mbar_arrive_expect_tx(bar_q + 8 * u, T::kQLoadBytes);
           }
@@ -507,10 +515,11 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       // The producer's tile for this Q buffer (stored with its Q, on the same barrier).
       fj_mbar_wait(bar_q + 8 * u, q_uses(q_item) & 1);
       const int code = fj_lds_b32(tile_slot + 16 * u);
-      // The slot's next tile is an async-proxy write (the bulk copy): order this generic read
-      // before it (the Q-empty arrival that lets the producer send it comes later).
-      fj_fence_proxy_async();
       if (code < 0) break;
+      // The slot's next tile is an async-proxy write (the bulk copy): order this generic read
+      // before it, then let the producer send it (send_tile's named barrier).
+      fj_fence_proxy_async();
+      fj_bar_arrive(kSlotBar + u, 32 + 128 * T::kConsumers);
       FjWorkItems<T>::decode(args, code, b, h, m_block);
     } else {
       if (!items.next(args, b, h, m_block)) break;

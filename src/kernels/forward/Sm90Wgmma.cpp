@@ -256,11 +256,13 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   // consumer warpgroups taking turns in rotation (block_m 192), the softmax-bound tile's other
   // lever: noop 430.9 TFLOP/s against 404.3 with 128 rows (docs/perf/NOTES.md v17). With a block
   // mask its 128-row sparse blocks do not divide 192-row tiles. Only where 192-row tiles cover
-  // at most an eighth more rows than 128-row ones (short or ragged query lengths).
+  // at most an eighth more rows than 128-row ones (short or ragged query lengths), and with the
+  // default block_n (a wider one does not fit 192 rows' registers).
   const int64_t rows192 = (facts.seqlen_q + 191) / 192 * 192;
   const int64_t rows128 = (facts.seqlen_q + 127) / 128 * 128;
-  if (facts.mask_kv_block == 0 && !overrides.has("block_m") && facts.seqlen_q > 0 &&
-      std::max(problem.head_dim_qk, problem.head_dim_v) <= 64 && 8 * rows192 <= 9 * rows128) {
+  if (facts.mask_kv_block == 0 && !overrides.has("block_m") && !overrides.has("block_n") &&
+      facts.seqlen_q > 0 && std::max(problem.head_dim_qk, problem.head_dim_v) <= 64 &&
+      8 * rows192 <= 9 * rows128) {
     c.set("block_m", 192);
   }
   // A wider block_n asked for with the default stages: as many stages as fit (at least 2).
