@@ -808,15 +808,7 @@ void register_bench(CLI::App& app) {
     }
     a.repeats = repeats;
     a.deterministic = opts.deterministic;
-    a.config = {opts.block_m,
-                opts.block_n,
-                opts.warps,
-                opts.stages,
-                opts.splits,
-                opts.q_tiles,
-                opts.persistent == 1   ? 1
-                : opts.persistent == 0 ? -1
-                                       : 0};
+    a.config = block_config(opts);
     a.math = math_mode(opts.math);
     run_attention_bench(a);
   });

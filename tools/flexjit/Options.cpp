@@ -118,6 +118,13 @@ Mods resolve(const KernelOptions& o) {
   return m;
 }
 
+BlockConfig block_config(const KernelOptions& o) {
+  BlockConfig c{o.block_m, o.block_n, o.warps, o.stages, o.splits, o.q_tiles};
+  // --persistent 1 / 0 as BlockConfig's on / off; not given: the default.
+  c.persistent = o.persistent == 1 ? 1 : o.persistent == 0 ? -1 : 0;
+  return c;
+}
+
 KernelQuery make_query(const KernelOptions& o) {
   KernelQuery q;
   q.family = o.kernel;
@@ -137,15 +144,7 @@ KernelQuery make_query(const KernelOptions& o) {
   q.head_dim_qk = o.head_dim;
   q.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim;
   q.gqa_ratio = o.gqa;
-  q.config = {o.block_m,
-              o.block_n,
-              o.warps,
-              o.stages,
-              o.splits,
-              o.q_tiles,
-              o.persistent == 1   ? 1
-              : o.persistent == 0 ? -1
-                                  : 0};
+  q.config = block_config(o);
   q.seqlen_q = o.queries;
   q.page_size = o.page_size;
   q.block_size = o.block_size;

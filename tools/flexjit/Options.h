@@ -51,5 +51,7 @@ Mods resolve(const KernelOptions& o);
 
 // The query the options describe (checked by emit_kernel / compile_kernel).
 KernelQuery make_query(const KernelOptions& o);
+// The block config the options ask for (zeros and -1 for what they leave to the defaults).
+BlockConfig block_config(const KernelOptions& o);
 
 }  // namespace flexjit::cli
