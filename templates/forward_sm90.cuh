@@ -348,7 +348,8 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       auto send_tile = [&](int u, int uses, int value, int q_bytes) {
         // The consumers have read this slot's previous tile (their arrival on its named barrier
         // follows the read): a handshake compute-sanitizer's racecheck can follow, where the
-        // Q-empty mbarrier alone (which orders it too) is not.
+        // Q-empty mbarrier alone (which orders it too) is not. The producer warp's other lanes
+        // have exited, so its one thread's bar.sync counts as the warp's 32 (synccheck: clean).
         if (uses > 0) fj_bar_sync(kSlotBar + u, 32 + 128 * T::kConsumers);
         int* const slot = args.sched_counter + 4 * (1 + (int)blockIdx.x * T::kQBufs + u);
         *reinterpret_cast<volatile int*>(slot) = value;
