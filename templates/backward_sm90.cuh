@@ -199,6 +199,9 @@ FJ_DEVICE int fj_bwd_sm90_walk(int jw, int num_total, int n_block) {
 // (start: warpgroup 1's arrival); every turn hands over, and warpgroup 0 absorbs warpgroup 1's
 // last hand-over (finish), so no arrival is left pending at exit, however many turns there
 // were. Both warpgroups walk the same tiles, hence take the same number of turns.
+// The same protocol as FjTurns<2, 3> (wgmma_sm90.cuh, which the forward uses with immediate
+// barrier ids and three consumers too); the backward keeps this copy until a device run has
+// measured and verified it on FjTurns (docs/kernels/backward_sm90.md "Next").
 struct FjBwdTurns {
   static constexpr int kBar = 3;  // 1, 2: the epilogues' per-warpgroup barriers
   int cw;
