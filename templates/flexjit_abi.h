@@ -120,6 +120,42 @@ FJ_HOST_DEVICE inline constexpr int fj_forward_sm90_smem_bytes(int block_m, int 
          (8 * (2 * q_bufs + 3 * num_stages) + 15) / 16 * 16 + 16 * q_bufs;
 }
 
+// The sm_90a forward's union schedule (block_m 192 with a block mask): a 192-row query tile
+// spans two of the mask's q blocks, but each of its three consumer warpgroups (64 rows) lies in
+// one. flexjit_forward_union_schedule (forward_sm90.cuh) writes, per (b, h, query tile) of the
+// mask, a row header {entries, then per warpgroup c the bounds [begin, end) of its run of
+// entries, 0} and the entries: the union of the warpgroups' KV tiles, each a tile index with a
+// 2-bit status per warpgroup c at bit kFjUnionStatusShift + 2c (0 absent: the warpgroup skips
+// the tile; 1 partial: it applies the mask_mod; 2 full). The forward kernel reads it through
+// FjFwdArgs::mask: kv_num_blocks the headers, kv_indices the entries, num_stride_* in headers,
+// q_block_size block_m, kv_block_size block_n, no full_* lists (fj_union_schedule).
+constexpr int kFjUnionStatusShift = 24;
+constexpr int kFjUnionTileMask = (1 << kFjUnionStatusShift) - 1;
+constexpr int kFjUnionMaxConsumers = 3;
+constexpr int kFjUnionRowInts = 2 + 2 * kFjUnionMaxConsumers;
+// The builder's shared memory per KV tile (its status in the two q blocks), and the most KV tiles
+// a union schedule takes (64 KB of it: 4M keys in 128-key tiles).
+constexpr int kFjUnionSmemPerTile = 2;
+constexpr int kFjUnionMaxTiles = 32768;
+struct FjUnionScheduleArgs {
+  struct FjBlockMaskArgs src;  // the caller's block mask
+  int* num;                    // [Bm, Hm, num_m, kFjUnionRowInts] row headers
+  int* entries;                // [Bm, Hm, num_m, max_tiles]
+  int bm, hm;                  // the mask's batch and heads (1: broadcast)
+  int num_m;                   // ceil(seqlen_q / block_m)
+  int max_tiles;  // KV tiles of block_n: src's kv blocks x kv_block_size / block_n (at most
+                  // kFjUnionMaxTiles); launch: grid (Bm Hm num_m), block 256, dynamic shared
+                  // memory kFjUnionSmemPerTile x max_tiles bytes
+  int block_m, block_n, seqlen_q;
+  int* zero;  // set to 0 by the first thread (the persistent forward's work counter), or null
+};
+
+// Bytes of a union schedule of `rows` (b, h, query tile) rows (the headers, then the entries;
+// each 16-byte aligned).
+FJ_HOST_DEVICE inline constexpr fj_i64 fj_forward_sm90_union_bytes(fj_i64 rows, fj_i64 max_tiles) {
+  return rows * kFjUnionRowInts * 4 + (rows * max_tiles * 4 + 15) / 16 * 16;
+}
+
 // The persistent sm_90a forward's workspace for `ctas` CTAs: the 16-byte counter block, then a
 // 16-byte tile slot per CTA and Q buffer.
 FJ_HOST_DEVICE inline constexpr fj_i64 fj_forward_sm90_persistent_workspace_bytes(int ctas,

@@ -170,6 +170,26 @@ FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& arg
   }
 }
 
+// The mask_mod on a tile's scores (after fj_sm90_scores without it): -inf where it is false.
+// Same indices as fj_sm90_scores.
+template <class Cfg, class T>
+FJ_DEVICE void fj_sm90_mask(float (&s)[1][T::kNTiles][4], const FjFwdArgs& args,
+                            const FjModParams& mods, int b, int h, int q_row0, int kv_col0) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    int q_idx = fj_here(q_row0) + hr * 8;
+    if constexpr (!Cfg::kIsDivisible) q_idx = fj_imin(q_idx, args.seqlen_q - 1);
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        int kv_idx = kv_col0 + nt * 8 + c;
+        if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+        if (!fj_mask_mod(mods, b, h, q_idx, kv_idx)) s[0][nt][hr * 2 + c] = fj_neg_inf();
+      }
+  }
+}
+
 // How far (log2 units) a tile's row max may pass the running max before the softmax moves its
 // reference: the P of a score above the reference is at most 2^kFjMaxSlack = 256 (bf16 and f16
 // hold it with their usual relative precision; the fp32 row sums cannot overflow at any length
@@ -221,6 +241,48 @@ FJ_DEVICE void fj_sm90_softmax(float (&s)[1][T::kNTiles][4], float (&row_max)[1]
     }
     row_sum[0][hr] = row_sum[0][hr] * alpha[hr] + sum;
   }
+}
+
+// Whether the kernel reads a block mask as a union schedule (FjUnionScheduleArgs, flexjit_abi.h):
+// with three consumer warpgroups (and the intra-warpgroup overlap, which they always have) and a
+// mask_mod (ForwardSm90Wgmma::resolve_config takes no 192-row tiles with a block mask otherwise).
+template <class T, class Cfg>
+constexpr bool kFjUnionSchedule = T::kConsumers == 3 && T::kDimV <= 128 && Cfg::kHasMaskMod;
+
+// The union schedule's row header of query tile m_block (FjUnionScheduleArgs, flexjit_abi.h).
+FJ_DEVICE const int* fj_union_row(const FjBlockMaskArgs& bm, int b, int h, int m_block) {
+  return bm.kv_num_blocks + (fj_i64)b * bm.num_stride_b + (fj_i64)h * bm.num_stride_h +
+         (fj_i64)m_block * kFjUnionRowInts;
+}
+
+// The KV tiles of query tile (b, h, m_block): with three consumer warpgroups and a block mask,
+// the union schedule's entries (each a tile with status bits above it, as partial tiles);
+// otherwise the block mask's schedule (fj_block_schedule).
+// The union schedule's entries of query tile (b, h, m_block) as partial tiles of a schedule
+// (tile(i) is entry i; without a block mask, tile i), `n` of them.
+FJ_DEVICE FjKvSchedule fj_union_entries(const FjBlockMaskArgs& bm, int b, int h, int m_block,
+                                        int n) {
+  FjKvSchedule s;
+  s.partial_idx = bm.kv_num_blocks == nullptr
+                      ? nullptr
+                      : bm.kv_indices + (fj_i64)b * bm.idx_stride_b + (fj_i64)h * bm.idx_stride_h +
+                            (fj_i64)m_block * bm.idx_stride_m;
+  s.full_idx = nullptr;
+  s.num_partial = s.num_total = n;
+  s.tiles_per_block = 1;
+  return s;
+}
+
+template <class T, class Cfg>
+FJ_DEVICE FjKvSchedule fj_sm90_schedule(const FjFwdArgs& args, int b, int h, int m_block) {
+  if constexpr (kFjUnionSchedule<T, Cfg>) {
+    const FjBlockMaskArgs& bm = args.mask;
+    if (bm.kv_num_blocks != nullptr) {
+      return fj_union_entries(bm, b, h, m_block, fj_union_row(bm, b, h, m_block)[0]);
+    }
+  }
+  return fj_block_schedule<T::kBlockM, T::kBlockN, Cfg::kHasFullBlocks>(args.mask, args.seqlen_kv,
+                                                                        b, h, m_block);
 }
 
 // The query tiles (b, h, m block) a CTA computes, in order. N = ceil(seqlen_q / kBlockM) tiles
@@ -345,14 +407,18 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       // still to land): written to this CTA's global slot and copied into the shared one by the
       // async proxy, so that it lands with Q and on the same barrier (a generic shared-memory
       // store ordered only by the mbarrier is a race to compute-sanitizer's racecheck).
-      auto send_tile = [&](int u, int uses, int value, int q_bytes) {
+      auto send_tile = [&](int u, int uses, int value, int q_bytes, const int(&runs)[3]) {
         // The consumers have read this slot's previous tile (their arrival on its named barrier
         // follows the read): a handshake compute-sanitizer's racecheck can follow, where the
         // Q-empty mbarrier alone (which orders it too) is not. The producer warp's other lanes
         // have exited, so its one thread's bar.sync counts as the warp's 32 (synccheck: clean).
         if (uses > 0) fj_bar_sync(kSlotBar + u, 32 + 128 * T::kConsumers);
         int* const slot = args.sched_counter + 4 * (1 + (int)blockIdx.x * T::kQBufs + u);
-        *reinterpret_cast<volatile int*>(slot) = value;
+        volatile int* const v = slot;
+        v[0] = value;
+        v[1] = runs[0];
+        v[2] = runs[1];
+        v[3] = runs[2];
         fj_fence_proxy_async_global();
         fj_mbar_arrive_expect_tx(bar_q + 8 * u, q_bytes + 16);
         fj_bulk_load16(tile_slot + 16 * u, slot, bar_q + 8 * u);
@@ -363,7 +429,11 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
           if ((code >> 1) >= FjWorkItems<T>::num_pairs(args)) {
             // No tiles left: the consumers wake on the Q-full barrier and read -1.
             if (q_uses(item) > 0) fj_mbar_wait(bar_qe + 8 * u, (q_uses(item) - 1) & 1);
-            send_tile(u, q_uses(item), -1, 0);
+            const int none[3] = {0, 0, 0};
+            send_tile(u, q_uses(item), -1, 0, none);
+            // The consumers' arrival after their last read of the other buffer's slot: taken
+            // here, so that no named-barrier arrival is pending when the CTA exits.
+            if (item > 0) fj_bar_sync(kSlotBar + (u ^ 1), 32 + 128 * T::kConsumers);
             break;
           }
           if ((code & 1) == 0) {
@@ -375,8 +445,22 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
           if (!items.next(args, b, h, m_block)) break;
         }
         const int h_kv = h / Cfg::kGqaRatio;
-        const FjKvSchedule sched = fj_block_schedule<T::kBlockM, T::kBlockN, Cfg::kHasFullBlocks>(
-            args.mask, args.seqlen_kv, b, h, m_block);
+        const FjKvSchedule sched = fj_sm90_schedule<T, Cfg>(args, b, h, m_block);
+        // The union schedule's runs go to the consumers with the tile (begin | end << 16 per
+        // warpgroup): read here, ahead of need, not by the consumers at the tile's start.
+        int runs[3] = {0, 0, 0};
+        if constexpr (kFjUnionSchedule<T, Cfg> && T::kPersistent) {
+          if (args.mask.kv_num_blocks != nullptr) {
+            const int* row = fj_union_row(args.mask, b, h, m_block);
+#pragma unroll
+            for (int c = 0; c < 3; ++c)
+              runs[c] = row[1 + 2 * c] | row[2 + 2 * c] << 16;
+          } else {
+#pragma unroll
+            for (int c = 0; c < 3; ++c)
+              runs[c] = sched.num_total << 16;
+          }
+        }
         // Q into its buffer once the tile that used it before is done with it: with two buffers,
         // tile item - 2 after its epilogue (long before); with one, the previous tile after its
         // last S = Q K^T, so that Q arrives while the consumers finish that tile's P V and
@@ -385,7 +469,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         auto load_q = [&] {
           if (q_uses(item) > 0) fj_mbar_wait(bar_qe + 8 * u, (q_uses(item) - 1) & 1);
           if constexpr (T::kPersistent) {
-            send_tile(u, q_uses(item), code, T::kQLoadBytes);
+            send_tile(u, q_uses(item), code, T::kQLoadBytes, runs);
           } else {
             fj_mbar_arrive_expect_tx(bar_q + 8 * u, T::kQLoadBytes);
           }
@@ -396,7 +480,8 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         if (q_first) load_q();
         int next_tile = sched.num_total > 0 ? sched.tile(0) : 0;
         for (int i = 0; i < sched.num_total; ++i, ++g) {
-          const int tile = next_tile;
+          // Three warpgroups: a block mask comes as a union schedule (status bits above the tile).
+          const int tile = kFjUnionSchedule<T, Cfg> ? next_tile & kFjUnionTileMask : next_tile;
           if (i + 1 < sched.num_total) next_tile = sched.tile(i + 1);
           const int stage = g % T::kNumStages;
           if (g >= T::kNumStages) fj_mbar_wait(bar_e + 8 * stage, ((g / T::kNumStages) & 1) ^ 1);
@@ -422,7 +507,10 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
 
   // ---- consumers ----
   fj_setmaxnreg_inc<T::kConsumerRegs>();
-  const int cw = wg - 1;  // consumer warpgroup: query rows [64 cw, 64 cw + 64) of the tile
+  // This consumer warpgroup (query rows [64 cw, 64 cw + 64) of the tile); known to be warp-uniform
+  // where it picks the union schedule's run (at d 128 the broadcast cost document_causal a 4 B
+  // spill).
+  const int cw = kFjUnionSchedule<T, Cfg> ? fj_warp_uniform(wg - 1) : wg - 1;
   const int wtid = tid % 128;
   const int warp = wtid / 32;
   const int lane = tid % 32;
@@ -508,15 +596,31 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   auto turn_end = [&] { turns.end(); };
 
   int g = 0;  // KV tiles consumed so far, over every query tile: the ring position
+  // Three consumer warpgroups with a mask_mod read a block mask as a union schedule
+  // (FjUnionScheduleArgs): entry i is a tile and each warpgroup's status there (absent, partial,
+  // full), and each warpgroup's tiles are one run of entries (bounds in the row's header). Every
+  // warpgroup takes one turn per entry; outside its run it passes the turn and releases the
+  // stage once it has landed. It is such a kernel's only loop (without a block mask: one run of
+  // partial tiles); two loops in one kernel cost registers (document_causal spilled 88 B) and
+  // compile time. Without a mask_mod (the host then takes no 192-row tiles with a block mask,
+  // InputFacts::mask_mod), the loop below: the union loop measured 401 TFLOP/s there against 431
+  // on noop (NOTES v18).
+  constexpr bool kUnion = kFjUnionSchedule<T, Cfg>;
   FjWorkItems<T> items;
   int b, h, m_block;
+  int slot_runs[3] = {0, 0, 0};  // kUnion and kPersistent: the tile's runs from its slot
   for (;; ++q_item) {
     const int u = q_buf(q_item);
     if constexpr (T::kPersistent) {
       // The producer's tile for this Q buffer (stored with its Q, on the same barrier).
       fj_mbar_wait(bar_q + 8 * u, q_uses(q_item) & 1);
-      const int code = fj_lds_b32(tile_slot + 16 * u);
+      const int code = fj_warp_uniform(fj_lds_b32(tile_slot + 16 * u));
       if (code < 0) break;
+      if constexpr (kUnion) {
+#pragma unroll
+        for (int c = 0; c < 3; ++c)
+          slot_runs[c] = fj_warp_uniform(fj_lds_b32(tile_slot + 16 * u + 4 + 4 * c));
+      }
       // The slot's next tile is an async-proxy write (the bulk copy): order this generic read
       // before it, then let the producer send it (send_tile's named barrier).
       fj_fence_proxy_async();
@@ -528,8 +632,21 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     const int m_start = m_block * T::kBlockM;
     const fj_u32 sq_item = sq + u * T::kQBytes;
     sq_wg = sq_item + cw * 64 * 128;
-    const FjKvSchedule sched = fj_block_schedule<T::kBlockM, T::kBlockN, Cfg::kHasFullBlocks>(
-        args.mask, args.seqlen_kv, b, h, m_block);
+    FjKvSchedule sched;
+    if constexpr (kUnion && T::kPersistent) {
+      // The entry count from the slot (the last run's end), not a load at the tile's start.
+      const int n = max(slot_runs[0] >> 16, max(slot_runs[1] >> 16, slot_runs[2] >> 16));
+      sched = fj_union_entries(args.mask, b, h, m_block, n);
+    } else {
+      sched = fj_sm90_schedule<T, Cfg>(args, b, h, m_block);
+    }
+    if constexpr (kUnion) {
+      // Counts loaded from a block mask, made known to be warp-uniform (the loops below stay on
+      // the uniform datapath); tile indices likewise where they are used, not where loaded (one
+      // tile ahead).
+      sched.num_partial = fj_warp_uniform(sched.num_partial);
+      sched.num_total = fj_warp_uniform(sched.num_total);
+    }
     const int q_row0 = m_start + cw * 64 + warp * 16 + (lane >> 2);
     const int dl_row0 = m_start + cw * 64 + warp * 16;  // this warp's first query row
     auto load_diagonals = [&](int tile) {
@@ -552,12 +669,18 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     }
     // Scores and online softmax of tile i (S in s, turned into P in place); the factors by which
     // O must be rescaled are left in alpha.
-    auto softmax = [&](int i, int n_start, float(&alpha)[2]) {
+    auto softmax = [&](bool partial, int n_start, float(&alpha)[2]) {
       constexpr float kLog2e = 1.4426950408889634f;
       const int kv_col0 = n_start + (lane & 3) * 2;
-      const bool partial = i < sched.num_partial;
       float c = kLog2e;
-      if (!Cfg::kHasScoreMod && !(Cfg::kHasMaskMod && partial) && args.scale > 0.0f) {
+      if constexpr (kUnion && Cfg::kHasScoreMod && Cfg::kHasMaskMod) {
+        // One copy of the score_mod, the mask_mod after it where the tile is partial: a
+        // partial and a full copy of the score_mod chosen by a tile's status bits spilled
+        // 130-260 B at 160 registers (softcap_causal, relative_bias_causal; NOTES v18).
+        fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0, dl,
+                                                  lane);
+        if (partial) fj_sm90_mask<Cfg, T>(s, args, mods, b, h, q_row0, kv_col0);
+      } else if (!Cfg::kHasScoreMod && !(Cfg::kHasMaskMod && partial) && args.scale > 0.0f) {
         // No mod to call on this tile: the scale goes into the exponent's factor too.
         fj_sm90_scores<Cfg, T, false, true, false>(s, args, mods, b, h, q_row0, n_start, kv_col0,
                                                    dl, lane);
@@ -574,7 +697,89 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
 
     const int num_total = sched.num_total;
     if constexpr (!T::kPersistent) fj_mbar_wait(bar_q + 8 * u, q_uses(q_item) & 1);
-    if (num_total == 0) {
+    if constexpr (kUnion) {
+      // The entries before this warpgroup's run of tiles, the run as the loop below (S of the
+      // first tile alone, then S of a tile with P V of the one before, then the last P V),
+      // the entries after it. Every wgmma sits unconditionally in its block: issued or waited
+      // for under a runtime condition, ptxas serializes every wgmma of the kernel (noop 317
+      // TFLOP/s against 434); runs found by the tiles' status bits instead of the row's bounds
+      // spilled 150-350 B (docs/perf/NOTES.md v18).
+      const bool masked = args.mask.kv_num_blocks != nullptr;
+      int run_begin = 0, run_end = num_total;
+      if constexpr (T::kPersistent) {
+        const int run = cw == 0 ? slot_runs[0] : cw == 1 ? slot_runs[1] : slot_runs[2];
+        run_begin = run & 0xffff;
+        run_end = run >> 16;
+      } else if (masked) {
+        const int* row = fj_union_row(args.mask, b, h, m_block);
+        run_begin = fj_warp_uniform(row[1 + 2 * cw]);
+        run_end = fj_warp_uniform(row[2 + 2 * cw]);
+      }
+      const int shift = kFjUnionStatusShift + 2 * cw;
+      auto partial_of = [&](int e) { return !masked || ((e >> shift) & 3) == 1; };
+      // An entry this warpgroup skips: pass the turn; release the stage once both loads landed
+      // (the producer re-arms its barriers only after every warp released it).
+      auto skip = [&](int i) {
+        const int gi = g + i;
+        turn_begin();
+        turn_end();
+        fj_mbar_wait(bar_k + 8 * (gi % T::kNumStages), (gi / T::kNumStages) & 1);
+        fj_mbar_wait(bar_v + 8 * (gi % T::kNumStages), (gi / T::kNumStages) & 1);
+        release(gi % T::kNumStages);
+      };
+      for (int i = 0; i < run_begin; ++i)
+        skip(i);
+      if (run_begin < run_end) {
+        float alpha[2];
+        int e = fj_warp_uniform(sched.tile(run_begin));
+        int next_e = run_begin + 1 < run_end ? sched.tile(run_begin + 1) : 0;  // one ahead
+        const int g0 = g + run_begin;
+        fj_mbar_wait(bar_k + 8 * (g0 % T::kNumStages), (g0 / T::kNumStages) & 1);
+        turn_begin();
+        fj_wgmma_fence();
+        issue_qk(g0 % T::kNumStages);
+        turn_end();
+        load_diagonals(e & kFjUnionTileMask);
+        fj_wgmma_wait<0>();
+        fj_fence_regs(s[0]);
+        softmax(partial_of(e), (e & kFjUnionTileMask) * T::kBlockN, alpha);  // O is zero
+        pack_p();
+        for (int i = run_begin + 1; i < run_end; ++i) {
+          e = fj_warp_uniform(next_e);
+          if (i + 1 < run_end) next_e = sched.tile(i + 1);
+          const int gi = g + i;
+          const int stage = gi % T::kNumStages;
+          const int prev = (gi - 1) % T::kNumStages;
+          fj_mbar_wait(bar_k + 8 * stage, (gi / T::kNumStages) & 1);
+          fj_mbar_wait(bar_v + 8 * prev, ((gi - 1) / T::kNumStages) & 1);
+          turn_begin();
+          fj_wgmma_fence();
+          issue_qk(stage);
+          issue_pv(prev);
+          turn_end();
+          load_diagonals(e & kFjUnionTileMask);
+          fj_wgmma_wait<1>();
+          fj_fence_regs(s[0]);
+          softmax(partial_of(e), (e & kFjUnionTileMask) * T::kBlockN, alpha);
+          fj_wgmma_wait<0>();
+          fj_fence_regs(o[0]);
+          release(prev);
+          rescale_o(alpha);
+          pack_p();
+        }
+        // The run's last P V.
+        const int gl = g + run_end - 1;
+        fj_mbar_wait(bar_v + 8 * (gl % T::kNumStages), (gl / T::kNumStages) & 1);
+        fj_wgmma_fence();
+        issue_pv(gl % T::kNumStages);
+        fj_wgmma_wait<0>();
+        fj_fence_regs(o[0]);
+        release(gl % T::kNumStages);
+      }
+      for (int i = run_end; i < num_total; ++i)
+        skip(i);
+      release_q();
+    } else if (num_total == 0) {
       release_q();
     } else if constexpr (kOverlap) {
       // Tile 0: S only.
@@ -590,7 +795,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       fj_wgmma_wait<0>();
       fj_fence_regs(s[0]);
       if (num_total == 1) release_q();
-      softmax(0, tile * T::kBlockN, alpha);  // O is still zero: no rescale
+      softmax(0 < sched.num_partial, tile * T::kBlockN, alpha);  // O is still zero: no rescale
       pack_p();
       // Tile i: S of tile i and P V of tile i - 1 issued together; the softmax of tile i runs
       // while the tensor cores multiply P V, and O is rescaled once that is done.
@@ -610,7 +815,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         load_diagonals(tile);
         fj_wgmma_wait<1>();
         fj_fence_regs(s[0]);
-        softmax(i, tile * T::kBlockN, alpha);
+        softmax(i < sched.num_partial, tile * T::kBlockN, alpha);
         // ptxas places this wait at the top of the softmax's basic block, so the softmax runs
         // after P V rather than under it; the ping-pong of the two consumers keeps the tensor
         // cores busy meanwhile. Forcing the wait below the softmax (a never-taken branch on its
@@ -650,7 +855,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         fj_wgmma_wait<0>();
         fj_fence_regs(s[0]);
         if (i + 1 == num_total) release_q();
-        softmax(i, tile * T::kBlockN, alpha);
+        softmax(i < sched.num_partial, tile * T::kBlockN, alpha);
         rescale_o(alpha);
         pack_p();
         fj_mbar_wait(bar_v + 8 * stage, parity);
@@ -720,6 +925,111 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     }
   }
   turns.finish();  // the last warpgroup's last hand-over
+}
+
+// The union schedule of a block mask (FjUnionScheduleArgs, flexjit_abi.h) for query tiles of
+// block_m rows whose consumer warpgroups (64 rows each) lie in different q blocks of the mask:
+// one CTA per (b, h, query tile) of the mask marks each KV tile (of block_n keys) with its status
+// in the q blocks its warpgroups lie in (shared memory, kFjUnionSmemPerTile bytes per tile), then
+// writes the tiles of the first warpgroup's block A alone, then those of A and the next block B,
+// then B's alone (each part ascending, compacted by a block-wide count), so that every
+// warpgroup's tiles are one run of entries, whose bounds go into the row's header. The mask's q
+// blocks are multiples of 128 rows (ForwardSm90Wgmma::unsupported), so 192 rows meet at most two.
+// A thread merging the lists alone took ~60 us for 11 rows (a chain of dependent loads); this
+// is a few. Launched before flexjit_forward, which reads the result (fj_union_schedule).
+extern "C" __global__ void __launch_bounds__(256)
+    flexjit_forward_union_schedule(const FjUnionScheduleArgs a) {
+  extern __shared__ unsigned char fj_union_status[];  // [2][max_tiles]: 0, 1 partial, 2 full
+  __shared__ int warp_count[8];
+  const int t = blockIdx.x;
+  const int m = t % a.num_m;
+  const int h = t / a.num_m % a.hm;
+  const int b = t / a.num_m / a.hm;
+  const FjBlockMaskArgs& src = a.src;
+  const int tiles_per_block = src.kv_block_size / a.block_n;
+  const int consumers = a.block_m / 64;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nthreads = blockDim.x;
+  // The forward's work counter, zeroed here instead of by a memset of its own between the two
+  // kernels.
+  if (a.zero != nullptr && t == 0 && tid == 0) *a.zero = 0;
+  // The q blocks A (the first warpgroup's) and B (the next one's, if another); per warpgroup
+  // which (0 A, 1 B, -1: its rows start past seqlen_q).
+  int qb[2] = {-1, -1};
+  int side[kFjUnionMaxConsumers];
+  for (int c = 0; c < kFjUnionMaxConsumers; ++c) {
+    const int row0 = m * a.block_m + 64 * c;
+    side[c] = -1;
+    if (c >= consumers || row0 >= a.seqlen_q) continue;
+    const int q = row0 / src.q_block_size;
+    if (qb[0] < 0 || q == qb[0]) {
+      qb[0] = q;
+      side[c] = 0;
+    } else {
+      qb[1] = q;
+      side[c] = 1;
+    }
+  }
+  unsigned char* status = fj_union_status;
+  for (int i = tid; i < 2 * a.max_tiles; i += nthreads)
+    status[i] = 0;
+  __syncthreads();
+  for (int k = 0; k < 2; ++k) {
+    if (qb[k] < 0) continue;
+    const fj_i64 num_off = (fj_i64)b * src.num_stride_b + (fj_i64)h * src.num_stride_h + qb[k];
+    const fj_i64 idx_off = (fj_i64)b * src.idx_stride_b + (fj_i64)h * src.idx_stride_h +
+                           (fj_i64)qb[k] * src.idx_stride_m;
+    for (int full = 0; full < 2; ++full) {
+      const int* num = full ? src.full_kv_num_blocks : src.kv_num_blocks;
+      if (num == nullptr) continue;
+      const int* list = (full ? src.full_kv_indices : src.kv_indices) + idx_off;
+      const int len = num[num_off] * tiles_per_block;
+      for (int j = tid; j < len; j += nthreads) {
+        const int tile = list[j / tiles_per_block] * tiles_per_block + j % tiles_per_block;
+        if (tile >= 0 && tile < a.max_tiles) status[k * a.max_tiles + tile] = 1 + full;
+      }
+    }
+  }
+  __syncthreads();
+  int* const out = a.entries + (fj_i64)t * a.max_tiles;
+  int n = 0, count[3];
+  // Part 0: in A only (1), part 1: in both (3), part 2: in B only (2).
+  for (int part = 0; part < 3; ++part) {
+    const int want = part == 0 ? 1 : part == 1 ? 3 : 2;
+    const int before = n;
+    for (int base = 0; base < a.max_tiles; base += nthreads) {
+      const int tile = base + tid;
+      const int sa = tile < a.max_tiles ? status[tile] : 0;
+      const int sb = tile < a.max_tiles ? status[a.max_tiles + tile] : 0;
+      const bool take = ((sa != 0 ? 1 : 0) | (sb != 0 ? 2 : 0)) == want;
+      const unsigned ballot = __ballot_sync(0xffffffffu, take);
+      if (lane == 0) warp_count[warp] = __popc(ballot);
+      __syncthreads();
+      int offset = n, total = 0;
+      for (int w = 0; w < nthreads / 32; ++w) {
+        if (w < warp) offset += warp_count[w];
+        total += warp_count[w];
+      }
+      if (take) {
+        int e = tile;
+        for (int c = 0; c < kFjUnionMaxConsumers; ++c) {
+          if (side[c] >= 0) e |= (side[c] == 0 ? sa : sb) << (kFjUnionStatusShift + 2 * c);
+        }
+        out[offset + __popc(ballot & ((1u << lane) - 1u))] = e;
+      }
+      n += total;
+      __syncthreads();  // warp_count is rewritten next round
+    }
+    count[part] = n - before;
+  }
+  if (tid == 0) {
+    int* const row = a.num + (fj_i64)t * kFjUnionRowInts;
+    row[0] = n;
+    for (int c = 0; c < kFjUnionMaxConsumers; ++c) {
+      row[1 + 2 * c] = side[c] == 1 ? count[0] : 0;
+      row[2 + 2 * c] = side[c] == 0 ? count[0] + count[1] : side[c] == 1 ? n : 0;
+    }
+    row[kFjUnionRowInts - 1] = 0;
+  }
 }
 
 #endif  // FLEXJIT_FORWARD_SM90_CUH_

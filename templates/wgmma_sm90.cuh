@@ -229,6 +229,15 @@ FJ_DEVICE int fj_here(int x) {
   return x;
 }
 
+// x (the same in every lane of the warp, all lanes active) as a value ptxas knows to be
+// warp-uniform (CUTLASS's canonical_warp_idx_sync does the same): loop counts, ring positions
+// and stage addresses computed from it stay on the uniform datapath. A count loaded from memory
+// is not known to be uniform, and everything computed from it moves to the vector datapath
+// (NOTES v18: +6 % instructions on noop at d 64 from one such count).
+FJ_DEVICE int fj_warp_uniform(int x) {
+  return __shfl_sync(0xffffffffu, x, 0);
+}
+
 // threadIdx.x read here (an S2R), not a register kept from the kernel's start.
 FJ_DEVICE int fj_tid_here() {
   int t;

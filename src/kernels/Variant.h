@@ -40,6 +40,9 @@ struct InputFacts {
   // Why the TMA tensor maps of the sm_90a kernels cannot describe q, k or v (a stride TMA cannot
   // express); empty when they can or when there are no inputs.
   std::string tma_blocker;
+  // The call's mods have a mask_mod (false where unknown): forward/sm90a_wgmma takes a block
+  // mask with 192-row tiles only then (its union schedule's loop is compiled with a mask_mod).
+  bool mask_mod = false;
 };
 
 // Clears `aligned16` (saying why in `blocker`) unless t's data pointer and its strides of the

@@ -10,6 +10,7 @@
 #include "codegen/cuda/ModParamLayout.h"
 #include "gpu/GpuTestUtil.h"
 #include "gpu/StandardBindings.h"
+#include "kernels/forward/Sm90Wgmma.h"
 #include "runtime/Device.h"
 #include "runtime/ModArgs.h"
 #include "runtime/ModuleCache.h"
@@ -604,6 +605,105 @@ TEST_CASE("forward: uploaded block masks give the dense-mask result", "[gpu][for
     INFO("sparse vs dense: " << diff.str());
     CHECK(diff.rel <= tolerance(sparse.dtype) / 4);
     CHECK(a.lse_mismatched_inf == 0);
+  }
+}
+
+// 192-row tiles (three consumer warpgroups, the head-dim-64 default) over block masks of 128-row
+// (and 256-row) q blocks: the union schedule (docs/kernels/forward_sm90.md "Union schedule")
+// gives each warpgroup its own block's tiles and statuses. Masks where warpgroups of one tile
+// differ (causal, a narrow window, documents), per-(b, h) masks with fully masked rows, a mask
+// without full blocks, 256 x 256 sparse blocks, Sq != Skv, ragged lengths (the last tile's
+// third warpgroup without rows), persistent and one-tile CTAs, block_n 64.
+TEST_CASE("forward: sm90a_wgmma's 192-row tiles over block masks match the reference",
+          "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::vector<std::string> families = test::forward_families(*ctx);
+  if (std::find(families.begin(), families.end(), "sm90a_wgmma") == families.end()) {
+    WARN("skipped: forward/sm90a_wgmma is not selectable here");
+    return;
+  }
+  test::ForwardFamilyScope family_scope("sm90a_wgmma");
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int S = 700, window = 150;
+  std::vector<int32_t> docs(S);
+  for (int i = 0, d = 0; i < S; ++i)
+    docs[i] = (i > 0 && rng() % 150 == 0) ? ++d : d;
+  struct MaskCase {
+    std::string name;
+    int sq, skv;
+    BlockMask mask;
+    Mods mods;
+  };
+  const auto causal = [](int, int, int q, int kv) { return q >= kv; };
+  const auto per_head = [](int b, int h, int q, int kv) { return kv + 40 * h <= q + 90 * b; };
+  const auto offset = [](int, int, int q, int kv) { return kv <= q + 400; };
+  std::vector<MaskCase> cases;
+  cases.push_back(
+      {"causal", S, S, block_mask_from_predicate(causal, 1, 1, S, S), standard_mods("causal")});
+  cases.push_back(
+      {"sliding", S, S,
+       block_mask_from_predicate(
+           [&](int, int, int q, int kv) { return q >= kv && q - kv <= window; }, 1, 1, S, S),
+       standard_mods("sliding_window")});
+  cases.push_back({"document", S, S, block_mask_from_document_ids(docs, true), Mods{}});
+  cases.push_back({"per (b, h)", S, S, block_mask_from_predicate(per_head, 2, 4, S, S),
+                   parse_mods("mask_mod = kv_idx + 40 * h <= q_idx + 90 * b")});
+  cases.push_back({"causal, 256 x 256 blocks", S, S,
+                   block_mask_from_predicate(causal, 1, 1, S, S, 256, 256),
+                   standard_mods("causal")});
+  cases.push_back({"offset causal, Sq != Skv", 500, 900,
+                   block_mask_from_predicate(offset, 1, 1, 500, 900),
+                   parse_mods("mask_mod = kv_idx <= q_idx + 400")});
+  {
+    // Every visited tile partial (no full_* lists): the mask_mod everywhere.
+    const BlockMask full = block_mask_from_predicate(causal, 1, 1, S, S);
+    BlockMask partial_only = block_mask_from_tiles(1, 1, S, S, [&](int b, int h, int qb, int kvb) {
+      const TileKind t = full.tile(b, h, qb, kvb);
+      return t == TileKind::Empty ? TileKind::Empty : TileKind::Partial;
+    });
+    cases.push_back({"causal, partial tiles only", S, S, partial_only, standard_mods("causal")});
+  }
+  struct Cfg {
+    int block_m, block_n, num_stages, q_tiles, persistent;
+  };
+  // block_m 0: the default, 192 rows at head dim 64 (checked below through the picked config).
+  const std::vector<Cfg> configs = {
+      {0, 0, 0, 0, -1}, {192, 128, 2, 1, -1}, {192, 64, 4, 2, 1}, {192, 128, 4, 2, 0}};
+  {
+    // The default at head dim 64 takes 192-row tiles over the block mask: its workspace holds the
+    // union schedule (4 query tiles of 192 rows, 6 KV tiles) beside what the same call without
+    // the mask needs.
+    const DeviceTensor q = upload(*ctx, random_tensor(rng, DType::BF16, {1, 2, S, 64}));
+    const DeviceBlockMask dbm = DeviceBlockMask::upload(*ctx, cases.front().mask);
+    AttentionOptions o;
+    o.mods = standard_mods("causal");
+    const size_t without = flex_attention_workspace_bytes(*ctx, q, q, q, o);
+    o.block_mask = &dbm;
+    // (A plan's workspace is 256-byte aligned.)
+    CHECK(flex_attention_workspace_bytes(*ctx, q, q, q, o) ==
+          (without + static_cast<size_t>(fj_forward_sm90_union_bytes(4, 6)) + 255) / 256 * 256);
+  }
+  for (MaskCase& mc : cases) {
+    const DeviceBlockMask dbm = DeviceBlockMask::upload(*ctx, mc.mask);
+    for (const Cfg& k : configs) {
+      Case c;
+      c.label = fmt::format("{} (block_m {} block_n {} stages {} q_tiles {} persistent {})",
+                            mc.name, k.block_m, k.block_n, k.num_stages, k.q_tiles, k.persistent);
+      c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+      c.shape = make_shape(2, 4, 2, mc.sq, mc.skv, 64, 64);
+      c.mods = mc.mods;
+      if (mc.name == "sliding") c.params = {{"window", window}};
+      if (mc.name == "document") c.buffers["doc_ids"] = host_buffer(DType::I32, {S}, docs);
+      c.block_mask = &dbm;
+      c.config.block_m = k.block_m;
+      c.config.block_n = k.block_n;
+      c.config.num_stages = k.num_stages;
+      c.config.q_tiles = k.q_tiles;
+      c.config.persistent = k.persistent;
+      check_case(*ctx, c, rng, seed);
+    }
   }
 }
 

@@ -120,6 +120,11 @@ TEST_CASE("bad input exits with 1 and says what and where", "[cli][errors]") {
       {"emit --arch sm_90a --dtype f64", "f64"},
       {"emit --arch sm_75", "sm_75"},
       {"emit", "--arch"},
+      // bench --shape: checked before anything needs a GPU.
+      {"bench --shape 8,16,16,2048", "five values B,Hq,Hkv,S,D"},
+      {"bench --shape 8,16,x,2048,64", "Hkv must be a positive integer"},
+      {"bench --shape 8,16,15,2048,64", "Hq = 16 is not a multiple of Hkv = 15"},
+      {"bench --shape 8,16,16,2048,64 --only-extra", "--shape replaces the standard shapes"},
   };
   for (const auto& c : cases) {
     Result r = run_cli(c.args, "FLEXJIT_CACHE_DIR='" + dir.string() + "/cache'");

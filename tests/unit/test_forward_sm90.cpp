@@ -64,6 +64,40 @@ TEST_CASE("sm90a_wgmma serves sm_90a bf16 / f16 and says why it cannot serve the
   CHECK_THROWS_WITH(
       v.resolve_config(problem("sm_90a", DType::BF16), {{"block_n", 128}}, mask_128x64),
       Catch::Contains("not multiples") && Catch::Contains("128x128 tiles"));
+  // At head dim 64, 192-row tiles over a 128-row block mask (the union schedule) are the default
+  // where they cover at most 1/8 more rows: S = 2048 (2112 rows against 2048) but not S = 256
+  // (384 against 256); asked for, they take a mask of 128- or 256-row blocks.
+  InputFacts mask128;
+  mask128.mask_q_block = mask128.mask_kv_block = 128;
+  mask128.seqlen_q = mask128.seqlen_kv = 2048;
+  mask128.mask_mod = true;
+  CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 64, 64), {}, mask128).at("block_m") == 192);
+  mask128.seqlen_q = 256;
+  CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 64, 64), {}, mask128).at("block_m") == 128);
+  CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 64, 64), {{"block_m", 192}}, mask128)
+            .at("block_m") == 192);
+  // Without a mask_mod (a block mask from tiles or a dense mask, none given) the kernel has no
+  // union loop: 128 rows by default, 192 refused.
+  InputFacts no_mod = mask128;
+  no_mod.mask_mod = false;
+  CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 64, 64), {}, no_mod).at("block_m") == 128);
+  CHECK_THROWS_WITH(
+      v.resolve_config(problem("sm_90a", DType::BF16, 64, 64), {{"block_m", 192}}, no_mod),
+      Catch::Contains("needs the call's mask_mod"));
+  // A union schedule takes at most kFjUnionMaxTiles KV tiles.
+  InputFacts huge = mask128;
+  huge.seqlen_kv = int64_t{128} * kFjUnionMaxTiles + 1;
+  CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 64, 64), {}, huge).at("block_m") == 128);
+  CHECK_THROWS_WITH(
+      v.resolve_config(problem("sm_90a", DType::BF16, 64, 64), {{"block_m", 192}}, huge),
+      Catch::Contains("at most 32768 KV tiles"));
+  InputFacts mask256 = mask128;
+  mask256.mask_q_block = mask256.mask_kv_block = 256;
+  CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 64, 64), {{"block_m", 192}}, mask256)
+            .at("block_n") == 128);
+  // The union schedule's bytes: 32-byte row headers, then the entries rounded up to 16 bytes.
+  CHECK(fj_forward_sm90_union_bytes(11, 16) == 11 * 32 + 11 * 16 * 4);
+  CHECK(fj_forward_sm90_union_bytes(3, 5) == 3 * 32 + 64);
 }
 
 TEST_CASE("sm90a_wgmma configs: defaults, the space, and precise refusals", "[sm90][kernels]") {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 namespace flexjit::cli {
@@ -83,6 +84,10 @@ std::vector<BenchCase> standard_cases(const CaseSelection& sel) {
     add_shape(out, "small", {1, 4, 1, 1, 300, 128}, false);
     return out;
   }
+  if (sel.custom) {
+    add_shape(out, "custom", *sel.custom, sel.quick);
+    return out;
+  }
   if (sel.main) add_shape(out, "main", {4, 16, 16, 4096, 4096, 128}, sel.quick);
   if (sel.extra) {
     add_shape(out, "gqa", {4, 32, 8, 4096, 4096, 128}, true);
@@ -117,7 +122,38 @@ Mods named_mods(const std::string& name) {
 
 }  // namespace
 
+BenchShape parse_bench_shape(const std::string& text) {
+  static const char* const kFields[] = {"B", "Hq", "Hkv", "S", "D"};
+  int v[5];
+  size_t pos = 0;
+  for (int i = 0; i < 5; ++i) {
+    const size_t end = i < 4 ? text.find(',', pos) : text.size();
+    const std::string field =
+        end == std::string::npos ? text.substr(pos) : text.substr(pos, end - pos);
+    char* stop = nullptr;
+    const long x = field.empty() ? 0 : std::strtol(field.c_str(), &stop, 10);
+    if (field.empty() || *stop != '\0' || x <= 0 || x > (1L << 30)) {
+      throw Error(
+          fmt::format("--shape '{}': {} must be a positive integer (the form is "
+                      "B,Hq,Hkv,S,D, e.g. 8,16,16,2048,64)",
+                      text, kFields[i]));
+    }
+    v[i] = static_cast<int>(x);
+    if (i < 4 && end == std::string::npos) {
+      throw Error(
+          fmt::format("--shape '{}': five values B,Hq,Hkv,S,D, e.g. 8,16,16,2048,64", text));
+    }
+    pos = end + 1;
+  }
+  if (v[1] % v[2] != 0) {
+    throw Error(
+        fmt::format("--shape '{}': Hq = {} is not a multiple of Hkv = {}", text, v[1], v[2]));
+  }
+  return {v[0], v[1], v[2], v[3], v[3], v[4]};
+}
+
 Mods case_mods(const BenchCase& c) {
+  if (c.custom_mods) return *c.custom_mods;
   Mods m = named_mods(c.mods);
   for (const auto& [name, value] : c.params) {
     bool found = false;
@@ -134,7 +170,7 @@ Mods case_mods(const BenchCase& c) {
 
 std::vector<std::pair<std::string, npy::Array>> case_buffers(const BenchCase& c, uint64_t seed) {
   std::vector<std::pair<std::string, npy::Array>> out;
-  const Mods m = named_mods(c.mods);
+  const Mods m = case_mods(c);
   for (const Buffer& b : m.buffers) {
     const std::string& name = b.name();
     if (name == "slopes") {

@@ -9,6 +9,8 @@
 #include "util/Npy.h"
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +30,9 @@ struct BenchCase {
   std::vector<std::pair<std::string, double>> params;
   int page_size = 0;    // > 0: K / V in a paged cache of this page size (shuffled page table)
   bool ragged = false;  // contiguous K / V passed as a KV cache with (full) seq_lens
+  // A case of the user's own mods (`bench --shape ... --mods X`): used instead of `mods`, which
+  // then only names the case.
+  std::shared_ptr<const Mods> custom_mods = nullptr;
 };
 
 // The chunked-prefill cases' mods: causal with the chunk at the end of each sequence, the offset
@@ -45,7 +50,14 @@ struct CaseSelection {
   // prefill (group "prefill": B=4 Hq=32 Hkv=8, 2048 queries against 8192 keys, offset causal)
   // contiguous, ragged (a KV cache without pages) and in 16-key pages.
   bool decode = false;
+  // `bench --shape`: only this shape (group "custom"; self-attention, Sq = Skv), with the eight
+  // standard cases (`quick`: four); replaces every other group.
+  std::optional<BenchShape> custom = std::nullopt;
 };
+
+// Parses --shape's "B,Hq,Hkv,S,D" (Hq a multiple of Hkv, D 64 / 128 / 256 as the kernels
+// take them); Error naming the field that is wrong.
+BenchShape parse_bench_shape(const std::string& text);
 
 // Bytes of K and V one decoding call reads (the effective-bandwidth numerator).
 double kv_bytes(const BenchShape& s);

@@ -153,6 +153,8 @@ struct AttentionBenchOptions {
   bool deterministic = false;   // --deterministic: BackwardOptions::deterministic
   std::string autotune;  // empty: FLEXJIT_AUTOTUNE; else off | cached | search, beside the default
   MathMode math = MathMode::Auto;  // --math
+  // --shape with --mods: the one case of those mods at the custom shape.
+  std::shared_ptr<const Mods> custom_case;
 };
 
 struct AttentionRow {
@@ -392,8 +394,20 @@ void run_attention_bench(const AttentionBenchOptions& o) {
     if (next > pos) names.insert(o.cases.substr(pos, next - pos));
   }
   std::vector<BenchCase> cases;
-  for (const BenchCase& c : standard_cases(o.selection)) {
-    if (selected(c, names)) cases.push_back(c);
+  if (o.custom_case) {
+    const Mods& m = *o.custom_case;
+    BenchCase c;
+    c.name = m.name.empty() || m.name == "<inline>" ? std::string("custom") : m.name;
+    c.group = "custom";
+    c.shape = *o.selection.custom;
+    c.mods = "custom";
+    c.block_mask = m.mask_mod.defined();
+    c.custom_mods = o.custom_case;
+    cases.push_back(c);
+  } else {
+    for (const BenchCase& c : standard_cases(o.selection)) {
+      if (selected(c, names)) cases.push_back(c);
+    }
   }
   if (cases.empty()) {
     std::vector<std::string> all;
@@ -771,6 +785,11 @@ void register_bench(CLI::App& app) {
                 "Main shape: only noop, causal, alibi+causal, document+causal");
   cmd->add_flag("--small", a.selection.small,
                 "Only tiny shapes of every case (for compute-sanitizer and smoke tests)");
+  static std::string shape;
+  cmd->add_option("--shape", shape,
+                  "Only this shape, B,Hq,Hkv,S,D (e.g. 8,16,16,2048,64): the eight standard "
+                  "cases (four with --quick), or with --mods / --score-mod / --mask-mod one case "
+                  "of those mods (its mask_mod builds the block mask)");
   cmd->add_option("--case", a.cases,
                   "Comma-separated case names (causal, alibi+causal, ...) or groups (main, gqa, "
                   "d64, long, decode, small)");
@@ -805,6 +824,18 @@ void register_bench(CLI::App& app) {
     if (only_decode) {
       a.selection.main = false;
       a.selection.decode = true;
+    }
+    if (!shape.empty()) {
+      if (only_extra || only_decode || a.selection.extra || a.selection.small) {
+        throw Error(
+            "--shape replaces the standard shapes: drop --extra, --only-extra, --decode "
+            "and --small");
+      }
+      a.selection.custom = parse_bench_shape(shape);
+      if (!opts.mods.empty() || !opts.score_mod.empty() || !opts.mask_mod.empty()) {
+        auto mods = std::make_shared<const Mods>(resolve(opts));
+        a.custom_case = mods;
+      }
     }
     a.repeats = repeats;
     a.deterministic = opts.deterministic;

@@ -55,6 +55,7 @@ InputFacts forward_facts(const ForwardInputs& in) {
   }
   f.seqlen_q = in.shape.seqlen_q;
   f.seqlen_kv = in.shape.seqlen_kv;
+  f.mask_mod = in.mask_mod;
   return f;
 }
 

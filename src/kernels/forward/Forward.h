@@ -43,6 +43,9 @@ struct ForwardInputs {
   const int* seq_lens = nullptr;
   // The device's SM count (0: unknown): persistent kernels launch about one CTA per SM.
   int sm_count = 0;
+  // The call's mods have a mask_mod (known where the runtime planned the call): sm90a_wgmma's
+  // 192-row tiles read a block mask only then (InputFacts::mask_mod).
+  bool mask_mod = false;
 };
 
 using ForwardVariant = FamilyVariant<Family::Forward, ForwardInputs>;

@@ -92,6 +92,42 @@ int64_t persistent_ctas(const KernelDesc& d, const ForwardInputs& in) {
   return std::max<int64_t>(1, in.sm_count > 0 ? std::min<int64_t>(pairs, in.sm_count) : pairs);
 }
 
+// Three consumer warpgroups (block_m 192) take a block mask as a union schedule: the shape of
+// that schedule for the call (rows = the mask's batch x heads x query tiles, entries per row),
+// none without a block mask or with 128-row tiles.
+struct UnionShape {
+  int64_t rows = 0, max_tiles = 0, num_m = 0;
+  bool used() const { return rows > 0; }
+};
+UnionShape union_shape(const KernelDesc& d, const ForwardInputs& in) {
+  if (in.block_mask == nullptr || d.config.at("block_m") != 192) return {};
+  const BlockMask& m = in.block_mask->meta();
+  const int64_t bn = d.config.at("block_n");
+  UnionShape u;
+  u.num_m = (in.shape.seqlen_q + 191) / 192;
+  u.rows = static_cast<int64_t>(m.batch) * m.heads * u.num_m;
+  u.max_tiles = static_cast<int64_t>(m.num_kv_blocks) * (m.kv_block_size / bn);
+  return u;
+}
+
+// KV tiles of block_n keys in a union schedule over the call's block mask (its kv blocks split);
+// 0 without one.
+int64_t union_tiles(const InputFacts& facts, int64_t block_n) {
+  if (facts.mask_kv_block == 0 || facts.seqlen_kv < 0) return 0;
+  return (facts.seqlen_kv + facts.mask_kv_block - 1) / facts.mask_kv_block *
+         (facts.mask_kv_block / block_n);
+}
+
+// The step's workspace: the persistent CTAs' counter and tile slots, then (256-byte aligned) the
+// union schedule.
+int64_t persistent_bytes(const KernelDesc& d, const ForwardInputs& in) {
+  if (persistent_of(d) != 1) return 0;
+  return (fj_forward_sm90_persistent_workspace_bytes(static_cast<int>(persistent_ctas(d, in)),
+                                                     q_bufs_of(d)) +
+          255) /
+         256 * 256;
+}
+
 Params make_config(int block_m, int block_n, int num_stages, int q_tiles, int persistent) {
   return {{"block_m", block_m},
           {"block_n", block_n},
@@ -252,17 +288,18 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   if (overrides.get("q_tiles").value_or(0) == 1 && !overrides.has("persistent")) {
     c.set("persistent", 0);
   }
-  // Without a block mask at head dim 64 (no mask, or a score_mod or mask_mod alone): three
-  // consumer warpgroups taking turns in rotation (block_m 192), the softmax-bound tile's other
-  // lever: noop 430.9 TFLOP/s against 404.3 with 128 rows (docs/perf/NOTES.md v17). With a block
-  // mask its 128-row sparse blocks do not divide 192-row tiles. Only where 192-row tiles cover
-  // at most an eighth more rows than 128-row ones (short or ragged query lengths), and with the
-  // default block_n (a wider one does not fit 192 rows' registers).
+  // At head dim 64: three consumer warpgroups taking turns in rotation (block_m 192), the
+  // softmax-bound tile's other lever: noop 430.9 TFLOP/s against 404.3 with 128 rows
+  // (docs/perf/NOTES.md v17); with a block mask, whose 128-row blocks each 64-row warpgroup lies
+  // in, through the union schedule (v18). Only where 192-row tiles cover at most an eighth more
+  // rows than 128-row ones (short or ragged query lengths), and with the default block_n (a
+  // wider one does not fit 192 rows' registers).
   const int64_t rows192 = (facts.seqlen_q + 191) / 192 * 192;
   const int64_t rows128 = (facts.seqlen_q + 127) / 128 * 128;
-  if (facts.mask_kv_block == 0 && !overrides.has("block_m") && !overrides.has("block_n") &&
-      facts.seqlen_q > 0 && std::max(problem.head_dim_qk, problem.head_dim_v) <= 64 &&
-      8 * rows192 <= 9 * rows128) {
+  if (!overrides.has("block_m") && !overrides.has("block_n") && facts.seqlen_q > 0 &&
+      std::max(problem.head_dim_qk, problem.head_dim_v) <= 64 && 8 * rows192 <= 9 * rows128 &&
+      (facts.mask_kv_block == 0 ||
+       (facts.mask_mod && union_tiles(facts, c.at("block_n")) <= kFjUnionMaxTiles))) {
     c.set("block_m", 192);
   }
   // A wider block_n asked for with the default stages: as many stages as fit (at least 2).
@@ -276,7 +313,20 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   }
   if (facts.mask_kv_block == 0) return c;
   fit_tile_to_block(c, "block_n", facts.mask_kv_block, overrides, {128, 64});
-  if (facts.mask_q_block % c.at("block_m") != 0 || facts.mask_kv_block % c.at("block_n") != 0) {
+  // 192-row tiles read a union schedule of the mask's q blocks (each warpgroup's 64 rows in one).
+  const int64_t q_unit = c.at("block_m") == 192 ? 64 : c.at("block_m");
+  if (c.at("block_m") == 192 && !facts.mask_mod) {
+    throw UnsupportedError(
+        "block_m = 192 with a block mask needs the call's mask_mod (the kernel reads the mask as a "
+        "union schedule, whose loop it compiles with one); use block_m = 128");
+  }
+  if (c.at("block_m") == 192 && union_tiles(facts, c.at("block_n")) > kFjUnionMaxTiles) {
+    throw UnsupportedError(fmt::format(
+        "block_m = 192 with a block mask reads a union schedule of at most {} KV tiles; {} keys "
+        "in tiles of {} make {}; use block_m = 128",
+        kFjUnionMaxTiles, facts.seqlen_kv, c.at("block_n"), union_tiles(facts, c.at("block_n"))));
+  }
+  if (facts.mask_q_block % q_unit != 0 || facts.mask_kv_block % c.at("block_n") != 0) {
     throw UnsupportedError(fmt::format(
         "the block mask's sparse blocks ({}x{}) are not multiples of forward/sm90a_wgmma's "
         "{}x{} tiles; build the mask with a block size that is a multiple of 128, or pass a "
@@ -326,9 +376,9 @@ unsigned ForwardSm90Wgmma::smem_bytes(const KernelDesc& desc) const {
 }
 
 size_t ForwardSm90Wgmma::workspace_bytes(const KernelDesc& desc, const ForwardInputs& in) const {
-  if (persistent_of(desc) != 1) return 0;
-  return static_cast<size_t>(fj_forward_sm90_persistent_workspace_bytes(
-      static_cast<int>(persistent_ctas(desc, in)), q_bufs_of(desc)));
+  const UnionShape u = union_shape(desc, in);
+  return static_cast<size_t>(persistent_bytes(desc, in) +
+                             (u.used() ? fj_forward_sm90_union_bytes(u.rows, u.max_tiles) : 0));
 }
 
 std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const ForwardInputs& in,
@@ -344,6 +394,49 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   maps.q = runtime::encode_bhsd_tma(in.q, bm, "q");
   maps.k = runtime::encode_bhsd_tma(in.k, bn, "k");
   maps.v = runtime::encode_bhsd_tma(in.v, bn, "v");
+  std::vector<Launch> out;
+  const UnionShape u = union_shape(desc, in);
+  if (u.used()) {
+    // The union schedule first (its own slice of the workspace), then the forward reads it as
+    // its block mask: block_m x block_n blocks, no full_* lists (the entries carry the status).
+    FJ_ASSERT(workspace != nullptr, "the forward's union schedule launched without a workspace");
+    FJ_ASSERT(u.max_tiles <= kFjUnionMaxTiles, "union schedule: more KV tiles than it takes");
+    char* base = static_cast<char*>(workspace) + persistent_bytes(desc, in);
+    FjUnionScheduleArgs ua{};
+    ua.src = a.mask;
+    ua.num = reinterpret_cast<int*>(base);
+    ua.entries = reinterpret_cast<int*>(base + u.rows * kFjUnionRowInts * 4);
+    const BlockMask& meta = in.block_mask->meta();
+    ua.bm = meta.batch;
+    ua.hm = meta.heads;
+    ua.num_m = static_cast<int>(u.num_m);
+    ua.max_tiles = static_cast<int>(u.max_tiles);
+    ua.block_m = bm;
+    ua.block_n = bn;
+    ua.seqlen_q = static_cast<int>(s.seqlen_q);
+    ua.zero = persistent_of(desc) == 1 ? static_cast<int*>(workspace) : nullptr;
+    Launch b;
+    b.entry_point = "flexjit_forward_union_schedule";
+    b.grid = {static_cast<unsigned>(u.rows), 1, 1};
+    b.block = {256, 1, 1};
+    b.smem_bytes = static_cast<unsigned>((kFjUnionSmemPerTile * u.max_tiles + 15) / 16 * 16);
+    b.args.add(ua);
+    out.push_back(std::move(b));
+    // The forward's view (FjUnionScheduleArgs): row headers as kv_num_blocks, entries as
+    // kv_indices.
+    FjBlockMaskArgs view{};
+    view.kv_num_blocks = ua.num;
+    view.kv_indices = ua.entries;
+    const int64_t header = int64_t{kFjUnionRowInts} * u.num_m, row = u.max_tiles * u.num_m;
+    view.num_stride_h = meta.heads == 1 ? 0 : header;
+    view.num_stride_b = meta.batch == 1 ? 0 : meta.heads * header;
+    view.idx_stride_m = u.max_tiles;
+    view.idx_stride_h = meta.heads == 1 ? 0 : row;
+    view.idx_stride_b = meta.batch == 1 ? 0 : meta.heads * row;
+    view.q_block_size = bm;
+    view.kv_block_size = bn;
+    a.mask = view;
+  }
   Launch l;
   l.entry_point = "flexjit_forward";
   const int64_t m_blocks = (s.seqlen_q + bm - 1) / bm;
@@ -352,8 +445,12 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
     l.grid = {static_cast<unsigned>(persistent_ctas(desc, in)), 1, 1};
     FJ_ASSERT(workspace != nullptr, "the persistent forward launched without its work counter");
     a.sched_counter = static_cast<int*>(workspace);
-    l.zero_first = workspace;  // the counter (the tile slots are written before they are read)
-    l.zero_bytes = sizeof(int);
+    // The counter (the tile slots are written before they are read): the union schedule's
+    // kernel zeroes it where there is one, else a memset right before the launch.
+    if (!u.used()) {
+      l.zero_first = workspace;
+      l.zero_bytes = sizeof(int);
+    }
   } else {
     l.grid = {static_cast<unsigned>((m_blocks + q_tiles - 1) / q_tiles),
               static_cast<unsigned>(s.heads_q), static_cast<unsigned>(s.batch)};
@@ -363,7 +460,6 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   l.args.add(a);
   l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
   l.args.add(maps);
-  std::vector<Launch> out;
   out.push_back(std::move(l));
   return out;
 }

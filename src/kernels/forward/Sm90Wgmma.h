@@ -42,10 +42,14 @@ class ForwardSm90Wgmma : public ForwardVariant {
                         const InputFacts& facts) const override;
   void specialize(KernelDesc& desc, const InputFacts& facts) const override;
   std::vector<TemplateText> templates() const override;
-  std::vector<std::string> entry_points() const override { return {"flexjit_forward"}; }
+  // flexjit_forward_union_schedule runs first where block_m 192 meets a block mask.
+  std::vector<std::string> entry_points() const override {
+    return {"flexjit_forward", "flexjit_forward_union_schedule"};
+  }
   cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
   unsigned smem_bytes(const KernelDesc& desc) const override;
-  // persistent = 1: the work counter (zeroed before each launch).
+  // persistent = 1: the work counter (zeroed before each launch); block_m 192 with a block
+  // mask: the union schedule.
   size_t workspace_bytes(const KernelDesc& desc, const ForwardInputs& in) const override;
   std::vector<Launch> launches(const KernelDesc& desc, const ForwardInputs& in,
                                void* workspace) const override;
