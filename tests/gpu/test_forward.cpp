@@ -223,6 +223,15 @@ const T& pick(std::mt19937_64& rng, const std::vector<T>& v) {
   return v[rng() % v.size()];
 }
 
+// Whether forward/sm90a_wgmma runs here (a warning says so when it does not): the tests of its
+// own configs return early otherwise.
+bool sm90a_wgmma_selectable(Context& ctx) {
+  const std::vector<std::string> families = test::forward_families(ctx);
+  if (std::find(families.begin(), families.end(), "sm90a_wgmma") != families.end()) return true;
+  WARN("skipped: forward/sm90a_wgmma is not selectable here");
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("forward: every standard mod matches the reference", "[gpu][forward]") {
@@ -286,11 +295,7 @@ TEST_CASE("forward: random shapes, GQA, head dims, dtypes and layouts", "[gpu][f
 // (the folded-scale softmax's fallback); docs/kernels/forward_sm90.md "Configs".
 TEST_CASE("forward: sm90a_wgmma's non-default configs match the reference", "[gpu][forward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
-  const std::vector<std::string> families = test::forward_families(*ctx);
-  if (std::find(families.begin(), families.end(), "sm90a_wgmma") == families.end()) {
-    WARN("skipped: forward/sm90a_wgmma is not selectable here");
-    return;
-  }
+  if (!sm90a_wgmma_selectable(*ctx)) return;
   test::ForwardFamilyScope family_scope("sm90a_wgmma");
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
@@ -617,11 +622,7 @@ TEST_CASE("forward: uploaded block masks give the dense-mask result", "[gpu][for
 TEST_CASE("forward: sm90a_wgmma's 192-row tiles over block masks match the reference",
           "[gpu][forward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
-  const std::vector<std::string> families = test::forward_families(*ctx);
-  if (std::find(families.begin(), families.end(), "sm90a_wgmma") == families.end()) {
-    WARN("skipped: forward/sm90a_wgmma is not selectable here");
-    return;
-  }
+  if (!sm90a_wgmma_selectable(*ctx)) return;
   test::ForwardFamilyScope family_scope("sm90a_wgmma");
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
