@@ -695,6 +695,57 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       fj_sm90_softmax<T>(s, row_max, row_sum, alpha, c);
     };
 
+    // The overlapped loop's three steps over a run of tiles at ring positions g0, g0 + 1, ...:
+    // the first tile's S alone; S of a tile with P V of the one before in one turn (the
+    // softmax of S runs while the tensor cores do P V, O is rescaled once P V is done); the last
+    // P V. `q_done`: the tile's S is the query tile's last (one Q buffer: release it).
+    auto first_s = [&](int gi, int tile, bool partial, float(&alpha)[2], bool q_done) {
+      fj_mbar_wait(bar_k + 8 * (gi % T::kNumStages), (gi / T::kNumStages) & 1);
+      turn_begin();
+      fj_wgmma_fence();
+      issue_qk(gi % T::kNumStages);
+      turn_end();
+      load_diagonals(tile);
+      fj_wgmma_wait<0>();
+      fj_fence_regs(s[0]);
+      if (q_done) release_q();
+      softmax(partial, tile * T::kBlockN, alpha);  // O is still zero: no rescale
+      pack_p();
+    };
+    auto next_s_pv = [&](int gi, int tile, bool partial, float(&alpha)[2], bool q_done) {
+      const int stage = gi % T::kNumStages;
+      const int prev = (gi - 1) % T::kNumStages;
+      fj_mbar_wait(bar_k + 8 * stage, (gi / T::kNumStages) & 1);
+      fj_mbar_wait(bar_v + 8 * prev, ((gi - 1) / T::kNumStages) & 1);
+      turn_begin();
+      fj_wgmma_fence();
+      issue_qk(stage);
+      issue_pv(prev);
+      turn_end();
+      load_diagonals(tile);
+      fj_wgmma_wait<1>();
+      fj_fence_regs(s[0]);
+      softmax(partial, tile * T::kBlockN, alpha);
+      // ptxas places this wait at the top of the softmax's basic block, so the softmax runs
+      // after P V rather than under it; the ping-pong of the consumers keeps the tensor cores
+      // busy meanwhile. Forcing the wait below the softmax (a never-taken branch on its row
+      // sums) measured 2-4 % slower (docs/perf/NOTES.md v12).
+      fj_wgmma_wait<0>();
+      fj_fence_regs(o[0]);
+      if (q_done) release_q();
+      release(prev);
+      rescale_o(alpha);
+      pack_p();
+    };
+    auto last_pv = [&](int gl) {
+      fj_mbar_wait(bar_v + 8 * (gl % T::kNumStages), (gl / T::kNumStages) & 1);
+      fj_wgmma_fence();
+      issue_pv(gl % T::kNumStages);
+      fj_wgmma_wait<0>();
+      fj_fence_regs(o[0]);
+      release(gl % T::kNumStages);
+    };
+
     const int num_total = sched.num_total;
     if constexpr (!T::kPersistent) fj_mbar_wait(bar_q + 8 * u, q_uses(q_item) & 1);
     if constexpr (kUnion) {
@@ -733,48 +784,13 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         float alpha[2];
         int e = fj_warp_uniform(sched.tile(run_begin));
         int next_e = run_begin + 1 < run_end ? sched.tile(run_begin + 1) : 0;  // one ahead
-        const int g0 = g + run_begin;
-        fj_mbar_wait(bar_k + 8 * (g0 % T::kNumStages), (g0 / T::kNumStages) & 1);
-        turn_begin();
-        fj_wgmma_fence();
-        issue_qk(g0 % T::kNumStages);
-        turn_end();
-        load_diagonals(e & kFjUnionTileMask);
-        fj_wgmma_wait<0>();
-        fj_fence_regs(s[0]);
-        softmax(partial_of(e), (e & kFjUnionTileMask) * T::kBlockN, alpha);  // O is zero
-        pack_p();
+        first_s(g + run_begin, e & kFjUnionTileMask, partial_of(e), alpha, false);
         for (int i = run_begin + 1; i < run_end; ++i) {
           e = fj_warp_uniform(next_e);
           if (i + 1 < run_end) next_e = sched.tile(i + 1);
-          const int gi = g + i;
-          const int stage = gi % T::kNumStages;
-          const int prev = (gi - 1) % T::kNumStages;
-          fj_mbar_wait(bar_k + 8 * stage, (gi / T::kNumStages) & 1);
-          fj_mbar_wait(bar_v + 8 * prev, ((gi - 1) / T::kNumStages) & 1);
-          turn_begin();
-          fj_wgmma_fence();
-          issue_qk(stage);
-          issue_pv(prev);
-          turn_end();
-          load_diagonals(e & kFjUnionTileMask);
-          fj_wgmma_wait<1>();
-          fj_fence_regs(s[0]);
-          softmax(partial_of(e), (e & kFjUnionTileMask) * T::kBlockN, alpha);
-          fj_wgmma_wait<0>();
-          fj_fence_regs(o[0]);
-          release(prev);
-          rescale_o(alpha);
-          pack_p();
+          next_s_pv(g + i, e & kFjUnionTileMask, partial_of(e), alpha, false);
         }
-        // The run's last P V.
-        const int gl = g + run_end - 1;
-        fj_mbar_wait(bar_v + 8 * (gl % T::kNumStages), (gl / T::kNumStages) & 1);
-        fj_wgmma_fence();
-        issue_pv(gl % T::kNumStages);
-        fj_wgmma_wait<0>();
-        fj_fence_regs(o[0]);
-        release(gl % T::kNumStages);
+        last_pv(g + run_end - 1);
       }
       for (int i = run_end; i < num_total; ++i)
         skip(i);
@@ -782,60 +798,16 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     } else if (num_total == 0) {
       release_q();
     } else if constexpr (kOverlap) {
-      // Tile 0: S only.
-      int tile = sched.tile(0);
+      // Tile 0: S only; then S of tile i with P V of tile i - 1; then the last P V.
       int next_tile = num_total > 1 ? sched.tile(1) : 0;  // read one tile ahead
       float alpha[2];
-      fj_mbar_wait(bar_k + 8 * (g % T::kNumStages), (g / T::kNumStages) & 1);
-      turn_begin();
-      fj_wgmma_fence();
-      issue_qk(g % T::kNumStages);
-      turn_end();
-      load_diagonals(tile);
-      fj_wgmma_wait<0>();
-      fj_fence_regs(s[0]);
-      if (num_total == 1) release_q();
-      softmax(0 < sched.num_partial, tile * T::kBlockN, alpha);  // O is still zero: no rescale
-      pack_p();
-      // Tile i: S of tile i and P V of tile i - 1 issued together; the softmax of tile i runs
-      // while the tensor cores multiply P V, and O is rescaled once that is done.
+      first_s(g, sched.tile(0), 0 < sched.num_partial, alpha, num_total == 1);
       for (int i = 1; i < num_total; ++i) {
-        tile = next_tile;
+        const int tile = next_tile;
         if (i + 1 < num_total) next_tile = sched.tile(i + 1);
-        const int gi = g + i;
-        const int stage = gi % T::kNumStages;
-        const int prev = (gi - 1) % T::kNumStages;
-        fj_mbar_wait(bar_k + 8 * stage, (gi / T::kNumStages) & 1);
-        fj_mbar_wait(bar_v + 8 * prev, ((gi - 1) / T::kNumStages) & 1);
-        turn_begin();
-        fj_wgmma_fence();
-        issue_qk(stage);
-        issue_pv(prev);
-        turn_end();
-        load_diagonals(tile);
-        fj_wgmma_wait<1>();
-        fj_fence_regs(s[0]);
-        softmax(i < sched.num_partial, tile * T::kBlockN, alpha);
-        // ptxas places this wait at the top of the softmax's basic block, so the softmax runs
-        // after P V rather than under it; the ping-pong of the two consumers keeps the tensor
-        // cores busy meanwhile. Forcing the wait below the softmax (a never-taken branch on its
-        // row sums) measured 2-4 % slower (docs/perf/NOTES.md v12).
-        fj_wgmma_wait<0>();
-        fj_fence_regs(o[0]);
-        if (i + 1 == num_total) release_q();
-        release(prev);
-        rescale_o(alpha);
-        pack_p();
+        next_s_pv(g + i, tile, i < sched.num_partial, alpha, i + 1 == num_total);
       }
-      // The last tile's P V.
-      const int gl = g + num_total - 1;
-      const int last = gl % T::kNumStages;
-      fj_mbar_wait(bar_v + 8 * last, (gl / T::kNumStages) & 1);
-      fj_wgmma_fence();
-      issue_pv(last);
-      fj_wgmma_wait<0>();
-      fj_fence_regs(o[0]);
-      release(last);
+      last_pv(g + num_total - 1);
     } else {
       // Without the overlap (d_v = 256: S, P and O of two tiles do not fit the registers).
       int next_tile = sched.tile(0);
