@@ -128,7 +128,7 @@ FJ_HOST_DEVICE inline constexpr int fj_forward_sm90_smem_bytes(int block_m, int 
 // 2-bit status per warpgroup c at bit kFjUnionStatusShift + 2c (0 absent: the warpgroup skips
 // the tile; 1 partial: it applies the mask_mod; 2 full). The forward kernel reads it through
 // FjFwdArgs::mask: kv_num_blocks the headers, kv_indices the entries, num_stride_* in headers,
-// q_block_size block_m, kv_block_size block_n, no full_* lists (fj_union_schedule).
+// q_block_size block_m, kv_block_size block_n, no full_* lists (fj_sm90_schedule).
 constexpr int kFjUnionStatusShift = 24;
 constexpr int kFjUnionTileMask = (1 << kFjUnionStatusShift) - 1;
 constexpr int kFjUnionMaxConsumers = 3;

@@ -255,9 +255,6 @@ FJ_DEVICE const int* fj_union_row(const FjBlockMaskArgs& bm, int b, int h, int m
          (fj_i64)m_block * kFjUnionRowInts;
 }
 
-// The KV tiles of query tile (b, h, m_block): with three consumer warpgroups and a block mask,
-// the union schedule's entries (each a tile with status bits above it, as partial tiles);
-// otherwise the block mask's schedule (fj_block_schedule).
 // The union schedule's entries of query tile (b, h, m_block) as partial tiles of a schedule
 // (tile(i) is entry i; without a block mask, tile i), `n` of them.
 FJ_DEVICE FjKvSchedule fj_union_entries(const FjBlockMaskArgs& bm, int b, int h, int m_block,
@@ -273,6 +270,9 @@ FJ_DEVICE FjKvSchedule fj_union_entries(const FjBlockMaskArgs& bm, int b, int h,
   return s;
 }
 
+// The KV tiles of query tile (b, h, m_block): with three consumer warpgroups and a block mask,
+// the union schedule's entries (each a tile with status bits above it, as partial tiles);
+// otherwise the block mask's schedule (fj_block_schedule).
 template <class T, class Cfg>
 FJ_DEVICE FjKvSchedule fj_sm90_schedule(const FjFwdArgs& args, int b, int h, int m_block) {
   if constexpr (kFjUnionSchedule<T, Cfg>) {
@@ -634,18 +634,19 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     sq_wg = sq_item + cw * 64 * 128;
     FjKvSchedule sched;
     if constexpr (kUnion && T::kPersistent) {
-      // The entry count from the slot (the last run's end), not a load at the tile's start.
+      // The entry count from the slot (the last run's end; warp-uniform already), not a load at
+      // the tile's start.
       const int n = max(slot_runs[0] >> 16, max(slot_runs[1] >> 16, slot_runs[2] >> 16));
       sched = fj_union_entries(args.mask, b, h, m_block, n);
     } else {
       sched = fj_sm90_schedule<T, Cfg>(args, b, h, m_block);
-    }
-    if constexpr (kUnion) {
-      // Counts loaded from a block mask, made known to be warp-uniform (the loops below stay on
-      // the uniform datapath); tile indices likewise where they are used, not where loaded (one
-      // tile ahead).
-      sched.num_partial = fj_warp_uniform(sched.num_partial);
-      sched.num_total = fj_warp_uniform(sched.num_total);
+      if constexpr (kUnion) {
+        // Counts loaded from a block mask, made known to be warp-uniform (the loops below stay
+        // on the uniform datapath); tile indices likewise where they are used, not where loaded
+        // (one tile ahead).
+        sched.num_partial = fj_warp_uniform(sched.num_partial);
+        sched.num_total = fj_warp_uniform(sched.num_total);
+      }
     }
     const int q_row0 = m_start + cw * 64 + warp * 16 + (lane >> 2);
     const int dl_row0 = m_start + cw * 64 + warp * 16;  // this warp's first query row
@@ -908,7 +909,8 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
 // warpgroup's tiles are one run of entries, whose bounds go into the row's header. The mask's q
 // blocks are multiples of 128 rows (ForwardSm90Wgmma::unsupported), so 192 rows meet at most two.
 // A thread merging the lists alone took ~60 us for 11 rows (a chain of dependent loads); this
-// is a few. Launched before flexjit_forward, which reads the result (fj_union_schedule).
+// is a few. Launched before flexjit_forward, which reads the result (fj_sm90_schedule, and the
+// runs through the tile slot or fj_union_row).
 extern "C" __global__ void __launch_bounds__(256)
     flexjit_forward_union_schedule(const FjUnionScheduleArgs a) {
   extern __shared__ unsigned char fj_union_status[];  // [2][max_tiles]: 0, 1 partial, 2 full

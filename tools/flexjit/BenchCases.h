@@ -55,8 +55,8 @@ struct CaseSelection {
   std::optional<BenchShape> custom = std::nullopt;
 };
 
-// Parses --shape's "B,Hq,Hkv,S,D" (Hq a multiple of Hkv, D 64 / 128 / 256 as the kernels
-// take them); Error naming the field that is wrong.
+// Parses --shape's "B,Hq,Hkv,S,D" (positive; Hq a multiple of Hkv; D is the kernels' to
+// check); Error naming the field that is wrong.
 BenchShape parse_bench_shape(const std::string& text);
 
 // Bytes of K and V one decoding call reads (the effective-bandwidth numerator).

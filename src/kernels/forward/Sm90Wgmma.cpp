@@ -100,11 +100,11 @@ struct UnionShape {
   bool used() const { return rows > 0; }
 };
 UnionShape union_shape(const KernelDesc& d, const ForwardInputs& in) {
-  if (in.block_mask == nullptr || d.config.at("block_m") != 192) return {};
+  const int64_t bm = d.config.at("block_m"), bn = d.config.at("block_n");
+  if (in.block_mask == nullptr || bm != 192) return {};
   const BlockMask& m = in.block_mask->meta();
-  const int64_t bn = d.config.at("block_n");
   UnionShape u;
-  u.num_m = (in.shape.seqlen_q + 191) / 192;
+  u.num_m = (in.shape.seqlen_q + bm - 1) / bm;
   u.rows = static_cast<int64_t>(m.batch) * m.heads * u.num_m;
   u.max_tiles = static_cast<int64_t>(m.num_kv_blocks) * (m.kv_block_size / bn);
   return u;
@@ -422,20 +422,18 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
     b.smem_bytes = static_cast<unsigned>((kFjUnionSmemPerTile * u.max_tiles + 15) / 16 * 16);
     b.args.add(ua);
     out.push_back(std::move(b));
-    // The forward's view (FjUnionScheduleArgs): row headers as kv_num_blocks, entries as
-    // kv_indices.
-    FjBlockMaskArgs view{};
-    view.kv_num_blocks = ua.num;
-    view.kv_indices = ua.entries;
-    const int64_t header = int64_t{kFjUnionRowInts} * u.num_m, row = u.max_tiles * u.num_m;
-    view.num_stride_h = meta.heads == 1 ? 0 : header;
-    view.num_stride_b = meta.batch == 1 ? 0 : meta.heads * header;
-    view.idx_stride_m = u.max_tiles;
-    view.idx_stride_h = meta.heads == 1 ? 0 : row;
-    view.idx_stride_b = meta.batch == 1 ? 0 : meta.heads * row;
+    // The forward's view (FjUnionScheduleArgs): a block mask of block_m x block_n blocks with
+    // the entries as kv_indices and the row headers as kv_num_blocks (num strides in headers).
+    BlockMask view;
+    view.batch = meta.batch;
+    view.heads = meta.heads;
+    view.num_q_blocks = ua.num_m;
+    view.num_kv_blocks = ua.max_tiles;
     view.q_block_size = bm;
     view.kv_block_size = bn;
-    a.mask = view;
+    a.mask = block_mask_args(view, ua.num, ua.entries, nullptr, nullptr);
+    a.mask.num_stride_b *= kFjUnionRowInts;
+    a.mask.num_stride_h *= kFjUnionRowInts;
   }
   Launch l;
   l.entry_point = "flexjit_forward";
