@@ -132,7 +132,8 @@ FLEXJIT_API void flex_attention_into(Context& ctx, const TensorRef& q, const Ten
 // persistent ones (forward/sm90a_wgmma with persistent = 1, the default at head dim 64 on
 // sm_90a: the work counter and a 16-byte tile slot per CTA and Q buffer, 4,352 bytes with
 // alignment on 132 SMs) and 192-row tiles over a block mask (the union schedule: per mask batch,
-// head and 192-row query tile 32 bytes and 4 per KV tile; docs/kernels/forward_sm90.md); the
+// head and 192-row query tile 32 bytes and 4 per KV tile, used where the mask keeps no schedule
+// of its own yet; docs/kernels/forward_sm90.md); the
 // split-KV decode plan's partials (B x Hq x Sq x splits x (Dv + 1) floats) when the call decodes
 // (docs/kernels/decode.md).
 FLEXJIT_API size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q,

@@ -17,6 +17,7 @@
 #include <flexjit/tensor.h>
 
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -93,6 +94,10 @@ struct Launch {
   // the kernel's CTAs take work from: the persistent forward's); none when zero_bytes is 0.
   void* zero_first = nullptr;
   size_t zero_bytes = 0;
+  // Host steps on the call's stream around the launch (runtime::launch_plan): `before` right
+  // before it is enqueued (a wait for another stream's work), `after` right after (recording
+  // that it was: runtime/MaskScheduleCache.h). Empty: none.
+  std::function<void(runtime::CuStream)> before, after;
 };
 
 class Variant {

@@ -10,6 +10,7 @@
 #include "flexjit_abi.h"
 #include "kernels/block_mask/BlockMaskBuild.h"
 #include "runtime/ContextImpl.h"
+#include "runtime/MaskScheduleCache.h"
 #include "runtime/ModArgs.h"
 #include "runtime/Plan.h"
 
@@ -150,6 +151,7 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
 
   DeviceBlockMask out;
   BlockMask& m = out.meta_;
+  out.schedules_ = std::make_shared<runtime::MaskScheduleCache>(*impl_of(ctx).device);
   m.batch = batch;
   m.heads = heads;
   m.seqlen_q = seqlen_q;

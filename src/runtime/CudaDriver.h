@@ -54,10 +54,15 @@ namespace flexjit::runtime {
   X(cuMemsetD2D8Async)              \
   X(cuMemsetD2D32Async)             \
   X(cuStreamSynchronize)            \
+  X(cuStreamCreate)                 \
+  X(cuStreamDestroy)                \
   X(cuEventCreate)                  \
   X(cuEventDestroy)                 \
   X(cuEventRecord)                  \
   X(cuEventSynchronize)             \
+  X(cuEventQuery)                   \
+  X(cuStreamWaitEvent)              \
+  X(cuStreamIsCapturing)            \
   X(cuEventElapsedTime)             \
   X(cuTensorMapEncodeTiled)
 

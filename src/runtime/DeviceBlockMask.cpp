@@ -3,6 +3,9 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
 
+#include "runtime/ContextImpl.h"
+#include "runtime/MaskScheduleCache.h"
+
 #include <cstdint>
 #include <vector>
 
@@ -37,6 +40,7 @@ DeviceBlockMask DeviceBlockMask::upload(Context& ctx, const BlockMask& mask) {
   d.full_q_num_blocks = upload_array(ctx, mask.full_q_num_blocks, {bm, hm, nkv});
   d.full_q_indices = upload_array(ctx, mask.full_q_indices, {bm, hm, nkv, nq});
   d.meta_ = mask;
+  d.schedules_ = std::make_shared<runtime::MaskScheduleCache>(*impl_of(ctx).device);
   for (auto* v : {&d.meta_.kv_num_blocks, &d.meta_.kv_indices, &d.meta_.full_kv_num_blocks,
                   &d.meta_.full_kv_indices, &d.meta_.q_num_blocks, &d.meta_.q_indices,
                   &d.meta_.full_q_num_blocks, &d.meta_.full_q_indices}) {
@@ -44,6 +48,14 @@ DeviceBlockMask DeviceBlockMask::upload(Context& ctx, const BlockMask& mask) {
     v->shrink_to_fit();
   }
   return d;
+}
+
+void DeviceBlockMask::arrays_changed() const {
+  if (schedules_) schedules_->arrays_changed();
+}
+
+runtime::MaskScheduleCache* runtime::schedule_cache_of(const DeviceBlockMask& mask) {
+  return mask.schedules_.get();
 }
 
 BlockMask DeviceBlockMask::to_host() const {

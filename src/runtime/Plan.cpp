@@ -91,11 +91,13 @@ void launch_plan(Device& device, const Plan& plan, const BuiltPlan& built, CuStr
       FJ_LOG("runtime", "launch {}: grid ({}, {}, {}) block {} smem {} ({})", step.desc.str(),
              l.grid.x, l.grid.y, l.grid.z, l.block.x, l.smem_bytes,
              jit::to_string(built.kernels[i].compiled.outcome));
+      if (l.before) l.before(stream);
       if (l.zero_bytes > 0) {
         FJ_CU(cuMemsetD8Async, "zeroing a kernel's work counter",
               reinterpret_cast<CUdeviceptr>(l.zero_first), 0, l.zero_bytes, stream);
       }
       launch(kernel, l.grid, l.block, l.smem_bytes, stream, l.args.pointers(), l.programmatic);
+      if (l.after) l.after(stream);
     }
   }
 }

@@ -11,7 +11,9 @@
 #include "gpu/GpuTestUtil.h"
 #include "gpu/StandardBindings.h"
 #include "kernels/forward/Sm90Wgmma.h"
+#include "runtime/CudaDriver.h"
 #include "runtime/Device.h"
+#include "runtime/MaskScheduleCache.h"
 #include "runtime/ModArgs.h"
 #include "runtime/ModuleCache.h"
 #include "support/CpuReference.h"
@@ -706,6 +708,97 @@ TEST_CASE("forward: sm90a_wgmma's 192-row tiles over block masks match the refer
       check_case(*ctx, c, rng, seed);
     }
   }
+}
+
+// The union schedule of 192-row tiles is kept with the block mask (runtime/MaskScheduleCache.h):
+// built by the first call, read by later ones (also a copy of the mask's, and calls on another
+// stream), derived again after arrays_changed() once the arrays are rewritten in place (a stale
+// schedule would visit the old mask's tiles: a causal result where a window is asked for).
+TEST_CASE("forward: a block mask keeps its union schedule for later calls until its arrays change",
+          "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  if (!sm90a_wgmma_selectable(*ctx)) return;
+  test::ForwardFamilyScope family_scope("sm90a_wgmma");
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int S = 900, window = 200;
+  const auto causal = [](int, int, int q, int kv) { return q >= kv; };
+  const auto sliding = [&](int, int, int q, int kv) { return q >= kv && q - kv <= window; };
+  const BlockMask causal_mask = block_mask_from_predicate(causal, 1, 1, S, S);
+  const BlockMask sliding_mask = block_mask_from_predicate(sliding, 1, 1, S, S);
+  DeviceBlockMask dbm = DeviceBlockMask::upload(*ctx, causal_mask);
+  runtime::MaskScheduleCache* cache = runtime::schedule_cache_of(dbm);
+  REQUIRE(cache != nullptr);
+  CHECK(cache->ready_entries() == 0);
+
+  Case c;
+  c.shape = make_shape(2, 4, 2, S, S, 64, 64);
+  c.mods = standard_mods("causal");
+  c.block_mask = &dbm;
+  c.label = "causal, first call (builds the schedule)";
+  check_case(*ctx, c, rng, seed);
+  CHECK(cache->ready_entries() == 1);  // the default at head dim 64 is 192 rows
+  c.label = "causal, second call (reads it)";
+  check_case(*ctx, c, rng, seed);
+  const DeviceBlockMask copy = dbm;
+  c.block_mask = &copy;
+  c.label = "causal, a copy of the mask";
+  check_case(*ctx, c, rng, seed);
+  CHECK(cache->ready_entries() == 1);
+  c.config.block_m = 192;  // another shape of schedule (block_n 64): a second entry
+  c.config.block_n = 64;
+  c.label = "causal, block_n 64";
+  check_case(*ctx, c, rng, seed);
+  CHECK(cache->ready_entries() == 2);
+  c.config = {};
+
+  // Rewritten in place: the sliding window's arrays (the same shapes) into the causal mask's.
+  REQUIRE(sliding_mask.kv_indices.size() * sizeof(int32_t) == dbm.kv_indices.bytes());
+  dbm.kv_num_blocks.copy_from_host(sliding_mask.kv_num_blocks.data());
+  dbm.kv_indices.copy_from_host(sliding_mask.kv_indices.data());
+  dbm.full_kv_num_blocks.copy_from_host(sliding_mask.full_kv_num_blocks.data());
+  dbm.full_kv_indices.copy_from_host(sliding_mask.full_kv_indices.data());
+  dbm.q_num_blocks.copy_from_host(sliding_mask.q_num_blocks.data());
+  dbm.q_indices.copy_from_host(sliding_mask.q_indices.data());
+  dbm.full_q_num_blocks.copy_from_host(sliding_mask.full_q_num_blocks.data());
+  dbm.full_q_indices.copy_from_host(sliding_mask.full_q_indices.data());
+  dbm.arrays_changed();
+  CHECK(cache->ready_entries() == 0);
+  c.block_mask = &dbm;
+  c.mods = standard_mods("sliding_window");
+  c.params = {{"window", window}};
+  c.label = "sliding window rewritten into the mask";
+  check_case(*ctx, c, rng, seed);
+  CHECK(cache->ready_entries() == 1);
+
+  // Built on one stream and read at once on another: the second waits for the first's builder.
+  const runtime::Driver& drv = runtime::Driver::get();
+  CUstream s1 = nullptr, s2 = nullptr;
+  REQUIRE(drv.cuStreamCreate_(&s1, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  REQUIRE(drv.cuStreamCreate_(&s2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  const DeviceBlockMask fresh = DeviceBlockMask::upload(*ctx, causal_mask);
+  const DeviceTensor q = upload(*ctx, random_tensor(rng, DType::BF16, {2, 4, S, 64}));
+  const DeviceTensor kv = upload(*ctx, random_tensor(rng, DType::BF16, {2, 2, S, 64}));
+  DeviceTensor o1 = DeviceTensor::empty(*ctx, DType::BF16, {2, 4, S, 64});
+  DeviceTensor o2 = DeviceTensor::empty(*ctx, DType::BF16, {2, 4, S, 64});
+  o2.fill_bytes(0xFF);
+  AttentionOptions o;
+  o.mods = standard_mods("causal");
+  o.block_mask = &fresh;
+  o.stream = s1;
+  flex_attention_into(*ctx, q, kv, kv, o1, nullptr, o);
+  o.stream = s2;
+  flex_attention_into(*ctx, q, kv, kv, o2, nullptr, o);
+  ctx->synchronize();
+  CHECK(runtime::schedule_cache_of(fresh)->ready_entries() == 1);
+  const std::vector<float> r1 = download(o1), r2 = download(o2);
+  const ErrorStats diff = compare(r2, r1);
+  INFO("stream 2 against stream 1: " << diff.str());
+  CHECK(diff.nonfinite == 0);
+  CHECK(diff.max_abs == 0);
+  drv.cuStreamDestroy_(s1);
+  drv.cuStreamDestroy_(s2);
 }
 
 TEST_CASE("forward: invalid inputs are precise errors", "[gpu][forward]") {

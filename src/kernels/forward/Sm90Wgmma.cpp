@@ -8,6 +8,7 @@
 #include "kernels/MathMode.h"
 #include "kernels/forward/ForwardArgs.h"
 #include "kernels/forward/Sm80Mma.h"
+#include "runtime/MaskScheduleCache.h"
 #include "runtime/TensorMap.h"
 #include "util/Embedded.h"
 
@@ -15,6 +16,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <initializer_list>
 
 namespace flexjit::kernels {
@@ -396,12 +398,40 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   maps.v = runtime::encode_bhsd_tma(in.v, bn, "v");
   std::vector<Launch> out;
   const UnionShape u = union_shape(desc, in);
+  // Where the builder zeroed the persistent CTAs' work counter (else a memset does).
+  bool counter_zeroed = false;
+  std::function<void(runtime::CuStream)> wait_for_schedule;
   if (u.used()) {
-    // The union schedule first (its own slice of the workspace), then the forward reads it as
-    // its block mask: block_m x block_n blocks, no full_* lists (the entries carry the status).
+    // The union schedule (FjUnionScheduleArgs), which the forward reads as its block mask:
+    // block_m x block_n blocks, no full_* lists (the entries carry the status). Kept with the
+    // mask (runtime/MaskScheduleCache.h): built by the first call into a buffer of the mask's
+    // and read by every later one; where the mask keeps none (being built by a concurrent call,
+    // or no cache), built into the workspace's slice for it first.
     FJ_ASSERT(workspace != nullptr, "the forward's union schedule launched without a workspace");
     FJ_ASSERT(u.max_tiles <= kFjUnionMaxTiles, "union schedule: more KV tiles than it takes");
+    const size_t bytes = static_cast<size_t>(fj_forward_sm90_union_bytes(u.rows, u.max_tiles));
+    runtime::MaskScheduleCache* cache = runtime::schedule_cache_of(*in.block_mask);
+    runtime::UnionScheduleKey key;
     char* base = static_cast<char*>(workspace) + persistent_bytes(desc, in);
+    bool build = true;
+    std::function<void(runtime::CuStream)> built;
+    if (cache != nullptr) {
+      key.arrays = {a.mask.kv_num_blocks, a.mask.kv_indices, a.mask.full_kv_num_blocks,
+                    a.mask.full_kv_indices};
+      key.generation = cache->generation();
+      key.block_m = bm;
+      key.block_n = bn;
+      key.seqlen_q = s.seqlen_q;
+      key.max_tiles = u.max_tiles;
+      if (void* kept = cache->ready(key)) {
+        base = static_cast<char*>(kept);
+        build = false;
+        wait_for_schedule = [cache, key](runtime::CuStream st) { cache->wait_for(key, st); };
+      } else if (void* claimed = cache->claim(key, bytes)) {
+        base = static_cast<char*>(claimed);
+        built = [cache, key](runtime::CuStream st) { cache->built(key, st); };
+      }
+    }
     FjUnionScheduleArgs ua{};
     ua.src = a.mask;
     ua.num = reinterpret_cast<int*>(base);
@@ -415,13 +445,17 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
     ua.block_n = bn;
     ua.seqlen_q = static_cast<int>(s.seqlen_q);
     ua.zero = persistent_of(desc) == 1 ? static_cast<int*>(workspace) : nullptr;
-    Launch b;
-    b.entry_point = "flexjit_forward_union_schedule";
-    b.grid = {static_cast<unsigned>(u.rows), 1, 1};
-    b.block = {256, 1, 1};
-    b.smem_bytes = static_cast<unsigned>((kFjUnionSmemPerTile * u.max_tiles + 15) / 16 * 16);
-    b.args.add(ua);
-    out.push_back(std::move(b));
+    if (build) {
+      Launch b;
+      b.entry_point = "flexjit_forward_union_schedule";
+      b.grid = {static_cast<unsigned>(u.rows), 1, 1};
+      b.block = {256, 1, 1};
+      b.smem_bytes = static_cast<unsigned>((kFjUnionSmemPerTile * u.max_tiles + 15) / 16 * 16);
+      b.args.add(ua);
+      b.after = std::move(built);
+      out.push_back(std::move(b));
+      counter_zeroed = ua.zero != nullptr;
+    }
     // The forward's view (FjUnionScheduleArgs): a block mask of block_m x block_n blocks with
     // the entries as kv_indices and the row headers as kv_num_blocks (num strides in headers).
     BlockMask view;
@@ -444,8 +478,8 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
     FJ_ASSERT(workspace != nullptr, "the persistent forward launched without its work counter");
     a.sched_counter = static_cast<int*>(workspace);
     // The counter (the tile slots are written before they are read): the union schedule's
-    // kernel zeroes it where there is one, else a memset right before the launch.
-    if (!u.used()) {
+    // kernel zeroes it where it runs, else a memset right before the launch.
+    if (!counter_zeroed) {
       l.zero_first = workspace;
       l.zero_bytes = sizeof(int);
     }
@@ -458,6 +492,7 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   l.args.add(a);
   l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
   l.args.add(maps);
+  l.before = std::move(wait_for_schedule);
   out.push_back(std::move(l));
   return out;
 }

@@ -1,0 +1,108 @@
+#include "runtime/MaskScheduleCache.h"
+
+#include <flexjit/error.h>
+
+#include "runtime/CudaDriver.h"
+
+#include <fmt/format.h>
+
+namespace flexjit::runtime {
+
+MaskScheduleCache::~MaskScheduleCache() {
+  for (auto& [key, e] : entries_)
+    destroy_event(e);
+}
+
+void MaskScheduleCache::destroy_event(Entry& e) {
+  if (e.event != nullptr) Driver::get().cuEventDestroy_(e.event);
+  e.event = nullptr;
+}
+
+int64_t MaskScheduleCache::generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
+}
+
+void* MaskScheduleCache::ready(const UnionScheduleKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(key);
+  return it != entries_.end() && it->second.ready ? it->second.buffer.data() : nullptr;
+}
+
+void* MaskScheduleCache::claim(const UnionScheduleKey& key, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (key.generation != generation_ || entries_.count(key) != 0 || entries_.size() >= kMaxEntries) {
+    return nullptr;
+  }
+  Entry e;
+  e.buffer = DeviceBuffer(*device_, bytes);
+  return entries_.emplace(key, std::move(e)).first->second.buffer.data();
+}
+
+void MaskScheduleCache::built(const UnionScheduleKey& key, CuStream stream) {
+  const Driver& drv = Driver::get();
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  FJ_CU(cuStreamIsCapturing, "the stream of a block mask's union schedule", stream, &capture);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(key);
+  FJ_ASSERT(it != entries_.end(), "a union schedule built without its claim");
+  Entry& e = it->second;
+  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    e.captured = true;  // only the graph's replays build it
+    return;
+  }
+  CUevent event = nullptr;
+  FJ_CU(cuEventCreate, "a block mask's union schedule", &event, CU_EVENT_DISABLE_TIMING);
+  e.event = event;
+  if (CUresult r = drv.cuEventRecord_(event, stream); r != CUDA_SUCCESS) {
+    destroy_event(e);
+    check(r, "cuEventRecord", "a block mask's union schedule");
+  }
+  e.stream = stream;
+  e.ready = true;
+}
+
+void MaskScheduleCache::wait_for(const UnionScheduleKey& key, CuStream stream) {
+  CUevent event = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(key);
+    FJ_ASSERT(it != entries_.end() && it->second.ready, "waiting for a union schedule not built");
+    if (it->second.stream == stream) return;  // stream order suffices
+    event = it->second.event;
+  }
+  const Driver& drv = Driver::get();
+  const CUresult q = drv.cuEventQuery_(event);
+  if (q == CUDA_SUCCESS) return;
+  if (q != CUDA_ERROR_NOT_READY) check(q, "cuEventQuery", "a block mask's union schedule");
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  FJ_CU(cuStreamIsCapturing, "a call's stream", stream, &capture);
+  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    FJ_CU(cuEventSynchronize, "a block mask's union schedule", event);
+  } else {
+    FJ_CU(cuStreamWaitEvent, "a block mask's union schedule", stream, event, 0);
+  }
+}
+
+size_t MaskScheduleCache::ready_entries() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [key, e] : entries_)
+    n += e.ready ? 1 : 0;
+  return n;
+}
+
+void MaskScheduleCache::arrays_changed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++generation_;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (it->second.captured) {
+      ++it;
+      continue;
+    }
+    destroy_event(it->second);
+    it = entries_.erase(it);
+  }
+}
+
+}  // namespace flexjit::runtime
