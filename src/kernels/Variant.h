@@ -132,6 +132,12 @@ class Variant {
   // resolved; UnsupportedError for an override name the variant does not have.
   virtual Params resolve_config(const KernelDesc& problem, const Params& overrides,
                                 const InputFacts& facts) const;
+  // The query rows of a `config` tile that must lie inside one sparse block of a block mask
+  // (the autotuner prunes configs whose unit does not divide the mask's q block): block_m by
+  // default; less where the kernel splits its tile over the mask's blocks.
+  virtual int64_t mask_q_unit(const Params& config) const {
+    return config.get("block_m").value_or(0);
+  }
   // Sets the flags that follow from the resolved config and the inputs (e.g. `divisible` from
   // the tile sizes and the lengths). The default sets none.
   virtual void specialize(KernelDesc& desc, const InputFacts& facts) const {}

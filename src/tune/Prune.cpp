@@ -33,14 +33,23 @@ std::string prune_reason(const kernels::Variant& variant, const kernels::KernelD
     return fmt::format("needs {} bytes of shared memory; the device allows {} per block", smem,
                        device_smem_limit);
   }
-  const std::pair<const char*, int> tiles[] = {{"block_m", facts.mask_q_block},
-                                               {"block_n", facts.mask_kv_block}};
-  for (const auto& [name, mask_block] : tiles) {
-    auto v = config.get(name);
-    if (v && mask_block > 0 && mask_block % *v != 0) {
-      return fmt::format("{} = {} does not divide the block mask's sparse block of {}", name, *v,
-                         mask_block);
+  // Each tile's rows inside one q block of the mask (the variant's unit: forward/sm90a_wgmma's
+  // 192-row tiles need 64), its keys inside one kv block.
+  const int64_t q_unit = variant.mask_q_unit(config);
+  if (config.has("block_m") && facts.mask_q_block > 0 && q_unit > 0 &&
+      facts.mask_q_block % q_unit != 0) {
+    const int64_t bm = config.at("block_m");
+    if (q_unit == bm) {
+      return fmt::format("block_m = {} does not divide the block mask's sparse block of {}", bm,
+                         facts.mask_q_block);
     }
+    return fmt::format(
+        "block_m = {} needs sparse blocks of a multiple of {} rows; the mask's are {}", bm, q_unit,
+        facts.mask_q_block);
+  }
+  if (auto v = config.get("block_n"); v && facts.mask_kv_block > 0 && facts.mask_kv_block % *v) {
+    return fmt::format("block_n = {} does not divide the block mask's sparse block of {}", *v,
+                       facts.mask_kv_block);
   }
   try {
     const kernels::Params resolved = variant.resolve_config(problem, config, facts);

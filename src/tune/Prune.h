@@ -7,7 +7,9 @@
 //   - it contradicts a value the caller fixed (a nonzero BlockConfig field);
 //   - the variant rejects it (validate(): the variant's own limits, shared memory per arch);
 //   - its dynamic shared memory exceeds the device's opt-in limit (when a device is known);
-//   - a tile (a config named block_m / block_n) does not divide the block mask's sparse block;
+//   - a tile does not fit the block mask's sparse blocks: block_n must divide the kv block,
+//     the variant's mask_q_unit (block_m, or 64 for forward/sm90a_wgmma's 192-row tiles read
+//     through the union schedule) the q block;
 //   - resolve_config() does not keep it as given (the variant would run another config);
 //   - it repeats an earlier config.
 #pragma once

@@ -316,7 +316,7 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   if (facts.mask_kv_block == 0) return c;
   fit_tile_to_block(c, "block_n", facts.mask_kv_block, overrides, {128, 64});
   // 192-row tiles read a union schedule of the mask's q blocks (each warpgroup's 64 rows in one).
-  const int64_t q_unit = c.at("block_m") == 192 ? 64 : c.at("block_m");
+  const int64_t q_unit = mask_q_unit(c);
   if (c.at("block_m") == 192 && !facts.mask_mod) {
     throw UnsupportedError(
         "block_m = 192 with a block mask needs the call's mask_mod (the kernel reads the mask as a "
@@ -336,6 +336,11 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
         facts.mask_q_block, facts.mask_kv_block, c.at("block_m"), c.at("block_n")));
   }
   return c;
+}
+
+int64_t ForwardSm90Wgmma::mask_q_unit(const Params& config) const {
+  const int64_t bm = config.get("block_m").value_or(0);
+  return bm == 192 ? 64 : bm;
 }
 
 void ForwardSm90Wgmma::specialize(KernelDesc& d, const InputFacts& facts) const {

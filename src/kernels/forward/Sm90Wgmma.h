@@ -40,6 +40,8 @@ class ForwardSm90Wgmma : public ForwardVariant {
   std::vector<Params> config_space(const KernelDesc& problem) const override;
   Params resolve_config(const KernelDesc& problem, const Params& overrides,
                         const InputFacts& facts) const override;
+  // 192-row tiles: 64 (each consumer warpgroup's rows lie in one q block; the union schedule).
+  int64_t mask_q_unit(const Params& config) const override;
   void specialize(KernelDesc& desc, const InputFacts& facts) const override;
   std::vector<TemplateText> templates() const override;
   // flexjit_forward_union_schedule runs first where block_m 192 meets a block mask.
