@@ -60,6 +60,7 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
   call.inputs.block_mask = options.block_mask;
   call.inputs.sm_count = impl_of(ctx).device->sm_count();
   call.inputs.mask_mod = call.mods.mask_mod.defined();
+  call.inputs.stream = static_cast<runtime::CuStream>(options.stream);
   call.empty_q = s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0;
   call.empty_kv = s.seqlen_kv == 0;
   return call;

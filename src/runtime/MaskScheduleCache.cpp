@@ -29,13 +29,22 @@ void* MaskScheduleCache::ready(const UnionScheduleKey& key) {
   return it != entries_.end() && it->second.ready ? it->second.buffer.data() : nullptr;
 }
 
-void* MaskScheduleCache::claim(const UnionScheduleKey& key, size_t bytes) {
+void* MaskScheduleCache::claim(const UnionScheduleKey& key, size_t bytes, CuStream stream) {
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (Driver::get().cuStreamIsCapturing_(stream, &capture) != CUDA_SUCCESS ||
+      capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    return nullptr;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (key.generation != generation_ || entries_.count(key) != 0 || entries_.size() >= kMaxEntries) {
     return nullptr;
   }
   Entry e;
-  e.buffer = DeviceBuffer(*device_, bytes);
+  try {
+    e.buffer = DeviceBuffer(*device_, bytes);
+  } catch (const RuntimeError&) {
+    return nullptr;  // the call builds into its workspace
+  }
   return entries_.emplace(key, std::move(e)).first->second.buffer.data();
 }
 

@@ -6,10 +6,12 @@
 // An entry is keyed by everything that shaped it: the arrays' device addresses, the mask's
 // generation (DeviceBlockMask::arrays_changed() starts a new one) and the schedule's own shape.
 // Its life:
-//   claim()     the first call allocates the entry's buffer and launches the builder into it;
+//   claim()     the first call allocates the entry's buffer and launches the builder into it
+//               (not while its stream captures a graph: that call builds into its workspace);
 //   built()     once that launch is enqueued: an event recorded on its stream, the entry ready.
-//               A builder enqueued into a stream capture leaves the entry claimed for good: the
-//               graph's replays build it (so it lives as long as the mask), nothing else reads it;
+//               A builder that a capture begun in between took into its graph leaves the entry
+//               claimed for good: the graph's replays build it (so it lives as long as the
+//               mask), nothing else reads it;
 //   ready()     later calls read the buffer, and wait_for() makes a call's stream wait for the
 //               builder where it ran on another stream and has not finished.
 // A claimed entry that is not ready yet is never handed out: a concurrent call builds its own
@@ -63,8 +65,9 @@ class MaskScheduleCache {
   // The buffer of key's ready entry; null when there is none.
   void* ready(const UnionScheduleKey& key);
   // A new entry for key with a buffer of `bytes` to build into; null when key already has one
-  // (ready or being built) or the cache is full.
-  void* claim(const UnionScheduleKey& key, size_t bytes);
+  // (ready or being built), the cache is full, `stream` is capturing a graph (no allocation
+  // there: it would break the capture) or the allocation fails.
+  void* claim(const UnionScheduleKey& key, size_t bytes, CuStream stream);
   // key's builder was enqueued on `stream` (see the header comment).
   void built(const UnionScheduleKey& key, CuStream stream);
   // Makes `stream` wait for key's builder when that ran on another stream and has not finished

@@ -432,7 +432,7 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
         base = static_cast<char*>(kept);
         build = false;
         wait_for_schedule = [cache, key](runtime::CuStream st) { cache->wait_for(key, st); };
-      } else if (void* claimed = cache->claim(key, bytes)) {
+      } else if (void* claimed = cache->claim(key, bytes, in.stream)) {
         base = static_cast<char*>(claimed);
         built = [cache, key](runtime::CuStream st) { cache->built(key, st); };
       }
