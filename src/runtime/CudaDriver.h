@@ -63,6 +63,12 @@ namespace flexjit::runtime {
   X(cuEventQuery)                   \
   X(cuStreamWaitEvent)              \
   X(cuStreamIsCapturing)            \
+  X(cuStreamBeginCapture)           \
+  X(cuStreamEndCapture)             \
+  X(cuGraphInstantiateWithFlags)    \
+  X(cuGraphLaunch)                  \
+  X(cuGraphExecDestroy)             \
+  X(cuGraphDestroy)                 \
   X(cuEventElapsedTime)             \
   X(cuTensorMapEncodeTiled)
 

@@ -801,6 +801,65 @@ TEST_CASE("forward: a block mask keeps its union schedule for later calls until 
   drv.cuStreamDestroy_(s2);
 }
 
+// Under stream capture (global mode: no allocation may happen on the capturing thread) a call
+// whose mask keeps no schedule builds it into its workspace inside the graph, and a call whose
+// mask keeps one reads it; both graphs give the eager call's output.
+TEST_CASE("forward: 192-row tiles over a block mask in a captured CUDA graph", "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  if (!sm90a_wgmma_selectable(*ctx)) return;
+  test::ForwardFamilyScope family_scope("sm90a_wgmma");
+  std::mt19937_64 rng(fresh_seed());
+  const int S = 1000;
+  const BlockMask mask =
+      block_mask_from_predicate([](int, int, int q, int kv) { return q >= kv; }, 1, 1, S, S);
+  const DeviceBlockMask kept = DeviceBlockMask::upload(*ctx, mask);
+  const DeviceBlockMask fresh = DeviceBlockMask::upload(*ctx, mask);
+  const DeviceTensor q = upload(*ctx, random_tensor(rng, DType::BF16, {2, 4, S, 64}));
+  const DeviceTensor kv = upload(*ctx, random_tensor(rng, DType::BF16, {2, 2, S, 64}));
+  const runtime::Driver& drv = runtime::Driver::get();
+  CUstream s = nullptr;
+  REQUIRE(drv.cuStreamCreate_(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  AttentionOptions o;
+  o.mods = standard_mods("causal");
+  o.stream = s;
+  o.block_mask = &kept;
+  DeviceTensor eager = DeviceTensor::empty(*ctx, DType::BF16, {2, 4, S, 64});
+  flex_attention_into(*ctx, q, kv, kv, eager, nullptr, o);  // compiles, keeps the schedule
+  ctx->synchronize();
+  REQUIRE(runtime::schedule_cache_of(kept)->ready_entries() == 1);
+  const std::vector<float> want = download(eager);
+  for (const DeviceBlockMask* m : {&fresh, &kept}) {
+    INFO((m == &kept ? "the kept schedule" : "no schedule kept: built in the graph"));
+    DeviceTensor got = DeviceTensor::empty(*ctx, DType::BF16, {2, 4, S, 64});
+    got.fill_bytes(0xFF);
+    o.block_mask = m;
+    REQUIRE(drv.cuStreamBeginCapture_(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    std::string error;
+    try {
+      flex_attention_into(*ctx, q, kv, kv, got, nullptr, o);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    CUgraph graph = nullptr;
+    const CUresult end = drv.cuStreamEndCapture_(s, &graph);
+    REQUIRE(error.empty());
+    REQUIRE(end == CUDA_SUCCESS);
+    CUgraphExec exec = nullptr;
+    REQUIRE(drv.cuGraphInstantiateWithFlags_(&exec, graph, 0) == CUDA_SUCCESS);
+    for (int replay = 0; replay < 2; ++replay)
+      REQUIRE(drv.cuGraphLaunch_(exec, s) == CUDA_SUCCESS);
+    ctx->synchronize();
+    CHECK(runtime::schedule_cache_of(fresh)->ready_entries() == 0);
+    const ErrorStats diff = compare(download(got), want);
+    INFO("graph against eager: " << diff.str());
+    CHECK(diff.nonfinite == 0);
+    CHECK(diff.max_abs == 0);
+    drv.cuGraphExecDestroy_(exec);
+    drv.cuGraphDestroy_(graph);
+  }
+  drv.cuStreamDestroy_(s);
+}
+
 TEST_CASE("forward: invalid inputs are precise errors", "[gpu][forward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
   std::mt19937_64 rng(fresh_seed());
