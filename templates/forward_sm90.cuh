@@ -172,9 +172,49 @@ FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& arg
 
 // The mask_mod on a tile's scores (after fj_sm90_scores without it): -inf where it is false.
 // Same indices as fj_sm90_scores.
+// With a column load (kFjColLoad: the mask_mod reads a buffer at indices of kv_idx alone, a
+// document id), the warp reads each of its columns once: lane 4r + j loads quad column j's
+// n8 fragments nt = r, r + 8, ... (both of its keys) and each lane takes its column's value
+// from that lane by a shuffle. Loaded per element, the 32 ids of a thread's 128 keys were in
+// flight at once and spilled document's softmax sums (32 B at 192 rows; NOTES v19).
 template <class Cfg, class T>
 FJ_DEVICE void fj_sm90_mask(float (&s)[1][T::kNTiles][4], const FjFwdArgs& args,
                             const FjModParams& mods, int b, int h, int q_row0, int kv_col0) {
+  if constexpr (kFjColLoad) {
+    constexpr int kPerLane = (T::kNTiles + 7) / 8;  // n8 fragments whose keys a lane loads
+    const int lane = fj_tid_here() % 32;
+    const int r = lane >> 2;
+    FjColLoad v[kPerLane][2];
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        v[j][c] = FjColLoad(0);
+        if (T::kNTiles % 8 == 0 || r + 8 * j < T::kNTiles) {
+          int kv_idx = kv_col0 + (r + 8 * j) * 8 + c;
+          if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+          v[j][c] = fj_col_load_at(mods, b, h, kv_idx);
+        }
+      }
+    int q_idx[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      q_idx[hr] = fj_here(q_row0) + hr * 8;
+      if constexpr (!Cfg::kIsDivisible) q_idx[hr] = fj_imin(q_idx[hr], args.seqlen_q - 1);
+    }
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const FjColLoad cl = __shfl_sync(0xffffffffu, v[nt / 8][c], (nt % 8) * 4 + (lane & 3));
+        int kv_idx = kv_col0 + nt * 8 + c;
+        if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr)
+          if (!fj_mask_mod(mods, b, h, q_idx[hr], kv_idx, cl)) s[0][nt][hr * 2 + c] = fj_neg_inf();
+      }
+    return;
+  }
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     int q_idx = fj_here(q_row0) + hr * 8;
@@ -648,7 +688,12 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         sched.num_total = fj_warp_uniform(sched.num_total);
       }
     }
-    const int q_row0 = m_start + cw * 64 + warp * 16 + (lane >> 2);
+    // The thread's first row. With a column load (document masks) its lane part is taken here
+    // (warp * 16 + lane / 4 = wtid / 4 + warp * 8): computed once at the kernel's start it was
+    // spilled and reloaded once per query tile (document_causal at 192 rows, v18-v19). The
+    // other kernels keep the form they were measured with.
+    const int q_row0 = kFjColLoad ? m_start + cw * 64 + fj_here(wtid >> 2) + (wtid >> 5) * 8
+                                  : m_start + cw * 64 + warp * 16 + (lane >> 2);
     const int dl_row0 = m_start + cw * 64 + warp * 16;  // this warp's first query row
     auto load_diagonals = [&](int tile) {
       if constexpr (kDl) {
@@ -672,7 +717,9 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     // O must be rescaled are left in alpha.
     auto softmax = [&](bool partial, int n_start, float(&alpha)[2]) {
       constexpr float kLog2e = 1.4426950408889634f;
-      const int kv_col0 = n_start + (lane & 3) * 2;
+      // The lane's first key; with a column load from the thread index read here (kept from the
+      // kernel's start it was spilled and reloaded once per tile: document_causal, 192 rows).
+      const int kv_col0 = n_start + (kFjColLoad ? fj_tid_here() & 3 : lane & 3) * 2;
       float c = kLog2e;
       if constexpr (kUnion && Cfg::kHasScoreMod && Cfg::kHasMaskMod) {
         // One copy of the score_mod, the mask_mod after it where the tile is partial: a
@@ -686,6 +733,11 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
         fj_sm90_scores<Cfg, T, false, true, false>(s, args, mods, b, h, q_row0, n_start, kv_col0,
                                                    dl, lane);
         c = args.scale * kLog2e;
+      } else if (partial && kFjColLoad) {
+        // The mask_mod's column load read once per warp (fj_sm90_mask).
+        fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0, dl,
+                                                  lane);
+        fj_sm90_mask<Cfg, T>(s, args, mods, b, h, q_row0, kv_col0);
       } else if (partial) {
         fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0, dl,
                                                  lane);

@@ -44,6 +44,9 @@ struct InputFacts {
   // The call's mods have a mask_mod (false where unknown): forward/sm90a_wgmma takes a block
   // mask with 192-row tiles only then (its union schedule's loop is compiled with a mask_mod).
   bool mask_mod = false;
+  // The mask_mod divides by a value known only at run time (passes/RuntimeDivision.h):
+  // forward/sm90a_wgmma's defaults keep 128-row tiles for it.
+  bool mask_mod_divides = false;
 };
 
 // Clears `aligned16` (saying why in `blocker`) unless t's data pointer and its strides of the

@@ -10,6 +10,7 @@
 
 #include "kernels/MathMode.h"
 #include "kernels/forward/Forward.h"
+#include "passes/RuntimeDivision.h"
 #include "runtime/AttentionCall.h"
 #include "runtime/ContextImpl.h"
 #include "runtime/CudaDriver.h"
@@ -60,6 +61,7 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
   call.inputs.block_mask = options.block_mask;
   call.inputs.sm_count = impl_of(ctx).device->sm_count();
   call.inputs.mask_mod = call.mods.mask_mod.defined();
+  call.inputs.mask_mod_divides = passes::divides_by_runtime_value(call.mods.mask_mod);
   call.inputs.stream = static_cast<runtime::CuStream>(options.stream);
   call.empty_q = s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0;
   call.empty_kv = s.seqlen_kv == 0;

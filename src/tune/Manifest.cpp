@@ -9,6 +9,7 @@
 #include "kernels/block_mask/BlockMaskBuild.h"
 #include "kernels/decode/Decode.h"
 #include "kernels/forward/Forward.h"
+#include "passes/RuntimeDivision.h"
 #include "tune/Prune.h"
 
 #include <fmt/format.h>
@@ -298,6 +299,10 @@ kernels::InputFacts workload_forward_facts(const Workload& w, const WorkloadShap
   f.seqlen_kv = s.seqlen_kv;
   if (w.block_size > 0 && w.mods.mask_mod.defined())
     f.mask_q_block = f.mask_kv_block = w.block_size;
+  // As the runtime sets them from the call's mods (runtime/Attention.cpp), so that a warmed
+  // workload compiles the config the call will run.
+  f.mask_mod = w.mods.mask_mod.defined();
+  f.mask_mod_divides = passes::divides_by_runtime_value(w.mods.mask_mod);
   return f;
 }
 

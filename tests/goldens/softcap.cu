@@ -33,3 +33,11 @@ __device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h,
 static constexpr bool kFjDiagLoad = false;
 __device__ __forceinline__ float fj_diag_load_at(const FjModParams& mp, int b, int h, int d) { return (void)mp, (void)b, (void)h, (void)d, 0.0f; }
 __device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx, float fj_dl) { return (void)fj_dl, fj_score_mod(mp, score, b, h, q_idx, kv_idx); }
+
+// The mask_mod's column load: an i32 / f32 buffer read at indices that depend on kv_idx
+// and not on q_idx. The sm_90a forward loads a tile's columns once per warp and hands
+// every row its column's value (a shuffle) through the overload that takes fj_cl.
+static constexpr bool kFjColLoad = false;
+using FjColLoad = int;
+__device__ __forceinline__ int fj_col_load_at(const FjModParams& mp, int b, int h, int kv_idx) { return (void)mp, (void)b, (void)h, (void)kv_idx, 0; }
+__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, int q_idx, int kv_idx, int fj_cl) { return (void)fj_cl, fj_mask_mod(mp, b, h, q_idx, kv_idx); }

@@ -51,3 +51,25 @@ __device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h,
 static constexpr bool kFjDiagLoad = false;
 __device__ __forceinline__ float fj_diag_load_at(const FjModParams& mp, int b, int h, int d) { return (void)mp, (void)b, (void)h, (void)d, 0.0f; }
 __device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, int b, int h, int q_idx, int kv_idx, float fj_dl) { return (void)fj_dl, fj_score_mod(mp, score, b, h, q_idx, kv_idx); }
+
+// The mask_mod's column load: an i32 / f32 buffer read at indices that depend on kv_idx
+// and not on q_idx. The sm_90a forward loads a tile's columns once per warp and hands
+// every row its column's value (a shuffle) through the overload that takes fj_cl.
+static constexpr bool kFjColLoad = true;
+using FjColLoad = int;
+__device__ __forceinline__ int fj_col_load_at(const FjModParams& mp, int b, int h, int kv_idx) {
+  (void)b, (void)h;
+  return fj_ld_i32(mp.buf_doc_ids, (fj_i64)b * mp.stride_doc_ids[0] + (fj_i64)kv_idx * mp.stride_doc_ids[1]);
+}
+__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, int q_idx, int kv_idx, int fj_cl) {
+  (void)fj_cl;
+  const bool t0 = q_idx >= kv_idx;
+  const int t1 = fj_isub(q_idx, kv_idx);
+  const bool t2 = t1 <= mp.param_window;
+  const bool t3 = t0 && t2;
+  const fj_i64 t4 = (fj_i64)b * mp.stride_doc_ids[0] + (fj_i64)q_idx * mp.stride_doc_ids[1];
+  const int t5 = fj_ld_i32(mp.buf_doc_ids, t4);
+  const bool t6 = t5 == fj_cl;
+  const bool t7 = t3 && t6;
+  return t7;
+}

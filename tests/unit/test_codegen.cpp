@@ -386,6 +386,61 @@ TEST_CASE("the score_mod's diagonal load: which loads qualify, and its hooks com
   }
 }
 
+// The mask_mod's column load (kFjColLoad): an i32 / f32 load whose indices read kv_idx and
+// neither q_idx nor another load; the overload with fj_cl reads it from its parameter.
+TEST_CASE("the mask_mod's column load: which loads qualify and its hooks compile",
+          "[codegen][forward][nvrtc]") {
+  auto check_compiles = [](const Mods& m) {
+    NvrtcResult r = nvrtc_compile(mods_translation_unit(m, spec_for("sm_90a")), "sm_90a");
+    INFO(r.log);
+    CHECK(r.ok);
+  };
+  // document: doc_id[q_idx] == doc_id[kv_idx]: the kv_idx load is the column load.
+  const Mods doc = standard_mods("document");
+  const std::string d = generate_mod_functions(doc);
+  INFO(d);
+  CHECK_THAT(d, Catch::Contains("static constexpr bool kFjColLoad = true;") &&
+                    Catch::Contains("using FjColLoad = int;") &&
+                    Catch::Contains("int fj_col_load_at(const FjModParams& mp, int b, int h, "
+                                    "int kv_idx) {") &&
+                    Catch::Contains("return fj_ld_i32(mp.buf_doc_id, (fj_i64)kv_idx * "
+                                    "mp.stride_doc_id[0]);") &&
+                    Catch::Contains("int q_idx, int kv_idx, int fj_cl) {") &&
+                    Catch::Contains("== fj_cl;"));
+  // fj_mask_mod loads both, fj_col_load_at one, the fj_cl overload only the q_idx row's.
+  CHECK(count(d, "fj_ld_i32(") == 4);
+  check_compiles(doc);
+  // A float table by head and key (b, h and params may appear in the indices), and the inner
+  // load of a nested one.
+  for (const Mods& m :
+       {parse_mods("buffer w: f32[H, K]\nparam off: i32\nmask_mod = w[h, kv_idx + off] > 0.5"),
+        parse_mods("buffer e: i32[K]\nbuffer g: i32[K]\nmask_mod = g[e[kv_idx]] <= q_idx")}) {
+    const std::string text = generate_mod_functions(m);
+    INFO(text);
+    CHECK_THAT(text, Catch::Contains("static constexpr bool kFjColLoad = true;"));
+    check_compiles(m);
+  }
+  CHECK_THAT(
+      generate_mod_functions(parse_mods("buffer w: f32[H, K]\nmask_mod = w[h, kv_idx] > 0.5")),
+      Catch::Contains("using FjColLoad = float;"));
+  // Not a column load: no mask_mod, an index that reads q_idx, a bool or f16 buffer, a load at
+  // an index read from another load that reads q_idx, a load of the score_mod.
+  for (const Mods& m :
+       {standard_mods("noop"), standard_mods("causal"), standard_mods("sliding_window"),
+        parse_mods("buffer b1: i32[R]\nmask_mod = b1[kv_idx - q_idx + 100] > 0"),
+        parse_mods("buffer m: bool[K]\nmask_mod = m[kv_idx]"),
+        parse_mods("buffer m: f16[K]\nmask_mod = m[kv_idx] > 0.0"),
+        parse_mods("buffer e: i32[Q]\nbuffer g: i32[K]\nmask_mod = g[e[q_idx]] > 0"),
+        parse_mods("buffer w: f32[K]\nscore_mod = score + w[kv_idx]")}) {
+    const std::string text = generate_mod_functions(m);
+    INFO(text);
+    CHECK_THAT(text, Catch::Contains("static constexpr bool kFjColLoad = false;") &&
+                         Catch::Contains("return (void)fj_cl, fj_mask_mod(mp, b, h, q_idx, "
+                                         "kv_idx); }"));
+    check_compiles(m);
+  }
+}
+
 TEST_CASE("absent mods become pass-through functions the config switches off", "[codegen]") {
   Mods none;
   std::string text = generate_mod_functions(none);

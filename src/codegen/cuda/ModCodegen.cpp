@@ -406,6 +406,91 @@ void emit_diag_load(SourceWriter& w, const Mods& mods, MathFunctions math) {
   emit_with_dl(w, math, score_mod_dl, mods.score_mod, "score", *site);
 }
 
+// A column site: a load of an i32 or f32 buffer in the mask_mod whose indices read kv_idx and
+// neither q_idx nor a nested load (b, h, params and constants may appear): over a score tile it
+// takes one value per column, the same in every row.
+struct ColSite {
+  std::shared_ptr<const ir::BufferDecl> buffer;
+  std::vector<Expr> indices;
+  ScalarType type;
+};
+
+bool reads_var(const Expr& e, ir::VarKind v) {
+  bool found = false;
+  ir::for_each_node(e, [&](const Expr& n) { found = found || (n->op == Op::Var && n->var == v); });
+  return found;
+}
+
+bool has_load(const Expr& e) {
+  bool found = false;
+  ir::for_each_node(e, [&](const Expr& n) { found = found || n->op == Op::Load; });
+  return found;
+}
+
+// The mask_mod's column load (kFjColLoad): its first column site (children before parents).
+std::optional<ColSite> col_load_site(const Mods& mods) {
+  std::optional<ColSite> site;
+  if (!mods.mask_mod.defined()) return site;
+  ir::for_each_node(mods.mask_mod, [&](const Expr& n) {
+    if (site || n->op != Op::Load) return;
+    if (n->buffer->dtype != DType::I32 && n->buffer->dtype != DType::F32) return;
+    bool kv = false;
+    for (const Expr& e : n->args) {
+      if (reads_var(e, ir::VarKind::QIdx) || has_load(e)) return;
+      kv = kv || reads_var(e, ir::VarKind::KvIdx);
+    }
+    if (kv) site = ColSite{n->buffer, n->args, n->type};
+  });
+  return site;
+}
+
+// kFjColLoad (ModCodegen.h): the mask_mod's column load, the load alone, and the fj_mask_mod
+// overload that takes its value as fj_cl.
+void emit_col_load(SourceWriter& w, const Mods& mods) {
+  const std::optional<ColSite> site = col_load_site(mods);
+  w.line(
+      "// The mask_mod's column load: an i32 / f32 buffer read at indices that depend on kv_idx");
+  w.line("// and not on q_idx. The sm_90a forward loads a tile's columns once per warp and hands");
+  w.line("// every row its column's value (a shuffle) through the overload that takes fj_cl.");
+  w.line(fmt::format("static constexpr bool kFjColLoad = {};", site ? "true" : "false"));
+  const std::string_view type = site ? c_type(site->type) : "int";
+  w.line(fmt::format("using FjColLoad = {};", type));
+  const std::string mask_mod_cl = fmt::format(
+      "__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, int "
+      "q_idx, int kv_idx, {} fj_cl)",
+      type);
+  if (!site) {
+    w.line(
+        "__device__ __forceinline__ int fj_col_load_at(const FjModParams& mp, int b, int h, int "
+        "kv_idx) { return (void)mp, (void)b, (void)h, (void)kv_idx, 0; }");
+    w.line(fmt::format("{} {{ return (void)fj_cl, fj_mask_mod(mp, b, h, q_idx, kv_idx); }}",
+                       mask_mod_cl));
+    return;
+  }
+  {
+    // Read at in-range kv_idx only (the kernels clamp): the user's contract keeps it in bounds.
+    auto fn = w.block(fmt::format(
+        "__device__ __forceinline__ {} fj_col_load_at(const FjModParams& mp, int b, int h, int "
+        "kv_idx)",
+        type));
+    w.line("(void)b, (void)h;");
+    ExprLowering lowering(w, MathFunctions::Exact);
+    std::vector<std::string> terms;
+    const std::string& name = site->buffer->name;
+    for (size_t d = 0; d < site->indices.size(); ++d) {
+      terms.push_back(fmt::format("(fj_i64){} * mp.{}[{}]", lowering.lower(site->indices[d]),
+                                  buffer_stride_member(name), d));
+    }
+    w.line(fmt::format("return {}(mp.{}, {});", load_function(site->buffer->dtype),
+                       buffer_ptr_member(name), fmt::join(terms, " + ")));
+  }
+  auto fn = w.block(mask_mod_cl);
+  w.line("(void)fj_cl;");
+  ExprLowering lowering(w, MathFunctions::Exact);
+  lowering.substitute_load(site->buffer, site->indices, "fj_cl");
+  w.line("return " + lowering.lower(mods.mask_mod) + ";");
+}
+
 }  // namespace
 
 std::string cuda_float_literal(float v) {
@@ -465,6 +550,8 @@ std::string generate_mod_functions(const Mods& mods, MathFunctions math) {
                 mods.mask_mod, "true", MathFunctions::Exact);
   w.line("");
   emit_diag_load(w, mods, math);
+  w.line("");
+  emit_col_load(w, mods);
   return w.str();
 }
 

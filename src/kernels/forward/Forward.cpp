@@ -56,6 +56,7 @@ InputFacts forward_facts(const ForwardInputs& in) {
   f.seqlen_q = in.shape.seqlen_q;
   f.seqlen_kv = in.shape.seqlen_kv;
   f.mask_mod = in.mask_mod;
+  f.mask_mod_divides = in.mask_mod_divides;
   return f;
 }
 

@@ -46,6 +46,8 @@ struct ForwardInputs {
   // The call's mods have a mask_mod (known where the runtime planned the call): sm90a_wgmma's
   // 192-row tiles read a block mask only then (InputFacts::mask_mod).
   bool mask_mod = false;
+  // The mask_mod divides by a run-time value (InputFacts::mask_mod_divides).
+  bool mask_mod_divides = false;
   // The call's stream (null: the legacy default stream): sm90a_wgmma keeps a block mask's union
   // schedule with the mask only where this stream is not capturing a graph (an allocation
   // there would break the capture).

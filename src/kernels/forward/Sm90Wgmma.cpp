@@ -298,8 +298,11 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   // wider one does not fit 192 rows' registers).
   const int64_t rows192 = (facts.seqlen_q + 191) / 192 * 192;
   const int64_t rows128 = (facts.seqlen_q + 127) / 128 * 128;
+  // Not where the mask_mod divides by a run-time value per score (passes/RuntimeDivision.h):
+  // at 192 rows chunked_local ran 122 TFLOP/s against 174 with 128 (NOTES v19).
   if (!overrides.has("block_m") && !overrides.has("block_n") && facts.seqlen_q > 0 &&
-      std::max(problem.head_dim_qk, problem.head_dim_v) <= 64 && 8 * rows192 <= 9 * rows128 &&
+      !facts.mask_mod_divides && std::max(problem.head_dim_qk, problem.head_dim_v) <= 64 &&
+      8 * rows192 <= 9 * rows128 &&
       (facts.mask_kv_block == 0 ||
        (facts.mask_mod && union_tiles(facts, c.at("block_n")) <= kFjUnionMaxTiles))) {
     c.set("block_m", 192);
