@@ -17,6 +17,15 @@
 //   float fj_score_mod(mp, score, b, h, q_idx, kv_idx, float fj_dl);  // the site read from fj_dl
 //       (without a site: 0, 0 and forwarding to the overload without fj_dl)
 //
+// and the mask_mod's column load (kFjColLoad), used by the sm_90a forward:
+//   static constexpr bool kFjColLoad;   // the mask_mod loads an i32 / f32 buffer at indices
+//       that read kv_idx and neither q_idx nor another load (the first such load: a document id
+//       doc_id[kv_idx]); its value is constant along each column of a score tile
+//   using FjColLoad = int | float;      // the load's C type
+//   FjColLoad fj_col_load_at(mp, b, h, int kv_idx);   // the site's value at column kv_idx
+//   bool fj_mask_mod(mp, b, h, q_idx, kv_idx, FjColLoad fj_cl);  // the site read from fj_cl
+//       (without a site: int, 0 and forwarding to the overload without fj_cl)
+//
 // Both functions are always emitted: an absent score_mod returns `score`, an absent mask_mod
 // returns `true`. Bodies are straight-line SSA (`const float t3 = ...;`), one temporary per
 // distinct IR node; structurally equal sub-expressions share a temporary even when they are
