@@ -24,6 +24,12 @@ void for_each_node(const Expr& e, const std::function<void(const Expr&)>& fn) {
   }
 }
 
+bool any_node(const Expr& e, const std::function<bool(const Expr&)>& pred) {
+  bool found = false;
+  for_each_node(e, [&](const Expr& n) { found = found || pred(n); });
+  return found;
+}
+
 Expr Mutator::mutate(const Expr& e) {
   if (!e.defined()) return e;
   auto it = memo_.find(e.get());

@@ -14,6 +14,8 @@
 namespace flexjit::ir {
 
 void for_each_node(const Expr& e, const std::function<void(const Expr&)>& fn);
+// Whether some node of `e` (undefined: none) satisfies `pred`.
+bool any_node(const Expr& e, const std::function<bool(const Expr&)>& pred);
 
 class Mutator {
  public:

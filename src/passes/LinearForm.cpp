@@ -8,11 +8,9 @@ using ir::Op;
 using ir::VarKind;
 
 bool reads_positions(const Expr& e) {
-  bool reads = false;
-  ir::for_each_node(e, [&](const Expr& n) {
-    if (n->op == Op::Var && (n->var == VarKind::QIdx || n->var == VarKind::KvIdx)) reads = true;
+  return ir::any_node(e, [](const Expr& n) {
+    return n->op == Op::Var && (n->var == VarKind::QIdx || n->var == VarKind::KvIdx);
   });
-  return reads;
 }
 
 namespace {

@@ -8,6 +8,18 @@
 
 namespace flexjit::runtime {
 
+namespace {
+
+// Whether `stream` is capturing a graph (a failed query counts as capturing: nothing that must
+// stay out of a capture runs on its word).
+bool capturing(CuStream stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return Driver::get().cuStreamIsCapturing_(stream, &status) != CUDA_SUCCESS ||
+         status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+}  // namespace
+
 MaskScheduleCache::~MaskScheduleCache() {
   for (auto& [key, e] : entries_)
     destroy_event(e);
@@ -30,11 +42,7 @@ void* MaskScheduleCache::ready(const UnionScheduleKey& key) {
 }
 
 void* MaskScheduleCache::claim(const UnionScheduleKey& key, size_t bytes, CuStream stream) {
-  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (Driver::get().cuStreamIsCapturing_(stream, &capture) != CUDA_SUCCESS ||
-      capture != CU_STREAM_CAPTURE_STATUS_NONE) {
-    return nullptr;
-  }
+  if (capturing(stream)) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   if (key.generation != generation_ || entries_.count(key) != 0 || entries_.size() >= kMaxEntries) {
     return nullptr;
@@ -50,13 +58,12 @@ void* MaskScheduleCache::claim(const UnionScheduleKey& key, size_t bytes, CuStre
 
 void MaskScheduleCache::built(const UnionScheduleKey& key, CuStream stream) {
   const Driver& drv = Driver::get();
-  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  FJ_CU(cuStreamIsCapturing, "the stream of a block mask's union schedule", stream, &capture);
+  const bool captured = capturing(stream);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(key);
   FJ_ASSERT(it != entries_.end(), "a union schedule built without its claim");
   Entry& e = it->second;
-  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+  if (captured) {
     e.captured = true;  // only the graph's replays build it
     return;
   }
@@ -84,9 +91,7 @@ void MaskScheduleCache::wait_for(const UnionScheduleKey& key, CuStream stream) {
   const CUresult q = drv.cuEventQuery_(event);
   if (q == CUDA_SUCCESS) return;
   if (q != CUDA_ERROR_NOT_READY) check(q, "cuEventQuery", "a block mask's union schedule");
-  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  FJ_CU(cuStreamIsCapturing, "a call's stream", stream, &capture);
-  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+  if (capturing(stream)) {
     FJ_CU(cuEventSynchronize, "a block mask's union schedule", event);
   } else {
     FJ_CU(cuStreamWaitEvent, "a block mask's union schedule", stream, event, 0);

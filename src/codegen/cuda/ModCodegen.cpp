@@ -416,15 +416,11 @@ struct ColSite {
 };
 
 bool reads_var(const Expr& e, ir::VarKind v) {
-  bool found = false;
-  ir::for_each_node(e, [&](const Expr& n) { found = found || (n->op == Op::Var && n->var == v); });
-  return found;
+  return ir::any_node(e, [v](const Expr& n) { return n->op == Op::Var && n->var == v; });
 }
 
 bool has_load(const Expr& e) {
-  bool found = false;
-  ir::for_each_node(e, [&](const Expr& n) { found = found || n->op == Op::Load; });
-  return found;
+  return ir::any_node(e, [](const Expr& n) { return n->op == Op::Load; });
 }
 
 // The mask_mod's column load (kFjColLoad): its first column site (children before parents).

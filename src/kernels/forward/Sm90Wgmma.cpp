@@ -120,6 +120,42 @@ int64_t union_tiles(const InputFacts& facts, int64_t block_n) {
          (facts.mask_kv_block / block_n);
 }
 
+// Where a call's union schedule lives (runtime/MaskScheduleCache.h): the buffer its block mask
+// keeps, when ready (no builder; the forward's stream waits for it where another stream built
+// it) or newly claimed (the builder writes it, then records that it did); else the workspace's
+// slice for it (another call's claim not built yet, a capturing stream, a mask without a cache),
+// written by the builder.
+struct UnionPlacement {
+  char* base = nullptr;
+  bool build = true;
+  std::function<void(runtime::CuStream)> after_build, before_forward;
+};
+UnionPlacement place_union_schedule(const ForwardInputs& in, const FjBlockMaskArgs& mask, int bm,
+                                    int bn, const UnionShape& u, char* workspace_slice) {
+  UnionPlacement p;
+  p.base = workspace_slice;
+  runtime::MaskScheduleCache* cache = runtime::schedule_cache_of(*in.block_mask);
+  if (cache == nullptr) return p;
+  runtime::UnionScheduleKey key;
+  key.arrays = {mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices};
+  key.generation = cache->generation();
+  key.block_m = bm;
+  key.block_n = bn;
+  key.seqlen_q = in.shape.seqlen_q;
+  key.max_tiles = u.max_tiles;
+  if (void* kept = cache->ready(key)) {
+    p.base = static_cast<char*>(kept);
+    p.build = false;
+    p.before_forward = [cache, key](runtime::CuStream st) { cache->wait_for(key, st); };
+  } else if (void* claimed = cache->claim(
+                 key, static_cast<size_t>(fj_forward_sm90_union_bytes(u.rows, u.max_tiles)),
+                 in.stream)) {
+    p.base = static_cast<char*>(claimed);
+    p.after_build = [cache, key](runtime::CuStream st) { cache->built(key, st); };
+  }
+  return p;
+}
+
 // The step's workspace: the persistent CTAs' counter and tile slots, then (256-byte aligned) the
 // union schedule.
 int64_t persistent_bytes(const KernelDesc& d, const ForwardInputs& in) {
@@ -411,39 +447,16 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   std::function<void(runtime::CuStream)> wait_for_schedule;
   if (u.used()) {
     // The union schedule (FjUnionScheduleArgs), which the forward reads as its block mask:
-    // block_m x block_n blocks, no full_* lists (the entries carry the status). Kept with the
-    // mask (runtime/MaskScheduleCache.h): built by the first call into a buffer of the mask's
-    // and read by every later one; where the mask keeps none (being built by a concurrent call,
-    // or no cache), built into the workspace's slice for it first.
+    // block_m x block_n blocks, no full_* lists (the entries carry the status).
     FJ_ASSERT(workspace != nullptr, "the forward's union schedule launched without a workspace");
     FJ_ASSERT(u.max_tiles <= kFjUnionMaxTiles, "union schedule: more KV tiles than it takes");
-    const size_t bytes = static_cast<size_t>(fj_forward_sm90_union_bytes(u.rows, u.max_tiles));
-    runtime::MaskScheduleCache* cache = runtime::schedule_cache_of(*in.block_mask);
-    runtime::UnionScheduleKey key;
-    char* base = static_cast<char*>(workspace) + persistent_bytes(desc, in);
-    bool build = true;
-    std::function<void(runtime::CuStream)> built;
-    if (cache != nullptr) {
-      key.arrays = {a.mask.kv_num_blocks, a.mask.kv_indices, a.mask.full_kv_num_blocks,
-                    a.mask.full_kv_indices};
-      key.generation = cache->generation();
-      key.block_m = bm;
-      key.block_n = bn;
-      key.seqlen_q = s.seqlen_q;
-      key.max_tiles = u.max_tiles;
-      if (void* kept = cache->ready(key)) {
-        base = static_cast<char*>(kept);
-        build = false;
-        wait_for_schedule = [cache, key](runtime::CuStream st) { cache->wait_for(key, st); };
-      } else if (void* claimed = cache->claim(key, bytes, in.stream)) {
-        base = static_cast<char*>(claimed);
-        built = [cache, key](runtime::CuStream st) { cache->built(key, st); };
-      }
-    }
+    UnionPlacement place = place_union_schedule(
+        in, a.mask, bm, bn, u, static_cast<char*>(workspace) + persistent_bytes(desc, in));
+    wait_for_schedule = std::move(place.before_forward);
     FjUnionScheduleArgs ua{};
     ua.src = a.mask;
-    ua.num = reinterpret_cast<int*>(base);
-    ua.entries = reinterpret_cast<int*>(base + u.rows * kFjUnionRowInts * 4);
+    ua.num = reinterpret_cast<int*>(place.base);
+    ua.entries = reinterpret_cast<int*>(place.base + u.rows * kFjUnionRowInts * 4);
     const BlockMask& meta = in.block_mask->meta();
     ua.bm = meta.batch;
     ua.hm = meta.heads;
@@ -453,14 +466,14 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
     ua.block_n = bn;
     ua.seqlen_q = static_cast<int>(s.seqlen_q);
     ua.zero = persistent_of(desc) == 1 ? static_cast<int*>(workspace) : nullptr;
-    if (build) {
+    if (place.build) {
       Launch b;
       b.entry_point = "flexjit_forward_union_schedule";
       b.grid = {static_cast<unsigned>(u.rows), 1, 1};
       b.block = {256, 1, 1};
       b.smem_bytes = static_cast<unsigned>((kFjUnionSmemPerTile * u.max_tiles + 15) / 16 * 16);
       b.args.add(ua);
-      b.after = std::move(built);
+      b.after = std::move(place.after_build);
       out.push_back(std::move(b));
       counter_zeroed = ua.zero != nullptr;
     }
