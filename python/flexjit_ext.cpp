@@ -83,9 +83,15 @@ Expr to_expr(nb::handle h) {
 }
 
 Expr true_div(const Expr& a, const Expr& b) {
-  // Python semantics: `/` is true division also between integers (as in PyTorch); `//` is the
-  // language's floor division.
-  if (a.type() == ScalarType::I32 && b.type() == ScalarType::I32) return to_float(a) / to_float(b);
+  // Between two i32 values `/` means different things in the two front ends (Python divides
+  // exactly, as PyTorch does; .fx text floors), so the same-looking mask would differ: it is an
+  // error that names the operator to use (docs/dsl.md, "Division").
+  if (a.type() == ScalarType::I32 && b.type() == ScalarType::I32) {
+    throw nb::type_error(
+        "`/` between two i32 values: in .fx text it floors, in Python it would divide exactly, "
+        "so flexjit takes neither; write `a // b` for floor division (.fx's `/`) or "
+        "`dsl.to_float(a) / b` for true division");
+  }
   return a / b;
 }
 
@@ -157,8 +163,23 @@ Context& context_for(int device) {
   return *ctx;
 }
 
-ModBindings to_bindings(const std::vector<std::pair<std::string, Array>>& buffers,
+// The bindings of a call of `needed`: every buffer it reads must be in `buffers`, said in
+// Python's terms (the library's own message names C++'s bindings.buffers).
+ModBindings to_bindings(const Mods& needed,
+                        const std::vector<std::pair<std::string, Array>>& buffers,
                         const std::vector<std::pair<std::string, double>>& params) {
+  for (const Buffer& buf : needed.buffers) {
+    bool bound = false;
+    for (const auto& [name, a] : buffers)
+      bound = bound || name == buf.name();
+    if (bound) continue;
+    std::string dims;
+    for (const std::string& d : buf.decl()->dims)
+      dims += (dims.empty() ? "" : ", ") + d;
+    const std::string decl = std::string(to_string(buf.dtype())) + "[" + dims + "]";
+    throw RuntimeError("the mods '" + needed.name + "' read buffer '" + buf.name() + "' (" + decl +
+                       "); pass it as buffers={'" + buf.name() + "': <array of " + decl + ">}");
+  }
   ModBindings b;
   for (const auto& [name, a] : buffers)
     b.buffers.emplace_back(name, to_tensor(a));
@@ -187,6 +208,29 @@ Mods cpu_mods(const Mods& mods, const PyBlockMask* block_mask) {
         "none (pass mask_mod=...)");
   }
   return combine(mods, Mods::from_mask([&](Expr, Expr, Expr, Expr) { return bm.mask_mod; }));
+}
+
+// The CPU backend builds its tiles from the mask_mod, so a block mask's sizes are checked here as
+// flex_attention checks them on the GPU: one built for other sizes is an error, not ignored.
+// (With a KV cache the keys' length is the cache's: only Sq, B and H are compared.)
+void check_cpu_block_mask(const PyBlockMask* block_mask, const TensorRef& q, const TensorRef& k,
+                          bool kv_cache) {
+  if (block_mask == nullptr || q.ndim() != 4 || k.ndim() != 4) return;  // the call names bad ranks
+  const BlockMask& m = block_mask->meta();
+  if (m.seqlen_q != q.shape[2] || (!kv_cache && m.seqlen_kv != k.shape[2])) {
+    throw RuntimeError("the block mask was built for Sq=" + std::to_string(m.seqlen_q) +
+                       ", Skv=" + std::to_string(m.seqlen_kv) +
+                       " but the inputs have Sq=" + std::to_string(q.shape[2]) +
+                       ", Skv=" + std::to_string(k.shape[2]) + "; build it for these lengths");
+  }
+  if (m.batch != 1 && m.batch != q.shape[0]) {
+    throw RuntimeError("the block mask has batch " + std::to_string(m.batch) +
+                       "; expected 1 or B=" + std::to_string(q.shape[0]));
+  }
+  if (m.heads != 1 && m.heads != q.shape[1]) {
+    throw RuntimeError("the block mask has " + std::to_string(m.heads) +
+                       " heads; expected 1 or Hq=" + std::to_string(q.shape[1]));
+  }
 }
 
 // The block mask of a GPU call: the mask's own device arrays, or the host mask uploaded into
@@ -339,20 +383,25 @@ NB_MODULE(_flexjit, m) {
 
   // --- mods ---
   nb::class_<Mods>(m, "Mods",
-                   "A score_mod and/or a mask_mod with the buffers and parameters they capture.")
+                   "A score_mod, a mask_mod and/or a sink_mod with the buffers and parameters "
+                   "they capture.")
       .def(
           "__init__",
           [](Mods* self, std::optional<Expr> score_mod, std::optional<Expr> mask_mod,
-             std::optional<std::string> name) {
+             std::optional<std::string> name, std::optional<Expr> sink_mod) {
             ScoreModFn s;
             MaskModFn k;
+            SinkModFn sink;
             if (score_mod) s = [&](Expr, Expr, Expr, Expr, Expr) { return *score_mod; };
             if (mask_mod) k = [&](Expr, Expr, Expr, Expr) { return *mask_mod; };
-            new (self) Mods(Mods::from(s, k));
+            if (sink_mod) sink = [&](Expr, Expr, Expr) { return *sink_mod; };
+            new (self) Mods(Mods::from(s, k, sink));
             if (name) self->name = *name;
           },
           "score_mod"_a = nb::none(), "mask_mod"_a = nb::none(), "name"_a = nb::none(),
-          "Mods from expressions (buffers and params are collected from them).")
+          "sink_mod"_a = nb::none(),
+          "Mods from expressions (buffers and params are collected from them). sink_mod: an "
+          "attention sink, one f32 logit per row (b, h, q_idx) in the softmax denominator.")
       .def_prop_ro("score_mod",
                    [](const Mods& m) -> std::optional<Expr> {
                      if (m.score_mod.defined()) return m.score_mod;
@@ -361,6 +410,11 @@ NB_MODULE(_flexjit, m) {
       .def_prop_ro("mask_mod",
                    [](const Mods& m) -> std::optional<Expr> {
                      if (m.mask_mod.defined()) return m.mask_mod;
+                     return std::nullopt;
+                   })
+      .def_prop_ro("sink_mod",
+                   [](const Mods& m) -> std::optional<Expr> {
+                     if (m.sink_mod.defined()) return m.sink_mod;
                      return std::nullopt;
                    })
       .def_ro("buffers", &Mods::buffers)
@@ -380,7 +434,8 @@ NB_MODULE(_flexjit, m) {
   m.def("standard_mod_source", &standard_mod_source, "name"_a);
   m.def("standard_mods", &standard_mods, "name"_a, "A standard mod set by name ('causal').");
   m.def("combine", &combine, "a"_a, "b"_a,
-        "The score_mod of whichever has one, the mask_mods ANDed, buffers and params united.");
+        "The score_mod and sink_mod of whichever has one, the mask_mods ANDed, buffers and "
+        "params united.");
 
   // --- block masks ---
   nb::class_<PyBlockMask>(m, "BlockMask",
@@ -431,7 +486,8 @@ NB_MODULE(_flexjit, m) {
       [](const Mods& mods, int batch, int heads, int seqlen_q, int seqlen_kv, int device,
          int block_size, const std::vector<std::pair<std::string, Array>>& buffers,
          const std::vector<std::pair<std::string, double>>& params) {
-        const ModBindings b = to_bindings(buffers, params);
+        const ModBindings b =
+            to_bindings(mods.mask_mod.defined() ? mask_only(mods) : mods, buffers, params);
         auto out = std::make_unique<PyBlockMask>();
         nb::gil_scoped_release release;
         if (device < 0) {
@@ -472,7 +528,7 @@ NB_MODULE(_flexjit, m) {
         if (lse) tlse = to_tensor(*lse);
         AttentionOptions o;
         o.mods = mods;
-        o.bindings = to_bindings(buffers, params);
+        o.bindings = to_bindings(mods, buffers, params);
         o.scale = scale;
         o.return_lse = tlse.has_value();
         o.stream = reinterpret_cast<void*>(stream);
@@ -486,6 +542,7 @@ NB_MODULE(_flexjit, m) {
         }
         nb::gil_scoped_release release;
         if (tq.device == TensorRef::Device::CPU) {
+          check_cpu_block_mask(block_mask, tq, tk, o.kv_cache != nullptr);
           o.mods = cpu_mods(o.mods, block_mask);
           CpuRunOptions cpu;
           cpu.num_threads = num_threads;
@@ -513,7 +570,7 @@ NB_MODULE(_flexjit, m) {
         const TensorRef tq = to_tensor(q), tk = to_tensor(k), tv = to_tensor(v);
         AttentionOptions o;
         o.mods = mods;
-        o.bindings = to_bindings(buffers, params);
+        o.bindings = to_bindings(mods, buffers, params);
         o.scale = scale;
         o.stream = reinterpret_cast<void*>(stream);
         BackwardOutputs g{to_tensor(dq), to_tensor(dk), to_tensor(dv), {}};
@@ -542,6 +599,7 @@ NB_MODULE(_flexjit, m) {
                                  "] on the cpu, contiguous (as the CPU forward returns it)");
             }
           };
+          check_cpu_block_mask(block_mask, tq, tk, /*kv_cache=*/false);
           if (ranked) {
             check_f32(to_tensor(out), "out", {B, Hq, Sq, Dv});
             check_f32(to_tensor(lse), "lse", {B, Hq, Sq});

@@ -5,8 +5,10 @@
 #  2. The same with a shared library (build-shared: BUILD_SHARED_LIBS=ON, only the library;
 #     its objects come from ccache when the first build used it), plus a check that it exports
 #     only flexjit's public API.
-#  3. add_subdirectory: a consumer project configures with flexjit inside it (configure only).
-# SKIP_SHARED=1 skips 2.
+#  3. the tests that run the CLI as another user, from a copy of the build in a directory that
+#     only its owner can enter (as root: also as `nobody` from its own private directory).
+#  4. add_subdirectory: a consumer project configures with flexjit inside it (configure only).
+# SKIP_SHARED=1 skips 2, SKIP_PRIVATE=1 skips 3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build-test}"
@@ -62,6 +64,31 @@ $(grep -E '^flexjit::(jit|cuda|ir|passes|codegen|cpu|runtime|embedded|tune|util)
   example "$tmp/shared" shared
   if readelf -d "$tmp/example-shared/custom_mod" | grep NEEDED | grep -E 'LLVM|nvrtc|crypto|xxhash'; then
     fail "the example links flexjit's private dependencies directly"
+  fi
+fi
+
+# A checkout in a directory that only its owner can enter (`mktemp -d`, /root: issue 35): the
+# tests that run the CLI as another user must not depend on where the build folder is. The test
+# binary and the CLI are copied into such a directory and those tests run from there; as root,
+# once more as `nobody` from a private directory of its own (a normal user's checkout).
+if [ "${SKIP_PRIVATE:-0}" != 1 ] && [ -x "$BUILD/flexjit-tests" ] && [ -x "$BUILD/flexjit" ]; then
+  echo "== packaging: the CLI tests from a directory only its owner can enter"
+  private_tests='[cli][cache],[npy]'
+  mkdir -m 0700 "$tmp/private"
+  cp "$BUILD/flexjit-tests" "$BUILD/flexjit" "$tmp/private/"
+  mkdir -m 0700 "$tmp/private/cache"
+  (cd "$tmp/private" && FLEXJIT_CACHE_DIR="$tmp/private/cache" ./flexjit-tests "$private_tests") \
+    || fail "the CLI tests from a private directory ($(id -un))"
+  if [ "$(id -u)" = 0 ] && command -v setpriv > /dev/null; then
+    user_dir="$(mktemp -d)"
+    cp "$BUILD/flexjit-tests" "$BUILD/flexjit" "$user_dir/"
+    mkdir "$user_dir/cache"
+    chown -R 65534:65534 "$user_dir"
+    chmod 0700 "$user_dir" "$user_dir/cache"
+    (cd "$user_dir" && setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=/nonexistent \
+      FLEXJIT_CACHE_DIR="$user_dir/cache" ./flexjit-tests "$private_tests") \
+      || { rm -rf "$user_dir"; fail "the CLI tests as nobody from a private directory"; }
+    rm -rf "$user_dir"
   fi
 fi
 

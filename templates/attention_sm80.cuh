@@ -13,7 +13,8 @@
 #define FLEXJIT_ATTENTION_SM80_CUH_
 
 // Copies a kRows x kDim tile (row stride `stride` elements of Tile::kBytesPerElem) into swizzled
-// shared memory with cp.async; rows >= rows_valid are zero-filled (checked only when kCheck).
+// shared memory with cp.async; rows >= rows_valid are zero-filled (checked only when kCheck), and
+// so are the chunks past the head dim (Tile::kValidChunks; none when it fills the tile).
 // Thread tid copies chunk tid % kChunks of rows tid / kChunks + i * kRowStep: one 64-bit pointer
 // that advances by a fixed step, and one shared address plus immediates (kRowStep % 8 == 0 keeps
 // the swizzle phase of the row fixed), so the copy costs few registers in the main loop.
@@ -45,8 +46,8 @@ FJ_DEVICE void fj_load_tile(fj_u32 smem, const void* gmem, fj_i64 stride, int ro
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int r = r0 + i * kRowStep;
-    const bool valid = !kCheck || r < rows_valid;
-    // An invalid row reads nothing; point it at row 0 of the tile, which is always in bounds.
+    const bool valid = (!kCheck || r < rows_valid) && c < Tile::kValidChunks;
+    // An invalid row or chunk reads nothing; point it at row 0 of the tile, always in bounds.
     const fj_u32 dst = kRowStep % 8 == 0
                            ? smem + Tile::offset(r0, c) + i * kRowStep * Tile::kRowBytes
                            : smem + Tile::offset(r, c);

@@ -26,6 +26,10 @@
 // Warps own 16-row slices of the CTA's tile (kv rows in dK/dV, q rows in dQ). With head dim
 // 256 the dK / dV accumulators of 16 rows do not fit one warp's registers: kDSplit warps share
 // a row slice, each accumulating 1/kDSplit of the head dim (S^T and dP^T are computed by each).
+// Head dims: the dK/dV and dQ kernels' kHeadDimQK / kHeadDimV are tile dims (64 / 128 / 256), the
+// problem's kRealDimQK / kRealDimV any multiple of 8 up to them (FjBwdTraits); the row kernels
+// (preprocess, dQ convert) take the problem's dims as kHeadDimQK / kHeadDimV, and kDqAccumDim is
+// the dQ accumulator's row width.
 #ifndef FLEXJIT_BACKWARD_SM80_CUH_
 #define FLEXJIT_BACKWARD_SM80_CUH_
 
@@ -59,21 +63,25 @@ struct FjBwdTraits {
   static constexpr int kNumWarps = Cfg::kNumWarps;
   static constexpr int kNumStages = Cfg::kNumStages;
   static constexpr int kThreads = kNumWarps * 32;
-  static constexpr int kDimQK = Cfg::kHeadDimQK;
+  static constexpr int kDimQK = Cfg::kHeadDimQK;  // tile dims: the shared-memory layouts
   static constexpr int kDimV = Cfg::kHeadDimV;
+  // The problem's head dims (multiples of 8, <= the tiles): loads zero-fill the columns past
+  // them, so the padded columns of S, dP, dK, dV and dQ are zero; stores write only theirs.
+  static constexpr int kRealQK = Cfg::kRealDimQK;
+  static constexpr int kRealV = Cfg::kRealDimV;
   static constexpr int kElemBytes = (int)sizeof(Element);
   // fp32 inputs: S and dP to fp32 accuracy (3 tf32 products each). dS = P (dP - delta) cancels,
   // and a tf32 dP alone leaves errors of 1e-3 of |dP| in dQ and dK.
   static constexpr bool kSplit = kElemBytes == 4;
-  using TileQK = FjSwizzledTile<kDimQK, kElemBytes>;
-  using TileV = FjSwizzledTile<kDimV, kElemBytes>;
+  using TileQK = FjSwizzledTile<kDimQK, kElemBytes, kRealQK>;
+  using TileV = FjSwizzledTile<kDimV, kElemBytes, kRealV>;
   static constexpr int kQKBytesM = kBlockM * kDimQK * kElemBytes;  // a Q (or dQ) tile
   static constexpr int kVBytesM = kBlockM * kDimV * kElemBytes;    // a dO tile
   static constexpr int kQKBytesN = kBlockN * kDimQK * kElemBytes;  // a K (or dK) tile
   static constexpr int kVBytesN = kBlockN * kDimV * kElemBytes;    // a V (or dV) tile
   static_assert((kDimQK == 64 || kDimQK == 128 || kDimQK == 256) &&
                     (kDimV == 64 || kDimV == 128 || kDimV == 256),
-                "flexjit backward_sm80: head dims must be 64, 128 or 256");
+                "flexjit backward_sm80: tile dims must be 64, 128 or 256");
   static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0, "flexjit backward_sm80: tiles of 16s");
   static_assert(kNumStages >= 1 && kNumStages <= 3, "flexjit backward_sm80: 1..3 stages");
 };
@@ -89,7 +97,8 @@ FJ_DEVICE void fj_stage_fragment_row(unsigned char* tile_smem, int row, int col_
   T::Mma::store2(tile_smem + Tile::offset(row, chunk) + in_chunk, x0 * mul, x1 * mul);
 }
 
-// Copies a staged kRows x Tile tile of shared memory to global memory, rows < rows_valid.
+// Copies a staged kRows x Tile tile of shared memory to global memory, rows < rows_valid and the
+// chunks of the head dim (Tile::kValidChunks).
 template <class Tile, int kRows, int kThreads>
 FJ_DEVICE void fj_store_tile(char* gmem, fj_i64 stride_bytes, const unsigned char* smem,
                              int rows_valid, int tid) {
@@ -99,7 +108,7 @@ FJ_DEVICE void fj_store_tile(char* gmem, fj_i64 stride_bytes, const unsigned cha
     const int idx = it * kThreads + tid;
     const int r = idx / Tile::kChunks;
     const int c = idx % Tile::kChunks;
-    if (r >= kRows || r >= rows_valid) continue;
+    if (r >= kRows || r >= rows_valid || c >= Tile::kValidChunks) continue;
     *reinterpret_cast<fj_u32x4*>(gmem + (fj_i64)r * stride_bytes + c * 16) =
         *reinterpret_cast<const fj_u32x4*>(smem + Tile::offset(r, c));
   }
@@ -180,10 +189,10 @@ extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_preprocess(const F
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1)
       acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (args.dq_accum != nullptr) {  // the dK/dV kernel adds dQ into it
+    if (args.dq_accum != nullptr) {  // the dK/dV kernel adds dQ into it (rows kDqAccumDim wide)
       fj_u32x4* acc_row =
-          reinterpret_cast<fj_u32x4*>(args.dq_accum + (ws_row0 + row) * FjConfig::kHeadDimQK);
-      for (int c = lane; c < FjConfig::kHeadDimQK / 4; c += 32)
+          reinterpret_cast<fj_u32x4*>(args.dq_accum + (ws_row0 + row) * FjConfig::kDqAccumDim);
+      for (int c = lane; c < FjConfig::kDqAccumDim / 4; c += 32)
         acc_row[c] = fj_u32x4{0u, 0u, 0u, 0u};
     }
     if (lane != 0) continue;
@@ -604,7 +613,10 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
             }
           }
           using ShapeDQ = FjGemmShape<E, 1, kBN / 8, T::kDimQK, T::kDimQK, kDqPass>;
-          float* acc_base = args.dq_accum + (ws_row0 + m0 + slice * 16 + (lane >> 2)) * T::kDimQK;
+          // Accumulator rows are kDqAccumDim floats wide (dq_accum_dim); only the columns of
+          // the head dim are added.
+          constexpr int kAccRow = Cfg::kDqAccumDim;
+          float* acc_base = args.dq_accum + (ws_row0 + m0 + slice * 16 + (lane >> 2)) * kAccRow;
 #pragma unroll
           for (int col0 = 0; col0 < kDqCols; col0 += kDqPass) {
             float part_dq[1][ShapeDQ::kDTiles][4];
@@ -617,9 +629,11 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
 #pragma unroll
             for (int hr = 0; hr < 2; ++hr) {
               if (kCheck && m0 + slice * 16 + hr * 8 + (lane >> 2) >= args.seqlen_q) continue;
-              float* row = acc_base + hr * 8 * T::kDimQK + col_warp + col0 + (lane & 3) * 2;
+              const int col = col_warp + col0 + (lane & 3) * 2;
+              float* row = acc_base + hr * 8 * kAccRow + col;
 #pragma unroll
               for (int dt = 0; dt < ShapeDQ::kDTiles; ++dt) {
+                if (T::kRealQK != T::kDimQK && col + dt * 8 >= T::kRealQK) continue;
                 atomicAdd(row + dt * 8, part_dq[0][dt][hr * 2]);
                 atomicAdd(row + dt * 8 + 1, part_dq[0][dt][hr * 2 + 1]);
               }
@@ -854,20 +868,23 @@ FJ_DEVICE void fj_store2(char* dst, float x0, float x1) {
 // 64 rows per CTA, 128 threads: dq = scale * dq_accum, 4 elements per step. kDqLayout 0: the
 // accumulator's rows; 1: the 64-row block in the sm_90a dK/dV kernel's fragment order
 // (backward_sm90.cuh, fj_bwd_sm90_dq_bulk_add): [consumer c][warp w][k][lane][4] with kW =
-// kD / 2 columns per consumer, k < kW / 8; lane (g, t) holds rows w 16 + g (elements 0, 1) and
-// + 8 (2, 3) at columns c kW + 8 k + 2 t, + 1.
+// kDqAccumDim / 2 columns per consumer (its tile dim), k < kW / 8; lane (g, t) holds rows w 16 +
+// g (elements 0, 1) and + 8 (2, 3) at columns c kW + 8 k + 2 t, + 1, of which those below
+// kHeadDimQK go out.
 extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_dq_convert(const FjBwdArgs args) {
   using E = typename FjConfig::Element;
   constexpr int kD = FjConfig::kHeadDimQK;
   const int h = blockIdx.y, b = blockIdx.z;
   const fj_i64 ws_row0 = ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
   if constexpr (FjConfig::kDqLayout == 1) {
-    constexpr int kW = kD / 2, kK = kW / 8;
-    const float* block = args.dq_accum + (ws_row0 + blockIdx.x * 64) * kD;
-    for (int f = threadIdx.x; f < 64 * kD / 4; f += 128) {
+    constexpr int kTile = FjConfig::kDqAccumDim;
+    constexpr int kW = kTile / 2, kK = kW / 8;
+    const float* block = args.dq_accum + (ws_row0 + blockIdx.x * 64) * kTile;
+    for (int f = threadIdx.x; f < 64 * kTile / 4; f += 128) {
       const int lane = f % 32, k = (f / 32) % kK, w = (f / (32 * kK)) % 4, c = f / (128 * kK);
-      const fj_u32x4 a = *reinterpret_cast<const fj_u32x4*>(block + 4 * f);
       const int col = c * kW + 8 * k + 2 * (lane & 3);
+      if (kTile != kD && col >= kD) continue;  // the tile's padded columns (zeros)
+      const fj_u32x4 a = *reinterpret_cast<const fj_u32x4*>(block + 4 * f);
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int q = blockIdx.x * 64 + w * 16 + hr * 8 + (lane >> 2);
@@ -882,12 +899,13 @@ extern "C" __global__ void __launch_bounds__(128) flexjit_bwd_dq_convert(const F
     }
     return;
   }
+  // Layout 0: rows of kDqAccumDim floats, the first kD of them dQ's.
   for (int idx = threadIdx.x; idx < 64 * kD / 4; idx += 128) {
     const int r = idx / (kD / 4), c4 = idx % (kD / 4);
     const int q = blockIdx.x * 64 + r;
     if (q >= args.seqlen_q) continue;
-    const fj_u32x4 a =
-        *reinterpret_cast<const fj_u32x4*>(args.dq_accum + (ws_row0 + q) * kD + 4 * c4);
+    const fj_u32x4 a = *reinterpret_cast<const fj_u32x4*>(
+        args.dq_accum + (ws_row0 + q) * FjConfig::kDqAccumDim + 4 * c4);
     const float x0 = __uint_as_float(a.x) * args.scale, x1 = __uint_as_float(a.y) * args.scale;
     const float x2 = __uint_as_float(a.z) * args.scale, x3 = __uint_as_float(a.w) * args.scale;
     char* dst = static_cast<char*>(args.dq) +

@@ -32,6 +32,12 @@
 // g, g + 8 of its warp's 16 and columns 8j + 2t, 8j + 2t + 1. No overlap between the GEMMs and
 // the element step inside a warpgroup in this first version (every group of wgmma is waited for
 // at once); between the two consumers, ping-pong turns (FjBwdTurns).
+// Head dims: kHeadDimQK / kHeadDimV (kDimQK / kDimV) are tile dims (64 or 128), the layouts
+// widths; the problem's own kRealDimQK / kRealDimV (multiples of 8, at most 56 below the tile)
+// are what the TMA tensor maps span, so the padded columns of Q, K, V, dO load as zeros (and
+// add nothing to S, dP, dK, dV, dQ), S^T / dP^T (S / dP) issue only the k16 steps holding real
+// columns, and dK, dV, dQ go out with their real columns only (docs/kernels/backward_sm90.md
+// "Head dims").
 // Shared memory (dynamic, aligned here to 1024 bytes; fj_bwd_*_sm90_smem_bytes in
 // flexjit_abi.h): 128-byte swizzled tiles (wgmma_sm90.cuh), then the f32 arrays, then the
 // mbarriers.
@@ -46,6 +52,11 @@ struct FjBwdSm90Traits {
   static constexpr int kNumStages = Cfg::kNumStages;
   static constexpr int kDimQK = Cfg::kHeadDimQK;
   static constexpr int kDimV = Cfg::kHeadDimV;
+  static constexpr int kRealQK = Cfg::kRealDimQK;  // the problem's head dims (<= the tiles)
+  static constexpr int kRealV = Cfg::kRealDimV;
+  // The head-dim extent of S (q.k) and dP (dO.v) products: the k16 steps with real columns.
+  static constexpr int kKQK = (kRealQK + 15) / 16 * 16;
+  static constexpr int kKV = (kRealV + 15) / 16 * 16;
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kElemBytes = 2;
@@ -53,7 +64,11 @@ struct FjBwdSm90Traits {
   static constexpr int kConsumerRegs = 240;
   static_assert(sizeof(Element) == 2, "flexjit backward_sm90: bf16 or f16 elements");
   static_assert(kDimQK % 64 == 0 && kDimV % 64 == 0 && kDimQK <= 128 && kDimV <= 128,
-                "flexjit backward_sm90: head dims 64 or 128");
+                "flexjit backward_sm90: tile head dims 64 or 128");
+  static_assert(kRealQK % 8 == 0 && kRealV % 8 == 0 && kRealQK > kDimQK - 64 && kRealQK <= kDimQK &&
+                    kRealV > kDimV - 64 && kRealV <= kDimV,
+                "flexjit backward_sm90: head dims are multiples of 8 in their tile's last 64 "
+                "columns");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit backward_sm90: 1..4 stages");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
                 "flexjit backward_sm90: register split exceeds the register file");
@@ -223,8 +238,9 @@ FJ_DEVICE char* fj_bhs_row(void* base, fj_i64 stride_b, fj_i64 stride_h, fj_i64 
 }
 
 // S = A B^T and dP = A2 B2^T for this consumer, in one ping-pong turn, waited for: A and A2 are
-// the consumer's 64 rows (from row a_row0) of kRowsA-row tiles with kDimS / kDimP columns, B and
-// B2 kN-row tiles (dK/dV: K, V against Q, dO; dQ: Q, dO against K, V).
+// the consumer's 64 rows (from row a_row0) of kRowsA-row tiles whose first kDimS / kDimP columns
+// (multiples of 16; the columns past them are zeros) the products sum over, B and B2 kN-row
+// tiles (dK/dV: K, V against Q, dO; dQ: Q, dO against K, V).
 template <int kDimS, int kDimP, int kRowsA, int kN>
 FJ_DEVICE void fj_bwd_sm90_s_dp(float (&s)[kN / 8][4], float (&dp)[kN / 8][4],
                                 const FjBwdTurns& turns, fj_u32 a, fj_u32 a2, int a_row0, fj_u32 b,
@@ -393,6 +409,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   int prev_block = -1;  // the previous step's
   // This warp's part of dQ's accumulator block `blk` (dq_accum_layout 1: the 64 rows of the
   // block, consumer cw's kDqW columns, then this warp's 16 rows), and its stage in shared memory.
+  // The accumulator's rows are kDimQK (the tile dim) floats wide: kernels::dq_accum_dim.
   auto dq_block = [&](int blk) {
     return args.dq_accum +
            ((fj_i64)b * args.heads_q * args.seqlen_q_pad + (fj_i64)blk * 64) * T::kDimQK +
@@ -425,7 +442,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       }
       fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
       float s[kBM / 8][4], dp[kBM / 8][4];
-      fj_bwd_sm90_s_dp<T::kDimQK, T::kDimV, kBN, kBM>(s, dp, turns, sk, sv, cw * 64, sq_st, sdo_st);
+      fj_bwd_sm90_s_dp<T::kKQK, T::kKV, kBN, kBM>(s, dp, turns, sk, sv, cw * 64, sq_st, sdo_st);
       if constexpr (kDl) loads.commit(lane);
       // lse2 / delta of the tile's q rows m0 .. m0 + kBM - 1 < seqlen_q_pad (a multiple of 128).
       const float* lse2 = lse2_row + m0;
@@ -511,10 +528,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   fj_sw128_store_acc<E, kBN>(sv, cw * 64 + warp * 16, lane, dv, 1.0f);
   fj_bar_sync(1 + cw, 128);
   const int row0 = n_start + cw * 64;
-  fj_sw128_copy_out64<T::kDimQK, kBN>(
+  fj_sw128_copy_out64<T::kDimQK, kBN, T::kRealQK>(
       fj_bhs_row(args.dk, args.dk_stride_b, args.dk_stride_h, args.dk_stride_s, b, h_kv, row0),
       args.dk_stride_s, sk, cw * 64, row0, args.seqlen_kv, wtid);
-  fj_sw128_copy_out64<T::kDimV, kBN>(
+  fj_sw128_copy_out64<T::kDimV, kBN, T::kRealV>(
       fj_bhs_row(args.dv, args.dv_stride_b, args.dv_stride_h, args.dv_stride_s, b, h_kv, row0),
       args.dv_stride_s, sv, cw * 64, row0, args.seqlen_kv, wtid);
 }
@@ -620,7 +637,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     }
     fj_mbar_wait(bar_full + 8 * stage, (i / kS) & 1);
     float s[kBN / 8][4], dp[kBN / 8][4];
-    fj_bwd_sm90_s_dp<T::kDimQK, T::kDimV, kBM, kBN>(s, dp, turns, sq, sdo, cw * 64, sk_st, sv_st);
+    fj_bwd_sm90_s_dp<T::kKQK, T::kKV, kBM, kBN>(s, dp, turns, sq, sdo, cw * 64, sk_st, sv_st);
     if constexpr (kDl) loads.commit(lane);
     const float* dl = loads.mine(lane);
     if (Cfg::kHasMaskMod && i < sched.num_partial) {
@@ -650,7 +667,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   fj_sw128_store_acc<E, kBM>(sq, cw * 64 + warp * 16, lane, dq, args.scale);
   fj_bar_sync(1 + cw, 128);
   const int row0 = m_start + cw * 64;
-  fj_sw128_copy_out64<T::kDimQK, kBM>(
+  fj_sw128_copy_out64<T::kDimQK, kBM, T::kRealQK>(
       fj_bhs_row(args.dq, args.dq_stride_b, args.dq_stride_h, args.dq_stride_s, b, h, row0),
       args.dq_stride_s, sq, cw * 64, row0, args.seqlen_q, wtid);
 }

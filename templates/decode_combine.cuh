@@ -1,7 +1,12 @@
 // flexjit split-KV decoding: the combine kernel (docs/kernels/decode.md).
 //
-// Spliced after flexjit_abi.h, prelude.cuh, the generated FjConfig (kNumWarps, kHeadDimV,
-// Element) and mods (none reach it) and mma_sm80.cuh (FjMma<Element>::store2).
+// Spliced after flexjit_abi.h, prelude.cuh, the generated FjConfig (kNumWarps, kHeadDimV: the
+// tile dim 64 / 128 / 256, kRealDimV: the rows' own length, a multiple of 8, Element) and mods
+// (only the sink_mod reaches it) and mma_sm80.cuh (FjMma<Element>::store2). With a sink_mod
+// the row's sink joins the denominator (fj_softmax_finish, prelude.cuh): out = sum_s w_s o_s /
+// (sum_s w_s + 2^(sink log2 e - m)), lse = logaddexp(lse_keys, sink); no split saw a key: out 0
+// and lse = sink.
+//
 // One warp per output row (b, h, q): with the splits' log2-domain LSEs l_s and normalized partial
 // outputs o_s, m = max_s l_s, w_s = 2^(l_s - m), out = sum_s w_s o_s / sum_s w_s and
 // lse = (m + log2(sum_s w_s)) * ln 2. A row no split saw a key for (every l_s = -inf) gets
@@ -23,24 +28,26 @@ struct alignas(8) fj_f32x2 {
 // max first, then passes of kPerPass. The sums over the splits end with shuffles (xor kLanes ..
 // 16), so the additions' order differs from the loop's (rounding only).
 template <class Cfg>
-FJ_DEVICE void fj_dec_combine_split_lanes(const FjDecodeCombineArgs& args, fj_i64 row, int b, int h,
-                                          int qi, int lane) {
+FJ_DEVICE void fj_dec_combine_split_lanes(const FjDecodeCombineArgs& args, const FjModParams& mods,
+                                          fj_i64 row, int b, int h, int qi, int lane) {
   using Element = typename Cfg::Element;
-  constexpr int kDimV = Cfg::kHeadDimV;
+  constexpr int kDimV = Cfg::kHeadDimV;   // the tile dim: how the lanes divide a row
+  constexpr int kRealV = Cfg::kRealDimV;  // the row's own length (a multiple of 8)
   constexpr int kLanes = kDimV / 16;
   constexpr int kPerPass = 32 / kLanes;
   constexpr float kLn2 = 0.6931471805599453f;
   const float neg_inf = __int_as_float(0xff800000u);
   const int splits = args.num_splits;
   const float* lse = args.lse_part + row * splits;
-  const float* o = args.o_part + row * splits * kDimV;
+  const float* o = args.o_part + row * splits * kRealV;
   const int sub = lane / kLanes;         // this lane's split within a pass
   const int col = (lane % kLanes) * 16;  // its first element of the row
+  // Elements past kRealV (the tile's padding) are neither read nor written: they count as 0.
   auto load = [&](int s, float(&x)[16]) {
-    const float4* src = reinterpret_cast<const float4*>(o + (fj_i64)s * kDimV + col);
+    const float4* src = reinterpret_cast<const float4*>(o + (fj_i64)s * kRealV + col);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float4 v = src[k];
+      const float4 v = col + 4 * k < kRealV ? src[k] : float4{0.0f, 0.0f, 0.0f, 0.0f};
       x[4 * k] = v.x, x[4 * k + 1] = v.y, x[4 * k + 2] = v.z, x[4 * k + 3] = v.w;
     }
   };
@@ -99,7 +106,10 @@ FJ_DEVICE void fj_dec_combine_split_lanes(const FjDecodeCombineArgs& args, fj_i6
     for (int k = 0; k < 16; ++k)
       acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], off);
   }
-  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  float row_lse = denom > 0.0f ? (m + log2f(denom)) * kLn2 : neg_inf;
+  if constexpr (kFjHasSinkMod)
+    inv = fj_softmax_finish(m, denom, fj_sink_mod(mods, b, h, qi), row_lse);
   if (sub == 0) {
     unsigned char* out_row =
         static_cast<unsigned char*>(args.out) +
@@ -107,21 +117,22 @@ FJ_DEVICE void fj_dec_combine_split_lanes(const FjDecodeCombineArgs& args, fj_i6
                            (fj_i64)qi * args.o_stride_s + col);
 #pragma unroll
     for (int k = 0; k < 16; k += 2)
-      FjMma<Element>::store2(out_row + sizeof(Element) * k, acc[k] * inv, acc[k + 1] * inv);
+      if (col + k < kRealV)
+        FjMma<Element>::store2(out_row + sizeof(Element) * k, acc[k] * inv, acc[k + 1] * inv);
   }
   if (args.lse != nullptr && lane == 0) {
-    args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + qi] =
-        denom > 0.0f ? (m + log2f(denom)) * kLn2 : neg_inf;
+    args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + qi] = row_lse;
   }
 }
 
 extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32)
-    flexjit_decode_combine(const FjDecodeCombineArgs args) {
+    flexjit_decode_combine(const FjDecodeCombineArgs args, const FjModParams mods) {
   using Cfg = FjConfig;
   using Element = typename Cfg::Element;
-  constexpr int kDimV = Cfg::kHeadDimV;
-  constexpr int kPairs = kDimV / 64;  // element pairs per lane
-  static_assert(kDimV % 64 == 0, "flexjit decode_combine: Dv must be a multiple of 64");
+  constexpr int kDimV = Cfg::kRealDimV;      // the row's length, a multiple of 8
+  constexpr int kPairs = (kDimV + 63) / 64;  // element pairs per lane (the last may be past kDimV)
+  static_assert(kDimV % 8 == 0 && kDimV <= Cfg::kHeadDimV,
+                "flexjit decode_combine: Dv must be a multiple of 8 within the tile dim");
   constexpr float kLn2 = 0.6931471805599453f;
   const float neg_inf = __int_as_float(0xff800000u);
 
@@ -139,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32)
   const int h = (int)((row / args.seqlen_q) % args.heads_q);
   const int b = (int)(row / ((fj_i64)args.seqlen_q * args.heads_q));
   if constexpr (Cfg::kSplitLanes) {
-    fj_dec_combine_split_lanes<Cfg>(args, row, b, h, qi, lane);
+    fj_dec_combine_split_lanes<Cfg>(args, mods, row, b, h, qi, lane);
     return;
   }
   const int splits = args.num_splits;
@@ -165,24 +176,28 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32)
       denom += w;
 #pragma unroll
       for (int i = 0; i < kPairs; ++i) {
+        if (64 * i + 2 * lane >= kDimV) continue;
         const fj_f32x2 x = *reinterpret_cast<const fj_f32x2*>(o + s * kDimV + 64 * i + 2 * lane);
         acc[i][0] += w * x.x;
         acc[i][1] += w * x.y;
       }
     }
   }
-  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  float row_lse = denom > 0.0f ? (m + log2f(denom)) * kLn2 : neg_inf;
+  if constexpr (kFjHasSinkMod)
+    inv = fj_softmax_finish(m, denom, fj_sink_mod(mods, b, h, qi), row_lse);
   unsigned char* out_row =
       static_cast<unsigned char*>(args.out) +
       sizeof(Element) * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
                          (fj_i64)qi * args.o_stride_s);
 #pragma unroll
   for (int i = 0; i < kPairs; ++i)
-    FjMma<Element>::store2(out_row + sizeof(Element) * (64 * i + 2 * lane), acc[i][0] * inv,
-                           acc[i][1] * inv);
+    if (64 * i + 2 * lane < kDimV)
+      FjMma<Element>::store2(out_row + sizeof(Element) * (64 * i + 2 * lane), acc[i][0] * inv,
+                             acc[i][1] * inv);
   if (args.lse != nullptr && lane == 0) {
-    args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + qi] =
-        denom > 0.0f ? (m + log2f(denom)) * kLn2 : neg_inf;
+    args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + qi] = row_lse;
   }
 }
 

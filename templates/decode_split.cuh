@@ -17,6 +17,10 @@
 // sequence's length, or the block mask's list: partial tiles first, then full tiles).
 // Paged K / V (kPageSize > 0): logical key n lives in page page_table[b][n / kPageSize] at slot
 // n % kPageSize; kPageSize >= kBlockN needs one table read per tile, smaller pages one per row.
+// Head dims: kHeadDimQK / kHeadDimV are the tile dims (64 / 128 / 256) the layouts are built for,
+// kRealDimQK / kRealDimV the problem's (multiples of 8, kernels/HeadDims.h): loads zero-fill the
+// columns past them, the k steps and O fragments stop at them, and the partials are rows of
+// kRealDimV floats.
 // Shared memory (bytes, E = 2): Q tile kRows x kHeadDimQK, then kNumStages x {K tile kBlockN x
 // kHeadDimQK, V tile kBlockN x kHeadDimV}, all swizzled (FjSwizzledTile); the epilogue reuses it
 // for kNumWarps x 16 x (kHeadDimV + 2) floats. That is fj_decode_split_smem_bytes().
@@ -31,25 +35,28 @@ struct FjDecTraits {
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kNumWarps = Cfg::kNumWarps;
   static constexpr int kNumStages = Cfg::kNumStages;
-  static constexpr int kDimQK = Cfg::kHeadDimQK;
+  static constexpr int kDimQK = Cfg::kHeadDimQK;  // tile dims
   static constexpr int kDimV = Cfg::kHeadDimV;
+  static constexpr int kRealQK = Cfg::kRealDimQK;  // the problem's head dims (<= the tiles)
+  static constexpr int kRealV = Cfg::kRealDimV;
   static constexpr int kPageSize = Cfg::kPageSize;
   static constexpr int kThreads = kNumWarps * 32;
   static constexpr int kWarpsM = kRows / 16;
   static constexpr int kWarpsN = kNumWarps / kWarpsM;
   static constexpr int kWarpN = kBlockN / kWarpsN;  // keys of a tile per warp
   static constexpr int kNTiles = kWarpN / 8;
-  static constexpr int kDTiles = kDimV / 8;
+  // n8 fragments of O: the real v dim rounded up to the 16 columns of one ldmatrix.x4.trans.
+  static constexpr int kDTiles = (kRealV + 15) / 16 * 2;
   static constexpr int kElemBytes = (int)sizeof(Element);
-  static constexpr int kKSteps = kDimQK / 16;
+  static constexpr int kKSteps = (kRealQK + 15) / 16;  // k16 steps over the real qk dim
   static constexpr bool kQInRegs = kKSteps * 4 <= 32;
   static constexpr int kQBytes = kRows * kDimQK * kElemBytes;
   static constexpr int kKBytes = kBlockN * kDimQK * kElemBytes;
   static constexpr int kVBytes = kBlockN * kDimV * kElemBytes;
   static constexpr int kStageBytes = kKBytes + kVBytes;
   static constexpr int kRedBytes = kNumWarps * 16 * (kDimV + 2) * 4;
-  using TileQK = FjSwizzledTile<kDimQK, 2>;
-  using TileV = FjSwizzledTile<kDimV, 2>;
+  using TileQK = FjSwizzledTile<kDimQK, 2, kRealQK>;
+  using TileV = FjSwizzledTile<kDimV, 2, kRealV>;
 
   static_assert(kElemBytes == 2, "flexjit decode_split: Element must be fj_bf16 or fj_f16");
   static_assert(kRows % 16 == 0 && kRows >= 16 && kRows <= 128,
@@ -59,7 +66,7 @@ struct FjDecTraits {
                 "flexjit decode_split: each warp needs a multiple of 16 keys per tile");
   static_assert((kDimQK == 64 || kDimQK == 128 || kDimQK == 256) &&
                     (kDimV == 64 || kDimV == 128 || kDimV == 256),
-                "flexjit decode_split: head dims must be 64, 128 or 256");
+                "flexjit decode_split: tile dims must be 64, 128 or 256");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit decode_split: 1..4 stages");
   static_assert(Cfg::kKvHint >= 0 && Cfg::kKvHint <= 2, "flexjit decode_split: kKvHint 0..2");
   static_assert(kPageSize == 0 || (kPageSize & (kPageSize - 1)) == 0,
@@ -116,7 +123,8 @@ FJ_DEVICE unsigned long long fj_dec_kv_policy() {
 }
 
 // Copies keys [n_start, n_start + kRows) of K or V (row stride `stride`, page stride `pstride`)
-// into a swizzled tile with cp.async; keys >= len are zero-filled and read nothing. Thread tid
+// into a swizzled tile with cp.async; keys >= len and the chunks past the head dim
+// (Tile::kValidChunks) are zero-filled and read nothing. Thread tid
 // copies chunk tid % kChunks of rows tid / kChunks + i * kRowStep.
 template <class Tile, int kRows, int kThreads, int kPageSize, int kKvHint>
 FJ_DEVICE void fj_dec_load_tile(fj_u32 smem, const unsigned short* base, fj_i64 stride,
@@ -140,7 +148,7 @@ FJ_DEVICE void fj_dec_load_tile(fj_u32 smem, const unsigned short* base, fj_i64 
   for (int i = 0; i < kPerThread; ++i) {
     const int r = r0 + i * kRowStep;
     const int n = n_start + r;
-    const bool valid = n < len;
+    const bool valid = n < len && c < Tile::kValidChunks;
     const unsigned short* src = base;  // an invalid row reads nothing: any mapped address
     if (valid) {
       if constexpr (kPageSize > 0 && kPageSize < kRows) {
@@ -266,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   };
 
   // Q: packed row r of the tile is head hkv * G + (row0 + r) / seqlen_q, token (row0 + r) %
-  // seqlen_q; rows past the group's end are zero-filled.
+  // seqlen_q; rows past the group's end and chunks past the head dim are zero-filled.
   {
     using TileQ = typename T::TileQK;
     const unsigned short* q_all = static_cast<const unsigned short*>(args.q);
@@ -274,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       const int r = i / TileQ::kChunks;
       const int c = i % TileQ::kChunks;
       const int pr = row0 + r;
-      const bool valid = pr < packed_rows;
+      const bool valid = pr < packed_rows && c < TileQ::kValidChunks;
       const unsigned short* src = q_all;
       if (valid) {
         const int h = hkv * Cfg::kGqaRatio + pr / args.seqlen_q;
@@ -494,9 +502,9 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   }
   __syncthreads();
   const int num_splits = args.num_splits;
-  for (int idx = tid; idx < T::kRows * T::kDimV; idx += T::kThreads) {
-    const int r = idx / T::kDimV;  // row of the CTA
-    const int d = idx % T::kDimV;
+  for (int idx = tid; idx < T::kRows * T::kRealV; idx += T::kThreads) {
+    const int r = idx / T::kRealV;  // row of the CTA
+    const int d = idx % T::kRealV;
     const int pr = row0 + r;
     if (pr >= packed_rows) break;  // rows are visited in order
     const int wm = r / 16, r16 = r % 16;
@@ -519,7 +527,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     const fj_i64 row = ((fj_i64)b * args.heads_q + h) * args.seqlen_q + qi;
     const fj_i64 slot = row * num_splits + split;
     // sum == 0: every key of the split was masked (or there was none): out 0, lse -inf.
-    args.o_part[slot * T::kDimV + d] = sum > 0.0f ? acc / sum : 0.0f;
+    args.o_part[slot * T::kRealV + d] = sum > 0.0f ? acc / sum : 0.0f;
     if (d == 0) args.lse_part[slot] = sum > 0.0f ? m + log2f(sum) : fj_neg_inf();
   }
 }

@@ -14,6 +14,9 @@
 // elements, so tiles, swizzle, cp.async and the Q/K ldmatrix addressing are shared byte for byte;
 // only O += P V (V read with ld.shared, no 32-bit ldmatrix.trans) and the epilogue differ.
 // Shared memory (dynamic, bytes, all tiles swizzled per FjSwizzledTile, E = sizeof(Element)):
+// (kHeadDimQK / kHeadDimV are the tile dims, 64 / 128 / 256; a problem's head dims kRealDimQK /
+// kRealDimV, multiples of 8, are computed in them: loads zero-fill the columns past them, the k
+// steps and O fragments stop at them, and the epilogue stores only their columns.)
 //   [0, Q)                          Q tile, kBlockM x kHeadDimQK; reused for the O tile
 //                                   (kBlockM x kHeadDimV) in the epilogue, so Q = kBlockM *
 //                                   max(kHeadDimQK, kHeadDimV) * E
@@ -36,17 +39,22 @@ struct FjFwdTraits {
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kNumWarps = Cfg::kNumWarps;
   static constexpr int kNumStages = Cfg::kNumStages;
-  static constexpr int kDimQK = Cfg::kHeadDimQK;
+  static constexpr int kDimQK = Cfg::kHeadDimQK;  // tile dims: the shared-memory layouts
   static constexpr int kDimV = Cfg::kHeadDimV;
+  static constexpr int kRealQK = Cfg::kRealDimQK;  // the problem's head dims (<= the tiles)
+  static constexpr int kRealV = Cfg::kRealDimV;
   static constexpr int kThreads = kNumWarps * 32;
   static constexpr int kWarpRows = kBlockM / kNumWarps;
   static constexpr int kMTiles = kWarpRows / 16;  // m16 fragments per warp
   static constexpr int kNTiles = kBlockN / 8;     // n8 fragments of S per m16 row block
-  static constexpr int kDTiles = kDimV / 8;       // n8 fragments of O per m16 row block
+  // n8 fragments of O per m16 row block: the real v dim rounded up to the 16 columns one
+  // ldmatrix.x4.trans of V covers (the columns past it are zero in shared memory).
+  static constexpr int kDTiles = (kRealV + 15) / 16 * 2;
   static constexpr int kElemBytes = (int)sizeof(Element);
   static constexpr bool kTf32 = kElemBytes == 4;
-  // mma k steps of Q K^T: k16 (16-bit) or k8 (tf32), i.e. 32 bytes of a Q / K row each.
-  static constexpr int kKSteps = kDimQK * kElemBytes / 32;
+  // mma k steps of Q K^T: k16 (16-bit) or k8 (tf32), i.e. 32 bytes of a Q / K row each, over the
+  // real qk dim (a last step past it multiplies zero-filled columns).
+  static constexpr int kKSteps = (kRealQK * kElemBytes + 31) / 32;
   // Q fragments stay in registers when they are few; otherwise they are re-read from shared
   // memory (ldmatrix) at every k step, as FlashAttention-2 does for d >= 128.
   static constexpr bool kQInRegs = kMTiles * kKSteps * 4 <= 32;
@@ -54,15 +62,15 @@ struct FjFwdTraits {
   static constexpr int kKBytes = kBlockN * kDimQK * kElemBytes;
   static constexpr int kVBytes = kBlockN * kDimV * kElemBytes;
   static constexpr int kStageBytes = kKBytes + kVBytes;
-  using TileQK = FjSwizzledTile<kDimQK, kElemBytes>;
-  using TileV = FjSwizzledTile<kDimV, kElemBytes>;
+  using TileQK = FjSwizzledTile<kDimQK, kElemBytes, kRealQK>;
+  using TileV = FjSwizzledTile<kDimV, kElemBytes, kRealV>;
 
   static_assert(kWarpRows % 16 == 0 && kMTiles >= 1 && kMTiles <= 2,
                 "flexjit forward_sm80: kBlockM / kNumWarps must be 16 or 32");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16, "flexjit forward_sm80: kBlockN % 16 != 0");
   static_assert((kDimQK == 64 || kDimQK == 128 || kDimQK == 256) &&
                     (kDimV == 64 || kDimV == 128 || kDimV == 256),
-                "flexjit forward_sm80: head dims must be 64, 128 or 256");
+                "flexjit forward_sm80: tile dims must be 64, 128 or 256");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm80: 1..4 stages");
   static_assert(kBlockM * TileQK::kChunks % kThreads == 0 &&
                     kBlockN * TileQK::kChunks % kThreads == 0 &&
@@ -95,8 +103,8 @@ struct FjPagedRows {
   }
 
   // Copies the rows into a swizzled tile with cp.async from a pool (`head`: page 0 of the kv
-  // head; slot stride `stride`, page stride `page_stride`, in elements); rows without a page are
-  // zero-filled and read nothing.
+  // head; slot stride `stride`, page stride `page_stride`, in elements); rows without a page and
+  // chunks past the head dim are zero-filled and read nothing.
   FJ_DEVICE void load(fj_u32 smem, const void* head, fj_i64 stride, fj_i64 page_stride, int n_start,
                       int tid) const {
     using Unit = typename FjUnit<Tile::kBytesPerElem>::Type;
@@ -107,8 +115,8 @@ struct FjPagedRows {
     for (int i = 0; i < kPerThread; ++i) {
       const int r = r0 + i * kRowStep;
       const int n = n_start + r;
-      const bool valid = page[i] >= 0;
-      const Unit* src = base;  // an invalid row reads nothing: page 0 is always mapped
+      const bool valid = page[i] >= 0 && c < Tile::kValidChunks;
+      const Unit* src = base;  // an invalid row or chunk reads nothing: page 0 is always mapped
       if (valid) {
         src = base + (fj_i64)page[i] * page_stride + (fj_i64)(n % kPageSize) * stride +
               c * Tile::kElemsPerChunk;
@@ -197,7 +205,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       FjPagedRows<typename T::TileQK, T::kBlockN, T::kThreads, Cfg::kPageSize> k_rows;
       k_rows.lookup(page_row, n_start, args.seqlen_kv, tid);
       k_rows.load(sk, k_head, args.k_stride_s, args.k_stride_b, n_start, tid);
-      if constexpr (T::TileQK::kChunks == T::TileV::kChunks) {
+      if constexpr (T::TileQK::kChunks == T::TileV::kChunks &&
+                    T::TileQK::kValidChunks == T::TileV::kValidChunks) {
         k_rows.load(sk + T::kKBytes, v_head, args.v_stride_s, args.v_stride_b, n_start, tid);
       } else {
         FjPagedRows<typename T::TileV, T::kBlockN, T::kThreads, Cfg::kPageSize> v_rows;
@@ -287,11 +296,15 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       float sum = row_sum[mt][hr];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      // A fully masked row has sum 0: output 0 and LSE -inf, never NaN.
-      const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+      // A fully masked row has sum 0: output 0 and LSE -inf (the sink with one), never NaN.
+      float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
       const int row = q_row0 + mt * 16 + hr * 8;
+      float lse = sum == 0.0f ? fj_neg_inf() : row_max[mt][hr] * kLn2 + logf(sum);
+      if constexpr (kFjHasSinkMod) {
+        const float sink = fj_sink_mod(mods, b, h, fj_imin(row, args.seqlen_q - 1));
+        inv = fj_softmax_finish(row_max[mt][hr], sum, sink, lse);
+      }
       if (args.lse != nullptr && (lane & 3) == 0 && (!kCheck || row < args.seqlen_q)) {
-        const float lse = sum == 0.0f ? fj_neg_inf() : row_max[mt][hr] * kLn2 + logf(sum);
         args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + row] = lse;
       }
       const int tile_row = warp * T::kWarpRows + mt * 16 + hr * 8 + (lane >> 2);
@@ -316,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     const int idx = it * T::kThreads + tid;
     const int r = idx / T::TileV::kChunks;
     const int c = idx % T::TileV::kChunks;
-    if (kCheck && m_start + r >= args.seqlen_q) continue;
+    if ((kCheck && m_start + r >= args.seqlen_q) || c >= T::TileV::kValidChunks) continue;
     *reinterpret_cast<fj_u32x4*>(out_tile + T::kElemBytes * (fj_i64)r * args.o_stride_s + c * 16) =
         *reinterpret_cast<const fj_u32x4*>(so + T::TileV::offset(r, c));
   }

@@ -26,6 +26,12 @@
 // The wgmma accumulator of m64nN gives warp w of a warpgroup rows 16w.. with the m16n8 fragment
 // of mma.sync repeated N / 8 times, so forward_common.cuh's fj_scores / fj_softmax_update run on
 // it unchanged (kMTiles = 1), and the C fragments of S are the A fragments of P V.
+// Head dims: kHeadDimQK / kHeadDimV (kDimQK / kDimV here) are tile dims, multiples of 64 that
+// the layouts below are built for; the problem's own dims kRealDimQK / kRealDimV (multiples of
+// 8, at most 56 below the tile) are what the TMA tensor maps span, so the loads zero-fill the
+// columns past them (runtime/TensorMap.cpp), Q K^T issues only the k16 steps that hold real
+// columns, and the epilogue stores only the real columns of O (docs/kernels/forward_sm90.md
+// "Head dims").
 // Shared memory (dynamic, aligned here to 1024 bytes; fj_forward_sm90_smem_bytes):
 //   Q tile kBlockM x max(kHeadDimQK, kHeadDimV) (reused for the O tile), kNumStages K tiles
 //   (kBlockN x kHeadDimQK), kNumStages V tiles (kBlockN x kHeadDimV), and the mbarriers. The
@@ -43,6 +49,9 @@ struct FjSm90Traits {
   static constexpr int kNumStages = Cfg::kNumStages;
   static constexpr int kDimQK = Cfg::kHeadDimQK;
   static constexpr int kDimV = Cfg::kHeadDimV;
+  static constexpr int kRealQK = Cfg::kRealDimQK;  // the problem's head dims (<= the tiles)
+  static constexpr int kRealV = Cfg::kRealDimV;
+  static constexpr int kStepsQK = (kRealQK + 15) / 16;  // k16 steps of Q K^T with real columns
   static constexpr int kConsumers = kBlockM / 64;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kMTiles = 1;            // one m16 row block per warp
@@ -82,7 +91,11 @@ struct FjSm90Traits {
   static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256,
                 "flexjit forward_sm90: kBlockN must be a multiple of 16 up to 256");
   static_assert(kDimQK % 64 == 0 && kDimV % 64 == 0 && kDimV <= 256,
-                "flexjit forward_sm90: head dims must be multiples of 64 (v at most 256)");
+                "flexjit forward_sm90: tile head dims must be multiples of 64 (v at most 256)");
+  static_assert(kRealQK % 8 == 0 && kRealV % 8 == 0 && kRealQK > kDimQK - 64 && kRealQK <= kDimQK &&
+                    kRealV > kDimV - 64 && kRealV <= kDimV,
+                "flexjit forward_sm90: head dims are multiples of 8 in their tile's last 64 "
+                "columns");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm90: 1..4 stages");
   static_assert(kQTiles == 1 || kQTiles == 2, "flexjit forward_sm90: 1 or 2 query tiles per CTA");
   static_assert(!kPersistent || kQTiles == 2,
@@ -584,7 +597,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     if constexpr (kRebuildQDesc) asm volatile("mov.b32 %0, %1;\n" : "=r"(q_base) : "r"(sq_wg));
     const fj_u64 da0 = fj_smem_desc_sw128(q_base, 16, 1024);
 #pragma unroll
-    for (int kk = 0; kk < T::kDimQK / 16; ++kk) {
+    for (int kk = 0; kk < T::kStepsQK; ++kk) {  // the steps past kRealQK add zeros
       const int chunk = kk / 4, sub = kk % 4;
       const fj_u64 da = da0 + (fj_u64)((chunk * T::kBlockM * 128 + sub * 32) >> 4);
       const fj_u64 db =
@@ -909,10 +922,14 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       float sum = row_sum[0][hr];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;  // fully masked row: 0, LSE -inf
+      float inv = sum == 0.0f ? 0.0f : 1.0f / sum;  // fully masked row: 0, LSE -inf (or sink)
       const int row = wg_row0 + (etid / 32) * 16 + (etid % 32) / 4 + hr * 8;
+      float lse = sum == 0.0f ? fj_neg_inf() : row_max[0][hr] * kLn2 + logf(sum);
+      if constexpr (kFjHasSinkMod) {
+        const float sink = fj_sink_mod(mods, b, h, fj_imin(row, args.seqlen_q - 1));
+        inv = fj_softmax_finish(row_max[0][hr], sum, sink, lse);
+      }
       if (args.lse != nullptr && (etid & 3) == 0 && row < args.seqlen_q) {
-        const float lse = sum == 0.0f ? fj_neg_inf() : row_max[0][hr] * kLn2 + logf(sum);
         args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + row] = lse;
       }
       if constexpr (kStaged) {
@@ -928,8 +945,9 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
                                (fj_i64)row * args.o_stride_s + (etid & 3) * 2);
 #pragma unroll
           for (int dt = 0; dt < T::kDTiles; ++dt)
-            T::Mma::store2(out_row + T::kElemBytes * dt * 8, o[0][dt][hr * 2] * inv,
-                           o[0][dt][hr * 2 + 1] * inv);
+            if (dt * 8 < T::kRealV)  // the real columns of O
+              T::Mma::store2(out_row + T::kElemBytes * dt * 8, o[0][dt][hr * 2] * inv,
+                             o[0][dt][hr * 2 + 1] * inv);
         }
       }
     }
@@ -938,8 +956,8 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       char* out_tile = static_cast<char*>(args.out) +
                        T::kElemBytes * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
                                         (fj_i64)wg_row0 * args.o_stride_s);
-      fj_sw128_copy_out64<T::kDimV, T::kBlockM>(out_tile, args.o_stride_s, sq_item, ecw * 64,
-                                                wg_row0, args.seqlen_q, etid);
+      fj_sw128_copy_out64<T::kDimV, T::kBlockM, T::kRealV>(out_tile, args.o_stride_s, sq_item,
+                                                           ecw * 64, wg_row0, args.seqlen_q, etid);
       if constexpr (T::kQBufs == 2) {
         // The buffer's next Q (tile q_item + 2) is a TMA write: order this warp's generic
         // accesses to it before that, then release it.

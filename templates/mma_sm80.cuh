@@ -170,13 +170,19 @@ FJ_DEVICE float fj_lds_f32(fj_u32 addr) {
 // stored at chunk c ^ (r % 8). Any 8 consecutive rows read at one logical chunk (what an ldmatrix
 // 8x8 matrix or a fragment store touches) then cover 8 distinct chunk slots mod 8, i.e. all 32
 // banks once: no bank conflicts.
-template <int kDim, int kElemBytes = 2>
+// kRealDim (a multiple of 8, at most kDim) is the problem's head dim computed in this tile
+// (kernels/HeadDims.h): only its first kValidChunks chunks of a row hold data; loads zero-fill the
+// rest and stores skip them.
+template <int kDim, int kElemBytes = 2, int kRealDim = kDim>
 struct FjSwizzledTile {
-  static_assert(kDim % 64 == 0, "flexjit: head dims must be multiples of 64");
+  static_assert(kDim % 64 == 0, "flexjit: tile dims must be multiples of 64");
   static_assert(kElemBytes == 2 || kElemBytes == 4, "flexjit: 2- or 4-byte elements");
+  static_assert(kRealDim % 8 == 0 && kRealDim >= 8 && kRealDim <= kDim,
+                "flexjit: a head dim is a multiple of 8 no larger than its tile dim");
   static constexpr int kBytesPerElem = kElemBytes;
   static constexpr int kElemsPerChunk = 16 / kElemBytes;
   static constexpr int kChunks = kDim * kElemBytes / 16;
+  static constexpr int kValidChunks = kRealDim * kElemBytes / 16;
   static constexpr int kRowBytes = kDim * kElemBytes;
   // Byte offset of (row, 16-byte chunk).
   static FJ_DEVICE int offset(int row, int chunk) {

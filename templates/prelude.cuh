@@ -221,4 +221,22 @@ FJ_DEVICE fj_i64 fj_clamp_index(int i, fj_i64 extent) {
   return i < 0 ? 0 : (i >= extent ? extent - 1 : (fj_i64)i);
 }
 
+// The end of a row's online softmax with an attention sink (the sink_mod, docs/attention.md):
+// row_max2 is the row's running max in log2 units (-inf without a key), sum = sum_j 2^(s_j -
+// row_max2) over its keys, sink the row's sink logit (natural log; -inf for none). Returns the
+// factor the row's accumulator is multiplied by, 1 / (sum + 2^(sink log2 e - row_max2)) (0 for
+// a row without keys, whose output is 0), and sets lse to the row's natural-log LSE including
+// the sink: logaddexp(lse_keys, sink), the sink itself for a row without keys.
+FJ_DEVICE float fj_softmax_finish(float row_max2, float sum, float sink, float& lse) {
+  constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+  if (sum == 0.0f) {
+    lse = sink;
+    return 0.0f;
+  }
+  const float sink2 = sink * kLog2e;
+  const float m = fmaxf(row_max2, sink2);
+  lse = (m + log2f(sum * exp2f(row_max2 - m) + exp2f(sink2 - m))) * kLn2;
+  return 1.0f / (sum + exp2f(sink2 - row_max2));
+}
+
 #endif  // FLEXJIT_PRELUDE_CUH_

@@ -199,10 +199,12 @@ FJ_DEVICE void fj_sw128_store_packed(fj_u32 tile, int row0, int lane, const fj_u
 // Copies rows [row0, row0 + 64) of a kRows-row swizzled tile (kDim 16-bit elements a row) to
 // global memory at `gmem` (row row0's first element; rows stride_elems elements apart) with
 // 16-byte stores by the 128 threads of a warpgroup (wtid); row r goes out where first + r <
-// limit (first: its index in the sequence).
-template <int kDim, int kRows>
+// limit (first: its index in the sequence). Only the first kCols columns (a multiple of 8: whole
+// 16-byte units) go out: a head dim below the tile's (kDim) leaves the padding in shared memory.
+template <int kDim, int kRows, int kCols = kDim>
 FJ_DEVICE void fj_sw128_copy_out64(char* gmem, fj_i64 stride_elems, fj_u32 tile, int row0,
                                    int first, int limit, int wtid) {
+  static_assert(kCols % 8 == 0 && kCols <= kDim, "fj_sw128_copy_out64: whole units of the row");
   constexpr int kUnitsPerRow = kDim / 8;
   constexpr int kPerThread = 64 * kUnitsPerRow / 128;
 #pragma unroll
@@ -211,6 +213,9 @@ FJ_DEVICE void fj_sw128_copy_out64(char* gmem, fj_i64 stride_elems, fj_u32 tile,
     const int r = idx / kUnitsPerRow;
     const int u = idx % kUnitsPerRow;
     if (first + r >= limit) continue;
+    if constexpr (kCols < kDim) {
+      if (u >= kCols / 8) continue;
+    }
     const fj_u32 addr = fj_sw128_unit<kRows>(tile, row0 + r, u);
     fj_u32x4 val;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"

@@ -11,6 +11,7 @@
 #include <flexjit/dsl.h>
 #include <flexjit/error.h>
 #include <flexjit/expr.h>
+#include <flexjit/kernel.h>
 #include <flexjit/mods.h>
 #include <flexjit/paged_kv.h>
 #include <flexjit/tensor.h>

@@ -36,7 +36,8 @@ struct KvCache {
   // [B] int32 on the device: the KV length of each sequence. Required with a page table;
   // without one it makes K / V [B, Hkv, Skv, D] ragged (sequence b reads its first seq_lens[b]
   // keys; Skv is the longest). Lengths are read on the device: a length above the capacity
-  // (Skv, or max_pages * page_size) is clamped to it unless check_pages reports it.
+  // (Skv, or max_pages * page_size) is clamped to it unless check_pages reports it. (On the CPU
+  // backend, flex_attention_cpu, a length outside [0, capacity] is always a RuntimeError.)
   TensorRef seq_lens;
   // [B, max_pages] int32 on the device, rows contiguous: the pool pages of each sequence, in
   // order. Left empty (no data, no shape), K and V are contiguous [B, Hkv, Skv, D]; given, they

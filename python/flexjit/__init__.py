@@ -11,6 +11,7 @@ Results come back in the framework of ``q``. See docs/python.md.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from typing import Any, Callable, Mapping, Optional, Union
@@ -37,9 +38,11 @@ from . import _flexjit as _C
 
 ModSpec = Union[None, str, "dsl.Expr", Mods, Callable[..., Any]]
 
+# flexjit.RuntimeError is left out: `from flexjit import *` must not replace Python's builtin
+# RuntimeError (use flexjit.RuntimeError, or catch flexjit.Error).
 __all__ = [
     "BlockMask", "CacheError", "CompileError", "Error", "InternalError", "JitError", "Mods",
-    "RuntimeError", "UnsupportedError", "combine", "create_block_mask", "dsl", "emit",
+    "UnsupportedError", "combine", "create_block_mask", "dsl", "emit",
     "flex_attention", "flex_attention_backward", "inspect", "kernel_variants", "load_mods_file",
     "make_mods", "parse_mods", "standard_mod_names", "standard_mod_source", "standard_mods",
 ]
@@ -53,11 +56,13 @@ def standard_mods(name: str) -> Mods:
 # Mods of names and text, parsed once: a call with mask_mod="causal" costs a dict lookup.
 _text_mods: dict = {}
 
-_ASSIGNMENT = re.compile(r"^\s*(score_mod|mask_mod)\s*=(?!=)", re.MULTILINE)
+_ASSIGNMENT = re.compile(r"^\s*(score_mod|mask_mod|sink_mod)\s*=(?!=)", re.MULTILINE)
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LEAF_NAMES = {"score", "b", "h", "q_idx", "kv_idx", "true", "false"}
 
 
 def _mods_of(spec: ModSpec, kind: str) -> Optional[Mods]:
-    """One side (kind 'score_mod' or 'mask_mod') of a mod specification as Mods."""
+    """One side (kind 'score_mod', 'mask_mod' or 'sink_mod') of a mod specification as Mods."""
     if spec is None:
         return None
     if isinstance(spec, Mods):
@@ -75,12 +80,20 @@ def _mods_of(spec: ModSpec, kind: str) -> Optional[Mods]:
             mods = _C.standard_mods(spec)
         elif _ASSIGNMENT.search(spec):
             mods = _C.parse_mods(spec)
+        elif _IDENTIFIER.fullmatch(spec) and spec not in _LEAF_NAMES:
+            # One word that names nothing: a mistyped standard mod ("causl").
+            names = _C.standard_mod_names()
+            close = difflib.get_close_matches(spec, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise CompileError(f"{kind}={spec!r} is not a standard mod{hint}, an existing file "
+                               f"or .fx text; the standard mods are: {', '.join(names)}")
         else:  # a bare expression: "score * 2", "q_idx >= kv_idx"
             mods = _C.parse_mods(f"{kind} = {spec}")
             mods.name = spec
-        if getattr(mods, kind) is None:
-            raise CompileError(f"{kind}={spec!r} has no {kind} (it defines "
-                               f"{'a score_mod' if mods.score_mod is not None else 'a mask_mod'})")
+        if getattr(mods, kind) is None and mods.sink_mod is None:
+            defines = [k for k in ("score_mod", "mask_mod", "sink_mod")
+                       if getattr(mods, k) is not None]
+            raise CompileError(f"{kind}={spec!r} has no {kind} (it defines {', '.join(defines)})")
         if len(_text_mods) >= 1024:
             _text_mods.clear()
         _text_mods[(spec, kind)] = mods
@@ -90,6 +103,8 @@ def _mods_of(spec: ModSpec, kind: str) -> Optional[Mods]:
     elif callable(spec):
         if kind == "score_mod":
             expr = dsl.as_expr(spec(dsl.score(), dsl.b_idx(), dsl.h_idx(), dsl.q_idx(), dsl.kv_idx()))
+        elif kind == "sink_mod":
+            expr = dsl.as_expr(spec(dsl.b_idx(), dsl.h_idx(), dsl.q_idx()))
         else:
             expr = dsl.as_expr(spec(dsl.b_idx(), dsl.h_idx(), dsl.q_idx(), dsl.kv_idx()))
     else:
@@ -98,24 +113,33 @@ def _mods_of(spec: ModSpec, kind: str) -> Optional[Mods]:
     return Mods(**{kind: expr}, name=getattr(spec, "__name__", "<python>"))
 
 
-def make_mods(score_mod: ModSpec = None, mask_mod: ModSpec = None) -> Mods:
-    """Mods from a score_mod and a mask_mod, each a standard mod's name (``"causal"``), `.fx`
-    text (a whole program, or just the expression), a ``flexjit.dsl`` expression, a Python
-    function of dsl leaves (``lambda score, b, h, q, kv: ...``) or Mods. Every form of the same
-    mod gives equal Mods with the same hash (the kernel cache key). A name or text given for
-    one side contributes only that side (``score_mod="alibi_causal"`` is ALiBi without the
-    causal mask) once the other side is given too; a Mods object is taken whole."""
-    s = _mods_of(score_mod, "score_mod")
-    m = _mods_of(mask_mod, "mask_mod")
-    if s is None and m is None:
+def make_mods(score_mod: ModSpec = None, mask_mod: ModSpec = None,
+              sink_mod: ModSpec = None) -> Mods:
+    """Mods from a score_mod, a mask_mod and a sink_mod, each a standard mod's name
+    (``"causal"``), `.fx` text (a whole program, or just the expression), a ``flexjit.dsl``
+    expression, a Python function of dsl leaves (``lambda score, b, h, q, kv: ...``;
+    ``lambda b, h, q_idx: sinks[h]`` for a sink_mod) or Mods. Every form of the same mod gives
+    equal Mods with the same hash (the kernel cache key). A name or text given for one side
+    contributes only that side (``score_mod="alibi_causal"`` is ALiBi without the causal mask)
+    once another side is given too, except that a program's sink_mod goes with it
+    (``mask_mod="buffer sinks: f32[H]\\nmask_mod = q_idx >= kv_idx\\nsink_mod = sinks[h]"``);
+    a Mods object is taken whole. The sink_mod (an attention sink, docs/attention.md) is one f32
+    logit per row (b, h, q_idx) that joins the softmax denominator and carries no value."""
+    sides = [(score_mod, _mods_of(score_mod, "score_mod"), "score_mod"),
+             (mask_mod, _mods_of(mask_mod, "mask_mod"), "mask_mod"),
+             (sink_mod, _mods_of(sink_mod, "sink_mod"), "sink_mod")]
+    given = [(spec, mods, kind) for spec, mods, kind in sides if mods is not None]
+    if not given:
         return Mods()
-    if s is None or m is None:
-        return s if s is not None else m
-    if not isinstance(score_mod, Mods) and s.mask_mod is not None:
-        s = Mods(score_mod=s.score_mod, name=s.name)
-    if not isinstance(mask_mod, Mods) and m.score_mod is not None:
-        m = Mods(mask_mod=m.mask_mod, name=m.name)
-    return combine(s, m)
+    if len(given) == 1:
+        return given[0][1]
+    result = None
+    for spec, mods, kind in given:
+        if not isinstance(spec, Mods):  # only its side (and a program's sink_mod)
+            side = {kind: getattr(mods, kind), "sink_mod": mods.sink_mod}
+            mods = Mods(**side, name=mods.name)
+        result = mods if result is None else combine(result, mods)
+    return result
 
 
 # --- arrays of the caller's framework ------------------------------------------------------
@@ -223,12 +247,14 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
                    buffers: Optional[Mapping[str, Any]] = None,
                    params: Optional[Mapping[str, Any]] = None, scale: Optional[float] = None,
                    return_lse: bool = False, num_threads: int = 0, seq_lens: Any = None,
-                   page_table: Any = None, check_pages: bool = False):
+                   page_table: Any = None, check_pages: bool = False, sink_mod: ModSpec = None):
     """softmax(score_mod(scale · q kᵀ) masked by mask_mod) · v, as torch's flex_attention.
 
     q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]: DLPack arrays on one device,
-    last dim contiguous (GQA when Hq is a multiple of Hkv). ``score_mod`` / ``mask_mod``: see
-    ``make_mods``. ``buffers``: arrays for the captured buffers, by name (same device);
+    last dim contiguous (GQA when Hq is a multiple of Hkv). ``score_mod`` / ``mask_mod`` /
+    ``sink_mod`` (an attention sink: one logit per row in the softmax denominator, with no
+    value; lse includes it): see ``make_mods``. ``buffers``: arrays for the captured buffers, by
+    name (same device);
     ``params``: values for runtime parameters (a parameter left out takes its default).
     ``block_mask``: from ``create_block_mask`` (on the GPU, the tiles to visit; its mask_mod is
     used when no mask_mod is given). ``scale`` defaults to 1/sqrt(D).
@@ -244,7 +270,7 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
     is queued on the framework's current stream. Raises ``flexjit.Error`` subclasses
     (CompileError, UnsupportedError, RuntimeError, ...) with flexjit's messages.
     """
-    mods = make_mods(score_mod, mask_mod)
+    mods = make_mods(score_mod, mask_mod, sink_mod)
     _check_names(mods, block_mask, buffers, params)
     if seq_lens is None and page_table is None:
         out_shape, lse_shape = _output_shapes(q, k, v)
@@ -297,7 +323,8 @@ def flex_attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: An
                             buffers: Optional[Mapping[str, Any]] = None,
                             params: Optional[Mapping[str, Any]] = None,
                             scale: Optional[float] = None, num_threads: int = 0,
-                            dlse: Any = None, deterministic: bool = False):
+                            dlse: Any = None, deterministic: bool = False,
+                            sink_mod: ModSpec = None):
     """The gradients of ``flex_attention(q, k, v, ...)`` for an output gradient ``dout``.
 
     ``out`` and ``lse`` are what ``flex_attention(..., return_lse=True)`` returned with the same
@@ -311,7 +338,7 @@ def flex_attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: An
     the CPU backend) and a dict of f32 gradients, one per captured float buffer, in the
     buffer's shape.
     """
-    mods = make_mods(score_mod, mask_mod)
+    mods = make_mods(score_mod, mask_mod, sink_mod)
     _check_names(mods, block_mask, buffers, params)
     device = _device(q)
     dq = _empty(q, tuple(q.shape), gpu_dtype_of_q=device >= 0)

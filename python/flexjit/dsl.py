@@ -6,14 +6,16 @@
     score_mod = cap * dsl.tanh((dsl.score() + slopes[dsl.h_idx()] * (dsl.kv_idx() - dsl.q_idx())) / cap)
     mask_mod = dsl.q_idx() >= dsl.kv_idx()
 
-Operators follow Python: ``/`` is true division (also between integers, as in PyTorch) and
-``//`` floor division; ``%`` is the floor modulo; ``&``, ``|`` and ``~`` are and / or / not
+Operators follow Python: ``//`` is floor division and ``/`` true division, except that ``/``
+between two i32 values is a TypeError (in ``.fx`` text it floors; write ``//``, or
+``to_float(a) / b`` for true division); ``%`` is the floor modulo; ``&``, ``|`` and ``~`` are and / or / not
 (parenthesise comparisons: ``(q >= kv) & (q - kv <= w)``). Python ints are i32 constants,
 floats f32. An expression has no truth value: ``if``, ``and`` and ``or`` raise TypeError.
 Types are checked as in C++ (``CompileError`` naming the offending sub-expression).
 
 A score_mod or mask_mod may also be a Python function of the leaves, as in PyTorch:
-``lambda score, b, h, q_idx, kv_idx: score * 2`` and ``lambda b, h, q_idx, kv_idx: q_idx >= kv_idx``.
+``lambda score, b, h, q_idx, kv_idx: score * 2`` and ``lambda b, h, q_idx, kv_idx: q_idx >= kv_idx``;
+a sink_mod (an attention sink) one of ``(b, h, q_idx)``: ``lambda b, h, q_idx: sinks[h]``.
 """
 
 from ._flexjit import (  # noqa: F401

@@ -36,6 +36,7 @@ def _names(joined: str) -> List[str]:
 
 _mods_by_text: Dict[str, flexjit.Mods] = {}
 _block_masks: Dict[tuple, flexjit.BlockMask] = {}
+_MAX_BLOCK_MASKS = 64  # the oldest is dropped first
 
 
 def _mods(text: str) -> flexjit.Mods:
@@ -65,6 +66,10 @@ def _block_mask(mods: flexjit.Mods, q: Tensor, k: Tensor, params: List[Tuple[str
     if bm is None:
         bm = flexjit.create_block_mask(mask, batch, heads, q.shape[2], k.shape[2],
                                        device=q.device.index or 0, params=dict(mask_params))
+        if len(_block_masks) >= _MAX_BLOCK_MASKS:
+            # Bounded: decoding makes a new key per step (the KV length and the query offset
+            # grow), which would otherwise keep every step's block mask alive.
+            _block_masks.pop(next(iter(_block_masks)))
         _block_masks[key] = bm
     return bm
 
@@ -172,12 +177,12 @@ def _backward(ctx, grad_out, grad_lse):
 _flex_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _mods_text(score_mod: Any, mask_mod: Any) -> str:
+def _mods_text(score_mod: Any, mask_mod: Any, sink_mod: Any = None) -> str:
     """The mods as one line of `.fx` text (statements joined by ';'): the text is a constant
     argument of the ops, and Inductor copies constant arguments into comments of the code it
     generates, where a newline would end the comment and break the module (seen with the
     backward under torch.compile)."""
-    text = flexjit.make_mods(score_mod, mask_mod).to_text()
+    text = flexjit.make_mods(score_mod, mask_mod, sink_mod).to_text()
     return "; ".join(line for line in text.splitlines() if line.strip())
 
 
@@ -190,15 +195,18 @@ except AttributeError:  # pragma: no cover
 def flex_attention(q: Tensor, k: Tensor, v: Tensor, score_mod: Any = None, mask_mod: Any = None,
                    buffers: Optional[Mapping[str, Tensor]] = None,
                    params: Optional[Mapping[str, float]] = None, scale: Optional[float] = None,
-                   return_lse: bool = False, deterministic: bool = False):
+                   return_lse: bool = False, deterministic: bool = False, sink_mod: Any = None):
     """flexjit.flex_attention through the custom op (eager, autograd and torch.compile).
     Arguments as in flexjit.flex_attention, without block_mask (a GPU mask_mod gets a cached
-    block mask). Differentiable in q, k, v and the floating-point buffers; deterministic=True
+    block mask). Differentiable in q, k, v and the floating-point buffers (an attention sink's
+    ``sinks`` buffer too: ``sink_mod="buffer sinks: f32[H]\\nsink_mod = sinks[h]"``,
+    ``buffers={"sinks": s}``); deterministic=True
     makes the backward's buffer gradients bitwise repeatable on the GPU (per-warp partials
     summed in a fixed order, as flexjit.flex_attention_backward(deterministic=True))."""
     buffers = dict(buffers or {})
     params = dict(params or {})
     out, lse = torch.ops.flexjit.flex_attention(
-        q, k, v, _mods_text(score_mod, mask_mod), ",".join(buffers), list(buffers.values()),
+        q, k, v, _mods_text(score_mod, mask_mod, sink_mod), ",".join(buffers),
+        list(buffers.values()),
         ",".join(params), [float(x) for x in params.values()], scale, return_lse, deterministic)
     return (out, lse) if return_lse else out

@@ -4,6 +4,7 @@
 #include "codegen/llvm/CpuModParams.h"
 #include "codegen/llvm/LlvmCodegen.h"
 #include "cpu/ParallelFor.h"
+#include "cpu/Sinks.h"
 #include "ir/Evaluate.h"
 #include "runtime/ModArgs.h"
 
@@ -73,8 +74,9 @@ CpuGradients<T> run_backward(const Mods& mods, const ModBindings& bindings, cons
   }
 
   mods.check();
+  const runtime::CallExtents extents{B, Hq, Hkv, Sq, Skv};
   const runtime::BoundModArgs bound =
-      runtime::bind_mod_args(mods, bindings, TensorRef::Device::CPU);
+      runtime::bind_mod_args(mods, bindings, TensorRef::Device::CPU, 0, nullptr, &extents);
   const std::vector<uint64_t> params = llvmjit::pack_cpu_mod_params(mods, bound);
   const llvmjit::CpuModFunctions fns = llvmjit::compile_cpu_mods(mods);
   const llvmjit::CpuBackwardFunctions bw = llvmjit::compile_cpu_backward(mods);
@@ -214,6 +216,31 @@ CpuGradients<T> run_backward(const Mods& mods, const ModBindings& bindings, cons
         }
       }
     });
+  }
+
+  // The sink's gradient (docs/backward.md): d loss / d sink = -exp(sink - lse) * delta per row,
+  // with lse including the sink and delta = rowsum(dO * O) - dlse, into the sink_mod's buffers.
+  if (mods.sink_mod.defined() && rows > 0) {
+    const std::vector<float> sinks = evaluate_sinks(mods, bound, B, Hq, Sq);
+    std::vector<T> g_rows(static_cast<size_t>(rows), T(0));
+    std::vector<T> dor(static_cast<size_t>(Dv));
+    for (int64_t row = 0; row < rows; ++row) {
+      const T sink = static_cast<T>(sinks[static_cast<size_t>(row)]);
+      if (sink == -std::numeric_limits<T>::infinity()) continue;
+      const int64_t b = row / (Hq * Sq), h = row / Sq % Hq, i = row % Sq;
+      load_row(dout, b, h, i, dor.data());
+      T Di = 0;
+      for (int64_t d = 0; d < Dv; ++d)
+        Di += dor[static_cast<size_t>(d)] * out[row * Dv + d];
+      if (options.dlse != nullptr) Di -= static_cast<T>(options.dlse[row]);
+      g_rows[static_cast<size_t>(row)] = -std::exp(sink - lse[row]) * Di;
+    }
+    std::vector<std::vector<T>> sink_grads(mods.buffers.size());
+    for (size_t bi = 0; bi < mods.buffers.size(); ++bi) {
+      if (is_float(mods.buffers[bi].dtype())) sink_grads[bi].assign(grad_size[bi], T(0));
+    }
+    add_sink_grads<T>(mods, bound, B, Hq, Sq, g_rows, sink_grads);
+    tgrad.push_back(std::move(sink_grads));
   }
 
   for (size_t bi = 0; bi < mods.buffers.size(); ++bi) {

@@ -3,6 +3,7 @@
 #include "codegen/llvm/CpuModParams.h"
 #include "codegen/llvm/LlvmCodegen.h"
 #include "cpu/ParallelFor.h"
+#include "cpu/Sinks.h"
 #include "ir/Evaluate.h"
 #include "runtime/ModArgs.h"
 #include "util/CheckedMath.h"
@@ -235,12 +236,16 @@ void run_forward(const Mods& mods, const ModBindings& bindings, const TensorRef&
   const BlockMask* bm = options.block_mask;
   const Problem p = check_problem(q, k, v, bm);
   // Bindings are checked even when nothing runs, so a mistake shows on the first call.
+  const runtime::CallExtents extents{p.B, p.Hq, p.Hkv, p.Sq, p.Skv};
   const runtime::BoundModArgs bound =
-      runtime::bind_mod_args(mods, bindings, TensorRef::Device::CPU);
+      runtime::bind_mod_args(mods, bindings, TensorRef::Device::CPU, 0, nullptr, &extents);
   const int64_t rows_total = p.B * p.Hq * p.Sq;
   if (rows_total == 0) return;
   std::fill(out, out + rows_total * p.Dv, Acc(0));
   std::fill(lse, lse + rows_total, -std::numeric_limits<Acc>::infinity());
+  // The attention sink per row (empty without a sink_mod): a row without keys gets lse = sink.
+  const std::vector<float> sinks = evaluate_sinks(mods, bound, p.B, p.Hq, p.Sq);
+  if (!sinks.empty()) std::copy(sinks.begin(), sinks.end(), lse);
   if (p.Skv == 0) return;
 
   const llvmjit::CpuModFunctions fns = llvmjit::compile_cpu_mods(mods);
@@ -371,8 +376,16 @@ void run_forward(const Mods& mods, const ModBindings& bindings, const TensorRef&
     for (int64_t r = 0; r < nr; ++r) {
       const int64_t o = (b * p.Hq + h) * p.Sq + r0 + r;
       const Acc l = sc.l[static_cast<size_t>(r)];
-      if (l == Acc(0)) continue;  // fully masked: out 0, lse -inf (already written); NaN goes on
+      // Fully masked: out 0, lse -inf or the sink (already written); NaN goes on.
+      if (l == Acc(0)) continue;
       const Acc* a = sc.acc.data() + r * Dv;
+      if (!sinks.empty()) {
+        const Acc f = fold_sink<Acc>(sc.m[static_cast<size_t>(r)], l,
+                                     static_cast<Acc>(sinks[static_cast<size_t>(o)]), lse[o]);
+        for (int64_t d = 0; d < Dv; ++d)
+          out[o * Dv + d] = a[d] * f;
+        continue;
+      }
       for (int64_t d = 0; d < Dv; ++d)
         out[o * Dv + d] = a[d] / l;
       lse[o] = sc.m[static_cast<size_t>(r)] + std::log(l);

@@ -20,8 +20,9 @@ BlockMask build_block_mask_interpreted(const Mods& mods, int batch, int heads, i
   mods.check();
   check_tile_grid(batch, heads, seqlen_q, seqlen_kv, block_size);  // kMaxHostTiles
   const Mods mask = mask_only(mods);
+  const runtime::CallExtents extents{batch, heads, -1, seqlen_q, seqlen_kv};
   const runtime::BoundModArgs bound =
-      runtime::bind_mod_args(mask, bindings, TensorRef::Device::CPU, 0, &mods);
+      runtime::bind_mod_args(mask, bindings, TensorRef::Device::CPU, 0, &mods, &extents);
   std::unordered_map<std::string, double> params;
   for (size_t i = 0; i < mask.params.size(); ++i)
     params[mask.params[i].name()] = bound.params[i];

@@ -33,7 +33,8 @@ BlockMask cpu_create_block_mask(const Mods& mods, const ModBindings& bindings, i
   runtime::BoundModArgs bound;
   if (mods.mask_mod.defined()) {
     mask_only = flexjit::mask_only(mods);
-    bound = runtime::bind_mod_args(mask_only, bindings, TensorRef::Device::CPU, 0, &mods);
+    const runtime::CallExtents extents{batch, heads, -1, q_len, kv_len};
+    bound = runtime::bind_mod_args(mask_only, bindings, TensorRef::Device::CPU, 0, &mods, &extents);
   } else {
     mask_only.name = mods.name;
     runtime::bind_mod_args(mods, bindings, TensorRef::Device::CPU);

@@ -55,7 +55,7 @@ void gather_one(const TensorRef& src, std::vector<char>& dst, const KvCacheShape
 
 GatheredKv gather_kv_cache(const TensorRef& k, const TensorRef& v, const KvCache& cache,
                            const KvCacheShape& shape) {
-  const int64_t batch = shape.qkv.batch, capacity = shape.qkv.seqlen_kv;
+  const int64_t batch = shape.qkv.batch;
   GatheredKv g;
   std::vector<int> lens(static_cast<size_t>(batch));
   for (int64_t b = 0; b < batch; ++b)
@@ -71,13 +71,11 @@ GatheredKv gather_kv_cache(const TensorRef& k, const TensorRef& v, const KvCache
       }
     }
   }
-  // check_pages reports a length outside [0, capacity]; without it the lengths are clamped as
-  // the kernels clamp them. Either way every page the lengths read must be in the pool.
-  g.lengths.resize(lens.size());
-  for (size_t b = 0; b < lens.size(); ++b)
-    g.lengths[b] = static_cast<int>(std::clamp<int64_t>(lens[b], 0, capacity));
-  runtime::check_kv_cache_entries(cache.check_pages ? lens : g.lengths, table, shape.max_pages,
-                                  shape);
+  // The lengths are on the host, so checking them is cheap: a length outside [0, capacity] or a
+  // page a length reads that is not in the pool is always a RuntimeError naming the entry (the
+  // GPU kernels clamp lengths unless check_pages, since there they live on the device).
+  runtime::check_kv_cache_entries(lens, table, shape.max_pages, shape);
+  g.lengths = lens;
   g.max_len = g.lengths.empty() ? 0 : *std::max_element(g.lengths.begin(), g.lengths.end());
   gather_one(k, g.k_bytes, shape, table, g);
   gather_one(v, g.v_bytes, shape, table, g);

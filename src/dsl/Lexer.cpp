@@ -59,6 +59,30 @@ std::string printable(char c) {
   return fmt::format("byte 0x{:02x}", u);
 }
 
+// Whether the `//` at `at` reads as Python's floor division rather than a comment: it follows an
+// operand on the same line (a name, a number, `)` or `]`) and is followed by a number or by a
+// name and an operator (`q_idx // 256 == kv_idx // 256`, `(q_idx // n) * n`). Prose after code
+// (`q_idx >= kv_idx // causal`, `// see docs`) is a comment.
+bool looks_like_floor_division(const std::string& s, size_t at, const std::vector<Token>& before,
+                               int line) {
+  if (before.empty() || before.back().line != line) return false;
+  const Token& prev = before.back();
+  const bool operand = prev.kind == TokenKind::Ident || prev.kind == TokenKind::Int ||
+                       prev.kind == TokenKind::Float || prev.is(")") || prev.is("]");
+  if (!operand) return false;
+  size_t j = at + 2;
+  while (j < s.size() && (s[j] == ' ' || s[j] == '\t'))
+    ++j;
+  if (j >= s.size()) return false;
+  if (is_digit(s[j])) return true;
+  if (!is_ident_start(s[j])) return false;
+  while (j < s.size() && is_ident_char(s[j]))
+    ++j;
+  while (j < s.size() && (s[j] == ' ' || s[j] == '\t'))
+    ++j;
+  return j < s.size() && std::string_view("=!<>+-*/%&|?)]").find(s[j]) != std::string_view::npos;
+}
+
 }  // namespace
 
 std::vector<Token> tokenize(const Source& src) {
@@ -89,6 +113,12 @@ std::vector<Token> tokenize(const Source& src) {
       continue;
     }
     if (c == '#' || (c == '/' && i + 1 < s.size() && s[i + 1] == '/')) {
+      if (c == '/' && looks_like_floor_division(s, i, out, line)) {
+        fail(i,
+             "`//` starts a comment in .fx, so the expression would end before it; for floor "
+             "division write `/` (between i32 values it floors, as Python's `//` does), and "
+             "start a comment after code with `#`");
+      }
       while (i < s.size() && s[i] != '\n')
         ++i;
       continue;

@@ -47,12 +47,15 @@ void collect_decls(const Expr& e, std::vector<Buffer>& buffers, std::vector<Para
   }
 }
 
-bool uses_score(const Expr& e) {
+bool uses_var(const Expr& e, ir::VarKind v) {
   bool found = false;
-  ir::for_each_node(e, [&](const Expr& n) {
-    found = found || (n->op == ir::Op::Var && n->var == ir::VarKind::Score);
-  });
+  ir::for_each_node(e,
+                    [&](const Expr& n) { found = found || (n->op == ir::Op::Var && n->var == v); });
   return found;
+}
+
+bool uses_score(const Expr& e) {
+  return uses_var(e, ir::VarKind::Score);
 }
 
 std::string dims_text(const ir::BufferDecl& d) {
@@ -64,13 +67,23 @@ std::string dims_text(const ir::BufferDecl& d) {
 
 }  // namespace
 
-Mods Mods::from(const ScoreModFn& score_fn, const MaskModFn& mask_fn) {
+Mods Mods::from(const ScoreModFn& score_fn, const MaskModFn& mask_fn, const SinkModFn& sink_fn) {
   Mods m;
   m.name = "<c++>";
   if (score_fn) m.score_mod = score_fn(score(), b_idx(), h_idx(), q_idx(), kv_idx());
   if (mask_fn) m.mask_mod = mask_fn(b_idx(), h_idx(), q_idx(), kv_idx());
+  if (sink_fn) m.sink_mod = sink_fn(b_idx(), h_idx(), q_idx());
   collect_decls(m.score_mod, m.buffers, m.params);
   collect_decls(m.mask_mod, m.buffers, m.params);
+  collect_decls(m.sink_mod, m.buffers, m.params);
+  m.check();
+  return m;
+}
+
+Mods Mods::with_sink_mod(const SinkModFn& sink_fn) const {
+  Mods m = *this;
+  m.sink_mod = sink_fn ? sink_fn(b_idx(), h_idx(), q_idx()) : Expr();
+  collect_decls(m.sink_mod, m.buffers, m.params);
   m.check();
   return m;
 }
@@ -92,10 +105,25 @@ void Mods::check() const {
   if (mask_mod.defined() && uses_score(mask_mod)) {
     throw CompileError("mask_mod cannot use `score`: it receives only b, h, q_idx and kv_idx");
   }
+  if (sink_mod.defined()) {
+    if (sink_mod.type() != ScalarType::F32) {
+      throw CompileError(fmt::format("sink_mod must return f32 (a logit), but {} is {}{}",
+                                     ir::describe(sink_mod), to_string(sink_mod.type()),
+                                     sink_mod.type() == ScalarType::I32 ? " (use float(x))" : ""));
+    }
+    for (ir::VarKind v : {ir::VarKind::Score, ir::VarKind::KvIdx}) {
+      if (uses_var(sink_mod, v)) {
+        throw CompileError(fmt::format(
+            "sink_mod cannot use `{}`: it receives only b, h and q_idx (one sink per row)",
+            ir::to_string(v)));
+      }
+    }
+  }
   std::vector<Buffer> used_buffers = buffers;
   std::vector<Param> used_params = params;
   collect_decls(score_mod, used_buffers, used_params);
   collect_decls(mask_mod, used_buffers, used_params);
+  collect_decls(sink_mod, used_buffers, used_params);
   if (used_buffers.size() != buffers.size() || used_params.size() != params.size()) {
     throw CompileError("the mods use a buffer or param that is not in Mods::buffers/params");
   }
@@ -121,6 +149,7 @@ std::string Mods::to_text() const {
   }
   if (score_mod.defined()) out += "score_mod = " + ir::to_text(score_mod) + "\n";
   if (mask_mod.defined()) out += "mask_mod = " + ir::to_text(mask_mod) + "\n";
+  if (sink_mod.defined()) out += "sink_mod = " + ir::to_text(sink_mod) + "\n";
   return out;
 }
 
@@ -134,12 +163,20 @@ uint64_t Mods::hash() const {
   for (const auto& p : params) {
     h[3] = XXH64(p.name().data(), p.name().size(), h[3] + 1 + static_cast<uint64_t>(p.type()));
   }
-  return XXH64(h, sizeof h, 0x666c65786a6974ull);
+  uint64_t out = XXH64(h, sizeof h, 0x666c65786a6974ull);
+  // Without a sink_mod the hash is what it was before sink_mods existed (cached kernels stay).
+  if (sink_mod.defined()) {
+    const uint64_t s[2] = {out, ir::hash(sink_mod)};
+    out = XXH64(s, sizeof s, 0x73696e6bull);
+  }
+  return out;
 }
 
 bool equal(const Mods& a, const Mods& b) {
   if (a.score_mod.defined() != b.score_mod.defined()) return false;
   if (a.mask_mod.defined() != b.mask_mod.defined()) return false;
+  if (a.sink_mod.defined() != b.sink_mod.defined()) return false;
+  if (a.sink_mod.defined() && !ir::equal(a.sink_mod, b.sink_mod)) return false;
   if (a.score_mod.defined() && !ir::equal(a.score_mod, b.score_mod)) return false;
   if (a.mask_mod.defined() && !ir::equal(a.mask_mod, b.mask_mod)) return false;
   if (a.buffers.size() != b.buffers.size() || a.params.size() != b.params.size()) return false;
@@ -180,9 +217,14 @@ Mods combine(const Mods& a, const Mods& b) {
     throw CompileError(
         fmt::format("cannot combine '{}' and '{}': both define a score_mod", a.name, b.name));
   }
+  if (a.sink_mod.defined() && b.sink_mod.defined()) {
+    throw CompileError(
+        fmt::format("cannot combine '{}' and '{}': both define a sink_mod", a.name, b.name));
+  }
   Mods m;
   m.name = a.name + "+" + b.name;
   m.score_mod = a.score_mod.defined() ? a.score_mod : b.score_mod;
+  m.sink_mod = a.sink_mod.defined() ? a.sink_mod : b.sink_mod;
   if (a.mask_mod.defined() && b.mask_mod.defined()) {
     m.mask_mod = ir::build_binary(ir::Op::And, a.mask_mod, b.mask_mod);
   } else {

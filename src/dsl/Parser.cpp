@@ -45,7 +45,7 @@ constexpr Builtin kBuiltins[] = {
     {"int", 1, FnKind::CastI32, Op::Cast},
 };
 
-constexpr const char* kKeywords[] = {"buffer", "param", "let", "score_mod", "mask_mod"};
+constexpr const char* kKeywords[] = {"buffer", "param", "let", "score_mod", "mask_mod", "sink_mod"};
 constexpr const char* kLiteralNames[] = {"true", "false", "inf", "nan"};
 
 const Builtin* find_builtin(std::string_view name) {
@@ -151,9 +151,9 @@ class Parser {
                                  ends_with_expr ? "an operator or " : "", describe(peek())));
       }
     }
-    if (!mods_.score_mod.defined() && !mods_.mask_mod.defined()) {
+    if (!mods_.score_mod.defined() && !mods_.mask_mod.defined() && !mods_.sink_mod.defined()) {
       fail(peek(),
-           "no score_mod or mask_mod: a mods file defines at least one of them, e.g. "
+           "no score_mod, mask_mod or sink_mod: a mods file defines at least one of them, e.g. "
            "`mask_mod = q_idx >= kv_idx`");
     }
     mods_.name = src_.file();
@@ -203,7 +203,7 @@ class Parser {
       let_decl();
       return true;
     }
-    if (t.is_ident("score_mod") || t.is_ident("mask_mod")) {
+    if (t.is_ident("score_mod") || t.is_ident("mask_mod") || t.is_ident("sink_mod")) {
       mod_def();
       return true;
     }
@@ -212,8 +212,8 @@ class Parser {
       hint =
           suggestion(t.text, std::vector<std::string>(std::begin(kKeywords), std::end(kKeywords)));
     }
-    fail(t, fmt::format("expected a statement (buffer, param, let, score_mod = ..., or "
-                        "mask_mod = ...), found {}{}",
+    fail(t, fmt::format("expected a statement (buffer, param, let, score_mod = ..., "
+                        "mask_mod = ... or sink_mod = ...), found {}{}",
                         describe(t), hint));
   }
 
@@ -356,28 +356,32 @@ class Parser {
     names_.emplace(std::string(name.text), std::move(b));
   }
 
-  // score_mod = expr | mask_mod = expr
+  // score_mod = expr | mask_mod = expr | sink_mod = expr
   void mod_def() {
     const Token& kw = next();
     bool is_score = kw.text == "score_mod";
-    int& defined_line = is_score ? score_mod_line_ : mask_mod_line_;
+    bool is_sink = kw.text == "sink_mod";
+    int& defined_line = is_score ? score_mod_line_ : is_sink ? sink_mod_line_ : mask_mod_line_;
     if (defined_line) {
       fail(kw, fmt::format("{} is already defined on line {}", kw.text, defined_line));
     }
     defined_line = kw.line;
     expect("=", fmt::format("after '{}'", kw.text));
     const Token& start = peek();
-    in_mask_ = !is_score;
+    in_mask_ = !is_score && !is_sink;
+    in_sink_ = is_sink;
     Value v = expression();
     in_mask_ = false;
-    ScalarType want = is_score ? ScalarType::F32 : ScalarType::Bool;
+    in_sink_ = false;
+    const bool is_f32 = is_score || is_sink;
+    ScalarType want = is_f32 ? ScalarType::F32 : ScalarType::Bool;
     if (v.e.type() != want) {
-      std::string hint = is_score ? (v.e.type() == ScalarType::I32 ? " (use float(x))" : "")
-                                  : " (compare it, e.g. `... != 0`)";
+      std::string hint = is_f32 ? (v.e.type() == ScalarType::I32 ? " (use float(x))" : "")
+                                : " (compare it, e.g. `... != 0`)";
       fail(start, fmt::format("{} must return {}, but {} is {}{}", kw.text, to_string(want),
                               ir::describe(v.e), to_string(v.e.type()), hint));
     }
-    (is_score ? mods_.score_mod : mods_.mask_mod) = v.e;
+    (is_score ? mods_.score_mod : is_sink ? mods_.sink_mod : mods_.mask_mod) = v.e;
   }
 
   // --- expressions --------------------------------------------------------------------------
@@ -539,6 +543,11 @@ class Parser {
       if (*leaf == ir::VarKind::Score && in_mask_) {
         fail(t, "mask_mod cannot use `score`: it receives only b, h, q_idx and kv_idx");
       }
+      if ((*leaf == ir::VarKind::Score || *leaf == ir::VarKind::KvIdx) && in_sink_) {
+        fail(t, fmt::format("sink_mod cannot use `{}`: it receives only b, h and q_idx (one sink "
+                            "per row)",
+                            name));
+      }
       if (*leaf == ir::VarKind::Score) score_seen_ = true;
       no_index(t, "a leaf");
       return Value{ir::make_var(*leaf)};
@@ -561,6 +570,13 @@ class Parser {
                               "receives only b, h, q_idx and kv_idx",
                               name, b.line));
         }
+        if (in_sink_) {
+          if (std::optional<ir::VarKind> leaf = row_independent_leaf(b.value.e)) {
+            fail(t, fmt::format("sink_mod cannot use `{}`, which '{}' (line {}) uses: sink_mod "
+                                "receives only b, h and q_idx (one sink per row)",
+                                ir::to_string(*leaf), name, b.line));
+          }
+        }
         score_seen_ = score_seen_ || b.uses_score;
         no_index(t, "a let");
         return b.value;
@@ -568,6 +584,18 @@ class Parser {
         return load(t, b.buffer);
     }
     fail(t, "internal: unknown binding");
+  }
+
+  // The first of `score` and `kv_idx` that `e` uses (what a sink_mod may not read), if any.
+  static std::optional<ir::VarKind> row_independent_leaf(const Expr& e) {
+    std::optional<ir::VarKind> found;
+    ir::for_each_node(e, [&](const Expr& n) {
+      if (!found && n->op == ir::Op::Var &&
+          (n->var == ir::VarKind::Score || n->var == ir::VarKind::KvIdx)) {
+        found = n->var;
+      }
+    });
+    return found;
   }
 
   void no_index(const Token& name, std::string_view what) {
@@ -726,9 +754,11 @@ class Parser {
   size_t pos_ = 0;
   int nesting_ = 0;
   bool in_mask_ = false;
+  bool in_sink_ = false;
   bool score_seen_ = false;  // the current let's expression uses score
   int score_mod_line_ = 0;
   int mask_mod_line_ = 0;
+  int sink_mod_line_ = 0;
   std::map<std::string, Binding> names_;
   Mods mods_;
 };

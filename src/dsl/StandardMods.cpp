@@ -4,15 +4,13 @@
 #include <flexjit/mods.h>
 
 #include "util/Embedded.h"
+#include "util/InputFiles.h"
+#include "util/Suggest.h"
 
 #include <fmt/format.h>
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 namespace flexjit {
 
@@ -51,18 +49,10 @@ std::string names_list() {
 }  // namespace
 
 Mods load_mods_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw Error(fmt::format("cannot read mods file '{}': it is a directory", path));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw Error(fmt::format("cannot read mods file '{}': {}", path, std::strerror(errno)));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw Error(fmt::format("cannot read mods file '{}'", path));
-  return parse_mods(text.str(), path);
+  // A regular file of at most 1 MiB: a FIFO, a device or a directory is refused before reading.
+  return parse_mods(files::read_text_file(path, fmt::format("cannot read mods file '{}'", path),
+                                          "a mods file", files::kMaxModsFileBytes),
+                    path);
 }
 
 std::vector<std::string> standard_mod_names() {
@@ -76,8 +66,8 @@ const std::string& standard_mod_source(const std::string& name) {
   const auto& sources = standard_sources();
   auto it = sources.find(strip_fx(name));
   if (it == sources.end()) {
-    throw Error(
-        fmt::format("unknown standard mod '{}'; the standard mods are: {}", name, names_list()));
+    throw Error(fmt::format("unknown standard mod '{}'{}; the standard mods are: {}", name,
+                            did_you_mean(strip_fx(name), standard_mod_names()), names_list()));
   }
   return it->second;
 }
@@ -99,9 +89,9 @@ Mods resolve_mods(const std::string& spec) {
   }
   if (spec.find('=') != std::string::npos) return parse_mods(spec, "<inline>");
   throw Error(
-      fmt::format("'{}' is not a standard mod, an existing file, or inline mods text "
+      fmt::format("'{}' is not a standard mod{}, an existing file, or inline mods text "
                   "(like 'mask_mod = q_idx >= kv_idx'); the standard mods are: {}",
-                  spec, names_list()));
+                  spec, did_you_mean(strip_fx(spec), standard_mod_names()), names_list()));
 }
 
 }  // namespace flexjit

@@ -45,6 +45,7 @@ Mods cse(const Mods& mods) {
   Mods out = mods;
   out.score_mod = table.intern(mods.score_mod);
   out.mask_mod = table.intern(mods.mask_mod);
+  out.sink_mod = table.intern(mods.sink_mod);
   return out;
 }
 

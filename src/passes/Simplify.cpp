@@ -47,6 +47,7 @@ Mods simplify(const Mods& mods) {
   Mods out = mods;
   out.score_mod = s.run(mods.score_mod);
   out.mask_mod = s.run(mods.mask_mod);
+  out.sink_mod = s.run(mods.sink_mod);
   return out;
 }
 

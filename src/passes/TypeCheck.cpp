@@ -301,9 +301,24 @@ void type_check(const Mods& mods) {
       }
     });
   }
+  verify(mods.sink_mod);
+  if (mods.sink_mod.defined()) {
+    if (mods.sink_mod.type() != ScalarType::F32) {
+      throw CompileError(fmt::format("sink_mod must return f32 (a logit), but {} is {}",
+                                     ir::describe(mods.sink_mod), tname(mods.sink_mod.type())));
+    }
+    ir::for_each_node(mods.sink_mod, [&](const Expr& n) {
+      if (n->op == Op::Var && (n->var == ir::VarKind::Score || n->var == ir::VarKind::KvIdx)) {
+        throw CompileError(
+            fmt::format("sink_mod cannot use `{}` (it receives only b, h and q_idx), but {} does",
+                        ir::to_string(n->var), ir::describe(mods.sink_mod)));
+      }
+    });
+  }
   check_decls(mods);
   check_uses(mods, mods.score_mod, "score_mod");
   check_uses(mods, mods.mask_mod, "mask_mod");
+  check_uses(mods, mods.sink_mod, "sink_mod");
 }
 
 }  // namespace flexjit::passes

@@ -7,6 +7,7 @@
 // type_check() verifies both mods and then the rules a user can break, throwing CompileError
 // with the offending sub-expression (ir::describe):
 //   - score_mod returns f32, mask_mod returns bool, mask_mod does not use `score`;
+//   - sink_mod returns f32 and uses neither `score` nor `kv_idx`;
 //   - every buffer and param the mods use is declared in Mods::buffers / Mods::params, with the
 //     same declaration; declared names are unique and are not a leaf's name;
 //   - buffers have rank 1..4 and non-empty dim names; param defaults fit the param's type.

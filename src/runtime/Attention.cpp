@@ -50,7 +50,10 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
   ValidatedCall call;
   call.mods = runtime::effective_mods(options);
   // Bindings are checked even when nothing runs, so a mistake shows on the first call.
-  call.inputs.mod_params = runtime::pack_mod_params(call.mods, options.bindings, device_index);
+  const runtime::CallExtents extents = runtime::CallExtents::of(s);
+  call.inputs.mod_params = runtime::pack_mod_params(
+      call.mods, runtime::bind_mod_args(call.mods, options.bindings, TensorRef::Device::CUDA,
+                                        device_index, nullptr, &extents));
   call.inputs.q = q;
   call.inputs.k = k;
   call.inputs.v = v;
@@ -155,6 +158,12 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
   impl.device->make_current();
   if (call.empty_q) return;  // nothing to write
   if (call.empty_kv) {
+    if (call.mods.sink_mod.defined()) {
+      // Every row is then its sink alone (out 0, lse = sink), which no memset writes.
+      throw UnsupportedError(
+          "flex_attention with a sink_mod needs Skv >= 1 on the GPU (with Skv = 0 every row's lse "
+          "is its sink); the CPU backend runs it");
+    }
     runtime::write_empty_attention(out, lse, static_cast<CUstream>(options.stream));
     return;
   }

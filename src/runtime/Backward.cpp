@@ -79,8 +79,9 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
   }
   ValidatedBackward call;
   call.mods = runtime::effective_mods(options);
-  const runtime::BoundModArgs bound =
-      runtime::bind_mod_args(call.mods, options.bindings, TensorRef::Device::CUDA, device_index);
+  const runtime::CallExtents extents = runtime::CallExtents::of(s);
+  const runtime::BoundModArgs bound = runtime::bind_mod_args(
+      call.mods, options.bindings, TensorRef::Device::CUDA, device_index, nullptr, &extents);
   call.inputs.mod_params = runtime::pack_mod_params(call.mods, bound);
 
   // The buffer gradients: one per float buffer, f32 of the bound buffer's shape.
@@ -145,6 +146,7 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
     slice_shapes.push_back(bound_t.shape);
   }
   call.inputs.deterministic = backward.deterministic;
+  call.inputs.sink_grads = cuda::has_sink_grads(call.mods);
   if (layout.partials_offset >= 0) {
     call.inputs.bufgrad_slice_elems = kernels::backward_bufgrad_slice_elems(slice_shapes);
     call.inputs.grad_partials_offset = layout.partials_offset;

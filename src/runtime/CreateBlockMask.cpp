@@ -139,8 +139,9 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
   // that only the score_mod uses are left out.
   const Mods mask_mods = mask_only(mask);
   ContextImpl& impl = impl_of(ctx);
+  const runtime::CallExtents extents{batch, heads, -1, seqlen_q, seqlen_kv};
   const runtime::BoundModArgs bound = runtime::bind_mod_args(
-      mask_mods, bindings, TensorRef::Device::CUDA, impl.device->index(), &mask);
+      mask_mods, bindings, TensorRef::Device::CUDA, impl.device->index(), &mask, &extents);
   kernels::BlockMaskInputs in;
   in.mod_params = runtime::pack_mod_params(mask_mods, bound);
   std::map<std::string, double> values;

@@ -351,9 +351,14 @@ KvCacheCall validate_kv_cache_call(Context& ctx, const TensorRef& q, const Tenso
   check_launch_limits(s);
   if (options.block_mask != nullptr) check_block_mask(*options.block_mask, s);
   call.mods = effective_mods(options);
-  call.inputs = decode_inputs(q, k, v, out, lse, s, options,
-                              pack_mod_params(call.mods, options.bindings, device_index),
-                              impl.device->sm_count());
+  // The lengths live on the device: kv_idx's range is not the host's to check.
+  CallExtents extents = CallExtents::of(s);
+  extents.seqlen_kv = -1;
+  call.inputs = decode_inputs(
+      q, k, v, out, lse, s, options,
+      pack_mod_params(call.mods, bind_mod_args(call.mods, options.bindings, TensorRef::Device::CUDA,
+                                               device_index, nullptr, &extents)),
+      impl.device->sm_count());
   call.inputs.seq_lens = static_cast<const int*>(cache.seq_lens.data);
   if (call.shape.paged) {
     call.inputs.page_table = static_cast<const int*>(cache.page_table.data);
@@ -401,6 +406,11 @@ void flex_attention_kv_cache_into(Context& ctx, const TensorRef& q, const Tensor
     check_kv_cache_on_device(ctx, *options.kv_cache, call.shape, q.dtype, options.stream);
   }
   if (s.seqlen_kv == 0) {
+    if (options.mods.sink_mod.defined()) {
+      throw UnsupportedError(
+          "decoding with a sink_mod needs a KV capacity of at least one key on the GPU (with none "
+          "every row's lse is its sink); the CPU backend runs it");
+    }
     write_empty_attention(out, lse, static_cast<CUstream>(options.stream));
     return;
   }

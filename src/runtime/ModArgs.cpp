@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -74,6 +75,42 @@ void check_buffer(const Buffer& decl, const TensorRef& t, TensorRef::Device devi
   }
 }
 
+// Checks that a bound buffer covers the call's index range in every dim named after one.
+void check_buffer_extents(const Buffer& decl, const TensorRef& t, const CallExtents& call) {
+  for (int d = 0; d < t.ndim(); ++d) {
+    const std::string& dim = decl.decl()->dims[d];
+    int64_t need = -1;
+    std::string why;
+    if (dim == "B") {
+      need = call.batch;
+      why = fmt::format("{} sequences in the batch (b < {})", need, need);
+    } else if (dim == "H" || dim == "Hq") {
+      need = call.heads_q;
+      why = fmt::format("{} query heads (h < {})", need, need);
+    } else if (dim == "Hkv") {
+      need = call.heads_kv;
+      why = fmt::format("{} key/value heads", need);
+    } else if (dim == "Sq") {
+      need = call.seqlen_q;
+      why = fmt::format("{} query positions (q_idx < {})", need, need);
+    } else if (dim == "Skv") {
+      need = call.seqlen_kv;
+      why = fmt::format("{} key positions (kv_idx < {})", need, need);
+    } else if (dim == "S") {
+      need = std::max(call.seqlen_q, call.seqlen_kv);
+      why = call.seqlen_kv < 0 ? fmt::format("{} query positions (q_idx < {})", need, need)
+                               : fmt::format("Sq = {} and Skv = {} (S covers q_idx and kv_idx)",
+                                             call.seqlen_q, call.seqlen_kv);
+    }
+    if (need >= 0 && t.shape[d] < need) {
+      throw RuntimeError(fmt::format(
+          "buffer '{}' (declared {}): dim {} ({}) has {} entries, but this call has {}; the mods "
+          "would read past its end",
+          decl.name(), declaration(decl), d, dim, t.shape[d], why));
+    }
+  }
+}
+
 int32_t param_i32(const Param& p, double v) {
   if (!std::isfinite(v) || v != std::floor(v) || v < std::numeric_limits<int32_t>::min() ||
       v > std::numeric_limits<int32_t>::max()) {
@@ -133,7 +170,7 @@ size_t index_of(const std::vector<Named>& v, const std::string& name) {
 }  // namespace
 
 BoundModArgs bind_mod_args(const Mods& mods, const ModBindings& bindings, TensorRef::Device device,
-                           int device_index, const Mods* declared) {
+                           int device_index, const Mods* declared, const CallExtents* call) {
   // Bindings by declaration index; unknown and repeated names are errors.
   const Mods& names = declared != nullptr ? *declared : mods;
   std::vector<const TensorRef*> buffers(mods.buffers.size(), nullptr);
@@ -164,6 +201,7 @@ BoundModArgs bind_mod_args(const Mods& mods, const ModBindings& bindings, Tensor
                       device == TensorRef::Device::CPU ? "a host" : "a device"));
     }
     check_buffer(mods.buffers[i], *buffers[i], device, device_index);
+    if (call != nullptr) check_buffer_extents(mods.buffers[i], *buffers[i], *call);
   }
   BoundModArgs out;
   out.buffers = std::move(buffers);

@@ -17,6 +17,16 @@
 
 namespace flexjit::runtime {
 
+// The ranges of a call's index leaves (b < batch, h < heads_q, q_idx < seqlen_q,
+// kv_idx < seqlen_kv) and its KV heads, which a buffer's named dims must cover; -1 where the host
+// does not know one (a KV cache's lengths live on the device).
+struct CallExtents {
+  int64_t batch = -1, heads_q = -1, heads_kv = -1, seqlen_q = -1, seqlen_kv = -1;
+  static CallExtents of(const QkvShape& s) {
+    return {s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_kv};
+  }
+};
+
 // The bindings of `mods` matched to its declarations, in declaration order.
 struct BoundModArgs {
   std::vector<const TensorRef*> buffers;  // per mods.buffers; never null
@@ -32,13 +42,18 @@ struct BoundModArgs {
 //  - a bound tensor's dtype, rank, numeric extent ("8192") or device disagrees with the
 //    declaration, an extent is negative, or its data pointer is null while it has elements;
 //  - a param without a default is not given, an i32 param value is not an integer in the i32
-//    range, a bool param value is not 0 or 1.
+//    range, a bool param value is not 0 or 1;
+//  - with `call`: a bound buffer is shorter than the call needs in a dim named B, H / Hq, Hkv,
+//    S, Sq or Skv (S covers both q_idx and kv_idx) — "buffer 'slopes' (declared f32[H]): dim 0
+//    (H) has 4 entries, but this call has 8 query heads (h < 8)". A shorter buffer used to run
+//    with its loads clamped (CPU) or out of bounds (GPU). Other dim names (R, N) are not checked.
 // With `declared` (a superset of `mods`, e.g. the Mods that mask_only(declared) == mods
 // came from, for a block mask), names are checked against `declared`, and bindings of names that
 // only `declared` has are skipped: binding a score_mod buffer does not stop create_block_mask.
 // `bindings` must outlive the result (it points at the bound tensors).
 BoundModArgs bind_mod_args(const Mods& mods, const ModBindings& bindings, TensorRef::Device device,
-                           int device_index = 0, const Mods* declared = nullptr);
+                           int device_index = 0, const Mods* declared = nullptr,
+                           const CallExtents* call = nullptr);
 
 // The bytes of FjModParams for `mods` with `args` from bind_mod_args(mods, ...), laid out as
 // cuda::layout_of(mods) says (src/codegen/cuda/ModParamLayout.h). At least 8 bytes and a

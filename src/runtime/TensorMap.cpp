@@ -50,7 +50,12 @@ FjTmaDesc encode_bhsd_tma(const TensorRef& t, int box_rows, const char* name) {
   const Driver& driver = Driver::get();
   driver.require();
   // Innermost first: d, s, h, b. A dim of extent 1 gets a harmless valid stride (its
-  // coordinate is always 0).
+  // coordinate is always 0). The extents are the tensor's own, the head dim included: a box
+  // past them (rows past S; the columns of a kernel's tile dim past a head dim that is not a
+  // multiple of 64, kernels/HeadDims.h) is zero-filled in shared memory (PTX ISA 5.5.3.3, "Out
+  // of Boundary Access", zero fill mode: CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), and the copy
+  // still completes the whole box's bytes on its mbarrier, so the kernels' expect_tx counts are
+  // those of full boxes (FlashAttention-3 pads head dims like 96 to its tiles the same way).
   cuuint64_t dims[4] = {static_cast<cuuint64_t>(t.shape[3]), static_cast<cuuint64_t>(t.shape[2]),
                         static_cast<cuuint64_t>(t.shape[1]), static_cast<cuuint64_t>(t.shape[0])};
   cuuint64_t strides[3];

@@ -19,9 +19,9 @@ namespace flexjit::runtime {
 std::optional<std::string> bhsd_tma_blocker(const TensorRef& t, const char* name);
 
 // The tensor map of `t` read in boxes of 64 elements (128 bytes) x `box_rows` rows of one
-// (b, h), stored with the 128-byte swizzle; rows past S read as zero. Coordinates (innermost
-// first): d, s, h, b. Throws UnsupportedError (the blocker) or RuntimeError (the driver's
-// refusal, naming `name`).
+// (b, h), stored with the 128-byte swizzle; rows past S and columns past D read as zero.
+// Coordinates (innermost first): d, s, h, b. Throws UnsupportedError (the blocker) or RuntimeError
+// (the driver's refusal, naming `name`).
 FjTmaDesc encode_bhsd_tma(const TensorRef& t, int box_rows, const char* name);
 
 }  // namespace flexjit::runtime

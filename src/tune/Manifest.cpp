@@ -11,13 +11,14 @@
 #include "kernels/forward/Forward.h"
 #include "passes/RuntimeDivision.h"
 #include "tune/Prune.h"
+#include "util/InputFiles.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
+#include <cstdint>
+#include <limits>
 #include <set>
-#include <sstream>
 
 namespace flexjit::tune {
 
@@ -63,8 +64,14 @@ int64_t positive(const json& j, const char* key, const EntryError& err, int64_t 
     err.fail(fmt::format("a shape needs '{}'", key));
   }
   const json& v = j.at(key);
-  if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
-    err.fail(fmt::format("shape field '{}' is {}; it must be a positive integer", key, v.dump()));
+  // The kernels take batch, heads and sequence lengths as 32-bit ints.
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(kMax)) ||
+      v.get<int64_t>() <= 0 || v.get<int64_t>() > kMax) {
+    err.fail(
+        fmt::format("shape field '{}' is {}; it must be a positive integer of at most {} "
+                    "(2^31 - 1)",
+                    key, v.dump(), kMax));
   }
   return v.get<int64_t>();
 }
@@ -270,11 +277,11 @@ Manifest parse_manifest(const std::string& text, const std::filesystem::path& fi
 }
 
 Manifest load_manifest(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  if (!in) throw Error(fmt::format("{}: cannot read the manifest", file.string()));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_manifest(ss.str(), file, file.parent_path());
+  // A regular file of at most 16 MiB: a FIFO, a device or a directory is refused before reading.
+  const std::string text = files::read_text_file(
+      file.string(), fmt::format("{}: cannot read the manifest", file.string()), "a manifest",
+      files::kMaxManifestBytes);
+  return parse_manifest(text, file, file.parent_path());
 }
 
 std::vector<kernels::Family> families_of_kind(const std::string& kind) {

@@ -4,17 +4,19 @@
 #include <fmt/ranges.h>
 
 #include "util/CheckedMath.h"
+#include "util/InputFiles.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <new>
 #include <optional>
-#include <sstream>
+#include <stdexcept>
 
 #include <unistd.h>
-#include <stdexcept>
 
 namespace flexjit::npy {
 
@@ -24,6 +26,9 @@ constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicLen = 6;
 // The header (magic through the newline) is padded to a multiple of this for alignment.
 constexpr size_t kHeaderAlign = 64;
+// The longest header read (numpy's np.load refuses more than 10,000 bytes unless told otherwise;
+// flexjit's own writer never comes near this).
+constexpr uint64_t kMaxHeaderBytes = uint64_t{1} << 20;
 
 struct Header {
   std::string descr;
@@ -31,74 +36,140 @@ struct Header {
   std::vector<int64_t> shape;
 };
 
-// The value text after `'key':` in the header dict; npy headers are Python literals that numpy
-// writes in one fixed style, so a key scan suffices.
-std::string_view find_value(std::string_view dict, std::string_view key, const std::string& name) {
-  for (char quote : {'\'', '"'}) {
-    std::string k = fmt::format("{}{}{}", quote, key, quote);
-    size_t pos = dict.find(k);
-    if (pos == std::string_view::npos) continue;
-    pos = dict.find(':', pos + k.size());
-    if (pos == std::string_view::npos) break;
-    std::string_view rest = dict.substr(pos + 1);
-    size_t start = rest.find_first_not_of(" \t");
-    if (start == std::string_view::npos) break;
-    return rest.substr(start);
+// The header dict, a Python literal such as {'descr': '<f4', 'fortran_order': False, 'shape':
+// (2, 3), }. numpy reads it with ast.literal_eval and requires exactly these three keys; this
+// parser accepts the same literals (either quote, any whitespace, trailing commas) and rejects a
+// duplicate key (Python keeps the last one, an earlier reader here took the first) or any
+// other key.
+class HeaderParser {
+ public:
+  HeaderParser(std::string_view dict, const std::string& name) : s_(dict), name_(name) {}
+
+  Header parse() {
+    Header h;
+    bool have_descr = false, have_fortran = false, have_shape = false;
+    expect('{', "the header is not a dict");
+    while (!eat('}')) {
+      const std::string key = string_literal("a key");
+      bool* seen = key == "descr"           ? &have_descr
+                   : key == "fortran_order" ? &have_fortran
+                   : key == "shape"         ? &have_shape
+                                            : nullptr;
+      if (seen == nullptr) {
+        fail(
+            fmt::format("unknown key '{}' (a .npy header has exactly 'descr', 'fortran_order' "
+                        "and 'shape')",
+                        key));
+      }
+      if (*seen) fail(fmt::format("the key '{}' appears twice", key));
+      *seen = true;
+      expect(':', fmt::format("no ':' after '{}'", key));
+      if (key == "descr") {
+        skip_space();
+        if (i_ >= s_.size() || (s_[i_] != '\'' && s_[i_] != '"')) {
+          fail("descr is not a string (structured dtypes are not supported)");
+        }
+        h.descr = string_literal("descr");
+      } else if (key == "fortran_order") {
+        h.fortran_order = boolean();
+      } else {
+        h.shape = shape();
+      }
+      if (!eat(',')) {
+        expect('}', "expected ',' or '}' after a value");
+        break;
+      }
+    }
+    skip_space();
+    if (i_ != s_.size()) fail("text after the closing '}'");
+    for (auto [seen, key] :
+         {std::pair{have_descr, "descr"}, {have_fortran, "fortran_order"}, {have_shape, "shape"}}) {
+      if (!seen) {
+        throw Error(fmt::format("{}: malformed .npy header: no '{}' in {}", name_, key, s_));
+      }
+    }
+    return h;
   }
-  throw Error(fmt::format("{}: malformed .npy header: no '{}' in {}", name, key, dict));
-}
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(fmt::format("{}: malformed .npy header: {} in {}", name_, what, s_));
+  }
+  void skip_space() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r'))
+      ++i_;
+  }
+  bool eat(char c) {
+    skip_space();
+    if (i_ < s_.size() && s_[i_] == c) {
+      ++i_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c, const std::string& what) {
+    if (!eat(c)) fail(what);
+  }
+  std::string string_literal(const char* what) {
+    skip_space();
+    if (i_ >= s_.size() || (s_[i_] != '\'' && s_[i_] != '"')) {
+      fail(fmt::format("{} is not a quoted string", what));
+    }
+    const char quote = s_[i_];
+    const size_t end = s_.find(quote, i_ + 1);
+    if (end == std::string_view::npos) fail(fmt::format("unterminated string ({})", what));
+    std::string out(s_.substr(i_ + 1, end - i_ - 1));
+    if (out.find('\\') != std::string::npos) fail(fmt::format("escapes in {}", what));
+    i_ = end + 1;
+    return out;
+  }
+  bool boolean() {
+    skip_space();
+    for (auto [text, value] : {std::pair{std::string_view("True"), true}, {"False", false}}) {
+      if (s_.substr(i_).starts_with(text)) {
+        i_ += text.size();
+        return value;
+      }
+    }
+    fail("fortran_order is not True/False");
+  }
+  std::vector<int64_t> shape() {
+    expect('(', "shape is not a tuple");
+    std::vector<int64_t> dims;
+    while (!eat(')')) {
+      if (!dims.empty() && !eat(',')) fail("bad shape: expected ',' between dimensions");
+      if (eat(')')) break;  // (5,)
+      skip_space();
+      size_t j = i_;
+      while (j < s_.size() && s_[j] >= '0' && s_[j] <= '9')
+        ++j;
+      if (j == i_) {
+        const size_t close = s_.find(')', i_);
+        fail(fmt::format(
+            "bad shape ({})",
+            s_.substr(i_, close == std::string_view::npos ? std::string_view::npos : close - i_)));
+      }
+      const std::string digits(s_.substr(i_, j - i_));
+      errno = 0;
+      const long long dim = std::strtoll(digits.c_str(), nullptr, 10);
+      if (errno == ERANGE) {
+        throw Error(
+            fmt::format("{}: malformed .npy header: dimension {} is too large", name_, digits));
+      }
+      dims.push_back(dim);
+      i_ = j;
+      if (i_ < s_.size() && s_[i_] == 'L') ++i_;  // Python 2 longs, as old numpy wrote them
+    }
+    return dims;
+  }
+
+  std::string_view s_;
+  const std::string& name_;
+  size_t i_ = 0;
+};
 
 Header parse_header(std::string_view dict, const std::string& name) {
-  Header h;
-  std::string_view d = find_value(dict, "descr", name);
-  if (d.empty() || (d[0] != '\'' && d[0] != '"')) {
-    throw Error(
-        fmt::format("{}: malformed .npy header: descr is not a string "
-                    "(structured dtypes are not supported)",
-                    name));
-  }
-  size_t end = d.find(d[0], 1);
-  if (end == std::string_view::npos) throw Error(fmt::format("{}: malformed .npy header", name));
-  h.descr = std::string(d.substr(1, end - 1));
-
-  std::string_view f = find_value(dict, "fortran_order", name);
-  if (f.starts_with("True")) {
-    h.fortran_order = true;
-  } else if (!f.starts_with("False")) {
-    throw Error(fmt::format("{}: malformed .npy header: fortran_order is not True/False", name));
-  }
-
-  std::string_view s = find_value(dict, "shape", name);
-  if (s.empty() || s[0] != '(') {
-    throw Error(fmt::format("{}: malformed .npy header: shape is not a tuple", name));
-  }
-  size_t close = s.find(')');
-  if (close == std::string_view::npos) {
-    throw Error(fmt::format("{}: malformed .npy header: unterminated shape", name));
-  }
-  std::string_view items = s.substr(1, close - 1);
-  size_t i = 0;
-  while (i < items.size()) {
-    while (i < items.size() && (items[i] == ' ' || items[i] == ','))
-      ++i;
-    if (i == items.size()) break;
-    size_t j = i;
-    while (j < items.size() && items[j] >= '0' && items[j] <= '9')
-      ++j;
-    if (j == i) {
-      throw Error(fmt::format("{}: malformed .npy header: bad shape ({})", name, items));
-    }
-    const std::string digits(items.substr(i, j - i));
-    errno = 0;
-    const long long dim = std::strtoll(digits.c_str(), nullptr, 10);
-    if (errno == ERANGE) {
-      throw Error(
-          fmt::format("{}: malformed .npy header: dimension {} is too large", name, digits));
-    }
-    h.shape.push_back(dim);
-    i = j;
-  }
-  return h;
+  return HeaderParser(dict, name).parse();
 }
 
 DType dtype_from_descr(std::string descr, const std::string& name) {
@@ -113,10 +184,9 @@ DType dtype_from_descr(std::string descr, const std::string& name) {
       name, descr));
 }
 
-// Reorders Fortran-order elements (first index fastest) into C order.
-std::vector<char> fortran_to_c(const char* src, const std::vector<int64_t>& shape, size_t elem,
-                               int64_t numel) {
-  std::vector<char> out(static_cast<size_t>(numel) * elem);
+// Reorders Fortran-order elements (first index fastest) into C order, into `out` (numel * elem).
+void fortran_to_c(const char* src, const std::vector<int64_t>& shape, size_t elem, int64_t numel,
+                  char* out) {
   const size_t nd = shape.size();
   std::vector<int64_t> fstride(nd);
   int64_t s = 1;
@@ -129,13 +199,12 @@ std::vector<char> fortran_to_c(const char* src, const std::vector<int64_t>& shap
     int64_t f = 0;
     for (size_t d = 0; d < nd; ++d)
       f += idx[d] * fstride[d];
-    std::memcpy(out.data() + c * elem, src + f * elem, elem);
+    std::memcpy(out + c * elem, src + f * elem, elem);
     for (size_t d = nd; d-- > 0;) {  // C order: last index fastest
       if (++idx[d] < shape[d]) break;
       idx[d] = 0;
     }
   }
-  return out;
 }
 
 }  // namespace
@@ -233,53 +302,83 @@ std::string_view descr(DType t) {
   FJ_ASSERT(false, "unknown DType");
 }
 
-Array parse(std::string_view file, const std::string& name) {
-  if (file.size() < kMagicLen + 2 || file.substr(0, kMagicLen) != std::string_view(kMagic)) {
+namespace {
+
+// Where the bytes of a .npy come from: memory (parse) or an open regular file (read). Nothing is
+// read before the sizes that the header implies have been checked against `size`.
+struct Source {
+  uint64_t size = 0;
+  std::function<void(uint64_t offset, char* dst, size_t n)> read;
+  std::string bytes(uint64_t offset, size_t n) const {
+    std::string out(n, '\0');
+    read(offset, out.data(), n);
+    return out;
+  }
+};
+
+Array load(const Source& src, const std::string& name) {
+  const std::string magic = src.bytes(0, static_cast<size_t>(std::min<uint64_t>(src.size, 12)));
+  if (magic.size() < kMagicLen + 2 || magic.substr(0, kMagicLen) != std::string_view(kMagic)) {
     throw Error(fmt::format("{}: not a .npy file (bad magic)", name));
   }
-  const auto major = static_cast<unsigned char>(file[kMagicLen]);
-  size_t header_len = 0;
+  const auto major = static_cast<unsigned char>(magic[kMagicLen]);
+  uint64_t header_len = 0;
   size_t pos = kMagicLen + 2;
-  auto byte = [&](size_t i) { return static_cast<size_t>(static_cast<unsigned char>(file[i])); };
+  auto byte = [&](size_t i) { return uint64_t{static_cast<unsigned char>(magic[i])}; };
   if (major == 1) {
-    if (file.size() < pos + 2) throw Error(fmt::format("{}: truncated .npy header", name));
+    if (magic.size() < pos + 2) throw Error(fmt::format("{}: truncated .npy header", name));
     header_len = byte(pos) | byte(pos + 1) << 8;
     pos += 2;
   } else if (major == 2 || major == 3) {
-    if (file.size() < pos + 4) throw Error(fmt::format("{}: truncated .npy header", name));
+    if (magic.size() < pos + 4) throw Error(fmt::format("{}: truncated .npy header", name));
     header_len = byte(pos) | byte(pos + 1) << 8 | byte(pos + 2) << 16 | byte(pos + 3) << 24;
     pos += 4;
   } else {
     throw Error(
         fmt::format("{}: unsupported .npy format version {}.{}", name, major, byte(kMagicLen + 1)));
   }
-  if (file.size() < pos + header_len) {
+  if (src.size < pos + header_len) {
     throw Error(fmt::format("{}: truncated .npy header: needs {} bytes, file has {}", name,
-                            header_len, file.size() - pos));
+                            header_len, src.size - pos));
   }
-  Header h = parse_header(file.substr(pos, header_len), name);
-  pos += header_len;
+  if (header_len > kMaxHeaderBytes) {
+    throw Error(fmt::format("{}: the .npy header is {} bytes, more than the {} that flexjit reads",
+                            name, header_len, files::human_size(kMaxHeaderBytes)));
+  }
+  const Header h = parse_header(src.bytes(pos, static_cast<size_t>(header_len)), name);
+  pos += static_cast<size_t>(header_len);
 
-  Array a;
-  a.dtype = dtype_from_descr(h.descr, name);
-  a.shape = h.shape;
-  const size_t elem = static_cast<size_t>(dtype_size(a.dtype));
-  const std::optional<int64_t> bytes = byte_count(a.dtype, a.shape);
+  const DType dtype = dtype_from_descr(h.descr, name);
+  const size_t elem = static_cast<size_t>(dtype_size(dtype));
+  const std::optional<int64_t> bytes = byte_count(dtype, h.shape);
   if (!bytes) {
     throw Error(fmt::format("{}: shape ({}) has more than 2^63 bytes of data", name,
                             fmt::join(h.shape, ", ")));
   }
-  const size_t want = static_cast<size_t>(*bytes);
-  const size_t have = file.size() - pos;
+  const uint64_t want = static_cast<uint64_t>(*bytes);
+  const uint64_t have = src.size - pos;
   if (have < want) {
     throw Error(fmt::format("{}: truncated: header says {} bytes of data ({} x {}), file has {}",
                             name, want, h.descr, fmt::join(h.shape, "x"), have));
   }
-  const char* data = file.data() + pos;
+  Array a;
+  try {
+    a = make_array(dtype, h.shape);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", name, e.what()));
+  }
   if (h.fortran_order && a.shape.size() > 1) {
-    a.bytes = fortran_to_c(data, a.shape, elem, a.numel());
+    std::vector<char> fortran;
+    try {
+      fortran.resize(static_cast<size_t>(want));
+    } catch (const std::bad_alloc&) {
+      throw Error(fmt::format("{}: cannot allocate {} to transpose the Fortran-order data", name,
+                              human_bytes(static_cast<double>(want))));
+    }
+    src.read(pos, fortran.data(), fortran.size());
+    fortran_to_c(fortran.data(), a.shape, elem, a.numel(), a.bytes.data());
   } else {
-    a.bytes.assign(data, data + want);
+    src.read(pos, a.bytes.data(), a.bytes.size());
   }
   if (h.descr == "|u1") {
     for (char& c : a.bytes)
@@ -288,12 +387,23 @@ Array parse(std::string_view file, const std::string& name) {
   return a;
 }
 
+}  // namespace
+
+Array parse(std::string_view file, const std::string& name) {
+  Source src;
+  src.size = file.size();
+  src.read = [file](uint64_t offset, char* dst, size_t n) {
+    std::memcpy(dst, file.data() + offset, n);
+  };
+  return load(src, name);
+}
+
 Array read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot open for reading: {}", path, std::strerror(errno)));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), path);
+  const files::InputFile f(path, fmt::format("{}: cannot open for reading", path));
+  Source src;
+  src.size = f.size();
+  src.read = [&f](uint64_t offset, char* dst, size_t n) { f.read_at(offset, dst, n); };
+  return load(src, path);
 }
 
 std::string serialize(const Array& a) {

@@ -73,3 +73,8 @@ __device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h,
   const bool t7 = t3 && t6;
   return t7;
 }
+
+static constexpr bool kFjHasSinkMod = false;
+__device__ __forceinline__ float fj_sink_mod(const FjModParams& mp, int b, int h, int q_idx) {
+  return __int_as_float((int)0xff800000u);
+}

@@ -80,3 +80,8 @@ static constexpr bool kFjColLoad = false;
 using FjColLoad = int;
 __device__ __forceinline__ int fj_col_load_at(const FjModParams& mp, int b, int h, int kv_idx) { return (void)mp, (void)b, (void)h, (void)kv_idx, 0; }
 __device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, int q_idx, int kv_idx, int fj_cl) { return (void)fj_cl, fj_mask_mod(mp, b, h, q_idx, kv_idx); }
+
+static constexpr bool kFjHasSinkMod = false;
+__device__ __forceinline__ float fj_sink_mod(const FjModParams& mp, int b, int h, int q_idx) {
+  return __int_as_float((int)0xff800000u);
+}

@@ -21,6 +21,11 @@ void bind_standard_mods(const Mods& mods, const AttentionShape& s, std::mt19937_
       for (int h = 0; h < s.heads_q; ++h)
         v[h] = std::exp2(-8.0f * (h + 1) / s.heads_q);
       buffers[b.name()] = host_buffer(DType::F32, {s.heads_q}, v);
+    } else if (b.name() == "sinks") {  // attention sinks: logits around the scores' range
+      std::vector<float> v(s.heads_q);
+      for (float& x : v)
+        x = 2.0f * u(rng);
+      buffers[b.name()] = host_buffer(DType::F32, {s.heads_q}, v);
     } else if (b.name() == "doc_id" || b.name() == "doc_ids") {
       std::vector<int32_t> v(std::max(S, 1));
       int doc = 0;

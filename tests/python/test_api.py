@@ -127,7 +127,11 @@ def test_python_operators_follow_python_semantics():
     q, kv = dsl.q_idx(), dsl.kv_idx()
     assert flexjit.make_mods(mask_mod=(q - kv) // 4 == 0) == flexjit.make_mods(
         mask_mod="(q_idx - kv_idx) / 4 == 0")
-    assert ((q - kv) / 4).type == "f32"  # true division, as in PyTorch
+    # `/` between i32 values: .fx floors, Python would divide exactly; an error names both ways.
+    with pytest.raises(TypeError, match=r"write `a // b` for floor division"):
+        (q - kv) / 4
+    assert (dsl.to_float(q - kv) / 4).type == "f32"
+    assert ((q - kv) // 4).type == "i32"
     assert (q % 3).type == "i32" and (q > 1).type == "bool" and (~(q > 1)).type == "bool"
     cap = dsl.Param("cap", "f32", 30.0)
     m = flexjit.make_mods(cap * dsl.tanh(dsl.score() / cap))
@@ -180,7 +184,7 @@ def test_shape_and_binding_errors_are_runtime_errors_with_precise_messages():
     q, k, v = qkv()
     with pytest.raises(flexjit.RuntimeError, match="k has 3 dims"):
         flexjit.flex_attention(q, k[0], v)
-    with pytest.raises(flexjit.RuntimeError, match="bound to buffer 'slopes'|buffer 'slopes'.*not bound"):
+    with pytest.raises(flexjit.RuntimeError, match=r"read buffer 'slopes' \(f32\[H\]\); pass it as buffers="):
         flexjit.flex_attention(q, k, v, score_mod="alibi")
     with pytest.raises(flexjit.RuntimeError, match="windw"):
         flexjit.flex_attention(q, k, v, mask_mod="sliding_window", params={"windw": 3})
@@ -298,8 +302,8 @@ def test_emit_inspect_and_kernel_variants_without_a_gpu():
     assert info["cache"] in ("compiled", "memory hit", "disk hit")
     names = {(v["family"], v["name"]) for v in flexjit.kernel_variants()}
     assert ("forward", "sm80_mma") in names and ("backward_dkdv", "sm80_mma") in names
-    with pytest.raises(flexjit.UnsupportedError, match="head_dim_qk = 96"):
-        flexjit.emit(arch="sm_80", head_dim=96)
+    with pytest.raises(flexjit.UnsupportedError, match="head_dim_qk = 100; supported: multiples"):
+        flexjit.emit(arch="sm_80", head_dim=100)
     with pytest.raises(flexjit.UnsupportedError, match="unknown kernel family 'nope'"):
         flexjit.emit(arch="sm_80", kernel="nope")
 
@@ -377,3 +381,68 @@ def test_kv_cache_errors_name_the_tensor_and_the_entry():
                                page_table=np.array([[0, 1, 5]], dtype=np.int32))
     with pytest.raises(flexjit.RuntimeError, match="a paged KV cache needs seq_lens"):
         flexjit.flex_attention(q, pool, pool, page_table=np.array([[0, 1, 2]], dtype=np.int32))
+
+
+def test_star_import_keeps_the_builtin_runtime_error():
+    # Issue 34: `from flexjit import *` replaced Python's RuntimeError with flexjit's.
+    import builtins
+    ns = {}
+    exec("from flexjit import *", ns)
+    assert "RuntimeError" not in ns
+    assert "RuntimeError" not in flexjit.__all__
+    assert flexjit.RuntimeError is not builtins.RuntimeError
+    assert issubclass(flexjit.RuntimeError, flexjit.Error)
+
+
+def test_short_buffers_and_bad_lengths_are_errors_not_clamped():
+    # Issue 34: 4 ALiBi slopes for 8 heads ran with the loads clamped (wrong by up to 3.9).
+    rng = np.random.default_rng()
+    q = rng.standard_normal((1, 8, 64, 16), dtype=np.float32)
+    slopes = alibi_slopes(8).astype(np.float32)
+    with pytest.raises(flexjit.RuntimeError,
+                       match=r"buffer 'slopes' \(declared f32\[H\]\): dim 0 \(H\) has 4 entries, "
+                             r"but this call has 8 query heads"):
+        flexjit.flex_attention(q, q, q, score_mod="alibi", buffers={"slopes": slopes[:4]})
+    out = flexjit.flex_attention(q, q, q, score_mod="alibi", buffers={"slopes": slopes})
+    assert np.isfinite(out).all()
+    # A document-id buffer of 10 for S = 64.
+    doc = np.zeros(10, dtype=np.int32)
+    with pytest.raises(flexjit.RuntimeError, match=r"dim 0 \(S\) has 10 entries"):
+        flexjit.flex_attention(q, q, q, mask_mod="document", buffers={"doc_id": doc})
+    # seq_lens outside [0, capacity] on the CPU: an error with or without check_pages.
+    pool = np.zeros((2, 4, 1, 16), dtype=np.float32)
+    q1 = np.zeros((1, 2, 1, 16), dtype=np.float32)
+    table = np.array([[0, 1]], dtype=np.int32)
+    for bad in (-5, 40):
+        with pytest.raises(flexjit.RuntimeError, match=rf"seq_lens\[0\] = {bad}"):
+            flexjit.flex_attention(q1, pool, pool, seq_lens=np.array([bad], dtype=np.int32),
+                                   page_table=table)
+
+
+def test_unknown_standard_names_get_the_closest_match():
+    q = np.zeros((1, 1, 8, 16), dtype=np.float32)
+    with pytest.raises(flexjit.Error, match=r"did you mean 'causal'\?"):
+        flexjit.flex_attention(q, q, q, mask_mod="causl")
+
+
+def test_a_block_mask_for_other_sizes_is_an_error_on_the_cpu():
+    # Issue 34: a block mask built for 128 x 128 was accepted at S = 64 (its tiles ignored).
+    q = np.zeros((1, 1, 64, 16), dtype=np.float32)
+    bm = flexjit.create_block_mask(causal, 1, 1, 128, 128)
+    with pytest.raises(flexjit.RuntimeError,
+                       match=r"the block mask was built for Sq=128, Skv=128 but the inputs have "
+                             r"Sq=64, Skv=64"):
+        flexjit.flex_attention(q, q, q, block_mask=bm)
+    ok = flexjit.create_block_mask(causal, 1, 1, 64, 64)
+    assert flexjit.flex_attention(q, q, q, block_mask=ok).shape == (1, 1, 64, 16)
+
+
+def test_a_missing_buffer_is_named_in_python_terms():
+    # Issue 34: the C++ hint "pass a host tensor for it in bindings.buffers" reached Python users.
+    q = np.zeros((1, 1, 64, 16), dtype=np.float32)
+    with pytest.raises(flexjit.RuntimeError,
+                       match=r"read buffer 'doc_id' \(i32\[S\]\); pass it as "
+                             r"buffers=\{'doc_id': <array of i32\[S\]>\}"):
+        flexjit.flex_attention(q, q, q, mask_mod="document_causal")
+    with pytest.raises(flexjit.RuntimeError, match=r"pass it as buffers=\{'doc_id'"):
+        flexjit.create_block_mask("document_causal", 1, 1, 64, 64)

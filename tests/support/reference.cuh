@@ -95,6 +95,15 @@ extern "C" __global__ void __launch_bounds__(fj_reference::kThreads)
   }
   row_sum = fj_reference::block_reduce(row_sum, false, scratch);  // also orders scores[] writes
 
+  // The attention sink (sink_mod) joins the denominator: lse = logaddexp(lse_keys, sink).
+  float lse = row_sum > 0.f ? row_max + logf(row_sum) : kNegInf;
+  float denom = row_sum;
+  if constexpr (kFjHasSinkMod) {
+    const float sink = fj_sink_mod(params, b, h, q);
+    const float top = fmaxf(lse, sink);
+    lse = top == kNegInf ? top : top + logf(expf(lse - top) + expf(sink - top));
+    denom = row_sum > 0.f ? expf(lse - row_max) : 0.f;
+  }
   const fj_i64 o_off = b * args.o_stride_b + h * args.o_stride_h + q * args.o_stride_s;
   for (int d = threadIdx.x; d < FjReferenceConfig::kHeadDimV; d += fj_reference::kThreads) {
     float acc = 0.f;
@@ -103,12 +112,11 @@ extern "C" __global__ void __launch_bounds__(fj_reference::kThreads)
         const fj_i64 v_off = b * args.v_stride_b + hkv * args.v_stride_h + kv * args.v_stride_s;
         acc += scores[kv] * fj_reference::load(args.v, v_off + d);
       }
-      acc /= row_sum;
+      acc /= denom;
     }
     fj_reference::store(args.out, o_off + d, acc);
   }
   if (args.lse != nullptr && threadIdx.x == 0) {
-    args.lse[b * args.lse_stride_b + h * args.lse_stride_h + q] =
-        row_sum > 0.f ? row_max + logf(row_sum) : kNegInf;
+    args.lse[b * args.lse_stride_b + h * args.lse_stride_h + q] = lse;
   }
 }

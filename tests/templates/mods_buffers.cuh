@@ -22,3 +22,8 @@ __device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h,
   return fj_ld_bool(mp.keep, (fj_i64)kv_idx) &&
          fj_ld_i32(mp.doc_id, (fj_i64)q_idx) == fj_ld_i32(mp.doc_id, (fj_i64)kv_idx);
 }
+// No attention sink (the sink_mod hook the epilogue calls; -inf would be no sink either).
+static constexpr bool kFjHasSinkMod = false;
+__device__ __forceinline__ float fj_sink_mod(const FjModParams&, int, int, int) {
+  return __int_as_float((int)0xff800000u);
+}

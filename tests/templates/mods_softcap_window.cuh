@@ -12,3 +12,8 @@ __device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h,
                                             int kv_idx) {
   return q_idx >= kv_idx && fj_isub(q_idx, kv_idx) <= mp.window;
 }
+// No attention sink (the sink_mod hook the epilogue calls; -inf would be no sink either).
+static constexpr bool kFjHasSinkMod = false;
+__device__ __forceinline__ float fj_sink_mod(const FjModParams&, int, int, int) {
+  return __int_as_float((int)0xff800000u);
+}

@@ -224,8 +224,9 @@ TEST_CASE("deterministic backward: descriptions, validation and workspace sizing
                           Catch::Contains("fj_grad_add_ordered(gp.partials"));
   CHECK_THAT(v.generate(alibi, atomic).source,
              Catch::Contains("static constexpr bool kDeterministic = false;"));
-  CHECK(v.entry_points() ==
-        std::vector<std::string>{"flexjit_bwd_dkdv", "flexjit_bwd_bufgrad_reduce"});
+  CHECK(v.entry_points() == std::vector<std::string>{"flexjit_bwd_dkdv",
+                                                     "flexjit_bwd_bufgrad_reduce",
+                                                     "flexjit_bwd_sink_grad"});
   // Only the dK/dV problem carries it.
   CHECK_FALSE(backward_problem(Family::BackwardDq, arch, DType::BF16, 128, 128, 1, true, true)
                   .flags.has(kDeterministicFlag));
@@ -329,9 +330,10 @@ TEST_CASE("backward variants: registration, descriptions and validation", "[back
   dq.config.set("block_m", 128);
   CHECK_THROWS_WITH(reg.find(Family::BackwardDq, "sm80_mma")->validate(dq),
                     Catch::Contains("block_m = 128 must be 16 * num_warps = 64"));
-  KernelDesc d96 = backward_problem(Family::BackwardDq, cuda::Arch::parse("sm_80"), DType::BF16, 96,
-                                    96, 1, false);
-  CHECK_THROWS_WITH(reg.complete(d96, {}, {}), Catch::Contains("head_dim_qk = 96"));
+  KernelDesc d100 = backward_problem(Family::BackwardDq, cuda::Arch::parse("sm_80"), DType::BF16,
+                                     100, 100, 1, false);
+  CHECK_THROWS_WITH(reg.complete(d100, {}, {}),
+                    Catch::Contains("head_dim_qk = 100; supported: multiples of 8 from 8 to 256"));
 
   // Every config of the space validates; the defaults are in it.
   for (Family f : {Family::BackwardDkDv, Family::BackwardDq}) {

@@ -52,6 +52,16 @@ TEST_CASE("sm90a_wgmma backward: the sm_90a default, sm80_mma for what it cannot
     CHECK_THAT(fb.str(), Catch::Contains("f32 inputs run on the tf32 tensor cores"));
     CHECK(reg.complete(bwd_problem(f, "sm_90a", DType::BF16, 256, 256), {}, {}).variant ==
           "sm80_mma");
+    // Head dims below the tiles run here (96 in 128, 48 in 64, 96 / 64); past 128 on sm80_mma,
+    // whose reason names what this variant takes.
+    for (auto [dqk, dv] : {std::pair{96, 96}, {48, 48}, {96, 64}, {128, 64}, {80, 112}}) {
+      INFO("d=" << dqk << "/" << dv);
+      CHECK(reg.complete(bwd_problem(f, "sm_90a", DType::BF16, dqk, dv), {}, {}).variant ==
+            "sm90a_wgmma");
+    }
+    CHECK_THAT(
+        v->unsupported(bwd_problem(f, "sm_90a", DType::BF16, 192, 128), {}).value(),
+        Catch::Contains("head_dim_qk = 192") && Catch::Contains("multiples of 8 from 8 to 128"));
     CHECK(reg.complete(bwd_problem(f, "sm_90", DType::BF16, 128, 128), {}, {}).variant ==
           "sm80_mma");
     // A config parameter only sm80_mma has (num_warps) passes it over.
@@ -90,8 +100,13 @@ TEST_CASE("sm90a_wgmma backward serves sm_90a bf16 / f16 d 64 / 128 and says why
           "wgmma and setmaxnreg need sm_90a, not sm_90");
     CHECK_THAT(v->unsupported(p(f, "sm_90a", DType::F32), {}).value(),
                Catch::Contains("f32 inputs run on the tf32 tensor cores of sm80_mma"));
-    CHECK_THAT(v->unsupported(p(f, "sm_90a", DType::BF16, 256, 256), {}).value(),
-               Catch::Contains("head_dim_qk = 256") && Catch::Contains("supported: 64, 128"));
+    CHECK(v->unsupported(p(f, "sm_90a", DType::BF16, 256, 256), {}).value() ==
+          fmt::format("{}/sm90a_wgmma does not support head_dim_qk = 256; supported: multiples "
+                      "of 8 from 8 to 128 (computed in tiles of 64, 128)",
+                      to_string(f)));
+    CHECK_THAT(v->unsupported(p(f, "sm_90a", DType::BF16, 64, 100), {}).value(),
+               Catch::Contains("head_dim_v = 100"));
+    CHECK_FALSE(v->unsupported(p(f, "sm_90a", DType::BF16, 96, 72), {}).has_value());
     KernelDesc det = p(f, "sm_90a", DType::BF16);
     det.flags.set(kDeterministicFlag, 1);
     CHECK_THAT(v->unsupported(det, {}).value(),
@@ -123,6 +138,36 @@ TEST_CASE("sm90a_wgmma backward serves sm_90a bf16 / f16 d 64 / 128 and says why
   CHECK_THROWS_WITH(dkdv.resolve_config(p(Family::BackwardDkDv, "sm_90a", DType::BF16),
                                         {{"block_m", 128}}, mask_64x128),
                     Catch::Contains("not multiples") && Catch::Contains("128x128 tiles"));
+}
+
+// dQ added by the dK/dV kernel goes into an f32 accumulator whose rows are the qk tile wide (the
+// sm_90a kernel's 64-row blocks); the workspace holds it and the preprocess / convert modules say
+// it.
+TEST_CASE("sm90a_wgmma backward: the dQ accumulator's rows are the qk tile wide",
+          "[sm90][backward]") {
+  CHECK(dq_accum_dim(64) == 64);
+  CHECK(dq_accum_dim(40) == 64);
+  CHECK(dq_accum_dim(96) == 128);
+  CHECK(dq_accum_dim(128) == 128);
+  CHECK(dq_accum_dim(200) == 256);
+  QkvShape s;
+  s.batch = 2, s.heads_q = s.heads_kv = 3, s.seqlen_q = 300, s.seqlen_kv = 100;
+  s.head_dim_qk = 96, s.head_dim_v = 64;
+  const size_t rows = 2 * 3 * 384;  // Sq rounded up to 128
+  CHECK(backward_scratch_bytes(s, false) == 4 * rows * 2);
+  CHECK(backward_scratch_bytes(s, true) == 4 * rows * (2 + 128));
+  const Registry& reg = Registry::global();
+  const KernelDesc pre =
+      reg.complete(bwd_problem(Family::BackwardPreprocess, "sm_90a", DType::BF16, 96, 64), {}, {});
+  const KernelDesc convert =
+      reg.complete(bwd_problem(Family::BackwardDq, "sm_90a", DType::BF16, 96, 64), {},
+                   {{"dq_layout", 1}}, "atomic_convert");
+  for (const KernelDesc& d : {pre, convert}) {
+    INFO(d.str());
+    const std::string src = reg.get(d.family, d.variant).generate(standard_mods("noop"), d).source;
+    CHECK_THAT(src, Catch::Contains("kDqAccumDim = 128") &&
+                        Catch::Contains("kHeadDimQK = 96, kHeadDimV = 64"));
+  }
 }
 
 TEST_CASE("sm90a_wgmma backward configs: defaults, the space, and precise refusals",
@@ -209,6 +254,12 @@ TEST_CASE("sm90a_wgmma backward compiles for every standard mod at d 64 / 128 wi
       jobs.push_back({f, m, DType::F16, 64, 64, {}});
     jobs.push_back({f, "alibi_causal", DType::BF16, 128, 64, {}});
     jobs.push_back({f, "softcap_causal", DType::BF16, 64, 128, {}});
+    // Head dims below their tiles (issue 28): the defaults of d 96, 80, 96 / 64.
+    for (auto [dqk, dv] : {std::pair{96, 96}, {80, 80}, {96, 64}}) {
+      for (const char* m : {"noop", "causal", "alibi_causal"})
+        jobs.push_back({f, m, DType::BF16, dqk, dv, {}});
+    }
+    jobs.push_back({f, "document_causal", DType::F16, 40, 40, {}});
   }
   jobs.push_back({Family::BackwardDkDv, "causal", DType::BF16, 64, 64, {{"block_m", 128}}});
   jobs.push_back({Family::BackwardDq, "causal", DType::BF16, 128, 128, {{"block_n", 128}}});
@@ -246,7 +297,7 @@ TEST_CASE("sm90a_wgmma backward compiles for every standard mod at d 64 / 128 wi
       // Every other case: none.
       const bool known = (j.family == Family::BackwardDq && j.dqk == 64 &&
                           j.mods.rfind("relative_bias", 0) == 0) ||
-                         (j.family == Family::BackwardDkDv && j.dqk == 128 && j.mods == "alibi" &&
+                         (j.family == Family::BackwardDkDv && j.dqk > 64 && j.mods == "alibi" &&
                           d.config.get("dq_atomic").value_or(0) == 1);
       const int64_t allowed = known ? 32 : 0;
       if (u.spill_store_bytes > allowed || u.spill_load_bytes > allowed) {

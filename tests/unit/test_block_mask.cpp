@@ -2,6 +2,7 @@
 #include <flexjit/error.h>
 
 #include "flexjit_abi.h"
+#include "support/CacheTest.h"
 #include "support/Nvrtc.h"
 #include "util/Embedded.h"
 
@@ -218,7 +219,8 @@ TEST_CASE("picture of a causal 4x4 block mask", "[blockmask]") {
 
 TEST_CASE("write_ppm writes one grey level per tile class", "[blockmask]") {
   BlockMask m = block_mask_from_predicate(causal, 1, 1, 256, 256, 128, 128);
-  const std::string path = "/tmp/flexjit_test_block_mask.ppm";
+  flexjit::test::TempDir dir;
+  const std::string path = (dir.path() / "mask.ppm").string();
   write_ppm(m, path, 0, 0, 2);
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;

@@ -3,10 +3,13 @@
 
 #include "support/CliPath.h"
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -116,7 +119,7 @@ TEST_CASE("bad input exits with 1 and says what and where", "[cli][errors]") {
            write("rank.fx", "buffer bias: f32[H, S]\nscore_mod = score + bias[h]\n") + "'",
        "has 2 dims but is indexed with 1"},
       {"emit --arch sm_90a --mods no_such_mod", "no_such_mod"},
-      {"emit --arch sm_90a --head-dim 96", "96"},
+      {"emit --arch sm_90a --head-dim 100", "head_dim_qk = 100"},
       {"emit --arch sm_90a --dtype f64", "f64"},
       {"emit --arch sm_75", "sm_75"},
       {"emit", "--arch"},
@@ -124,6 +127,8 @@ TEST_CASE("bad input exits with 1 and says what and where", "[cli][errors]") {
       {"bench --shape 8,16,16,2048", "five values B,Hq,Hkv,S,D"},
       {"bench --shape 8,16,x,2048,64", "Hkv must be a positive integer"},
       {"bench --shape 8,16,15,2048,64", "Hq = 16 is not a multiple of Hkv = 15"},
+      {"bench --shape 8,16,16,2048,192/x", "Dv must be a positive integer"},
+      {"bench --shape 8,16,16,2048,192/128,1", "Dv must be a positive integer"},
       {"bench --shape 8,16,16,2048,64 --only-extra", "--shape replaces the standard shapes"},
   };
   for (const auto& c : cases) {
@@ -251,7 +256,118 @@ TEST_CASE("CPU and CLI inputs of absurd sizes are clear errors (issue 14)", "[cl
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("run --device cpu: NaN in, NaN out, and --check counts NaN mismatches",
+TEST_CASE("mistyped names get the closest match and the list (issue 34)", "[cli][errors]") {
+  struct Case {
+    std::string args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      // CLI11 said only "A subcommand is required".
+      {"emti --mods causal",
+       "flexjit: unknown subcommand 'emti' for 'flexjit' (did you mean "
+       "'emit'?); the subcommands are: mods, emit, compile"},
+      {"cache lss", "unknown subcommand 'lss' for 'flexjit cache' (did you mean 'ls'?)"},
+      {"cache", "flexjit: 'flexjit cache' needs a subcommand: ls, stats, clear, prune"},
+      // CLI11 said "The following arguments were not expected: 64 --head-dm".
+      {"compile --mods causal --head-dm 64 --arch sm_80",
+       "flexjit: unknown flag '--head-dm' for 'flexjit compile' (did you mean '--head-dim'?); "
+       "'flexjit compile --help' lists its flags"},
+      {"compile --mods causl --head-dim 64 --arch sm_80",
+       "'causl' is not a standard mod (did you mean 'causal'?)"},
+      {"compile --mods causal --head-dim 64 --arch sm90a",
+       "unsupported CUDA arch 'sm90a' (did you mean 'sm_90a'?)"},
+      // The library's "pass a host tensor for it in bindings.buffers", in the CLI's terms.
+      {"mask show --cpu --mask-mod document_causal --seqlen 1024",
+       "flexjit: the mask_mod of 'document_causal' reads buffer 'doc_id' (i32[S]); give it with "
+       "--buffer doc_id=FILE.npy"},
+  };
+  for (const Case& c : cases) {
+    Result r = run_cli(c.args);
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.code == 1);
+    CHECK_THAT(r.output, Catch::Contains(c.expected));
+    CHECK_THAT(r.output, !Catch::Contains("bindings.buffers"));
+  }
+}
+
+TEST_CASE("inputs are checked before they are read: regular files only, bounded (issue 34)",
+          "[cli][errors][cpu]") {
+  auto dir = temp_dir("bounded");
+  auto file = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir / name, std::ios::binary) << bytes;
+    return (dir / name).string();
+  };
+  const std::string k = file("k.npy", npy_bytes("(1, 1, 4, 16)", false, 4 * 16 * 4));
+  const std::string fifo = (dir / "f.npy").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const std::string fifo_json = (dir / "m.json").string();
+  REQUIRE(::mkfifo(fifo_json.c_str(), 0600) == 0);
+  // A 1 TiB sparse file whose header says so: refused from its header, nothing read.
+  const std::string sparse = file("sparse.npy", npy_bytes("(256, 1073741824)", false, 0));
+  std::filesystem::resize_file(sparse, std::filesystem::file_size(sparse) + (uint64_t{1} << 40));
+  const std::string zero_mods =
+      file("zero_mods.json", R"({"workloads": [{"mods_file": "/dev/zero", "shapes": [{"heads": 8, )"
+                             R"("seqlen": 128}]}]})");
+  const std::string huge_shape =
+      file("huge_shape.json",
+           R"({"workloads": [{"mods": "causal", "shapes": [{"heads": 8, "seqlen": 128, )"
+           R"("batch": 9223372036854775807}]}]})");
+  const std::string big_json = file("big.json", "");
+  std::filesystem::resize_file(big_json, 17 << 20);
+  const std::string d = dir.string();
+  struct Case {
+    std::string args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"run --device cpu --mods causal --q /dev/zero --k " + k + " --v " + k,
+       "/dev/zero: cannot open for reading: it is a device; flexjit reads regular files only"},
+      {"run --device cpu --mods causal --q " + fifo + " --k " + k + " --v " + k,
+       fifo + ": cannot open for reading: it is a FIFO (named pipe)"},
+      {"run --device cpu --mods causal --q " + d + " --k " + k + " --v " + k,
+       d + ": cannot open for reading: it is a directory, not a file"},
+      {"run --device cpu --mods causal --q " + sparse + " --k " + k + " --v " + k,
+       sparse + ": cannot allocate 1.0 TiB for an array of f32 [256, 1073741824]"},
+      {"tune --manifest /dev/zero --arch sm_90a --dry-run",
+       "/dev/zero: cannot read the manifest: it is a device"},
+      {"tune --manifest " + fifo_json + " --arch sm_90a --dry-run",
+       fifo_json + ": cannot read the manifest: it is a FIFO"},
+      {"tune --manifest " + d + " --arch sm_90a --dry-run",
+       d + ": cannot read the manifest: it is a directory, not a file"},
+      {"tune --manifest " + big_json + " --arch sm_90a --dry-run",
+       big_json + ": cannot read the manifest: it is 17 MiB, more than the 16 MiB that a "
+                  "manifest may have"},
+      {"tune --manifest " + zero_mods + " --arch sm_90a --dry-run",
+       "cannot read mods file '/dev/zero': it is a device"},
+      {"tune --manifest " + huge_shape + " --arch sm_90a --dry-run",
+       "shape field 'batch' is 9223372036854775807; it must be a positive integer of at most "
+       "2147483647 (2^31 - 1)"},
+      {"run --device cpu --mods causal --random 1,1,100000000,64",
+       "--random '1,1,100000000,64': S = 100000000 is more than 16777216 (2^24), the largest "
+       "extent --random makes"},
+      {"run --device cpu --mods causal --random 1,-2,64,64",
+       "--random '1,-2,64,64': H = -2 is negative"},
+      {"run --device cpu --mods causal --random 1,1,6x,64",
+       "--random '1,1,6x,64': '6x' is not an integer"},
+      {"run --device cpu --mods alibi --q " + k + " --k " + k + " --v " + k,
+       "the mods 'alibi' capture buffer 'slopes' (f32[H]); give it with --buffer "
+       "slopes=FILE.npy"},
+  };
+  for (const Case& c : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Result r = run_cli(c.args, "timeout 30");
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.code == 1);
+    CHECK_THAT(r.output, Catch::Contains(c.expected));
+    CHECK_THAT(r.output, !Catch::Contains("bad_alloc"));
+    CHECK(seconds < 10);  // nothing was read whole
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("run --device cpu: NaN in, NaN out, and --check fails on NaN mismatches (issue 34)",
           "[cli][cpu][nan]") {
   auto dir = temp_dir("nan");
   // Row 2 of the scores holds +inf: PyTorch's softmax gives NaN for the whole row.
@@ -281,7 +397,20 @@ TEST_CASE("run --device cpu: NaN in, NaN out, and --check counts NaN mismatches"
   Result c = run_cli("run --device cpu --repeat 0 --check --mods 'mask_mod = kv_idx >= 0' --q " +
                      b + " --k " + b + " --v " + b);
   INFO(c.output);
-  CHECK(c.code == 0);
-  CHECK_THAT(c.output, Catch::Contains("(and 64 outputs NaN in one and not the other)"));
+  // Every output is NaN: no "max |out| 0.000000", and --check fails (it used to exit 0).
+  CHECK(c.code == 1);
+  CHECK_THAT(c.output, Catch::Contains("max |out| -: no finite values"));
+  CHECK_THAT(c.output, Catch::Contains(", 64 NaN"));
+  CHECK_THAT(c.output, Catch::Contains("(and 64 outputs NaN or inf in one and not the other)"));
+  CHECK_THAT(c.output, Catch::Contains("--check: 64 outputs are NaN or inf where the fp64 CPU "
+                                       "reference is not the same; the first is out[0, 0, 0, 0] "
+                                       "= NaN where the reference has 1e+20"));
+  Result j = run_cli(
+      "run --device cpu --repeat 0 --check --json --mods 'mask_mod = kv_idx >= 0' "
+      "--q " +
+      b + " --k " + b + " --v " + b);
+  CHECK(j.code == 1);
+  CHECK_THAT(j.output, Catch::Contains("\"nonfinite_mismatches_vs_fp64\": 64"));
+  CHECK_THAT(j.output, Catch::Contains("\"finite\": 0"));
   std::filesystem::remove_all(dir);
 }

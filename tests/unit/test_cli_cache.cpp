@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 using namespace flexjit;
@@ -36,6 +37,25 @@ std::string env_for(const fs::path& cache) {
 }
 
 const char* kCompile = "compile --mods causal --head-dim 64 --arch sm_80 --json";
+
+// A copy of the CLI in `bin`, both readable and executable by every user (mode 0755), wherever
+// the build folder is and whatever the umask was when it was built.
+fs::path copy_cli_for_others(const fs::path& bin) {
+  constexpr fs::perms kRx = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                            fs::perms::others_read | fs::perms::others_exec;
+  fs::create_directory(bin);
+  fs::permissions(bin, kRx);
+  const fs::path exe = bin / "flexjit";
+  fs::copy_file(cli_path(), exe);
+  fs::permissions(exe, kRx);
+  return exe;
+}
+
+// Whether `nobody` may execute `exe` (every ancestor directory searchable, the file executable).
+bool others_can_run(const fs::path& exe) {
+  return in_child([&] { return ::access(exe.c_str(), X_OK) == 0 ? 0 : 1; }, /*as_nobody=*/true) ==
+         0;
+}
 
 fs::path only_entry(const fs::path& dir) {
   auto entries = files_with_suffix(dir, ".fjc");
@@ -148,10 +168,21 @@ TEST_CASE("a read-only cache directory with valid entries works for compile and 
   REQUIRE(cli(env_for(cache), kCompile).code == 0);
   // Root ignores permission bits: run as `nobody`, who then owns the directory.
   std::string runner;
+  std::optional<ScopedEnv> cli_copy;
   if (is_root()) {
     fs::permissions(dir.path(), fs::perms::owner_all | fs::perms::others_exec);
     for (const auto& p : fs::recursive_directory_iterator(dir.path()))
       REQUIRE(::chown(p.path().c_str(), kNobody, kNogroup) == 0);
+    // The build folder may sit in a directory that only root can enter (a checkout under
+    // `mktemp -d` or /root), so `nobody` runs a copy of the CLI from the test's own directory.
+    const fs::path exe = copy_cli_for_others(dir.path() / "bin");
+    if (!others_can_run(exe)) {
+      WARN("skipped the run as nobody: nobody cannot reach " << exe.string()
+                                                             << " (is TMPDIR under a directory "
+                                                                "that only root can enter?)");
+      return;
+    }
+    cli_copy.emplace("FLEXJIT_CLI", exe.c_str());
     runner = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
   }
   fs::permissions(cache, fs::perms::owner_read | fs::perms::owner_exec);

@@ -697,7 +697,7 @@ TEST_CASE("the source changes with what shapes the binary and only with that",
 
 TEST_CASE("generate rejects an unsupported description before generating", "[codegen][errors]") {
   KernelDesc spec = spec_for("sm_80");
-  spec.head_dim_qk = 96;
+  spec.head_dim_qk = 100;
   CHECK_THROWS_AS(test_variant().generate(Mods{}, spec), UnsupportedError);
 }
 
@@ -724,9 +724,13 @@ TEST_CASE("forward/sm80_mma validate names the unsupported value and the limits"
   }
   const KernelDesc base = spec_for("sm_80");
   KernelDesc spec = base;
-  spec.head_dim_v = 96;
+  spec.head_dim_v = 100;
   CHECK_THROWS_WITH(v.validate(spec),
-                    Catch::Contains("head_dim_v = 96") && Catch::Contains("64, 128, 256"));
+                    Catch::Contains("head_dim_v = 100") &&
+                        Catch::Contains("supported: multiples of 8 from 8 to "
+                                        "256 (computed in tiles of 64, 128, 256)"));
+  spec.head_dim_v = 96;  // computed in the 128 tile
+  CHECK_NOTHROW(v.validate(spec));
   spec = base;
   spec.head_dim_qk = 64;  // qk and v may differ
   CHECK_NOTHROW(v.validate(spec));

@@ -208,12 +208,12 @@ TEST_CASE("CPU KV cache: ragged and paged caches match each sequence run alone",
   check(run(c, seed + 1, f64), f64 ? 1e-6 : 1e-4);
 }
 
-TEST_CASE("CPU KV cache: lengths past the capacity are clamped, or reported with check_pages",
+TEST_CASE("CPU KV cache: lengths outside [0, capacity] are errors, with or without check_pages",
           "[cpu][decode][errors]") {
   Cache c;
   c.page_size = 8;
   c.capacity = 32;
-  c.lens = {50, 9, 32};  // 50 > 32: read as 32, as the GPU kernels read it
+  c.lens = {32, 9, 32};
   check(run(c, 7, true), 1e-6);
 
   std::vector<float> q(1 * 2 * 1 * 16, 0.5f), pool(4 * 8 * 1 * 16, 0.25f);
@@ -221,13 +221,22 @@ TEST_CASE("CPU KV cache: lengths past the capacity are clamped, or reported with
   KvCache cache;
   cache.seq_lens = TensorRef::contiguous(lens.data(), DType::I32, {1});
   cache.page_table = TensorRef::contiguous(table.data(), DType::I32, {1, 4});
-  cache.check_pages = true;
   AttentionOptions opts;
   opts.kv_cache = &cache;
   const TensorRef tq = TensorRef::contiguous(q.data(), DType::F32, {1, 2, 1, 16});
   const TensorRef tp = TensorRef::contiguous(pool.data(), DType::F32, {4, 8, 1, 16});
-  CHECK_THROWS_WITH(flex_attention_cpu(tq, tp, tp, opts),
-                    Catch::Contains("seq_lens[0] = 40 is beyond the page table's capacity of 32"));
+  // On the host the lengths are checked always (they used to run clamped to [0, 32] without
+  // check_pages: a silently different answer).
+  for (bool check_pages : {false, true}) {
+    INFO("check_pages " << check_pages);
+    cache.check_pages = check_pages;
+    lens = {40};
+    CHECK_THROWS_WITH(
+        flex_attention_cpu(tq, tp, tp, opts),
+        Catch::Contains("seq_lens[0] = 40 is beyond the page table's capacity of 32"));
+    lens = {-5};
+    CHECK_THROWS_WITH(flex_attention_cpu(tq, tp, tp, opts), Catch::Contains("seq_lens[0] = -5"));
+  }
   // A page a sequence reads that is not in the pool: always an error on the host.
   lens = {20};
   table = {0, 3, 9, -1};  // key 16..19 read page 9 of 4; page 3's slot -1 is never read

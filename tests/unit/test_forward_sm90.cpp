@@ -47,8 +47,17 @@ TEST_CASE("sm90a_wgmma serves sm_90a bf16 / f16 and says why it cannot serve the
   CHECK_THAT(v.unsupported(problem("sm_80", DType::BF16), {}).value(), Catch::Contains("sm_80"));
   CHECK_THAT(v.unsupported(problem("sm_90a", DType::F32), {}).value(),
              Catch::Contains("f32 inputs run on the tf32 tensor cores of sm80_mma"));
-  CHECK_THAT(v.unsupported(problem("sm_90a", DType::BF16, 96), {}).value(),
-             Catch::Contains("head_dim_qk = 96") && Catch::Contains("64, 128, 256"));
+  // Every multiple of 8 up to 256, qk and v independently (computed in tiles of 64 / 128 / 192 /
+  // 256); anything else is refused naming what is supported.
+  for (auto [dqk, dv] : {std::pair{96, 96}, {8, 8}, {80, 80}, {192, 128}, {96, 64}, {248, 40}}) {
+    INFO("d=" << dqk << "/" << dv);
+    CHECK_FALSE(v.unsupported(problem("sm_90a", DType::BF16, dqk, dv), {}).has_value());
+  }
+  CHECK(v.unsupported(problem("sm_90a", DType::BF16, 100), {}).value() ==
+        "forward/sm90a_wgmma does not support head_dim_qk = 100; supported: multiples of 8 from "
+        "8 to 256 (computed in tiles of 64, 128, 192, 256)");
+  CHECK_THAT(v.unsupported(problem("sm_90a", DType::BF16, 128, 264), {}).value(),
+             Catch::Contains("head_dim_v = 264") && Catch::Contains("from 8 to 256"));
 
   InputFacts facts;
   facts.tma_blocker = "k's sequence stride is 0 bytes; ...";
@@ -121,7 +130,19 @@ TEST_CASE("sm90a_wgmma serves sm_90a bf16 / f16 and says why it cannot serve the
 TEST_CASE("sm90a_wgmma configs: defaults, the space, and precise refusals", "[sm90][kernels]") {
   const ForwardSm90Wgmma v;
   for (DType dt : {DType::BF16, DType::F16}) {
-    for (auto [dqk, dv] : {std::pair{64, 64}, {128, 128}, {256, 256}, {128, 64}, {64, 256}}) {
+    for (auto [dqk, dv] : {std::pair{64, 64},
+                           {128, 128},
+                           {256, 256},
+                           {128, 64},
+                           {64, 256},
+                           {96, 96},
+                           {80, 80},
+                           {192, 192},
+                           {192, 128},
+                           {96, 64},
+                           {256, 128},
+                           {160, 160},
+                           {40, 200}}) {
       INFO(to_string(dt) << " d=" << dqk << "/" << dv);
       const KernelDesc d = sm90_desc(dt, dqk, dv);
       CHECK(d.variant == "sm90a_wgmma");
@@ -163,6 +184,23 @@ TEST_CASE("sm90a_wgmma configs: defaults, the space, and precise refusals", "[sm
   CHECK_THROWS_WITH(sm90_desc(DType::BF16, 64, 64, {{"persistent", 2}}),
                     Catch::Contains("persistent = 2") && Catch::Contains("0, 1"));
   CHECK(sm90_desc(DType::BF16, 64, 64, {{"q_tiles", 1}}).config.at("persistent") == 0);
+  // Head dims run in their tile dims: 96 as 128 (the d 128 defaults, the same shared memory),
+  // 192 / 128 in FlashAttention-3's 128 x 128 tiles with two stages, 256 / 128 in 64-key tiles.
+  const KernelDesc d96 = sm90_desc(DType::BF16, 96, 96);
+  CHECK(d96.config == sm90_desc(DType::BF16, 128, 128).config);
+  CHECK(v.smem_bytes(d96) == v.smem_bytes(sm90_desc(DType::BF16, 128, 128)));
+  const KernelDesc d192 = sm90_desc(DType::BF16, 192, 128);
+  CHECK(d192.config.at("block_n") == 128);
+  CHECK(d192.config.at("num_stages") == 2);
+  CHECK(v.smem_bytes(d192) ==
+        static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 192, 128, 2, 2)));
+  const KernelDesc d256 = sm90_desc(DType::BF16, 256, 128);
+  CHECK(d256.config.at("block_n") == 64);
+  CHECK(v.smem_bytes(sm90_desc(DType::BF16, 200, 136)) ==
+        v.smem_bytes(sm90_desc(DType::BF16, 256, 192)));
+  // A refusal names the head dims and their tiles.
+  CHECK_THROWS_WITH(sm90_desc(DType::BF16, 200, 200, {{"block_n", 176}}),
+                    Catch::Contains("head_dim_v = 200 (tile 256)"));
   // The layout formula: 1024 bytes of alignment slack, the Q buffers (the wider head dim), the
   // stages, per Q buffer 2 and per stage 3 mbarriers of 8 bytes (rounded up to 16), and per Q
   // buffer a 16-byte tile slot.
@@ -190,6 +228,39 @@ TEST_CASE("sm90a_wgmma configs: defaults, the space, and precise refusals", "[sm
   // Two query tiles per CTA without persistence: a second Q buffer only where it fits.
   CHECK(v.smem_bytes(sm90_desc(DType::BF16, 128, 128, {{"q_tiles", 2}})) ==
         static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 3, 1)));
+}
+
+// A head dim below its tile dim compiles the tile's kernel: the same source but for the line of
+// the real dims (kRealDimQK / kRealDimV, which the k16 steps of Q K^T and the stores read) and
+// the lines naming the problem.
+TEST_CASE("sm90a_wgmma: a head dim below its tile compiles the tile's layouts", "[sm90][codegen]") {
+  const ForwardSm90Wgmma v;
+  auto lines_without = [](const KernelDesc& d, const std::string& text) {
+    std::vector<std::string> out;
+    size_t at = 0;
+    while (at < text.size()) {
+      size_t end = text.find('\n', at);
+      if (end == std::string::npos) end = text.size();
+      const std::string line = text.substr(at, end - at);
+      const std::string dims = fmt::format(" d={}/{} ", d.head_dim_qk, d.head_dim_v);
+      if (line.find("kRealDimQK") == std::string::npos && line.find(dims) == std::string::npos &&
+          line.find("source key") == std::string::npos)
+        out.push_back(line);
+      at = end + 1;
+    }
+    return out;
+  };
+  for (auto [real, tile] : {std::pair{96, 128}, {200, 256}, {48, 64}, {136, 192}}) {
+    INFO("d=" << real << " in " << tile);
+    const KernelDesc a = sm90_desc(DType::BF16, real, real);
+    const KernelDesc b = sm90_desc(DType::BF16, tile, tile);
+    const Mods mods = standard_mods("causal");
+    const std::string sa = v.generate(mods, a).source, sb = v.generate(mods, b).source;
+    CHECK_THAT(sa, Catch::Contains(fmt::format("kHeadDimQK = {}, kHeadDimV = {}", tile, tile)));
+    CHECK_THAT(sa, Catch::Contains(fmt::format("kRealDimQK = {}, kRealDimV = {}", real, real)));
+    CHECK_THAT(sb, Catch::Contains(fmt::format("kRealDimQK = {}, kRealDimV = {}", tile, tile)));
+    CHECK(lines_without(a, sa) == lines_without(b, sb));
+  }
 }
 
 // The autotuner prunes tiles by the variant's unit of query rows: 192-row tiles over 128-row
@@ -315,6 +386,19 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
   for (const char* m : {"noop", "causal", "alibi_causal", "relative_bias_causal"})
     jobs.push_back({m, DType::BF16, 128, 128, {{"persistent", 1}}});
   jobs.push_back({"causal", DType::BF16, 64, 64, {{"persistent", 0}, {"q_tiles", 1}}});
+  // Head dims below their tile dims (issue 28): the defaults of d 96, 80, 192 / 128, 96 / 64 and
+  // one of each other tile, noop, causal and a captured buffer.
+  for (auto [dqk, dv] : {std::pair{96, 96}, {80, 80}, {192, 128}, {96, 64}}) {
+    for (const char* m : {"noop", "causal", "alibi_causal"})
+      jobs.push_back({m, DType::BF16, dqk, dv, {}});
+  }
+  jobs.push_back({"causal", DType::BF16, 40, 40, {}});
+  jobs.push_back({"document_causal", DType::BF16, 112, 112, {}});
+  jobs.push_back({"softcap", DType::F16, 160, 160, {}});
+  jobs.push_back({"causal", DType::BF16, 192, 192, {}});
+  jobs.push_back({"alibi_causal", DType::BF16, 256, 128, {}});
+  jobs.push_back({"noop", DType::BF16, 48, 48, {{"block_m", 192}}});
+  jobs.push_back({"causal", DType::BF16, 96, 96, {{"persistent", 1}}});
 
   jit::CacheSettings settings;
   settings.enabled = false;

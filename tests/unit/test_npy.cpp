@@ -1,12 +1,19 @@
 #include "util/Npy.h"
 
+#include "support/CacheTest.h"
+
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 
 using namespace flexjit;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -46,7 +53,8 @@ TEST_CASE("npy round trips every dtype", "[npy]") {
   // Through a file.
   npy::Array a = npy::make_array(DType::F32, {3});
   a.as<float>()[2] = 1.5f;
-  const std::string path = "/tmp/flexjit_test_npy.npy";
+  flexjit::test::TempDir dir;
+  const std::string path = (dir.path() / "a.npy").string();
   npy::write(path, a);
   npy::Array b = npy::read(path);
   CHECK(b.as<float>()[2] == 1.5f);
@@ -144,6 +152,91 @@ TEST_CASE("npy checks every size before allocating or reading (issue 14)", "[npy
   CHECK_THROWS_WITH(
       npy::make_array(DType::F32, {int64_t{1} << 58}),
       Catch::Contains("cannot allocate 1.0 EiB") && Catch::Contains("the machine has"));
+}
+
+TEST_CASE("npy rejects duplicate, unknown and malformed header keys as numpy does (issue 34)",
+          "[npy]") {
+  const std::string payload(8, '\0');
+  // NumPy's literal_eval keeps the last 'descr'; reading the first one silently disagreed.
+  CHECK_THROWS_WITH(
+      npy::parse(npy_file("{'descr': '<f4', 'descr': '<i4', 'fortran_order': False, "
+                          "'shape': (2,), }",
+                          payload),
+                 "dup.npy"),
+      Catch::StartsWith("dup.npy: malformed .npy header: the key 'descr' appears twice"));
+  CHECK_THROWS_WITH(npy::parse(npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), "
+                                        "'shape': (1,), }",
+                                        payload),
+                               "dup2.npy"),
+                    Catch::Contains("the key 'shape' appears twice"));
+  CHECK_THROWS_WITH(
+      npy::parse(
+          npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}", payload),
+          "x.npy"),
+      Catch::Contains("unknown key 'x'"));
+  CHECK_THROWS_WITH(
+      npy::parse(
+          npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), } junk", payload),
+          "j.npy"),
+      Catch::Contains("text after the closing '}'"));
+  CHECK_THROWS_WITH(
+      npy::parse(npy_file("{'descr': '<f4', 'fortran_order': Maybe, 'shape': (2,), }", payload),
+                 "m.npy"),
+      Catch::Contains("fortran_order is not True/False"));
+  // What numpy writes, in either quote style and spacing, still reads.
+  npy::Array a = npy::parse(
+      npy_file("{\"shape\":(2,),\"fortran_order\":False,\"descr\":\"<f4\"}", payload), "ok.npy");
+  CHECK(a.shape == std::vector<int64_t>{2});
+  npy::Array b = npy::parse(
+      npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2L), }", payload), "l.npy");
+  CHECK(b.shape == std::vector<int64_t>{1, 2});
+}
+
+TEST_CASE("npy::read checks the header and the file size before reading (issue 34)", "[npy]") {
+  flexjit::test::TempDir dir;
+  // Not regular files: refused at once (a FIFO used to block, /dev/zero to be read forever).
+  const std::string fifo = (dir.path() / "f.npy").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(npy::read(fifo), fifo +
+                                         ": cannot open for reading: it is a FIFO (named pipe); "
+                                         "flexjit reads regular files only, whose size it can "
+                                         "check before reading");
+  CHECK_THROWS_WITH(npy::read("/dev/zero"), Catch::StartsWith("/dev/zero: cannot open for reading: "
+                                                              "it is a device"));
+  CHECK_THROWS_WITH(npy::read(dir.path().string()), Catch::Contains("it is a directory"));
+  // A sparse 1 TiB file whose header claims 1 TiB of data: refused from the header (it used to be
+  // read whole first, 14 s for 100 GB), naming the size and the machine's memory.
+  const std::string sparse = (dir.path() / "sparse.npy").string();
+  {
+    npy::Array small = npy::make_array(DType::F32, {0});
+    std::string bytes = npy::serialize(small);
+    const std::string old_shape = "(0,)";
+    const std::string new_shape = "(256, 1073741824)";
+    bytes.replace(bytes.find(old_shape), old_shape.size(), new_shape);
+    bytes.erase(bytes.find('\n') - (new_shape.size() - old_shape.size()),
+                new_shape.size() - old_shape.size());  // keep the header length
+    std::ofstream(sparse, std::ios::binary) << bytes;
+    fs::resize_file(sparse, bytes.size() + (uint64_t{1} << 40));
+  }
+  CHECK_THROWS_WITH(npy::read(sparse),
+                    Catch::StartsWith(sparse + ": cannot allocate 1.0 TiB for an array of f32 "
+                                               "[256, 1073741824]"));
+  // A file shorter than its header says: the sizes, before any data is read.
+  const std::string cut = (dir.path() / "cut.npy").string();
+  {
+    npy::Array a = npy::make_array(DType::F32, {4, 4});
+    std::string bytes = npy::serialize(a);
+    bytes.resize(bytes.size() - 8);
+    std::ofstream(cut, std::ios::binary) << bytes;
+  }
+  CHECK_THROWS_WITH(npy::read(cut), Catch::Contains("truncated: header says 64 bytes of data") &&
+                                        Catch::Contains("file has 56"));
+  // A header longer than any real one (format 2.0 allows 4 GiB): refused, not allocated.
+  std::string long_header("\x93NUMPY\x02\x00\x00\x00\x40\x00", 12);  // 4 MiB
+  long_header.resize(long_header.size() + (4 << 20), ' ');
+  CHECK_THROWS_WITH(npy::parse(long_header, "long.npy"),
+                    "long.npy: the .npy header is 4194304 bytes, more than the 1 MiB that flexjit "
+                    "reads");
 }
 
 TEST_CASE("npy::Array::view is a contiguous CPU TensorRef of its bytes", "[npy]") {

@@ -98,10 +98,12 @@ TEST_CASE("unexpected tokens say what was expected", "[dsl][parser][errors]") {
              "expected ':' in `c ? a : b`, found end of file");
   check_diag("score_mod score", 1, 11, "expected '=' after 'score_mod', found identifier 'score'");
   check_diag("scoremod = score", 1, 1,
-             "expected a statement (buffer, param, let, score_mod = ..., or mask_mod = ...), "
+             "expected a statement (buffer, param, let, score_mod = ..., mask_mod = ... or "
+             "sink_mod = ...), "
              "found identifier 'scoremod' (did you mean 'score_mod'?)");
   check_diag("= 3", 1, 1,
-             "expected a statement (buffer, param, let, score_mod = ..., or mask_mod = ...), "
+             "expected a statement (buffer, param, let, score_mod = ..., mask_mod = ... or "
+             "sink_mod = ...), "
              "found '='");
   check_diag("buffer x f32[S]", 1, 10,
              "expected ':' after the buffer name (buffer NAME: DTYPE[DIMS]), found identifier "
@@ -218,10 +220,10 @@ TEST_CASE("score_mod and mask_mod: once each, at least one, right types", "[dsl]
              "score_mod is already defined on line 1");
   check_diag("mask_mod = true\n\nmask_mod = false", 3, 1, "mask_mod is already defined on line 1");
   check_diag("", 1, 1,
-             "no score_mod or mask_mod: a mods file defines at least one of them, e.g. "
+             "no score_mod, mask_mod or sink_mod: a mods file defines at least one of them, e.g. "
              "`mask_mod = q_idx >= kv_idx`");
   check_diag("// just a comment\nparam w: i32\n", 3, 1,
-             "no score_mod or mask_mod: a mods file defines at least one of them, e.g. "
+             "no score_mod, mask_mod or sink_mod: a mods file defines at least one of them, e.g. "
              "`mask_mod = q_idx >= kv_idx`");
   check_diag("score_mod = q_idx >= kv_idx", 1, 13,
              "score_mod must return f32, but `q_idx >= kv_idx` (bool) is bool");

@@ -146,6 +146,8 @@ TEST_CASE("the standard mods are the expected set, one comment line each", "[dsl
                                        "prefix_lm",
                                        "relative_bias",
                                        "relative_bias_causal",
+                                       "sinks",
+                                       "sinks_sliding_window",
                                        "sliding_window",
                                        "softcap",
                                        "softcap_causal",
@@ -165,8 +167,9 @@ TEST_CASE("every standard mod loads, type-checks and round-trips", "[dsl][standa
     Mods m = standard_mods(name);
     CHECK(m.name == name);
     REQUIRE_NOTHROW(m.check());
-    CHECK((m.score_mod.defined() || m.mask_mod.defined()));
+    CHECK((m.score_mod.defined() || m.mask_mod.defined() || m.sink_mod.defined()));
     if (m.score_mod.defined()) CHECK(m.score_mod.type() == ScalarType::F32);
+    if (m.sink_mod.defined()) CHECK(m.sink_mod.type() == ScalarType::F32);
     if (m.mask_mod.defined()) CHECK(m.mask_mod.type() == ScalarType::Bool);
     Mods again = parse_mods(m.to_text(), name + ".printed");
     CHECK(equal(m, again));
@@ -318,7 +321,8 @@ TEST_CASE("resolve_mods takes a standard name, a file or inline text", "[dsl][st
   CHECK_THROWS_WITH(standard_mods("nope"), Catch::Contains("unknown standard mod 'nope'"));
   CHECK_THROWS_WITH(load_mods_file("/nonexistent/x.fx"),
                     Catch::Contains("cannot read mods file '/nonexistent/x.fx'"));
-  CHECK_THROWS_WITH(load_mods_file("/tmp"), Catch::Contains("is a directory"));
+  CHECK_THROWS_WITH(load_mods_file(std::filesystem::temp_directory_path().string()),
+                    Catch::Contains("is a directory"));
 }
 
 TEST_CASE("standard mod files are embedded under their dsl/ names", "[dsl][standard]") {

@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -29,7 +30,8 @@ struct TestConfig {
   std::string mods = "mods_causal.cuh";
   std::string element = "fj_bf16";
   int block_m = 128, block_n = 64, num_warps = 4, num_stages = 2;
-  int dim_qk = 128, dim_v = 128, gqa = 1;
+  int dim_qk = 128, dim_v = 128, gqa = 1;  // the tile dims
+  int real_qk = 0, real_v = 0;             // the head dims computed in them; 0: the tile's
   bool divisible = false, full_blocks = true, score_mod = false, mask_mod = true;
   std::string arch = "sm_80";
 };
@@ -42,6 +44,8 @@ std::string config_source(const TestConfig& c) {
     << ", kNumWarps = " << c.num_warps << ", kNumStages = " << c.num_stages << ";\n"
     << "  static constexpr int kHeadDimQK = " << c.dim_qk << ", kHeadDimV = " << c.dim_v
     << ", kGqaRatio = " << c.gqa << ";\n"
+    << "  static constexpr int kRealDimQK = " << (c.real_qk > 0 ? c.real_qk : c.dim_qk)
+    << ", kRealDimV = " << (c.real_v > 0 ? c.real_v : c.dim_v) << ";\n"
     << "  static constexpr bool kIsDivisible = " << b(c.divisible)
     << ", kHasFullBlocks = " << b(c.full_blocks) << ";\n"
     << "  static constexpr bool kHasScoreMod = " << b(c.score_mod)
@@ -92,9 +96,10 @@ CompileResult compile(const TestConfig& c) {
 
 std::string describe(const TestConfig& c) {
   std::ostringstream s;
-  s << c.mods << " " << c.element << " d=" << c.dim_qk << "/" << c.dim_v << " " << c.block_m << "x"
-    << c.block_n << " w" << c.num_warps << " s" << c.num_stages << " gqa=" << c.gqa
-    << " div=" << c.divisible << " " << c.arch;
+  s << c.mods << " " << c.element << " d=" << c.dim_qk << "/" << c.dim_v << " (real "
+    << (c.real_qk > 0 ? c.real_qk : c.dim_qk) << "/" << (c.real_v > 0 ? c.real_v : c.dim_v) << ") "
+    << c.block_m << "x" << c.block_n << " w" << c.num_warps << " s" << c.num_stages
+    << " gqa=" << c.gqa << " div=" << c.divisible << " " << c.arch;
   return s.str();
 }
 
@@ -175,7 +180,36 @@ TEST_CASE("forward template rejects unsupported configurations with a clear mess
   dim.dim_qk = 192;
   r = compile(dim);
   CHECK_FALSE(r.ok);
-  CHECK_THAT(r.log, Catch::Contains("head dims must be"));
+  CHECK_THAT(r.log, Catch::Contains("tile dims must be"));
+
+  TestConfig real = default_config(128);
+  real.real_qk = 100;  // not a multiple of 8
+  r = compile(real);
+  CHECK_FALSE(r.ok);
+  CHECK_THAT(r.log, Catch::Contains("a head dim is a multiple of 8 no larger than its tile dim"));
+}
+
+TestConfig tf32_config(int d, const std::string& arch);  // below
+
+TEST_CASE("forward template compiles head dims below the tile dims", "[template][head_dims]") {
+  // Real dims inside each tile, qk = v and qk != v, bf16 / f16 and f32 (16-byte chunks of 4).
+  struct Dims {
+    int tile_qk, tile_v, real_qk, real_v;
+  };
+  for (Dims d : {Dims{64, 64, 32, 32}, Dims{128, 128, 80, 80}, Dims{128, 128, 72, 72},
+                 Dims{256, 128, 192, 128}, Dims{128, 64, 96, 64}, Dims{256, 256, 160, 160}}) {
+    TestConfig c = default_config(std::max(d.tile_qk, d.tile_v));
+    c.dim_qk = d.tile_qk, c.dim_v = d.tile_v, c.real_qk = d.real_qk, c.real_v = d.real_v;
+    require_compiles(c);
+    c.element = "fj_f16", c.arch = "sm_90a";
+    c.mods = "mods_alibi.cuh", c.score_mod = true, c.mask_mod = false;
+    require_compiles(c);
+    if (d.tile_qk <= 128 && d.tile_v <= 128) {
+      TestConfig f = tf32_config(std::max(d.tile_qk, d.tile_v), "sm_80");
+      f.dim_qk = d.tile_qk, f.dim_v = d.tile_v, f.real_qk = d.real_qk, f.real_v = d.real_v;
+      require_compiles(f);
+    }
+  }
 }
 
 // fp32 inputs on tf32 tensor cores, in the default configurations of src/tune/Defaults.cpp

@@ -389,9 +389,9 @@ TEST_CASE("bad manifests fail with the file, the entry's index and the problem",
                         "f16, f32"));
   CHECK_THAT(
       manifest_error(
-          R"([{"mods": "causal", "head_dims": [96], "shapes": [{"heads": 4, "seqlen": 8}]}])"),
-      Catch::StartsWith("deploy.json: workload 0: forward bf16 d=96/96 gqa=1 for sm_80:") &&
-          Catch::Contains("head_dim_qk = 96; supported: 64, 128, 256"));
+          R"([{"mods": "causal", "head_dims": [100], "shapes": [{"heads": 4, "seqlen": 8}]}])"),
+      Catch::StartsWith("deploy.json: workload 0: forward bf16 d=100/100 gqa=1 for sm_80:") &&
+          Catch::Contains("head_dim_qk = 100; supported: multiples of 8 from 8 to 256"));
   CHECK_THAT(
       manifest_error(
           R"([{"mods": "causal", "head_dims": [-1], "shapes": [{"heads": 4, "seqlen": 8}]}])"),

@@ -215,10 +215,10 @@ TEST_CASE("manifests: decode page sizes and their errors", "[tune]") {
                         "for sm_80:") &&
           Catch::Contains("bf16 or f16"));
   // The backward's head dims, likewise.
-  CHECK_THAT(
-      manifest_error(R"([{"kind": "backward", "mods": "noop", "head_dims": [96], )" + shape + "}]"),
-      Catch::Contains("workload 0: backward_preprocess bf16 d=96/96 gqa=1 for sm_80:") &&
-          Catch::Contains("head_dim_qk = 96"));
+  CHECK_THAT(manifest_error(R"([{"kind": "backward", "mods": "noop", "head_dims": [100], )" +
+                            shape + "}]"),
+             Catch::Contains("workload 0: backward_preprocess bf16 d=100/100 gqa=1 for sm_80:") &&
+                 Catch::Contains("head_dim_qk = 100"));
 }
 
 TEST_CASE("manifests: backward workloads warm the plan's kernels as the runtime completes them",

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -122,12 +123,21 @@ Mods named_mods(const std::string& name) {
 
 }  // namespace
 
+std::string BenchShape::dims() const {
+  return dim_v() == head_dim ? std::to_string(head_dim) : fmt::format("{}/{}", head_dim, dim_v());
+}
+
 BenchShape parse_bench_shape(const std::string& text) {
-  static const char* const kFields[] = {"B", "Hq", "Hkv", "S", "D"};
-  int v[5];
+  static const char* const kFields[] = {"B", "Hq", "Hkv", "S", "D", "Dv"};
+  int v[6] = {0, 0, 0, 0, 0, 0};
   size_t pos = 0;
-  for (int i = 0; i < 5; ++i) {
-    const size_t end = i < 4 ? text.find(',', pos) : text.size();
+  // The last field is D, or Dqk/Dv (v's head dim after a slash).
+  const size_t slash = text.find('/');
+  for (int i = 0; i < 6; ++i) {
+    if (i == 5 && slash == std::string::npos) break;
+    const size_t end = i < 4    ? text.find(',', pos)
+                       : i == 4 ? std::min(slash, text.size())
+                                : text.size();
     const std::string field =
         end == std::string::npos ? text.substr(pos) : text.substr(pos, end - pos);
     char* stop = nullptr;
@@ -135,13 +145,16 @@ BenchShape parse_bench_shape(const std::string& text) {
     if (field.empty() || *stop != '\0' || x <= 0 || x > (1L << 30)) {
       throw Error(
           fmt::format("--shape '{}': {} must be a positive integer (the form is "
-                      "B,Hq,Hkv,S,D, e.g. 8,16,16,2048,64)",
+                      "B,Hq,Hkv,S,D or B,Hq,Hkv,S,Dqk/Dv, e.g. 8,16,16,2048,64 or "
+                      "4,16,16,4096,192/128)",
                       text, kFields[i]));
     }
     v[i] = static_cast<int>(x);
     if (i < 4 && end == std::string::npos) {
       throw Error(
-          fmt::format("--shape '{}': five values B,Hq,Hkv,S,D, e.g. 8,16,16,2048,64", text));
+          fmt::format("--shape '{}': five values B,Hq,Hkv,S,D (D or Dqk/Dv), e.g. "
+                      "8,16,16,2048,64 or 4,16,16,4096,192/128",
+                      text));
     }
     pos = end + 1;
   }
@@ -149,7 +162,7 @@ BenchShape parse_bench_shape(const std::string& text) {
     throw Error(
         fmt::format("--shape '{}': Hq = {} is not a multiple of Hkv = {}", text, v[1], v[2]));
   }
-  return {v[0], v[1], v[2], v[3], v[3], v[4]};
+  return {v[0], v[1], v[2], v[3], v[3], v[4], v[5]};
 }
 
 Mods case_mods(const BenchCase& c) {
@@ -214,12 +227,13 @@ std::vector<int32_t> anchor_document_ids(int seqlen) {
 }
 
 double kv_bytes(const BenchShape& s) {
-  return 2.0 * 2.0 * s.batch * s.heads_kv * static_cast<double>(s.seqlen_kv) * s.head_dim;
+  return 2.0 * s.batch * s.heads_kv * static_cast<double>(s.seqlen_kv) * (s.head_dim + s.dim_v());
 }
 
 double forward_flops(const BenchShape& s, double density) {
-  return 4.0 * s.batch * s.heads_q * static_cast<double>(s.seqlen_q) * s.seqlen_kv * s.head_dim *
-         density;
+  // 2 FLOPs per multiply-add of Q K^T (head_dim) and of P V (v's head dim).
+  return 2.0 * s.batch * s.heads_q * static_cast<double>(s.seqlen_q) * s.seqlen_kv *
+         (s.head_dim + s.dim_v()) * density;
 }
 
 std::vector<uint16_t> random_bf16(size_t n, uint64_t seed) {

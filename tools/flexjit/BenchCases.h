@@ -19,6 +19,10 @@ namespace flexjit::cli {
 
 struct BenchShape {
   int batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_kv = 0, head_dim = 0;
+  int head_dim_v = 0;  // 0: head_dim (q, k and v alike); else v's (and out's) head dim
+  int dim_v() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  // "128", or "192/128" where v's head dim differs (the D column of the tables and CSVs).
+  std::string dims() const;
 };
 
 struct BenchCase {

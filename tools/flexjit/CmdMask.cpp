@@ -7,12 +7,14 @@
 #include "cpu/InterpretedBlockMask.h"
 #include "cpu/TileHints.h"
 #include "flexjit/Commands.h"
+#include "ir/IR.h"
 #include "runtime/CreateBlockMask.h"
 #include "runtime/Device.h"
 #include "runtime/Timer.h"
 #include "util/Npy.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -78,6 +80,18 @@ void show(const ShowOptions& o) {
   for (const std::string& s : o.buffers) {
     auto [name, path] = split_assignment(s, "--buffer");
     arrays.emplace_back(name, npy::read(path));
+  }
+  // Every buffer the mask_mod reads, in the CLI's terms (the library would say
+  // "bindings.buffers").
+  for (const Buffer& buf : mask_only(mods).buffers) {
+    const bool bound = std::any_of(arrays.begin(), arrays.end(),
+                                   [&](const auto& p) { return p.first == buf.name(); });
+    if (!bound) {
+      throw Error(fmt::format(
+          "the mask_mod of '{}' reads buffer '{}' ({}[{}]); give it with --buffer {}=FILE.npy",
+          o.mask_mod, buf.name(), to_string(buf.dtype()), fmt::join(buf.decl()->dims, ", "),
+          buf.name()));
+    }
   }
   ModBindings bindings;
   for (const std::string& s : o.params) {

@@ -30,11 +30,12 @@ void register_mods(CLI::App& app) {
       if (list_json) {
         j.push_back({{"name", name},
                      {"score_mod", m.score_mod.defined() ? m.score_mod.str() : ""},
-                     {"mask_mod", m.mask_mod.defined() ? m.mask_mod.str() : ""}});
+                     {"mask_mod", m.mask_mod.defined() ? m.mask_mod.str() : ""},
+                     {"sink_mod", m.sink_mod.defined() ? m.sink_mod.str() : ""}});
         continue;
       }
-      fmt::print("{:<22} {}{}{}\n", name, m.score_mod.defined() ? "score_mod " : "",
-                 m.mask_mod.defined() ? "mask_mod " : "",
+      fmt::print("{:<22} {}{}{}{}\n", name, m.score_mod.defined() ? "score_mod " : "",
+                 m.mask_mod.defined() ? "mask_mod " : "", m.sink_mod.defined() ? "sink_mod " : "",
                  m.buffers.empty() && m.params.empty() ? "" : "(captures)");
     }
     if (list_json) std::cout << j.dump(2) << "\n";

@@ -129,11 +129,23 @@ std::vector<int64_t> parse_random(const std::string& text) {
   std::vector<int64_t> dims;
   std::stringstream ss(text);
   std::string part;
+  constexpr long long kMaxExtent = 1 << 24;
+  constexpr const char* kNames[] = {"B", "H", "S", "D"};
   while (std::getline(ss, part, ',')) {
     char* end = nullptr;
+    errno = 0;
     const long long v = std::strtoll(part.c_str(), &end, 10);
-    if (end == part.c_str() || *end != '\0' || v < 0 || v > (1 << 24)) {
-      throw Error(fmt::format("--random '{}': expected B,H,S,D (non-negative integers)", text));
+    if (end == part.c_str() || *end != '\0') {
+      throw Error(
+          fmt::format("--random '{}': '{}' is not an integer; expected B,H,S,D", text, part));
+    }
+    const char* what = dims.size() < 4 ? kNames[dims.size()] : "a dimension";
+    if (v < 0) throw Error(fmt::format("--random '{}': {} = {} is negative", text, what, v));
+    if (errno == ERANGE || v > kMaxExtent) {
+      throw Error(
+          fmt::format("--random '{}': {} = {} is more than {} (2^24), the largest extent "
+                      "--random makes; save larger inputs as .npy files (--q, --k, --v)",
+                      text, what, part, kMaxExtent));
     }
     dims.push_back(v);
   }
@@ -260,15 +272,19 @@ Inputs prepare(const RunOptions& o, bool on_cpu) {
     auto [name, path] = split_binding(b, "--buffer");
     in.buffers.emplace_back(name, npy::read(path));
   }
-  if (!o.random.empty()) {
-    for (const Buffer& buf : in.mods.buffers) {
-      const bool bound = std::any_of(in.buffers.begin(), in.buffers.end(),
-                                     [&](const auto& p) { return p.first == buf.name(); });
-      if (!bound) {
-        in.buffers.emplace_back(
-            buf.name(), default_buffer(buf, in.q.shape[1], std::max(in.q.shape[2], in.k.shape[2])));
-      }
+  for (const Buffer& buf : in.mods.buffers) {
+    const bool bound = std::any_of(in.buffers.begin(), in.buffers.end(),
+                                   [&](const auto& p) { return p.first == buf.name(); });
+    if (bound) continue;
+    if (o.random.empty()) {
+      // In the CLI's terms (the library would say "bindings.buffers").
+      throw Error(fmt::format(
+          "the mods '{}' capture buffer '{}' ({}[{}]); give it with --buffer {}=FILE.npy",
+          in.mods.name, buf.name(), to_string(buf.dtype()), fmt::join(buf.decl()->dims, ", "),
+          buf.name()));
     }
+    in.buffers.emplace_back(
+        buf.name(), default_buffer(buf, in.q.shape[1], std::max(in.q.shape[2], in.k.shape[2])));
   }
   for (const std::string& p : o.params) {
     auto [name, text] = split_binding(p, "--param");
@@ -304,9 +320,19 @@ AttentionOptions host_options(const RunOptions& o, const Inputs& in) {
 }
 
 struct Summary {
-  double checksum = 0, max_abs = 0;  // max_abs over the numbers (NaN counted apart)
-  int64_t nan = 0;
+  double checksum = 0, max_abs = 0;  // max_abs over the finite values (NaN and inf counted apart)
+  int64_t nan = 0, inf = 0, finite = 0;
   std::vector<float> first;
+  // "max |out| 1.234567", or "no finite values" when every element is NaN or inf.
+  std::string max_text(const char* name) const {
+    return finite > 0 ? fmt::format("max |{}| {:.6f}", name, max_abs)
+                      : fmt::format("max |{}| -: no finite values", name);
+  }
+  // ", 16 NaN, 2 inf" (empty when every element is finite).
+  std::string nonfinite_text() const {
+    return fmt::format("{}{}", nan > 0 ? fmt::format(", {} NaN", nan) : "",
+                       inf > 0 ? fmt::format(", {} inf", inf) : "");
+  }
 };
 
 Summary summarize(const npy::Array& out) {
@@ -314,19 +340,28 @@ Summary summarize(const npy::Array& out) {
   for (int64_t i = 0; i < out.numel(); ++i) {
     const double x = element(out, i);
     s.checksum += x;
-    if (std::isnan(x)) ++s.nan;
-    if (!std::isnan(x)) s.max_abs = std::max(s.max_abs, std::abs(x));
+    if (std::isnan(x)) {
+      ++s.nan;
+    } else if (std::isinf(x)) {
+      ++s.inf;
+    } else {
+      ++s.finite;
+      s.max_abs = std::max(s.max_abs, std::abs(x));
+    }
     if (i < 4) s.first.push_back(static_cast<float>(x));
   }
   return s;
 }
 
 // How far out is from the CPU backend's fp64 reference mode: max |out - ref| / max |ref| over
-// the elements where neither is NaN, and how many elements are NaN in one and not the other
-// (a NaN where the reference has a number is an error, never dropped).
+// the elements where both are finite, and how many elements are NaN or inf in one and not the
+// same in the other (a NaN or inf where the reference has a number is an error, never dropped:
+// --check fails on it).
 struct CheckResult {
   double rel = 0;
-  int64_t nan_mismatches = 0;
+  int64_t nonfinite_mismatches = 0;
+  int64_t first_mismatch = -1;  // flat index of the first one
+  double first_got = 0, first_want = 0;
 };
 
 bool has_kv_cache(const Inputs& in) {
@@ -357,14 +392,41 @@ CheckResult check_against_reference(const RunOptions& o, const Inputs& in, const
   double err = 0, scale = 0;
   for (size_t i = 0; i < ref_out.size(); ++i) {
     const double x = element(out, static_cast<int64_t>(i)), want = ref_out[i];
-    if (std::isnan(x) != std::isnan(want)) ++r.nan_mismatches;
-    if (std::isnan(x) || std::isnan(want)) continue;
-    const double diff = x == want ? 0.0 : std::abs(x - want);  // inf == inf: no error
+    const bool finite = std::isfinite(x) && std::isfinite(want);
+    // Not finite in either: they must agree (NaN with NaN, inf with the same inf).
+    if (!finite && !(std::isnan(x) && std::isnan(want)) && !(x == want)) {
+      if (r.nonfinite_mismatches++ == 0) {
+        r.first_mismatch = static_cast<int64_t>(i);
+        r.first_got = x;
+        r.first_want = want;
+      }
+    }
+    if (!finite) continue;
+    const double diff = std::abs(x - want);
     if (!(diff <= err)) err = diff;
     scale = std::max(scale, std::abs(want));
   }
   r.rel = scale > 0 && std::isfinite(scale) ? err / scale : err;
   return r;
+}
+
+// --check fails (exit 1) when out has NaN or inf where the reference does not have the same.
+void fail_on_nonfinite_mismatches(const CheckResult& r, const npy::Array& out) {
+  if (r.nonfinite_mismatches == 0) return;
+  std::vector<int64_t> index(out.shape.size());
+  int64_t rest = r.first_mismatch;
+  for (size_t d = out.shape.size(); d-- > 0;) {
+    index[d] = out.shape[d] > 0 ? rest % out.shape[d] : 0;
+    rest = out.shape[d] > 0 ? rest / out.shape[d] : 0;
+  }
+  auto text = [](double x) {
+    return std::isnan(x) ? std::string("NaN") : fmt::format("{:.6g}", x);  // "inf", "-inf"
+  };
+  std::fflush(stdout);
+  throw Error(fmt::format(
+      "--check: {} outputs are NaN or inf where the fp64 CPU reference is not the same; the first "
+      "is out[{}] = {} where the reference has {}",
+      r.nonfinite_mismatches, fmt::join(index, ", "), text(r.first_got), text(r.first_want)));
 }
 
 void report(const RunOptions& o, const Inputs& in, const std::string& device, const npy::Array& out,
@@ -388,12 +450,15 @@ void report(const RunOptions& o, const Inputs& in, const std::string& device, co
                         {"repeat", o.repeat},
                         {"checksum", sum.checksum},
                         {"max_abs", sum.max_abs},
-                        {"nan", sum.nan}};
+                        {"finite", sum.finite},
+                        {"nan", sum.nan},
+                        {"inf", sum.inf}};
     if (rel) {
       j["max_rel_error_vs_fp64"] = rel->rel;
-      j["nan_mismatches_vs_fp64"] = rel->nan_mismatches;
+      j["nonfinite_mismatches_vs_fp64"] = rel->nonfinite_mismatches;
     }
     std::printf("%s\n", j.dump(2).c_str());
+    if (rel) fail_on_nonfinite_mismatches(*rel, out);
     return;
   }
   std::printf("%s on %s: q %s -> out [%s]%s%s\n", in.mods.name.c_str(), device.c_str(), qs.c_str(),
@@ -402,16 +467,17 @@ void report(const RunOptions& o, const Inputs& in, const std::string& device, co
   if (has_mask) std::printf("block mask (%d): %.2f ms\n", o.block_size, mask_seconds * 1e3);
   std::printf("first call (compile or cache load + run): %.2f ms\n", first_seconds * 1e3);
   if (timed) std::printf("median of %d runs: %.3f ms\n", o.repeat, median * 1e3);
-  std::printf("out: checksum %.6f, max |out| %.6f, first values %s%s\n", sum.checksum, sum.max_abs,
-              fmt::format("{:.6f}", fmt::join(sum.first, " ")).c_str(),
-              sum.nan > 0 ? fmt::format(", {} NaN", sum.nan).c_str() : "");
+  std::printf("out: checksum %.6f, %s, first values %s%s\n", sum.checksum,
+              sum.max_text("out").c_str(), fmt::format("{:.6f}", fmt::join(sum.first, " ")).c_str(),
+              sum.nonfinite_text().c_str());
   if (rel) {
     std::printf("max relative error vs the fp64 CPU reference: %.3g", rel->rel);
-    if (rel->nan_mismatches > 0) {
-      std::printf(" (and %lld outputs NaN in one and not the other)",
-                  static_cast<long long>(rel->nan_mismatches));
+    if (rel->nonfinite_mismatches > 0) {
+      std::printf(" over the finite values (and %lld outputs NaN or inf in one and not the other)",
+                  static_cast<long long>(rel->nonfinite_mismatches));
     }
     std::printf("\n");
+    fail_on_nonfinite_mismatches(*rel, out);
   }
 }
 
@@ -446,9 +512,8 @@ GradientFiles gradient_files(const RunOptions& o, const Mods& mods) {
 
 void print_gradient(const char* name, const npy::Array& a, const std::string& file) {
   const Summary s = summarize(a);
-  std::printf("%s: checksum %.6f, max |%s| %.6f%s%s%s\n", name, s.checksum, name, s.max_abs,
-              s.nan > 0 ? fmt::format(", {} NaN", s.nan).c_str() : "", file.empty() ? "" : " -> ",
-              file.c_str());
+  std::printf("%s: checksum %.6f, %s%s%s%s\n", name, s.checksum, s.max_text(name).c_str(),
+              s.nonfinite_text().c_str(), file.empty() ? "" : " -> ", file.c_str());
   if (!file.empty()) npy::write(file, a);
 }
 
@@ -657,8 +722,9 @@ void register_run(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "run",
       "Run flex_attention on .npy tensors and write .npy outputs\n\n"
-      "q, k, v: [B, H, S, D] float16, or bfloat16 saved as uint16 (--dtype bf16 is the\n"
-      "default for uint16). Buffers: float32 / float16 / bfloat16-as-uint16 / int32 / bool.\n\n"
+      "q, k, v: [B, H, S, D] float16, bfloat16 saved as uint16 (--dtype bf16 is the\n"
+      "default for uint16), or float32 (on the GPU computed on tf32 tensor cores).\n"
+      "Buffers: float32 / float16 / bfloat16-as-uint16 / int32 / bool.\n\n"
       "Examples:\n"
       "  flexjit run --mods causal --q q.npy --k k.npy --v v.npy --out out.npy\n"
       "  flexjit run --score-mod alibi --mask-mod causal --buffer slopes=slopes.npy \\\n"

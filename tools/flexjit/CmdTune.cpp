@@ -18,8 +18,10 @@
 #include "tune/StepTuner.h"
 #include "tune/ThreadPool.h"
 #include "tune/TuningStore.h"
+#include "util/CheckedMath.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <stdlib.h>
@@ -27,15 +29,20 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <new>
+#include <optional>
 #include <random>
 #include <sstream>
+#include <string_view>
 
 namespace flexjit::cli {
 
@@ -138,27 +145,42 @@ std::vector<char> random_tensor(DType dtype, size_t n, uint64_t seed) {
 // The extent of a buffer dimension named in a .fx declaration, for a workload shape; -1 when
 // the name is not one flexjit tune knows. R (relative positions) spans Sq + Skv.
 int64_t dim_extent(const std::string& d, const tune::WorkloadShape& s, int64_t hkv) {
-  if (!d.empty() && std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return std::stoll(d);
+  if (!d.empty() && std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    errno = 0;
+    const long long n = std::strtoll(d.c_str(), nullptr, 10);
+    if (errno == ERANGE) throw Error(fmt::format("a buffer's declared extent {} is too large", d));
+    return n;
+  }
   if (d == "B") return s.batch;
   if (d == "H" || d == "Hq") return s.heads_q;
   if (d == "Hkv") return hkv;
-  if (d == "S" || d == "Skv") return s.seqlen_kv;
+  if (d == "S") return std::max(s.seqlen_q, s.seqlen_kv);  // indexed by q_idx and kv_idx
+  if (d == "Skv") return s.seqlen_kv;
   if (d == "Sq") return s.seqlen_q;
   if (d == "R") return s.seqlen_q + s.seqlen_kv;
   return -1;
+}
+
+// The element count of a tensor of `shape`, made on the host and copied to the GPU for timing:
+// an Error naming `what` and the shape when an extent is negative or the bytes overflow int64.
+size_t checked_elements(const std::vector<int64_t>& shape, DType dt, std::string_view what) {
+  const bool negative = std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; });
+  const std::optional<int64_t> n = checked_product(shape);
+  if (negative || !n || !checked_mul(*n, dtype_size(dt))) {
+    throw Error(fmt::format("{} of shape [{}] has a negative extent or more than 2^63 bytes", what,
+                            fmt::join(shape, ", ")));
+  }
+  return static_cast<size_t>(*n);
 }
 
 // Representative contents of a captured buffer: ALiBi slopes for `slopes`, the anchors' packed
 // documents for `doc_id`, small normal values for other float buffers, zeros otherwise.
 std::vector<char> buffer_data(const Buffer& b, const tune::WorkloadShape& s, int64_t hkv,
                               std::vector<int64_t>* shape) {
-  size_t n = 1;
   shape->clear();
-  for (const std::string& d : b.decl()->dims) {
+  for (const std::string& d : b.decl()->dims)
     shape->push_back(dim_extent(d, s, hkv));
-    n *= static_cast<size_t>(shape->back());
-  }
+  const size_t n = checked_elements(*shape, b.dtype(), fmt::format("buffer '{}'", b.name()));
   std::vector<char> bytes(n * dtype_size(b.dtype()), 0);
   if (b.name() == "slopes" && b.dtype() == DType::F32) {
     for (size_t i = 0; i < n; ++i) {
@@ -166,6 +188,9 @@ std::vector<char> buffer_data(const Buffer& b, const tune::WorkloadShape& s, int
       std::memcpy(bytes.data() + 4 * i, &v, 4);
     }
   } else if (b.name() == "doc_id" && b.dtype() == DType::I32) {
+    if (n > static_cast<size_t>(std::numeric_limits<int>::max())) {
+      throw Error(fmt::format("buffer 'doc_id' has {} entries, more than 2^31 - 1", n));
+    }
     const std::vector<int32_t> ids = anchor_document_ids(static_cast<int>(n));
     std::memcpy(bytes.data(), ids.data(), bytes.size());
   } else if (b.dtype() == DType::F32) {
@@ -191,9 +216,7 @@ struct TimedItem {
 // Device tensors of random normal values.
 DeviceTensor random_device(Context& ctx, DType dt, const std::vector<int64_t>& shape,
                            uint64_t seed) {
-  size_t n = 1;
-  for (int64_t x : shape)
-    n *= static_cast<size_t>(x);
+  const size_t n = checked_elements(shape, dt, "an input tensor");
   return DeviceTensor::from_host(ctx, dt, shape, random_tensor(dt, n, seed).data());
 }
 
@@ -209,8 +232,14 @@ void run_workload_call(Context& ctx, const tune::Workload& w, DType dt, std::pai
   std::vector<int64_t> vs = {s.batch, hkv, s.seqlen_kv, hd.second};
   int64_t capacity = s.seqlen_kv, max_pages = 0;
   if (w.kind == "decode" && w.page_size > 0) {
+    // The manifest bounds every field by 2^31 - 1, so these fit int64; the pool's element count
+    // is checked where it is allocated (checked_elements).
     max_pages = (s.seqlen_kv + w.page_size - 1) / w.page_size;
     capacity = max_pages * w.page_size;
+    if (capacity > std::numeric_limits<int32_t>::max()) {
+      throw Error(fmt::format("Skv {} rounded up to whole pages of {} is {}, more than 2^31 - 1",
+                              s.seqlen_kv, w.page_size, capacity));
+    }
     ks = {s.batch * max_pages, w.page_size, hkv, hd.first};
     vs = {s.batch * max_pages, w.page_size, hkv, hd.second};
   }
@@ -223,7 +252,10 @@ void run_workload_call(Context& ctx, const tune::Workload& w, DType dt, std::pai
   std::vector<DeviceTensor> buffers;
   for (const Buffer& b : w.mods.buffers) {
     std::vector<int64_t> shape;
-    std::vector<char> data = buffer_data(b, s, hkv, &shape);
+    // A paged cache's positions run to whole pages: the buffers cover them.
+    tune::WorkloadShape sized = s;
+    sized.seqlen_kv = capacity;
+    std::vector<char> data = buffer_data(b, sized, hkv, &shape);
     buffers.push_back(DeviceTensor::from_host(ctx, b.dtype(), shape, data.data()));
     o.bindings.buffers.emplace_back(b.name(), buffers.back().ref());
   }
@@ -309,6 +341,8 @@ std::vector<TimedItem> time_workloads(const tune::Manifest& m,
               item.outcome = tune::search_count() > searches ? "tuned" : "already tuned";
             } catch (const Error& e) {
               item.outcome = fmt::format("failed: {}", e.what());
+            } catch (const std::bad_alloc&) {
+              item.outcome = "failed: out of host memory for this shape's random inputs";
             }
             item.seconds = seconds_since(t0);
             if (!quiet) {

@@ -38,7 +38,7 @@ void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
   app.add_option("--dtype", o.dtype,
                  "Element type of q, k, v: bf16 | f16 | f32 (tf32 tensor cores)")
       ->capture_default_str();
-  app.add_option("--head-dim,-d", o.head_dim, "Head dim of q and k: 64 | 128 | 256")
+  app.add_option("--head-dim,-d", o.head_dim, "Head dim of q and k: a multiple of 8 up to 256")
       ->capture_default_str();
   app.add_option("--head-dim-v", o.head_dim_v, "Head dim of v (default: --head-dim)");
   app.add_option("--gqa", o.gqa, "GQA ratio Hq / Hkv")->capture_default_str();

@@ -2,6 +2,8 @@
 
 #include <flexjit/error.h>
 
+#include "util/Suggest.h"
+
 #include <fmt/format.h>
 
 #include <initializer_list>
@@ -37,8 +39,9 @@ Arch Arch::parse(const std::string& s) {
     a.accelerated = k[5] == 'a';
     return a;
   }
-  throw UnsupportedError(
-      fmt::format("unsupported CUDA arch '{}': supported are {}", s, supported_archs()));
+  throw UnsupportedError(fmt::format("unsupported CUDA arch '{}'{}: supported are {}", s,
+                                     did_you_mean(s, {known.begin(), known.end()}),
+                                     supported_archs()));
 }
 
 std::string Arch::str() const {

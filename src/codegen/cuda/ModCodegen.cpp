@@ -521,6 +521,13 @@ bool has_mask_mod(const Mods& mods) {
   return e.defined() && !(e->op == Op::BoolImm && e->ival == 1);
 }
 
+bool has_sink_grads(const Mods& mods) {
+  if (!mods.sink_mod.defined()) return false;
+  for (const passes::BufferGrad& g : passes::buffer_grads(mods.sink_mod))
+    if (is_float_buffer(g.buffer->dtype)) return true;
+  return false;
+}
+
 std::string_view to_string(MathFunctions math) {
   return math == MathFunctions::Approx ? "approx" : "exact";
 }
@@ -548,10 +555,65 @@ std::string generate_mod_functions(const Mods& mods, MathFunctions math) {
   emit_diag_load(w, mods, math);
   w.line("");
   emit_col_load(w, mods);
+  w.line("");
+  // The sink_mod: one logit per row, evaluated once per row in the epilogues (always exact).
+  w.line(fmt::format("static constexpr bool kFjHasSinkMod = {};",
+                     mods.sink_mod.defined() ? "true" : "false"));
+  emit_function(w,
+                "__device__ __forceinline__ float fj_sink_mod(const FjModParams& mp, int b, int h, "
+                "int q_idx)",
+                mods.sink_mod, "__int_as_float((int)0xff800000u)", MathFunctions::Exact);
   return w.str();
 }
 
 namespace {
+
+// fj_sink_mod_grad (ModCodegen.h): g * d sink_mod / d buffer[idx] for every float load site of
+// the sink_mod, added straight into the gradient (the sink's gradient kernel runs after the
+// dK/dV kernel and its reduction, so no partial slice is involved).
+void emit_sink_grad(SourceWriter& w, const Mods& mods, bool ordered) {
+  std::vector<passes::BufferGrad> sites;
+  if (mods.sink_mod.defined()) {
+    for (passes::BufferGrad& g : passes::buffer_grads(mods.sink_mod)) {
+      if (is_float_buffer(g.buffer->dtype)) sites.push_back(std::move(g));
+    }
+  }
+  w.line(
+      fmt::format("static constexpr bool kFjHasSinkGrads = {};", sites.empty() ? "false" : "true"));
+  w.line(ordered
+             ? "// Every lane of a warp together; the lanes' sums are added in a fixed order by "
+               "the one warp that owns the gradients (deterministic)."
+             : "// Every lane of a warp together: lanes sharing an address sum first, then "
+               "fp32 atomics.");
+  auto fn = w.block(
+      "__device__ __forceinline__ void fj_sink_mod_grad(const FjModParams& mp, const "
+      "FjGradParams& gp, int b, int h, int q_idx, float g)");
+  if (sites.empty()) {
+    w.line("(void)mp, (void)gp, (void)b, (void)h, (void)q_idx, (void)g;");
+    return;
+  }
+  w.line("if (__all_sync(0xffffffffu, g == 0.0f)) return;");
+  ExprLowering lowering(w, MathFunctions::Exact);
+  for (const passes::BufferGrad& site : sites) {
+    const std::string& name = site.buffer->name;
+    std::vector<std::string> index_text, terms;
+    for (const Expr& e : site.indices)
+      index_text.push_back(ir::to_text(e));
+    w.line(fmt::format("// d / d {}[{}]", name, fmt::join(index_text, ", ")));
+    const std::string reached = lowering.lower(site.reached);
+    const std::string deriv = lowering.lower(site.derivative);
+    for (size_t d = 0; d < site.indices.size(); ++d) {
+      const std::string idx = lowering.lower(site.indices[d]);
+      const std::string clamped =
+          w.ssa("fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx, name, d));
+      terms.push_back(fmt::format("{} * gp.gstride_{}[{}]", clamped, name, d));
+    }
+    const std::string offset = terms.empty() ? "0" : fmt::format("{}", fmt::join(terms, " + "));
+    w.line(fmt::format("{}(gp.grad_{} + ({}), ({} && g != 0.0f) ? g * {} : 0.0f);",
+                       ordered ? "fj_grad_add_ordered" : "fj_grad_add", name, offset, reached,
+                       deriv));
+  }
+}
 
 // The deterministic mode's slice helpers (ModCodegen.h): emitted in both modes, so that the
 // reduction kernel compiles beside every dK/dV kernel.
@@ -919,6 +981,8 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
     }
     if (uniform.empty()) w.line("(void)mp, (void)gp, (void)b, (void)h, (void)acc;");
   }
+  w.line("");
+  emit_sink_grad(w, mods, ordered);
   w.line("");
   emit_slice_functions(w, mods, layout);
   return w.str();

@@ -26,6 +26,11 @@
 //   bool fj_mask_mod(mp, b, h, q_idx, kv_idx, FjColLoad fj_cl);  // the site read from fj_cl
 //       (without a site: int, 0 and forwarding to the overload without fj_cl)
 //
+// and the sink_mod (an attention sink: one extra logit per row in the softmax denominator):
+//   static constexpr bool kFjHasSinkMod;   // whether the mods define a sink_mod
+//   float fj_sink_mod(mp, int b, int h, int q_idx);   // the row's sink (-inf without a sink_mod),
+//       always lowered exactly; the epilogues fold it in with fj_softmax_finish (prelude.cuh)
+//
 // Both functions are always emitted: an absent score_mod returns `score`, an absent mask_mod
 // returns `true`. Bodies are straight-line SSA (`const float t3 = ...;`), one temporary per
 // distinct IR node; structurally equal sub-expressions share a temporary even when they are
@@ -110,6 +115,14 @@ enum class GradAccumulation { Atomic, Ordered };
 //   float fj_dscore(..., float fj_dl), float fj_bufgrad_diag_value(..., float fj_dl),
 //   void fj_bufgrad<kDiagByCaller>(..., float fj_dl)   // kFjDiagLoad's site read from fj_dl
 //       (generate_mod_functions emits kFjDiagLoad, fj_diag_load_at and fj_score_mod's overload)
+//   static constexpr bool kFjHasSinkGrads;   // whether the sink_mod loads a float buffer
+//   void fj_sink_mod_grad(const FjModParams& mp, const FjGradParams& gp, int b, int h,
+//                         int q_idx, float g);
+//       g = d loss / d sink of row (b, h, q_idx); adds g * d sink_mod / d buffer[idx] into the
+//       gradient of every float load site of the sink_mod (idx clamped as fj_bufgrad's), with
+//       fj_grad_add (Atomic) or fj_grad_add_ordered straight into the gradient (Ordered: one
+//       warp runs it, after the partial slices' reduction, so the order is fixed). Every lane
+//       of a warp calls it together; nothing happens when g is 0 in all of them.
 //   static constexpr bool kFjHasBufferGrads;   // whether fj_bufgrad does anything
 //   static constexpr int kFjUniformGradSites;  // sites summed per head; kFjGradSlots = max(1, ..)
 //   static constexpr int kFjElementGradSites;  // sites added at every element
@@ -141,6 +154,9 @@ GradParamLayout grad_param_layout(const Mods& mods);
 // (score_mod exactly `score`, mask_mod exactly `true`), so templates can skip the call.
 bool has_score_mod(const Mods& mods);
 bool has_mask_mod(const Mods& mods);
+// Whether the sink_mod loads a float buffer, whose gradient the backward adds
+// (kFjHasSinkGrads).
+bool has_sink_grads(const Mods& mods);
 
 // Exact C literals: an f32 constant in its shortest round-trip decimal form with an `f` suffix
 // ("0.1f", "(-2.5f)", "16777216.0f"; inf and nan as __int_as_float bit patterns), an i32

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace flexjit::kernels {
@@ -81,13 +82,18 @@ namespace {
 size_t floats_before_partials(const QkvShape& s, bool dq_atomic) {
   const size_t rows = static_cast<size_t>(s.batch * s.heads_q) *
                       static_cast<size_t>(backward_padded_seqlen_q(s.seqlen_q));
-  return rows * (2 + (dq_atomic ? static_cast<size_t>(s.head_dim_qk) : 0));
+  return rows *
+         (2 + (dq_atomic ? static_cast<size_t>(dq_accum_dim(static_cast<int>(s.head_dim_qk))) : 0));
 }
 
 }  // namespace
 
 int dq_accum_layout(const KernelDesc& dkdv) {
   return dkdv.variant == "sm90a_wgmma" ? 1 : 0;
+}
+
+int dq_accum_dim(int head_dim_qk) {
+  return (head_dim_qk + 63) / 64 * 64;
 }
 
 size_t backward_scratch_bytes(const QkvShape& s, bool dq_atomic, int64_t bufgrad_slice_elems) {
@@ -99,6 +105,22 @@ size_t backward_scratch_bytes(const QkvShape& s, bool dq_atomic, int64_t bufgrad
 float* backward_bufgrad_partials(const BackwardInputs& in, void* scratch) {
   if (scratch == nullptr || !in.deterministic || in.bufgrad_slice_elems == 0) return nullptr;
   return static_cast<float*>(scratch) + floats_before_partials(in.shape, in.dq_atomic);
+}
+
+Launch backward_sink_grad_launch(const BackwardInputs& in, void* scratch, bool full_blocks,
+                                 const std::vector<uint64_t>& grad_params, bool deterministic) {
+  const QkvShape& s = in.shape;
+  const int64_t rows = s.batch * s.heads_q * s.seqlen_q;
+  Launch l;
+  l.entry_point = "flexjit_bwd_sink_grad";
+  l.block = {deterministic ? 32u : 256u, 1, 1};
+  l.grid = {
+      deterministic ? 1u : static_cast<unsigned>(std::clamp<int64_t>((rows + 255) / 256, 1, 1024)),
+      1, 1};
+  l.args.add(make_bwd_args(in, scratch, full_blocks));
+  l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
+  l.args.add_bytes(grad_params.data(), grad_params.size() * sizeof(uint64_t));
+  return l;
 }
 
 FjBwdArgs make_bwd_args(const BackwardInputs& in, void* scratch, bool full_blocks) {

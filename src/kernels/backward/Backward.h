@@ -47,6 +47,9 @@ struct BackwardInputs {
   // workspace), which flexjit_bwd_bufgrad_reduce sums into the gradients. grad_partials_offset:
   // where the `partials` pointer goes in grad_params (cuda::GradParamLayout::partials_offset).
   bool deterministic = false;
+  // The sink_mod loads a float buffer (cuda::has_sink_grads): the dK/dV step launches
+  // flexjit_bwd_sink_grad after its kernel (and its reduction), templates/sink_grad.cuh.
+  bool sink_grads = false;
   int64_t bufgrad_slice_elems = 0;
   int grad_partials_offset = -1;
 };
@@ -57,6 +60,11 @@ struct BackwardInputs {
 // those rows), each in the order of the sm_90a wgmma accumulator fragments that one bulk
 // reduction per warp adds (sm90a_wgmma; templates/backward_sm90.cuh, fj_bwd_sm90_dq_bulk_add).
 int dq_accum_layout(const KernelDesc& dkdv);
+// The width (floats) of the f32 dQ accumulator's rows: head_dim_qk rounded up to 64, the tile
+// dim the sm_90a dK/dV kernel adds its blocks in (layout 1; a head dim below it leaves zeros in
+// the padded columns); layout 0 uses the first head_dim_qk of each row. The preprocess zeroes
+// this width, the workspace holds it, atomic_convert reads it (FjConfig::kDqAccumDim).
+int dq_accum_dim(int head_dim_qk);
 
 using BackwardPreprocessVariant = FamilyVariant<Family::BackwardPreprocess, BackwardInputs>;
 using BackwardDkDvVariant = FamilyVariant<Family::BackwardDkDv, BackwardInputs>;
@@ -123,5 +131,11 @@ float* backward_bufgrad_partials(const BackwardInputs& in, void* scratch);
 // FjBwdArgs for the inputs; lse2 / delta (and dq_accum with in.dq_atomic) point into `scratch`
 // (backward_scratch_bytes).
 FjBwdArgs make_bwd_args(const BackwardInputs& in, void* scratch, bool full_blocks);
+
+// The launch of flexjit_bwd_sink_grad (templates/sink_grad.cuh; a dK/dV module's entry point)
+// for inputs with sink_grads: a grid of 256-thread CTAs over the B * Hq * Sq rows with fp32
+// atomics, or one warp when `deterministic`. Its FjGradParams are `grad_params`.
+Launch backward_sink_grad_launch(const BackwardInputs& in, void* scratch, bool full_blocks,
+                                 const std::vector<uint64_t>& grad_params, bool deterministic);
 
 }  // namespace flexjit::kernels

@@ -4,6 +4,7 @@
 
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/SourceWriter.h"
+#include "kernels/HeadDims.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/Forward.h"
 #include "kernels/forward/Sm80Mma.h"
@@ -29,8 +30,9 @@ std::optional<std::string> not_in(const KernelDesc& d, const char* what, int64_t
                      fmt::join(allowed, ", "));
 }
 
-// The problem checks every backward variant shares (unsupported() and validate()).
-std::optional<std::string> problem_reason(const KernelDesc& p) {
+// The problem checks every backward variant shares (unsupported() and validate()); `variant`
+// names the one asking (the problem's own is empty during selection).
+std::optional<std::string> problem_reason(const KernelDesc& p, std::string_view variant) {
   try {
     cuda::Arch::parse(p.arch.str());
   } catch (const UnsupportedError& e) {
@@ -39,8 +41,12 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
   if (p.dtype != DType::BF16 && p.dtype != DType::F16 && p.dtype != DType::F32) {
     return fmt::format("attention inputs must be bf16, f16 or f32, not {}", to_string(p.dtype));
   }
-  if (auto r = not_in(p, "head_dim_qk", p.head_dim_qk, {64, 128, 256})) return r;
-  if (auto r = not_in(p, "head_dim_v", p.head_dim_v, {64, 128, 256})) return r;
+  for (auto [what, dim] : {std::pair{"head_dim_qk", p.head_dim_qk}, {"head_dim_v", p.head_dim_v}}) {
+    if (auto r = head_dim_reason(fmt::format("{}/{}", to_string(p.family), variant), what, dim,
+                                 kSm80BackwardTileDims)) {
+      return r;
+    }
+  }
   if (p.gqa_ratio < 1) {
     return fmt::format("gqa_ratio (heads_q / heads_kv) must be at least 1, not {}", p.gqa_ratio);
   }
@@ -69,26 +75,47 @@ Params dkdv_config(int block_m, int block_n, int num_warps, int num_stages, int 
   return p;
 }
 
-// The generated `struct FjConfig` of the dK/dV and dQ kernels: the forward's fields,
-// kDqAtomic (whether the dK/dV kernel adds dQ) and kDeterministic (ordered buffer gradients).
+// The tile dim of a head dim (kSm80BackwardTileDims), or the dim itself when no tile takes it
+// (a problem that problem_reason refuses; its checks come first).
+int tile_of(int head_dim) {
+  return tile_head_dim(head_dim, kSm80BackwardTileDims).value_or(head_dim);
+}
+
+// The generated `struct FjConfig` of the dK/dV and dQ kernels: the forward's fields with the
+// tile dims as kHeadDimQK / kHeadDimV, the problem's as kRealDimQK / kRealDimV, the dQ
+// accumulator's row width kDqAccumDim, kDqAtomic (whether the dK/dV kernel adds dQ) and
+// kDeterministic (ordered buffer gradients).
 std::string backward_config_struct(const Mods& mods, const KernelDesc& d) {
-  return ForwardSm80Mma::config_struct(
-      mods, d,
-      {fmt::format("static constexpr bool kDqAtomic = {};",
+  KernelDesc tiled = d;
+  tiled.head_dim_qk = tile_of(d.head_dim_qk);
+  tiled.head_dim_v = tile_of(d.head_dim_v);
+  std::string s = ForwardSm80Mma::config_struct(
+      mods, tiled,
+      {fmt::format("static constexpr int kRealDimQK = {}, kRealDimV = {};", d.head_dim_qk,
+                   d.head_dim_v),
+       fmt::format("static constexpr int kDqAccumDim = {};", dq_accum_dim(d.head_dim_qk)),
+       fmt::format("static constexpr bool kDqAtomic = {};",
                    d.config.get("dq_atomic").value_or(0) != 0 ? "true" : "false"),
        fmt::format("static constexpr bool kDeterministic = {};",
                    is_deterministic(d) ? "true" : "false")});
+  // The comment line names the problem's own dims.
+  const std::string said = tiled.str(), real = d.str();
+  if (said != real) {
+    if (const size_t at = s.find(said); at != std::string::npos) s.replace(at, said.size(), real);
+  }
+  return s;
 }
 
 int dkdv_smem(const KernelDesc& d) {
   return fj_bwd_dkdv_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
-                                d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
+                                tile_of(d.head_dim_qk), tile_of(d.head_dim_v), dtype_size(d.dtype),
                                 d.config.at_int("num_stages"), d.config.at_int("dq_atomic"));
 }
 
 int dq_smem(const KernelDesc& d) {
-  return fj_bwd_dq_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"), d.head_dim_qk,
-                              d.head_dim_v, dtype_size(d.dtype), d.config.at_int("num_stages"));
+  return fj_bwd_dq_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
+                              tile_of(d.head_dim_qk), tile_of(d.head_dim_v), dtype_size(d.dtype),
+                              d.config.at_int("num_stages"));
 }
 
 std::string grads_section(const Mods& mods, const KernelDesc& desc) {
@@ -103,6 +130,7 @@ std::vector<TemplateText> backward_templates() {
   t.push_back({"mma_sm80.cuh", embedded::template_text("mma_sm80.cuh"), false});
   t.push_back({"attention_sm80.cuh", embedded::template_text("attention_sm80.cuh"), false});
   t.push_back({"backward_sm80.cuh", embedded::template_text("backward_sm80.cuh"), false});
+  t.push_back({"sink_grad.cuh", embedded::template_text("sink_grad.cuh"), false});
   return t;
 }
 
@@ -113,13 +141,13 @@ std::vector<TemplateText> backward_templates() {
 template <Family F>
 std::optional<std::string> BackwardRowKernelSm80<F>::unsupported(const KernelDesc& problem,
                                                                  const InputFacts& facts) const {
-  if (auto r = problem_reason(problem)) return r;
+  if (auto r = problem_reason(problem, this->name())) return r;
   return alignment_reason(facts);
 }
 
 template <Family F>
 void BackwardRowKernelSm80<F>::validate(const KernelDesc& d) const {
-  if (auto r = problem_reason(d)) throw UnsupportedError(*r);
+  if (auto r = problem_reason(d, this->name())) throw UnsupportedError(*r);
   if constexpr (F == Family::BackwardDq) {
     require_keys(d, {"dq_layout", "num_warps"});
     const int64_t layout = d.config.at("dq_layout");
@@ -167,6 +195,8 @@ cuda::GeneratedSource BackwardRowKernelSm80<F>::generate(const Mods& mods,
     auto s = w.block("struct FjConfig", ";");
     w.line(fmt::format("static constexpr int kHeadDimQK = {}, kHeadDimV = {};", desc.head_dim_qk,
                        desc.head_dim_v));
+    // The dQ accumulator's row width (dq_accum_dim: the sm_90a dK/dV kernel's tile dim).
+    w.line(fmt::format("static constexpr int kDqAccumDim = {};", dq_accum_dim(desc.head_dim_qk)));
     if constexpr (F == Family::BackwardDq) {
       w.line(fmt::format("static constexpr int kDqLayout = {};", desc.config.at("dq_layout")));
     }
@@ -235,13 +265,13 @@ std::string_view BackwardSm80Mma<F>::summary() const {
 template <Family F>
 std::optional<std::string> BackwardSm80Mma<F>::unsupported(const KernelDesc& problem,
                                                            const InputFacts& facts) const {
-  if (auto r = problem_reason(problem)) return r;
+  if (auto r = problem_reason(problem, this->name())) return r;
   return alignment_reason(facts);
 }
 
 template <Family F>
 void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
-  if (auto r = problem_reason(d)) throw UnsupportedError(*r);
+  if (auto r = problem_reason(d, this->name())) throw UnsupportedError(*r);
   if constexpr (F == Family::BackwardDkDv) {
     require_keys(d, {"block_m", "block_n", "dq_atomic", "num_warps", "num_stages"});
   } else {
@@ -254,6 +284,8 @@ void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
   if (auto r = not_in(d, "num_warps", warps, {2, 4, 8})) throw UnsupportedError(*r);
   if (auto r = not_in(d, "num_stages", stages, {1, 2})) throw UnsupportedError(*r);
   const int es = dtype_size(d.dtype);
+  // The layouts are the tile dims' (a head dim runs in its tile's).
+  const int tile_qk = tile_of(d.head_dim_qk), tile_v = tile_of(d.head_dim_v);
   const int elems_per_thread_row = 16 / es;  // elements per 16-byte copy
   auto check_copies = [&](int64_t rows, int dim, const char* what) {
     const int64_t chunks = dim / elems_per_thread_row;
@@ -273,12 +305,11 @@ void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
           d.family_variant(), warps, row_warps));
     }
     const int64_t split = warps / row_warps;
-    if (split == 2 &&
-        ((d.head_dim_qk / 2) * es / 16 % 8 != 0 || (d.head_dim_v / 2) * es / 16 % 8 != 0)) {
+    if (split == 2 && ((tile_qk / 2) * es / 16 % 8 != 0 || (tile_v / 2) * es / 16 % 8 != 0)) {
       throw UnsupportedError(fmt::format(
-          "{}: two warps per 16 kv rows split the head dims {}/{} into halves that are not whole "
-          "128-byte rows; use num_warps = block_n / 16",
-          d.family_variant(), d.head_dim_qk, d.head_dim_v));
+          "{}: two warps per 16 kv rows split the tile dims {}/{} (head dims {}/{}) into halves "
+          "that are not whole 128-byte rows; use num_warps = block_n / 16",
+          d.family_variant(), tile_qk, tile_v, d.head_dim_qk, d.head_dim_v));
     }
     if (bm / 4 > warps * 32 / 2) {
       throw UnsupportedError(
@@ -300,14 +331,14 @@ void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
       // split the head dim into whole 128-byte swizzle rows.
       const int64_t slices = bm / 16;
       const int64_t per_slice = warps / slices;
-      const int64_t cols = per_slice > 0 ? d.head_dim_qk / per_slice : 0;
+      const int64_t cols = per_slice > 0 ? tile_qk / per_slice : 0;
       if (warps % slices != 0 || cols % 16 != 0 ||
           (per_slice > 1 && (std::min<int64_t>(cols, 64) * es) % 128 != 0)) {
         throw UnsupportedError(fmt::format(
             "{}: dq_atomic with block_m = {} and num_warps = {} does not split the dQ products "
             "evenly (num_warps must be a multiple of block_m / 16 = {}, each warp's share of "
-            "head_dim_qk = {} a multiple of 128 bytes)",
-            d.family_variant(), bm, warps, slices, d.head_dim_qk));
+            "the qk tile dim {} a multiple of 128 bytes)",
+            d.family_variant(), bm, warps, slices, tile_qk));
       }
     }
   } else {
@@ -317,10 +348,10 @@ void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
                       d.family_variant(), bm, 16 * warps));
     }
   }
-  check_copies(bm, d.head_dim_qk, "q");
-  check_copies(bm, d.head_dim_v, "dout");
-  check_copies(bn, d.head_dim_qk, "k");
-  check_copies(bn, d.head_dim_v, "v");
+  check_copies(bm, tile_qk, "q");
+  check_copies(bm, tile_v, "dout");
+  check_copies(bn, tile_qk, "k");
+  check_copies(bn, tile_v, "v");
   for (const char* flag : {"divisible", "full_blocks"}) {
     auto v = d.flags.get(flag);
     if (!v || (*v != 0 && *v != 1)) {
@@ -341,16 +372,17 @@ void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
   const int limit = cuda::max_smem_per_block(d.arch);
   if (smem > limit) {
     throw UnsupportedError(fmt::format(
-        "{}: config {} needs {} bytes of shared memory for head dims {}/{} in {}, more than the {} "
-        "bytes a block may use on {}; lower num_stages, block_m or block_n",
-        d.family_variant(), d.config.str(), smem, d.head_dim_qk, d.head_dim_v, to_string(d.dtype),
-        limit, d.arch.str()));
+        "{}: config {} needs {} bytes of shared memory for head dims {}/{} (tiles {}/{}) in {}, "
+        "more than the {} bytes a block may use on {}; lower num_stages, block_m or block_n",
+        d.family_variant(), d.config.str(), smem, d.head_dim_qk, d.head_dim_v, tile_qk, tile_v,
+        to_string(d.dtype), limit, d.arch.str()));
   }
 }
 
 template <Family F>
 Params BackwardSm80Mma<F>::default_config(const KernelDesc& p) const {
-  const int d = std::max(p.head_dim_qk, p.head_dim_v);
+  // By the tile dims: a head dim runs in its tile's layouts (kSm80BackwardTileDims).
+  const int d = std::max(tile_of(p.head_dim_qk), tile_of(p.head_dim_v));
   const bool small_smem = p.arch.cc() == 86 || p.arch.cc() == 89;
   const bool f32 = p.dtype == DType::F32;
   if constexpr (F == Family::BackwardDkDv) {
@@ -358,7 +390,12 @@ Params BackwardSm80Mma<F>::default_config(const KernelDesc& p) const {
     // warps per row slice) + S^T and dP^T (16 x block_m / 32 each).
     if (d <= 64) return f32 ? dkdv_config(64, 64, 4, 2, 0) : dkdv_config(64, 128, 8, 2, 0);
     if (d <= 128) return f32 ? dkdv_config(32, 64, 4, 1, 0) : dkdv_config(64, 64, 4, 2, 0);
-    return f32 ? dkdv_config(32, 32, 4, 1, 0) : dkdv_config(32, 64, 8, small_smem ? 1 : 2, 0);
+    if (f32) return dkdv_config(32, 32, 4, 1, 0);
+    // Two warps per 16-row slice split both tile dims into halves of whole 128-byte rows, which
+    // a 64 tile of 16-bit elements does not have (qk and v tiles 64 and 256): one warp per
+    // slice then.
+    const bool halves = std::min(tile_of(p.head_dim_qk), tile_of(p.head_dim_v)) >= 128;
+    return dkdv_config(32, 64, halves ? 8 : 4, small_smem ? 1 : 2, 0);
   } else {
     if (d <= 64) return make_config(64, 64, 4, 2);
     if (d <= 128)
@@ -456,8 +493,9 @@ std::vector<TemplateText> BackwardSm80Mma<F>::templates() const {
 template <Family F>
 std::vector<std::string> BackwardSm80Mma<F>::entry_points() const {
   if constexpr (F == Family::BackwardDkDv) {
-    // The reduction of deterministic buffer gradients shares the module (compiled in both modes).
-    return {"flexjit_bwd_dkdv", "flexjit_bwd_bufgrad_reduce"};
+    // The reduction of deterministic buffer gradients and the sink's gradient (sink_grad.cuh)
+    // share the module (compiled in both modes, empty without a sink_mod).
+    return {"flexjit_bwd_dkdv", "flexjit_bwd_bufgrad_reduce", "flexjit_bwd_sink_grad"};
   } else {
     return {"flexjit_bwd_dq"};
   }
@@ -510,6 +548,8 @@ std::vector<Launch> BackwardSm80Mma<F>::launches(const KernelDesc& desc, const B
           reinterpret_cast<uint64_t>(partials);
     }
     l.args.add_bytes(grad_params.data(), grad_params.size() * sizeof(uint64_t));
+    std::vector<Launch> out;
+    out.push_back(std::move(l));
     if (partials != nullptr && is_deterministic(desc)) {
       Launch r;
       r.entry_point = "flexjit_bwd_bufgrad_reduce";
@@ -517,11 +557,13 @@ std::vector<Launch> BackwardSm80Mma<F>::launches(const KernelDesc& desc, const B
       r.block = {1024, 1, 1};
       r.args.add(make_bwd_args(in, workspace, full));
       r.args.add_bytes(grad_params.data(), grad_params.size() * sizeof(uint64_t));
-      std::vector<Launch> out;
-      out.push_back(std::move(l));
       out.push_back(std::move(r));
-      return out;
     }
+    if (in.sink_grads) {
+      out.push_back(
+          backward_sink_grad_launch(in, workspace, full, grad_params, is_deterministic(desc)));
+    }
+    return out;
   } else {
     const int64_t bm = desc.config.at("block_m");
     l.entry_point = "flexjit_bwd_dq";

@@ -10,13 +10,22 @@
 //                              128}, block_n {32, 64, 128}, num_warps {2, 4, 8}, num_stages {1, 2}
 //   backward_dq/atomic_convert dQ from the accumulator of a dq_atomic dK/dV kernel
 //
-// Head dims 64 / 128 / 256 (qk and v independently), bf16 / f16 / f32 (tf32 tensor cores),
-// 16-byte aligned rows; the shared memory formulas fj_bwd_*_smem_bytes must fit the arch.
+// Head dims: any multiple of 8 up to 256 (qk and v independently; the dK/dV and dQ kernels
+// compute them in tiles of 64 / 128 / 256, kernels/HeadDims.h), bf16 / f16 / f32 (tf32 tensor
+// cores), 16-byte aligned rows; the shared memory formulas fj_bwd_*_smem_bytes (of the tile
+// dims) must fit the arch.
 #pragma once
 
 #include "kernels/backward/Backward.h"
 
+#include <initializer_list>
+
 namespace flexjit::kernels {
+
+// The tile dims of the sm_80 backward kernels (the swizzled tiles need multiples of 64; 192 does
+// not split into 16-byte copies over their 64..256 threads). The row kernels take any multiple
+// of 8 up to 256 and check against the same list.
+inline constexpr std::initializer_list<int> kSm80BackwardTileDims = {64, 128, 256};
 
 // The row kernels of the sm_80 backward: a block of 4 warps per 64 q rows of one (batch, q
 // head), no shared memory, no config to tune. Two instances below: the preprocess and the dQ

@@ -4,8 +4,8 @@
 
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/Wgmma.h"
+#include "kernels/HeadDims.h"
 #include "kernels/MathMode.h"
-#include "kernels/forward/Sm80Mma.h"
 #include "kernels/forward/Sm90Wgmma.h"
 #include "runtime/TensorMap.h"
 #include "util/Embedded.h"
@@ -50,8 +50,23 @@ std::optional<std::string> not_in(const KernelDesc& d, const char* what, int64_t
                      what, v, fmt::join(allowed, ", "));
 }
 
+// The tile dims the backward compiles: a head dim runs in the smallest at least as large
+// (kernels/HeadDims.h). 192 and 256 do not fit: dK and dV's accumulators (half a tile dim each
+// per thread) with S^T and dP^T's pass the 240 registers of a consumer (live_registers), so
+// head dims past 128 run on sm80_mma.
+constexpr std::initializer_list<int> kTileDims = {64, 128};
+
+// The tile dims of a problem's head dims, or the dim itself when no tile takes it (a problem
+// that problem_reason refuses; its checks come first).
+int tile_qk(const KernelDesc& d) {
+  return tile_head_dim(d.head_dim_qk, kTileDims).value_or(d.head_dim_qk);
+}
+int tile_v(const KernelDesc& d) {
+  return tile_head_dim(d.head_dim_v, kTileDims).value_or(d.head_dim_v);
+}
+
 std::optional<std::string> problem_reason(const KernelDesc& p) {
-  if (auto r = wgmma_problem_reason(p, {64, 128})) return r;
+  if (auto r = wgmma_problem_reason(p, kTileDims)) return r;
   // Deterministic buffer gradients (a dK/dV problem flag) are sm80_mma's fixed-order reduction;
   // this variant adds them with fp32 atomics.
   if (is_deterministic(p)) {
@@ -72,20 +87,21 @@ bool dq_atomic(const KernelDesc& d) {
 // P^T, dS^T (block_m / 2) while the dV / dK products run, after S^T and dP^T are gone.
 int64_t live_registers(const KernelDesc& d) {
   const int64_t bm = d.config.at("block_m"), bn = d.config.at("block_n");
+  const int64_t qk = tile_qk(d), v = tile_v(d);
   if (is_dkdv(d.family)) {
-    const int64_t transient = dq_atomic(d) ? std::max<int64_t>(bm, bm / 2 + d.head_dim_qk / 4) : bm;
-    return transient + d.head_dim_qk / 2 + d.head_dim_v / 2;
+    const int64_t transient = dq_atomic(d) ? std::max<int64_t>(bm, bm / 2 + qk / 4) : bm;
+    return transient + qk / 2 + v / 2;
   }
-  return bn / 2 * 2 + d.head_dim_qk / 2;
+  return bn / 2 * 2 + qk / 2;
 }
 
 int sm90_bwd_smem(const KernelDesc& d) {
   const int bm = d.config.at_int("block_m"), bn = d.config.at_int("block_n");
   const int stages = d.config.at_int("num_stages");
   return is_dkdv(d.family)
-             ? fj_bwd_dkdv_sm90_smem_bytes(bm, bn, d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
+             ? fj_bwd_dkdv_sm90_smem_bytes(bm, bn, tile_qk(d), tile_v(d), dtype_size(d.dtype),
                                            stages, dq_atomic(d) ? 1 : 0)
-             : fj_bwd_dq_sm90_smem_bytes(bm, bn, d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
+             : fj_bwd_dq_sm90_smem_bytes(bm, bn, tile_qk(d), tile_v(d), dtype_size(d.dtype),
                                          stages);
 }
 
@@ -108,11 +124,12 @@ template <Family F>
 std::string_view BackwardSm90Wgmma<F>::summary() const {
   if constexpr (is_dkdv(F)) {
     return "one CTA per 128-key tile over the GQA group's q tiles: TMA, producer / consumer "
-           "warpgroups, S^T, dP^T, dV += P^T dO, dK += dS^T Q on wgmma; bf16/f16; d 64/128; "
-           "sm_90a";
+           "warpgroups, S^T, dP^T, dV += P^T dO, dK += dS^T Q on wgmma; bf16/f16; head dims "
+           "multiples of 8 up to 128 (tiles 64/128); sm_90a";
   } else {
     return "one CTA per 128-query tile over its KV tiles: TMA, producer / consumer warpgroups, "
-           "S, dP, dQ += dS K on wgmma; bf16/f16; d 64/128; sm_90a";
+           "S, dP, dQ += dS K on wgmma; bf16/f16; head dims multiples of 8 up to 128 (tiles "
+           "64/128); sm_90a";
   }
 }
 
@@ -176,18 +193,19 @@ void BackwardSm90Wgmma<F>::validate(const KernelDesc& d) const {
   // the packed A operands.
   if (const int64_t live = live_registers(d); live > 200) {
     throw UnsupportedError(fmt::format(
-        "{}: block_m = {}, block_n = {} with head dims {}/{} need {} accumulator registers per "
-        "consumer thread, more than the 200 of 240 this kernel allows; use {} = 64",
-        fv, d.config.at("block_m"), d.config.at("block_n"), d.head_dim_qk, d.head_dim_v, live,
-        is_dkdv(F) ? "block_m" : "block_n"));
+        "{}: block_m = {}, block_n = {} with head dims {}/{} (tiles {}/{}) need {} accumulator "
+        "registers per consumer thread, more than the 200 of 240 this kernel allows; use {} = 64",
+        fv, d.config.at("block_m"), d.config.at("block_n"), d.head_dim_qk, d.head_dim_v, tile_qk(d),
+        tile_v(d), live, is_dkdv(F) ? "block_m" : "block_n"));
   }
   const int smem = sm90_bwd_smem(d);
   const int limit = cuda::max_smem_per_block(d.arch);
   if (smem > limit) {
     throw UnsupportedError(fmt::format(
-        "{}: config {} needs {} bytes of shared memory for head dims {}/{}, more than the {} "
-        "bytes a block may use on {}; lower num_stages",
-        fv, d.config.str(), smem, d.head_dim_qk, d.head_dim_v, limit, d.arch.str()));
+        "{}: config {} needs {} bytes of shared memory for head dims {}/{} (tiles {}/{}), more "
+        "than the {} bytes a block may use on {}; lower num_stages",
+        fv, d.config.str(), smem, d.head_dim_qk, d.head_dim_v, tile_qk(d), tile_v(d), limit,
+        d.arch.str()));
   }
 }
 
@@ -197,7 +215,7 @@ Params BackwardSm90Wgmma<F>::default_config(const KernelDesc& p) const {
   // d <= 64; at d = 128, 64 here (the bounds checks of ragged lengths and a mask_mod's loads
   // spill with 128: document_causal 20 B) and 128 where resolve_config sees lengths that
   // divide the tiles.
-  const int d = std::max(p.head_dim_qk, p.head_dim_v);
+  const int d = std::max(tile_qk(p), tile_v(p));  // by the tile dims
   if constexpr (is_dkdv(F)) {
     return make_dkdv_config(64, 128, 2, kDefaultDqAtomic);
   } else {
@@ -264,7 +282,7 @@ std::vector<TemplateText> BackwardSm90Wgmma<F>::templates() const {
   // backward_sm80.cuh brings the element step (fj_bwd_element); its kernels need FJ_BWD_*
   // defines, and these modules set FJ_BWD_SM90_* instead (generate()).
   for (const char* name : {"mma_sm80.cuh", "attention_sm80.cuh", "backward_sm80.cuh",
-                           "wgmma_sm90.cuh", "backward_sm90.cuh"})
+                           "wgmma_sm90.cuh", "backward_sm90.cuh", "sink_grad.cuh"})
     t.push_back({name, embedded::template_text(name), false});
   return t;
 }
@@ -272,7 +290,7 @@ std::vector<TemplateText> BackwardSm90Wgmma<F>::templates() const {
 template <Family F>
 std::vector<std::string> BackwardSm90Wgmma<F>::entry_points() const {
   if constexpr (is_dkdv(F)) {
-    return {"flexjit_bwd_dkdv"};
+    return {"flexjit_bwd_dkdv", "flexjit_bwd_sink_grad"};  // the second: sink_grad.cuh
   } else {
     return {"flexjit_bwd_dq"};
   }
@@ -287,8 +305,8 @@ cuda::GeneratedSource BackwardSm90Wgmma<F>::generate(const Mods& mods,
   d.config.set("num_warps", 8);  // the consumers' warps (the config struct's field)
   std::string config =
       fmt::format("#define {} 1\n", is_dkdv(F) ? "FJ_BWD_SM90_DKDV" : "FJ_BWD_SM90_DQ");
-  config += ForwardSm80Mma::config_struct(
-      mods, d,
+  config += sm90_config_struct(
+      mods, d, tile_qk(desc), tile_v(desc),
       {fmt::format("static constexpr bool kDqAtomic = {};", dq_atomic(d) ? "true" : "false")});
   const int bm = desc.config.at_int("block_m"), bn = desc.config.at_int("block_n");
   // dK/dV: S^T, dP^T (n = block_m) from shared memory; dV, dK (n = head dims) with A in
@@ -296,10 +314,11 @@ cuda::GeneratedSource BackwardSm90Wgmma<F>::generate(const Mods& mods,
   config.push_back('\n');
   // dq_atomic adds dQ = dS K, half its columns per consumer, both operands MN-major in shared
   // memory.
-  config += is_dkdv(F) ? cuda::wgmma_wrappers(desc.dtype, {bm}, {desc.head_dim_qk, desc.head_dim_v},
-                                              dq_atomic(d) ? std::vector<int>{desc.head_dim_qk / 2}
-                                                           : std::vector<int>{})
-                       : cuda::wgmma_wrappers(desc.dtype, {bn}, {desc.head_dim_qk});
+  const int qk = tile_qk(desc), v = tile_v(desc);
+  config += is_dkdv(F)
+                ? cuda::wgmma_wrappers(desc.dtype, {bm}, {qk, v},
+                                       dq_atomic(d) ? std::vector<int>{qk / 2} : std::vector<int>{})
+                : cuda::wgmma_wrappers(desc.dtype, {bn}, {qk});
   return assemble_variant_source(*this, desc, mods, config,
                                  is_dkdv(F) ? "backward dK/dV kernel `flexjit_bwd_dkdv`"
                                             : "backward dQ kernel `flexjit_bwd_dq`",
@@ -343,6 +362,10 @@ std::vector<Launch> BackwardSm90Wgmma<F>::launches(const KernelDesc& desc, const
   l.args.add(maps);
   std::vector<Launch> out;
   out.push_back(std::move(l));
+  if (is_dkdv(F) && in.sink_grads) {  // fp32 atomics, as this variant's buffer gradients
+    out.push_back(backward_sink_grad_launch(in, workspace, desc.flags.at("full_blocks") != 0,
+                                            in.grad_params, false));
+  }
   return out;
 }
 

@@ -9,7 +9,8 @@
 //   backward_dq/sm90a_wgmma    one CTA per 128-query tile, the forward's schedule. config:
 //                              block_m {128}, block_n (kv tile) {64, 128}, num_stages {1, 2, 3}
 //
-// Serves sm_90a, bf16 / f16, head dims 64 / 128 (qk and v independently), inputs a TMA tensor
+// Serves sm_90a, bf16 / f16, head dims any multiple of 8 up to 128 (qk and v independently;
+// computed in tile dims 64 / 128, docs/kernels/backward_sm90.md "Head dims"), inputs a TMA tensor
 // map can describe, block masks whose sparse blocks the tiles divide; everything else falls
 // back to the sm80_mma variants with the reason in the `kernels` log. The sm_90a default since
 // its verification on an H100 (docs/kernels/backward_sm90.md, "Status").

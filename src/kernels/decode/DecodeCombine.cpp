@@ -3,6 +3,7 @@
 #include <flexjit/error.h>
 
 #include "codegen/cuda/SourceWriter.h"
+#include "kernels/HeadDims.h"
 #include "kernels/forward/Forward.h"
 #include "util/Embedded.h"
 
@@ -23,12 +24,7 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
     return fmt::format("the decode combine kernel writes bf16, f16 or f32, not {}",
                        to_string(p.dtype));
   }
-  if (p.head_dim_v != 64 && p.head_dim_v != 128 && p.head_dim_v != 256) {
-    return fmt::format(
-        "the decode combine kernel does not support head_dim_v = {}; supported: 64, 128, 256",
-        p.head_dim_v);
-  }
-  return std::nullopt;
+  return head_dim_reason("decode_combine", "head_dim_v", p.head_dim_v, kDecodeCombineTileDims);
 }
 
 }  // namespace
@@ -82,8 +78,10 @@ cuda::GeneratedSource DecodeCombineWarpPerRow::generate(const Mods& mods,
   w.line(fmt::format("// Compile-time configuration: {}", desc.str()));
   {
     auto s = w.block("struct FjConfig", ";");
-    w.line(fmt::format("static constexpr int kNumWarps = {}, kHeadDimV = {};",
-                       desc.config.at("num_warps"), desc.head_dim_v));
+    // The tile dim (how a warp's lanes divide a row) and the rows' own length.
+    w.line(fmt::format("static constexpr int kNumWarps = {}, kHeadDimV = {}, kRealDimV = {};",
+                       desc.config.at("num_warps"),
+                       *tile_head_dim(desc.head_dim_v, kDecodeCombineTileDims), desc.head_dim_v));
     w.line(fmt::format("static constexpr bool kSplitLanes = {};", split_lanes_));
     w.line(fmt::format("using Element = {};", element_type(desc.dtype)));
   }
@@ -115,6 +113,7 @@ std::vector<Launch> DecodeCombineWarpPerRow::launches(const KernelDesc& desc,
   l.grid = {static_cast<unsigned>((static_cast<int64_t>(packed) + warps - 1) / warps), 1, 1};
   l.block = {static_cast<unsigned>(warps * 32), 1, 1};
   l.args.add(a);
+  l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));  // sink_mod
   // sm_90+: launched while the split kernel finishes (its CTAs trigger after their main loop);
   // the kernel's griddepcontrol.wait orders its reads after every split write.
   l.programmatic = desc.arch.major >= 9;

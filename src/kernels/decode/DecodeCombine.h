@@ -3,11 +3,19 @@
 // so one kernel per dtype and Dv serves every mod. Config: num_warps {1, 2, 4, 8} rows per CTA.
 // The module also holds the opt-in page check of a KV cache (templates/decode_check.cuh:
 // kCheckInit, kCheckPages; launched by runtime/Decode.cpp, not by launches()).
+// Head dims: Dv any multiple of 8 up to 256; the lanes divide a row as for its tile dim (64 / 128 /
+// 256) and skip the padding.
 #pragma once
 
 #include "kernels/decode/Decode.h"
 
+#include <initializer_list>
+
 namespace flexjit::kernels {
+
+// The tile dims of the combine kernel (kernels/HeadDims.h): a row of Dv floats is divided among
+// the lanes as one of the tile's, 64 / 128 / 256 (warp_batched: tile / 16 lanes per split).
+inline constexpr std::initializer_list<int> kDecodeCombineTileDims = {64, 128, 256};
 
 //
 // decode_combine/warp_batched (the default since 2026-11-25's H100 sweep, ranked above

@@ -4,6 +4,7 @@
 
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/SourceWriter.h"
+#include "kernels/HeadDims.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/Forward.h"
 #include "kernels/forward/ForwardArgs.h"
@@ -34,8 +35,8 @@ bool is_pow2(int64_t v) {
   return v > 0 && (v & (v - 1)) == 0;
 }
 
-// The problem checks shared by unsupported() and validate().
-std::optional<std::string> problem_reason(const KernelDesc& p) {
+// The problem checks shared by unsupported() and validate(); `variant` names the one asking.
+std::optional<std::string> problem_reason(const KernelDesc& p, std::string_view variant) {
   try {
     cuda::Arch::parse(p.arch.str());
   } catch (const UnsupportedError& e) {
@@ -44,8 +45,12 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
   if (p.dtype != DType::BF16 && p.dtype != DType::F16) {
     return fmt::format("the decode kernel runs on bf16 or f16 inputs, not {}", to_string(p.dtype));
   }
-  if (auto r = not_in("head_dim_qk", p.head_dim_qk, {64, 128, 256})) return r;
-  if (auto r = not_in("head_dim_v", p.head_dim_v, {64, 128, 256})) return r;
+  for (auto [what, dim] : {std::pair{"head_dim_qk", p.head_dim_qk}, {"head_dim_v", p.head_dim_v}}) {
+    if (auto r = head_dim_reason(fmt::format("decode_split/{}", variant), what, dim,
+                                 kDecodeSplitTileDims)) {
+      return r;
+    }
+  }
   if (p.gqa_ratio < 1) {
     return fmt::format("gqa_ratio (heads_q / heads_kv) must be at least 1, not {}", p.gqa_ratio);
   }
@@ -70,10 +75,17 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
   return std::nullopt;
 }
 
+// The tile dim of a head dim (kDecodeSplitTileDims), or the dim itself when no tile takes it (a
+// problem that problem_reason refuses; its checks come first).
+int tile_of(int head_dim) {
+  return tile_head_dim(head_dim, kDecodeSplitTileDims).value_or(head_dim);
+}
+
 int split_smem(const KernelDesc& d) {
   return fj_decode_split_smem_bytes(d.flags.at_int("rows"), d.config.at_int("block_n"),
-                                    d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
-                                    d.config.at_int("num_stages"), d.config.at_int("num_warps"));
+                                    tile_of(d.head_dim_qk), tile_of(d.head_dim_v),
+                                    dtype_size(d.dtype), d.config.at_int("num_stages"),
+                                    d.config.at_int("num_warps"));
 }
 
 // Warps for `rows` packed rows and `block_n` keys: one per m16 row block, times up to 4 along N
@@ -115,13 +127,14 @@ std::string_view DecodeSplitSm80Mma::summary() const {
              "and the L2::256B prefetch size (experimental)";
     default:
       return "split-KV decoding: GQA group x query tokens packed into mma.sync M, cp.async K/V "
-             "pipeline, contiguous or paged K/V; bf16/f16; d 64/128/256; sm_80 and newer";
+             "pipeline, contiguous or paged K/V; bf16/f16; head dims multiples of 8 up to 256 "
+             "(tiles 64/128/256); sm_80 and newer";
   }
 }
 
 std::optional<std::string> DecodeSplitSm80Mma::unsupported(const KernelDesc& problem,
                                                            const InputFacts& facts) const {
-  if (auto r = problem_reason(problem)) return r;
+  if (auto r = problem_reason(problem, name())) return r;
   if (!facts.aligned16) {
     return fmt::format("the decode kernel needs 16-byte aligned data pointers and strides: {}",
                        facts.alignment_blocker);
@@ -142,7 +155,7 @@ std::optional<std::string> DecodeSplitSm80Mma::unsupported(const KernelDesc& pro
 }
 
 void DecodeSplitSm80Mma::validate(const KernelDesc& d) const {
-  if (auto r = problem_reason(d)) throw UnsupportedError(*r);
+  if (auto r = problem_reason(d, name())) throw UnsupportedError(*r);
   for (const char* name : {"block_n", "num_warps", "num_stages", "num_splits"}) {
     if (!d.config.has(name)) {
       throw UnsupportedError(
@@ -182,10 +195,11 @@ void DecodeSplitSm80Mma::validate(const KernelDesc& d) const {
   }
   const int threads = static_cast<int>(warps) * 32;
   for (int dim : {d.head_dim_qk, d.head_dim_v}) {
-    if (bn * (dim * 2 / 16) % threads != 0) {
+    if (bn * (tile_of(dim) * 2 / 16) % threads != 0) {
       throw UnsupportedError(fmt::format(
-          "a {}-key tile of head dim {} does not split into 16-byte copies over {} threads", bn,
-          dim, threads));
+          "a {}-key tile of head dim {} (tile {}) does not split into 16-byte copies over {} "
+          "threads",
+          bn, dim, tile_of(dim), threads));
     }
   }
   const int smem = split_smem(d);
@@ -193,8 +207,10 @@ void DecodeSplitSm80Mma::validate(const KernelDesc& d) const {
   if (smem > limit) {
     throw UnsupportedError(fmt::format(
         "decode config block_n = {} with {} stages needs {} bytes of shared memory for head dims "
-        "{}/{}, more than the {} bytes a block may use on {}; lower num_stages or block_n",
-        bn, stages, smem, d.head_dim_qk, d.head_dim_v, limit, d.arch.str()));
+        "{}/{} (tiles {}/{}), more than the {} bytes a block may use on {}; lower num_stages or "
+        "block_n",
+        bn, stages, smem, d.head_dim_qk, d.head_dim_v, tile_of(d.head_dim_qk),
+        tile_of(d.head_dim_v), limit, d.arch.str()));
   }
 }
 
@@ -210,7 +226,9 @@ Params DecodeSplitSm80Mma::default_config(const KernelDesc& p) const {
   // most 32 keys of a tile (64 keys per warp reach 255 registers with a mask_mod that loads
   // buffers: nvcc 13.0 ptxas, document_causal, 128 rows, sm_80).
   const int rows = static_cast<int>(p.flags.get("rows").value_or(16));
-  const bool wide = std::max(p.head_dim_qk, p.head_dim_v) > 128;
+  // By the tile dims: a head dim runs in its tile's layouts (kDecodeSplitTileDims).
+  const int qk = tile_of(p.head_dim_qk), v = tile_of(p.head_dim_v);
+  const bool wide = std::max(qk, v) > 128;
   const int warps_m = rows / 16;
   const int warps = wide ? std::max(warps_m, 2) : (warps_m <= 2 ? 4 : 8);
   const int bn = std::min(wide ? 32 : 64, 32 * (warps / warps_m));
@@ -219,8 +237,7 @@ Params DecodeSplitSm80Mma::default_config(const KernelDesc& p) const {
   const bool paged = p.flags.get("page_size").value_or(0) != 0;
   int stages = 1;
   for (int s = wide || paged ? 3 : 2; s > 1; --s) {
-    const int smem =
-        fj_decode_split_smem_bytes(rows, bn, p.head_dim_qk, p.head_dim_v, es, s, warps);
+    const int smem = fj_decode_split_smem_bytes(rows, bn, qk, v, es, s, warps);
     if (smem <= std::min(limit, kTwoPerSmBytes)) {
       stages = s;
       break;
@@ -282,9 +299,12 @@ std::string DecodeSplitSm80Mma::config_struct(const Mods& mods, const KernelDesc
         "static constexpr int kRows = {}, kBlockN = {}, kNumWarps = {}, kNumStages = {};",
         d.flags.at("rows"), d.config.at("block_n"), d.config.at("num_warps"),
         d.config.at("num_stages")));
+    // The tile dims (the layouts) and the problem's head dims (decode_split.cuh).
     w.line(fmt::format(
         "static constexpr int kHeadDimQK = {}, kHeadDimV = {}, kGqaRatio = {}, kPageSize = {};",
-        d.head_dim_qk, d.head_dim_v, d.gqa_ratio, d.flags.at("page_size")));
+        tile_of(d.head_dim_qk), tile_of(d.head_dim_v), d.gqa_ratio, d.flags.at("page_size")));
+    w.line(fmt::format("static constexpr int kRealDimQK = {}, kRealDimV = {};", d.head_dim_qk,
+                       d.head_dim_v));
     auto b = [](bool v) { return v ? "true" : "false"; };
     w.line(fmt::format("static constexpr bool kHasFullBlocks = {};",
                        b(d.flags.at("full_blocks") != 0)));

@@ -6,14 +6,21 @@
 // Config: block_n {32, 64, 128} keys per tile, num_warps {2, 4, 8} (a multiple of rows / 16; the
 // warps along N get block_n / (num_warps / (rows / 16)) keys each, a multiple of 16),
 // num_stages {1, 2, 3, 4}, num_splits (0: the heuristic, 1..1024: fixed). Needs 16-byte aligned
-// rows.
+// rows. Head dims: any multiple of 8 up to 256, qk and v independently, computed in tiles of 64 /
+// 128 / 256 (kernels/HeadDims.h).
 #pragma once
 
 #include "kernels/decode/Decode.h"
 
 #include <flexjit_abi.h>
 
+#include <initializer_list>
+
 namespace flexjit::kernels {
+
+// The tile dims decode_split/sm80_mma (and its L2-hint twins) compiles: the swizzled tiles need a
+// multiple of 64, and 192 does not split into 16-byte copies over the kernel's 64..256 threads.
+inline constexpr std::initializer_list<int> kDecodeSplitTileDims = {64, 128, 256};
 
 //
 // The same kernel registers under more names, with an L2 hint on the K / V copies
@@ -53,7 +60,8 @@ class DecodeSplitSm80Mma : public DecodeSplitVariant {
                                void* workspace) const override;
 
   // struct FjConfig { static constexpr int kRows, kBlockN, kNumWarps, kNumStages, kHeadDimQK,
-  //   kHeadDimV, kGqaRatio, kPageSize, kKvHint; static constexpr bool kHasFullBlocks,
+  //   kHeadDimV (the tile dims), kGqaRatio, kPageSize, kRealDimQK, kRealDimV (the problem's head
+  //   dims), kKvHint; static constexpr bool kHasFullBlocks,
   //   kHasScoreMod, kHasMaskMod; using Element = fj_bf16 | fj_f16; };
   static std::string config_struct(const Mods& mods, const KernelDesc& desc, int kv_hint = 0);
 

@@ -4,6 +4,7 @@
 
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/SourceWriter.h"
+#include "kernels/HeadDims.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/ForwardArgs.h"
 #include "util/Embedded.h"
@@ -48,18 +49,32 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
     case DType::Bool:
       return fmt::format("attention inputs must be bf16, f16 or f32, not {}", to_string(p.dtype));
   }
-  if (auto r = not_in("head_dim_qk", p.head_dim_qk, {64, 128, 256})) return r;
-  if (auto r = not_in("head_dim_v", p.head_dim_v, {64, 128, 256})) return r;
+  if (auto r =
+          head_dim_reason("forward/sm80_mma", "head_dim_qk", p.head_dim_qk, kSm80ForwardTileDims)) {
+    return r;
+  }
+  if (auto r =
+          head_dim_reason("forward/sm80_mma", "head_dim_v", p.head_dim_v, kSm80ForwardTileDims)) {
+    return r;
+  }
   if (p.gqa_ratio < 1) {
     return fmt::format("gqa_ratio (heads_q / heads_kv) must be at least 1, not {}", p.gqa_ratio);
   }
   return std::nullopt;
 }
 
+// The tile dims of a problem's head dims (kSm80ForwardTileDims), or the dim itself when no tile
+// takes it (a problem that problem_reason refuses; its checks come first).
+int tile_qk(const KernelDesc& d) {
+  return tile_head_dim(d.head_dim_qk, kSm80ForwardTileDims).value_or(d.head_dim_qk);
+}
+int tile_v(const KernelDesc& d) {
+  return tile_head_dim(d.head_dim_v, kSm80ForwardTileDims).value_or(d.head_dim_v);
+}
+
 int fwd_smem(const KernelDesc& d) {
-  return fj_forward_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
-                               d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
-                               d.config.at_int("num_stages"));
+  return fj_forward_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"), tile_qk(d),
+                               tile_v(d), dtype_size(d.dtype), d.config.at_int("num_stages"));
 }
 
 // The KV cache flags (Forward.h): page_size absent or a power of two up to 256, seq_lens 0 / 1,
@@ -104,7 +119,7 @@ ForwardSm80Mma::ForwardSm80Mma()
 
 std::string_view ForwardSm80Mma::summary() const {
   return "FlashAttention-2 structure: mma.sync, ldmatrix, cp.async pipeline; bf16/f16, f32 on "
-         "tf32; d 64/128/256; sm_80 and newer";
+         "tf32; head dims multiples of 8 up to 256 (tiles 64/128/256); sm_80 and newer";
 }
 
 std::optional<std::string> ForwardSm80Mma::unsupported(const KernelDesc& problem,
@@ -158,9 +173,11 @@ void ForwardSm80Mma::validate(const KernelDesc& d) const {
   const int limit = cuda::max_smem_per_block(d.arch);
   if (smem > limit) {
     throw UnsupportedError(fmt::format(
-        "config {}x{} with {} stages needs {} bytes of shared memory for head dims {}/{} in {}, "
-        "more than the {} bytes a block may use on {}; lower num_stages, block_n or block_m{}",
-        bm, bn, stages, smem, d.head_dim_qk, d.head_dim_v, to_string(d.dtype), limit, d.arch.str(),
+        "config {}x{} with {} stages needs {} bytes of shared memory for head dims {}/{} (tiles "
+        "{}/{}) in {}, more than the {} bytes a block may use on {}; lower num_stages, block_n or "
+        "block_m{}",
+        bm, bn, stages, smem, d.head_dim_qk, d.head_dim_v, tile_qk(d), tile_v(d),
+        to_string(d.dtype), limit, d.arch.str(),
         d.dtype == DType::F32 ? " (or convert q, k, v to bf16 or f16: f32 tiles take twice the "
                                 "bytes)"
                               : ""));
@@ -170,7 +187,8 @@ void ForwardSm80Mma::validate(const KernelDesc& d) const {
 Params ForwardSm80Mma::default_config(const KernelDesc& p) const {
   // FlashAttention-2's choices for mma.sync kernels: wide KV tiles where registers allow,
   // narrower ones as the head dim grows. sm_86/sm_89 have 99 KB of shared memory per block.
-  const int d = std::max(p.head_dim_qk, p.head_dim_v);
+  // By the tile dims: a head dim runs in its tile's layouts (kSm80ForwardTileDims).
+  const int d = std::max(tile_qk(p), tile_v(p));
   const bool small_smem = p.arch.cc() == 86 || p.arch.cc() == 89;
   if (p.dtype == DType::F32) {
     // tf32 path: fp32 tiles take twice the shared memory (fj_forward_smem_bytes with 4-byte
@@ -284,15 +302,28 @@ std::string ForwardSm80Mma::config_struct(const Mods& mods, const KernelDesc& d,
 cuda::GeneratedSource ForwardSm80Mma::generate(const Mods& mods, const KernelDesc& desc) const {
   validate(desc);
   mods.check();
+  // kHeadDimQK / kHeadDimV are the tile dims (the layouts), kRealDimQK / kRealDimV the problem's
+  // (forward_sm80.cuh); the comment line names the problem.
+  KernelDesc tiled = desc;
+  tiled.head_dim_qk = tile_qk(desc);
+  tiled.head_dim_v = tile_v(desc);
+  std::vector<std::string> extra = {fmt::format(
+      "static constexpr int kRealDimQK = {}, kRealDimV = {};", desc.head_dim_qk, desc.head_dim_v)};
+  auto config_text = [&] {
+    std::string s = config_struct(mods, tiled, extra);
+    const std::string said = tiled.str(), real = desc.str();
+    if (said != real) {
+      if (const size_t at = s.find(said); at != std::string::npos) s.replace(at, said.size(), real);
+    }
+    return s;
+  };
   if (!on_kv_cache(desc)) {
-    return assemble_variant_source(*this, desc, mods, config_struct(mods, desc),
+    return assemble_variant_source(*this, desc, mods, config_text(),
                                    "forward kernel `flexjit_forward`");
   }
   // On a KV cache the kernel takes FjKvCacheArgs (forward_sm80.cuh, FJ_FWD_KV_CACHE).
-  const std::string config =
-      "#define FJ_FWD_KV_CACHE 1\n" +
-      config_struct(mods, desc,
-                    {fmt::format("static constexpr int kPageSize = {};", kv_page_size(desc))});
+  extra.push_back(fmt::format("static constexpr int kPageSize = {};", kv_page_size(desc)));
+  const std::string config = "#define FJ_FWD_KV_CACHE 1\n" + config_text();
   return assemble_variant_source(*this, desc, mods, config,
                                  "forward kernel `flexjit_forward` on a KV cache");
 }

@@ -5,12 +5,21 @@
 //
 // Config: block_m {64, 128} query rows per CTA, block_n {32, 64, 128} keys per iteration,
 // num_warps {4, 8} (block_m / num_warps a multiple of 16), num_stages {1, 2, 3}; the shared
-// memory fj_forward_smem_bytes() must fit the arch. Needs 16-byte aligned rows.
+// memory fj_forward_smem_bytes() must fit the arch. Needs 16-byte aligned rows. Head dims: any
+// multiple of 8 up to 256 (qk and v independently), computed in tiles of 64 / 128 / 256.
 #pragma once
 
 #include "kernels/forward/Forward.h"
 
+#include <initializer_list>
+
 namespace flexjit::kernels {
+
+// The tile dims forward/sm80_mma compiles (kernels/HeadDims.h): a head dim, any multiple of 8 up
+// to 256 for qk and v independently, runs in the smallest tile at least as large. The swizzled
+// tiles (FjSwizzledTile) need a multiple of 64, and 192 does not split into 16-byte copies over
+// 128 or 256 threads.
+inline constexpr std::initializer_list<int> kSm80ForwardTileDims = {64, 128, 256};
 
 class ForwardSm80Mma : public ForwardVariant {
  public:
@@ -45,7 +54,8 @@ class ForwardSm80Mma : public ForwardVariant {
   //     kHasScoreMod, kHasMaskMod; using Element = fj_bf16 | fj_f16 | float; };
   // kHasScoreMod / kHasMaskMod are false for absent or identity mods (see ModCodegen.h).
   // `extra` members (whole declarations) come before Element: the backward's kernels share the
-  // struct and add theirs.
+  // struct and add theirs. kHeadDimQK / kHeadDimV are desc's head dims: generate() passes the
+  // tile dims and adds the problem's as kRealDimQK / kRealDimV in `extra`.
   static std::string config_struct(const Mods& mods, const KernelDesc& desc,
                                    const std::vector<std::string>& extra = {});
 

@@ -5,6 +5,7 @@
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/SourceWriter.h"
 #include "codegen/cuda/Wgmma.h"
+#include "kernels/HeadDims.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/ForwardArgs.h"
 #include "kernels/forward/Sm80Mma.h"
@@ -56,7 +57,16 @@ std::optional<std::string> not_in(const char* what, int64_t v, std::initializer_
 }
 
 std::optional<std::string> problem_reason(const KernelDesc& p) {
-  return wgmma_problem_reason(p, {64, 128, 256});
+  return wgmma_problem_reason(p, kSm90ForwardTileDims);
+}
+
+// The tile dims of a problem's head dims (kSm90ForwardTileDims), or the dim itself when no tile
+// takes it (a problem that problem_reason refuses; its checks come first).
+int tile_qk(const KernelDesc& d) {
+  return tile_head_dim(d.head_dim_qk, kSm90ForwardTileDims).value_or(d.head_dim_qk);
+}
+int tile_v(const KernelDesc& d) {
+  return tile_head_dim(d.head_dim_v, kSm90ForwardTileDims).value_or(d.head_dim_v);
 }
 
 // q_tiles and persistent may be absent (configs written before they existed): one query tile
@@ -70,7 +80,7 @@ int persistent_of(const KernelDesc& d) {
 
 int sm90_smem(const KernelDesc& d, int q_bufs) {
   return fj_forward_sm90_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
-                                    d.head_dim_qk, d.head_dim_v, dtype_size(d.dtype),
+                                    tile_qk(d), tile_v(d), dtype_size(d.dtype),
                                     d.config.at_int("num_stages"), q_bufs);
 }
 
@@ -187,9 +197,9 @@ std::optional<std::string> wgmma_problem_reason(const KernelDesc& p,
         to_string(p.dtype));
   }
   for (auto [what, d] : {std::pair{"head_dim_qk", p.head_dim_qk}, {"head_dim_v", p.head_dim_v}}) {
-    if (!one_of(d, head_dims)) {
-      return fmt::format("{}/sm90a_wgmma does not support {} = {}; supported: {}",
-                         to_string(p.family), what, d, fmt::join(head_dims, ", "));
+    if (auto r = head_dim_reason(fmt::format("{}/sm90a_wgmma", to_string(p.family)), what, d,
+                                 head_dims)) {
+      return r;
     }
   }
   if (p.gqa_ratio < 1) {
@@ -207,9 +217,25 @@ std::optional<std::string> wgmma_input_reason(const InputFacts& facts) {
   return std::nullopt;
 }
 
+std::string sm90_config_struct(const Mods& mods, const KernelDesc& desc, int tile_qk, int tile_v,
+                               std::vector<std::string> extra) {
+  KernelDesc tiled = desc;
+  tiled.head_dim_qk = tile_qk;
+  tiled.head_dim_v = tile_v;
+  extra.insert(extra.begin(), fmt::format("static constexpr int kRealDimQK = {}, kRealDimV = {};",
+                                          desc.head_dim_qk, desc.head_dim_v));
+  std::string s = ForwardSm80Mma::config_struct(mods, tiled, extra);
+  // The comment line names the problem's own dims.
+  const std::string said = tiled.str(), real = desc.str();
+  if (said != real) {
+    if (const size_t at = s.find(said); at != std::string::npos) s.replace(at, said.size(), real);
+  }
+  return s;
+}
+
 std::string_view ForwardSm90Wgmma::summary() const {
   return "FlashAttention-3 structure: TMA, wgmma, producer/consumer warpgroups with setmaxnreg; "
-         "bf16/f16; d 64/128/256; sm_90a";
+         "bf16/f16; head dims multiples of 8 up to 256 (tiles 64/128/192/256); sm_90a";
 }
 
 std::optional<std::string> ForwardSm90Wgmma::unsupported(const KernelDesc& problem,
@@ -268,32 +294,34 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
   }
   if (auto r = fast_math_flag_error(d)) throw UnsupportedError(*r);
   if (auto r = kv_cache_reason(d)) throw UnsupportedError(*r);
-  // Accumulators of S (block_n / 2) and O (head_dim_v / 2) plus P (block_n / 4) per thread must
-  // fit the consumers' registers (240 with two consumer warpgroups, 160 with three) with room
-  // for addresses and the softmax state.
+  // Accumulators of S (block_n / 2) and O (the v tile dim / 2) plus P (block_n / 4) per thread
+  // must fit the consumers' registers (240 with two consumer warpgroups, 160 with three) with
+  // room for addresses and the softmax state.
   const bool three = d.config.at("block_m") == 192;
-  const int64_t live = d.config.at("block_n") / 2 + d.head_dim_v / 2 + d.config.at("block_n") / 4;
+  const int64_t live = d.config.at("block_n") / 2 + tile_v(d) / 2 + d.config.at("block_n") / 4;
   const int64_t budget = three ? 128 : 200;
   if (live > budget) {
     throw UnsupportedError(fmt::format(
-        "block_n = {} with head_dim_v = {} needs {} accumulator and operand registers per "
-        "consumer thread, more than the {} of {} this kernel allows with block_m = {}; use {}",
-        d.config.at("block_n"), d.head_dim_v, live, budget, three ? 160 : 240,
+        "block_n = {} with head_dim_v = {} (tile {}) needs {} accumulator and operand registers "
+        "per consumer thread, more than the {} of {} this kernel allows with block_m = {}; use {}",
+        d.config.at("block_n"), d.head_dim_v, tile_v(d), live, budget, three ? 160 : 240,
         d.config.at("block_m"), three ? "block_m = 128 or a smaller block_n" : "block_n = 64"));
   }
   const int smem = sm90_smem(d);
   const int limit = cuda::max_smem_per_block(d.arch);
   if (smem > limit) {
     throw UnsupportedError(fmt::format(
-        "config {}x{} with {} stages needs {} bytes of shared memory for head dims {}/{}, more "
-        "than the {} bytes a block may use on {}; lower num_stages or block_n",
+        "config {}x{} with {} stages needs {} bytes of shared memory for head dims {}/{} (tiles "
+        "{}/{}), more than the {} bytes a block may use on {}; lower num_stages or block_n",
         d.config.at("block_m"), d.config.at("block_n"), d.config.at("num_stages"), smem,
-        d.head_dim_qk, d.head_dim_v, limit, d.arch.str()));
+        d.head_dim_qk, d.head_dim_v, tile_qk(d), tile_v(d), limit, d.arch.str()));
   }
 }
 
 Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
-  const int d = std::max(p.head_dim_qk, p.head_dim_v);
+  // By the tile dims: a head dim runs in its tile's layouts (kSm90ForwardTileDims).
+  const int qk = tile_qk(p), v = tile_v(p);
+  const int d = std::max(qk, v);
   // Measured on an H100 (docs/perf/NOTES.md v8, v9): d = 128 noop 581 TFLOP/s with 3 stages,
   // 511 with 2 (causal 489 / 448), block_n 176 (2 stages fit) 520; d = 64 noop 396 with 4
   // stages, 378 with 3, 323 with 2 (causal 296-297 with 3 or 4). Persistent CTAs (v17): d = 64
@@ -301,6 +329,9 @@ Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
   // the sparse masks lose 5-10 %, so there they stay off.
   if (d <= 64) return make_config(128, 128, 4, 2, 1);
   if (d <= 128) return make_config(128, 128, 3, 1, 0);
+  // qk tile 192 with v tile up to 128 (DeepSeek's 192 / 128): FlashAttention-3's 128 x 128 tile
+  // for it, two stages in 209 KB (a 64-key tile would halve the work per barrier).
+  if (qk == 192 && v <= 128) return make_config(128, 128, 2, 1, 0);
   return make_config(128, 64, 2, 1, 0);
 }
 
@@ -398,20 +429,17 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
   validate(desc);
   mods.check();
   // The config struct (the same members as sm80_mma's; kNumWarps is the consumers' warps) and
-  // the wgmma shapes the kernel uses: S (n = block_n) and O (n = head_dim_v).
+  // the wgmma shapes the kernel uses: S (n = block_n) and O (n = the v tile dim).
   const int bm = desc.config.at_int("block_m");
-  std::string config = ForwardSm80Mma::config_struct(
-      mods,
-      [&] {
-        KernelDesc d = desc;
-        d.config.set("num_warps", bm / 16);
-        return d;
-      }(),
+  KernelDesc d = desc;
+  d.config.set("num_warps", bm / 16);
+  std::string config = sm90_config_struct(
+      mods, d, tile_qk(desc), tile_v(desc),
       {fmt::format("static constexpr int kQTiles = {};", q_tiles_of(desc)),
        fmt::format("static constexpr int kPersistent = {};", persistent_of(desc)),
        fmt::format("static constexpr int kQBufs = {};", q_bufs_of(desc))});
   const std::string wrappers =
-      cuda::wgmma_wrappers(desc.dtype, {desc.config.at_int("block_n")}, {desc.head_dim_v});
+      cuda::wgmma_wrappers(desc.dtype, {desc.config.at_int("block_n")}, {tile_v(desc)});
   config.push_back('\n');
   config.append(wrappers);
   return assemble_variant_source(*this, desc, mods, config, "forward kernel `flexjit_forward`");

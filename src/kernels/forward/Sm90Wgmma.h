@@ -3,13 +3,14 @@
 // register reallocation, wgmma for Q K^T (both operands in shared memory) and P V (P from
 // registers) (templates/wgmma_sm90.cuh + forward_sm90.cuh; docs/kernels/forward_sm90.md).
 //
-// Serves sm_90a only, bf16 and f16 (f32 inputs stay on sm80_mma's tf32 path), head dims
-// 64/128/256, inputs a TMA tensor map can describe (16-byte aligned, strides positive multiples
-// of 16 bytes); everything else falls back to forward/sm80_mma with the reason in the
-// `kernels` log. Config: block_m {128, 192} (two or three consumer warpgroups), block_n {64,
-// 128, 176, 192}, num_stages {2, 3, 4}, q_tiles {1, 2}, persistent {0, 1}; the shared memory
-// fj_forward_sm90_smem_bytes() must fit. The sm_90a default since its verification on an H100
-// (docs/perf/NOTES.md v8).
+// Serves sm_90a only, bf16 and f16 (f32 inputs stay on sm80_mma's tf32 path), head dims qk and
+// v (independently) any multiple of 8 up to 256, computed in tile dims 64 / 128 / 192 / 256
+// (kernels/HeadDims.h; docs/kernels/forward_sm90.md "Head dims"), inputs a TMA tensor map can
+// describe (16-byte aligned, strides positive multiples of 16 bytes); everything else falls
+// back to forward/sm80_mma with the reason in the `kernels` log. Config: block_m {128, 192} (two or
+// three consumer warpgroups), block_n {64, 128, 176, 192}, num_stages {2, 3, 4}, q_tiles {1, 2},
+// persistent {0, 1}; the shared memory fj_forward_sm90_smem_bytes() must fit. The sm_90a default
+// since its verification on an H100 (docs/perf/NOTES.md v8).
 #pragma once
 
 #include "kernels/forward/Forward.h"
@@ -17,16 +18,30 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace flexjit::kernels {
 
+// The tile dims forward/sm90a_wgmma compiles (its shared-memory tiles are 64-column chunks of
+// the 128-byte swizzle): a head dim runs in the smallest at least as large, so at most 56
+// columns of a tile are padding and no 64-column chunk is padding alone.
+inline constexpr std::initializer_list<int> kSm90ForwardTileDims = {64, 128, 192, 256};
+
 // Why a wgmma kernel (the sm90a_wgmma variant of any family) cannot serve `problem`: not sm_90a,
-// not bf16 / f16, a head dim outside `head_dims`, a gqa_ratio below 1; nullopt when it can.
+// not bf16 / f16, a head dim that is not a multiple of 8 up to the largest of `head_dims` (its
+// tile dims, ascending), a gqa_ratio below 1; nullopt when it can.
 std::optional<std::string> wgmma_problem_reason(const KernelDesc& problem,
                                                 std::initializer_list<int> head_dims);
 // Why its inputs cannot be read through TMA tensor maps (alignment, strides); nullopt when they
 // can.
 std::optional<std::string> wgmma_input_reason(const InputFacts& facts);
+
+// The FjConfig struct of an sm90a_wgmma module (ForwardSm80Mma::config_struct's members and
+// `extra`): kHeadDimQK / kHeadDimV are the tile dims `tile_qk` / `tile_v` (shared-memory and
+// register layouts), kRealDimQK / kRealDimV the problem's head dims (the k16 steps of the
+// products over them, the columns stores write). Equal dims give today's struct plus that line.
+std::string sm90_config_struct(const Mods& mods, const KernelDesc& desc, int tile_qk, int tile_v,
+                               std::vector<std::string> extra);
 
 class ForwardSm90Wgmma : public ForwardVariant {
  public:
