@@ -9,7 +9,8 @@ Run on a GPU machine that has PyTorch >= 2.5:
 flexjit's copy of ../shared/anchors/torch_flex_bench.py (the anchors): the same cases and
 timing, plus the head dims real models use (`--head-dims`: B=4 H=16 S=4096, qk/v head dims
 96/96 (Phi-3) and 192/128 (DeepSeek-V3's prefill), noop and causal), compared with
-`flexjit bench --head-dims` in the same device call (docs/benchmarks.md). With qk != v a
+`flexjit bench --shape 4,16,16,4096,96` and `--shape 4,16,16,4096,192/128` in the same device
+call (docs/benchmarks.md). With qk != v a
 forward is 2*B*H*Sq*Skv*(Dqk + Dv) FLOPs (the two GEMMs), which is 4*B*H*Sq*Skv*D when equal.
 
 Prints one row per case: forward and forward+backward time (median, ms) and

@@ -207,7 +207,7 @@ class _Features:
     sinks: bool
 
 
-_mods_cache: Dict[_Features, flexjit.Mods] = {}
+_mods_cache: Dict[_Features, Dict[str, str]] = {}
 
 
 def _fx_text(f: _Features) -> str:
@@ -245,14 +245,21 @@ def _fx_text(f: _Features) -> str:
     return "\n".join(lines)
 
 
-def _mods(f: _Features) -> flexjit.Mods:
-    mods = _mods_cache.get(f)
-    if mods is None:
+def _mods(f: _Features) -> Dict[str, str]:
+    """The `.fx` program of a feature set as flexjit.torch.flex_attention's keyword argument
+    (empty for plain attention), built once. Text, not a Mods object: flexjit.torch folds it
+    into the custom op's constant argument. A whole program given as its only side is taken
+    whole, so it goes in as a side it defines."""
+    if f not in _mods_cache:
         text = _fx_text(f)
-        mods = flexjit.parse_mods(text) if text else flexjit.Mods()
-        mods.name = "transformers"
-        _mods_cache[f] = mods
-    return mods
+        side: Dict[str, str] = {}
+        if text:
+            mods = flexjit.parse_mods(text)  # errors here, at the first call, naming the program
+            kind = next(k for k in ("mask_mod", "score_mod", "sink_mod")
+                        if getattr(mods, k) is not None)
+            side = {kind: text}
+        _mods_cache[f] = side
+    return _mods_cache[f]
 
 
 # --- the attention function ---------------------------------------------------------------
@@ -267,6 +274,10 @@ def _positive_float(value: Any, what: str) -> Optional[float]:
     return value
 
 
+# Under torch.compile (transformers compiles the forward of generate() with a static cache) the
+# attention runs as a graph break: eagerly, between the compiled parts around it, so that its
+# host-side decisions (mods, block masks, the decode path) stay Python.
+@torch.compiler.disable
 def flexjit_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                               value: torch.Tensor, attention_mask: Any, dropout: float = 0.0,
                               scaling: Optional[float] = None, sliding_window: Optional[int] = None,
@@ -369,7 +380,7 @@ def flexjit_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
                          kv_valid="kv_valid" in buffers, dense=dense,
                          dense_per_head=dense_per_head, softcap=softcap is not None,
                          sinks=sink is not None)
-    out = _fjt.flex_attention(query, key, value, score_mod=_mods(features), buffers=buffers,
+    out = _fjt.flex_attention(query, key, value, **_mods(features), buffers=buffers,
                               params=params, scale=scaling)
     if out.dtype != query.dtype:  # the CPU backend computes and returns f32
         out = out.to(query.dtype)

@@ -16,7 +16,8 @@ std::optional<std::string> head_dim_reason(const std::string& who, const char* w
                                            std::initializer_list<int> tiles) {
   if (tile_head_dim(head_dim, tiles)) return std::nullopt;
   int largest = 0;
-  for (int t : tiles) largest = t > largest ? t : largest;
+  for (int t : tiles)
+    largest = t > largest ? t : largest;
   return fmt::format(
       "{} does not support {} = {}; supported: multiples of {} from {} to {} (computed in tiles "
       "of {})",

@@ -461,12 +461,12 @@ TEST_CASE("decode: check_pages reports the first bad entry; bad inputs fail befo
   ro.kv_cache = &lens_only;
   CHECK_THROWS_WITH(flex_attention(*ctx, dq, dkc, dkc, ro),
                     Catch::Contains("seq_lens[1] = 49 is beyond the 48 keys of k and v"));
-  // Unsupported head dim: an UnsupportedError before any launch.
-  const HostTensor q96 = random_tensor(rng, DType::BF16, {B, 2, 1, 96});
-  const HostTensor pool96 = random_tensor(rng, DType::BF16, {8, ps, Hkv, 96});
-  const DeviceTensor dq96 = upload(*ctx, q96), dp96 = upload(*ctx, pool96);
+  // Unsupported head dim (not a multiple of 8): an UnsupportedError before any launch.
+  const HostTensor q100 = random_tensor(rng, DType::BF16, {B, 2, 1, 100});
+  const HostTensor pool100 = random_tensor(rng, DType::BF16, {8, ps, Hkv, 100});
+  const DeviceTensor dq100 = upload(*ctx, q100), dp100 = upload(*ctx, pool100);
   cache.check_pages = false;
-  CHECK_THROWS_AS(flex_attention(*ctx, dq96, dp96, dp96, o), UnsupportedError);
+  CHECK_THROWS_AS(flex_attention(*ctx, dq100, dp100, dp100, o), UnsupportedError);
   // f32 pools: the decode kernels take bf16 / f16, so even one query token runs on the forward
   // (tf32) on the cache (its numerics: "chunked prefill ... f32" below).
   const HostTensor q32 = random_tensor(rng, DType::F32, {B, 2, 1, D});

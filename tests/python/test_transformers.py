@@ -112,6 +112,20 @@ def _tolerance(device, dtype):
     return 3e-2 if dtype == torch.bfloat16 else 1e-2
 
 
+def _model_tolerance(eager, device, dtype, run, ref):
+    """The logits tolerance of a flexjit model in `dtype` against the fp32 eager model: 3e-2 for
+    bf16, or 1.5x the error of the eager model itself cast to `dtype` where that is larger (a
+    mixture of experts, GPT-OSS, routes some tokens to other experts in bf16: eager's own bf16
+    logits differ from its fp32 ones by ~7.6e-2 there, whatever the attention)."""
+    tol = _tolerance(device, dtype)
+    if dtype == torch.float32:
+        return tol
+    with torch.no_grad():
+        own = rel(run(copy.deepcopy(eager).to(dtype)), ref)
+    print(f"eager itself in {dtype}: rel err {own:.2e}")
+    return max(tol, 1.5 * own)
+
+
 def _ids(batch, length, seed=1):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (batch, length), generator=g)
@@ -136,7 +150,7 @@ def test_logits_match_eager(arch, backend):
     err = rel(out, ref)
     print(f"{arch} {backend} {dtype}: logits rel err {err:.2e}")
     assert torch.isfinite(out).all()
-    assert err <= _tolerance(backend, dtype)
+    assert err <= _model_tolerance(eager, backend, dtype, lambda m: m(ids).logits, ref)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -154,7 +168,8 @@ def test_left_padded_batch(arch, backend):
     err = rel(out[keep], ref[keep])
     print(f"{arch} {backend} {dtype}: padded batch logits rel err {err:.2e}")
     assert torch.isfinite(out[keep]).all()
-    assert err <= _tolerance(backend, dtype)
+    assert err <= _model_tolerance(eager, backend, dtype,
+                                   lambda m: m(ids, attention_mask=mask).logits[keep], ref[keep])
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
@@ -201,7 +216,8 @@ def test_cached_decoding_steps_match_eager(arch, backend):
     err = rel(out, ref)
     print(f"{arch} {backend} {dtype}: cached decoding logits rel err {err:.2e}")
     assert torch.isfinite(out).all()
-    assert err <= _tolerance(backend, dtype)
+    assert err <= _model_tolerance(eager, backend, dtype,
+                                   lambda m: m(ids, attention_mask=mask).logits[:, 11:], ref)
 
 
 @pytest.mark.parametrize("backend,dtype", [

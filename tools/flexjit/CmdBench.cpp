@@ -466,7 +466,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
   if (table) {
     fmt::print(
         "# flexjit bench: {} ({}, {} SMs, L2 {} MiB); forward, bf16, {} transcendentals "
-        "(--math {}), median of CUDA-event timings{}; TFLOP/s = 4·B·Hq·Sq·Skv·D·density / "
+        "(--math {}), median of CUDA-event timings{}; TFLOP/s = 2·B·Hq·Sq·Skv·(Dqk + Dv)·density / "
         "time\n",
         ctx.device_name(), ctx.arch(), ctx.sm_count(), timer.l2_bytes() >> 20,
         kernels::resolve_fast_math(o.math, DType::BF16) ? "approximate" : "exact",

@@ -1,10 +1,10 @@
 // decode_combine/warp_per_row: merges the split kernel's partials (templates/decode_combine.cuh;
-// docs/kernels/decode.md). One warp per (b, h, q) row; no mods reach it (Variant::kernel_mods),
-// so one kernel per dtype and Dv serves every mod. Config: num_warps {1, 2, 4, 8} rows per CTA.
-// The module also holds the opt-in page check of a KV cache (templates/decode_check.cuh:
-// kCheckInit, kCheckPages; launched by runtime/Decode.cpp, not by launches()).
-// Head dims: Dv any multiple of 8 up to 256; the lanes divide a row as for its tile dim (64 / 128 /
-// 256) and skip the padding.
+// docs/kernels/decode.md). One warp per (b, h, q) row; only a sink_mod's mods reach it
+// (Variant::kernel_mods), so one kernel per dtype and Dv serves every mods without one. Config:
+// num_warps {1, 2, 4, 8} rows per CTA. The module also holds the opt-in page check of a KV cache
+// (templates/decode_check.cuh: kCheckInit, kCheckPages; launched by runtime/Decode.cpp, not by
+// launches()). Head dims: Dv any multiple of 8 up to 256; the lanes divide a row as for its tile
+// dim (64 / 128 / 256) and skip the padding.
 #pragma once
 
 #include "kernels/decode/Decode.h"
@@ -46,7 +46,12 @@ class DecodeCombineWarpPerRow : public DecodeCombineVariant {
   std::vector<std::string> entry_points() const override {
     return {kEntry, kCheckInit, kCheckPages};
   }
-  Mods kernel_mods(const Mods&) const override { return Mods{}; }
+  // Only a sink_mod changes the combine (the row's sink joins its denominator): then the whole
+  // mods reach it, so that its FjModParams is the call's (DecodeInputs::mod_params); without
+  // one, none do and one kernel per dtype and Dv serves every mods.
+  Mods kernel_mods(const Mods& mods) const override {
+    return mods.sink_mod.defined() ? mods : Mods{};
+  }
   cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
   unsigned smem_bytes(const KernelDesc&) const override { return 0; }
   // Reads the split step's workspace (the plan gives the combine step that slice).
