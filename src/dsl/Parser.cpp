@@ -4,6 +4,7 @@
 #include "ir/IR.h"
 #include "ir/Operators.h"
 #include "ir/Visitor.h"
+#include "util/Suggest.h"
 
 #include <fmt/format.h>
 
@@ -72,50 +73,9 @@ std::optional<ir::VarKind> find_leaf(std::string_view name) {
   return std::nullopt;
 }
 
-// Optimal string alignment distance (a transposition counts as one edit), capped at `cap`.
-int edit_distance(std::string_view a, std::string_view b, int cap) {
-  if (a.size() > 64 || b.size() > 64) return cap + 1;
-  const size_t n = a.size(), m = b.size();
-  std::vector<std::vector<int>> d(n + 1, std::vector<int>(m + 1));
-  for (size_t i = 0; i <= n; ++i)
-    d[i][0] = static_cast<int>(i);
-  for (size_t j = 0; j <= m; ++j)
-    d[0][j] = static_cast<int>(j);
-  for (size_t i = 1; i <= n; ++i) {
-    for (size_t j = 1; j <= m; ++j) {
-      int cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-      }
-    }
-  }
-  return d[n][m];
-}
-
 // " (did you mean 'kv_idx'?)" for the closest candidate, or "" when none is close.
 std::string suggestion(std::string_view name, const std::vector<std::string>& candidates) {
-  const std::string* best = nullptr;
-  int best_d = std::max<int>(1, static_cast<int>(name.size()) / 3);
-  for (const auto& c : candidates) {
-    int d = edit_distance(name, c, best_d);
-    // Replacing every letter ("q" -> "b") is no suggestion at all.
-    if (d >= static_cast<int>(name.size())) continue;
-    if (d <= best_d && (best == nullptr || d < best_d)) {
-      best = &c;
-      best_d = d;
-    }
-  }
-  if (best == nullptr) {
-    // A prefix of a longer name ("q" for q_idx, "kv" for kv_idx).
-    for (const auto& c : candidates) {
-      if (!name.empty() && c.size() > name.size() && c.compare(0, name.size(), name) == 0 &&
-          (best == nullptr || c.size() < best->size())) {
-        best = &c;
-      }
-    }
-  }
-  return best ? fmt::format(" (did you mean '{}'?)", *best) : std::string();
+  return did_you_mean(name, candidates);
 }
 
 // An expression being parsed, with the bounds that keep later recursive walks safe.

@@ -1,7 +1,7 @@
 // "Did you mean" for names a user types: standard mod names, CLI subcommands and flags, CUDA
-// archs. The .fx parser has its own copy for identifiers (src/dsl/Parser.cpp); the rule is the
-// same: the closest candidate within an edit distance of a third of the name (at least 1), a
-// transposition counting as one edit, else a candidate the name is a prefix of, else none.
+// archs, and the .fx parser's identifiers, keywords and types (src/dsl/Parser.cpp). The rule: the
+// closest candidate within an edit distance of a third of the name (at least 1), a transposition
+// counting as one edit, else a candidate the name is a prefix of, else none.
 #pragma once
 
 #include <optional>

@@ -131,6 +131,18 @@ template ErrorStats compare<float>(const std::vector<float>&, const std::vector<
 template ErrorStats compare<double>(const std::vector<float>&, const std::vector<double>&);
 
 // The error rule: bf16 1e-2, fp16 3e-3, fp32 inputs (tf32 tensor cores) 1e-3.
+std::string step_line(const std::string& plan, const std::string& family) {
+  size_t at = 0;
+  while (at < plan.size()) {
+    size_t end = plan.find('\n', at);
+    if (end == std::string::npos) end = plan.size();
+    const std::string line = plan.substr(at, end - at);
+    if (line.find(family + "/") != std::string::npos) return line;
+    at = end + 1;
+  }
+  return "(no " + family + " step in: " + plan + ")";
+}
+
 double tolerance(DType dtype) {
   if (dtype == DType::F32) return 1e-3;
   return dtype == DType::F16 ? 3e-3 : 1e-2;

@@ -61,6 +61,10 @@ ErrorStats compare(const std::vector<float>& out, const std::vector<R>& ref);
 // Options of a Context whose kernel and tuning caches live in `dir` (a test::TempDir's path).
 ContextOptions cache_in(const std::filesystem::path& dir);
 
+// The line of a plan's text (runtime::describe_*_plan) whose step is of `family` ("forward",
+// "backward_dkdv", ...), or a line saying there is none.
+std::string step_line(const std::string& plan, const std::string& family);
+
 // The tolerance on ErrorStats::rel for a dtype: 1e-2 bf16, 3e-3 f16.
 double tolerance(DType dtype);
 

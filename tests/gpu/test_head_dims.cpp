@@ -12,6 +12,7 @@
 #include <flexjit/paged_kv.h>
 
 #include "cpu/BackwardKernel.h"
+#include "gpu/BackwardCheck.h"
 #include "gpu/GpuTestUtil.h"
 #include "gpu/StandardBindings.h"
 #include "runtime/BackwardPlan.h"
@@ -53,23 +54,6 @@ struct Sm80Only {
 
 std::string dims_str(int dqk, int dv) {
   return fmt::format("D={}/{}", dqk, dv);
-}
-
-TensorRef host_ref(const HostTensor& t) {
-  return TensorRef::contiguous(const_cast<float*>(t.values.data()), DType::F32, t.shape);
-}
-
-// The step of a plan's text whose family is `family` ("forward", "backward_dkdv", ...).
-std::string step_line(const std::string& plan, const std::string& family) {
-  size_t at = 0;
-  while (at < plan.size()) {
-    size_t end = plan.find('\n', at);
-    if (end == std::string::npos) end = plan.size();
-    const std::string line = plan.substr(at, end - at);
-    if (line.find(family + "/") != std::string::npos) return line;
-    at = end + 1;
-  }
-  return "(no " + family + " step in: " + plan + ")";
 }
 
 // Device copies of the mods' buffers and params, and their host views for the reference.
@@ -369,32 +353,8 @@ TEST_CASE(
     AttentionResult fwd = flex_attention(*ctx, dq, dk, dv, o);
     BackwardResult g = flex_attention_backward(*ctx, dq, dk, dv, fwd.out, fwd.lse, ddout, o, bo);
     ctx->synchronize();
-    // The reference differentiates the same function at the GPU forward's out and lse.
-    std::vector<double> out64, lse64;
-    for (float x : download(fwd.out))
-      out64.push_back(x);
-    for (float x : download(fwd.lse))
-      lse64.push_back(x);
-    const cpu::CpuGradients<double> ref =
-        cpu::cpu_attention_backward_f64(mods, bind.host, host_ref(q), host_ref(k), host_ref(v),
-                                        out64.data(), lse64.data(), host_ref(dout), {});
-    std::vector<std::pair<std::string, ErrorStats>> checks = {
-        {"dq", compare(download(g.dq), ref.dq)},
-        {"dk", compare(download(g.dk), ref.dk)},
-        {"dv", compare(download(g.dv), ref.dv)}};
-    for (auto& [name, t] : g.buffer_grads) {
-      auto it = ref.buffers.find(name);
-      REQUIRE(it != ref.buffers.end());
-      checks.push_back({"d" + name, compare(download(t), it->second)});
-    }
-    std::string line = "  backward " + label + ":";
-    for (const auto& [name, err] : checks) {
-      INFO(name << ": " << err.str());
-      CHECK(err.nonfinite == 0);
-      CHECK(err.rel <= 2e-2);  // bf16 (tests/gpu/test_backward.cpp's rule)
-      line += fmt::format(" {} rel {:.2e};", name, err.rel);
-    }
-    std::printf("%s\n", line.c_str());
+    check_backward_f64(mods, bind.host, q, k, v, dout, fwd, g,
+                       label);  // bf16: 2e-2, test_backward.cpp's rule
   }
 }
 

@@ -12,6 +12,7 @@
 #include <flexjit/backward.h>
 
 #include "cpu/BackwardKernel.h"
+#include "gpu/BackwardCheck.h"
 #include "gpu/GpuTestUtil.h"
 #include "gpu/StandardBindings.h"
 #include "runtime/BackwardPlan.h"
@@ -66,10 +67,6 @@ std::string shape_str(const AttentionShape& s) {
                      s.seqlen_q, s.seqlen_kv, s.head_dim_qk, s.head_dim_v);
 }
 
-TensorRef host_ref(const HostTensor& t) {
-  return TensorRef::contiguous(const_cast<float*>(t.values.data()), DType::F32, t.shape);
-}
-
 // Whether the sm_90a variants run on this device (a warning says why not).
 bool sm90_selectable(Context& ctx) {
   const std::vector<std::string> families = forward_families(ctx);
@@ -106,19 +103,6 @@ void make_inputs(Context& ctx, const Mods& mods, const AttentionShape& s, std::m
   in.dev.params = in.host.params = in.params;
   for (auto& [n, x] : in.params)
     in.env.params[n] = x;
-}
-
-// The step of a plan's text whose family is `family` ("forward", "backward_dkdv", ...).
-std::string step_line(const std::string& plan, const std::string& family) {
-  size_t at = 0;
-  while (at < plan.size()) {
-    size_t end = plan.find('\n', at);
-    if (end == std::string::npos) end = plan.size();
-    const std::string line = plan.substr(at, end - at);
-    if (line.find(family + "/") != std::string::npos) return line;
-    at = end + 1;
-  }
-  return "(no " + family + " step in: " + plan + ")";
 }
 
 }  // namespace
@@ -216,31 +200,6 @@ TEST_CASE("head dims on sm_90a: the backward in tiles of 64 / 128 matches the fp
     BackwardResult g =
         flex_attention_backward(*ctx, in.dq, in.dk, in.dv, fwd.out, fwd.lse, ddout, o);
     ctx->synchronize();
-    // The reference differentiates the same function at the GPU forward's out and lse.
-    std::vector<double> out64, lse64;
-    for (float x : download(fwd.out))
-      out64.push_back(x);
-    for (float x : download(fwd.lse))
-      lse64.push_back(x);
-    cpu::CpuGradients<double> ref = cpu::cpu_attention_backward_f64(
-        mods, in.host, host_ref(in.q), host_ref(in.k), host_ref(in.v), out64.data(), lse64.data(),
-        host_ref(dout), {});
-    std::vector<std::pair<std::string, ErrorStats>> checks = {
-        {"dq", compare(download(g.dq), ref.dq)},
-        {"dk", compare(download(g.dk), ref.dk)},
-        {"dv", compare(download(g.dv), ref.dv)}};
-    for (auto& [name, t] : g.buffer_grads) {
-      auto it = ref.buffers.find(name);
-      REQUIRE(it != ref.buffers.end());
-      checks.push_back({"d" + name, compare(download(t), it->second)});
-    }
-    std::string line = "  backward " + label + ":";
-    for (const auto& [name, err] : checks) {
-      INFO(name << ": " << err.str());
-      CHECK(err.nonfinite == 0);
-      CHECK(err.rel <= 2e-2);  // bf16 (tests/gpu/test_backward.cpp's rule)
-      line += fmt::format(" {} rel {:.2e};", name, err.rel);
-    }
-    std::printf("%s\n", line.c_str());
+    check_backward_f64(mods, in.host, in.q, in.k, in.v, dout, fwd, g, label);  // bf16: 2e-2
   }
 }
