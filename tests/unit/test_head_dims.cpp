@@ -332,8 +332,9 @@ TEST_CASE(
       REQUIRE(g64.dq.size() == q.size());
       REQUIRE(g64.dk.size() == k.size());
       REQUIRE(g64.dv.size() == v.size());
+      const size_t out_elems = rows * static_cast<size_t>(dv);  // clang 14: no binding captures
       auto loss = [&] {
-        std::vector<double> o(rows * dv), l(rows);
+        std::vector<double> o(out_elems), l(rows);
         cpu::cpu_attention_forward_f64(mods, bindings, tq, tk, tv, o.data(), l.data());
         double s = 0;
         for (size_t i = 0; i < o.size(); ++i)
