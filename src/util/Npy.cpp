@@ -393,7 +393,7 @@ Array parse(std::string_view file, const std::string& name) {
   Source src;
   src.size = file.size();
   src.read = [file](uint64_t offset, char* dst, size_t n) {
-    std::memcpy(dst, file.data() + offset, n);
+    if (n != 0) std::memcpy(dst, file.data() + offset, n);  // an empty array's data is null
   };
   return load(src, name);
 }
