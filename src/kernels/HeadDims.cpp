@@ -12,6 +12,11 @@ std::optional<int> tile_head_dim(int head_dim, std::initializer_list<int> tiles)
   return std::nullopt;
 }
 
+std::string real_head_dims_line(int head_dim_qk, int head_dim_v) {
+  return fmt::format("static constexpr int kRealDimQK = {}, kRealDimV = {};", head_dim_qk,
+                     head_dim_v);
+}
+
 std::optional<std::string> head_dim_reason(const std::string& who, const char* what, int head_dim,
                                            std::initializer_list<int> tiles) {
   if (tile_head_dim(head_dim, tiles)) return std::nullopt;

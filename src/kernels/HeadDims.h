@@ -22,6 +22,10 @@ constexpr int kMaxHeadDim = 256;
 // positive multiple of kHeadDimQuantum, or exceeds every tile.
 std::optional<int> tile_head_dim(int head_dim, std::initializer_list<int> tiles);
 
+// The line of a generated FjConfig that carries the problem's own head dims beside the tile dims
+// (kHeadDimQK / kHeadDimV): "static constexpr int kRealDimQK = 96, kRealDimV = 96;".
+std::string real_head_dims_line(int head_dim_qk, int head_dim_v);
+
 // Why a variant (`who`, e.g. "forward/sm80_mma") cannot take `head_dim` for `what`
 // ("head_dim_qk"): names the rule and the tile dims it pads to; nullopt when it can.
 std::optional<std::string> head_dim_reason(const std::string& who, const char* what, int head_dim,

@@ -91,8 +91,7 @@ std::string backward_config_struct(const Mods& mods, const KernelDesc& d) {
   tiled.head_dim_v = tile_of(d.head_dim_v);
   std::string s = ForwardSm80Mma::config_struct(
       mods, tiled,
-      {fmt::format("static constexpr int kRealDimQK = {}, kRealDimV = {};", d.head_dim_qk,
-                   d.head_dim_v),
+      {real_head_dims_line(d.head_dim_qk, d.head_dim_v),
        fmt::format("static constexpr int kDqAccumDim = {};", dq_accum_dim(d.head_dim_qk)),
        fmt::format("static constexpr bool kDqAtomic = {};",
                    d.config.get("dq_atomic").value_or(0) != 0 ? "true" : "false"),

@@ -303,8 +303,7 @@ std::string DecodeSplitSm80Mma::config_struct(const Mods& mods, const KernelDesc
     w.line(fmt::format(
         "static constexpr int kHeadDimQK = {}, kHeadDimV = {}, kGqaRatio = {}, kPageSize = {};",
         tile_of(d.head_dim_qk), tile_of(d.head_dim_v), d.gqa_ratio, d.flags.at("page_size")));
-    w.line(fmt::format("static constexpr int kRealDimQK = {}, kRealDimV = {};", d.head_dim_qk,
-                       d.head_dim_v));
+    w.line(real_head_dims_line(d.head_dim_qk, d.head_dim_v));
     auto b = [](bool v) { return v ? "true" : "false"; };
     w.line(fmt::format("static constexpr bool kHasFullBlocks = {};",
                        b(d.flags.at("full_blocks") != 0)));

@@ -307,8 +307,7 @@ cuda::GeneratedSource ForwardSm80Mma::generate(const Mods& mods, const KernelDes
   KernelDesc tiled = desc;
   tiled.head_dim_qk = tile_qk(desc);
   tiled.head_dim_v = tile_v(desc);
-  std::vector<std::string> extra = {fmt::format(
-      "static constexpr int kRealDimQK = {}, kRealDimV = {};", desc.head_dim_qk, desc.head_dim_v)};
+  std::vector<std::string> extra = {real_head_dims_line(desc.head_dim_qk, desc.head_dim_v)};
   auto config_text = [&] {
     std::string s = config_struct(mods, tiled, extra);
     const std::string said = tiled.str(), real = desc.str();

@@ -222,8 +222,7 @@ std::string sm90_config_struct(const Mods& mods, const KernelDesc& desc, int til
   KernelDesc tiled = desc;
   tiled.head_dim_qk = tile_qk;
   tiled.head_dim_v = tile_v;
-  extra.insert(extra.begin(), fmt::format("static constexpr int kRealDimQK = {}, kRealDimV = {};",
-                                          desc.head_dim_qk, desc.head_dim_v));
+  extra.insert(extra.begin(), real_head_dims_line(desc.head_dim_qk, desc.head_dim_v));
   std::string s = ForwardSm80Mma::config_struct(mods, tiled, extra);
   // The comment line names the problem's own dims.
   const std::string said = tiled.str(), real = desc.str();
