@@ -240,7 +240,7 @@ Manifest parse_manifest(const std::string& text, const std::filesystem::path& fi
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number overflow
     throw Error(fmt::format("{}: not valid JSON: {}", file.string(), e.what()));
   }
   Manifest m;

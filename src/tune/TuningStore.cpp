@@ -154,7 +154,7 @@ std::vector<TuningRecord> parse_tuning_file(const std::string& text) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number overflow
     throw UnsupportedError(fmt::format("it is not valid JSON ({})", e.what()));
   }
   if (!j.is_object() || !j.contains("format") || j.at("format") != "flexjit-tuning") {
