@@ -6,6 +6,8 @@ bash scripts/deps.sh
 export PATH="/usr/local/cuda/bin:$PATH"
 echo "== clang-format check"
 git ls-files '*.h' '*.cpp' '*.cuh' | xargs clang-format --dry-run -Werror
+echo "== documentation references"
+python3 scripts/check_doc_links.py
 # ccache (when present) lets scripts/test_packaging.sh build the shared library from these objects.
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)

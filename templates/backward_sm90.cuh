@@ -171,9 +171,9 @@ FJ_DEVICE void fj_bwd_sm90_dq_piece(float (&d)[kW / 8][4], fj_u32 tile_ds, fj_u3
 // at (32 k + l) * 16 bytes, the order the convert kernel reads): stored in that order into the
 // warp's `stage` in shared memory (consecutive lanes, consecutive 16 bytes: no bank conflicts),
 // then one bulk reduction (cp.reduce.async.bulk .add.f32) by lane 0. Global red instructions
-// from the consumers cost the fused kernel 25 % (docs/perf/NOTES.md v16); the bulk reduction
-// moves whole lines through the async proxy. Lane 0 waits until its previous reduction has read
-// the stage before the warp overwrites it.
+// from the consumers cost the fused kernel 25 % (docs/kernels/backward_sm90.md "Design notes"); the
+// bulk reduction moves whole lines through the async proxy. Lane 0 waits until its previous
+// reduction has read the stage before the warp overwrites it.
 template <int kW>
 FJ_DEVICE void fj_bwd_sm90_dq_bulk_add(float* gdst, fj_u32 stage, int lane,
                                        const float (&d)[kW / 8][4]) {
@@ -206,14 +206,14 @@ FJ_DEVICE int fj_bwd_sm90_walk(int jw, int num_total, int n_block) {
   return j >= num_total ? j - num_total : j;
 }
 
-// Ping-pong between the two consumer warpgroups (the forward's v8 scheme): warpgroup c issues
-// wgmma only inside a turn, taken with a bar.sync on kBar + c and handed over right after the
-// issue with a bar.arrive on the other's barrier (256 threads: 128 syncing, 128 arriving), so
-// the tensor cores alternate between the two and one's element step runs under the other's
-// GEMMs instead of both waiting on the same stage at once. Warpgroup 0 takes the first turn
-// (start: warpgroup 1's arrival); every turn hands over, and warpgroup 0 absorbs warpgroup 1's
-// last hand-over (finish), so no arrival is left pending at exit, however many turns there
-// were. Both warpgroups walk the same tiles, hence take the same number of turns.
+// Ping-pong between the two consumer warpgroups (the forward's scheme, docs/kernels/forward_sm90.md
+// "Structure"): warpgroup c issues wgmma only inside a turn, taken with a bar.sync on kBar + c and
+// handed over right after the issue with a bar.arrive on the other's barrier (256 threads: 128
+// syncing, 128 arriving), so the tensor cores alternate between the two and one's element step runs
+// under the other's GEMMs instead of both waiting on the same stage at once. Warpgroup 0 takes the
+// first turn (start: warpgroup 1's arrival); every turn hands over, and warpgroup 0 absorbs
+// warpgroup 1's last hand-over (finish), so no arrival is left pending at exit, however many turns
+// there were. Both warpgroups walk the same tiles, hence take the same number of turns.
 // The same protocol as FjTurns<2, 3> (wgmma_sm90.cuh, which the forward uses with immediate
 // barrier ids and three consumers too); the backward keeps this copy until a device run has
 // measured and verified it on FjTurns (docs/kernels/backward_sm90.md "Next").

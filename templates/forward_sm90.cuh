@@ -189,7 +189,8 @@ FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& arg
 // document id), the warp reads each of its columns once: lane 4r + j loads quad column j's
 // n8 fragments nt = r, r + 8, ... (both of its keys) and each lane takes its column's value
 // from that lane by a shuffle. Loaded per element, the 32 ids of a thread's 128 keys were in
-// flight at once and spilled document's softmax sums (32 B at 192 rows; NOTES v19).
+// flight at once and spilled document's softmax sums (32 B at 192 rows;
+// docs/kernels/forward_sm90.md, "The mask_mod's column load").
 template <class Cfg, class T>
 FJ_DEVICE void fj_sm90_mask(float (&s)[1][T::kNTiles][4], const FjFwdArgs& args,
                             const FjModParams& mods, int b, int h, int q_row0, int kv_col0) {
@@ -657,7 +658,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   // partial tiles); two loops in one kernel cost registers (document_causal spilled 88 B) and
   // compile time. Without a mask_mod (the host then takes no 192-row tiles with a block mask,
   // InputFacts::mask_mod), the loop below: the union loop measured 401 TFLOP/s there against 431
-  // on noop (NOTES v18).
+  // on noop (docs/kernels/forward_sm90.md "Union schedule").
   constexpr bool kUnion = kFjUnionSchedule<T, Cfg>;
   FjWorkItems<T> items;
   int b, h, m_block;
@@ -703,8 +704,9 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     }
     // The thread's first row. With a column load (document masks) its lane part is taken here
     // (warp * 16 + lane / 4 = wtid / 4 + warp * 8): computed once at the kernel's start it was
-    // spilled and reloaded once per query tile (document_causal at 192 rows, v18-v19). The
-    // other kernels keep the form they were measured with.
+    // spilled and reloaded once per query tile (document_causal at 192 rows;
+    // docs/kernels/forward_sm90.md "The mask_mod's column load"). The other kernels keep the form
+    // they were measured with.
     const int q_row0 = kFjColLoad ? m_start + cw * 64 + fj_here(wtid >> 2) + (wtid >> 5) * 8
                                   : m_start + cw * 64 + warp * 16 + (lane >> 2);
     const int dl_row0 = m_start + cw * 64 + warp * 16;  // this warp's first query row
@@ -737,7 +739,8 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       if constexpr (kUnion && Cfg::kHasScoreMod && Cfg::kHasMaskMod) {
         // One copy of the score_mod, the mask_mod after it where the tile is partial: a
         // partial and a full copy of the score_mod chosen by a tile's status bits spilled
-        // 130-260 B at 160 registers (softcap_causal, relative_bias_causal; NOTES v18).
+        // 130-260 B at 160 registers (softcap_causal, relative_bias_causal;
+        // docs/kernels/forward_sm90.md "Union schedule").
         fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0, dl,
                                                   lane);
         if (partial) fj_sm90_mask<Cfg, T>(s, args, mods, b, h, q_row0, kv_col0);
@@ -795,7 +798,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       // ptxas places this wait at the top of the softmax's basic block, so the softmax runs
       // after P V rather than under it; the ping-pong of the consumers keeps the tensor cores
       // busy meanwhile. Forcing the wait below the softmax (a never-taken branch on its row
-      // sums) measured 2-4 % slower (docs/perf/NOTES.md v12).
+      // sums) measured 2-4 % slower (docs/kernels/forward_sm90.md "Design notes").
       fj_wgmma_wait<0>();
       fj_fence_regs(o[0]);
       if (q_done) release_q();
@@ -820,7 +823,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       // the entries after it. Every wgmma sits unconditionally in its block: issued or waited
       // for under a runtime condition, ptxas serializes every wgmma of the kernel (noop 317
       // TFLOP/s against 434); runs found by the tiles' status bits instead of the row's bounds
-      // spilled 150-350 B (docs/perf/NOTES.md v18).
+      // spilled 150-350 B (docs/kernels/forward_sm90.md "Union schedule").
       const bool masked = args.mask.kv_num_blocks != nullptr;
       int run_begin = 0, run_end = num_total;
       if constexpr (T::kPersistent) {

@@ -238,7 +238,8 @@ FJ_DEVICE int fj_here(int x) {
 // warp-uniform (CUTLASS's canonical_warp_idx_sync does the same): loop counts, ring positions
 // and stage addresses computed from it stay on the uniform datapath. A count loaded from memory
 // is not known to be uniform, and everything computed from it moves to the vector datapath
-// (NOTES v18: +6 % instructions on noop at d 64 from one such count).
+// (+6 % instructions on noop at d 64 from one such count: docs/kernels/forward_sm90.md "Union
+// schedule").
 FJ_DEVICE int fj_warp_uniform(int x) {
   return __shfl_sync(0xffffffffu, x, 0);
 }

@@ -30,8 +30,8 @@ void check_launch_limits(const QkvShape& shape);
 void check_attention_outputs(const TensorRef& q, const QkvShape& shape, const TensorRef& out,
                              const TensorRef* lse);
 
-// Zero-length KV: softmax over nothing. out = 0 and lse = -inf (DESIGN.md "Semantics at the
-// edges"), written with memsets on `stream`; no kernel.
+// Zero-length KV: softmax over nothing. out = 0 and lse = -inf (docs/attention.md "Semantics at
+// the edges"), written with memsets on `stream`; no kernel.
 void write_empty_attention(const TensorRef& out, const TensorRef* lse, CUstream stream);
 
 // RuntimeError unless the block mask was built for these lengths, a batch and head count of 1

@@ -201,7 +201,8 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   // dq_atomic is a config of the dK/dV variants that can add dQ themselves (sm80_mma by atomics,
   // sm90a_wgmma by bulk reductions, its default); the key goes into the overrides only where it
   // decides something: a caller's key refuses every variant without it, and the registry would
-  // pick the next one (NOTES v13: the tuned plan ran sm80_mma's dK/dV on sm_90a that way).
+  // pick the next one (the tuned plan once ran sm80_mma's dK/dV on sm_90a that way: docs/tuning.md,
+  // "The backward's dQ strategy").
   kernels::Params dkdv_overrides = overrides;
   // Atomic: only a variant with dq_atomic = 1 can do it. Deterministic: dQ by the second pass
   // (validate_backward refused dq_mode = Atomic); the registry picks a dK/dV variant that

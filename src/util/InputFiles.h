@@ -12,7 +12,8 @@
 
 namespace flexjit::files {
 
-// Upper bounds of text inputs (docs/cli.md, "Input files").
+// Upper bounds of text inputs (docs/attention.md "`flexjit run`", its input files; docs/tuning.md
+// "Manifests").
 constexpr uint64_t kMaxManifestBytes = uint64_t{16} << 20;  // a tuning manifest (JSON)
 constexpr uint64_t kMaxModsFileBytes = uint64_t{1} << 20;   // a .fx mods file
 

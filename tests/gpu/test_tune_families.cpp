@@ -209,8 +209,8 @@ TEST_CASE("backward: search and a second pass keep the arch's default dK/dV and 
   FJ_REQUIRE_GPU_OR_SKIP(shared);
   // No family scope: the variants the registry picks for this GPU. The tuned plan once carried
   // the dQ strategy as dq_atomic = 0 into the dK/dV overrides, a key sm90a_wgmma does not have,
-  // so the search and the plan ran sm80_mma's dK/dV on sm_90a, 27-73 % slower (NOTES v13); so
-  // did BackwardOptions::DqMode::SecondPass.
+  // so the search and the plan ran sm80_mma's dK/dV on sm_90a, 27-73 % slower (docs/tuning.md
+  // "Measured"); so did BackwardOptions::DqMode::SecondPass.
   const bool hopper = shared->arch() == "sm_90a";
   const std::string want = hopper ? "sm90a_wgmma" : "sm80_mma";
   ScopedEnv env_off("FLEXJIT_AUTOTUNE", "off");  // create_block_mask: not tuned here

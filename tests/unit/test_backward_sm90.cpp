@@ -202,7 +202,8 @@ TEST_CASE("sm90a_wgmma backward configs: defaults, the space, and precise refusa
   CHECK_THROWS_WITH(sm90_desc(Family::BackwardDkDv, DType::BF16, 64, 64, {{"dq_atomic", 2}}),
                     Catch::Contains("dq_atomic must be 0 or 1, not 2"));
   // dQ at d = 128: 64 keys for lengths that leave a ragged tile (or are not known), 128 where
-  // both divide 128 (NOTES v13: 1.13-1.19x on masked cases); a caller's block_n stays.
+  // both divide 128 (1.13-1.19x on masked cases: docs/kernels/backward_sm90.md "Design notes"); a
+  // caller's block_n stays.
   CHECK(sm90_desc(Family::BackwardDq, DType::BF16, 128, 128).config.str() ==
         "block_m=128 block_n=64 num_stages=2");
   {
@@ -289,12 +290,12 @@ TEST_CASE("sm90a_wgmma backward compiles for every standard mod at d 64 / 128 wi
                       "stores / loads, {} B smem, compiled in {:.2f} s",
                       d.str(), j.mods, u.registers, u.spill_store_bytes, u.spill_load_bytes,
                       Registry::global().get(j.family, "sm90a_wgmma").smem_bytes(d), secs));
-      // Known (docs/perf/NOTES.md v10): dQ at d = 64 with its 128-key tiles spills 16 bytes for
-      // relative_bias_causal (the bias loads of 64 scores in flight beside S, dP and dQ); NOTES
-      // v16: dK/dV with dQ added (dq_atomic) at d = 128 spills 16 bytes for alibi without a
-      // mask (two 64-bit values stored before the S^T / dP^T GEMMs and loaded in the element
-      // step: its slope gradient's per-head sums and the element step pass 240 registers).
-      // Every other case: none.
+      // Known (docs/kernels/backward_sm90.md "Resources and compile time"): dQ at d = 64 with its
+      // 128-key tiles spills 16 bytes for relative_bias_causal (the bias loads of 64 scores in
+      // flight beside S, dP and dQ); dK/dV with dQ added (dq_atomic) at d = 128 spills 16 bytes for
+      // alibi without a mask (two 64-bit values stored before the S^T / dP^T GEMMs and loaded in
+      // the element step: its slope gradient's per-head sums and the element step pass 240
+      // registers). Every other case: none.
       const bool known = (j.family == Family::BackwardDq && j.dqk == 64 &&
                           j.mods.rfind("relative_bias", 0) == 0) ||
                          (j.family == Family::BackwardDkDv && j.dqk > 64 && j.mods == "alibi" &&

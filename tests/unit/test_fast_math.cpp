@@ -294,8 +294,8 @@ TEST_CASE("math modes: softcap kernels compile in both modes on sm_80 and sm_90a
         const jit::ResourceUsage& u = k.compiled.kernel->usage;
         CHECK(u.registers > 0);
         CHECK(u.registers <= 255);
-        // Registers and spills of both modes, for docs/perf (nvcc 13.0: within a few registers
-        // of each other, spills unchanged).
+        // Registers and spills of both modes, printed to compare them (nvcc 13.0: within a few
+        // registers of each other, spills unchanged).
         std::printf("  %s: %s\n", d.str().substr(0, d.str().find(" |")).c_str(), u.str().c_str());
       }
     }

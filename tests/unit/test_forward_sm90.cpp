@@ -415,12 +415,12 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
       report.push_back(fmt::format("{} {}: {} registers (launch bound), {} B spills, {} B smem",
                                    d.str(), j.mods, u.registers, u.spill_store_bytes,
                                    ForwardSm90Wgmma().smem_bytes(d)));
-      // None, every config here (docs/perf/NOTES.md): document(_causal) at d 128 spilled 4 B
-      // until v17, t5_bucketed_bias 8 B until v12, relative_bias(_causal) 52 B until its table
-      // was read once per diagonal, softcap_causal at 192 rows 24 B and the union loop's first
-      // shapes 150-350 B until v18, document at 192 rows 32 B and document_causal 4 B (8 B with
-      // persistent 128-row tiles) until v19 read the document ids once per warp (kFjColLoad)
-      // and took the thread's row offset per query tile.
+      // None, every config here (docs/kernels/forward_sm90.md "Design notes"): document(_causal) at
+      // d 128 spilled 4 B until v17, t5_bucketed_bias 8 B until v12, relative_bias(_causal) 52 B
+      // until its table was read once per diagonal, softcap_causal at 192 rows 24 B and the union
+      // loop's first shapes 150-350 B until v18, document at 192 rows 32 B and document_causal 4 B
+      // (8 B with persistent 128-row tiles) until v19 read the document ids once per warp
+      // (kFjColLoad) and took the thread's row offset per query tile.
       if (u.spill_store_bytes > 0 || u.spill_load_bytes > 0) {
         failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),
                                        j.mods, u.spill_store_bytes, u.spill_load_bytes));

@@ -212,8 +212,9 @@ TEST_CASE("forward template compiles head dims below the tile dims", "[template]
   }
 }
 
-// fp32 inputs on tf32 tensor cores, in the default configurations of src/tune/Defaults.cpp
-// (d=256 has none on sm_86/89: 99 KiB of shared memory is too little for fp32 tiles).
+// fp32 inputs on tf32 tensor cores, in forward/sm80_mma's default configurations
+// (src/kernels/forward/Sm80Mma.cpp; d=256 has none on sm_86/89: 99 KiB of shared memory is too
+// little for fp32 tiles).
 TestConfig tf32_config(int d, const std::string& arch) {
   TestConfig c;
   c.element = "float";

@@ -724,7 +724,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
     std::cout << j.dump(2) << "\n";
   }
 
-  // The verdict against the targets (docs/perf/NOTES.md), main shape only.
+  // The verdict against the targets (docs/benchmarks.md "Roofline"), main shape only.
   auto main_tflops = [&](const char* name) -> std::optional<double> {
     for (const AttentionRow& r : rows) {
       if (r.c.group == "main" && r.c.name == name && r.error.empty()) return r.fwd_tflops;

@@ -211,10 +211,10 @@ void BackwardSm90Wgmma<F>::validate(const KernelDesc& d) const {
 
 template <Family F>
 Params BackwardSm90Wgmma<F>::default_config(const KernelDesc& p) const {
-  // Two stages (dK/dV's 2 and 3 measured within 1 %, NOTES v13). dQ's kv tile: 128 keys at
-  // d <= 64; at d = 128, 64 here (the bounds checks of ragged lengths and a mask_mod's loads
-  // spill with 128: document_causal 20 B) and 128 where resolve_config sees lengths that
-  // divide the tiles.
+  // Two stages (dK/dV's 2 and 3 measured within 1 %, docs/kernels/backward_sm90.md "Design notes").
+  // dQ's kv tile: 128 keys at d <= 64; at d = 128, 64 here (the bounds checks of ragged lengths and
+  // a mask_mod's loads spill with 128: document_causal 20 B) and 128 where resolve_config sees
+  // lengths that divide the tiles.
   const int d = std::max(tile_qk(p), tile_v(p));  // by the tile dims
   if constexpr (is_dkdv(F)) {
     return make_dkdv_config(64, 128, 2, kDefaultDqAtomic);
@@ -250,7 +250,7 @@ Params BackwardSm90Wgmma<F>::resolve_config(const KernelDesc& problem, const Par
   } else {
     // Lengths that divide 128 x 128 tiles (the divisible build, no bounds checks): dQ's
     // 128-key tile, 1.13-1.19x faster than 64 on the H100's masked cases at d = 128 and 1.01x
-    // without a mask (NOTES v13).
+    // without a mask (docs/kernels/backward_sm90.md "Design notes").
     const bool divides = facts.seqlen_q >= 0 && facts.seqlen_kv >= 0 && facts.seqlen_q % 128 == 0 &&
                          facts.seqlen_kv % 128 == 0;
     if (divides && !overrides.has("block_n")) c.set("block_n", 128);

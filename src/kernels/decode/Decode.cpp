@@ -79,7 +79,7 @@ int resolve_num_splits(const KernelDesc& d, const DecodeInputs& in) {
   const unsigned smem = std::max(1u, v.smem_bytes(d));
   // Shared memory bounds the CTAs an SM holds; the splits count on at most 2: with 3 (2-stage
   // tiles leave room for them) the anchors' shape took 6 splits and ran at 2.35 TB/s, with 2
-  // (4 splits, the same kernel) at 2.52 (H100, docs/perf/NOTES.md v15).
+  // (4 splits, the same kernel) at 2.52 (H100, docs/kernels/decode.md "Design notes").
   const int per_sm = std::clamp(static_cast<int>(cuda::max_smem_per_block(d.arch) / smem), 1, 2);
   const int rows = d.flags.at_int("rows");
   const int64_t ctas = in.batch * in.heads_kv * decode_row_groups(d.gqa_ratio, in.seqlen_q, rows);

@@ -218,10 +218,10 @@ Params DecodeSplitSm80Mma::default_config(const KernelDesc& p) const {
   // Keys per tile: 64 (32 for d = 256, whose 64-key tiles take 64 KB a stage), at most 32 per
   // warp. Stages: the most (up to 2; 3 on a paged cache and for d = 256's 32-key tiles) that
   // leave room for two CTAs per SM, else the most that fit. 2 rather than 3 without pages at
-  // d <= 128 (H100, the anchors' shape, docs/perf/NOTES.md v15: 2.517 against 2.497 TB/s with
-  // the same 4 splits; the tuner's search had picked 2 stages too); through 16-key pages 2
-  // stages measured 2.36 against 3's 2.43 (the page table's lookups want the deeper ring);
-  // d = 256 keeps 3, unmeasured.
+  // d <= 128 (H100, the anchors' shape: 2.517 against 2.497 TB/s with the same 4 splits; the
+  // tuner's search had picked 2 stages too); through 16-key pages 2 stages measured 2.36 against
+  // 3's 2.43 (the page table's lookups want the deeper ring); d = 256 keeps 3, unmeasured
+  // (docs/kernels/decode.md "Design notes").
   // Warps: 4 (8 from 64 rows on; d = 256: one per 16 rows, at least 2), so that each keeps at
   // most 32 keys of a tile (64 keys per warp reach 255 registers with a mask_mod that loads
   // buffers: nvcc 13.0 ptxas, document_causal, 128 rows, sm_80).

@@ -28,8 +28,8 @@ inline constexpr std::initializer_list<int> kDecodeSplitTileDims = {64, 128, 256
 // sm80_ef256 (L2::evict_first + L2::256B prefetch). Both are experimental and rank above
 // sm80_mma (FLEXJIT_ENABLE_VARIANTS=decode_split/sm80_ef256 selects one): sm80_ef256 measured
 // +2 % on the H100, but one of its builds (block_n 32, 8 warps, gqa 5) faults with an illegal
-// instruction at run time (docs/perf/NOTES.md v11: ptxas gives an LDGSTS an odd uniform
-// register as its cache-policy descriptor), so it is not the default.
+// instruction at run time (docs/kernels/decode.md "Design notes": ptxas gives an LDGSTS an odd
+// uniform register as its cache-policy descriptor), so it is not the default.
 class DecodeSplitSm80Mma : public DecodeSplitVariant {
  public:
   static constexpr const char* kEntry = "flexjit_decode_split";

@@ -210,8 +210,8 @@ Params ForwardSm80Mma::default_config(const KernelDesc& p) const {
     return small_smem ? make_config(64, 32, 4, 2) : make_config(64, 64, 4, 2);
   }
   if (d <= 64) return make_config(128, 64, 4, 2);
-  // Measured on an H200 (docs/perf/NOTES.md, v1): 128x64 w4 343 TFLOP/s noop against 325 for
-  // 128x128 w8; causal 281 against 285. 96 KiB of shared memory also fits sm_86/89.
+  // Measured on an H200 (docs/kernels/forward_sm80.md "Design notes"): 128x64 w4 343 TFLOP/s noop
+  // against 325 for 128x128 w8; causal 281 against 285. 96 KiB of shared memory also fits sm_86/89.
   if (d <= 128) return make_config(128, 64, 4, 2);
   return make_config(64, 64, 4, small_smem ? 1 : 2);
 }

@@ -321,9 +321,9 @@ Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
   // By the tile dims: a head dim runs in its tile's layouts (kSm90ForwardTileDims).
   const int qk = tile_qk(p), v = tile_v(p);
   const int d = std::max(qk, v);
-  // Measured on an H100 (docs/perf/NOTES.md v8, v9): d = 128 noop 581 TFLOP/s with 3 stages,
-  // 511 with 2 (causal 489 / 448), block_n 176 (2 stages fit) 520; d = 64 noop 396 with 4
-  // stages, 378 with 3, 323 with 2 (causal 296-297 with 3 or 4). Persistent CTAs (v17): d = 64
+  // Measured on an H100 (docs/kernels/forward_sm90.md "Design notes"): d = 128 noop 581 TFLOP/s
+  // with 3 stages, 511 with 2 (causal 489 / 448), block_n 176 (2 stages fit) 520; d = 64 noop 396
+  // with 4 stages, 378 with 3, 323 with 2 (causal 296-297 with 3 or 4). Persistent CTAs: d = 64
   // +4-6 % on all four of its cases (two Q buffers fit); at d = 128 (one Q buffer) noop gains and
   // the sparse masks lose 5-10 %, so there they stay off.
   if (d <= 64) return make_config(128, 128, 4, 2, 1);
@@ -358,14 +358,15 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   }
   // At head dim 64: three consumer warpgroups taking turns in rotation (block_m 192), the
   // softmax-bound tile's other lever: noop 430.9 TFLOP/s against 404.3 with 128 rows
-  // (docs/perf/NOTES.md v17); with a block mask, whose 128-row blocks each 64-row warpgroup lies
-  // in, through the union schedule (v18). Only where 192-row tiles cover at most an eighth more
-  // rows than 128-row ones (short or ragged query lengths), and with the default block_n (a
-  // wider one does not fit 192 rows' registers).
+  // (docs/kernels/forward_sm90.md "Design notes"); with a block mask, whose 128-row blocks each
+  // 64-row warpgroup lies in, through the union schedule (same page, "Union schedule"). Only where
+  // 192-row tiles cover at most an eighth more rows than 128-row ones (short or ragged query
+  // lengths), and with the default block_n (a wider one does not fit 192 rows' registers).
   const int64_t rows192 = (facts.seqlen_q + 191) / 192 * 192;
   const int64_t rows128 = (facts.seqlen_q + 127) / 128 * 128;
   // Not where the mask_mod divides by a run-time value per score (passes/RuntimeDivision.h):
-  // at 192 rows chunked_local ran 122 TFLOP/s against 174 with 128 (NOTES v19).
+  // at 192 rows chunked_local ran 122 TFLOP/s against 174 with 128 (docs/kernels/forward_sm90.md
+  // "Design notes").
   if (!overrides.has("block_m") && !overrides.has("block_n") && facts.seqlen_q > 0 &&
       !facts.mask_mod_divides && std::max(problem.head_dim_qk, problem.head_dim_v) <= 64 &&
       8 * rows192 <= 9 * rows128 &&

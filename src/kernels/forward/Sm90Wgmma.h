@@ -10,7 +10,7 @@
 // back to forward/sm80_mma with the reason in the `kernels` log. Config: block_m {128, 192} (two or
 // three consumer warpgroups), block_n {64, 128, 176, 192}, num_stages {2, 3, 4}, q_tiles {1, 2},
 // persistent {0, 1}; the shared memory fj_forward_sm90_smem_bytes() must fit. The sm_90a default
-// since its verification on an H100 (docs/perf/NOTES.md v8).
+// since its verification on an H100 (docs/kernels/forward_sm90.md "Design notes").
 #pragma once
 
 #include "kernels/forward/Forward.h"
