@@ -10,6 +10,7 @@
 #include "cpu/BackwardKernel.h"        // the CPU backward (no public header yet)
 #include "cpu/InterpretedBlockMask.h"  // no public host builder from a mask_mod yet
 #include "ir/Evaluate.h"
+#include "util/Suggest.h"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -22,6 +23,9 @@
 
 #include <dlpack/dlpack.h>
 
+#include <algorithm>
+#include <array>
+#include <climits>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -40,8 +44,61 @@ using Array = nb::ndarray<nb::ro>;
 
 // --- tensors ---------------------------------------------------------------------------------
 
-// Views an nb::ndarray through flexjit's own DLPack rules (dtype and device names in errors).
-TensorRef to_tensor(const Array& a) {
+// The framework's word for a DLPack dtype: float64, int64, uint8, bfloat16, complex64, bool;
+// "float32x4" for several lanes.
+std::string dtype_word(const nb::dlpack::dtype& d) {
+  std::string kind;
+  switch (d.code) {
+    case static_cast<uint8_t>(nb::dlpack::dtype_code::Int):
+      kind = "int";
+      break;
+    case static_cast<uint8_t>(nb::dlpack::dtype_code::UInt):
+      kind = "uint";
+      break;
+    case static_cast<uint8_t>(nb::dlpack::dtype_code::Float):
+      kind = "float";
+      break;
+    case static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat):
+      kind = "bfloat";
+      break;
+    case static_cast<uint8_t>(nb::dlpack::dtype_code::Complex):
+      kind = "complex";
+      break;
+    case static_cast<uint8_t>(nb::dlpack::dtype_code::Bool):
+      kind = "bool";
+      break;
+    default:
+      kind = "<DLPack type code " + std::to_string(d.code) + ">";
+  }
+  std::string w = kind == "bool" && d.bits == 8 ? kind : kind + std::to_string(d.bits);
+  if (d.lanes != 1) w += "x" + std::to_string(d.lanes);
+  return w;
+}
+
+// What each argument takes, in the frameworks' words, for the dtype errors below.
+constexpr const char* kTakesFloat = "float32, float16, bfloat16";
+constexpr const char* kTakesF32 = "float32";
+constexpr const char* kTakesInt32 = "int32";
+constexpr const char* kTakesAny = "float32, float16, bfloat16, int32, bool (or uint8)";
+
+// Views an nb::ndarray through flexjit's own DLPack rules. `what` names the argument in every
+// error ("q", "buffer 'doc_ids'"); a dtype flexjit has no type for says what the argument takes
+// (`takes`): "q has dtype float64; flexjit takes float32, float16, bfloat16 for q".
+TensorRef to_tensor(const Array& a, std::string_view what, std::string_view takes) {
+  const nb::dlpack::dtype d = a.dtype();
+  using Code = nb::dlpack::dtype_code;
+  const bool representable =
+      d.lanes == 1 &&
+      ((d.code == static_cast<uint8_t>(Code::Float) && (d.bits == 32 || d.bits == 16)) ||
+       (d.code == static_cast<uint8_t>(Code::Bfloat) && d.bits == 16) ||
+       (d.code == static_cast<uint8_t>(Code::Int) && d.bits == 32) ||
+       ((d.code == static_cast<uint8_t>(Code::Bool) ||
+         d.code == static_cast<uint8_t>(Code::UInt)) &&
+        d.bits == 8));
+  if (!representable) {
+    throw RuntimeError(std::string(what) + " has dtype " + dtype_word(d) + "; flexjit takes " +
+                       std::string(takes) + " for " + std::string(what));
+  }
   DLTensor t{};
   t.data = const_cast<void*>(a.data());
   t.device = {static_cast<DLDeviceType>(a.device_type()), a.device_id()};
@@ -50,7 +107,28 @@ TensorRef to_tensor(const Array& a) {
   t.shape = const_cast<int64_t*>(a.shape_ptr());
   t.strides = const_cast<int64_t*>(a.stride_ptr());
   t.byte_offset = 0;
-  return from_dlpack(t);
+  try {
+    return from_dlpack(t);
+  } catch (const RuntimeError& e) {  // a device type or shape DLPack allows and flexjit not
+    throw RuntimeError(std::string(what) + ": " + e.what());
+  }
+}
+
+// The dtype a buffer's declaration takes, in the frameworks' words (bindings must match it).
+const char* takes_for(DType d) {
+  switch (d) {
+    case DType::F32:
+      return "float32";
+    case DType::F16:
+      return "float16";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::I32:
+      return "int32";
+    case DType::Bool:
+      return "bool (or uint8)";
+  }
+  return kTakesAny;
 }
 
 // A Python expression operand: Expr, Param, a complete buffer index, bool, int or float.
@@ -181,8 +259,13 @@ ModBindings to_bindings(const Mods& needed,
                        "); pass it as buffers={'" + buf.name() + "': <array of " + decl + ">}");
   }
   ModBindings b;
-  for (const auto& [name, a] : buffers)
-    b.buffers.emplace_back(name, to_tensor(a));
+  for (const auto& [name, a] : buffers) {
+    const char* takes = kTakesAny;  // a name the mods do not declare: any dtype flexjit has
+    for (const Buffer& buf : needed.buffers) {
+      if (buf.name() == name) takes = takes_for(buf.dtype());
+    }
+    b.buffers.emplace_back(name, to_tensor(a, "buffer '" + name + "'", takes));
+  }
   b.params = params;
   return b;
 }
@@ -233,18 +316,187 @@ void check_cpu_block_mask(const PyBlockMask* block_mask, const TensorRef& q, con
   }
 }
 
-// The block mask of a GPU call: the mask's own device arrays, or the host mask uploaded into
-// `uploaded` (which must outlive the call).
-const DeviceBlockMask* device_block_mask(Context& ctx, const PyBlockMask* block_mask,
+// The block mask of a GPU call on `device`: the mask's own device arrays (a mask on another
+// device is an error), or the host mask uploaded into `uploaded` (which must outlive the call).
+const DeviceBlockMask* device_block_mask(Context& ctx, int device, const PyBlockMask* block_mask,
                                          std::optional<DeviceBlockMask>& uploaded) {
   if (block_mask == nullptr) return nullptr;
-  if (block_mask->device) return block_mask->device.get();
+  if (block_mask->device) {
+    if (block_mask->device_index != device) {
+      throw RuntimeError("the block mask is on cuda:" + std::to_string(block_mask->device_index) +
+                         " but the inputs are on cuda:" + std::to_string(device) +
+                         "; build it on the inputs' device");
+    }
+    return block_mask->device.get();
+  }
   uploaded = DeviceBlockMask::upload(ctx, block_mask->host);
   return &*uploaded;
 }
 
+// --- the config of a call (the `config` dict of _flex_attention_into / _backward_into) ---------
+
+// What a call's `config` dict sets: the BlockConfig fields, the variant, the autotune and math
+// modes and, for the backward, the dQ mode. Keys left out (or None) keep the defaults.
+struct CallConfig {
+  BlockConfig block;
+  std::string variant;
+  AutotuneMode autotune = AutotuneMode::FromEnv;
+  MathMode math = MathMode::Auto;
+  BackwardOptions::DqMode dq_mode = BackwardOptions::DqMode::Auto;
+
+  void apply(AttentionOptions& o) const {
+    o.config = block;
+    o.variant = variant;
+    o.autotune = autotune;
+    o.math = math;
+  }
+};
+
+const std::vector<std::string> kForwardConfigKeys = {
+    "block_m", "block_n",    "num_warps", "num_stages", "num_splits",
+    "q_tiles", "persistent", "variant",   "autotune",   "math"};
+const std::vector<std::string> kBackwardConfigKeys = {
+    "block_m", "block_n", "num_warps", "num_stages", "variant", "autotune", "math", "dq_mode"};
+
+std::string joined(const std::vector<std::string>& words) {
+  std::string s;
+  for (const std::string& w : words)
+    s += (s.empty() ? "" : ", ") + w;
+  return s;
+}
+
+std::string py_repr(nb::handle h) {
+  return nb::cast<std::string>(nb::repr(h));
+}
+
+std::string py_type_name(nb::handle h) {
+  return nb::cast<std::string>(nb::str(h.type().attr("__name__")));
+}
+
+// One of `words` (a str); RuntimeError naming the key, the value and the words otherwise.
+std::string config_word(const std::string& key, nb::handle value,
+                        const std::vector<std::string>& words) {
+  if (nb::isinstance<nb::str>(value)) {
+    const std::string w = nb::cast<std::string>(value);
+    for (const std::string& ok : words) {
+      if (w == ok) return w;
+    }
+  }
+  throw RuntimeError("config['" + key + "'] = " + py_repr(value) + " is not one of " +
+                     joined(words));
+}
+
+// The `config` dict of a forward (backward = false) or backward call.
+CallConfig parse_config(const std::optional<nb::dict>& config, bool backward) {
+  CallConfig c;
+  if (!config) return c;
+  const std::vector<std::string>& keys = backward ? kBackwardConfigKeys : kForwardConfigKeys;
+  const char* call = backward ? "the backward" : "the forward";
+  for (auto [k, value] : *config) {
+    if (!nb::isinstance<nb::str>(k)) {
+      throw RuntimeError("config keys are strings; got " + py_repr(k) + " (" + call + " takes " +
+                         joined(keys) + ")");
+    }
+    const std::string key = nb::cast<std::string>(k);
+    bool known = false;
+    for (const std::string& ok : keys)
+      known = known || key == ok;
+    if (!known) {
+      const std::vector<std::string>& other = backward ? kForwardConfigKeys : kBackwardConfigKeys;
+      const bool other_call = std::find(other.begin(), other.end(), key) != other.end();
+      throw RuntimeError("config key '" + key + "' " +
+                         (other_call ? std::string("applies to ") +
+                                           (backward ? "the forward" : "the backward") + " only"
+                                     : "is unknown" + did_you_mean(key, keys)) +
+                         "; " + call + " takes " + joined(keys));
+    }
+    if (value.is_none()) continue;  // the default
+    if (key == "variant") {
+      if (!nb::isinstance<nb::str>(value)) {
+        throw RuntimeError("config['variant'] must be a kernel variant's name (a str), not " +
+                           py_repr(value) + "; flexjit.kernel_variants() lists them");
+      }
+      c.variant = nb::cast<std::string>(value);
+    } else if (key == "autotune") {
+      const std::string w = config_word(key, value, {"off", "cached", "search"});
+      c.autotune = w == "off"      ? AutotuneMode::Off
+                   : w == "cached" ? AutotuneMode::Cached
+                                   : AutotuneMode::Search;
+    } else if (key == "math") {
+      c.math = *parse_math_mode(config_word(key, value, {"auto", "exact", "approx"}));
+    } else if (key == "dq_mode") {
+      const std::string w = config_word(key, value, {"auto", "second_pass", "atomic"});
+      c.dq_mode = w == "auto"          ? BackwardOptions::DqMode::Auto
+                  : w == "second_pass" ? BackwardOptions::DqMode::SecondPass
+                                       : BackwardOptions::DqMode::Atomic;
+    } else {  // the BlockConfig's ints
+      if (!PyLong_Check(value.ptr()) || PyBool_Check(value.ptr())) {
+        throw RuntimeError("config['" + key + "'] must be an int, not " + py_type_name(value) +
+                           " (" + py_repr(value) + ")");
+      }
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+      const bool persistent = key == "persistent";
+      if (overflow != 0 || (persistent ? (v < -1 || v > 1) : (v < 0 || v > INT32_MAX))) {
+        throw RuntimeError("config['" + key + "'] = " + py_repr(value) +
+                           (persistent ? " is not 1 (persistent CTAs), -1 (one CTA per query "
+                                         "tile) or 0 (the default)"
+                                       : " is out of range: 0 (the default) or a positive int"));
+      }
+      const int i = static_cast<int>(v);
+      if (key == "block_m") c.block.block_m = i;
+      if (key == "block_n") c.block.block_n = i;
+      if (key == "num_warps") c.block.num_warps = i;
+      if (key == "num_stages") c.block.num_stages = i;
+      if (key == "num_splits") c.block.num_splits = i;
+      if (key == "q_tiles") c.block.q_tiles = i;
+      if (persistent) c.block.persistent = i;
+    }
+  }
+  return c;
+}
+
+// --- block masks from a framework's arrays ---------------------------------------------------
+
+// The Python arrays a borrowed DeviceBlockMask views, released with the GIL held (whichever
+// thread drops the mask's last copy) and never after the interpreter is gone.
+struct BorrowedArrays {
+  std::vector<Array> arrays;
+};
+
+std::shared_ptr<void> owner_of(std::vector<Array> arrays) {
+  return std::shared_ptr<void>(new BorrowedArrays{std::move(arrays)}, [](void* p) noexcept {
+    auto* owned = static_cast<BorrowedArrays*>(p);
+    if (!Py_IsInitialized()) return;  // at exit: the memory goes with the process
+    nb::gil_scoped_acquire gil;
+    delete owned;
+  });
+}
+
+// A view of one of a GPU mask's arrays that keeps the mask alive (a DLPack array of no
+// framework: torch.from_dlpack, cupy.from_dlpack ... import it without a copy).
+nb::object device_view(const std::shared_ptr<DeviceBlockMask>& mask, const DeviceTensor& t) {
+  if (!t.defined()) return nb::none();
+  const TensorRef& r = t.ref();
+  std::vector<size_t> shape(r.shape.begin(), r.shape.end());
+  auto* keep = new std::shared_ptr<DeviceBlockMask>(mask);
+  nb::capsule owner(
+      keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<DeviceBlockMask>*>(p); });
+  nb::ndarray<int32_t, nb::device::cuda> a(r.data, shape.size(), shape.data(), owner, nullptr,
+                                           nb::dtype<int32_t>(), nb::device::cuda::value,
+                                           r.device_index);
+  return nb::cast(a);
+}
+
 nb::ndarray<nb::numpy, int32_t> int_array(const std::vector<int32_t>& v,
                                           std::vector<size_t> shape) {
+  size_t n = 1;
+  for (size_t e : shape)
+    n *= e;
+  if (v.size() != n) {  // a host mask missing an array: never hand out memory past its end
+    throw InternalError("a block mask array has " + std::to_string(v.size()) +
+                        " elements where its shape needs " + std::to_string(n));
+  }
   auto* copy = new std::vector<int32_t>(v);
   nb::capsule owner(copy, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
   return nb::ndarray<nb::numpy, int32_t>(copy->data(), shape.size(), shape.data(), owner);
@@ -479,7 +731,143 @@ NB_MODULE(_flexjit, m) {
             return d;
           },
           "The kv_* arrays as NumPy int32 arrays (FlexAttention's layout).")
+      .def(
+          "views",
+          [](const PyBlockMask& b) {
+            nb::dict d;
+            if (b.device) {
+              const std::shared_ptr<DeviceBlockMask>& m = b.device;
+              d["kv_num_blocks"] = device_view(m, m->kv_num_blocks);
+              d["kv_indices"] = device_view(m, m->kv_indices);
+              d["full_kv_num_blocks"] = device_view(m, m->full_kv_num_blocks);
+              d["full_kv_indices"] = device_view(m, m->full_kv_indices);
+              d["q_num_blocks"] = device_view(m, m->q_num_blocks);
+              d["q_indices"] = device_view(m, m->q_indices);
+              d["full_q_num_blocks"] = device_view(m, m->full_q_num_blocks);
+              d["full_q_indices"] = device_view(m, m->full_q_indices);
+              return d;
+            }
+            const BlockMask& h = b.host;  // complete: from_arrays and the builders fill all 8
+            const size_t B = h.batch, H = h.heads, nq = h.num_q_blocks, nk = h.num_kv_blocks;
+            d["kv_num_blocks"] = int_array(h.kv_num_blocks, {B, H, nq});
+            d["kv_indices"] = int_array(h.kv_indices, {B, H, nq, nk});
+            d["full_kv_num_blocks"] = int_array(h.full_kv_num_blocks, {B, H, nq});
+            d["full_kv_indices"] = int_array(h.full_kv_indices, {B, H, nq, nk});
+            d["q_num_blocks"] = int_array(h.q_num_blocks, {B, H, nk});
+            d["q_indices"] = int_array(h.q_indices, {B, H, nk, nq});
+            d["full_q_num_blocks"] = int_array(h.full_q_num_blocks, {B, H, nk});
+            d["full_q_indices"] = int_array(h.full_q_indices, {B, H, nk, nq});
+            return d;
+          },
+          "The 8 arrays (kv_num_blocks, kv_indices, full_kv_*, q_*, full_q_*) by name: for a GPU "
+          "mask zero-copy DLPack views of its device memory that keep the mask alive "
+          "(torch.from_dlpack(v) imports one; None where the mask has no such array: full_* "
+          "without full tiles), for a CPU mask NumPy int32 copies.")
+      .def(
+          "arrays_changed",
+          [](const PyBlockMask& b) {
+            if (b.device) b.device->arrays_changed();
+          },
+          "After writing into a GPU mask's arrays in place (through views() or the arrays it "
+          "was made from), before the next call: the calls derive their schedules again.")
       .def("__repr__", [](const PyBlockMask& b) { return b.meta().str(); });
+
+  m.def(
+      "_block_mask_from_arrays",
+      [](std::optional<Array> kv_num_blocks, std::optional<Array> kv_indices,
+         std::optional<Array> full_kv_num_blocks, std::optional<Array> full_kv_indices,
+         std::optional<Array> q_num_blocks, std::optional<Array> q_indices,
+         std::optional<Array> full_q_num_blocks, std::optional<Array> full_q_indices, int seqlen_q,
+         int seqlen_kv, int q_block_size, int kv_block_size, const Mods& mods, bool validate) {
+        const std::optional<Array>* given[8] = {
+            &kv_num_blocks, &kv_indices, &full_kv_num_blocks, &full_kv_indices,
+            &q_num_blocks,  &q_indices,  &full_q_num_blocks,  &full_q_indices};
+        const char* names[8] = {"kv_num_blocks",     "kv_indices",    "full_kv_num_blocks",
+                                "full_kv_indices",   "q_num_blocks",  "q_indices",
+                                "full_q_num_blocks", "full_q_indices"};
+        std::array<TensorRef, 8> refs;
+        BlockMaskArrayRefs views;
+        const TensorRef** slots[8] = {&views.kv_num_blocks,      &views.kv_indices,
+                                      &views.full_kv_num_blocks, &views.full_kv_indices,
+                                      &views.q_num_blocks,       &views.q_indices,
+                                      &views.full_q_num_blocks,  &views.full_q_indices};
+        for (int i = 0; i < 8; ++i) {
+          if (!*given[i]) continue;
+          refs[i] = to_tensor(**given[i], names[i], kTakesInt32);
+          *slots[i] = &refs[i];
+        }
+        BlockMask meta = block_mask_meta(views, seqlen_q, seqlen_kv, q_block_size, kv_block_size);
+        meta.mods = mods;
+        auto out = std::make_unique<PyBlockMask>();
+        if (refs[0].device == TensorRef::Device::CPU) {
+          // A host mask: the arrays copied (C-contiguous int32, checked above), the absent ones
+          // filled in, the whole validated.
+          BlockMask h = meta;
+          std::vector<int32_t>* fields[8] = {
+              &h.kv_num_blocks, &h.kv_indices, &h.full_kv_num_blocks, &h.full_kv_indices,
+              &h.q_num_blocks,  &h.q_indices,  &h.full_q_num_blocks,  &h.full_q_indices};
+          for (int i = 0; i < 8; ++i) {
+            if (*slots[i] == nullptr) continue;
+            const auto* p = static_cast<const int32_t*>(refs[i].data);
+            fields[i]->assign(p, p + refs[i].numel());
+          }
+          if (!views.full_kv_num_blocks) {  // no full tiles: zero counts, indices ascending
+            const size_t rows = static_cast<size_t>(h.batch) * h.heads * h.num_q_blocks;
+            h.full_kv_num_blocks.assign(rows, 0);
+            h.full_kv_indices.resize(rows * h.num_kv_blocks);
+            for (size_t r = 0; r < rows; ++r) {
+              for (int c = 0; c < h.num_kv_blocks; ++c)
+                h.full_kv_indices[r * h.num_kv_blocks + c] = c;
+            }
+          }
+          if (!views.q_num_blocks || !views.full_q_num_blocks) {
+            BlockMask t = h;
+            t.build_transposed();  // checks kv_* first
+            if (!views.q_num_blocks) {
+              h.q_num_blocks = std::move(t.q_num_blocks);
+              h.q_indices = std::move(t.q_indices);
+            }
+            if (!views.full_q_num_blocks) {
+              h.full_q_num_blocks = std::move(t.full_q_num_blocks);
+              h.full_q_indices = std::move(t.full_q_indices);
+            }
+          }
+          h.validate();
+          out->host = std::move(h);
+          return out;
+        }
+        // A GPU mask over the arrays' own memory: the arrays stay referenced while it lives.
+        DeviceBlockMaskArrays arrays;
+        DeviceTensor* fields[8] = {&arrays.kv_num_blocks,      &arrays.kv_indices,
+                                   &arrays.full_kv_num_blocks, &arrays.full_kv_indices,
+                                   &arrays.q_num_blocks,       &arrays.q_indices,
+                                   &arrays.full_q_num_blocks,  &arrays.full_q_indices};
+        std::vector<Array> keep;
+        for (int i = 0; i < 8; ++i) {
+          if (*given[i]) keep.push_back(**given[i]);
+        }
+        const std::shared_ptr<void> owner = owner_of(std::move(keep));
+        for (int i = 0; i < 8; ++i) {
+          if (*slots[i] != nullptr) *fields[i] = DeviceTensor::borrow(refs[i], owner);
+        }
+        const int device = refs[0].device_index;
+        {
+          nb::gil_scoped_release release;
+          Context& ctx = context_for(device);
+          out->device = std::make_shared<DeviceBlockMask>(
+              DeviceBlockMask::from_arrays(ctx, meta, std::move(arrays), validate));
+        }
+        out->device_index = device;
+        out->host = out->device->meta();
+        return out;
+      },
+      "kv_num_blocks"_a.none(), "kv_indices"_a.none(), "full_kv_num_blocks"_a.none(),
+      "full_kv_indices"_a.none(), "q_num_blocks"_a.none(), "q_indices"_a.none(),
+      "full_q_num_blocks"_a.none(), "full_q_indices"_a.none(), "seqlen_q"_a, "seqlen_kv"_a,
+      "q_block_size"_a, "kv_block_size"_a, "mods"_a, "validate"_a = false,
+      "A BlockMask over int32 arrays in the layouts of block_mask.h (docs/python.md, Block "
+      "masks): CUDA arrays are used in place (borrowed, kept alive by the mask), CPU arrays "
+      "copied into a host mask and validated. Absent q_* / full_q_* are computed from kv_*.");
 
   m.def(
       "_create_block_mask",
@@ -509,7 +897,9 @@ NB_MODULE(_flexjit, m) {
   m.def(
       "_output_shapes",
       [](const Array& q, const Array& k, const Array& v) {
-        const QkvShape s = validate_qkv(to_tensor(q), to_tensor(k), to_tensor(v));
+        const QkvShape s =
+            validate_qkv(to_tensor(q, "q", kTakesFloat), to_tensor(k, "k", kTakesFloat),
+                         to_tensor(v, "v", kTakesFloat));
         return std::make_pair(std::vector<int64_t>{s.batch, s.heads_q, s.seqlen_q, s.head_dim_v},
                               std::vector<int64_t>{s.batch, s.heads_q, s.seqlen_q});
       },
@@ -521,22 +911,25 @@ NB_MODULE(_flexjit, m) {
          const std::vector<std::pair<std::string, Array>>& buffers,
          const std::vector<std::pair<std::string, double>>& params, std::optional<float> scale,
          uintptr_t stream, int num_threads, std::optional<Array> seq_lens,
-         std::optional<Array> page_table, bool check_pages) {
-        const TensorRef tq = to_tensor(q), tk = to_tensor(k), tv = to_tensor(v);
-        const TensorRef tout = to_tensor(out);
+         std::optional<Array> page_table, bool check_pages, std::optional<nb::dict> config) {
+        const CallConfig cfg = parse_config(config, /*backward=*/false);
+        const TensorRef tq = to_tensor(q, "q", kTakesFloat), tk = to_tensor(k, "k", kTakesFloat),
+                        tv = to_tensor(v, "v", kTakesFloat);
+        const TensorRef tout = to_tensor(out, "out", kTakesFloat);
         std::optional<TensorRef> tlse;
-        if (lse) tlse = to_tensor(*lse);
+        if (lse) tlse = to_tensor(*lse, "lse", kTakesF32);
         AttentionOptions o;
         o.mods = mods;
         o.bindings = to_bindings(mods, buffers, params);
         o.scale = scale;
         o.return_lse = tlse.has_value();
         o.stream = reinterpret_cast<void*>(stream);
+        cfg.apply(o);  // GPU kernels only: the CPU backend has one kernel and is always exact
         // A KV cache (paged_kv.h): ragged lengths, and pools read through a page table.
         KvCache cache;
         if (seq_lens || page_table) {
-          if (seq_lens) cache.seq_lens = to_tensor(*seq_lens);
-          if (page_table) cache.page_table = to_tensor(*page_table);
+          if (seq_lens) cache.seq_lens = to_tensor(*seq_lens, "seq_lens", kTakesInt32);
+          if (page_table) cache.page_table = to_tensor(*page_table, "page_table", kTakesInt32);
           cache.check_pages = check_pages;
           o.kv_cache = &cache;
         }
@@ -551,12 +944,12 @@ NB_MODULE(_flexjit, m) {
         }
         Context& ctx = context_for(tq.device_index);
         std::optional<DeviceBlockMask> uploaded;
-        o.block_mask = device_block_mask(ctx, block_mask, uploaded);
+        o.block_mask = device_block_mask(ctx, tq.device_index, block_mask, uploaded);
         flex_attention_into(ctx, tq, tk, tv, tout, tlse ? &*tlse : nullptr, o);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "mods"_a, "block_mask"_a.none(), "buffers"_a,
       "params"_a, "scale"_a.none(), "stream"_a, "num_threads"_a, "seq_lens"_a.none() = nb::none(),
-      "page_table"_a.none() = nb::none(), "check_pages"_a = false);
+      "page_table"_a.none() = nb::none(), "check_pages"_a = false, "config"_a.none() = nb::none());
 
   m.def(
       "_flex_attention_backward_into",
@@ -566,18 +959,28 @@ NB_MODULE(_flexjit, m) {
          const std::vector<std::pair<std::string, Array>>& buffers,
          const std::vector<std::pair<std::string, double>>& params,
          const std::vector<std::pair<std::string, Array>>& buffer_grads, std::optional<float> scale,
-         uintptr_t stream, int num_threads, bool deterministic) {
-        const TensorRef tq = to_tensor(q), tk = to_tensor(k), tv = to_tensor(v);
+         uintptr_t stream, int num_threads, bool deterministic, std::optional<nb::dict> config) {
+        const CallConfig cfg = parse_config(config, /*backward=*/true);
+        const TensorRef tq = to_tensor(q, "q", kTakesFloat), tk = to_tensor(k, "k", kTakesFloat),
+                        tv = to_tensor(v, "v", kTakesFloat);
+        const TensorRef tout = to_tensor(out, "out", kTakesFloat);
+        const TensorRef tlse = to_tensor(lse, "lse", kTakesF32);
+        const TensorRef tdout = to_tensor(dout, "dout", kTakesFloat);
         AttentionOptions o;
         o.mods = mods;
         o.bindings = to_bindings(mods, buffers, params);
         o.scale = scale;
         o.stream = reinterpret_cast<void*>(stream);
-        BackwardOutputs g{to_tensor(dq), to_tensor(dk), to_tensor(dv), {}};
+        cfg.apply(o);
+        BackwardOutputs g{to_tensor(dq, "dq", kTakesFloat),
+                          to_tensor(dk, "dk", kTakesFloat),
+                          to_tensor(dv, "dv", kTakesFloat),
+                          {}};
         for (const auto& [name, a] : buffer_grads)
-          g.buffer_grads.emplace_back(name, to_tensor(a));
+          g.buffer_grads.emplace_back(
+              name, to_tensor(a, "the gradient of buffer '" + name + "'", kTakesF32));
         std::optional<TensorRef> tdlse;
-        if (dlse) tdlse = to_tensor(*dlse);
+        if (dlse) tdlse = to_tensor(*dlse, "dlse", kTakesF32);
         nb::gil_scoped_release release;
         if (tq.device == TensorRef::Device::CPU) {
           // The CPU backend's fp32 backward (f32 outputs, contiguous; out and lse as its forward
@@ -601,18 +1004,18 @@ NB_MODULE(_flexjit, m) {
           };
           check_cpu_block_mask(block_mask, tq, tk, /*kv_cache=*/false);
           if (ranked) {
-            check_f32(to_tensor(out), "out", {B, Hq, Sq, Dv});
-            check_f32(to_tensor(lse), "lse", {B, Hq, Sq});
+            check_f32(tout, "out", {B, Hq, Sq, Dv});
+            check_f32(tlse, "lse", {B, Hq, Sq});
             if (tdlse) check_f32(*tdlse, "dlse", {B, Hq, Sq});
           }
           cpu::CpuBackwardOptions bo;
           if (scale) bo.scale = *scale;
           bo.num_threads = num_threads;
           if (tdlse) bo.dlse = static_cast<const float*>(tdlse->data);
-          const cpu::CpuGradients<float> r = cpu::cpu_attention_backward(
-              cpu_mods(o.mods, block_mask), o.bindings, tq, tk, tv,
-              static_cast<const float*>(to_tensor(out).data),
-              static_cast<const float*>(to_tensor(lse).data), to_tensor(dout), bo);
+          const cpu::CpuGradients<float> r =
+              cpu::cpu_attention_backward(cpu_mods(o.mods, block_mask), o.bindings, tq, tk, tv,
+                                          static_cast<const float*>(tout.data),
+                                          static_cast<const float*>(tlse.data), tdout, bo);
           auto put = [](const TensorRef& t, const std::vector<float>& x) {
             std::memcpy(t.data, x.data(), x.size() * sizeof(float));
           };
@@ -625,16 +1028,16 @@ NB_MODULE(_flexjit, m) {
         }
         Context& ctx = context_for(tq.device_index);
         std::optional<DeviceBlockMask> uploaded;
-        o.block_mask = device_block_mask(ctx, block_mask, uploaded);
+        o.block_mask = device_block_mask(ctx, tq.device_index, block_mask, uploaded);
         BackwardOptions backward;
         if (tdlse) backward.dlse = &*tdlse;
         backward.deterministic = deterministic;
-        flex_attention_backward_into(ctx, tq, tk, tv, to_tensor(out), to_tensor(lse),
-                                     to_tensor(dout), g, o, backward);
+        backward.dq_mode = cfg.dq_mode;
+        flex_attention_backward_into(ctx, tq, tk, tv, tout, tlse, tdout, g, o, backward);
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dlse"_a.none(), "dq"_a, "dk"_a, "dv"_a,
       "mods"_a, "block_mask"_a.none(), "buffers"_a, "params"_a, "buffer_grads"_a, "scale"_a.none(),
-      "stream"_a, "num_threads"_a, "deterministic"_a = false);
+      "stream"_a, "num_threads"_a, "deterministic"_a = false, "config"_a.none() = nb::none());
 
   // --- kernels (include/flexjit/kernel.h): emit, compile, inspect ---
   auto query_of = [](const std::string& family, const std::string& variant, const std::string& arch,

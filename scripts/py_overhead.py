@@ -3,8 +3,10 @@ takes a few microseconds: the time per call of
 
   - flexjit.flex_attention on CUDA torch tensors (DLPack in, torch tensors out),
   - the same with a Mods object instead of a name,
-  - torch.ops.flexjit.flex_attention (flexjit.torch: the custom op, eager),
-  - torch.nn.attention.flex_attention compiled (PyTorch's own, for scale),
+  - flexjit.torch.flex_attention (the drop-in: the custom op, eager) with a mask name, and with
+    torch-written mods (a traced score_mod capturing a bias tensor, a create_block_mask mask),
+    eager and under torch.compile,
+  - torch.nn.attention.flex_attention compiled with the same mods (PyTorch's own, for scale),
 
 each as the median over repeats of (N back-to-back calls, then one synchronize) / N, after a
 warm-up that compiles everything. A call is asynchronous, so while the kernel is shorter than
@@ -45,20 +47,34 @@ def main():
     mods = flexjit.make_mods(None, "causal")
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    bm = create_block_mask(lambda b, h, i, j: i >= j, 1, 2, 64, 64, device="cuda")
+    bias = torch.randn(128, device="cuda")
+
+    def rel(score, b, h, q_idx, kv_idx):
+        return score + bias[q_idx - kv_idx + 64]
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    bm = create_block_mask(causal, 1, 2, 64, 64, device="cuda")
+    fj_bm = fjt.create_block_mask(causal, 1, 2, 64, 64, device="cuda")
     torch_flex = torch.compile(flex_attention)
+    fj_compiled = torch.compile(fjt.flex_attention)
     rows = [
         ("flexjit.flex_attention(mask_mod='causal')",
          lambda: flexjit.flex_attention(q, q, q, mask_mod="causal")),
         ("flexjit.flex_attention(Mods)", lambda: flexjit.flex_attention(q, q, q, mods)),
-        ("flexjit.torch.flex_attention (custom op)",
+        ("flexjit.torch.flex_attention(mask_mod='causal')",
          lambda: fjt.flex_attention(q, q, q, mask_mod="causal")),
-        ("torch flex_attention (compiled)", lambda: torch_flex(q, q, q, block_mask=bm)),
+        ("flexjit.torch.flex_attention(rel, block_mask)",
+         lambda: fjt.flex_attention(q, q, q, score_mod=rel, block_mask=fj_bm)),
+        ("  same, torch.compile", lambda: fj_compiled(q, q, q, score_mod=rel, block_mask=fj_bm)),
+        ("torch flex_attention(rel, block_mask) compiled",
+         lambda: torch_flex(q, q, q, score_mod=rel, block_mask=bm)),
     ]
     print(f"# {torch.cuda.get_device_name()}, q = k = v [1, 2, 64, 64] bf16, causal; "
           f"median of {a.repeats} x {a.n} calls")
     for name, fn in rows:
-        print(f"{name:45s} {per_call_us(fn, a.n, a.repeats):8.1f} us/call")
+        print(f"{name:50s} {per_call_us(fn, a.n, a.repeats):8.1f} us/call")
 
 
 if __name__ == "__main__":

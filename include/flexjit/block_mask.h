@@ -58,7 +58,8 @@ struct FLEXJIT_API BlockMask {
   // Fraction of tiles computed (partial or full) over all Bm x Hm x tiles; 0 when there are
   // no tiles.
   double density() const;
-  // Recomputes q_* from kv_* (the transposition the backward reads).
+  // Recomputes q_* from kv_* (the transposition the backward reads). Checks kv_* and full_kv_*
+  // first as validate() does (sizes, counts, indices): RuntimeError naming the first bad entry.
   void build_transposed();
   // Checks the invariants: array sizes, counts within [0, max], indices in range, the counted
   // prefix strictly ascending, no tile both partial and full, q_* the transpose of kv_*.

@@ -238,6 +238,10 @@ def _check_names(mods: Mods, block_mask: Optional[BlockMask], buffers, params) -
                     f"declare (their {kind}s: {', '.join(names) or 'none'})")
 
 
+def _config(config: Optional[Mapping[str, Any]]) -> Optional[dict]:
+    return None if config is None else dict(config)
+
+
 def _buffers(buffers: Optional[Mapping[str, Any]]):
     return list((buffers or {}).items())
 
@@ -247,7 +251,8 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
                    buffers: Optional[Mapping[str, Any]] = None,
                    params: Optional[Mapping[str, Any]] = None, scale: Optional[float] = None,
                    return_lse: bool = False, num_threads: int = 0, seq_lens: Any = None,
-                   page_table: Any = None, check_pages: bool = False, sink_mod: ModSpec = None):
+                   page_table: Any = None, check_pages: bool = False, sink_mod: ModSpec = None,
+                   config: Optional[Mapping[str, Any]] = None):
     """softmax(score_mod(scale · q kᵀ) masked by mask_mod) · v, as torch's flex_attention.
 
     q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]: DLPack arrays on one device,
@@ -267,8 +272,12 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
 
     Returns out [B, Hq, Sq, Dv] (f32 on the CPU backend, q's dtype on a GPU) or, with
     ``return_lse``, (out, lse [B, Hq, Sq] f32, natural log), arrays of q's framework. GPU work
-    is queued on the framework's current stream. Raises ``flexjit.Error`` subclasses
-    (CompileError, UnsupportedError, RuntimeError, ...) with flexjit's messages.
+    is queued on the framework's current stream. ``config``: how the GPU kernels run, a dict
+    of block_m, block_n, num_warps, num_stages, num_splits, q_tiles, persistent (ints; 0 or
+    None: the default), variant (a kernel variant's name), autotune ("off" | "cached" |
+    "search") and math ("auto" | "exact" | "approx"), docs/python.md; the CPU backend checks
+    it and runs its one exact kernel. Raises ``flexjit.Error`` subclasses (CompileError,
+    UnsupportedError, RuntimeError, ...) with flexjit's messages.
     """
     mods = make_mods(score_mod, mask_mod, sink_mod)
     _check_names(mods, block_mask, buffers, params)
@@ -285,7 +294,7 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
     lse = _empty(q, lse_shape, gpu_dtype_of_q=False) if return_lse else None
     _C._flex_attention_into(q, k, v, out, lse, mods, block_mask, _buffers(buffers),
                             _params(params), scale, _stream(q, device), num_threads,
-                            seq_lens, page_table, check_pages)
+                            seq_lens, page_table, check_pages, config=_config(config))
     return (out, lse) if return_lse else out
 
 
@@ -324,7 +333,7 @@ def flex_attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: An
                             params: Optional[Mapping[str, Any]] = None,
                             scale: Optional[float] = None, num_threads: int = 0,
                             dlse: Any = None, deterministic: bool = False,
-                            sink_mod: ModSpec = None):
+                            sink_mod: ModSpec = None, config: Optional[Mapping[str, Any]] = None):
     """The gradients of ``flex_attention(q, k, v, ...)`` for an output gradient ``dout``.
 
     ``out`` and ``lse`` are what ``flex_attention(..., return_lse=True)`` returned with the same
@@ -336,7 +345,8 @@ def flex_attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: An
     the CPU backend is always deterministic. Returns
     ``(dq, dk, dv, buffer_grads)``: arrays of q's framework (q / k / v's dtype on a GPU, f32 on
     the CPU backend) and a dict of f32 gradients, one per captured float buffer, in the
-    buffer's shape.
+    buffer's shape. ``config``: as flex_attention's, without num_splits, q_tiles and
+    persistent, with dq_mode ("auto" | "second_pass" | "atomic").
     """
     mods = make_mods(score_mod, mask_mod, sink_mod)
     _check_names(mods, block_mask, buffers, params)
@@ -351,7 +361,8 @@ def flex_attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: An
             grads[decl.name] = _zeros_f32(q, tuple(buffers[decl.name].shape))
     _C._flex_attention_backward_into(q, k, v, out, lse, dout, dlse, dq, dk, dv, mods, block_mask,
                                      _buffers(buffers), _params(params), list(grads.items()),
-                                     scale, _stream(q, device), num_threads, deterministic)
+                                     scale, _stream(q, device), num_threads, deterministic,
+                                     config=_config(config))
     return dq, dk, dv, grads
 
 

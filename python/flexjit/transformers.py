@@ -381,7 +381,7 @@ def flexjit_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
                          dense_per_head=dense_per_head, softcap=softcap is not None,
                          sinks=sink is not None)
     out = _fjt.flex_attention(query, key, value, **_mods(features), buffers=buffers,
-                              params=params, scale=scaling)
+                              params=params, scale=scaling, enable_gqa=True)
     if out.dtype != query.dtype:  # the CPU backend computes and returns f32
         out = out.to(query.dtype)
     return out.transpose(1, 2).contiguous(), None

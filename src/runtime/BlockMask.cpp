@@ -205,6 +205,11 @@ double BlockMask::density() const {
 }
 
 void BlockMask::build_transposed() {
+  // Counts or indices out of range would send the transposition past the arrays: checked first.
+  validate_arrays(*this, kv_num_blocks, kv_indices, num_q_blocks, num_kv_blocks, "kv_num_blocks",
+                  "kv_indices");
+  validate_arrays(*this, full_kv_num_blocks, full_kv_indices, num_q_blocks, num_kv_blocks,
+                  "full_kv_num_blocks", "full_kv_indices");
   transpose(*this, kv_num_blocks, kv_indices, q_num_blocks, q_indices);
   transpose(*this, full_kv_num_blocks, full_kv_indices, full_q_num_blocks, full_q_indices);
 }

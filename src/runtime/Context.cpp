@@ -3,6 +3,7 @@
 #include <flexjit/error.h>
 
 #include "runtime/ContextImpl.h"
+#include "runtime/CudaDriver.h"
 
 #include <fmt/format.h>
 
@@ -58,23 +59,66 @@ DeviceTensor DeviceTensor::from_host(Context& ctx, DType dtype, std::vector<int6
   return t;
 }
 
+DeviceTensor DeviceTensor::borrow(const TensorRef& ref, std::shared_ptr<void> owner) {
+  if (ref.device != TensorRef::Device::CUDA) {
+    throw RuntimeError(
+        fmt::format("a borrowed tensor must be in CUDA device memory: {} is not", ref.str()));
+  }
+  if (ref.strides.size() != ref.shape.size()) {
+    throw RuntimeError(fmt::format("a borrowed tensor has {} strides for {} dims: {}",
+                                   ref.strides.size(), ref.shape.size(), ref.str()));
+  }
+  for (size_t i = 0; i < ref.shape.size(); ++i) {
+    if (ref.shape[i] < 0) {
+      throw RuntimeError(fmt::format("a borrowed tensor has negative extent {} in dim {}: {}",
+                                     ref.shape[i], i, ref.str()));
+    }
+  }
+  const int64_t n = ref.numel();  // RuntimeError when the shape overflows
+  if (!ref.is_contiguous()) {
+    throw RuntimeError(fmt::format("a borrowed tensor must be C-contiguous: {}", ref.str()));
+  }
+  if (ref.data == nullptr && n > 0) {
+    throw RuntimeError(fmt::format("a borrowed tensor has a null data pointer: {}", ref.str()));
+  }
+  // Never null, so that defined() holds: the aliasing constructor shares owner's control block
+  // (none for a null owner) and points at a tag.
+  static char borrowed_tag = 0;
+  DeviceTensor t;
+  t.ref_ = TensorRef::contiguous(ref.data, ref.dtype, ref.shape, TensorRef::Device::CUDA,
+                                 ref.device_index);
+  t.mem_ = std::shared_ptr<void>(std::move(owner), &borrowed_tag);
+  return t;
+}
+
 size_t DeviceTensor::bytes() const {
   return mem_ ? static_cast<size_t>(ref_.numel()) * dtype_size(ref_.dtype) : 0;
 }
 
+// The copies go through ref_.data, which is the memory of both kinds (a DeviceBuffer's or a
+// borrowed tensor's), in the primary context of the tensor's device.
 void DeviceTensor::copy_from_host(const void* src) {
   if (!mem_) throw RuntimeError("copy into an undefined DeviceTensor");
-  static_cast<runtime::DeviceBuffer*>(mem_.get())->copy_from_host(src, bytes());
+  if (bytes() == 0) return;
+  runtime::Device::get(ref_.device_index);  // makes its context current
+  FJ_CU(cuMemcpyHtoD, fmt::format("{} bytes into {}", bytes(), ref_.str()),
+        reinterpret_cast<CUdeviceptr>(ref_.data), src, bytes());
 }
 
 void DeviceTensor::copy_to_host(void* dst) const {
   if (!mem_) throw RuntimeError("copy from an undefined DeviceTensor");
-  static_cast<const runtime::DeviceBuffer*>(mem_.get())->copy_to_host(dst, bytes());
+  if (bytes() == 0) return;
+  runtime::Device::get(ref_.device_index);
+  FJ_CU(cuMemcpyDtoH, fmt::format("{} bytes from {}", bytes(), ref_.str()), dst,
+        reinterpret_cast<CUdeviceptr>(ref_.data), bytes());
 }
 
 void DeviceTensor::fill_bytes(uint8_t value) {
   if (!mem_) throw RuntimeError("fill of an undefined DeviceTensor");
-  static_cast<runtime::DeviceBuffer*>(mem_.get())->fill_bytes(value);
+  if (bytes() == 0) return;
+  runtime::Device::get(ref_.device_index);
+  FJ_CU(cuMemsetD8, fmt::format("{} bytes of {}", bytes(), ref_.str()),
+        reinterpret_cast<CUdeviceptr>(ref_.data), value, bytes());
 }
 
 }  // namespace flexjit

@@ -94,7 +94,7 @@ def test_torch_sinks_gradient_flows_through_the_custom_op(device):
     tq, tk, tv = (torch.from_numpy(x).to(device, dtype).requires_grad_() for x in (q, k, v))
     q, k, v = (t.detach().float().cpu().numpy() for t in (tq, tk, tv))
     ts = torch.from_numpy(sinks).to(device).requires_grad_()
-    out = fjt.flex_attention(tq, tk, tv, mask_mod="causal", sink_mod=SINKS_TEXT,
+    out = fjt.flex_attention(tq, tk, tv, enable_gqa=True, mask_mod="causal", sink_mod=SINKS_TEXT,
                              buffers={"sinks": ts}, scale=0.3)
     tdo = torch.from_numpy(dout).to(device, dtype)
     dout = tdo.float().cpu().numpy()

@@ -38,7 +38,7 @@ def test_custom_op_on_cpu_and_its_fake_shapes():
     assert rel(out, ref) < 1e-5
     torch.library.opcheck(torch.ops.flexjit.flex_attention.default,
                           (q, q, q, "mask_mod = q_idx >= kv_idx", "", [], "", [], None, True,
-                           False),
+                           False, [], [], ""),
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
 
@@ -47,7 +47,7 @@ def test_the_ops_mods_text_is_one_line():
     """Inductor copies the ops' constant arguments into comments of its generated code: a
     newline there broke the compiled backward (SyntaxError in the generated module)."""
     for score, mask in (("softcap", "causal"), ("alibi", "document_causal"), (None, None)):
-        text = fjt._mods_text(score, mask)
+        text = fjt._plan((score, mask, None)).text
         assert "\n" not in text
         assert fjt._mods(text) == flexjit.make_mods(score, mask)
     q = torch.randn(1, 2, 8, 16)
@@ -95,7 +95,7 @@ def test_autograd_on_cpu_matches_a_dense_reference():
     dout = torch.randn(B, Hq, S, D, generator=g)
     dlse = torch.randn(B, Hq, S, generator=g)
 
-    out, lse = fjt.flex_attention(q, k, v, score_mod="alibi", mask_mod="causal",
+    out, lse = fjt.flex_attention(q, k, v, enable_gqa=True, score_mod="alibi", mask_mod="causal",
                                   buffers={"slopes": slopes}, return_lse=True)
     ((out * dout).sum() + (lse * dlse).sum()).backward()
 
@@ -140,7 +140,7 @@ def test_autograd_on_cpu_every_standard_mod(name):
         s64 = buffers["slopes"].detach().double().requires_grad_(True)
         leaves.append(s64)
         smod = lambda s, b, h, qi, kv: s + s64[h] * (kv - qi)  # noqa: E731
-    out, lse = fjt.flex_attention(q, k, v, score_mod=flexjit.standard_mods(name),
+    out, lse = fjt.flex_attention(q, k, v, enable_gqa=True, score_mod=flexjit.standard_mods(name),
                                   buffers=buffers, params=params, return_lse=True)
     ((out * dout).sum() + (lse * dlse).sum()).backward()
     ref, ref_lse = dense_attention(*leaves[:3], score_mod=smod, mask_mod=mmod)
@@ -172,10 +172,10 @@ def test_backward_op_schema_and_fake():
     slopes = torch.rand(2)
     mods = flexjit.make_mods("alibi", "causal").to_text()
     out, lse = torch.ops.flexjit.flex_attention(q, q, q, mods, "slopes", [slopes], "", [], None,
-                                                True, False)
+                                                True, False, [], [], "")
     torch.library.opcheck(torch.ops.flexjit.flex_attention_backward.default,
                           (q, q, q, out, lse, torch.randn_like(out), None, mods, "slopes",
-                           [slopes], "", [], None, False),
+                           [slopes], "", [], None, False, [], [], ""),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -349,7 +349,7 @@ def test_backward_matches_a_dense_fp64_reference(name, dtype, shape):
         leaves.append(s64)
         smod = lambda s, b, h, qi, kv: s + s64[h] * (kv - qi)  # noqa: E731
 
-    out, lse = fjt.flex_attention(q, k, v, score_mod=flexjit.standard_mods(name),
+    out, lse = fjt.flex_attention(q, k, v, enable_gqa=True, score_mod=flexjit.standard_mods(name),
                                   buffers=buffers, params=params, return_lse=True)
     ((out.float() * dout.float()).sum() + (lse * dlse).sum()).backward()
     ref, ref_lse = dense_attention(*leaves[:3], score_mod=smod, mask_mod=mmod)
@@ -420,7 +420,7 @@ def test_custom_op_deterministic_backward_is_bitwise_repeatable():
     def grads(deterministic):
         q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
         bias = bias0.clone().requires_grad_()
-        out = fjt.flex_attention(q, k, v, score_mod="relative_bias", mask_mod="causal",
+        out = fjt.flex_attention(q, k, v, enable_gqa=True, score_mod="relative_bias", mask_mod="causal",
                                  buffers={"bias": bias}, params={"offset": S},
                                  deterministic=deterministic)
         (out.float() * dout.float()).sum().backward()
