@@ -18,7 +18,7 @@ language (flexjit/trace.py): the tensors they capture become buffers (with gradi
 numbers runtime params. Where flexjit differs from torch on purpose: docs/python.md,
 "Migrating from torch.nn.attention.flex_attention".
 
-Underneath, ``torch.ops.flexjit.flex_attention`` is a ``torch.library.custom_op`` with a fake
+Underneath, ``torch.ops.flexjit.flex_attention`` is a torch.library operator with a fake
 implementation and an autograd formula (``torch.ops.flexjit.flex_attention_backward``), so the
 forward and the backward run in eager mode, under ``torch.compile(fullgraph=True)`` (one graph;
 the captured tensors are graph inputs) and in CUDA graphs. The flexjit extensions are
@@ -330,7 +330,20 @@ def _forward_impl(q, k, v, mods_text, buffer_names, buffers, param_names, param_
                                   **_config(config, backward=False))
 
 
-@torch.library.custom_op("flexjit::flex_attention", mutates_args=())
+# The ops are defined with torch.library's low-level API (a schema, then Python kernels for the
+# CPU and CUDA dispatch keys) rather than torch.library.custom_op, whose wrappers cost ~60 us per
+# call on the build machine (scripts/py_overhead.py; docs/python.md "Overhead").
+_LIB = torch.library.Library("flexjit", "DEF")  # noqa: TOR901 - kept alive by the module
+_LIB.define("flex_attention(Tensor q, Tensor k, Tensor v, str mods_text, str buffer_names, "
+            "Tensor[] buffers, str param_names, float[] param_values, float? scale, "
+            "bool return_lse, bool deterministic, Tensor?[] mask_tensors, SymInt[] mask_sizes, "
+            "str config) -> (Tensor, Tensor)")
+_LIB.define("flex_attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+            "Tensor dout, Tensor? dlse, str mods_text, str buffer_names, Tensor[] buffers, "
+            "str param_names, float[] param_values, float? scale, bool deterministic, "
+            "Tensor?[] mask_tensors, SymInt[] mask_sizes, str config) -> Tensor[]")
+
+
 def _flex_attention_op(q: Tensor, k: Tensor, v: Tensor, mods_text: str,
                        buffer_names: str, buffers: List[Tensor], param_names: str,
                        param_values: List[float], scale: Optional[float],
@@ -344,7 +357,11 @@ def _flex_attention_op(q: Tensor, k: Tensor, v: Tensor, mods_text: str,
                          scale, return_lse, deterministic, mask_tensors, mask_sizes, config)
 
 
-@_flex_attention_op.register_fake
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("flex_attention", _flex_attention_op, _key)
+
+
+@torch.library.register_fake("flexjit::flex_attention")
 def _(q, k, v, mods_text, buffer_names, buffers, param_names, param_values, scale, return_lse,
       deterministic, mask_tensors, mask_sizes, config):
     b, hq, sq, _ = q.shape
@@ -386,7 +403,6 @@ def _backward_impl(q, k, v, out, lse, dout, dlse, mods_text, buffer_names, buffe
     return result
 
 
-@torch.library.custom_op("flexjit::flex_attention_backward", mutates_args=())
 def _flex_attention_backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                 dout: Tensor, dlse: Optional[Tensor], mods_text: str,
                                 buffer_names: str, buffers: List[Tensor],
@@ -402,7 +418,11 @@ def _flex_attention_backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
                           mask_sizes, config)
 
 
-@_flex_attention_backward_op.register_fake
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("flex_attention_backward", _flex_attention_backward_op, _key)
+
+
+@torch.library.register_fake("flexjit::flex_attention_backward")
 def _(q, k, v, out, lse, dout, dlse, mods_text, buffer_names, buffers, param_names, param_values,
       scale, deterministic, mask_tensors, mask_sizes, config):
     dtype = q.dtype if q.device.type == "cuda" else torch.float32
@@ -443,7 +463,8 @@ def _backward(ctx, grad_out, grad_lse):
             None, [None] * len(mask_tensors), (None if mask_sizes else []), None)
 
 
-_flex_attention_op.register_autograd(_backward, setup_context=_setup_context)
+torch.library.register_autograd("flexjit::flex_attention", _backward,
+                                setup_context=_setup_context)
 
 
 class _EagerAttention(torch.autograd.Function):
