@@ -27,6 +27,20 @@ B, H, S, D = 2, 4, 256, 64
 
 # --- the mods, as a torch user writes them (attention-gym style) -----------------------------
 
+def t5_bucket(rel, num_buckets=32, max_distance=128):
+    """T5's bidirectional relative-position bucket, as torch code (its defaults are captured
+    numbers that Python needs: math.log specializes them)."""
+    num_buckets //= 2
+    ret = (rel > 0).long() * num_buckets
+    n = rel.abs()
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    large = max_exact + (torch.log(n.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).long()
+    large = torch.clamp(large, max=num_buckets - 1)
+    return ret + torch.where(is_small, n, large)
+
+
 def make_mods(device):
     g = torch.Generator().manual_seed(7)
     slopes = torch.exp2(-8.0 * torch.arange(1, H + 1) / H).to(device)
@@ -51,17 +65,6 @@ def make_mods(device):
 
     def relative_bias(score, b, h, q_idx, kv_idx):
         return score + rel_table[h, q_idx - kv_idx + S - 1]
-
-    def t5_bucket(rel, num_buckets=32, max_distance=128):
-        num_buckets //= 2
-        ret = (rel > 0).long() * num_buckets
-        n = rel.abs()
-        max_exact = num_buckets // 2
-        is_small = n < max_exact
-        large = max_exact + (torch.log(n.float() / max_exact) / math.log(max_distance / max_exact)
-                             * (num_buckets - max_exact)).long()
-        large = torch.clamp(large, max=num_buckets - 1)
-        return ret + torch.where(is_small, n, large)
 
     def t5(score, b, h, q_idx, kv_idx):
         return score + t5_table[h, t5_bucket(kv_idx - q_idx)]
@@ -233,17 +236,6 @@ def test_cuda_same_numbers_as_torch_flex(sm, mm):
 
 
 def _t5_with(table):
-    def t5_bucket(rel, num_buckets=32, max_distance=128):
-        num_buckets //= 2
-        ret = (rel > 0).long() * num_buckets
-        n = rel.abs()
-        max_exact = num_buckets // 2
-        is_small = n < max_exact
-        large = max_exact + (torch.log(n.float() / max_exact) / math.log(max_distance / max_exact)
-                             * (num_buckets - max_exact)).long()
-        large = torch.clamp(large, max=num_buckets - 1)
-        return ret + torch.where(is_small, n, large)
-
     return lambda s, b, h, qi, ki: s + table[h, t5_bucket(ki - qi)]
 
 
