@@ -398,38 +398,51 @@ struct FjWorkItems {
   }
 };
 
-extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128, 1)
-    flexjit_forward(const FjFwdArgs args, const FjModParams mods,
-                    const __grid_constant__ FjFwdTmaMaps maps) {
-  using T = FjSm90Traits<FjConfig>;
-  using Cfg = FjConfig;
-  extern __shared__ unsigned char fj_smem_raw[];
-  // The 128-byte swizzle repeats every 1024 bytes: tiles start on such a boundary.
-  const fj_u32 smem_base = (fj_smem_addr(fj_smem_raw) + 1023u) & ~1023u;
-  const fj_u32 sq = smem_base;
-  const fj_u32 sk = smem_base + T::kOffK;
-  const fj_u32 sv = smem_base + T::kOffV;
+// ---- flexjit_forward's components ------------------------------------------------------------
+// The kernel is split by role, as FlashAttention-3 and CUTLASS split theirs: FjSm90Smem (the
+// shared-memory tiles and mbarriers), the tile scheduler's two sides FjSm90ProducerTiles and
+// FjSm90ConsumerTiles (over FjWorkItems), FjSm90Producer (the TMA loads) and FjSm90Consumer
+// (the wgmma mainloop, the scores and online softmax of a tile, the epilogue). Their members are
+// FJ_DEVICE (inlined) and take what they share explicitly, in the order the single function they
+// were split from did it: the kernel compiles to that function's registers, spills, stack and
+// instruction counts, and mostly to its SASS (docs/kernels/forward_sm90.md "Code structure").
+
+// The CTA's shared memory, as addresses in the shared window: the Q buffers, the K / V ring, the
+// mbarriers and the tile slots (FjSm90Traits' offsets).
+template <class T>
+struct FjSm90Smem {
+  // Named barriers: 1..kConsumers the epilogue's, kConsumers + 1.. the turns' (FjTurns), then per
+  // Q buffer the persistent tile slot's handshake.
+  static constexpr int kSlotBar = 1 + 2 * T::kConsumers;
+  static_assert(kSlotBar + T::kQBufs <= 16, "flexjit forward_sm90: named barrier ids 1..15");
+  fj_u32 sq;  // Q buffer u at sq + u * kQBytes (its O tile too)
+  fj_u32 sk;  // K stage s at sk + s * kKBytes
+  fj_u32 sv;  // V stage s at sv + s * kVBytes
   // Per Q buffer u: Q full at bar_q + 8u, Q empty (every consumer warp is done with it) at
   // bar_qe + 8u; per stage s: K full at bar_k + 8s, V full at bar_v + 8s, KV empty at bar_e + 8s;
   // then per Q buffer the tile slot (kPersistent: its tile, FjWorkItems::decode's code).
-  const fj_u32 bar_q = smem_base + T::kOffBar;
-  const fj_u32 bar_qe = bar_q + 8 * T::kQBufs;
-  const fj_u32 bar_k = bar_qe + 8 * T::kQBufs;
-  const fj_u32 bar_v = bar_k + 8 * T::kNumStages;
-  const fj_u32 bar_e = bar_v + 8 * T::kNumStages;
-  const fj_u32 tile_slot = smem_base + T::kOffSlot;
+  fj_u32 bar_q, bar_qe, bar_k, bar_v, bar_e;
+  fj_u32 tile_slot;
+
+  // `raw`: the dynamic shared memory. The 128-byte swizzle repeats every 1024 bytes: tiles start
+  // on such a boundary.
+  FJ_DEVICE explicit FjSm90Smem(fj_u32 raw)
+      : sq((raw + 1023u) & ~1023u),
+        sk(sq + T::kOffK),
+        sv(sq + T::kOffV),
+        bar_q(sq + T::kOffBar),
+        bar_qe(bar_q + 8 * T::kQBufs),
+        bar_k(bar_qe + 8 * T::kQBufs),
+        bar_v(bar_k + 8 * T::kNumStages),
+        bar_e(bar_v + 8 * T::kNumStages),
+        tile_slot(sq + T::kOffSlot) {}
+
   // The Q buffer of a CTA's item-th query tile, and how many tiles used it before.
-  auto q_buf = [](int item) { return T::kQBufs == 2 ? (item & 1) : 0; };
-  auto q_uses = [](int item) { return T::kQBufs == 2 ? item / 2 : item; };
+  FJ_DEVICE static int q_buf(int item) { return T::kQBufs == 2 ? (item & 1) : 0; }
+  FJ_DEVICE static int q_uses(int item) { return T::kQBufs == 2 ? item / 2 : item; }
 
-  const int tid = threadIdx.x;
-  const int wg = tid / 128;
-  // Named barriers: 1..kConsumers the epilogue's, kConsumers + 1.. the turns' (FjTurns), then per
-  // Q buffer the persistent tile slot's handshake.
-  constexpr int kSlotBar = 1 + 2 * T::kConsumers;
-  static_assert(kSlotBar + T::kQBufs <= 16, "flexjit forward_sm90: named barrier ids 1..15");
-
-  if (tid == 0) {
+  // By one thread, before the CTA's first __syncthreads.
+  FJ_DEVICE void init_barriers() const {
 #pragma unroll
     for (int u = 0; u < T::kQBufs; ++u) {
       fj_mbar_init(bar_q + 8 * u, 1);
@@ -443,157 +456,321 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     }
     fj_mbar_init_fence();
   }
-  __syncthreads();
+};
 
-  if (wg == 0) {
-    // ---- producer ----
-    fj_setmaxnreg_dec<T::kProducerRegs>();
-    if (tid == 0) {
-      fj_tma_prefetch_desc(&maps.q);
-      fj_tma_prefetch_desc(&maps.k);
-      fj_tma_prefetch_desc(&maps.v);
-      int g = 0;  // KV tiles loaded so far, over every query tile: the ring position
-      FjWorkItems<T> items;
-      int b, h, m_block;
-      // kPersistent: the tile (pair * 2 + half) and the pair claimed for after this one.
-      int code = 2 * (int)blockIdx.x, next_pair = 0;
-      // The tile of Q buffer u to the consumers, with the Q-full arrival (and `q_bytes` of Q
-      // still to land): written to this CTA's global slot and copied into the shared one by the
-      // async proxy, so that it lands with Q and on the same barrier (a generic shared-memory
-      // store ordered only by the mbarrier is a race to compute-sanitizer's racecheck).
-      auto send_tile = [&](int u, int uses, int value, int q_bytes, const int(&runs)[3]) {
-        // The consumers have read this slot's previous tile (their arrival on its named barrier
-        // follows the read): a handshake compute-sanitizer's racecheck can follow, where the
-        // Q-empty mbarrier alone (which orders it too) is not. The producer warp's other lanes
-        // have exited, so its one thread's bar.sync counts as the warp's 32 (synccheck: clean).
-        if (uses > 0) fj_bar_sync(kSlotBar + u, 32 + 128 * T::kConsumers);
-        int* const slot = args.sched_counter + 4 * (1 + (int)blockIdx.x * T::kQBufs + u);
-        volatile int* const v = slot;
-        v[0] = value;
-        v[1] = runs[0];
-        v[2] = runs[1];
-        v[3] = runs[2];
-        fj_fence_proxy_async_global();
-        fj_mbar_arrive_expect_tx(bar_q + 8 * u, q_bytes + 16);
-        fj_bulk_load16(tile_slot + 16 * u, slot, bar_q + 8 * u);
-      };
-      for (int item = 0;; ++item) {
-        if constexpr (T::kPersistent) {
-          const int u = q_buf(item);
-          if ((code >> 1) >= FjWorkItems<T>::num_pairs(args)) {
-            // No tiles left: the consumers wake on the Q-full barrier and read -1.
-            if (q_uses(item) > 0) fj_mbar_wait(bar_qe + 8 * u, (q_uses(item) - 1) & 1);
-            const int none[3] = {0, 0, 0};
-            send_tile(u, q_uses(item), -1, 0, none);
-            // The consumers' arrival after their last read of the other buffer's slot: taken
-            // here, so that no named-barrier arrival is pending when the CTA exits.
-            if (item > 0) fj_bar_sync(kSlotBar + (u ^ 1), 32 + 128 * T::kConsumers);
-            break;
-          }
-          if ((code & 1) == 0) {
-            // Claim the pair after this one now: the atomic's latency passes under this pair.
-            next_pair = (int)gridDim.x + atomicAdd(args.sched_counter, 1);
-          }
-          FjWorkItems<T>::decode(args, code, b, h, m_block);
-        } else {
-          if (!items.next(args, b, h, m_block)) break;
-        }
-        const int h_kv = h / Cfg::kGqaRatio;
-        const FjKvSchedule sched = fj_sm90_schedule<T, Cfg>(args, b, h, m_block);
-        // The union schedule's runs go to the consumers with the tile (begin | end << 16 per
-        // warpgroup): read here, ahead of need, not by the consumers at the tile's start.
-        int runs[3] = {0, 0, 0};
-        if constexpr (kFjUnionSchedule<T, Cfg> && T::kPersistent) {
-          if (args.mask.kv_num_blocks != nullptr) {
-            const int* row = fj_union_row(args.mask, b, h, m_block);
-#pragma unroll
-            for (int c = 0; c < 3; ++c)
-              runs[c] = row[1 + 2 * c] | row[2 + 2 * c] << 16;
-          } else {
-#pragma unroll
-            for (int c = 0; c < 3; ++c)
-              runs[c] = sched.num_total << 16;
-          }
-        }
-        // Q into its buffer once the tile that used it before is done with it: with two buffers,
-        // tile item - 2 after its epilogue (long before); with one, the previous tile after its
-        // last S = Q K^T, so that Q arrives while the consumers finish that tile's P V and
-        // epilogue. Then the first K / V tile goes first (its stage frees before that last S).
-        const int u = q_buf(item);
-        auto load_q = [&] {
-          if (q_uses(item) > 0) fj_mbar_wait(bar_qe + 8 * u, (q_uses(item) - 1) & 1);
-          if constexpr (T::kPersistent) {
-            send_tile(u, q_uses(item), code, T::kQLoadBytes, runs);
-          } else {
-            fj_mbar_arrive_expect_tx(bar_q + 8 * u, T::kQLoadBytes);
-          }
-          fj_tma_load_tile<T::kDimQK, T::kBlockM>(sq + u * T::kQBytes, &maps.q,
-                                                  m_block * T::kBlockM, h, b, bar_q + 8 * u);
-        };
-        const bool q_first = T::kQBufs == 2 || item == 0 || sched.num_total == 0;
-        if (q_first) load_q();
-        int next_tile = sched.num_total > 0 ? sched.tile(0) : 0;
-        for (int i = 0; i < sched.num_total; ++i, ++g) {
-          // Three warpgroups: a block mask comes as a union schedule (status bits above the tile).
-          const int tile = kFjUnionSchedule<T, Cfg> ? next_tile & kFjUnionTileMask : next_tile;
-          if (i + 1 < sched.num_total) next_tile = sched.tile(i + 1);
-          const int stage = g % T::kNumStages;
-          if (g >= T::kNumStages) fj_mbar_wait(bar_e + 8 * stage, ((g / T::kNumStages) & 1) ^ 1);
-          // A tile past the end of a ragged sparse block reads as zeros (TMA fills what lies
-          // outside the tensor and still counts the whole box) and the consumers mask it.
-          const int n_start = tile * T::kBlockN;
-          fj_mbar_arrive_expect_tx(bar_k + 8 * stage, T::kKBytes);
-          fj_tma_load_tile<T::kDimQK, T::kBlockN>(sk + stage * T::kKBytes, &maps.k, n_start, h_kv,
-                                                  b, bar_k + 8 * stage);
-          fj_mbar_arrive_expect_tx(bar_v + 8 * stage, T::kVBytes);
-          fj_tma_load_tile<T::kDimV, T::kBlockN>(sv + stage * T::kVBytes, &maps.v, n_start, h_kv, b,
-                                                 bar_v + 8 * stage);
-          if (!q_first && i == 0) load_q();
-        }
-        if constexpr (T::kPersistent) {
-          const int second = FjWorkItems<T>::second(args, code);
-          code = second >= 0 ? second : 2 * next_pair;
-        }
-      }
-    }
-    return;
+// The tile scheduler's producer side: the CTA's query tiles in order (FjWorkItems); with
+// kPersistent, the claim of the next pair one pair ahead of need and each tile's hand-over to
+// the consumers through its Q buffer's tile slot.
+template <class T, class Cfg>
+struct FjSm90ProducerTiles {
+  const FjFwdArgs& args;
+  FjSm90Smem<T> sm;
+  FjWorkItems<T> items;  // without kPersistent
+  int code;              // kPersistent: the tile (pair * 2 + half)
+  int next_pair;         // kPersistent: the pair claimed for after this one
+
+  FJ_DEVICE FjSm90ProducerTiles(const FjFwdArgs& a, const FjSm90Smem<T>& s)
+      : args(a), sm(s), items(), code(2 * (int)blockIdx.x), next_pair(0) {}
+
+  // The tile of Q buffer u to the consumers, with the Q-full arrival (and `q_bytes` of Q still
+  // to land): written to this CTA's global slot and copied into the shared one by the async
+  // proxy, so that it lands with Q and on the same barrier (a generic shared-memory store
+  // ordered only by the mbarrier is a race to compute-sanitizer's racecheck).
+  FJ_DEVICE void send(int u, int uses, int value, int q_bytes, const int (&runs)[3]) const {
+    // The consumers have read this slot's previous tile (their arrival on its named barrier
+    // follows the read): a handshake compute-sanitizer's racecheck can follow, where the
+    // Q-empty mbarrier alone (which orders it too) is not. The producer warp's other lanes
+    // have exited, so its one thread's bar.sync counts as the warp's 32 (synccheck: clean).
+    if (uses > 0) fj_bar_sync(FjSm90Smem<T>::kSlotBar + u, 32 + 128 * T::kConsumers);
+    int* const slot = args.sched_counter + 4 * (1 + (int)blockIdx.x * T::kQBufs + u);
+    volatile int* const v = slot;
+    v[0] = value;
+    v[1] = runs[0];
+    v[2] = runs[1];
+    v[3] = runs[2];
+    fj_fence_proxy_async_global();
+    fj_mbar_arrive_expect_tx(sm.bar_q + 8 * u, q_bytes + 16);
+    fj_bulk_load16(sm.tile_slot + 16 * u, slot, sm.bar_q + 8 * u);
   }
 
-  // ---- consumers ----
-  fj_setmaxnreg_inc<T::kConsumerRegs>();
-  // This consumer warpgroup (query rows [64 cw, 64 cw + 64) of the tile); known to be warp-uniform
-  // where it picks the union schedule's run (at d 128 the broadcast cost document_causal a 4 B
-  // spill).
-  const int cw = kFjUnionSchedule<T, Cfg> ? fj_warp_uniform(wg - 1) : wg - 1;
-  const int wtid = tid % 128;
-  const int warp = wtid / 32;
-  const int lane = tid % 32;
-  fj_u32 sq_wg = sq + cw * 64 * 128;  // this warpgroup's Q rows (of the current Q buffer)
+  // kPersistent: whether the pairs are all taken (the CTA's tiles are done).
+  FJ_DEVICE bool exhausted() const { return (code >> 1) >= FjWorkItems<T>::num_pairs(args); }
 
-  float o[1][T::kDTiles][4];
-  float row_max[1][2];
-  float row_sum[1][2];
+  // kPersistent, once exhausted: the end of the tiles to the consumers, as the item-th tile (Q
+  // buffer u).
+  FJ_DEVICE void finish(int item, int u) const {
+    // No tiles left: the consumers wake on the Q-full barrier and read -1.
+    if (sm.q_uses(item) > 0) fj_mbar_wait(sm.bar_qe + 8 * u, (sm.q_uses(item) - 1) & 1);
+    const int none[3] = {0, 0, 0};
+    send(u, sm.q_uses(item), -1, 0, none);
+    // The consumers' arrival after their last read of the other buffer's slot: taken here, so
+    // that no named-barrier arrival is pending when the CTA exits.
+    if (item > 0) fj_bar_sync(FjSm90Smem<T>::kSlotBar + (u ^ 1), 32 + 128 * T::kConsumers);
+  }
 
-  // Turns (FjTurns, wgmma_sm90.cuh): ping-pong with two consumer warpgroups, a rotation with
-  // three; one turn per tile, over every query tile of the CTA.
-  const FjTurns<T::kConsumers, 1 + T::kConsumers> turns{cw};  // 1..kConsumers: the epilogue's
+  // kPersistent: the current tile into b, h, m_block (with a pair's first tile, the claim of the
+  // next pair).
+  FJ_DEVICE void take(int& b, int& h, int& m_block) {
+    if ((code & 1) == 0) {
+      // Claim the pair after this one now: the atomic's latency passes under this pair.
+      next_pair = (int)gridDim.x + atomicAdd(args.sched_counter, 1);
+    }
+    FjWorkItems<T>::decode(args, code, b, h, m_block);
+  }
+
+  // The union schedule's runs, which go to the consumers with the tile (begin | end << 16 per
+  // warpgroup; kPersistent): read here, ahead of need, not by the consumers at the tile's start.
+  FJ_DEVICE void union_runs(const FjKvSchedule& sched, int b, int h, int m_block,
+                            int (&runs)[3]) const {
+    if constexpr (kFjUnionSchedule<T, Cfg> && T::kPersistent) {
+      if (args.mask.kv_num_blocks != nullptr) {
+        const int* row = fj_union_row(args.mask, b, h, m_block);
+#pragma unroll
+        for (int c = 0; c < 3; ++c)
+          runs[c] = row[1 + 2 * c] | row[2 + 2 * c] << 16;
+      } else {
+#pragma unroll
+        for (int c = 0; c < 3; ++c)
+          runs[c] = sched.num_total << 16;
+      }
+    }
+  }
+
+  // After a query tile's loads (kPersistent): the pair's second tile, else the claimed pair.
+  FJ_DEVICE void advance() {
+    if constexpr (T::kPersistent) {
+      const int second = FjWorkItems<T>::second(args, code);
+      code = second >= 0 ? second : 2 * next_pair;
+    }
+  }
+};
+
+// The producer: one thread of warpgroup 0 walks the CTA's query tiles and each one's KV
+// schedule and issues the TMA loads of Q and of the K / V ring's stages.
+template <class T, class Cfg>
+struct FjSm90Producer {
+  const FjFwdArgs& args;
+  const FjFwdTmaMaps& maps;
+  FjSm90Smem<T> sm;
+  int g;  // KV tiles loaded so far, over every query tile: the ring position
+
+  FJ_DEVICE FjSm90Producer(const FjFwdArgs& a, const FjFwdTmaMaps& m, const FjSm90Smem<T>& s)
+      : args(a), maps(m), sm(s), g(0) {}
+
+  // Q of the item-th query tile into buffer u, once the tile that used it before is done with it
+  // (with kPersistent, the tile and its union runs go along in the slot).
+  FJ_DEVICE void load_q(const FjSm90ProducerTiles<T, Cfg>& tiles, int item, int u,
+                        const int (&runs)[3], int b, int h, int m_block) const {
+    if (sm.q_uses(item) > 0) fj_mbar_wait(sm.bar_qe + 8 * u, (sm.q_uses(item) - 1) & 1);
+    if constexpr (T::kPersistent) {
+      tiles.send(u, sm.q_uses(item), tiles.code, T::kQLoadBytes, runs);
+    } else {
+      fj_mbar_arrive_expect_tx(sm.bar_q + 8 * u, T::kQLoadBytes);
+    }
+    fj_tma_load_tile<T::kDimQK, T::kBlockM>(sm.sq + u * T::kQBytes, &maps.q, m_block * T::kBlockM,
+                                            h, b, sm.bar_q + 8 * u);
+  }
+
+  // The loads of the item-th query tile (b, h, m_block; Q buffer u): Q and its KV schedule's
+  // K / V tiles.
+  FJ_DEVICE void load_tile(const FjSm90ProducerTiles<T, Cfg>& tiles, int item, int u, int b, int h,
+                           int m_block) {
+    const int h_kv = h / Cfg::kGqaRatio;
+    const FjKvSchedule sched = fj_sm90_schedule<T, Cfg>(args, b, h, m_block);
+    int runs[3] = {0, 0, 0};
+    tiles.union_runs(sched, b, h, m_block, runs);
+    // Q into its buffer once the tile that used it before is done with it: with two buffers,
+    // tile item - 2 after its epilogue (long before); with one, the previous tile after its
+    // last S = Q K^T, so that Q arrives while the consumers finish that tile's P V and
+    // epilogue. Then the first K / V tile goes first (its stage frees before that last S).
+    const bool q_first = T::kQBufs == 2 || item == 0 || sched.num_total == 0;
+    if (q_first) load_q(tiles, item, u, runs, b, h, m_block);
+    int next_tile = sched.num_total > 0 ? sched.tile(0) : 0;
+    for (int i = 0; i < sched.num_total; ++i, ++g) {
+      // Three warpgroups: a block mask comes as a union schedule (status bits above the tile).
+      const int tile = kFjUnionSchedule<T, Cfg> ? next_tile & kFjUnionTileMask : next_tile;
+      if (i + 1 < sched.num_total) next_tile = sched.tile(i + 1);
+      const int stage = g % T::kNumStages;
+      if (g >= T::kNumStages) fj_mbar_wait(sm.bar_e + 8 * stage, ((g / T::kNumStages) & 1) ^ 1);
+      // A tile past the end of a ragged sparse block reads as zeros (TMA fills what lies
+      // outside the tensor and still counts the whole box) and the consumers mask it.
+      const int n_start = tile * T::kBlockN;
+      fj_mbar_arrive_expect_tx(sm.bar_k + 8 * stage, T::kKBytes);
+      fj_tma_load_tile<T::kDimQK, T::kBlockN>(sm.sk + stage * T::kKBytes, &maps.k, n_start, h_kv, b,
+                                              sm.bar_k + 8 * stage);
+      fj_mbar_arrive_expect_tx(sm.bar_v + 8 * stage, T::kVBytes);
+      fj_tma_load_tile<T::kDimV, T::kBlockN>(sm.sv + stage * T::kVBytes, &maps.v, n_start, h_kv, b,
+                                             sm.bar_v + 8 * stage);
+      if (!q_first && i == 0) load_q(tiles, item, u, runs, b, h, m_block);
+    }
+  }
+
+  // By one thread (the warpgroup's others return at once).
+  FJ_DEVICE void run() {
+    fj_tma_prefetch_desc(&maps.q);
+    fj_tma_prefetch_desc(&maps.k);
+    fj_tma_prefetch_desc(&maps.v);
+    FjSm90ProducerTiles<T, Cfg> tiles(args, sm);
+    int b, h, m_block;
+    for (int item = 0;; ++item) {
+      if constexpr (T::kPersistent) {
+        const int u = sm.q_buf(item);  // its Q buffer
+        if (tiles.exhausted()) {
+          tiles.finish(item, u);
+          break;
+        }
+        tiles.take(b, h, m_block);
+        load_tile(tiles, item, u, b, h, m_block);
+      } else {
+        if (!tiles.items.next(args, b, h, m_block)) break;
+        load_tile(tiles, item, sm.q_buf(item), b, h, m_block);
+      }
+      tiles.advance();
+    }
+  }
+};
+
+// The tile scheduler's consumer side: the CTA's query tiles in the producer's order (with
+// kPersistent, from the Q buffer's tile slot) and each one's KV schedule.
+template <class T, class Cfg>
+struct FjSm90ConsumerTiles {
+  static constexpr bool kUnion = kFjUnionSchedule<T, Cfg>;
+  const FjFwdArgs& args;
+  FjSm90Smem<T> sm;
+  FjWorkItems<T> items;  // without kPersistent
+
+  FJ_DEVICE FjSm90ConsumerTiles(const FjFwdArgs& a, const FjSm90Smem<T>& s)
+      : args(a), sm(s), items() {}
+
+  // kPersistent: the tile the producer sent with the q_item-th query tile's Q (in buffer u),
+  // FjWorkItems::decode's code or -1 when none is left.
+  FJ_DEVICE int wait_slot(int q_item, int u) const {
+    fj_mbar_wait(sm.bar_q + 8 * u, sm.q_uses(q_item) & 1);
+    return fj_warp_uniform(fj_lds_b32(sm.tile_slot + 16 * u));
+  }
+
+  // kPersistent: tile `code` of buffer u into b, h, m_block, its union runs (kUnion) from the
+  // slot into `runs`; then the slot goes back to the producer. (`runs` is the caller's array: a
+  // member array, written in a loop, kept this struct out of registers until the loop was
+  // unrolled, and the kernel compiled differently.)
+  FJ_DEVICE void take(int u, int code, int& b, int& h, int& m_block, int (&runs)[3]) const {
+    if constexpr (kUnion) {
+#pragma unroll
+      for (int c = 0; c < 3; ++c)
+        runs[c] = fj_warp_uniform(fj_lds_b32(sm.tile_slot + 16 * u + 4 + 4 * c));
+    }
+    // The slot's next tile is an async-proxy write (the bulk copy): order this generic read
+    // before it, then let the producer send it (FjSm90ProducerTiles::send's named barrier).
+    fj_fence_proxy_async();
+    fj_bar_arrive(FjSm90Smem<T>::kSlotBar + u, 32 + 128 * T::kConsumers);
+    FjWorkItems<T>::decode(args, code, b, h, m_block);
+  }
+
+  // The KV tiles of query tile (b, h, m_block) (fj_sm90_schedule; kUnion and kPersistent: the
+  // entries up to the end of the last of the `runs`).
+  FJ_DEVICE FjKvSchedule schedule(int b, int h, int m_block, const int (&runs)[3]) const {
+    FjKvSchedule sched;
+    if constexpr (kUnion && T::kPersistent) {
+      // The entry count from the slot (the last run's end; warp-uniform already), not a load at
+      // the tile's start.
+      const int n = max(runs[0] >> 16, max(runs[1] >> 16, runs[2] >> 16));
+      sched = fj_union_entries(args.mask, b, h, m_block, n);
+    } else {
+      sched = fj_sm90_schedule<T, Cfg>(args, b, h, m_block);
+      if constexpr (kUnion) {
+        // Counts loaded from a block mask, made known to be warp-uniform (the loops below stay
+        // on the uniform datapath); tile indices likewise where they are used, not where loaded
+        // (one tile ahead).
+        sched.num_partial = fj_warp_uniform(sched.num_partial);
+        sched.num_total = fj_warp_uniform(sched.num_total);
+      }
+    }
+    return sched;
+  }
+};
+
+// A query tile as a consumer thread computes it.
+struct FjSm90QTile {
+  int b, h, m_block;
+  int u;           // its Q buffer
+  int m_start;     // its first row
+  fj_u32 sq_item;  // its Q buffer's address
+  int q_row0;      // the thread's first row
+  int dl_row0;     // the warp's first row
+};
+
+// A consumer warpgroup (query rows [64 cw, 64 cw + 64) of every query tile): the mainloop over
+// a query tile's KV tiles (S = Q K^T and O += P V by wgmma, the turns between warpgroups), the
+// scores and online softmax of a KV tile, and the epilogue (O normalized, LSE).
+template <class T, class Cfg>
+struct FjSm90Consumer {
+  // Three consumer warpgroups with a mask_mod read a block mask as a union schedule
+  // (mainloop_union).
+  static constexpr bool kUnion = kFjUnionSchedule<T, Cfg>;
   // Intra-warpgroup overlap: S of tile i and P V of tile i - 1 issued in one turn (S of tile i,
   // P of tile i - 1 and O live at once: too many registers with d_v = 256).
-  constexpr bool kOverlap = T::kDimV <= 128;
-  turns.start();
-
-  fj_u32 pa[T::kBlockN / 16][4];  // P of the previous tile, the A operand of its P V
-  float s[1][T::kNTiles][4];
-  // S = Q K^T of a stage: k16 steps over the head dim, 64-element chunks of Q and K.
+  static constexpr bool kOverlap = T::kDimV <= 128;
   // Q's descriptors are the same for every tile; kept in registers across the loop they take
   // 2 * kDimQK / 16 of them, and they were what spilled first in kernels whose score_mod loads
   // buffers (relative_bias_causal d 128: 64 of its 72 B). With a score_mod they are rebuilt
   // every tile from an address the compiler cannot hoist (one add per k16 step: a descriptor's
   // low bits are address >> 4). relative_bias_causal still spilled then (the 64 bias loads of a
   // tile in flight: d 128 80 B, d 64 20 B), until its bias was read once per diagonal (kDl).
-  constexpr bool kRebuildQDesc = Cfg::kHasScoreMod || Cfg::kHasMaskMod;
-  auto issue_qk = [&](int stage) {
-    const fj_u32 sk_stage = sk + stage * T::kKBytes;
+  static constexpr bool kRebuildQDesc = Cfg::kHasScoreMod || Cfg::kHasMaskMod;
+  // The score_mod's diagonal load (kFjDiagLoad: bias[f(q_idx - kv_idx)]), once per diagonal of
+  // the warp's 16 x kBlockN fragment instead of once per score: load_diagonals issues the loads
+  // into registers before the tile's S is waited for, and each score takes its value from the
+  // lane that loaded it (FjDiagLoads::shuffled; no shared memory).
+  static constexpr bool kDl = Cfg::kHasScoreMod && kFjDiagLoad;
+
+  const FjFwdArgs& args;
+  const FjModParams& mods;
+  FjSm90Smem<T> sm;
+  // This consumer warpgroup; known to be warp-uniform where it picks the union schedule's run
+  // (at d 128 the broadcast cost document_causal a 4 B spill).
+  int cw;
+  int wtid, warp, lane;
+  fj_u32 sq_wg;  // this warpgroup's Q rows (of the current Q buffer)
+  // Turns (FjTurns, wgmma_sm90.cuh): ping-pong with two consumer warpgroups, a rotation with
+  // three; one turn per tile, over every query tile of the CTA. 1..kConsumers: the epilogue's.
+  FjTurns<T::kConsumers, 1 + T::kConsumers> turns;
+  int g;  // KV tiles consumed so far, over every query tile: the ring position
+  // The accumulators and fragments: arrays the kernel declares, held by reference. As members,
+  // their loop-indexed accesses kept the whole struct (its scalars too) in memory until the
+  // loops were unrolled, and the kernel compiled differently (document_causal at 192 rows
+  // spilled 4 B).
+  float (&o)[1][T::kDTiles][4];
+  float (&row_max)[1][2];
+  float (&row_sum)[1][2];
+  fj_u32 (&pa)[T::kBlockN / 16][4];  // P of the previous tile, the A operand of its P V
+  float (&s)[1][T::kNTiles][4];
+  FjDiagLoads<T::kNTiles>& dl;
+
+  // After the warpgroup's setmaxnreg.inc.
+  FJ_DEVICE FjSm90Consumer(const FjFwdArgs& a, const FjModParams& m, const FjSm90Smem<T>& sm_,
+                           int tid, int wg, float (&o_)[1][T::kDTiles][4], float (&row_max_)[1][2],
+                           float (&row_sum_)[1][2], fj_u32 (&pa_)[T::kBlockN / 16][4],
+                           float (&s_)[1][T::kNTiles][4], FjDiagLoads<T::kNTiles>& dl_)
+      : args(a),
+        mods(m),
+        sm(sm_),
+        cw(kUnion ? fj_warp_uniform(wg - 1) : wg - 1),
+        wtid(tid % 128),
+        warp(wtid / 32),
+        lane(tid % 32),
+        sq_wg(sm_.sq + cw * 64 * 128),
+        turns{cw},
+        g(0),
+        o(o_),
+        row_max(row_max_),
+        row_sum(row_sum_),
+        pa(pa_),
+        s(s_),
+        dl(dl_) {}
+
+  // S = Q K^T of a stage: k16 steps over the head dim, 64-element chunks of Q and K.
+  FJ_DEVICE void issue_qk(int stage) {
+    const fj_u32 sk_stage = sm.sk + stage * T::kKBytes;
     fj_u32 q_base = sq_wg;
     if constexpr (kRebuildQDesc) asm volatile("mov.b32 %0, %1;\n" : "=r"(q_base) : "r"(sq_wg));
     const fj_u64 da0 = fj_smem_desc_sw128(q_base, 16, 1024);
@@ -606,310 +783,259 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       fj_wgmma_ss(s[0], da, db, kk > 0 ? 1 : 0);
     }
     fj_wgmma_commit();
-  };
+  }
+
   // O += P V of a stage: V MN-major, 64-element chunks of the head dim LBO apart; the C
   // fragments of n8 tiles 2j, 2j+1 of S are the A fragment of k16 step j.
-  auto issue_pv = [&](int stage) {
-    const fj_u32 sv_stage = sv + stage * T::kVBytes;
+  FJ_DEVICE void issue_pv(int stage) {
+    const fj_u32 sv_stage = sm.sv + stage * T::kVBytes;
 #pragma unroll
     for (int j = 0; j < T::kBlockN / 16; ++j) {
       const fj_u64 dv = fj_smem_desc_sw128(sv_stage + j * 16 * 128, T::kBlockN * 128, 1024);
       fj_wgmma_rs(o[0], pa[j], dv, 1);
     }
     fj_wgmma_commit();
-  };
-  // The score_mod's diagonal load (kFjDiagLoad: bias[f(q_idx - kv_idx)]), once per
-  // diagonal of the warp's 16 x kBlockN fragment instead of once per score: load_diagonals(tile)
-  // (per query tile, below) issues the loads into registers before the tile's S is waited for,
-  // and each score takes its value from the lane that loaded it (FjDiagLoads::shuffled; no
-  // shared memory).
-  constexpr bool kDl = Cfg::kHasScoreMod && kFjDiagLoad;
-  FjDiagLoads<T::kNTiles> dl;
+  }
+
   // Skipped by the whole warp when none of its rows moved its reference (fj_sm90_softmax).
-  auto rescale_o = [&](const float(&alpha)[2]) {
+  FJ_DEVICE void rescale_o(const float (&alpha)[2]) {
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
       fj_rescale_row<T>(o, 0, 0, alpha[0]);
       fj_rescale_row<T>(o, 0, 1, alpha[1]);
     }
-  };
-  auto pack_p = [&] { fj_wgmma_pack_a<typename T::Element>(pa, s[0]); };
-  auto release = [&](int stage) {
+  }
+
+  FJ_DEVICE void pack_p() {
+    fj_wgmma_pack_a<typename T::Element>(pa, s[0]);
+  }
+
+  // This warp is done with a stage.
+  FJ_DEVICE void release(int stage) const {
     __syncwarp();
-    if (lane == 0) fj_mbar_arrive(bar_e + 8 * stage);
-  };
+    if (lane == 0) fj_mbar_arrive(sm.bar_e + 8 * stage);
+  }
+
   // This warp is done with the Q tile (its last S = Q K^T has completed): with one Q buffer,
   // the producer may load the next tile's Q (with two, the epilogue releases the buffer).
-  int q_item = 0;  // the CTA's query tile being computed
-  auto release_q = [&] {
+  FJ_DEVICE void release_q() const {
     if constexpr (T::kQBufs == 1) {
       __syncwarp();
-      if (lane == 0) fj_mbar_arrive(bar_qe);
+      if (lane == 0) fj_mbar_arrive(sm.bar_qe);
     }
-  };
-  auto turn_begin = [&] { turns.begin(); };
-  auto turn_end = [&] { turns.end(); };
+  }
 
-  int g = 0;  // KV tiles consumed so far, over every query tile: the ring position
-  // Three consumer warpgroups with a mask_mod read a block mask as a union schedule
-  // (FjUnionScheduleArgs): entry i is a tile and each warpgroup's status there (absent, partial,
-  // full), and each warpgroup's tiles are one run of entries (bounds in the row's header). Every
-  // warpgroup takes one turn per entry; outside its run it passes the turn and releases the
-  // stage once it has landed. It is such a kernel's only loop (without a block mask: one run of
-  // partial tiles); two loops in one kernel cost registers (document_causal spilled 88 B) and
-  // compile time. Without a mask_mod (the host then takes no 192-row tiles with a block mask,
-  // InputFacts::mask_mod), the loop below: the union loop measured 401 TFLOP/s there against 431
-  // on noop (docs/kernels/forward_sm90.md "Union schedule").
-  constexpr bool kUnion = kFjUnionSchedule<T, Cfg>;
-  FjWorkItems<T> items;
-  int b, h, m_block;
-  int slot_runs[3] = {0, 0, 0};  // kUnion and kPersistent: the tile's runs from its slot
-  for (;; ++q_item) {
-    const int u = q_buf(q_item);
+  // The score_mod's diagonal loads of a KV tile (kDl).
+  FJ_DEVICE void load_diagonals(const FjSm90QTile& t, int tile) {
+    if constexpr (kDl) {
+      const int n_start = tile * T::kBlockN;
+      // q_idx - kv_idx = (dl_row0 + row) - (n_start + col) = (dl_row0 - n_start) - k.
+      dl.issue(mods, t.b, t.h, t.dl_row0 - n_start, -1, args.seqlen_q - t.dl_row0,
+               args.seqlen_kv - n_start, lane);
+    }
+  }
+
+  // Scores and online softmax of a KV tile (S in s, turned into P in place); the factors by
+  // which O must be rescaled are left in alpha.
+  FJ_DEVICE void softmax(const FjSm90QTile& t, bool partial, int n_start, float (&alpha)[2]) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    // The lane's first key; with a column load from the thread index read here (kept from the
+    // kernel's start it was spilled and reloaded once per tile: document_causal, 192 rows).
+    const int kv_col0 = n_start + (kFjColLoad ? fj_tid_here() & 3 : lane & 3) * 2;
+    float c = kLog2e;
+    if constexpr (kUnion && Cfg::kHasScoreMod && Cfg::kHasMaskMod) {
+      // One copy of the score_mod, the mask_mod after it where the tile is partial: a
+      // partial and a full copy of the score_mod chosen by a tile's status bits spilled
+      // 130-260 B at 160 registers (softcap_causal, relative_bias_causal;
+      // docs/kernels/forward_sm90.md "Union schedule").
+      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start, kv_col0,
+                                                dl, lane);
+      if (partial) fj_sm90_mask<Cfg, T>(s, args, mods, t.b, t.h, t.q_row0, kv_col0);
+    } else if (!Cfg::kHasScoreMod && !(Cfg::kHasMaskMod && partial) && args.scale > 0.0f) {
+      // No mod to call on this tile: the scale goes into the exponent's factor too.
+      fj_sm90_scores<Cfg, T, false, true, false>(s, args, mods, t.b, t.h, t.q_row0, n_start,
+                                                 kv_col0, dl, lane);
+      c = args.scale * kLog2e;
+    } else if (partial && kFjColLoad) {
+      // The mask_mod's column load read once per warp (fj_sm90_mask).
+      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start, kv_col0,
+                                                dl, lane);
+      fj_sm90_mask<Cfg, T>(s, args, mods, t.b, t.h, t.q_row0, kv_col0);
+    } else if (partial) {
+      fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start, kv_col0,
+                                               dl, lane);
+    } else {
+      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start, kv_col0,
+                                                dl, lane);
+    }
+    fj_sm90_softmax<T>(s, row_max, row_sum, alpha, c);
+  }
+
+  // The overlapped loop's three steps over a run of tiles at ring positions g0, g0 + 1, ...:
+  // the first tile's S alone (first_s); S of a tile with P V of the one before in one turn
+  // (next_s_pv: the softmax of S runs while the tensor cores do P V, O is rescaled once P V is
+  // done); the last P V (last_pv). `q_done`: the tile's S is the query tile's last (one Q
+  // buffer: release it).
+  FJ_DEVICE void first_s(const FjSm90QTile& t, int gi, int tile, bool partial, float (&alpha)[2],
+                         bool q_done) {
+    fj_mbar_wait(sm.bar_k + 8 * (gi % T::kNumStages), (gi / T::kNumStages) & 1);
+    turns.begin();
+    fj_wgmma_fence();
+    issue_qk(gi % T::kNumStages);
+    turns.end();
+    load_diagonals(t, tile);
+    fj_wgmma_wait<0>();
+    fj_fence_regs(s[0]);
+    if (q_done) release_q();
+    softmax(t, partial, tile * T::kBlockN, alpha);  // O is still zero: no rescale
+    pack_p();
+  }
+
+  FJ_DEVICE void next_s_pv(const FjSm90QTile& t, int gi, int tile, bool partial, float (&alpha)[2],
+                           bool q_done) {
+    const int stage = gi % T::kNumStages;
+    const int prev = (gi - 1) % T::kNumStages;
+    fj_mbar_wait(sm.bar_k + 8 * stage, (gi / T::kNumStages) & 1);
+    fj_mbar_wait(sm.bar_v + 8 * prev, ((gi - 1) / T::kNumStages) & 1);
+    turns.begin();
+    fj_wgmma_fence();
+    issue_qk(stage);
+    issue_pv(prev);
+    turns.end();
+    load_diagonals(t, tile);
+    fj_wgmma_wait<1>();
+    fj_fence_regs(s[0]);
+    softmax(t, partial, tile * T::kBlockN, alpha);
+    // ptxas places this wait at the top of the softmax's basic block, so the softmax runs
+    // after P V rather than under it; the ping-pong of the consumers keeps the tensor cores
+    // busy meanwhile. Forcing the wait below the softmax (a never-taken branch on its row
+    // sums) measured 2-4 % slower (docs/kernels/forward_sm90.md "Design notes").
+    fj_wgmma_wait<0>();
+    fj_fence_regs(o[0]);
+    if (q_done) release_q();
+    release(prev);
+    rescale_o(alpha);
+    pack_p();
+  }
+
+  FJ_DEVICE void last_pv(int gl) {
+    fj_mbar_wait(sm.bar_v + 8 * (gl % T::kNumStages), (gl / T::kNumStages) & 1);
+    fj_wgmma_fence();
+    issue_pv(gl % T::kNumStages);
+    fj_wgmma_wait<0>();
+    fj_fence_regs(o[0]);
+    release(gl % T::kNumStages);
+  }
+
+  // An entry of the union schedule this warpgroup skips (at ring position gi): pass the turn;
+  // release the stage once both loads landed (the producer re-arms its barriers only after
+  // every warp released it).
+  FJ_DEVICE void skip(int gi) {
+    turns.begin();
+    turns.end();
+    fj_mbar_wait(sm.bar_k + 8 * (gi % T::kNumStages), (gi / T::kNumStages) & 1);
+    fj_mbar_wait(sm.bar_v + 8 * (gi % T::kNumStages), (gi / T::kNumStages) & 1);
+    release(gi % T::kNumStages);
+  }
+
+  // The mainloop over a union schedule (FjUnionScheduleArgs): entry i is a tile and each
+  // warpgroup's status there (absent, partial, full), and each warpgroup's tiles are one run of
+  // entries (bounds in the row's header). Every warpgroup takes one turn per entry; outside its
+  // run it passes the turn and releases the stage once it has landed. It is such a kernel's
+  // only loop (without a block mask: one run of partial tiles); two loops in one kernel cost
+  // registers (document_causal spilled 88 B) and compile time. Without a mask_mod (the host
+  // then takes no 192-row tiles with a block mask, InputFacts::mask_mod), mainloop_overlap: the
+  // union loop measured 401 TFLOP/s there against 431 on noop (docs/kernels/forward_sm90.md
+  // "Union schedule").
+  // The entries before this warpgroup's run of tiles, the run as mainloop_overlap (S of the
+  // first tile alone, then S of a tile with P V of the one before, then the last P V), the
+  // entries after it. Every wgmma sits unconditionally in its block: issued or waited for under
+  // a runtime condition, ptxas serializes every wgmma of the kernel (noop 317 TFLOP/s against
+  // 434); runs found by the tiles' status bits instead of the row's bounds spilled 150-350 B
+  // (docs/kernels/forward_sm90.md "Union schedule"). `run`: with kPersistent, this warpgroup's
+  // run from the tile slot (begin | end << 16); otherwise the bounds come from the row's header.
+  FJ_DEVICE void mainloop_union(const FjSm90QTile& t, const FjKvSchedule& sched, int run) {
+    const int num_total = sched.num_total;
+    const bool masked = args.mask.kv_num_blocks != nullptr;
+    int run_begin = 0, run_end = num_total;
     if constexpr (T::kPersistent) {
-      // The producer's tile for this Q buffer (stored with its Q, on the same barrier).
-      fj_mbar_wait(bar_q + 8 * u, q_uses(q_item) & 1);
-      const int code = fj_warp_uniform(fj_lds_b32(tile_slot + 16 * u));
-      if (code < 0) break;
-      if constexpr (kUnion) {
-#pragma unroll
-        for (int c = 0; c < 3; ++c)
-          slot_runs[c] = fj_warp_uniform(fj_lds_b32(tile_slot + 16 * u + 4 + 4 * c));
-      }
-      // The slot's next tile is an async-proxy write (the bulk copy): order this generic read
-      // before it, then let the producer send it (send_tile's named barrier).
-      fj_fence_proxy_async();
-      fj_bar_arrive(kSlotBar + u, 32 + 128 * T::kConsumers);
-      FjWorkItems<T>::decode(args, code, b, h, m_block);
-    } else {
-      if (!items.next(args, b, h, m_block)) break;
+      run_begin = run & 0xffff;
+      run_end = run >> 16;
+    } else if (masked) {
+      const int* row = fj_union_row(args.mask, t.b, t.h, t.m_block);
+      run_begin = fj_warp_uniform(row[1 + 2 * cw]);
+      run_end = fj_warp_uniform(row[2 + 2 * cw]);
     }
-    const int m_start = m_block * T::kBlockM;
-    const fj_u32 sq_item = sq + u * T::kQBytes;
-    sq_wg = sq_item + cw * 64 * 128;
-    FjKvSchedule sched;
-    if constexpr (kUnion && T::kPersistent) {
-      // The entry count from the slot (the last run's end; warp-uniform already), not a load at
-      // the tile's start.
-      const int n = max(slot_runs[0] >> 16, max(slot_runs[1] >> 16, slot_runs[2] >> 16));
-      sched = fj_union_entries(args.mask, b, h, m_block, n);
-    } else {
-      sched = fj_sm90_schedule<T, Cfg>(args, b, h, m_block);
-      if constexpr (kUnion) {
-        // Counts loaded from a block mask, made known to be warp-uniform (the loops below stay
-        // on the uniform datapath); tile indices likewise where they are used, not where loaded
-        // (one tile ahead).
-        sched.num_partial = fj_warp_uniform(sched.num_partial);
-        sched.num_total = fj_warp_uniform(sched.num_total);
+    const int shift = kFjUnionStatusShift + 2 * cw;
+    auto partial_of = [&](int e) { return !masked || ((e >> shift) & 3) == 1; };
+    for (int i = 0; i < run_begin; ++i)
+      skip(g + i);
+    if (run_begin < run_end) {
+      float alpha[2];
+      int e = fj_warp_uniform(sched.tile(run_begin));
+      int next_e = run_begin + 1 < run_end ? sched.tile(run_begin + 1) : 0;  // one ahead
+      first_s(t, g + run_begin, e & kFjUnionTileMask, partial_of(e), alpha, false);
+      for (int i = run_begin + 1; i < run_end; ++i) {
+        e = fj_warp_uniform(next_e);
+        if (i + 1 < run_end) next_e = sched.tile(i + 1);
+        next_s_pv(t, g + i, e & kFjUnionTileMask, partial_of(e), alpha, false);
       }
+      last_pv(g + run_end - 1);
     }
-    // The thread's first row. With a column load (document masks) its lane part is taken here
-    // (warp * 16 + lane / 4 = wtid / 4 + warp * 8): computed once at the kernel's start it was
-    // spilled and reloaded once per query tile (document_causal at 192 rows;
-    // docs/kernels/forward_sm90.md "The mask_mod's column load"). The other kernels keep the form
-    // they were measured with.
-    const int q_row0 = kFjColLoad ? m_start + cw * 64 + fj_here(wtid >> 2) + (wtid >> 5) * 8
-                                  : m_start + cw * 64 + warp * 16 + (lane >> 2);
-    const int dl_row0 = m_start + cw * 64 + warp * 16;  // this warp's first query row
-    auto load_diagonals = [&](int tile) {
-      if constexpr (kDl) {
-        const int n_start = tile * T::kBlockN;
-        // q_idx - kv_idx = (dl_row0 + row) - (n_start + col) = (dl_row0 - n_start) - k.
-        dl.issue(mods, b, h, dl_row0 - n_start, -1, args.seqlen_q - dl_row0,
-                 args.seqlen_kv - n_start, lane);
-      }
-    };
-#pragma unroll
-    for (int dt = 0; dt < T::kDTiles; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        o[0][dt][e] = 0.0f;
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      row_max[0][hr] = fj_neg_inf();
-      row_sum[0][hr] = 0.0f;
-    }
-    // Scores and online softmax of tile i (S in s, turned into P in place); the factors by which
-    // O must be rescaled are left in alpha.
-    auto softmax = [&](bool partial, int n_start, float(&alpha)[2]) {
-      constexpr float kLog2e = 1.4426950408889634f;
-      // The lane's first key; with a column load from the thread index read here (kept from the
-      // kernel's start it was spilled and reloaded once per tile: document_causal, 192 rows).
-      const int kv_col0 = n_start + (kFjColLoad ? fj_tid_here() & 3 : lane & 3) * 2;
-      float c = kLog2e;
-      if constexpr (kUnion && Cfg::kHasScoreMod && Cfg::kHasMaskMod) {
-        // One copy of the score_mod, the mask_mod after it where the tile is partial: a
-        // partial and a full copy of the score_mod chosen by a tile's status bits spilled
-        // 130-260 B at 160 registers (softcap_causal, relative_bias_causal;
-        // docs/kernels/forward_sm90.md "Union schedule").
-        fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0, dl,
-                                                  lane);
-        if (partial) fj_sm90_mask<Cfg, T>(s, args, mods, b, h, q_row0, kv_col0);
-      } else if (!Cfg::kHasScoreMod && !(Cfg::kHasMaskMod && partial) && args.scale > 0.0f) {
-        // No mod to call on this tile: the scale goes into the exponent's factor too.
-        fj_sm90_scores<Cfg, T, false, true, false>(s, args, mods, b, h, q_row0, n_start, kv_col0,
-                                                   dl, lane);
-        c = args.scale * kLog2e;
-      } else if (partial && kFjColLoad) {
-        // The mask_mod's column load read once per warp (fj_sm90_mask).
-        fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0, dl,
-                                                  lane);
-        fj_sm90_mask<Cfg, T>(s, args, mods, b, h, q_row0, kv_col0);
-      } else if (partial) {
-        fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0, dl,
-                                                 lane);
-      } else {
-        fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, b, h, q_row0, n_start, kv_col0, dl,
-                                                  lane);
-      }
-      fj_sm90_softmax<T>(s, row_max, row_sum, alpha, c);
-    };
+    for (int i = run_end; i < num_total; ++i)
+      skip(g + i);
+    release_q();
+  }
 
-    // The overlapped loop's three steps over a run of tiles at ring positions g0, g0 + 1, ...:
-    // the first tile's S alone; S of a tile with P V of the one before in one turn (the
-    // softmax of S runs while the tensor cores do P V, O is rescaled once P V is done); the last
-    // P V. `q_done`: the tile's S is the query tile's last (one Q buffer: release it).
-    auto first_s = [&](int gi, int tile, bool partial, float(&alpha)[2], bool q_done) {
-      fj_mbar_wait(bar_k + 8 * (gi % T::kNumStages), (gi / T::kNumStages) & 1);
-      turn_begin();
-      fj_wgmma_fence();
-      issue_qk(gi % T::kNumStages);
-      turn_end();
-      load_diagonals(tile);
-      fj_wgmma_wait<0>();
-      fj_fence_regs(s[0]);
-      if (q_done) release_q();
-      softmax(partial, tile * T::kBlockN, alpha);  // O is still zero: no rescale
-      pack_p();
-    };
-    auto next_s_pv = [&](int gi, int tile, bool partial, float(&alpha)[2], bool q_done) {
+  // The mainloop with the intra-warpgroup overlap (num_total > 0): tile 0's S only; then S of
+  // tile i with P V of tile i - 1; then the last P V.
+  FJ_DEVICE void mainloop_overlap(const FjSm90QTile& t, const FjKvSchedule& sched) {
+    const int num_total = sched.num_total;
+    int next_tile = num_total > 1 ? sched.tile(1) : 0;  // read one tile ahead
+    float alpha[2];
+    first_s(t, g, sched.tile(0), 0 < sched.num_partial, alpha, num_total == 1);
+    for (int i = 1; i < num_total; ++i) {
+      const int tile = next_tile;
+      if (i + 1 < num_total) next_tile = sched.tile(i + 1);
+      next_s_pv(t, g + i, tile, i < sched.num_partial, alpha, i + 1 == num_total);
+    }
+    last_pv(g + num_total - 1);
+  }
+
+  // The mainloop without the overlap (d_v = 256: S, P and O of two tiles do not fit the
+  // registers; num_total > 0).
+  FJ_DEVICE void mainloop_serial(const FjSm90QTile& t, const FjKvSchedule& sched) {
+    const int num_total = sched.num_total;
+    int next_tile = sched.tile(0);
+    for (int i = 0; i < num_total; ++i) {
+      const int tile = next_tile;
+      if (i + 1 < num_total) next_tile = sched.tile(i + 1);
+      const int gi = g + i;
       const int stage = gi % T::kNumStages;
-      const int prev = (gi - 1) % T::kNumStages;
-      fj_mbar_wait(bar_k + 8 * stage, (gi / T::kNumStages) & 1);
-      fj_mbar_wait(bar_v + 8 * prev, ((gi - 1) / T::kNumStages) & 1);
-      turn_begin();
+      const int parity = (gi / T::kNumStages) & 1;
+      float alpha[2];
+      fj_mbar_wait(sm.bar_k + 8 * stage, parity);
+      turns.begin();
       fj_wgmma_fence();
       issue_qk(stage);
-      issue_pv(prev);
-      turn_end();
-      load_diagonals(tile);
-      fj_wgmma_wait<1>();
-      fj_fence_regs(s[0]);
-      softmax(partial, tile * T::kBlockN, alpha);
-      // ptxas places this wait at the top of the softmax's basic block, so the softmax runs
-      // after P V rather than under it; the ping-pong of the consumers keeps the tensor cores
-      // busy meanwhile. Forcing the wait below the softmax (a never-taken branch on its row
-      // sums) measured 2-4 % slower (docs/kernels/forward_sm90.md "Design notes").
+      turns.end();
+      load_diagonals(t, tile);
       fj_wgmma_wait<0>();
-      fj_fence_regs(o[0]);
-      if (q_done) release_q();
-      release(prev);
+      fj_fence_regs(s[0]);
+      if (i + 1 == num_total) release_q();
+      softmax(t, i < sched.num_partial, tile * T::kBlockN, alpha);
       rescale_o(alpha);
       pack_p();
-    };
-    auto last_pv = [&](int gl) {
-      fj_mbar_wait(bar_v + 8 * (gl % T::kNumStages), (gl / T::kNumStages) & 1);
+      fj_mbar_wait(sm.bar_v + 8 * stage, parity);
       fj_wgmma_fence();
-      issue_pv(gl % T::kNumStages);
+      issue_pv(stage);
       fj_wgmma_wait<0>();
       fj_fence_regs(o[0]);
-      release(gl % T::kNumStages);
-    };
-
-    const int num_total = sched.num_total;
-    if constexpr (!T::kPersistent) fj_mbar_wait(bar_q + 8 * u, q_uses(q_item) & 1);
-    if constexpr (kUnion) {
-      // The entries before this warpgroup's run of tiles, the run as the loop below (S of the
-      // first tile alone, then S of a tile with P V of the one before, then the last P V),
-      // the entries after it. Every wgmma sits unconditionally in its block: issued or waited
-      // for under a runtime condition, ptxas serializes every wgmma of the kernel (noop 317
-      // TFLOP/s against 434); runs found by the tiles' status bits instead of the row's bounds
-      // spilled 150-350 B (docs/kernels/forward_sm90.md "Union schedule").
-      const bool masked = args.mask.kv_num_blocks != nullptr;
-      int run_begin = 0, run_end = num_total;
-      if constexpr (T::kPersistent) {
-        const int run = cw == 0 ? slot_runs[0] : cw == 1 ? slot_runs[1] : slot_runs[2];
-        run_begin = run & 0xffff;
-        run_end = run >> 16;
-      } else if (masked) {
-        const int* row = fj_union_row(args.mask, b, h, m_block);
-        run_begin = fj_warp_uniform(row[1 + 2 * cw]);
-        run_end = fj_warp_uniform(row[2 + 2 * cw]);
-      }
-      const int shift = kFjUnionStatusShift + 2 * cw;
-      auto partial_of = [&](int e) { return !masked || ((e >> shift) & 3) == 1; };
-      // An entry this warpgroup skips: pass the turn; release the stage once both loads landed
-      // (the producer re-arms its barriers only after every warp released it).
-      auto skip = [&](int i) {
-        const int gi = g + i;
-        turn_begin();
-        turn_end();
-        fj_mbar_wait(bar_k + 8 * (gi % T::kNumStages), (gi / T::kNumStages) & 1);
-        fj_mbar_wait(bar_v + 8 * (gi % T::kNumStages), (gi / T::kNumStages) & 1);
-        release(gi % T::kNumStages);
-      };
-      for (int i = 0; i < run_begin; ++i)
-        skip(i);
-      if (run_begin < run_end) {
-        float alpha[2];
-        int e = fj_warp_uniform(sched.tile(run_begin));
-        int next_e = run_begin + 1 < run_end ? sched.tile(run_begin + 1) : 0;  // one ahead
-        first_s(g + run_begin, e & kFjUnionTileMask, partial_of(e), alpha, false);
-        for (int i = run_begin + 1; i < run_end; ++i) {
-          e = fj_warp_uniform(next_e);
-          if (i + 1 < run_end) next_e = sched.tile(i + 1);
-          next_s_pv(g + i, e & kFjUnionTileMask, partial_of(e), alpha, false);
-        }
-        last_pv(g + run_end - 1);
-      }
-      for (int i = run_end; i < num_total; ++i)
-        skip(i);
-      release_q();
-    } else if (num_total == 0) {
-      release_q();
-    } else if constexpr (kOverlap) {
-      // Tile 0: S only; then S of tile i with P V of tile i - 1; then the last P V.
-      int next_tile = num_total > 1 ? sched.tile(1) : 0;  // read one tile ahead
-      float alpha[2];
-      first_s(g, sched.tile(0), 0 < sched.num_partial, alpha, num_total == 1);
-      for (int i = 1; i < num_total; ++i) {
-        const int tile = next_tile;
-        if (i + 1 < num_total) next_tile = sched.tile(i + 1);
-        next_s_pv(g + i, tile, i < sched.num_partial, alpha, i + 1 == num_total);
-      }
-      last_pv(g + num_total - 1);
-    } else {
-      // Without the overlap (d_v = 256: S, P and O of two tiles do not fit the registers).
-      int next_tile = sched.tile(0);
-      for (int i = 0; i < num_total; ++i) {
-        const int tile = next_tile;
-        if (i + 1 < num_total) next_tile = sched.tile(i + 1);
-        const int gi = g + i;
-        const int stage = gi % T::kNumStages;
-        const int parity = (gi / T::kNumStages) & 1;
-        float alpha[2];
-        fj_mbar_wait(bar_k + 8 * stage, parity);
-        turn_begin();
-        fj_wgmma_fence();
-        issue_qk(stage);
-        turn_end();
-        load_diagonals(tile);
-        fj_wgmma_wait<0>();
-        fj_fence_regs(s[0]);
-        if (i + 1 == num_total) release_q();
-        softmax(i < sched.num_partial, tile * T::kBlockN, alpha);
-        rescale_o(alpha);
-        pack_p();
-        fj_mbar_wait(bar_v + 8 * stage, parity);
-        fj_wgmma_fence();
-        issue_pv(stage);
-        fj_wgmma_wait<0>();
-        fj_fence_regs(o[0]);
-        release(stage);
-      }
+      release(stage);
     }
-    g += num_total;
+  }
 
-    // ---- epilogue: normalize, LSE, O ----
+  // The epilogue of a query tile: O normalized by the row sums, the LSE, O stored.
+  FJ_DEVICE void epilogue(const FjSm90QTile& t) {
     constexpr float kLn2 = 0.6931471805599453f;
     // O goes out through this tile's Q buffer (16-byte stores) unless a single buffer already
     // holds the next tile's Q.
@@ -919,7 +1045,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     // the last spills of the document masks at d 128 (the loop needs every register).
     const int etid = fj_tid_here() % 128;
     const int ecw = fj_tid_here() / 128 - 1;
-    const int wg_row0 = m_start + ecw * 64;  // this warpgroup's first query row
+    const int wg_row0 = t.m_start + ecw * 64;  // this warpgroup's first query row
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       float sum = row_sum[0][hr];
@@ -929,22 +1055,22 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
       const int row = wg_row0 + (etid / 32) * 16 + (etid % 32) / 4 + hr * 8;
       float lse = sum == 0.0f ? fj_neg_inf() : row_max[0][hr] * kLn2 + logf(sum);
       if constexpr (kFjHasSinkMod) {
-        const float sink = fj_sink_mod(mods, b, h, fj_imin(row, args.seqlen_q - 1));
+        const float sink = fj_sink_mod(mods, t.b, t.h, fj_imin(row, args.seqlen_q - 1));
         inv = fj_softmax_finish(row_max[0][hr], sum, sink, lse);
       }
       if (args.lse != nullptr && (etid & 3) == 0 && row < args.seqlen_q) {
-        args.lse[(fj_i64)b * args.lse_stride_b + (fj_i64)h * args.lse_stride_h + row] = lse;
+        args.lse[(fj_i64)t.b * args.lse_stride_b + (fj_i64)t.h * args.lse_stride_h + row] = lse;
       }
       if constexpr (kStaged) {
         // Through shared memory (this warpgroup's Q rows), 16-byte stores below.
         fj_sw128_store_acc_half<typename T::Element, T::kBlockM>(
-            sq_item, ecw * 64 + (etid / 32) * 16, etid % 32, o[0], hr, inv);
+            t.sq_item, ecw * 64 + (etid / 32) * 16, etid % 32, o[0], hr, inv);
       } else {
         // Straight from the registers: the Q tile is already the next query tile's.
         if (row < args.seqlen_q) {
           unsigned char* out_row =
               static_cast<unsigned char*>(args.out) +
-              T::kElemBytes * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
+              T::kElemBytes * ((fj_i64)t.b * args.o_stride_b + (fj_i64)t.h * args.o_stride_h +
                                (fj_i64)row * args.o_stride_s + (etid & 3) * 2);
 #pragma unroll
           for (int dt = 0; dt < T::kDTiles; ++dt)
@@ -956,21 +1082,107 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     }
     if constexpr (kStaged) {
       fj_bar_sync(1 + ecw, 128);
-      char* out_tile = static_cast<char*>(args.out) +
-                       T::kElemBytes * ((fj_i64)b * args.o_stride_b + (fj_i64)h * args.o_stride_h +
-                                        (fj_i64)wg_row0 * args.o_stride_s);
-      fj_sw128_copy_out64<T::kDimV, T::kBlockM, T::kRealV>(out_tile, args.o_stride_s, sq_item,
+      char* out_tile =
+          static_cast<char*>(args.out) +
+          T::kElemBytes * ((fj_i64)t.b * args.o_stride_b + (fj_i64)t.h * args.o_stride_h +
+                           (fj_i64)wg_row0 * args.o_stride_s);
+      fj_sw128_copy_out64<T::kDimV, T::kBlockM, T::kRealV>(out_tile, args.o_stride_s, t.sq_item,
                                                            ecw * 64, wg_row0, args.seqlen_q, etid);
       if constexpr (T::kQBufs == 2) {
         // The buffer's next Q (tile q_item + 2) is a TMA write: order this warp's generic
         // accesses to it before that, then release it.
         fj_fence_proxy_async();
         __syncwarp();
-        if ((etid & 31) == 0) fj_mbar_arrive(bar_qe + 8 * u);
+        if ((etid & 31) == 0) fj_mbar_arrive(sm.bar_qe + 8 * t.u);
       }
     }
   }
-  turns.finish();  // the last warpgroup's last hand-over
+
+  // Every query tile of the CTA: its KV tiles by one of the mainloops, then its epilogue.
+  FJ_DEVICE void run() {
+    turns.start();
+    FjSm90ConsumerTiles<T, Cfg> tiles(args, sm);
+    int slot_runs[3] = {0, 0, 0};  // kUnion and kPersistent: the tile's runs from its slot
+    int b, h, m_block;
+    for (int q_item = 0;; ++q_item) {
+      const int u = sm.q_buf(q_item);
+      if constexpr (T::kPersistent) {
+        // The producer's tile for this Q buffer (stored with its Q, on the same barrier).
+        const int code = tiles.wait_slot(q_item, u);
+        if (code < 0) break;
+        tiles.take(u, code, b, h, m_block, slot_runs);
+      } else {
+        if (!tiles.items.next(args, b, h, m_block)) break;
+      }
+      const int m_start = m_block * T::kBlockM;
+      const fj_u32 sq_item = sm.sq + u * T::kQBytes;
+      sq_wg = sq_item + cw * 64 * 128;
+      const FjKvSchedule sched = tiles.schedule(b, h, m_block, slot_runs);
+      // The thread's first row. With a column load (document masks) its lane part is taken
+      // here (warp * 16 + lane / 4 = wtid / 4 + warp * 8): computed once at the kernel's start
+      // it was spilled and reloaded once per query tile (document_causal at 192 rows;
+      // docs/kernels/forward_sm90.md "The mask_mod's column load"). The other kernels keep the
+      // form they were measured with.
+      const int q_row0 = kFjColLoad ? m_start + cw * 64 + fj_here(wtid >> 2) + (wtid >> 5) * 8
+                                    : m_start + cw * 64 + warp * 16 + (lane >> 2);
+      const int dl_row0 = m_start + cw * 64 + warp * 16;  // this warp's first query row
+      const FjSm90QTile t{b, h, m_block, u, m_start, sq_item, q_row0, dl_row0};
+#pragma unroll
+      for (int dt = 0; dt < T::kDTiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          o[0][dt][e] = 0.0f;
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        row_max[0][hr] = fj_neg_inf();
+        row_sum[0][hr] = 0.0f;
+      }
+      if constexpr (!T::kPersistent) fj_mbar_wait(sm.bar_q + 8 * u, sm.q_uses(q_item) & 1);
+      if constexpr (kUnion) {
+        // kPersistent: this warpgroup's run of entries from the slot (selected here: selected in
+        // mainloop_union, the kernel compiled differently).
+        mainloop_union(t, sched, cw == 0 ? slot_runs[0] : cw == 1 ? slot_runs[1] : slot_runs[2]);
+      } else if (sched.num_total == 0) {
+        release_q();
+      } else if constexpr (kOverlap) {
+        mainloop_overlap(t, sched);
+      } else {
+        mainloop_serial(t, sched);
+      }
+      g += sched.num_total;
+      epilogue(t);
+    }
+    turns.finish();  // the last warpgroup's last hand-over
+  }
+};
+
+// The forward kernel: the CTA's shared memory and barriers, then warpgroup 0 as the producer and
+// the others as consumers (the header describes the design).
+extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128, 1)
+    flexjit_forward(const FjFwdArgs args, const FjModParams mods,
+                    const __grid_constant__ FjFwdTmaMaps maps) {
+  using T = FjSm90Traits<FjConfig>;
+  using Cfg = FjConfig;
+  extern __shared__ unsigned char fj_smem_raw[];
+  const FjSm90Smem<T> sm(fj_smem_addr(fj_smem_raw));
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  if (tid == 0) sm.init_barriers();
+  __syncthreads();
+
+  if (wg == 0) {
+    fj_setmaxnreg_dec<T::kProducerRegs>();
+    if (tid == 0) FjSm90Producer<T, Cfg>(args, maps, sm).run();
+    return;
+  }
+  fj_setmaxnreg_inc<T::kConsumerRegs>();
+  float o[1][T::kDTiles][4];
+  float row_max[1][2];
+  float row_sum[1][2];
+  fj_u32 pa[T::kBlockN / 16][4];
+  float s[1][T::kNTiles][4];
+  FjDiagLoads<T::kNTiles> dl;
+  FjSm90Consumer<T, Cfg>(args, mods, sm, tid, wg, o, row_max, row_sum, pa, s, dl).run();
 }
 
 // The union schedule of a block mask (FjUnionScheduleArgs, flexjit_abi.h) for query tiles of
