@@ -7,7 +7,7 @@ python/, bench/, cmake/):
 
 1. Markdown links `[text](target)` with a relative target: the file exists (the target is
    relative to the page), and a `#fragment` names one of its headings (GitHub's slugs).
-2. Repository paths written out (`docs/kernels/forward_sm90.md`, `src/runtime/Plan.cpp`,
+2. Repository paths written out (`docs/kernels/forward_sm90.md`, `src/plan/Plan.cpp`,
    `src/kernels/forward/Sm90Wgmma.{h,cpp}`): each exists (a source may be named without its
    suffix, an include path relative to src/ or include/). Not in CHANGELOG.md, which names
    removed and renamed paths, nor in fenced code blocks. In a page, a bare page name

@@ -8,6 +8,7 @@ echo "== clang-format check"
 git ls-files '*.h' '*.cpp' '*.cuh' | xargs clang-format --dry-run -Werror
 echo "== documentation references"
 python3 scripts/check_doc_links.py
+echo "== layers"; python3 scripts/check_layers.py
 # ccache (when present) lets scripts/test_packaging.sh build the shared library from these objects.
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)

@@ -86,7 +86,7 @@ FJ_HOST_DEVICE inline constexpr int fj_forward_smem_bytes(int block_m, int block
 }
 
 // A TMA tensor map (CUtensorMap, 128 opaque bytes, 64-byte aligned) as a kernel parameter
-// receives it: encoded on the host by cuTensorMapEncodeTiled (src/runtime/TensorMap.cpp), read
+// receives it: encoded on the host by cuTensorMapEncodeTiled (src/device/TensorMap.cpp), read
 // by cp.async.bulk.tensor through its address (a `const __grid_constant__` parameter).
 struct alignas(64) FjTmaDesc {
   unsigned long long opaque[16];

@@ -29,7 +29,7 @@
 // Head dims: kHeadDimQK / kHeadDimV (kDimQK / kDimV here) are tile dims, multiples of 64 that
 // the layouts below are built for; the problem's own dims kRealDimQK / kRealDimV (multiples of
 // 8, at most 56 below the tile) are what the TMA tensor maps span, so the loads zero-fill the
-// columns past them (runtime/TensorMap.cpp), Q K^T issues only the k16 steps that hold real
+// columns past them (device/TensorMap.cpp), Q K^T issues only the k16 steps that hold real
 // columns, and the epilogue stores only the real columns of O (docs/kernels/forward_sm90.md
 // "Head dims").
 // Shared memory (dynamic, aligned here to 1024 bytes; fj_forward_sm90_smem_bytes):

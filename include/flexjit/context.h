@@ -31,7 +31,7 @@ class FLEXJIT_API Context {
   // Waits for all work on the device; a kernel fault surfaces here as RuntimeError.
   void synchronize() const;
 
-  // Opaque internal state (src/runtime/ContextImpl.h).
+  // Opaque internal state (src/plan/ContextImpl.h).
   struct Impl;
 
  private:

@@ -1,12 +1,12 @@
 #include "cpu/BackwardKernel.h"
 
+#include "binding/ModArgs.h"
 #include "codegen/llvm/BackwardCodegen.h"
 #include "codegen/llvm/CpuModParams.h"
 #include "codegen/llvm/LlvmCodegen.h"
 #include "cpu/ParallelFor.h"
 #include "cpu/Sinks.h"
 #include "ir/Evaluate.h"
-#include "runtime/ModArgs.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,11 +1,11 @@
 #include "cpu/ForwardKernel.h"
 
+#include "binding/ModArgs.h"
 #include "codegen/llvm/CpuModParams.h"
 #include "codegen/llvm/LlvmCodegen.h"
 #include "cpu/ParallelFor.h"
 #include "cpu/Sinks.h"
 #include "ir/Evaluate.h"
-#include "runtime/ModArgs.h"
 #include "util/CheckedMath.h"
 
 #include <fmt/format.h>

@@ -2,9 +2,9 @@
 
 #include <flexjit/error.h>
 
+#include "binding/ModArgs.h"
 #include "cpu/TileHints.h"
 #include "ir/Evaluate.h"
-#include "runtime/ModArgs.h"
 
 #include <fmt/format.h>
 

@@ -1,9 +1,9 @@
 #include "cpu/JitBlockMask.h"
 
+#include "binding/ModArgs.h"
 #include "codegen/llvm/CpuModParams.h"
 #include "codegen/llvm/LlvmCodegen.h"
 #include "cpu/ParallelFor.h"
-#include "runtime/ModArgs.h"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 // gather_kv_cache and with_length_mask (cpu/KvCacheGather.h).
 #include "cpu/KvCacheGather.h"
 
-#include "runtime/Decode.h"
+#include "binding/KvCache.h"
 
 #include <flexjit/error.h>
 #include <flexjit/mods.h>

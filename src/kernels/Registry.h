@@ -9,8 +9,8 @@
 //     (Selection::skipped) and logged under FLEXJIT_LOG=kernels, so a fallback is never silent;
 //   - none: UnsupportedError listing every variant's reason.
 //
-// The built-in variants (kernels/Builtins.cpp) are registered when the registry is first used;
-// anyone may add more (the test suite registers the naive reference kernel this way).
+// The built-in variants (kernels/builtins/Builtins.cpp) are registered when the registry is first
+// used; anyone may add more (the test suite registers the naive reference kernel this way).
 #pragma once
 
 #include "kernels/Variant.h"
@@ -92,7 +92,8 @@ const V& variant_as(const Registry& registry, const KernelDesc& desc) {
   return *typed;
 }
 
-// Registers flexjit's own variants (kernels/Builtins.cpp); called once by Registry::global().
+// Registers flexjit's own variants (kernels/builtins/Builtins.cpp); called once by
+// Registry::global().
 void register_builtin_variants(Registry& registry);
 
 }  // namespace flexjit::kernels

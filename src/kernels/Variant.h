@@ -10,8 +10,8 @@
 #pragma once
 
 #include "codegen/cuda/SourceAssembly.h"
+#include "device/ModuleCache.h"
 #include "kernels/KernelDesc.h"
-#include "runtime/ModuleCache.h"
 
 #include <flexjit/mods.h>
 #include <flexjit/tensor.h>
@@ -99,7 +99,7 @@ struct Launch {
   size_t zero_bytes = 0;
   // Host steps on the call's stream around the launch (runtime::launch_plan): `before` right
   // before it is enqueued (a wait for another stream's work), `after` right after (recording
-  // that it was: runtime/MaskScheduleCache.h). Empty: none.
+  // that it was: device/MaskScheduleCache.h). Empty: none.
   std::function<void(runtime::CuStream)> before, after;
 };
 

@@ -1,4 +1,4 @@
-// flex_attention on the GPU, as a plan (runtime/Plan.h): validate the call, plan its kernel
+// flex_attention on the GPU, as a plan (plan/Plan.h): validate the call, plan its kernel
 // (the forward family's variant chosen by the registry), build it through the context's
 // KernelBuilder, launch it on the caller's stream. See docs/attention.md.
 #include <flexjit/attention.h>
@@ -8,16 +8,17 @@
 #include <flexjit/error.h>
 #include <flexjit/paged_kv.h>
 
+#include "binding/AttentionCall.h"
+#include "binding/ModArgs.h"
+#include "device/CudaDriver.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/Forward.h"
 #include "passes/RuntimeDivision.h"
-#include "runtime/AttentionCall.h"
-#include "runtime/ContextImpl.h"
-#include "runtime/CudaDriver.h"
+#include "plan/ContextImpl.h"
+#include "plan/Plan.h"
 #include "runtime/Decode.h"
 #include "runtime/ForwardPlan.h"
-#include "runtime/ModArgs.h"
-#include "runtime/Plan.h"
+#include "tune/StepTuner.h"
 #include "util/Log.h"
 
 #include <flexjit_abi.h>

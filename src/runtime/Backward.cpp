@@ -1,19 +1,20 @@
-// flex_attention_backward on the GPU, as a plan of three kernels (runtime/Plan.h): validate the
+// flex_attention_backward on the GPU, as a plan of three kernels (plan/Plan.h): validate the
 // call, plan backward_preprocess -> backward_dkdv -> backward_dq (the registry's variants for
 // this arch; the last two read the preprocess's workspace slice), build, then zero the buffer
 // gradients and launch on the caller's stream. See docs/backward.md.
 #include <flexjit/backward.h>
 #include <flexjit/error.h>
 
+#include "binding/AttentionCall.h"
+#include "binding/ModArgs.h"
 #include "codegen/cuda/ModCodegen.h"
 #include "kernels/MathMode.h"
 #include "kernels/backward/Backward.h"
 #include "kernels/forward/Forward.h"
-#include "runtime/AttentionCall.h"
+#include "plan/ContextImpl.h"
+#include "plan/Plan.h"
 #include "runtime/BackwardPlan.h"
-#include "runtime/ContextImpl.h"
-#include "runtime/ModArgs.h"
-#include "runtime/Plan.h"
+#include "tune/StepTuner.h"
 
 #include <fmt/format.h>
 
@@ -229,7 +230,7 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   // The tuned steps run on the preprocess's workspace, made again before every candidate run.
   tune::StepTuning on_preprocess = tuning;
   if (tuning.active()) {
-    on_preprocess.before = runtime::companion_of(plan.steps[0]);
+    on_preprocess.before = tune::companion_of(plan.steps[0]);
     // The plan's dQ strategy holds for every candidate (the workspace was sized for it), where
     // the variant has the choice.
     if (dkdv_desc.config.has("dq_atomic")) {

@@ -6,13 +6,14 @@
 #include <flexjit/error.h>
 
 #include "Pipeline.h"
+#include "binding/ModArgs.h"
 #include "cpu/TileHints.h"
+#include "device/MaskScheduleCache.h"
 #include "flexjit_abi.h"
 #include "kernels/block_mask/BlockMaskBuild.h"
-#include "runtime/ContextImpl.h"
-#include "runtime/MaskScheduleCache.h"
-#include "runtime/ModArgs.h"
-#include "runtime/Plan.h"
+#include "plan/ContextImpl.h"
+#include "plan/Plan.h"
+#include "tune/StepTuner.h"
 
 #include <fmt/format.h>
 

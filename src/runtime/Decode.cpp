@@ -6,15 +6,16 @@
 #include <flexjit/device_tensor.h>
 #include <flexjit/error.h>
 
+#include "binding/AttentionCall.h"
+#include "binding/KvCache.h"
+#include "binding/ModArgs.h"
+#include "device/CudaDriver.h"
 #include "kernels/MathMode.h"
 #include "kernels/decode/DecodeCombine.h"
 #include "kernels/decode/DecodeSplit.h"
 #include "kernels/forward/Forward.h"
-#include "runtime/AttentionCall.h"
-#include "runtime/ContextImpl.h"
-#include "runtime/CudaDriver.h"
+#include "plan/ContextImpl.h"
 #include "runtime/ForwardPlan.h"
-#include "runtime/ModArgs.h"
 #include "util/Log.h"
 
 #include <fmt/format.h>
@@ -73,23 +74,6 @@ int read_int(const TensorRef& t, int64_t offset, const char* what) {
   FJ_CU(cuMemcpyDtoH, what, &v,
         reinterpret_cast<CUdeviceptr>(static_cast<const int*>(t.data) + offset), sizeof(int));
   return v;
-}
-
-std::string length_error(int64_t b, int len, const KvCacheShape& shape) {
-  if (len < 0) return fmt::format("seq_lens[{}] = {} is negative", b, len);
-  return shape.paged ? fmt::format(
-                           "seq_lens[{}] = {} is beyond the page table's capacity of {} "
-                           "keys (max_pages {} x page_size {})",
-                           b, len, shape.qkv.seqlen_kv, shape.max_pages, shape.page_size)
-                     : fmt::format("seq_lens[{}] = {} is beyond the {} keys of k and v", b, len,
-                                   shape.qkv.seqlen_kv);
-}
-
-std::string page_error(int64_t b, int64_t p, int entry, int len, const KvCacheShape& shape) {
-  return fmt::format(
-      "page_table[{}][{}] = {} is not a page of the pool (0 .. {}); sequence {} reads it "
-      "(seq_lens[{}] = {})",
-      b, p, entry, shape.num_pages - 1, b, b, len);
 }
 
 }  // namespace
@@ -162,7 +146,7 @@ Plan plan_decode(const cuda::Arch& arch, kernels::DecodeInputs in, const Mods& m
     split_tuning.after = [&](const kernels::KernelDesc& split) {
       kernels::DecodeInputs with = in;
       with.num_splits = kernels::resolve_num_splits(split, in);
-      return std::vector<tune::CompanionStep>{companion_of(
+      return std::vector<tune::CompanionStep>{tune::companion_of(
           make_step<kernels::DecodeCombineVariant>(combine_default, combine_sel, with, mods))};
     };
   }
@@ -174,7 +158,7 @@ Plan plan_decode(const cuda::Arch& arch, kernels::DecodeInputs in, const Mods& m
          in.num_splits, in.seqlen_q, in.seqlen_kv,
          in.page_table != nullptr ? fmt::format(", pages of {}", in.page_size) : "");
   tune::StepTuning combine_tuning = tuning;
-  if (tuning.active()) combine_tuning.before = companion_of(split_step);
+  if (tuning.active()) combine_tuning.before = tune::companion_of(split_step);
   PlanStep combine_step = plan_step<kernels::DecodeCombineVariant>(combine_problem, in, facts, mods,
                                                                    {}, {}, combine_tuning);
   combine_step.workspace_of = 0;
@@ -209,21 +193,6 @@ kernels::DecodeInputs decode_inputs(const TensorRef& q, const TensorRef& k, cons
   in.alignment_blocker = s.fast_path_blocker;
   kernels::check_aligned16(in.out, "out", in.aligned16, in.alignment_blocker);
   return in;
-}
-
-void check_kv_cache_entries(const std::vector<int>& seq_lens, const std::vector<int>& table,
-                            int64_t table_stride, const KvCacheShape& shape) {
-  const int64_t capacity = shape.qkv.seqlen_kv;
-  for (size_t b = 0; b < seq_lens.size(); ++b) {
-    const int len = seq_lens[b];
-    if (len < 0 || len > capacity) throw RuntimeError(length_error(b, len, shape));
-    if (!shape.paged) continue;
-    const int64_t pages = (len + shape.page_size - 1) / shape.page_size;
-    for (int64_t p = 0; p < pages; ++p) {
-      const int e = table[static_cast<size_t>(b * table_stride + p)];
-      if (e < 0 || e >= shape.num_pages) throw RuntimeError(page_error(b, p, e, len, shape));
-    }
-  }
 }
 
 void check_kv_cache_on_device(Context& ctx, const KvCache& cache, const KvCacheShape& shape,
@@ -272,9 +241,9 @@ void check_kv_cache_on_device(Context& ctx, const KvCache& cache, const KvCacheS
   const auto b = static_cast<int64_t>(key / row);
   const auto slot = static_cast<int64_t>(key % row);
   const int len = read_int(cache.seq_lens, b * cache.seq_lens.strides[0], "seq_lens");
-  if (slot == 0) throw RuntimeError(length_error(b, len, shape));
+  if (slot == 0) throw RuntimeError(kv_cache_length_error(b, len, shape));
   const int entry = read_int(cache.page_table, b * a.page_table_stride_b + slot - 1, "page_table");
-  throw RuntimeError(page_error(b, slot - 1, entry, len, shape));
+  throw RuntimeError(kv_cache_page_error(b, slot - 1, entry, len, shape));
 }
 
 KvCachePlanChoice choose_kv_cache_plan(int64_t seqlen_q,

@@ -7,7 +7,8 @@
 #include <flexjit/paged_kv.h>
 
 #include "kernels/decode/Decode.h"
-#include "runtime/Plan.h"
+#include "plan/Plan.h"
+#include "tune/StepTuner.h"
 
 #include <optional>
 #include <string>
@@ -66,13 +67,8 @@ std::string describe_kv_cache_plan(Context& ctx, const TensorRef& q, const Tenso
 // KvCache::check_pages on the device: the decode_combine module's check kernels
 // (templates/decode_check.cuh) find the first bad length or page entry on the call's stream, the
 // stream is synchronized and the host reads the result (and that entry) back: RuntimeError
-// naming it, as check_kv_cache_entries words it.
+// naming it, as check_kv_cache_entries (binding/KvCache.h) words it.
 void check_kv_cache_on_device(Context& ctx, const KvCache& cache, const KvCacheShape& shape,
                               DType dtype, void* stream);
-
-// The same check on host copies of the lengths ([B]) and the table ([B, max_pages], row stride
-// `table_stride`): the reference for the device check's order and messages (unit-tested).
-void check_kv_cache_entries(const std::vector<int>& seq_lens, const std::vector<int>& table,
-                            int64_t table_stride, const KvCacheShape& shape);
 
 }  // namespace flexjit::runtime

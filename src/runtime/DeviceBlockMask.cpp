@@ -4,8 +4,8 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
 
-#include "runtime/ContextImpl.h"
-#include "runtime/MaskScheduleCache.h"
+#include "device/MaskScheduleCache.h"
+#include "plan/ContextImpl.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

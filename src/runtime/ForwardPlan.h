@@ -5,7 +5,8 @@
 #include <flexjit/attention.h>
 
 #include "kernels/forward/Forward.h"
-#include "runtime/Plan.h"
+#include "plan/Plan.h"
+#include "tune/StepTuner.h"
 
 #include <optional>
 #include <string>

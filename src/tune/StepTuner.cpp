@@ -2,11 +2,11 @@
 
 #include <flexjit/error.h>
 
+#include "binding/AttentionCall.h"
+#include "device/CudaDriver.h"
+#include "device/Timer.h"
 #include "kernels/Registry.h"
-#include "runtime/AttentionCall.h"
-#include "runtime/CudaDriver.h"
-#include "runtime/Plan.h"
-#include "runtime/Timer.h"
+#include "plan/Plan.h"
 #include "tune/Prune.h"
 #include "tune/ThreadPool.h"
 #include "tune/TuningStore.h"
@@ -211,7 +211,7 @@ size_t aligned(size_t n) {
 std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::KernelDesc& problem,
                                    const TuningKey& key, const kernels::InputFacts& facts,
                                    const Mods& mods, const kernels::Params& caller,
-                                   std::string_view forced, const StepIo& io,
+                                   std::string_view forced, const runtime::StepIo& io,
                                    const kernels::Variant& variant) {
   ContextImpl& ctx = *tuning.ctx;
   runtime::Device& device = *ctx.device;
@@ -229,7 +229,7 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
     Candidate cand;
     cand.config = c;
     try {
-      cand.desc = reg.complete(problem, facts, below(caller, c), forced);
+      cand.desc = reg.complete(problem, facts, runtime::below(caller, c), forced);
       const size_t need = aligned(io.workspace_bytes(cand.desc));
       if (tuning.workspace_limit > 0 && need > tuning.workspace_limit && !cands.empty()) {
         too_large.push_back({c, fmt::format("needs {} bytes of workspace; the call gives {}", need,
@@ -440,16 +440,16 @@ StepTuning step_tuning(Context& ctx, AutotuneMode mode, void* stream) {
   return t;
 }
 
+kernels::Params StepTuning::tuned_overrides(const kernels::KernelDesc& problem,
+                                            const kernels::InputFacts& facts, const Mods& mods,
+                                            const kernels::Params& caller, std::string_view forced,
+                                            const runtime::StepIo& io) const {
+  return tune::tuned_overrides(*this, problem, facts, mods, caller, forced, io);
+}
+
 StepTuning lookup_only(StepTuning tuning) {
   if (tuning.mode == Mode::Search) tuning.mode = Mode::Cached;
   return tuning;
-}
-
-kernels::Params below(const kernels::Params& caller, const kernels::Params& tuned) {
-  kernels::Params out = tuned;
-  for (const auto& [name, value] : caller.items())
-    out.set(name, value);
-  return out;
 }
 
 std::string compare_outputs(DType dtype, const std::vector<double>& reference,
@@ -479,7 +479,7 @@ std::string compare_outputs(DType dtype, const std::vector<double>& reference,
 kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelDesc& problem,
                                 const kernels::InputFacts& facts, const Mods& mods,
                                 const kernels::Params& caller, std::string_view forced,
-                                const StepIo& io) {
+                                const runtime::StepIo& io) {
   if (!tuning.active()) return {};
   const kernels::Registry& reg = kernels::Registry::global();
   const kernels::Variant& variant = *reg.select(problem, facts, forced, caller).variant;
@@ -492,7 +492,7 @@ kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelD
   if (auto rec = store.find(key)) {
     try {
       const kernels::KernelDesc d =
-          reg.complete(problem, facts, below(caller, rec->config), forced);
+          reg.complete(problem, facts, runtime::below(caller, rec->config), forced);
       const size_t need = io.workspace_bytes(d);
       if (tuning.workspace_limit > 0 && aligned(need) > tuning.workspace_limit) {
         FJ_LOG("tune",

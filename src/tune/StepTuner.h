@@ -1,7 +1,8 @@
-// Autotuning at plan time (docs/tuning.md): runtime::plan_step asks tuned_overrides() for the
-// config overrides of a step before the registry completes it, so every family's plan is tuned
-// the same way, through the Variant interface and the family's launches. The caller's explicit
-// config values always win over tuned ones (below()).
+// Autotuning at plan time (docs/tuning.md): StepTuning is the runtime::Tuner (plan/Plan.h) that
+// the entry points hand to the plans they build; runtime::plan_step asks it for the config
+// overrides of a step before the registry completes it, so every family's plan is tuned the same
+// way, through the Variant interface and the family's launches. The caller's explicit config
+// values always win over tuned ones (runtime::below()).
 //
 //   off     no lookup: the variant's defaults table;
 //   cached  the stored winner for this key (tune/TuningKey.h), else the defaults;
@@ -25,8 +26,8 @@
 #include <flexjit/tensor.h>
 
 #include "kernels/Variant.h"
-#include "runtime/ContextImpl.h"
-#include "tune/TuningOutputs.h"
+#include "plan/ContextImpl.h"
+#include "plan/Plan.h"
 
 #include <functional>
 #include <optional>
@@ -49,7 +50,7 @@ bool print_enabled();
 
 // A step of the same plan that runs with every candidate of the step being tuned: complete,
 // built by the tuner through the context's builder (runtime::PlanStep has the same members;
-// runtime::companion_of makes one from it).
+// companion_of makes one from it).
 struct CompanionStep {
   kernels::KernelDesc desc;
   Mods mods;
@@ -57,8 +58,14 @@ struct CompanionStep {
   std::function<std::vector<kernels::Launch>(void* workspace)> launches;
 };
 
-// How a step is tuned: the context (device, builder, its cache directory) and the mode.
-struct StepTuning {
+// A planned step as the tuner runs it beside another's candidates (StepTuning::before, ::after).
+inline CompanionStep companion_of(const runtime::PlanStep& step) {
+  return {step.desc, step.mods, step.workspace_bytes, step.launches};
+}
+
+// How a step is tuned: the context (device, builder, its cache directory) and the mode. The
+// runtime::Tuner of a plan: tuned_overrides() below.
+struct StepTuning final : runtime::Tuner {
   ContextImpl* ctx = nullptr;
   Mode mode = Mode::Off;
   runtime::CuStream stream = nullptr;  // where candidates run (the caller's stream)
@@ -76,7 +83,11 @@ struct StepTuning {
   // candidates that need more are pruned, and a stored winner that needs more is not used (the
   // defaults run). 0: the plan allocates its own.
   size_t workspace_limit = 0;
-  bool active() const { return ctx != nullptr && mode != Mode::Off; }
+  bool active() const override { return ctx != nullptr && mode != Mode::Off; }
+  kernels::Params tuned_overrides(const kernels::KernelDesc& problem,
+                                  const kernels::InputFacts& facts, const Mods& mods,
+                                  const kernels::Params& caller, std::string_view forced,
+                                  const runtime::StepIo& io) const override;
 };
 // For a call on `ctx` with `mode`; `stream` is a CUstream (null: the default stream).
 StepTuning step_tuning(Context& ctx, AutotuneMode mode, void* stream);
@@ -84,24 +95,13 @@ StepTuning step_tuning(Context& ctx, AutotuneMode mode, void* stream);
 // `search` becomes `cached`, so the plan is the one the call itself runs after a search.
 StepTuning lookup_only(StepTuning tuning);
 
-// What the tuner needs of a step beyond the Variant interface; plan_step binds it.
-struct StepIo {
-  std::function<std::vector<kernels::Launch>(const kernels::KernelDesc&, void* workspace)> launches;
-  std::function<size_t(const kernels::KernelDesc&)> workspace_bytes;
-  std::vector<TensorRef> outputs;      // compared with the default's; empty: not compared
-  std::vector<TensorRef> accumulated;  // zeroed before every run (TuningOutputs::accumulated)
-};
-
-// The caller's overrides with the tuned values below them: a value the caller set wins.
-kernels::Params below(const kernels::Params& caller, const kernels::Params& tuned);
-
 // The tuned config of a step (empty: use the defaults). `problem` is the step's problem as given
 // to Registry::complete; `caller` the caller's overrides; `forced` a variant the caller named.
 // A variant whose config space holds one config is not searched (nothing to choose).
 kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelDesc& problem,
                                 const kernels::InputFacts& facts, const Mods& mods,
                                 const kernels::Params& caller, std::string_view forced,
-                                const StepIo& io);
+                                const runtime::StepIo& io);
 
 // How many searches this process has run (each times a step's candidates): what tests read to
 // see that a stored winner is used without timing.

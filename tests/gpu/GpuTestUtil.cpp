@@ -2,9 +2,9 @@
 
 #include <flexjit/error.h>
 
+#include "device/Device.h"
 #include "ir/Evaluate.h"
 #include "kernels/Registry.h"
-#include "runtime/Device.h"
 
 #include <fmt/format.h>
 

@@ -9,9 +9,9 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
 
+#include "device/MaskScheduleCache.h"
 #include "gpu/GpuTestUtil.h"
 #include "ir/Evaluate.h"
-#include "runtime/MaskScheduleCache.h"
 #include "support/BlockMaskCompare.h"
 #include "support/CpuReference.h"
 

@@ -7,11 +7,11 @@
 #include <flexjit/error.h>
 
 #include "Pipeline.h"
+#include "binding/ModArgs.h"
+#include "binding/ModParamLayout.h"
 #include "codegen/cuda/ModCodegen.h"
-#include "codegen/cuda/ModParamLayout.h"
+#include "device/ModuleCache.h"
 #include "gpu/GpuTestUtil.h"
-#include "runtime/ModArgs.h"
-#include "runtime/ModuleCache.h"
 #include "support/KernelDescs.h"
 #include "support/ReferenceAttention.h"
 #include "support/ReferenceKernel.h"

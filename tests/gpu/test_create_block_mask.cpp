@@ -4,8 +4,8 @@
 #include <flexjit/error.h>
 
 #include "cpu/InterpretedBlockMask.h"
+#include "device/Device.h"
 #include "runtime/CreateBlockMask.h"
-#include "runtime/Device.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,7 +1,7 @@
 // The driver layer on a real GPU: allocation, copies, module loading and a launch. On a machine
 // without a driver or device the test reports "skipped: no GPU (<reason>)" and passes.
-#include "runtime/Device.h"
-#include "runtime/ModuleCache.h"
+#include "device/Device.h"
+#include "device/ModuleCache.h"
 #include "support/Nvrtc.h"
 
 #include <catch2/catch.hpp>

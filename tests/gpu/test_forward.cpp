@@ -7,15 +7,15 @@
 #include <flexjit/error.h>
 
 #include "Pipeline.h"
-#include "codegen/cuda/ModParamLayout.h"
+#include "binding/ModArgs.h"
+#include "binding/ModParamLayout.h"
+#include "device/CudaDriver.h"
+#include "device/Device.h"
+#include "device/MaskScheduleCache.h"
+#include "device/ModuleCache.h"
 #include "gpu/GpuTestUtil.h"
 #include "gpu/StandardBindings.h"
 #include "kernels/forward/Sm90Wgmma.h"
-#include "runtime/CudaDriver.h"
-#include "runtime/Device.h"
-#include "runtime/MaskScheduleCache.h"
-#include "runtime/ModArgs.h"
-#include "runtime/ModuleCache.h"
 #include "support/CpuReference.h"
 #include "support/KernelDescs.h"
 #include "support/RandomExpr.h"
@@ -710,7 +710,7 @@ TEST_CASE("forward: sm90a_wgmma's 192-row tiles over block masks match the refer
   }
 }
 
-// The union schedule of 192-row tiles is kept with the block mask (runtime/MaskScheduleCache.h):
+// The union schedule of 192-row tiles is kept with the block mask (device/MaskScheduleCache.h):
 // built by the first call, read by later ones (also a copy of the mask's, and calls on another
 // stream), derived again after arrays_changed() once the arrays are rewritten in place (a stale
 // schedule would visit the old mask's tiles: a causal result where a window is asked for).

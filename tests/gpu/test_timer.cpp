@@ -1,6 +1,6 @@
 // runtime::DeviceTimer: CUDA-event timings of real device work, and the median it reports.
-#include "runtime/Device.h"
-#include "runtime/Timer.h"
+#include "device/Device.h"
+#include "device/Timer.h"
 
 #include <catch2/catch.hpp>
 

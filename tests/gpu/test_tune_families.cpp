@@ -11,12 +11,12 @@
 #include <flexjit/error.h>
 
 #include "Pipeline.h"
+#include "device/Device.h"
+#include "device/Timer.h"
 #include "gpu/GpuTestUtil.h"
 #include "jit/Nvrtc.h"
 #include "runtime/BackwardPlan.h"
-#include "runtime/Device.h"
 #include "runtime/ForwardPlan.h"
-#include "runtime/Timer.h"
 #include "support/CacheTest.h"
 #include "tune/Manifest.h"
 #include "tune/StepTuner.h"

@@ -4,8 +4,8 @@
 #include <flexjit/error.h>
 #include <flexjit/mods.h>
 
+#include "binding/ModParamLayout.h"
 #include "codegen/cuda/ModCodegen.h"
-#include "codegen/cuda/ModParamLayout.h"
 #include "codegen/cuda/SourceAssembly.h"
 #include "codegen/cuda/SourceWriter.h"
 #include "kernels/forward/Sm80Mma.h"

@@ -5,7 +5,7 @@
 #include <flexjit/error.h>
 #include <flexjit/mods.h>
 
-#include "runtime/Device.h"
+#include "device/Device.h"
 #include "support/CliPath.h"
 
 #include <sys/wait.h>

@@ -9,6 +9,7 @@
 #include <flexjit/paged_kv.h>
 
 #include "Pipeline.h"
+#include "binding/KvCache.h"
 #include "kernels/Registry.h"
 #include "kernels/decode/Decode.h"
 #include "kernels/decode/DecodeCombine.h"

@@ -7,11 +7,11 @@
 
 #include "Pipeline.h"
 #include "codegen/cuda/Wgmma.h"
+#include "device/TensorMap.h"
 #include "kernels/Registry.h"
 #include "kernels/forward/Forward.h"
 #include "kernels/forward/Sm90Wgmma.h"
 #include "passes/RuntimeDivision.h"
-#include "runtime/TensorMap.h"
 #include "support/KernelDescs.h"
 #include "support/Parallel.h"
 #include "tune/Prune.h"

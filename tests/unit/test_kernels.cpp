@@ -9,7 +9,7 @@
 #include "kernels/block_mask/BlockMaskBuild.h"
 #include "kernels/forward/ForwardArgs.h"
 #include "kernels/forward/Sm80Mma.h"
-#include "runtime/Plan.h"
+#include "plan/Plan.h"
 #include "support/CliPath.h"
 #include "support/KernelDescs.h"
 #include "util/Log.h"

@@ -1,4 +1,4 @@
-// One validator for mod bindings (runtime/ModArgs.h, bind_mod_args): the GPU packer, the CPU
+// One validator for mod bindings (binding/ModArgs.h, bind_mod_args): the GPU packer, the CPU
 // packer, both block-mask builders on the host and the CPU forward reject the same mistakes with
 // the same message.
 #include <flexjit/attention.h>
@@ -6,10 +6,10 @@
 #include <flexjit/error.h>
 #include <flexjit/mods.h>
 
+#include "binding/ModArgs.h"
 #include "codegen/llvm/CpuModParams.h"
 #include "cpu/InterpretedBlockMask.h"
 #include "cpu/JitBlockMask.h"
-#include "runtime/ModArgs.h"
 #include "support/CliPath.h"
 
 #include <catch2/catch.hpp>

@@ -5,6 +5,7 @@
 
 #include "kernels/Registry.h"
 #include "kernels/forward/Forward.h"
+#include "plan/Plan.h"
 #include "support/CacheTest.h"
 #include "tune/Manifest.h"
 #include "tune/Prune.h"
@@ -314,7 +315,7 @@ TEST_CASE("autotune modes from the options and FLEXJIT_AUTOTUNE", "[tune]") {
     ScopedEnv e("FLEXJIT_AUTOTUNE", "max-autotune");
     CHECK(tune::resolve_mode(AutotuneMode::FromEnv) == tune::Mode::Off);
   }
-  CHECK(tune::below(Params{{"block_m", 64}}, Params{{"block_m", 128}, {"block_n", 32}}) ==
+  CHECK(runtime::below(Params{{"block_m", 64}}, Params{{"block_m", 128}, {"block_n", 32}}) ==
         Params{{"block_m", 64}, {"block_n", 32}});
 }
 

@@ -130,7 +130,7 @@ TEST_CASE("what the tuner compares and zeroes for each backward and decode step"
   b.dk = fake_cuda(DType::BF16, {1, 2, 64, 64}, 0x2000);
   b.dv = fake_cuda(DType::BF16, {1, 2, 64, 64}, 0x3000);
   b.buffer_grads = {fake_cuda(DType::F32, {2}, 0x4000)};
-  using Out = tune::TuningOutputs<kernels::BackwardInputs>;
+  using Out = kernels::TuningOutputs<kernels::BackwardInputs>;
   auto data = [](const std::vector<TensorRef>& v) {
     std::vector<uintptr_t> out;
     for (const TensorRef& t : v)
@@ -145,7 +145,7 @@ TEST_CASE("what the tuner compares and zeroes for each backward and decode step"
 
   kernels::DecodeInputs in = decode_inputs();
   in.lse = fake_cuda(DType::F32, {8, 32, 1}, 0x5000);
-  using DecOut = tune::TuningOutputs<kernels::DecodeInputs>;
+  using DecOut = kernels::TuningOutputs<kernels::DecodeInputs>;
   for (Family f : {Family::DecodeSplit, Family::DecodeCombine}) {
     CHECK(data(DecOut::of(in, f)) == std::vector<uintptr_t>{0x100000, 0x5000});
     CHECK(DecOut::accumulated(in, f).empty());

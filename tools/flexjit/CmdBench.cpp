@@ -10,16 +10,16 @@
 #include <flexjit/paged_kv.h>
 
 #include "Pipeline.h"
+#include "device/CudaDriver.h"
+#include "device/Device.h"
+#include "device/Timer.h"
 #include "flexjit/BenchCases.h"
 #include "flexjit/Commands.h"
 #include "flexjit/Options.h"
 #include "kernels/KernelQuery.h"
 #include "kernels/MathMode.h"
 #include "runtime/BackwardPlan.h"
-#include "runtime/CudaDriver.h"
-#include "runtime/Device.h"
 #include "runtime/ForwardPlan.h"
-#include "runtime/Timer.h"
 #include "tune/StepTuner.h"
 
 #include <fmt/format.h>

@@ -6,11 +6,11 @@
 
 #include "cpu/InterpretedBlockMask.h"
 #include "cpu/TileHints.h"
+#include "device/Device.h"
+#include "device/Timer.h"
 #include "flexjit/Commands.h"
 #include "ir/IR.h"
 #include "runtime/CreateBlockMask.h"
-#include "runtime/Device.h"
-#include "runtime/Timer.h"
 #include "util/Npy.h"
 
 #include <fmt/format.h>

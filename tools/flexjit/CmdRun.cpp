@@ -8,10 +8,10 @@
 #include <flexjit/paged_kv.h>
 
 #include "cpu/BackwardKernel.h"
+#include "device/Device.h"
 #include "flexjit/Commands.h"
 #include "flexjit/Options.h"
 #include "ir/Evaluate.h"
-#include "runtime/Device.h"
 #include "util/CheckedMath.h"
 #include "util/Npy.h"
 

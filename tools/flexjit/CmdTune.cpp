@@ -9,11 +9,11 @@
 #include <flexjit/paged_kv.h>
 
 #include "Pipeline.h"
+#include "device/Device.h"
 #include "flexjit/BenchCases.h"
 #include "flexjit/Commands.h"
 #include "ir/IR.h"
 #include "jit/CacheSettings.h"
-#include "runtime/Device.h"
 #include "tune/Manifest.h"
 #include "tune/StepTuner.h"
 #include "tune/ThreadPool.h"

@@ -2,7 +2,7 @@
 
 #include <flexjit/error.h>
 
-#include "runtime/Device.h"
+#include "device/Device.h"
 
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
 #include "codegen/cuda/ModCodegen.h"
 
-#include "codegen/cuda/ModParamLayout.h"
+#include "binding/ModParamLayout.h"
 #include "codegen/cuda/SourceWriter.h"
 #include "ir/IR.h"
 #include "ir/Printer.h"

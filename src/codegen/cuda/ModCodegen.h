@@ -1,7 +1,7 @@
 // Lowering of mods to CUDA device functions with fixed signatures (the "hooks" the kernel
 // templates call; the templates never see the IR):
 //
-//   struct alignas(8) FjModParams { ... };   // see ModParamLayout.h; + static_asserts
+//   struct alignas(8) FjModParams { ... };   // see binding/ModParamLayout.h; + static_asserts
 //   __device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score,
 //                                                 int b, int h, int q_idx, int kv_idx);
 //   __device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp,

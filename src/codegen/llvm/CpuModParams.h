@@ -16,7 +16,7 @@
 
 #include <flexjit/mods.h>
 
-#include "runtime/ModArgs.h"
+#include "binding/ModArgs.h"
 
 #include <cstdint>
 #include <vector>

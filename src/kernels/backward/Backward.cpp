@@ -2,9 +2,9 @@
 
 #include <flexjit/error.h>
 
+#include "device/TensorMap.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/ForwardArgs.h"
-#include "runtime/TensorMap.h"
 
 #include <fmt/format.h>
 

@@ -16,8 +16,8 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/tensor.h>
 
+#include "kernels/TuningOutputs.h"
 #include "kernels/Variant.h"
-#include "tune/TuningOutputs.h"
 
 #include <flexjit_abi.h>
 
@@ -35,7 +35,7 @@ struct BackwardInputs {
   QkvShape shape;
   std::optional<float> scale;                   // default 1 / sqrt(head_dim_qk)
   const DeviceBlockMask* block_mask = nullptr;  // null: every tile, mask_mod everywhere
-  std::vector<uint64_t> mod_params;             // the FjModParams bytes (runtime/ModArgs.h)
+  std::vector<uint64_t> mod_params;             // the FjModParams bytes (binding/ModArgs.h)
   std::vector<uint64_t> grad_params;            // the FjGradParams bytes (grad_param_layout)
   std::vector<TensorRef> buffer_grads;          // the f32 tensors grad_params points at
   // The dK/dV kernel adds dQ into an f32 accumulator in the workspace (its config's dq_atomic);
@@ -78,7 +78,7 @@ using BackwardDqVariant = FamilyVariant<Family::BackwardDq, BackwardInputs>;
 // backward_dkdv, dQ for backward_dq. The preprocess writes only its workspace (one config: not
 // tuned).
 template <>
-struct flexjit::tune::TuningOutputs<flexjit::kernels::BackwardInputs> {
+struct flexjit::kernels::TuningOutputs<flexjit::kernels::BackwardInputs> {
   static constexpr bool kCompared = true;
   static std::vector<TensorRef> of(const kernels::BackwardInputs& in, kernels::Family f) {
     if (f == kernels::Family::BackwardDq) return {in.dq};

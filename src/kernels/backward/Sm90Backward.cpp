@@ -4,10 +4,10 @@
 
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/Wgmma.h"
+#include "device/TensorMap.h"
 #include "kernels/HeadDims.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/Sm90Wgmma.h"
-#include "runtime/TensorMap.h"
 #include "util/Embedded.h"
 
 #include <flexjit_abi.h>

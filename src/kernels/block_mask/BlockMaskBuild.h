@@ -8,8 +8,8 @@
 // kernel (one tile each). Only the mask_mod reaches the source (Variant::kernel_mods).
 #pragma once
 
+#include "kernels/TuningOutputs.h"
 #include "kernels/Variant.h"
-#include "tune/TuningOutputs.h"
 
 #include <flexjit_abi.h>
 
@@ -35,7 +35,7 @@ using BlockMaskVariant = FamilyVariant<Family::BlockMask, BlockMaskInputs>;
 
 // The autotuner compares every array a candidate config writes with the default's (exactly).
 template <>
-struct flexjit::tune::TuningOutputs<flexjit::kernels::BlockMaskInputs> {
+struct flexjit::kernels::TuningOutputs<flexjit::kernels::BlockMaskInputs> {
   static constexpr bool kCompared = true;
   static std::vector<TensorRef> accumulated(const kernels::BlockMaskInputs&, kernels::Family) {
     return {};

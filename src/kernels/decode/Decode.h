@@ -17,8 +17,8 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/tensor.h>
 
+#include "kernels/TuningOutputs.h"
 #include "kernels/Variant.h"
-#include "tune/TuningOutputs.h"
 
 #include <cstdint>
 #include <optional>
@@ -41,7 +41,7 @@ struct DecodeInputs {
   int page_size = 0;
   const int* seq_lens = nullptr;  // [B] device int32, or null: seqlen_kv for every sequence
   const DeviceBlockMask* block_mask = nullptr;
-  std::vector<uint64_t> mod_params;  // the FjModParams bytes (runtime/ModArgs.h)
+  std::vector<uint64_t> mod_params;  // the FjModParams bytes (binding/ModArgs.h)
   // The device: what the split heuristic reads.
   int sm_count = 0;
   // Every data pointer and stride 16-byte aligned; otherwise `alignment_blocker` says what.
@@ -60,7 +60,7 @@ using DecodeCombineVariant = FamilyVariant<Family::DecodeCombine, DecodeInputs>;
 // candidate runs with the combine after it (tune::StepTuning::after), since its partials depend
 // on its split count; a decode_combine candidate after the planned split.
 template <>
-struct flexjit::tune::TuningOutputs<flexjit::kernels::DecodeInputs> {
+struct flexjit::kernels::TuningOutputs<flexjit::kernels::DecodeInputs> {
   static constexpr bool kCompared = true;
   static std::vector<TensorRef> of(const kernels::DecodeInputs& in, kernels::Family) {
     std::vector<TensorRef> v = {in.out};

@@ -1,7 +1,7 @@
 #include "kernels/forward/Forward.h"
 
+#include "device/TensorMap.h"
 #include "kernels/MathMode.h"
-#include "runtime/TensorMap.h"
 
 #include <flexjit/error.h>
 

@@ -17,8 +17,8 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/tensor.h>
 
+#include "kernels/TuningOutputs.h"
 #include "kernels/Variant.h"
-#include "tune/TuningOutputs.h"
 
 #include <cstdint>
 #include <optional>
@@ -33,7 +33,7 @@ struct ForwardInputs {
   QkvShape shape;
   std::optional<float> scale;                   // default 1 / sqrt(head_dim_qk)
   const DeviceBlockMask* block_mask = nullptr;  // null: every tile, mask_mod everywhere
-  std::vector<uint64_t> mod_params;             // the FjModParams bytes (runtime/ModArgs.h)
+  std::vector<uint64_t> mod_params;             // the FjModParams bytes (binding/ModArgs.h)
   // A KV cache (flags page_size / seq_lens): with page_size > 0, k and v are pools [num_pages,
   // page_size, Hkv, D] read through page_table [B, max_pages] and shape.seqlen_kv is the table's
   // capacity; seq_lens [B] (device int32) bounds each sequence's keys.
@@ -60,7 +60,7 @@ using ForwardVariant = FamilyVariant<Family::Forward, ForwardInputs>;
 
 // The autotuner compares out and lse of a candidate config with the default's.
 template <>
-struct flexjit::tune::TuningOutputs<flexjit::kernels::ForwardInputs> {
+struct flexjit::kernels::TuningOutputs<flexjit::kernels::ForwardInputs> {
   static constexpr bool kCompared = true;
   static std::vector<TensorRef> of(const kernels::ForwardInputs& in, kernels::Family) {
     std::vector<TensorRef> v = {in.out};

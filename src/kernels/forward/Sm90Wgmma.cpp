@@ -5,12 +5,12 @@
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/SourceWriter.h"
 #include "codegen/cuda/Wgmma.h"
+#include "device/MaskScheduleCache.h"
+#include "device/TensorMap.h"
 #include "kernels/HeadDims.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/ForwardArgs.h"
 #include "kernels/forward/Sm80Mma.h"
-#include "runtime/MaskScheduleCache.h"
-#include "runtime/TensorMap.h"
 #include "util/Embedded.h"
 
 #include <flexjit_abi.h>
@@ -130,7 +130,7 @@ int64_t union_tiles(const InputFacts& facts, int64_t block_n) {
          (facts.mask_kv_block / block_n);
 }
 
-// Where a call's union schedule lives (runtime/MaskScheduleCache.h): the buffer its block mask
+// Where a call's union schedule lives (device/MaskScheduleCache.h): the buffer its block mask
 // keeps, when ready (no builder; the forward's stream waits for it where another stream built
 // it) or newly claimed (the builder writes it, then records that it did); else the workspace's
 // slice for it (another call's claim not built yet, a capturing stream, a mask without a cache),

@@ -1,4 +1,4 @@
-#include "runtime/AttentionCall.h"
+#include "binding/AttentionCall.h"
 
 #include <flexjit/block_mask.h>
 #include <flexjit/error.h>

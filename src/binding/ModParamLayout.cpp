@@ -1,4 +1,4 @@
-#include "codegen/cuda/ModParamLayout.h"
+#include "binding/ModParamLayout.h"
 
 #include <flexjit/error.h>
 

@@ -6,7 +6,7 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/tensor.h>
 
-#include "runtime/CudaDriver.h"
+#include "device/CudaDriver.h"
 
 #include <cstdint>
 #include <vector>

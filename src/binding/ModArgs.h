@@ -56,7 +56,7 @@ BoundModArgs bind_mod_args(const Mods& mods, const ModBindings& bindings, Tensor
                            const CallExtents* call = nullptr);
 
 // The bytes of FjModParams for `mods` with `args` from bind_mod_args(mods, ...), laid out as
-// cuda::layout_of(mods) says (src/codegen/cuda/ModParamLayout.h). At least 8 bytes and a
+// cuda::layout_of(mods) says (src/binding/ModParamLayout.h). At least 8 bytes and a
 // multiple of 8 (the struct is alignas(8)).
 std::vector<uint64_t> pack_mod_params(const Mods& mods, const BoundModArgs& args);
 

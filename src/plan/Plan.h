@@ -13,15 +13,17 @@
 #pragma once
 
 #include <flexjit/attention.h>
+#include <flexjit/tensor.h>
 
 #include "Pipeline.h"
+#include "device/ModuleCache.h"
 #include "kernels/Registry.h"
-#include "runtime/ModuleCache.h"
-#include "tune/StepTuner.h"
+#include "kernels/TuningOutputs.h"
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace flexjit::runtime {
@@ -50,32 +52,63 @@ struct Plan {
   std::string str() const;
 };
 
+// What a tuner needs of a step beyond the Variant interface; plan_step binds it.
+struct StepIo {
+  std::function<std::vector<kernels::Launch>(const kernels::KernelDesc&, void* workspace)> launches;
+  std::function<size_t(const kernels::KernelDesc&)> workspace_bytes;
+  std::vector<TensorRef> outputs;      // compared with the default's; empty: not compared
+  std::vector<TensorRef> accumulated;  // zeroed before every run (TuningOutputs::accumulated)
+};
+
+// Where plan_step gets a step's tuned config from. Planning knows only this interface; the
+// autotuner (tune::StepTuning, tune/StepTuner.h) implements it and the entry points hand one to
+// the plans they build, so nothing a plan is made of depends on tuning.
+class Tuner {
+ public:
+  virtual ~Tuner() = default;
+  // False: plan_step asks nothing and takes the variant's defaults (below the caller's values).
+  virtual bool active() const = 0;
+  // The tuned config of a step (empty: use the defaults). `problem` is the step's problem as
+  // given to Registry::complete; `caller` the caller's overrides; `forced` a variant the caller
+  // named; `io` the step's launches and outputs on the call's inputs.
+  virtual kernels::Params tuned_overrides(const kernels::KernelDesc& problem,
+                                          const kernels::InputFacts& facts, const Mods& mods,
+                                          const kernels::Params& caller, std::string_view forced,
+                                          const StepIo& io) const = 0;
+  // A tuner that is never active: the plan of an untuned call.
+  static const Tuner& none();
+};
+
+// The caller's overrides with the tuned values below them: a value the caller set wins.
+kernels::Params below(const kernels::Params& caller, const kernels::Params& tuned);
+
 // Plans one step of family variant V for `inputs`: the registry selects the variant for
 // `problem` (or takes `forced`), resolves its config with `overrides`, and the step launches
-// V::launches(desc, inputs, workspace). With `tuning` active (tune::step_tuning(ctx,
-// options.autotune, options.stream)), a tuned config (stored, or searched now on these inputs)
-// comes in below `overrides` (tune/StepTuner.h, docs/tuning.md).
+// V::launches(desc, inputs, workspace). With `tuner` active (tune::step_tuning(ctx,
+// options.autotune, options.stream) makes one), a tuned config (stored, or searched now on these
+// inputs) comes in below `overrides` (tune/StepTuner.h, docs/tuning.md).
 template <typename V>
 PlanStep plan_step(const kernels::KernelDesc& problem, const typename V::InputsType& inputs,
                    const kernels::InputFacts& facts, const Mods& mods,
                    const kernels::Params& overrides = {}, std::string_view forced = {},
-                   const tune::StepTuning& tuning = {}) {
+                   const Tuner& tuner = Tuner::none()) {
   const kernels::Registry& reg = kernels::Registry::global();
   kernels::Params tuned;
-  if (tuning.active()) {
-    tune::StepIo io;
+  if (tuner.active()) {
+    StepIo io;
     io.launches = [&inputs](const kernels::KernelDesc& d, void* ws) {
       return kernels::variant_as<V>(kernels::Registry::global(), d).launches(d, inputs, ws);
     };
     io.workspace_bytes = [&inputs](const kernels::KernelDesc& d) {
       return kernels::variant_as<V>(kernels::Registry::global(), d).workspace_bytes(d, inputs);
     };
-    io.outputs = tune::TuningOutputs<typename V::InputsType>::of(inputs, V::kFamily);
-    io.accumulated = tune::TuningOutputs<typename V::InputsType>::accumulated(inputs, V::kFamily);
-    tuned = tune::tuned_overrides(tuning, problem, facts, mods, overrides, forced, io);
+    using Outputs = kernels::TuningOutputs<typename V::InputsType>;
+    io.outputs = Outputs::of(inputs, V::kFamily);
+    io.accumulated = Outputs::accumulated(inputs, V::kFamily);
+    tuned = tuner.tuned_overrides(problem, facts, mods, overrides, forced, io);
   }
   PlanStep step;
-  step.desc = reg.complete(problem, facts, tune::below(overrides, tuned), forced, &step.selection);
+  step.desc = reg.complete(problem, facts, below(overrides, tuned), forced, &step.selection);
   const V& variant = kernels::variant_as<V>(reg, step.desc);
   step.mods = mods;
   step.workspace_bytes = variant.workspace_bytes(step.desc, inputs);
@@ -83,12 +116,6 @@ PlanStep plan_step(const kernels::KernelDesc& problem, const typename V::InputsT
     return variant.launches(desc, inputs, ws);
   };
   return step;
-}
-
-// A planned step as the tuner runs it beside another's candidates (tune::StepTuning::before,
-// ::after).
-inline tune::CompanionStep companion_of(const PlanStep& step) {
-  return {step.desc, step.mods, step.workspace_bytes, step.launches};
 }
 
 // The built kernels of a plan, one per step (modules loaded on the context's device).

@@ -1,4 +1,7 @@
-// validate_kv_cache (include/flexjit/paged_kv.h): the host-side checks of a call on a KV cache.
+// validate_kv_cache (include/flexjit/paged_kv.h): the host-side checks of a call on a KV cache;
+// the checks of its lengths and page entries (binding/KvCache.h).
+#include "binding/KvCache.h"
+
 #include <flexjit/error.h>
 #include <flexjit/paged_kv.h>
 
@@ -135,3 +138,41 @@ KvCacheShape validate_kv_cache(const TensorRef& q, const TensorRef& k, const Ten
 }
 
 }  // namespace flexjit
+
+namespace flexjit::runtime {
+
+std::string kv_cache_length_error(int64_t b, int len, const KvCacheShape& shape) {
+  if (len < 0) return fmt::format("seq_lens[{}] = {} is negative", b, len);
+  return shape.paged ? fmt::format(
+                           "seq_lens[{}] = {} is beyond the page table's capacity of {} "
+                           "keys (max_pages {} x page_size {})",
+                           b, len, shape.qkv.seqlen_kv, shape.max_pages, shape.page_size)
+                     : fmt::format("seq_lens[{}] = {} is beyond the {} keys of k and v", b, len,
+                                   shape.qkv.seqlen_kv);
+}
+
+std::string kv_cache_page_error(int64_t b, int64_t p, int entry, int len,
+                                const KvCacheShape& shape) {
+  return fmt::format(
+      "page_table[{}][{}] = {} is not a page of the pool (0 .. {}); sequence {} reads it "
+      "(seq_lens[{}] = {})",
+      b, p, entry, shape.num_pages - 1, b, b, len);
+}
+
+void check_kv_cache_entries(const std::vector<int>& seq_lens, const std::vector<int>& table,
+                            int64_t table_stride, const KvCacheShape& shape) {
+  const int64_t capacity = shape.qkv.seqlen_kv;
+  for (size_t b = 0; b < seq_lens.size(); ++b) {
+    const int len = seq_lens[b];
+    if (len < 0 || len > capacity) throw RuntimeError(kv_cache_length_error(b, len, shape));
+    if (!shape.paged) continue;
+    const int64_t pages = (len + shape.page_size - 1) / shape.page_size;
+    for (int64_t p = 0; p < pages; ++p) {
+      const int e = table[static_cast<size_t>(b * table_stride + p)];
+      if (e < 0 || e >= shape.num_pages)
+        throw RuntimeError(kv_cache_page_error(b, p, e, len, shape));
+    }
+  }
+}
+
+}  // namespace flexjit::runtime

@@ -2,8 +2,8 @@
 #include <flexjit/device_tensor.h>
 #include <flexjit/error.h>
 
-#include "runtime/ContextImpl.h"
-#include "runtime/CudaDriver.h"
+#include "device/CudaDriver.h"
+#include "plan/ContextImpl.h"
 
 #include <fmt/format.h>
 

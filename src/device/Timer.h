@@ -5,7 +5,7 @@
 // cuda.h-free: the CLI and tests use it.
 #pragma once
 
-#include "runtime/Device.h"
+#include "device/Device.h"
 
 #include <cstddef>
 #include <cstdint>

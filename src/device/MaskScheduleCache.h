@@ -18,7 +18,7 @@
 // copy in its workspace, as every call did before the cache.
 #pragma once
 
-#include "runtime/Device.h"
+#include "device/Device.h"
 
 #include <array>
 #include <cstddef>

@@ -4,6 +4,7 @@
 #include <flexjit/kernel.h>
 
 #include "Pipeline.h"
+#include "device/Device.h"
 #include "kernels/KernelQuery.h"
 #include "kernels/MathMode.h"
 #include "kernels/Registry.h"
@@ -11,7 +12,6 @@
 #include "kernels/block_mask/BlockMaskBuild.h"
 #include "kernels/decode/Decode.h"
 #include "kernels/forward/Forward.h"
-#include "runtime/Device.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -1,6 +1,6 @@
-#include "runtime/Timer.h"
+#include "device/Timer.h"
 
-#include "runtime/CudaDriver.h"
+#include "device/CudaDriver.h"
 
 #include <fmt/format.h>
 

@@ -4,7 +4,7 @@
 // cuda.h-free (see Device.h): handles are pointers to the driver's opaque structs.
 #pragma once
 
-#include "runtime/Device.h"
+#include "device/Device.h"
 
 #include <cstdint>
 #include <map>

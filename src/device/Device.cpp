@@ -1,6 +1,6 @@
-#include "runtime/Device.h"
+#include "device/Device.h"
 
-#include "runtime/CudaDriver.h"
+#include "device/CudaDriver.h"
 
 #include <fmt/format.h>
 

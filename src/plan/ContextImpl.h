@@ -5,7 +5,7 @@
 #include <flexjit/context.h>
 
 #include "Pipeline.h"
-#include "runtime/Device.h"
+#include "device/Device.h"
 
 namespace flexjit {
 

@@ -1,4 +1,4 @@
-#include "runtime/CudaDriver.h"
+#include "device/CudaDriver.h"
 
 #include <fmt/format.h>
 

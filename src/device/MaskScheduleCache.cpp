@@ -1,8 +1,8 @@
-#include "runtime/MaskScheduleCache.h"
+#include "device/MaskScheduleCache.h"
 
 #include <flexjit/error.h>
 
-#include "runtime/CudaDriver.h"
+#include "device/CudaDriver.h"
 
 #include <fmt/format.h>
 

@@ -1,6 +1,6 @@
-#include "runtime/Plan.h"
+#include "plan/Plan.h"
 
-#include "runtime/CudaDriver.h"
+#include "device/CudaDriver.h"
 #include "util/Log.h"
 
 #include <fmt/format.h>
@@ -35,7 +35,29 @@ class StreamWorkspace {
   CuStream stream_;
 };
 
+class NoTuning final : public Tuner {
+ public:
+  bool active() const override { return false; }
+  kernels::Params tuned_overrides(const kernels::KernelDesc&, const kernels::InputFacts&,
+                                  const Mods&, const kernels::Params&, std::string_view,
+                                  const StepIo&) const override {
+    return {};
+  }
+};
+
 }  // namespace
+
+const Tuner& Tuner::none() {
+  static const NoTuning none;
+  return none;
+}
+
+kernels::Params below(const kernels::Params& caller, const kernels::Params& tuned) {
+  kernels::Params out = tuned;
+  for (const auto& [name, value] : caller.items())
+    out.set(name, value);
+  return out;
+}
 
 void Plan::add(PlanStep step) {
   step.workspace_offset = workspace_bytes;

@@ -1,8 +1,8 @@
-#include "runtime/ModArgs.h"
+#include "binding/ModArgs.h"
 
 #include <flexjit/error.h>
 
-#include "codegen/cuda/ModParamLayout.h"
+#include "binding/ModParamLayout.h"
 #include "ir/IR.h"
 #include "ir/Visitor.h"
 

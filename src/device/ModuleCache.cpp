@@ -1,6 +1,6 @@
-#include "runtime/ModuleCache.h"
+#include "device/ModuleCache.h"
 
-#include "runtime/CudaDriver.h"
+#include "device/CudaDriver.h"
 
 #include <fmt/format.h>
 
