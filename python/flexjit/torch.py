@@ -133,8 +133,11 @@ def _plan(specs: Tuple[Any, Any, Any]) -> _CallPlan:
     """The plan of (score_mod, mask_mod, sink_mod), cached by the functions' code: the same
     code with other captured values (another closure of the same factory) reuses it."""
     traceable = [_traceable(s) for s in specs]
-    key = tuple(s.__code__ if t else _spec_key(s) for s, t in zip(specs, traceable))
-    entries = _plans.get(key)
+    key: Optional[tuple] = tuple(s.__code__ if t else _spec_key(s)
+                                 for s, t in zip(specs, traceable))
+    if any(k is _UNCACHED for k in key):
+        key = None  # a dsl expression or function: no stable key (ids are reused)
+    entries = _plans.get(key) if key is not None else None
     fns = [s if t else None for s, t in zip(specs, traceable)]
     if entries is not None:
         for traced, plan in entries:
@@ -152,16 +155,22 @@ def _plan(specs: Tuple[Any, Any, Any]) -> _CallPlan:
         traced = trace.Plan(text, (), (), ())
     specialized = tuple((r, p, v) for r, p, kind, v in traced.checks if kind == "value")
     plan = _CallPlan(text, traced.buffers, traced.params, specialized)
-    if len(_plans) >= _MAX_PLANS:
-        _plans.pop(next(iter(_plans)))
-    _plans.setdefault(key, []).append((traced, plan))
+    if key is not None:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.pop(next(iter(_plans)))
+        _plans.setdefault(key, []).append((traced, plan))
     return plan
 
 
+_UNCACHED = object()
+
+
 def _spec_key(spec: Any) -> Any:
+    """The plan-cache key of a mod in flexjit's forms: names, text and Mods by value; dsl
+    expressions and dsl-written functions have none (an id() may be reused by a new object)."""
     if spec is None or isinstance(spec, (str, flexjit.Mods)):
         return spec
-    return id(spec)  # a dsl expression or function: by identity
+    return _UNCACHED
 
 
 try:  # under torch.compile the plan is a constant of the graph (traced once, at compile time)
@@ -199,10 +208,11 @@ def _as_int32(name: str, t: Tensor) -> Tensor:
 def _bind(plan: _CallPlan, specs, extra_buffers, extra_params):
     """The buffer tensors and param values of a call: the traced captures read now, then the
     caller's own (for flexjit's mod forms)."""
-    for root, path, value in plan.specialized:
-        now = trace.resolve(specs[root], path)
-        if now != value:  # (a constant of the plan; TorchDynamo guards on the read)
-            raise AssertionError("flexjit: a specialized value changed without a new plan")
+    if torch.compiler.is_compiling():
+        # Read so that TorchDynamo guards on them (eager calls: _plan's check did it).
+        for root, path, value in plan.specialized:
+            if trace.resolve(specs[root], path) != value:
+                raise AssertionError("flexjit: a specialized value changed without a new plan")
     names, tensors = [], []
     for name, root, path, dtype in plan.buffers:
         t = trace.resolve(specs[root], path)
@@ -251,28 +261,37 @@ _native_masks: Dict[tuple, Any] = {}
 _MAX_NATIVE = 64
 
 
-def _native_block_mask(mask_tensors: List[Optional[Tensor]], sizes: List[int],
-                       mask_mods: flexjit.Mods):
+def _native_block_mask(mask_tensors: List[Optional[Tensor]], sizes: List[int], mods_text: str):
     """flexjit's BlockMask over a torch BlockMask's tensors (borrowed, no copy), cached by the
     tensors' addresses and versions."""
     if not mask_tensors or mask_tensors[0] is None:
         return None
     key = (tuple((t.data_ptr(), t._version, tuple(t.shape)) if t is not None else None
-                 for t in mask_tensors), tuple(sizes), mask_mods.hash())
+                 for t in mask_tensors), tuple(sizes), mods_text)
     native = _native_masks.get(key)
     if native is None:
         ts = [t.contiguous() if t is not None and t.dtype == torch.int32 else
               (t.to(torch.int32).contiguous() if t is not None else None) for t in mask_tensors]
         native = flexjit._C._block_mask_from_arrays(*ts, sizes[0], sizes[1], sizes[2], sizes[3],
-                                                    mask_mods)
+                                                    _mask_part(mods_text))
         if len(_native_masks) >= _MAX_NATIVE:
             _native_masks.pop(next(iter(_native_masks)))
         _native_masks[key] = native
     return native
 
 
-def _mask_part(mods: flexjit.Mods) -> flexjit.Mods:
-    return flexjit.Mods(mask_mod=mods.mask_mod) if mods.mask_mod is not None else flexjit.Mods()
+_mask_parts: Dict[str, flexjit.Mods] = {}
+
+
+def _mask_part(mods_text: str) -> flexjit.Mods:
+    """The mask_mod alone of the ops' mods (a block mask's mods), made once per text."""
+    part = _mask_parts.get(mods_text)
+    if part is None:
+        mods = _mods(mods_text)
+        part = flexjit.Mods(mask_mod=mods.mask_mod) if mods.mask_mod is not None else \
+            flexjit.Mods()
+        _mask_parts[mods_text] = part
+    return part
 
 
 def _config(text: str, backward: bool) -> Dict[str, Any]:
@@ -322,7 +341,7 @@ def _forward_impl(q, k, v, mods_text, buffer_names, buffers, param_names, param_
     params = dict(zip(_names(param_names), param_values))
     block_mask = None
     if q.is_cuda:
-        block_mask = _native_block_mask(mask_tensors, mask_sizes, _mask_part(mods)) \
+        block_mask = _native_block_mask(mask_tensors, mask_sizes, mods_text) \
             if mask_tensors else _auto_block_mask(mods, q, k, params)
     return flexjit.flex_attention(q, k, v, mods, block_mask=block_mask,
                                   buffers=dict(zip(_names(buffer_names), buffers)),
@@ -385,7 +404,7 @@ def _backward_impl(q, k, v, out, lse, dout, dlse, mods_text, buffer_names, buffe
     params = dict(zip(_names(param_names), param_values))
     block_mask = None
     if q.is_cuda:
-        block_mask = _native_block_mask(mask_tensors, mask_sizes, _mask_part(mods)) \
+        block_mask = _native_block_mask(mask_tensors, mask_sizes, mods_text) \
             if mask_tensors else _auto_block_mask(mods, q, k, params)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()

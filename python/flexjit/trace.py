@@ -1002,13 +1002,11 @@ class _TraceState:
         self.device = torch.device("cpu")
         self.by_id: Dict[int, CapturedTensor] = {}
         self.names: Dict[str, Any] = {}
-        self.unknown: List[torch.Tensor] = []
 
     def reset(self, device):
         self.device = device
         self.by_id = {}
         self.names = {}
-        self.unknown = []
 
     def unique(self, name: str) -> str:
         base = name if name.isidentifier() and name not in _RESERVED and not name.startswith(
@@ -1022,7 +1020,6 @@ class _TraceState:
         c = self.by_id.get(id(tensor))
         if c is None:
             if not name:
-                self.unknown.append(tensor)
                 raise _fail(
                     f"the mod reads a tensor of shape {list(tensor.shape)} that it does not "
                     f"capture directly (a closure variable, a global, a default argument, or an "
