@@ -8,6 +8,7 @@
 #include <flexjit/kernel.h>
 
 #include "cpu/BackwardKernel.h"        // the CPU backward (no public header yet)
+#include "cpu/BufferIndexCheck.h"      // check_buffers before the CPU backward
 #include "cpu/InterpretedBlockMask.h"  // no public host builder from a mask_mod yet
 #include "ir/Evaluate.h"
 #include "util/Suggest.h"
@@ -115,20 +116,8 @@ TensorRef to_tensor(const Array& a, std::string_view what, std::string_view take
 }
 
 // The dtype a buffer's declaration takes, in the frameworks' words (bindings must match it).
-const char* takes_for(DType d) {
-  switch (d) {
-    case DType::F32:
-      return "float32";
-    case DType::F16:
-      return "float16";
-    case DType::BF16:
-      return "bfloat16";
-    case DType::I32:
-      return "int32";
-    case DType::Bool:
-      return "bool (or uint8)";
-  }
-  return kTakesAny;
+std::string_view takes_for(DType d) {
+  return d == DType::Bool ? std::string_view("bool (or uint8)") : framework_name(d);
 }
 
 // A Python expression operand: Expr, Param, a complete buffer index, bool, int or float.
@@ -260,7 +249,7 @@ ModBindings to_bindings(const Mods& needed,
   }
   ModBindings b;
   for (const auto& [name, a] : buffers) {
-    const char* takes = kTakesAny;  // a name the mods do not declare: any dtype flexjit has
+    std::string_view takes = kTakesAny;  // a name the mods do not declare: any dtype flexjit has
     for (const Buffer& buf : needed.buffers) {
       if (buf.name() == name) takes = takes_for(buf.dtype());
     }
@@ -335,28 +324,54 @@ const DeviceBlockMask* device_block_mask(Context& ctx, int device, const PyBlock
 
 // --- the config of a call (the `config` dict of _flex_attention_into / _backward_into) ---------
 
-// What a call's `config` dict sets: the BlockConfig fields, the variant, the autotune and math
-// modes and, for the backward, the dQ mode. Keys left out (or None) keep the defaults.
+// What a call's `config` dict sets: the BlockConfig fields and params, the variant, the autotune
+// and math modes, check_buffers and, for the backward, the dQ mode. Keys left out (or None) keep
+// the defaults.
 struct CallConfig {
   BlockConfig block;
   std::string variant;
   AutotuneMode autotune = AutotuneMode::FromEnv;
   MathMode math = MathMode::Auto;
   BackwardOptions::DqMode dq_mode = BackwardOptions::DqMode::Auto;
+  bool check_buffers = false;
 
   void apply(AttentionOptions& o) const {
     o.config = block;
     o.variant = variant;
     o.autotune = autotune;
     o.math = math;
+    o.check_buffers = check_buffers;
   }
 };
 
-const std::vector<std::string> kForwardConfigKeys = {
-    "block_m", "block_n",    "num_warps", "num_stages", "num_splits",
-    "q_tiles", "persistent", "variant",   "autotune",   "math"};
-const std::vector<std::string> kBackwardConfigKeys = {
-    "block_m", "block_n", "num_warps", "num_stages", "variant", "autotune", "math", "dq_mode"};
+// The config keys of the families a call's plans run (kernel_families(): a forward call runs the
+// forward or the decode plan, the backward its own), then the call's words.
+std::vector<std::string> call_config_keys(const std::vector<std::string>& kinds,
+                                          const std::vector<std::string>& words) {
+  std::vector<std::string> keys;
+  for (const std::string& kind : kinds) {
+    for (const KernelFamilyInfo& f : kernel_families()) {
+      if (f.kind != kind) continue;
+      for (const KernelConfigKey& k : f.config_keys) {
+        if (std::find(keys.begin(), keys.end(), k.name) == keys.end()) keys.push_back(k.name);
+      }
+    }
+  }
+  keys.insert(keys.end(), words.begin(), words.end());
+  return keys;
+}
+
+const std::vector<std::string>& forward_config_keys() {
+  static const std::vector<std::string> keys =
+      call_config_keys({"forward", "decode"}, {"variant", "autotune", "math", "check_buffers"});
+  return keys;
+}
+
+const std::vector<std::string>& backward_config_keys() {
+  static const std::vector<std::string> keys =
+      call_config_keys({"backward"}, {"variant", "autotune", "math", "dq_mode", "check_buffers"});
+  return keys;
+}
 
 std::string joined(const std::vector<std::string>& words) {
   std::string s;
@@ -390,7 +405,7 @@ std::string config_word(const std::string& key, nb::handle value,
 CallConfig parse_config(const std::optional<nb::dict>& config, bool backward) {
   CallConfig c;
   if (!config) return c;
-  const std::vector<std::string>& keys = backward ? kBackwardConfigKeys : kForwardConfigKeys;
+  const std::vector<std::string>& keys = backward ? backward_config_keys() : forward_config_keys();
   const char* call = backward ? "the backward" : "the forward";
   for (auto [k, value] : *config) {
     if (!nb::isinstance<nb::str>(k)) {
@@ -402,7 +417,8 @@ CallConfig parse_config(const std::optional<nb::dict>& config, bool backward) {
     for (const std::string& ok : keys)
       known = known || key == ok;
     if (!known) {
-      const std::vector<std::string>& other = backward ? kForwardConfigKeys : kBackwardConfigKeys;
+      const std::vector<std::string>& other =
+          backward ? forward_config_keys() : backward_config_keys();
       const bool other_call = std::find(other.begin(), other.end(), key) != other.end();
       throw RuntimeError("config key '" + key + "' " +
                          (other_call ? std::string("applies to ") +
@@ -424,12 +440,20 @@ CallConfig parse_config(const std::optional<nb::dict>& config, bool backward) {
                                    : AutotuneMode::Search;
     } else if (key == "math") {
       c.math = *parse_math_mode(config_word(key, value, {"auto", "exact", "approx"}));
+    } else if (key == "check_buffers") {  // a bool (or 0 / 1: flexjit.torch's kernel_options)
+      int overflow = 0;
+      const long long v =
+          PyLong_Check(value.ptr()) ? PyLong_AsLongLongAndOverflow(value.ptr(), &overflow) : -1;
+      if (overflow != 0 || (v != 0 && v != 1)) {
+        throw RuntimeError("config['check_buffers'] must be True or False, not " + py_repr(value));
+      }
+      c.check_buffers = v == 1;
     } else if (key == "dq_mode") {
       const std::string w = config_word(key, value, {"auto", "second_pass", "atomic"});
       c.dq_mode = w == "auto"          ? BackwardOptions::DqMode::Auto
                   : w == "second_pass" ? BackwardOptions::DqMode::SecondPass
                                        : BackwardOptions::DqMode::Atomic;
-    } else {  // the BlockConfig's ints
+    } else {  // a config key of the call's families: an int
       if (!PyLong_Check(value.ptr()) || PyBool_Check(value.ptr())) {
         throw RuntimeError("config['" + key + "'] must be an int, not " + py_type_name(value) +
                            " (" + py_repr(value) + ")");
@@ -444,13 +468,19 @@ CallConfig parse_config(const std::optional<nb::dict>& config, bool backward) {
                                        : " is out of range: 0 (the default) or a positive int"));
       }
       const int i = static_cast<int>(v);
-      if (key == "block_m") c.block.block_m = i;
-      if (key == "block_n") c.block.block_n = i;
-      if (key == "num_warps") c.block.num_warps = i;
-      if (key == "num_stages") c.block.num_stages = i;
-      if (key == "num_splits") c.block.num_splits = i;
-      if (key == "q_tiles") c.block.q_tiles = i;
-      if (persistent) c.block.persistent = i;
+      if (key == "block_m") {
+        c.block.block_m = i;
+      } else if (key == "block_n") {
+        c.block.block_n = i;
+      } else if (key == "num_warps") {
+        c.block.num_warps = i;
+      } else if (key == "num_stages") {
+        c.block.num_stages = i;
+      } else if (persistent) {  // 1 on, -1 off (BlockConfig: 1, 0), 0 the default
+        if (i != 0) c.block.params[key] = i == 1 ? 1 : 0;
+      } else if (i != 0) {  // 0: the default
+        c.block.params[key] = i;
+      }
     }
   }
   return c;
@@ -1008,6 +1038,12 @@ NB_MODULE(_flexjit, m) {
             check_f32(tlse, "lse", {B, Hq, Sq});
             if (tdlse) check_f32(*tdlse, "dlse", {B, Hq, Sq});
           }
+          if (o.check_buffers && ranked && tk.shape.size() == 4) {  // as the CPU forward
+            const Mods m = cpu_mods(o.mods, block_mask);
+            const runtime::CallExtents e{B, Hq, tk.shape[1], Sq, tk.shape[2]};
+            cpu::check_buffer_indices(
+                m, runtime::bind_mod_args(m, o.bindings, TensorRef::Device::CPU), e);
+          }
           cpu::CpuBackwardOptions bo;
           if (scale) bo.scale = *scale;
           bo.num_threads = num_threads;
@@ -1112,6 +1148,28 @@ NB_MODULE(_flexjit, m) {
       d["priority"] = v.priority;
       d["templates"] = v.templates;
       d["entry_points"] = v.entry_points;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("_kernel_families", [] {
+    nb::list out;
+    for (const KernelFamilyInfo& f : kernel_families()) {
+      nb::list keys;
+      for (const KernelConfigKey& k : f.config_keys) {
+        nb::dict key;
+        key["name"] = k.name;
+        key["doc"] = k.doc;
+        key["min"] = k.min;
+        key["max"] = k.max;
+        keys.append(key);
+      }
+      nb::dict d;
+      d["name"] = f.name;
+      d["summary"] = f.summary;
+      d["kind"] = f.kind;
+      d["math"] = f.math;
+      d["config_keys"] = keys;
       out.append(d);
     }
     return out;

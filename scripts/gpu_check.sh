@@ -15,10 +15,9 @@
 # Switches (1 = on): QUICK, EXTRA (default 1 unless QUICK), SKIP_TESTS, SKIP_MEMCHECK,
 # SKIP_RACECHECK, SKIP_SYNCCHECK, SKIP_SANITIZERS (all three compute-sanitizer tools),
 # SKIP_BENCH, SKIP_ANCHORS, SKIP_MASKS. BENCH_ARGS adds arguments to `flexjit bench`.
-# Time limits in seconds: T_TESTS (the whole [gpu] suite took 510-830 s on an H100 in
-# 2026-11-24's runs, more than one 10-minute device call: run it by tags, e.g.
-# TEST_SPEC='[gpu][backward],[gpu][buffers]' then the rest; scripts/gpu_tests.sh runs such
-# groups under their own limits and a budget), T_MEMCHECK, T_RACECHECK, T_SYNCCHECK, T_BENCH, T_ANCHORS, T_MASK_FLEXJIT, T_MASK_TORCH.
+# Time limits in seconds: T_TESTS (the [gpu] suite, TEST_SPEC to narrow it, in parallel shards
+# through scripts/gpu_suite.sh; JOBS shards, default 16), T_MEMCHECK, T_RACECHECK, T_SYNCCHECK,
+# T_BENCH, T_ANCHORS, T_MASK_FLEXJIT, T_MASK_TORCH.
 # Every step is time-limited and the script goes on after a failure (set -u, never set -e).
 set -u
 
@@ -40,7 +39,7 @@ SKIP_BENCH="${SKIP_BENCH:-0}"
 SKIP_ANCHORS="${SKIP_ANCHORS:-0}"
 SKIP_MASKS="${SKIP_MASKS:-0}"
 BENCH_ARGS="${BENCH_ARGS:-}"
-T_TESTS="${T_TESTS:-300}"
+T_TESTS="${T_TESTS:-420}"
 T_MEMCHECK="${T_MEMCHECK:-90}"
 T_RACECHECK="${T_RACECHECK:-150}"
 T_SYNCCHECK="${T_SYNCCHECK:-90}"
@@ -90,11 +89,11 @@ done
 
 # 2) The GPU tests.
 if [ "$SKIP_TESTS" = 1 ]; then skip tests SKIP_TESTS; else
-  step tests "$T_TESTS" "$TESTS" "${TEST_SPEC:-[gpu]}" > "$OUT/tests.log" 2>&1
-  summary=$(grep -E '^(All tests passed|test cases:)' "$OUT/tests.log" | tail -n 1)
-  [ -z "$summary" ] && summary="no Catch2 summary; last line: $(tail -n 1 "$OUT/tests.log")"
-  echo "tests: $summary" >> "$STEPS"
-  grep -c 'skipped: no GPU' "$OUT/tests.log" > /dev/null && echo "tests: some report 'skipped: no GPU'" >> "$STEPS"
+  step tests "$T_TESTS" bash scripts/gpu_suite.sh -j "${JOBS:-16}" --log-dir "$OUT/suite" \
+    "$TESTS" "${TEST_SPEC:-[gpu]}" > "$OUT/tests.log" 2>&1
+  grep -E '^gpu_suite: wall|FAILED' "$OUT/tests.log" >> "$STEPS"
+  cat "$OUT"/suite/shard*.log > "$OUT/suite/all.log" 2>/dev/null
+  grep -q 'skipped: no GPU' "$OUT/suite/all.log" 2>/dev/null && echo "tests: some report 'skipped: no GPU'" >> "$STEPS"
 fi
 
 # 3) compute-sanitizer memcheck on small shapes: the [gpu][small] tests, then every benchmark

@@ -8,13 +8,19 @@ takes a few microseconds: the time per call of
     eager and under torch.compile,
   - torch.nn.attention.flex_attention compiled with the same mods (PyTorch's own, for scale),
 
-each as the median over repeats of (N back-to-back calls, then one synchronize) / N, after a
-warm-up that compiles everything. A call is asynchronous, so while the kernel is shorter than
-the host work this is the host cost per call. Usage (GPU machine, flexjit's module on
-PYTHONPATH): python3 scripts/py_overhead.py [--n 2000] [--repeats 7]
+each as the median over repeats of (N back-to-back calls, then one synchronize) / N, the rows
+taking turns within each repeat, after a warm-up that compiles everything. A call is
+asynchronous, so while the kernel is shorter than the host work this is the host cost per call. Usage (GPU machine, flexjit's module on
+PYTHONPATH): python3 scripts/py_overhead.py [--n 2000] [--repeats 7] [--profile DIR]
+(--profile: also a cProfile of N calls of each row, its top functions by own time written to
+DIR/<row>.txt, to see where the host time goes).
 """
 
 import argparse
+import cProfile
+import io
+import os
+import pstats
 import statistics
 import time
 
@@ -24,24 +30,42 @@ import flexjit
 import flexjit.torch as fjt
 
 
-def per_call_us(fn, n, repeats):
-    for _ in range(20):
+def per_call_us(rows, n, repeats):
+    """Median µs per call of each row. The rows take turns within every repeat, so a drift of
+    the machine (clocks, other processes) reaches every row alike."""
+    for _, fn in rows:
+        for _ in range(20):
+            fn()
+    torch.cuda.synchronize()
+    times = [[] for _ in rows]
+    for _ in range(repeats):
+        for i, (_, fn) in enumerate(rows):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+            times[i].append((time.perf_counter() - t0) / n * 1e6)
+    return [statistics.median(t) for t in times]
+
+
+def profile_to(path, fn, n):
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(times)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+    with open(path, "w") as f:
+        f.write(text.getvalue())
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--profile", metavar="DIR", help="write a cProfile of each row into DIR")
     a = ap.parse_args()
     q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
     mods = flexjit.make_mods(None, "causal")
@@ -73,8 +97,12 @@ def main():
     ]
     print(f"# {torch.cuda.get_device_name()}, q = k = v [1, 2, 64, 64] bf16, causal; "
           f"median of {a.repeats} x {a.n} calls")
-    for name, fn in rows:
-        print(f"{name:50s} {per_call_us(fn, a.n, a.repeats):8.1f} us/call")
+    for (name, _), us in zip(rows, per_call_us(rows, a.n, a.repeats)):
+        print(f"{name:50s} {us:8.1f} us/call")
+    if a.profile:
+        os.makedirs(a.profile, exist_ok=True)
+        for i, (name, fn) in enumerate(rows):
+            profile_to(os.path.join(a.profile, f"row{i}.txt"), fn, a.n)
 
 
 if __name__ == "__main__":

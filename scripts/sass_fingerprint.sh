@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# SASS fingerprints of the sm_90a forward kernels, to prove a template change SASS-neutral
+# SASS fingerprints of a kernel family's kernels, to prove a template change SASS-neutral
 # without a GPU (docs/kernels/forward_sm90.md "Code structure").
 #
-#   scripts/sass_fingerprint.sh [-j JOBS] [--configs FILE] FLEXJIT OUT.tsv
+#   scripts/sass_fingerprint.sh [-j JOBS] [--family FAMILY] [--configs FILE] FLEXJIT OUT.tsv
 #       Compiles every configuration through `FLEXJIT inspect` (NVRTC, a fresh cache) and writes
 #       one line per configuration: name, spec, registers (the launch bound), spill stores,
 #       spill loads, stack frame, SASS instructions, a hash of the SASS (addresses stripped,
-#       encodings kept) and a hash of its instruction text; the SASS goes to OUT.sass.d/.
+#       encodings kept), a hash of its instruction text, and every kernel of the cubin's
+#       registers / stack / local bytes (cuobjdump -res-usage: the backward's and the
+#       decode's modules hold more than one); the SASS goes to OUT.sass.d/.
 #   scripts/sass_fingerprint.sh --compare BEFORE.tsv AFTER.tsv
 #       Compares two such runs configuration by configuration: resources, and whether the SASS
 #       is identical, identical but for register numbers (and reuse flags), the same
 #       instructions reordered, or different (how many instructions, registers erased). Exits 1
-#       if any configuration's registers, spills or stack changed.
+#       if any configuration's registers, spills or stack changed (of any kernel in the cubin).
 #
 # Typical use: build the binary before the change, copy it aside (the templates are embedded in
 # it), build after, run both and compare:
@@ -19,10 +21,23 @@
 #   scripts/sass_fingerprint.sh /tmp/flexjit.before /tmp/before.tsv
 #   scripts/sass_fingerprint.sh build/flexjit /tmp/after.tsv
 #   scripts/sass_fingerprint.sh --compare /tmp/before.tsv /tmp/after.tsv
-# The default configurations are those the unit tests compile for forward/sm90a_wgmma
-# (tests/unit/test_forward_sm90.cpp) plus the bench's and the sinks': every standard mod, head
-# dims 40..256 and q != v, 128- and 192-row tiles, q_tiles 2, persistent CTAs, bf16 / f16, GQA,
-# divisible lengths, diagonal loads. --configs FILE: lines "name|inspect arguments" (# comments).
+# --family picks the default configurations (lines "name|inspect arguments", # comments; a
+# --configs FILE of such lines replaces them and takes the family's leading arguments):
+#   forward_sm90 (the default): forward/sm90a_wgmma on sm_90a, those the unit tests compile
+#     (tests/unit/test_forward_sm90.cpp) plus the bench's and the sinks': every standard mod,
+#     head dims 40..256 and q != v, 128- and 192-row tiles, q_tiles 2, persistent CTAs,
+#     bf16 / f16, GQA, divisible lengths, diagonal loads.
+#   backward_sm90: backward_dkdv and backward_dq /sm90a_wgmma on sm_90a
+#     (tests/unit/test_backward_sm90.cpp, test_backward_kernels.cpp): every standard mod at
+#     d 128, f16 d 64, q != v, d 40-96, GQA, block_m 128 (dQ in the second pass, dq_atomic 0),
+#     3 stages, the diagonal loads and gradient sites.
+#   backward_sm80: backward_dkdv and backward_dq /sm80_mma on sm_80 and sm_90a: every standard
+#     mod at d 128, d 64 / 256, q != v, f16 and f32 (tf32), GQA, deterministic buffer gradients
+#     (with the reduction kernel), sinks (the sink-gradient kernel), divisible lengths.
+#   decode: decode_split /sm80_mma (and the sm80_ef / sm80_ef256 L2-hint variants) on sm_80 and
+#     sm_90a (tests/unit/test_decode.cpp): every standard mod, head dims 64-256 and q != v, GQA
+#     1-8, 1-16 query tokens (16-128 packed rows), contiguous and paged caches (page sizes
+#     1-256), the block_n / warps / stages overrides.
 # Needs cuobjdump (CUDA's, else set CUOBJDUMP).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -53,7 +68,7 @@ def erase_registers(i):
 before, after = load(sys.argv[1]), load(sys.argv[2])
 dirs = [p[:-4] + ".sass.d/" for p in sys.argv[1:3]]
 kinds, changed = collections.Counter(), []
-print("config\tregisters\tspill_st\tspill_ld\tstack\tinstructions\tsass")
+print("config\tregisters\tspill_st\tspill_ld\tstack\tinstructions\t[kernels]\tsass")
 for name in sorted(before):
     if name not in after:
         print(f"{name}\tmissing in {sys.argv[2]}")
@@ -65,7 +80,10 @@ for name in sorted(before):
         changed.append(name)
         continue
     cols = [b[k] if b[k] == a[k] else f"{b[k]}->{a[k]}" for k in range(2, 7)]
-    if any("->" in c for c in cols[:4]):
+    # Every kernel of the module (column 10, where both runs have it): registers, stack, local.
+    if len(b) > 9 and len(a) > 9:
+        cols.append(b[9] if b[9] == a[9] else f"{b[9]} -> {a[9]}")
+    if any("->" in c for c in cols[:4] + cols[5:]):
         changed.append(name)
     if b[7] == a[7]:
         kind = "identical"
@@ -91,14 +109,32 @@ fi
 
 jobs=2
 configs=""
+family=forward_sm90
 while [ $# -gt 0 ]; do
   case "$1" in
     -j) jobs=$2; shift 2 ;;
     --configs) configs=$2; shift 2 ;;
+    --family) family=$2; shift 2 ;;
     *) break ;;
   esac
 done
-[ $# -eq 2 ] || { echo "usage: $0 [-j JOBS] [--configs FILE] FLEXJIT OUT.tsv | --compare A B" >&2; exit 2; }
+[ $# -eq 2 ] || {
+  echo "usage: $0 [-j JOBS] [--family FAMILY] [--configs FILE] FLEXJIT OUT.tsv | --compare A B" >&2
+  exit 2
+}
+# The inspect arguments every configuration of the family starts with.
+case "$family" in
+  forward_sm90) lead="--arch sm_90a --variant sm90a_wgmma" ;;
+  backward_sm90) lead="--arch sm_90a --variant sm90a_wgmma" ;;
+  backward_sm80) lead="--variant sm80_mma" ;;
+  decode) lead="--kernel decode_split" ;;
+  *)
+    echo "$0: --family $family: supported: forward_sm90, backward_sm90, backward_sm80, decode" >&2
+    exit 2
+    ;;
+esac
+# The decode's L2-hint variants are experimental: listed only with FLEXJIT_ENABLE_VARIANTS.
+[ "$family" = decode ] && export FLEXJIT_ENABLE_VARIANTS=${FLEXJIT_ENABLE_VARIANTS:-decode_split/sm80_ef,decode_split/sm80_ef256}
 bin=$(readlink -f "$1")
 out=$(readlink -f "$2")
 sassdir=${out%.tsv}.sass.d
@@ -113,13 +149,13 @@ OFFSET_CAUSAL=$'buffer q_pos: i32[B]\nmask_mod = q_idx + q_pos[b] >= kv_idx'
 DIAG0=$'buffer rel: f16[H, R]\nparam off: i32\nscore_mod = score + 2.0 * rel[h, kv_idx - q_idx + off]\nmask_mod = kv_idx <= q_idx + 50'
 DIAG1=$'buffer bias: f32[R]\nparam offset: i32\nscore_mod = where(q_idx >= kv_idx, score + bias[q_idx - kv_idx + offset], score * 0.5)'
 DIAG2=$'buffer bias: f32[R]\nparam offset: i32\nscore_mod = score + bias[q_idx - kv_idx + offset] + 0.5 * bias[q_idx - kv_idx + offset - 1]'
-export bin work sassdir CUOBJDUMP FLEXJIT_CACHE_DIR="$work/cache" OFFSET_CAUSAL DIAG0 DIAG1 DIAG2
+export bin work sassdir lead CUOBJDUMP FLEXJIT_CACHE_DIR="$work/cache" OFFSET_CAUSAL DIAG0 DIAG1 DIAG2
 
 one() {
   local line=$1 name args
   name=${line%%|*}
   args=${line#*|}
-  if ! eval "\"\$bin\" inspect --arch sm_90a --variant sm90a_wgmma --json -o \"\$work/\$name.cubin\" $args" \
+  if ! eval "\"\$bin\" inspect $lead --json -o \"\$work/\$name.cubin\" $args" \
     >"$work/$name.json" 2>"$work/$name.err"; then
     printf '%s\tERROR\t%s\n' "$name" "$(head -c 300 "$work/$name.err" | tr '\n\t' '  ')" \
       >"$work/$name.line"
@@ -127,22 +163,36 @@ one() {
   fi
   "$CUOBJDUMP" -sass "$work/$name.cubin" 2>/dev/null |
     sed -E 's#/\*[0-9a-f]{4,}\*/##; s/[[:space:]]+$//' >"$sassdir/$name.sass"
+  "$CUOBJDUMP" -res-usage "$work/$name.cubin" >"$work/$name.res" 2>/dev/null
   # One file per configuration: the parallel jobs' lines would interleave on a shared pipe.
-  python3 - "$work/$name.json" "$sassdir/$name.sass" "$name" >"$work/$name.line" <<'PY'
-import hashlib, json, sys
+  python3 - "$work/$name.json" "$sassdir/$name.sass" "$name" "$work/$name.res" \
+    >"$work/$name.line" <<'PY'
+import hashlib, json, re, sys
 j = json.load(open(sys.argv[1]))
 sass = open(sys.argv[2], "rb").read()
+# Every kernel of the module: "name:REG/STACK/LOCAL", sorted.
+res, fn = [], None
+for l in open(sys.argv[4]):
+    m = re.match(r"\s*Function (\S+):", l)
+    if m:
+        fn = m.group(1)
+        continue
+    m = re.search(r"REG:(\d+) STACK:(\d+) .*LOCAL:(\d+)", l)
+    if m and fn:
+        res.append("%s:%s/%s/%s" % ((fn,) + m.groups()))
+        fn = None
 ins = [l.split(";")[0].strip() for l in sass.decode().splitlines()
        if ";" in l and not l.strip().startswith("/*")]
 print("\t".join(map(str, [sys.argv[3], j["spec"], j["registers"], j["spill_store_bytes"],
                           j["spill_load_bytes"], j["stack_frame_bytes"], len(ins),
                           hashlib.sha256(sass).hexdigest()[:16],
-                          hashlib.sha256("\n".join(ins).encode()).hexdigest()[:16]])))
+                          hashlib.sha256("\n".join(ins).encode()).hexdigest()[:16],
+                          " ".join(sorted(res))])))
 PY
 }
 export -f one
 
-default_configs() {
+forward_sm90_configs() {
   cat <<'LIST'
 alibi-bf16-128|--mods alibi --dtype bf16 -d 128
 alibi_causal-bf16-128|--mods alibi_causal --dtype bf16 -d 128
@@ -263,7 +313,197 @@ diag2-64-bm192|--mods "$DIAG2" -d 64 --block-m 192
 LIST
 }
 
-if [ -n "$configs" ]; then cat "$configs"; else default_configs; fi | grep -v '^#' | grep -v '^$' |
+backward_sm90_configs() {
+  cat <<'LIST'
+dkdv-alibi-128|--kernel backward_dkdv --mods alibi -d 128
+dkdv-alibi_causal-128|--kernel backward_dkdv --mods alibi_causal -d 128
+dkdv-causal-128|--kernel backward_dkdv --mods causal -d 128
+dkdv-chunked_local-128|--kernel backward_dkdv --mods chunked_local -d 128
+dkdv-dilated_sliding-128|--kernel backward_dkdv --mods dilated_sliding -d 128
+dkdv-document-128|--kernel backward_dkdv --mods document -d 128
+dkdv-document_causal-128|--kernel backward_dkdv --mods document_causal -d 128
+dkdv-noop-128|--kernel backward_dkdv --mods noop -d 128
+dkdv-prefix_lm-128|--kernel backward_dkdv --mods prefix_lm -d 128
+dkdv-relative_bias-128|--kernel backward_dkdv --mods relative_bias -d 128
+dkdv-relative_bias_causal-128|--kernel backward_dkdv --mods relative_bias_causal -d 128
+dkdv-sinks-128|--kernel backward_dkdv --mods sinks -d 128
+dkdv-sinks_sliding_window-128|--kernel backward_dkdv --mods sinks_sliding_window -d 128
+dkdv-sliding_window-128|--kernel backward_dkdv --mods sliding_window -d 128
+dkdv-softcap-128|--kernel backward_dkdv --mods softcap -d 128
+dkdv-softcap_causal-128|--kernel backward_dkdv --mods softcap_causal -d 128
+dkdv-t5_bucketed_bias-128|--kernel backward_dkdv --mods t5_bucketed_bias -d 128
+dkdv-alibi_causal-f16-64|--kernel backward_dkdv --mods alibi_causal --dtype f16 -d 64
+dkdv-softcap-f16-64|--kernel backward_dkdv --mods softcap --dtype f16 -d 64
+dkdv-relative_bias_causal-f16-64|--kernel backward_dkdv --mods relative_bias_causal --dtype f16 -d 64
+dkdv-document_causal-f16-64|--kernel backward_dkdv --mods document_causal --dtype f16 -d 64
+dkdv-alibi_causal-128x64|--kernel backward_dkdv --mods alibi_causal -d 128 --head-dim-v 64
+dkdv-softcap_causal-64x128|--kernel backward_dkdv --mods softcap_causal -d 64 --head-dim-v 128
+dkdv-causal-96|--kernel backward_dkdv --mods causal -d 96
+dkdv-alibi_causal-80|--kernel backward_dkdv --mods alibi_causal -d 80
+dkdv-noop-96x64|--kernel backward_dkdv --mods noop -d 96 --head-dim-v 64
+dkdv-document_causal-f16-40|--kernel backward_dkdv --mods document_causal --dtype f16 -d 40
+dkdv-alibi_causal-128-gqa4|--kernel backward_dkdv --mods alibi_causal -d 128 --gqa 4
+dkdv-diag0-64-div|--kernel backward_dkdv --mods "$DIAG0" -d 64 --divisible
+dq-alibi-128|--kernel backward_dq --mods alibi -d 128
+dq-alibi_causal-128|--kernel backward_dq --mods alibi_causal -d 128
+dq-causal-128|--kernel backward_dq --mods causal -d 128
+dq-chunked_local-128|--kernel backward_dq --mods chunked_local -d 128
+dq-dilated_sliding-128|--kernel backward_dq --mods dilated_sliding -d 128
+dq-document-128|--kernel backward_dq --mods document -d 128
+dq-document_causal-128|--kernel backward_dq --mods document_causal -d 128
+dq-noop-128|--kernel backward_dq --mods noop -d 128
+dq-prefix_lm-128|--kernel backward_dq --mods prefix_lm -d 128
+dq-relative_bias-128|--kernel backward_dq --mods relative_bias -d 128
+dq-relative_bias_causal-128|--kernel backward_dq --mods relative_bias_causal -d 128
+dq-sinks-128|--kernel backward_dq --mods sinks -d 128
+dq-sinks_sliding_window-128|--kernel backward_dq --mods sinks_sliding_window -d 128
+dq-sliding_window-128|--kernel backward_dq --mods sliding_window -d 128
+dq-softcap-128|--kernel backward_dq --mods softcap -d 128
+dq-softcap_causal-128|--kernel backward_dq --mods softcap_causal -d 128
+dq-t5_bucketed_bias-128|--kernel backward_dq --mods t5_bucketed_bias -d 128
+dq-alibi_causal-f16-64|--kernel backward_dq --mods alibi_causal --dtype f16 -d 64
+dq-softcap-f16-64|--kernel backward_dq --mods softcap --dtype f16 -d 64
+dq-relative_bias_causal-f16-64|--kernel backward_dq --mods relative_bias_causal --dtype f16 -d 64
+dq-document_causal-f16-64|--kernel backward_dq --mods document_causal --dtype f16 -d 64
+dq-alibi_causal-128x64|--kernel backward_dq --mods alibi_causal -d 128 --head-dim-v 64
+dq-softcap_causal-64x128|--kernel backward_dq --mods softcap_causal -d 64 --head-dim-v 128
+dq-causal-96|--kernel backward_dq --mods causal -d 96
+dq-alibi_causal-80|--kernel backward_dq --mods alibi_causal -d 80
+dq-noop-96x64|--kernel backward_dq --mods noop -d 96 --head-dim-v 64
+dq-document_causal-f16-40|--kernel backward_dq --mods document_causal --dtype f16 -d 40
+dq-alibi_causal-128-gqa4|--kernel backward_dq --mods alibi_causal -d 128 --gqa 4
+dq-diag0-64-div|--kernel backward_dq --mods "$DIAG0" -d 64 --divisible
+dkdv-causal-64-bm128|--kernel backward_dkdv --mods causal -d 64 --block-m 128
+dkdv-relative_bias_causal-64-bm128|--kernel backward_dkdv --mods relative_bias_causal -d 64 --block-m 128
+dkdv-document_causal-64-bm128|--kernel backward_dkdv --mods document_causal -d 64 --block-m 128
+dkdv-alibi_causal-f16-64-bm128|--kernel backward_dkdv --mods alibi_causal --dtype f16 -d 64 --block-m 128
+dkdv-noop-128-st3|--kernel backward_dkdv --mods noop -d 128 --stages 3
+dq-causal-128-bn128|--kernel backward_dq --mods causal -d 128 --block-n 128
+dq-causal-128-bn64|--kernel backward_dq --mods causal -d 128 --block-n 64
+LIST
+}
+
+backward_sm80_configs() {
+  cat <<'LIST'
+dkdv-alibi-128|--kernel backward_dkdv --arch sm_80 --mods alibi -d 128
+dkdv-alibi_causal-128|--kernel backward_dkdv --arch sm_80 --mods alibi_causal -d 128
+dkdv-causal-128|--kernel backward_dkdv --arch sm_80 --mods causal -d 128
+dkdv-chunked_local-128|--kernel backward_dkdv --arch sm_80 --mods chunked_local -d 128
+dkdv-dilated_sliding-128|--kernel backward_dkdv --arch sm_80 --mods dilated_sliding -d 128
+dkdv-document-128|--kernel backward_dkdv --arch sm_80 --mods document -d 128
+dkdv-document_causal-128|--kernel backward_dkdv --arch sm_80 --mods document_causal -d 128
+dkdv-noop-128|--kernel backward_dkdv --arch sm_80 --mods noop -d 128
+dkdv-prefix_lm-128|--kernel backward_dkdv --arch sm_80 --mods prefix_lm -d 128
+dkdv-relative_bias-128|--kernel backward_dkdv --arch sm_80 --mods relative_bias -d 128
+dkdv-relative_bias_causal-128|--kernel backward_dkdv --arch sm_80 --mods relative_bias_causal -d 128
+dkdv-sinks-128|--kernel backward_dkdv --arch sm_80 --mods sinks -d 128
+dkdv-sinks_sliding_window-128|--kernel backward_dkdv --arch sm_80 --mods sinks_sliding_window -d 128
+dkdv-sliding_window-128|--kernel backward_dkdv --arch sm_80 --mods sliding_window -d 128
+dkdv-softcap-128|--kernel backward_dkdv --arch sm_80 --mods softcap -d 128
+dkdv-softcap_causal-128|--kernel backward_dkdv --arch sm_80 --mods softcap_causal -d 128
+dkdv-t5_bucketed_bias-128|--kernel backward_dkdv --arch sm_80 --mods t5_bucketed_bias -d 128
+dkdv-relative_bias_causal-f16-64x64|--kernel backward_dkdv --arch sm_80 --mods relative_bias_causal --dtype f16 -d 64 --head-dim-v 64
+dkdv-relative_bias_causal-f16-128x64|--kernel backward_dkdv --arch sm_80 --mods relative_bias_causal --dtype f16 -d 128 --head-dim-v 64
+dkdv-relative_bias_causal-f16-256x256|--kernel backward_dkdv --arch sm_80 --mods relative_bias_causal --dtype f16 -d 256 --head-dim-v 256
+dkdv-relative_bias_causal-f32-64x64|--kernel backward_dkdv --arch sm_80 --mods relative_bias_causal --dtype f32 -d 64 --head-dim-v 64
+dkdv-relative_bias_causal-f32-128x64|--kernel backward_dkdv --arch sm_80 --mods relative_bias_causal --dtype f32 -d 128 --head-dim-v 64
+dkdv-relative_bias_causal-f32-256x256|--kernel backward_dkdv --arch sm_80 --mods relative_bias_causal --dtype f32 -d 256 --head-dim-v 256
+dkdv-alibi_causal-sm90a-128|--kernel backward_dkdv --arch sm_90a --mods alibi_causal -d 128
+dkdv-causal-64-gqa4|--kernel backward_dkdv --arch sm_80 --mods causal -d 64 --gqa 4
+dkdv-document_causal-128-div|--kernel backward_dkdv --arch sm_80 --mods document_causal -d 128 --divisible
+dkdv-diag0-64|--kernel backward_dkdv --arch sm_80 --mods "$DIAG0" -d 64
+dq-alibi-128|--kernel backward_dq --arch sm_80 --mods alibi -d 128
+dq-alibi_causal-128|--kernel backward_dq --arch sm_80 --mods alibi_causal -d 128
+dq-causal-128|--kernel backward_dq --arch sm_80 --mods causal -d 128
+dq-chunked_local-128|--kernel backward_dq --arch sm_80 --mods chunked_local -d 128
+dq-dilated_sliding-128|--kernel backward_dq --arch sm_80 --mods dilated_sliding -d 128
+dq-document-128|--kernel backward_dq --arch sm_80 --mods document -d 128
+dq-document_causal-128|--kernel backward_dq --arch sm_80 --mods document_causal -d 128
+dq-noop-128|--kernel backward_dq --arch sm_80 --mods noop -d 128
+dq-prefix_lm-128|--kernel backward_dq --arch sm_80 --mods prefix_lm -d 128
+dq-relative_bias-128|--kernel backward_dq --arch sm_80 --mods relative_bias -d 128
+dq-relative_bias_causal-128|--kernel backward_dq --arch sm_80 --mods relative_bias_causal -d 128
+dq-sinks-128|--kernel backward_dq --arch sm_80 --mods sinks -d 128
+dq-sinks_sliding_window-128|--kernel backward_dq --arch sm_80 --mods sinks_sliding_window -d 128
+dq-sliding_window-128|--kernel backward_dq --arch sm_80 --mods sliding_window -d 128
+dq-softcap-128|--kernel backward_dq --arch sm_80 --mods softcap -d 128
+dq-softcap_causal-128|--kernel backward_dq --arch sm_80 --mods softcap_causal -d 128
+dq-t5_bucketed_bias-128|--kernel backward_dq --arch sm_80 --mods t5_bucketed_bias -d 128
+dq-relative_bias_causal-f16-64x64|--kernel backward_dq --arch sm_80 --mods relative_bias_causal --dtype f16 -d 64 --head-dim-v 64
+dq-relative_bias_causal-f16-128x64|--kernel backward_dq --arch sm_80 --mods relative_bias_causal --dtype f16 -d 128 --head-dim-v 64
+dq-relative_bias_causal-f16-256x256|--kernel backward_dq --arch sm_80 --mods relative_bias_causal --dtype f16 -d 256 --head-dim-v 256
+dq-relative_bias_causal-f32-64x64|--kernel backward_dq --arch sm_80 --mods relative_bias_causal --dtype f32 -d 64 --head-dim-v 64
+dq-relative_bias_causal-f32-128x64|--kernel backward_dq --arch sm_80 --mods relative_bias_causal --dtype f32 -d 128 --head-dim-v 64
+dq-relative_bias_causal-f32-256x256|--kernel backward_dq --arch sm_80 --mods relative_bias_causal --dtype f32 -d 256 --head-dim-v 256
+dq-alibi_causal-sm90a-128|--kernel backward_dq --arch sm_90a --mods alibi_causal -d 128
+dq-causal-64-gqa4|--kernel backward_dq --arch sm_80 --mods causal -d 64 --gqa 4
+dq-document_causal-128-div|--kernel backward_dq --arch sm_80 --mods document_causal -d 128 --divisible
+dq-diag0-64|--kernel backward_dq --arch sm_80 --mods "$DIAG0" -d 64
+dkdv-alibi_causal-128-det|--kernel backward_dkdv --arch sm_80 --mods alibi_causal -d 128 --deterministic
+dkdv-relative_bias_causal-128-det|--kernel backward_dkdv --arch sm_80 --mods relative_bias_causal -d 128 --deterministic
+dkdv-t5_bucketed_bias-128-det|--kernel backward_dkdv --arch sm_80 --mods t5_bucketed_bias -d 128 --deterministic
+dkdv-sinks-128-det|--kernel backward_dkdv --arch sm_80 --mods sinks -d 128 --deterministic
+dkdv-relative_bias_causal-64-det-sm90a|--kernel backward_dkdv --arch sm_90a --mods relative_bias_causal -d 64 --deterministic
+dkdv-alibi_causal-256-det|--kernel backward_dkdv --arch sm_80 --mods alibi_causal -d 256 --deterministic
+LIST
+}
+
+decode_configs() {
+  cat <<'LIST'
+sm80-noop-128-g4|--arch sm_80 --mods noop -d 128 --gqa 4
+sm80-alibi_causal-f16-64-g3-q5-p16|--arch sm_80 --mods alibi_causal --dtype f16 -d 64 --gqa 3 --queries 5 --page-size 16
+sm80-relative_bias-256-p256|--arch sm_80 --mods relative_bias -d 256 --page-size 256
+sm80-document_causal-128x64-g8-q16-p1|--arch sm_80 --mods document_causal -d 128 --head-dim-v 64 --gqa 8 --queries 16 --page-size 1
+sm80-softcap-f16-128-g7-q3|--arch sm_80 --mods softcap --dtype f16 -d 128 --gqa 7 --queries 3
+sm90a-noop-128-g4|--arch sm_90a --mods noop -d 128 --gqa 4
+sm90a-alibi_causal-f16-64-g3-q5-p16|--arch sm_90a --mods alibi_causal --dtype f16 -d 64 --gqa 3 --queries 5 --page-size 16
+sm90a-relative_bias-256-p256|--arch sm_90a --mods relative_bias -d 256 --page-size 256
+sm90a-document_causal-128x64-g8-q16-p1|--arch sm_90a --mods document_causal -d 128 --head-dim-v 64 --gqa 8 --queries 16 --page-size 1
+sm90a-softcap-f16-128-g7-q3|--arch sm_90a --mods softcap --dtype f16 -d 128 --gqa 7 --queries 3
+sm80-t5_bucketed_bias-128-g6-q8-p64|--arch sm_80 --mods t5_bucketed_bias -d 128 --gqa 6 --queries 8 --page-size 64
+sm80-sliding_window-128-g6-q8-p64|--arch sm_80 --mods sliding_window -d 128 --gqa 6 --queries 8 --page-size 64
+sm80-prefix_lm-128-g6-q8-p64|--arch sm_80 --mods prefix_lm -d 128 --gqa 6 --queries 8 --page-size 64
+sm90a-t5_bucketed_bias-64x128-g2-p32|--arch sm_90a --mods t5_bucketed_bias -d 64 --head-dim-v 128 --gqa 2 --page-size 32
+sm90a-sliding_window-64x128-g2-p32|--arch sm_90a --mods sliding_window -d 64 --head-dim-v 128 --gqa 2 --page-size 32
+sm90a-prefix_lm-64x128-g2-p32|--arch sm_90a --mods prefix_lm -d 64 --head-dim-v 128 --gqa 2 --page-size 32
+sm90a-alibi-128-g4|--arch sm_90a --mods alibi -d 128 --gqa 4
+sm90a-alibi_causal-128-g4|--arch sm_90a --mods alibi_causal -d 128 --gqa 4
+sm90a-causal-128-g4|--arch sm_90a --mods causal -d 128 --gqa 4
+sm90a-chunked_local-128-g4|--arch sm_90a --mods chunked_local -d 128 --gqa 4
+sm90a-dilated_sliding-128-g4|--arch sm_90a --mods dilated_sliding -d 128 --gqa 4
+sm90a-document-128-g4|--arch sm_90a --mods document -d 128 --gqa 4
+sm90a-document_causal-128-g4|--arch sm_90a --mods document_causal -d 128 --gqa 4
+sm90a-prefix_lm-128-g4|--arch sm_90a --mods prefix_lm -d 128 --gqa 4
+sm90a-relative_bias-128-g4|--arch sm_90a --mods relative_bias -d 128 --gqa 4
+sm90a-relative_bias_causal-128-g4|--arch sm_90a --mods relative_bias_causal -d 128 --gqa 4
+sm90a-sinks-128-g4|--arch sm_90a --mods sinks -d 128 --gqa 4
+sm90a-sinks_sliding_window-128-g4|--arch sm_90a --mods sinks_sliding_window -d 128 --gqa 4
+sm90a-sliding_window-128-g4|--arch sm_90a --mods sliding_window -d 128 --gqa 4
+sm90a-softcap-128-g4|--arch sm_90a --mods softcap -d 128 --gqa 4
+sm90a-softcap_causal-128-g4|--arch sm_90a --mods softcap_causal -d 128 --gqa 4
+sm90a-t5_bucketed_bias-128-g4|--arch sm_90a --mods t5_bucketed_bias -d 128 --gqa 4
+sm80_ef-noop-128-g4|--variant sm80_ef --arch sm_90a --mods noop -d 128 --gqa 4
+sm80_ef-noop-128-g4-p16|--variant sm80_ef --arch sm_90a --mods noop -d 128 --gqa 4 --page-size 16
+sm80_ef-noop-128-g4-q4|--variant sm80_ef --arch sm_90a --mods noop -d 128 --gqa 4 --queries 4
+sm80_ef-alibi_causal-f16-64-g3-q5-p1|--variant sm80_ef --arch sm_90a --mods alibi_causal --dtype f16 -d 64 --gqa 3 --queries 5 --page-size 1
+sm80_ef-softcap-128-bn32-w2-st4|--variant sm80_ef --arch sm_80 --mods softcap -d 128 --gqa 4 --block-n 32 --warps 2 --stages 4
+sm80_ef-noop-128-bn128-st2|--variant sm80_ef --arch sm_80 --mods noop -d 128 --gqa 4 --block-n 128 --warps 4 --stages 2
+sm80_ef256-noop-128-g4|--variant sm80_ef256 --arch sm_90a --mods noop -d 128 --gqa 4
+sm80_ef256-noop-128-g4-p16|--variant sm80_ef256 --arch sm_90a --mods noop -d 128 --gqa 4 --page-size 16
+sm80_ef256-noop-128-g4-q4|--variant sm80_ef256 --arch sm_90a --mods noop -d 128 --gqa 4 --queries 4
+sm80_ef256-alibi_causal-f16-64-g3-q5-p1|--variant sm80_ef256 --arch sm_90a --mods alibi_causal --dtype f16 -d 64 --gqa 3 --queries 5 --page-size 1
+sm80_ef256-softcap-128-bn32-w2-st4|--variant sm80_ef256 --arch sm_80 --mods softcap -d 128 --gqa 4 --block-n 32 --warps 2 --stages 4
+sm80_ef256-noop-128-bn128-st2|--variant sm80_ef256 --arch sm_80 --mods noop -d 128 --gqa 4 --block-n 128 --warps 4 --stages 2
+sm80-softcap-128-bn32-w2-st4|--arch sm_80 --mods softcap -d 128 --gqa 4 --block-n 32 --warps 2 --stages 4
+sm80-noop-128-bn128-st2|--arch sm_80 --mods noop -d 128 --gqa 4 --block-n 128 --warps 4 --stages 2
+sm80-causal-128-st1|--arch sm_80 --mods causal -d 128 --gqa 4 --stages 1
+sm80-causal-256-g1|--arch sm_80 --mods causal -d 256
+sm80-noop-128-g8-q16|--arch sm_80 --mods noop -d 128 --gqa 8 --queries 16
+sm90a-causal-128-nofull|--arch sm_90a --mods causal -d 128 --gqa 4 --no-full-blocks
+LIST
+}
+
+if [ -n "$configs" ]; then cat "$configs"; else "${family}_configs"; fi | grep -v '^#' | grep -v '^$' |
   xargs -d '\n' -P "$jobs" -I{} bash -c 'one "$@"' _ {}
 cat "$work"/*.line | sort >"$out"
 echo "$(wc -l <"$out") configurations -> $out ($(grep -c $'\tERROR\t' "$out" || true) errors)" >&2

@@ -410,32 +410,33 @@ extern "C" __global__ void __launch_bounds__(1024)
   fj_bufgrad_store(grads, e, sum);
 }
 
-extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
-    flexjit_bwd_dkdv(const FjBwdArgs args, const FjModParams mods, const FjGradParams grads) {
-  using Cfg = FjConfig;
+// Shapes and shared-memory layout of the dK/dV kernel: the K and V tiles (loaded once), the
+// kNumStages stages of Q, dO, lse2 and delta, and with dq_atomic the f32 dS tile.
+template <class Cfg>
+struct FjDkDvSm80Shape {
   using T = FjBwdTraits<Cfg>;
   using E = typename T::Element;
-  constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kThreads = T::kThreads;
-  constexpr int kRowWarps = kBN / 16;
-  constexpr int kDSplit = T::kNumWarps / kRowWarps;
+  static constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kThreads = T::kThreads;
+  static constexpr int kRowWarps = kBN / 16;
+  static constexpr int kDSplit = T::kNumWarps / kRowWarps;
   static_assert(kRowWarps * kDSplit == T::kNumWarps && kDSplit >= 1,
                 "flexjit bwd_dkdv: num_warps must be a multiple of block_n / 16");
-  constexpr int kDqkW = T::kDimQK / kDSplit, kDvW = T::kDimV / kDSplit;  // per warp
+  static constexpr int kDqkW = T::kDimQK / kDSplit, kDvW = T::kDimV / kDSplit;  // per warp
   using ShapeS = FjGemmShape<E, 1, kBM / 8, T::kDimQK, T::kDimQK, T::kDimQK>;
   using ShapeDP = FjGemmShape<E, 1, kBM / 8, T::kDimV, T::kDimV, T::kDimV>;
   using ShapeDV = FjGemmShape<E, 1, kBM / 8, T::kDimV, T::kDimV, kDvW>;
   using ShapeDK = FjGemmShape<E, 1, kBM / 8, T::kDimQK, T::kDimQK, kDqkW>;
-  constexpr bool kCheck = !Cfg::kIsDivisible;
-  constexpr int kStageBytes = T::kQKBytesM + T::kVBytesM + 8 * kBM;
+  static constexpr bool kCheck = !Cfg::kIsDivisible;
+  static constexpr int kStageBytes = T::kQKBytesM + T::kVBytesM + 8 * kBM;
   // dQ by atomics: the dS tile in f32, [q][kv] with a padded row (conflict-free transposing
   // stores), read back by q-row slices; each slice's kDqWarps warps split the head dim.
-  constexpr int kDsStride = kBN + 4;
-  constexpr int kDsBytes = Cfg::kDqAtomic ? 4 * kBM * kDsStride : 0;
-  constexpr int kQSlices = kBM / 16;
-  constexpr int kDqWarps =
+  static constexpr int kDsStride = kBN + 4;
+  static constexpr int kDsBytes = Cfg::kDqAtomic ? 4 * kBM * kDsStride : 0;
+  static constexpr int kQSlices = kBM / 16;
+  static constexpr int kDqWarps =
       Cfg::kDqAtomic && T::kNumWarps / kQSlices > 0 ? T::kNumWarps / kQSlices : 1;
-  constexpr int kDqCols = T::kDimQK / kDqWarps;         // head-dim columns per warp
-  constexpr int kDqPass = kDqCols < 64 ? kDqCols : 64;  // columns per product (32 registers)
+  static constexpr int kDqCols = T::kDimQK / kDqWarps;         // head-dim columns per warp
+  static constexpr int kDqPass = kDqCols < 64 ? kDqCols : 64;  // columns per product
   static_assert(!Cfg::kDqAtomic || (T::kNumWarps % kQSlices == 0 && kDqCols % 16 == 0),
                 "flexjit bwd_dkdv: dq_atomic needs num_warps a multiple of block_m / 16");
   static_assert(T::kQKBytesN + T::kVBytesN + T::kNumStages * kStageBytes + kDsBytes ==
@@ -443,11 +444,240 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
                                            T::kNumStages, Cfg::kDqAtomic ? 1 : 0),
                 "flexjit bwd_dkdv: shared-memory layout and fj_bwd_dkdv_smem_bytes disagree");
   static_assert(kBM / 4 <= kThreads / 2, "flexjit bwd_dkdv: lse2 / delta copies per thread");
+};
+
+// Loads: the K and V tiles of keys [n_start, n_start + kBN) of (b, h_kv), once.
+template <class Cfg>
+FJ_DEVICE void fj_dkdv_sm80_load_kv(const FjBwdArgs& args, fj_u32 sk, fj_u32 sv, int b, int h_kv,
+                                    int n_start, int tid) {
+  using T = FjBwdTraits<Cfg>;
+  using S = FjDkDvSm80Shape<Cfg>;
+  fj_load_tile<typename T::TileQK, S::kBN, S::kThreads, S::kCheck>(
+      sk,
+      static_cast<const char*>(args.k) +
+          T::kElemBytes * ((fj_i64)b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h +
+                           (fj_i64)n_start * args.k_stride_s),
+      args.k_stride_s, args.seqlen_kv - n_start, tid);
+  fj_load_tile<typename T::TileV, S::kBN, S::kThreads, S::kCheck>(
+      sv,
+      static_cast<const char*>(args.v) +
+          T::kElemBytes * ((fj_i64)b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h +
+                           (fj_i64)n_start * args.v_stride_s),
+      args.v_stride_s, args.seqlen_kv - n_start, tid);
+  fj_cp_async_commit();
+}
+
+// Loads: the Q, dO, lse2 and delta copies of q tile `tile` of head h into stage `stage` (the
+// pipeline's load; a struct, not a lambda, so the kernel's loop stays short).
+template <class Cfg>
+struct FjDkDvSm80QLoader {
+  using T = FjBwdTraits<Cfg>;
+  using S = FjDkDvSm80Shape<Cfg>;
+  const FjBwdArgs& args;
+  const char* q_head;
+  const char* do_head;
+  fj_i64 ws_row0;  // the head's first row of lse2 / delta
+  fj_u32 sstage;
+  int tid;
+
+  FJ_DEVICE void operator()(int tile, int stage) const {
+    constexpr int kBM = S::kBM;
+    const int m0 = tile * kBM;
+    if (m0 >= args.seqlen_q) return;
+    const fj_u32 st = sstage + stage * S::kStageBytes;
+    fj_load_tile<typename T::TileQK, kBM, S::kThreads, S::kCheck>(
+        st, q_head + T::kElemBytes * (fj_i64)m0 * args.q_stride_s, args.q_stride_s,
+        args.seqlen_q - m0, tid);
+    fj_load_tile<typename T::TileV, kBM, S::kThreads, S::kCheck>(
+        st + T::kQKBytesM, do_head + T::kElemBytes * (fj_i64)m0 * args.do_stride_s,
+        args.do_stride_s, args.seqlen_q - m0, tid);
+    // kBM / 4 chunks of lse2, then of delta (rows of seqlen_q_pad: always in bounds).
+    if (tid < kBM / 2) {
+      const bool is_delta = tid >= kBM / 4;
+      const int c = is_delta ? tid - kBM / 4 : tid;
+      const float* src = (is_delta ? args.delta : args.lse2) + ws_row0 + m0 + 4 * c;
+      fj_cp_async_16(st + T::kQKBytesM + T::kVBytesM + (is_delta ? 4 * kBM : 0) + 16 * c, src,
+                     true);
+    }
+  }
+};
+
+// Deterministic buffer gradients (kDeterministic): this warp's 16 kv rows add into their own
+// partial slice of the workspace (fj_bwd_bufgrad_slice); the CTA zeroes its slices first (even
+// when no hook adds: the reduction reads them). The per-element hooks get the slice through the
+// returned parameters; the per-head sums only at the flush (the slice's address is not live in
+// the main loop). Otherwise the hooks add into the gradients with atomics: `grads`.
+template <class Cfg>
+FJ_DEVICE FjGradParams fj_dkdv_sm80_grad_target(const FjBwdArgs& args, const FjGradParams& grads,
+                                                int b, int h_kv, int n_start, int row_warp,
+                                                int tid) {
+  using S = FjDkDvSm80Shape<Cfg>;
+  FjGradParams gw = grads;
+  if constexpr (Cfg::kDeterministic) {
+    const fj_i64 first = fj_bwd_bufgrad_slice(b, h_kv, args.heads_kv, args.seqlen_kv, n_start, 0);
+    const fj_i64 n4 = fj_bufgrad_slice_elems(grads) / 4 * S::kRowWarps;
+    fj_u32x4* zero = reinterpret_cast<fj_u32x4*>(const_cast<float*>(fj_bufgrad_partials(grads)) +
+                                                 first * fj_bufgrad_slice_elems(grads));
+    for (fj_i64 i = tid; i < n4; i += S::kThreads)
+      zero[i] = fj_u32x4{0u, 0u, 0u, 0u};
+    if constexpr (kFjElementGradSites > 0) gw = fj_bufgrad_with_slice(grads, first + row_warp);
+    __syncthreads();
+  }
+  return gw;
+}
+
+// P^T and dS^T of one q tile from S^T and dP^T (this warp's kv rows, the tile's kBM q columns,
+// lse2 / delta from the stage); a partial tile applies mask_mod. Each warp of a
+// kDSplit group sees the same elements: `adds` (part 0) adds the buffers' gradients.
+template <class Cfg>
+FJ_DEVICE void fj_dkdv_sm80_elements(float (&s)[1][Cfg::kBlockM / 8][4],
+                                     float (&dp)[1][Cfg::kBlockM / 8][4], const FjBwdArgs& args,
+                                     const FjModParams& mods, const FjGradParams& gw,
+                                     float (&grad_acc)[kFjGradSlots], const float* s_lse2,
+                                     const float* s_delta, int b, int h, int m0, int kv_row0,
+                                     int lane, bool adds, bool partial) {
+  constexpr bool kCheck = !Cfg::kIsDivisible;
+#pragma unroll
+  for (int nt = 0; nt < Cfg::kBlockM / 8; ++nt) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int col = nt * 8 + (lane & 3) * 2 + c;  // q row within the tile
+      int q_idx = m0 + col;
+      const bool q_ok = !kCheck || q_idx < args.seqlen_q;
+      if constexpr (kCheck) q_idx = fj_imin(q_idx, args.seqlen_q - 1);
+      const float lse2 = s_lse2[col], delta = s_delta[col];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        int kv_idx = kv_row0 + hr * 8;
+        const bool ok = q_ok && (!kCheck || kv_idx < args.seqlen_kv);
+        if constexpr (kCheck) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+        if (!partial) {
+          fj_bwd_element<Cfg, false>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, gw,
+                                     args.scale, lse2, delta, b, h, q_idx, kv_idx, ok, adds,
+                                     grad_acc);
+        } else {
+          fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, gw,
+                                    args.scale, lse2, delta, b, h, q_idx, kv_idx, ok, adds,
+                                    grad_acc);
+        }
+      }
+    }
+  }
+}
+
+// dq_atomic: dQ[q] += dS[q][kv] K[kv]: dS^T (rows kv) into shared memory as dS (rows q), then
+// each q-row slice times the K tile, added into the f32 accumulator (rows from ws_row0 + m0).
+template <class Cfg>
+FJ_DEVICE void fj_dkdv_sm80_dq_atomic(const float (&dp)[1][Cfg::kBlockM / 8][4],
+                                      const FjBwdArgs& args, unsigned char* smem, fj_u32 sk,
+                                      fj_i64 ws_row0, int m0, int warp, int lane, int row_warp,
+                                      int part) {
+  using T = FjBwdTraits<Cfg>;
+  using S = FjDkDvSm80Shape<Cfg>;
+  using E = typename T::Element;
+  constexpr int kBM = S::kBM, kBN = S::kBN, kDsStride = S::kDsStride;
+  constexpr bool kCheck = S::kCheck;
+  float* sds =
+      reinterpret_cast<float*>(smem + T::kQKBytesN + T::kVBytesN + T::kNumStages * S::kStageBytes);
+  if (part == 0) {
+#pragma unroll
+    for (int nt = 0; nt < kBM / 8; ++nt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          sds[(nt * 8 + (lane & 3) * 2 + c) * kDsStride + row_warp * 16 + hr * 8 + (lane >> 2)] =
+              dp[0][nt][hr * 2 + c];
+  }
+  __syncthreads();
+  const int slice = warp / S::kDqWarps, col_warp = (warp % S::kDqWarps) * S::kDqCols;
+  float ds[1][kBN / 8][4];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const float* src = sds + (slice * 16 + hr * 8 + (lane >> 2)) * kDsStride + (lane & 3) * 2;
+#pragma unroll
+    for (int nt = 0; nt < kBN / 8; ++nt) {
+      ds[0][nt][hr * 2] = src[nt * 8];
+      ds[0][nt][hr * 2 + 1] = src[nt * 8 + 1];
+    }
+  }
+  using ShapeDQ = FjGemmShape<E, 1, kBN / 8, T::kDimQK, T::kDimQK, S::kDqPass>;
+  // Accumulator rows are kDqAccumDim floats wide (dq_accum_dim); only the columns of the head
+  // dim are added.
+  constexpr int kAccRow = Cfg::kDqAccumDim;
+  float* acc_base = args.dq_accum + (ws_row0 + m0 + slice * 16 + (lane >> 2)) * kAccRow;
+#pragma unroll
+  for (int col0 = 0; col0 < S::kDqCols; col0 += S::kDqPass) {
+    float part_dq[1][ShapeDQ::kDTiles][4];
+#pragma unroll
+    for (int dt = 0; dt < ShapeDQ::kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        part_dq[0][dt][e] = 0.0f;
+    fj_pv<ShapeDQ>(part_dq, ds, sk + (col_warp + col0) * T::kElemBytes, lane);
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      if (kCheck && m0 + slice * 16 + hr * 8 + (lane >> 2) >= args.seqlen_q) continue;
+      const int col = col_warp + col0 + (lane & 3) * 2;
+      float* row = acc_base + hr * 8 * kAccRow + col;
+#pragma unroll
+      for (int dt = 0; dt < ShapeDQ::kDTiles; ++dt) {
+        if (T::kRealQK != T::kDimQK && col + dt * 8 >= T::kRealQK) continue;
+        atomicAdd(row + dt * 8, part_dq[0][dt][hr * 2]);
+        atomicAdd(row + dt * 8 + 1, part_dq[0][dt][hr * 2 + 1]);
+      }
+    }
+  }
+}
+
+// Epilogue: dK (times scale) into the K tile's shared memory, dV into the V tile's, then 16-byte
+// stores of the rows inside seqlen_kv.
+template <class Cfg>
+FJ_DEVICE void fj_dkdv_sm80_epilogue(
+    const float (&dk)[1][FjDkDvSm80Shape<Cfg>::ShapeDK::kDTiles][4],
+    const float (&dv)[1][FjDkDvSm80Shape<Cfg>::ShapeDV::kDTiles][4], const FjBwdArgs& args,
+    unsigned char* smem, int b, int h_kv, int n_start, int row_warp, int part, int lane, int tid) {
+  using T = FjBwdTraits<Cfg>;
+  using S = FjDkDvSm80Shape<Cfg>;
+  using E = typename T::Element;
+  using StageK = FjStageShape<E, T::kDimQK>;
+  using StageV = FjStageShape<E, T::kDimV>;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int row = row_warp * 16 + hr * 8 + (lane >> 2);
+#pragma unroll
+    for (int dt = 0; dt < S::ShapeDK::kDTiles; ++dt)
+      fj_stage_fragment_row<StageK>(smem, row, part * S::ShapeDK::kDTiles + dt, lane,
+                                    dk[0][dt][hr * 2], dk[0][dt][hr * 2 + 1], args.scale);
+#pragma unroll
+    for (int dt = 0; dt < S::ShapeDV::kDTiles; ++dt)
+      fj_stage_fragment_row<StageV>(smem + T::kQKBytesN, row, part * S::ShapeDV::kDTiles + dt, lane,
+                                    dv[0][dt][hr * 2], dv[0][dt][hr * 2 + 1], 1.0f);
+  }
+  __syncthreads();
+  fj_store_tile<typename T::TileQK, S::kBN, S::kThreads>(
+      static_cast<char*>(args.dk) +
+          T::kElemBytes * ((fj_i64)b * args.dk_stride_b + (fj_i64)h_kv * args.dk_stride_h +
+                           (fj_i64)n_start * args.dk_stride_s),
+      T::kElemBytes * args.dk_stride_s, smem, args.seqlen_kv - n_start, tid);
+  fj_store_tile<typename T::TileV, S::kBN, S::kThreads>(
+      static_cast<char*>(args.dv) +
+          T::kElemBytes * ((fj_i64)b * args.dv_stride_b + (fj_i64)h_kv * args.dv_stride_h +
+                           (fj_i64)n_start * args.dv_stride_s),
+      T::kElemBytes * args.dv_stride_s, smem + T::kQKBytesN, args.seqlen_kv - n_start, tid);
+}
+
+extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
+    flexjit_bwd_dkdv(const FjBwdArgs args, const FjModParams mods, const FjGradParams grads) {
+  using Cfg = FjConfig;
+  using T = FjBwdTraits<Cfg>;
+  using S = FjDkDvSm80Shape<Cfg>;
+  constexpr int kBM = S::kBM, kBN = S::kBN;
   extern __shared__ unsigned char fj_smem[];
 
   const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int row_warp = warp / kDSplit, part = warp % kDSplit;
+  const int row_warp = warp / S::kDSplit, part = warp % S::kDSplit;
   const int n_start = n_block * kBN;
 
   const fj_u32 sk = fj_smem_addr(fj_smem);
@@ -455,29 +685,16 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   const fj_u32 sstage = sv + T::kVBytesN;
   const fj_u32 sk_warp = sk + row_warp * 16 * T::TileQK::kRowBytes;
   const fj_u32 sv_warp = sv + row_warp * 16 * T::TileV::kRowBytes;
+  fj_dkdv_sm80_load_kv<Cfg>(args, sk, sv, b, h_kv, n_start, tid);
 
-  fj_load_tile<typename T::TileQK, kBN, kThreads, kCheck>(
-      sk,
-      static_cast<const char*>(args.k) +
-          T::kElemBytes * ((fj_i64)b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h +
-                           (fj_i64)n_start * args.k_stride_s),
-      args.k_stride_s, args.seqlen_kv - n_start, tid);
-  fj_load_tile<typename T::TileV, kBN, kThreads, kCheck>(
-      sv,
-      static_cast<const char*>(args.v) +
-          T::kElemBytes * ((fj_i64)b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h +
-                           (fj_i64)n_start * args.v_stride_s),
-      args.v_stride_s, args.seqlen_kv - n_start, tid);
-  fj_cp_async_commit();
-
-  float dk[1][ShapeDK::kDTiles][4], dv[1][ShapeDV::kDTiles][4];
+  float dk[1][S::ShapeDK::kDTiles][4], dv[1][S::ShapeDV::kDTiles][4];
 #pragma unroll
-  for (int dt = 0; dt < ShapeDK::kDTiles; ++dt)
+  for (int dt = 0; dt < S::ShapeDK::kDTiles; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       dk[0][dt][e] = 0.0f;
 #pragma unroll
-  for (int dt = 0; dt < ShapeDV::kDTiles; ++dt)
+  for (int dt = 0; dt < S::ShapeDV::kDTiles; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       dv[0][dt][e] = 0.0f;
@@ -485,23 +702,8 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   const fj_u32 dummy[1][1][4] = {};
   // This thread's kv rows (g, g + 8 of the warp's slice), clamped for the mods.
   const int kv_row0 = n_start + row_warp * 16 + (lane >> 2);
-
-  // Deterministic buffer gradients (kDeterministic): this warp's 16 kv rows add into their own
-  // partial slice of the workspace (fj_bwd_bufgrad_slice); the CTA zeroes its slices first (even
-  // when no hook adds: the reduction reads them). The per-element hooks get the slice through
-  // `gw`; the per-head sums only at the flush (the slice's address is not live in the main
-  // loop). Otherwise the hooks add into the gradients with atomics and `gw` is `grads`.
-  FjGradParams gw = grads;
-  if constexpr (Cfg::kDeterministic) {
-    const fj_i64 first = fj_bwd_bufgrad_slice(b, h_kv, args.heads_kv, args.seqlen_kv, n_start, 0);
-    const fj_i64 n4 = fj_bufgrad_slice_elems(grads) / 4 * kRowWarps;
-    fj_u32x4* zero = reinterpret_cast<fj_u32x4*>(const_cast<float*>(fj_bufgrad_partials(grads)) +
-                                                 first * fj_bufgrad_slice_elems(grads));
-    for (fj_i64 i = tid; i < n4; i += kThreads)
-      zero[i] = fj_u32x4{0u, 0u, 0u, 0u};
-    if constexpr (kFjElementGradSites > 0) gw = fj_bufgrad_with_slice(grads, first + row_warp);
-    __syncthreads();
-  }
+  const FjGradParams gw =
+      fj_dkdv_sm80_grad_target<Cfg>(args, grads, b, h_kv, n_start, row_warp, tid);
 
   float grad_acc[kFjGradSlots];  // buffer-gradient sums with one address per head
   for (int g = 0; g < Cfg::kGqaRatio; ++g) {
@@ -518,127 +720,26 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
         static_cast<const char*>(args.dout) +
         T::kElemBytes * ((fj_i64)b * args.do_stride_b + (fj_i64)h * args.do_stride_h);
     const fj_i64 ws_row0 = ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
-
-    // Issues the Q, dO, lse2 and delta copies of q tile `tile` into stage `stage`.
-    auto load_q = [&](int tile, int stage) {
-      const int m0 = tile * kBM;
-      if (m0 >= args.seqlen_q) return;
-      const fj_u32 st = sstage + stage * kStageBytes;
-      fj_load_tile<typename T::TileQK, kBM, kThreads, kCheck>(
-          st, q_head + T::kElemBytes * (fj_i64)m0 * args.q_stride_s, args.q_stride_s,
-          args.seqlen_q - m0, tid);
-      fj_load_tile<typename T::TileV, kBM, kThreads, kCheck>(
-          st + T::kQKBytesM, do_head + T::kElemBytes * (fj_i64)m0 * args.do_stride_s,
-          args.do_stride_s, args.seqlen_q - m0, tid);
-      // kBM / 4 chunks of lse2, then of delta (rows of seqlen_q_pad: always in bounds).
-      if (tid < kBM / 2) {
-        const bool is_delta = tid >= kBM / 4;
-        const int c = is_delta ? tid - kBM / 4 : tid;
-        const float* src = (is_delta ? args.delta : args.lse2) + ws_row0 + m0 + 4 * c;
-        fj_cp_async_16(st + T::kQKBytesM + T::kVBytesM + (is_delta ? 4 * kBM : 0) + 16 * c, src,
-                       true);
-      }
-    };
-
+    const FjDkDvSm80QLoader<Cfg> load_q{args, q_head, do_head, ws_row0, sstage, tid};
     FjTilePipeline<T::kNumStages> pipe;
     pipe.start(sched, load_q);
     for (int i = 0; i < sched.num_total; ++i) {
       const int m0 = pipe.next(i, sched, load_q) * kBM;
       if (m0 < args.seqlen_q) {
-        const fj_u32 st = sstage + (i % T::kNumStages) * kStageBytes;
+        const fj_u32 st = sstage + (i % T::kNumStages) * S::kStageBytes;
         const fj_u32 sq = st, sdo = st + T::kQKBytesM;
         const float* s_lse2 =
             reinterpret_cast<const float*>(fj_smem + (st - sk) + T::kQKBytesM + T::kVBytesM);
-        const float* s_delta = s_lse2 + kBM;
         float s[1][kBM / 8][4], dp[1][kBM / 8][4];
-        fj_qk<ShapeS, T::kSplit>(s, dummy, sk_warp, sq, lane);
-        fj_qk<ShapeDP, T::kSplit>(dp, dummy, sv_warp, sdo, lane);
-        const bool partial = i < sched.num_partial;
-#pragma unroll
-        for (int nt = 0; nt < kBM / 8; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int col = nt * 8 + (lane & 3) * 2 + c;  // q row within the tile
-            int q_idx = m0 + col;
-            const bool q_ok = !kCheck || q_idx < args.seqlen_q;
-            if constexpr (kCheck) q_idx = fj_imin(q_idx, args.seqlen_q - 1);
-            const float lse2 = s_lse2[col], delta = s_delta[col];
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              int kv_idx = kv_row0 + hr * 8;
-              const bool ok = q_ok && (!kCheck || kv_idx < args.seqlen_kv);
-              if constexpr (kCheck) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
-              // Each warp of a kDSplit group sees the same elements: one adds the buffers'
-              // gradients.
-              if (partial) {
-                fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, gw,
-                                          args.scale, lse2, delta, b, h, q_idx, kv_idx, ok,
-                                          part == 0, grad_acc);
-              } else {
-                fj_bwd_element<Cfg, false>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, gw,
-                                           args.scale, lse2, delta, b, h, q_idx, kv_idx, ok,
-                                           part == 0, grad_acc);
-              }
-            }
-          }
-        }
-        fj_pv<ShapeDV>(dv, s, sdo + part * kDvW * T::kElemBytes, lane);
-        fj_pv<ShapeDK>(dk, dp, sq + part * kDqkW * T::kElemBytes, lane);
+        fj_qk<typename S::ShapeS, T::kSplit>(s, dummy, sk_warp, sq, lane);
+        fj_qk<typename S::ShapeDP, T::kSplit>(dp, dummy, sv_warp, sdo, lane);
+        fj_dkdv_sm80_elements<Cfg>(s, dp, args, mods, gw, grad_acc, s_lse2, s_lse2 + kBM, b, h, m0,
+                                   kv_row0, lane, part == 0, i < sched.num_partial);
+        fj_pv<typename S::ShapeDV>(dv, s, sdo + part * S::kDvW * T::kElemBytes, lane);
+        fj_pv<typename S::ShapeDK>(dk, dp, sq + part * S::kDqkW * T::kElemBytes, lane);
         if constexpr (Cfg::kDqAtomic) {
-          // dQ[q] += dS[q][kv] K[kv]: dS^T (rows kv) into shared memory as dS (rows q), then
-          // each q-row slice times the K tile, added into the f32 accumulator.
-          float* sds = reinterpret_cast<float*>(fj_smem + T::kQKBytesN + T::kVBytesN +
-                                                T::kNumStages * kStageBytes);
-          if (part == 0) {
-#pragma unroll
-            for (int nt = 0; nt < kBM / 8; ++nt)
-#pragma unroll
-              for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-                for (int c = 0; c < 2; ++c)
-                  sds[(nt * 8 + (lane & 3) * 2 + c) * kDsStride + row_warp * 16 + hr * 8 +
-                      (lane >> 2)] = dp[0][nt][hr * 2 + c];
-          }
-          __syncthreads();
-          const int slice = warp / kDqWarps, col_warp = (warp % kDqWarps) * kDqCols;
-          float ds[1][kBN / 8][4];
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const float* src =
-                sds + (slice * 16 + hr * 8 + (lane >> 2)) * kDsStride + (lane & 3) * 2;
-#pragma unroll
-            for (int nt = 0; nt < kBN / 8; ++nt) {
-              ds[0][nt][hr * 2] = src[nt * 8];
-              ds[0][nt][hr * 2 + 1] = src[nt * 8 + 1];
-            }
-          }
-          using ShapeDQ = FjGemmShape<E, 1, kBN / 8, T::kDimQK, T::kDimQK, kDqPass>;
-          // Accumulator rows are kDqAccumDim floats wide (dq_accum_dim); only the columns of
-          // the head dim are added.
-          constexpr int kAccRow = Cfg::kDqAccumDim;
-          float* acc_base = args.dq_accum + (ws_row0 + m0 + slice * 16 + (lane >> 2)) * kAccRow;
-#pragma unroll
-          for (int col0 = 0; col0 < kDqCols; col0 += kDqPass) {
-            float part_dq[1][ShapeDQ::kDTiles][4];
-#pragma unroll
-            for (int dt = 0; dt < ShapeDQ::kDTiles; ++dt)
-#pragma unroll
-              for (int e = 0; e < 4; ++e)
-                part_dq[0][dt][e] = 0.0f;
-            fj_pv<ShapeDQ>(part_dq, ds, sk + (col_warp + col0) * T::kElemBytes, lane);
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              if (kCheck && m0 + slice * 16 + hr * 8 + (lane >> 2) >= args.seqlen_q) continue;
-              const int col = col_warp + col0 + (lane & 3) * 2;
-              float* row = acc_base + hr * 8 * kAccRow + col;
-#pragma unroll
-              for (int dt = 0; dt < ShapeDQ::kDTiles; ++dt) {
-                if (T::kRealQK != T::kDimQK && col + dt * 8 >= T::kRealQK) continue;
-                atomicAdd(row + dt * 8, part_dq[0][dt][hr * 2]);
-                atomicAdd(row + dt * 8 + 1, part_dq[0][dt][hr * 2 + 1]);
-              }
-            }
-          }
+          fj_dkdv_sm80_dq_atomic<Cfg>(dp, args, fj_smem, sk, ws_row0, m0, warp, lane, row_warp,
+                                      part);
         }
       }
       if constexpr (T::kNumStages == 1) __syncthreads();
@@ -661,56 +762,146 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       }
     }
   }
-
-  // Epilogue: dK (times scale) into the K tile's shared memory, dV into the V tile's, then
-  // 16-byte stores of the rows inside seqlen_kv.
-  using StageK = FjStageShape<E, T::kDimQK>;
-  using StageV = FjStageShape<E, T::kDimV>;
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int row = row_warp * 16 + hr * 8 + (lane >> 2);
-#pragma unroll
-    for (int dt = 0; dt < ShapeDK::kDTiles; ++dt)
-      fj_stage_fragment_row<StageK>(fj_smem, row, part * ShapeDK::kDTiles + dt, lane,
-                                    dk[0][dt][hr * 2], dk[0][dt][hr * 2 + 1], args.scale);
-#pragma unroll
-    for (int dt = 0; dt < ShapeDV::kDTiles; ++dt)
-      fj_stage_fragment_row<StageV>(fj_smem + T::kQKBytesN, row, part * ShapeDV::kDTiles + dt, lane,
-                                    dv[0][dt][hr * 2], dv[0][dt][hr * 2 + 1], 1.0f);
-  }
-  __syncthreads();
-  fj_store_tile<typename T::TileQK, kBN, kThreads>(
-      static_cast<char*>(args.dk) +
-          T::kElemBytes * ((fj_i64)b * args.dk_stride_b + (fj_i64)h_kv * args.dk_stride_h +
-                           (fj_i64)n_start * args.dk_stride_s),
-      T::kElemBytes * args.dk_stride_s, fj_smem, args.seqlen_kv - n_start, tid);
-  fj_store_tile<typename T::TileV, kBN, kThreads>(
-      static_cast<char*>(args.dv) +
-          T::kElemBytes * ((fj_i64)b * args.dv_stride_b + (fj_i64)h_kv * args.dv_stride_h +
-                           (fj_i64)n_start * args.dv_stride_s),
-      T::kElemBytes * args.dv_stride_s, fj_smem + T::kQKBytesN, args.seqlen_kv - n_start, tid);
+  fj_dkdv_sm80_epilogue<Cfg>(dk, dv, args, fj_smem, b, h_kv, n_start, row_warp, part, lane, tid);
 }
 #endif  // FJ_BWD_DKDV
 
 // ---- dQ --------------------------------------------------------------------------------------
 
 #if defined(FJ_BWD_DQ)
-extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
-    flexjit_bwd_dq(const FjBwdArgs args, const FjModParams mods) {
-  using Cfg = FjConfig;
+// Shapes and shared-memory layout of the dQ kernel: the Q and dO tiles (loaded once), then the
+// kNumStages stages of K and V.
+template <class Cfg>
+struct FjDqSm80Shape {
   using T = FjBwdTraits<Cfg>;
   using E = typename T::Element;
-  constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kThreads = T::kThreads;
+  static constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kThreads = T::kThreads;
   static_assert(kBM == 16 * T::kNumWarps, "flexjit bwd_dq: one 16-row slice per warp");
   using ShapeS = FjGemmShape<E, 1, kBN / 8, T::kDimQK, T::kDimQK, T::kDimQK>;
   using ShapeDP = FjGemmShape<E, 1, kBN / 8, T::kDimV, T::kDimV, T::kDimV>;
   using ShapeDQ = FjGemmShape<E, 1, kBN / 8, T::kDimQK, T::kDimQK, T::kDimQK>;
+  static constexpr bool kCheck = !Cfg::kIsDivisible;
+  static constexpr int kStageBytes = T::kQKBytesN + T::kVBytesN;
+  static_assert(T::kQKBytesM + T::kVBytesM + T::kNumStages * kStageBytes ==
+                    fj_bwd_dq_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, T::kElemBytes,
+                                         T::kNumStages),
+                "flexjit bwd_dq: shared-memory layout and fj_bwd_dq_smem_bytes disagree");
+};
+
+// Loads: the Q and dO tiles of q rows [m_start, m_start + kBM) of (b, h), once.
+template <class Cfg>
+FJ_DEVICE void fj_dq_sm80_load_qdo(const FjBwdArgs& args, fj_u32 sq, fj_u32 sdo, int b, int h,
+                                   int m_start, int tid) {
+  using T = FjBwdTraits<Cfg>;
+  using S = FjDqSm80Shape<Cfg>;
+  fj_load_tile<typename T::TileQK, S::kBM, S::kThreads, S::kCheck>(
+      sq,
+      static_cast<const char*>(args.q) +
+          T::kElemBytes * ((fj_i64)b * args.q_stride_b + (fj_i64)h * args.q_stride_h +
+                           (fj_i64)m_start * args.q_stride_s),
+      args.q_stride_s, args.seqlen_q - m_start, tid);
+  fj_load_tile<typename T::TileV, S::kBM, S::kThreads, S::kCheck>(
+      sdo,
+      static_cast<const char*>(args.dout) +
+          T::kElemBytes * ((fj_i64)b * args.do_stride_b + (fj_i64)h * args.do_stride_h +
+                           (fj_i64)m_start * args.do_stride_s),
+      args.do_stride_s, args.seqlen_q - m_start, tid);
+  fj_cp_async_commit();
+}
+
+// Loads: the K and V copies of KV tile `tile` into stage `stage` (the pipeline's load).
+template <class Cfg>
+struct FjDqSm80KvLoader {
+  using T = FjBwdTraits<Cfg>;
+  using S = FjDqSm80Shape<Cfg>;
+  const FjBwdArgs& args;
+  const char* k_head;
+  const char* v_head;
+  fj_u32 skv;
+  int tid;
+
+  FJ_DEVICE void operator()(int tile, int stage) const {
+    constexpr int kBN = S::kBN;
+    const int n0 = tile * kBN;
+    if (n0 >= args.seqlen_kv) return;
+    const fj_u32 st = skv + stage * S::kStageBytes;
+    fj_load_tile<typename T::TileQK, kBN, S::kThreads, S::kCheck>(
+        st, k_head + T::kElemBytes * (fj_i64)n0 * args.k_stride_s, args.k_stride_s,
+        args.seqlen_kv - n0, tid);
+    fj_load_tile<typename T::TileV, kBN, S::kThreads, S::kCheck>(
+        st + T::kQKBytesN, v_head + T::kElemBytes * (fj_i64)n0 * args.v_stride_s, args.v_stride_s,
+        args.seqlen_kv - n0, tid);
+  }
+};
+
+// P and dS of one KV tile from S and dP (this thread's q rows q_row0, q_row0 + 8 with their
+// lse2 / delta; the tile's kBN keys from n0); a partial tile applies mask_mod. No buffer
+// gradients here (the dK/dV kernel adds them).
+template <class Cfg>
+FJ_DEVICE void fj_dq_sm80_elements(float (&s)[1][Cfg::kBlockN / 8][4],
+                                   float (&dp)[1][Cfg::kBlockN / 8][4], const FjBwdArgs& args,
+                                   const FjModParams& mods, const float (&lse2)[2],
+                                   const float (&delta)[2], int b, int h, int q_row0, int n0,
+                                   int lane, bool partial) {
   constexpr bool kCheck = !Cfg::kIsDivisible;
-  constexpr int kStageBytes = T::kQKBytesN + T::kVBytesN;
-  static_assert(
-      T::kQKBytesM + T::kVBytesM + T::kNumStages * kStageBytes ==
-          fj_bwd_dq_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, T::kElemBytes, T::kNumStages),
-      "flexjit bwd_dq: shared-memory layout and fj_bwd_dq_smem_bytes disagree");
+  const FjGradParams no_grads = {};
+  float no_acc[kFjGradSlots] = {};
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    int q_idx = q_row0 + hr * 8;
+    if constexpr (kCheck) q_idx = fj_imin(q_idx, args.seqlen_q - 1);
+#pragma unroll
+    for (int nt = 0; nt < Cfg::kBlockN / 8; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        int kv_idx = n0 + nt * 8 + (lane & 3) * 2 + c;
+        const bool ok = !kCheck || kv_idx < args.seqlen_kv;
+        if constexpr (kCheck) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+        if (!partial) {
+          fj_bwd_element<Cfg, false>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, no_grads,
+                                     args.scale, lse2[hr], delta[hr], b, h, q_idx, kv_idx, ok,
+                                     false, no_acc);
+        } else {
+          fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, no_grads,
+                                    args.scale, lse2[hr], delta[hr], b, h, q_idx, kv_idx, ok, false,
+                                    no_acc);
+        }
+      }
+    }
+  }
+}
+
+// Epilogue: dQ (times scale) into the Q tile's shared memory (everyone is done with Q), then
+// 16-byte stores of the rows inside seqlen_q.
+template <class Cfg>
+FJ_DEVICE void fj_dq_sm80_epilogue(const float (&dq)[1][FjDqSm80Shape<Cfg>::ShapeDQ::kDTiles][4],
+                                   const FjBwdArgs& args, unsigned char* smem, int b, int h,
+                                   int m_start, int warp, int lane, int tid) {
+  using T = FjBwdTraits<Cfg>;
+  using S = FjDqSm80Shape<Cfg>;
+  using StageQ = FjStageShape<typename T::Element, T::kDimQK>;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int row = warp * 16 + hr * 8 + (lane >> 2);
+#pragma unroll
+    for (int dt = 0; dt < S::ShapeDQ::kDTiles; ++dt)
+      fj_stage_fragment_row<StageQ>(smem, row, dt, lane, dq[0][dt][hr * 2], dq[0][dt][hr * 2 + 1],
+                                    args.scale);
+  }
+  __syncthreads();
+  fj_store_tile<typename T::TileQK, S::kBM, S::kThreads>(
+      static_cast<char*>(args.dq) +
+          T::kElemBytes * ((fj_i64)b * args.dq_stride_b + (fj_i64)h * args.dq_stride_h +
+                           (fj_i64)m_start * args.dq_stride_s),
+      T::kElemBytes * args.dq_stride_s, smem, args.seqlen_q - m_start, tid);
+}
+
+extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
+    flexjit_bwd_dq(const FjBwdArgs args, const FjModParams mods) {
+  using Cfg = FjConfig;
+  using T = FjBwdTraits<Cfg>;
+  using S = FjDqSm80Shape<Cfg>;
+  constexpr int kBM = S::kBM, kBN = S::kBN;
   extern __shared__ unsigned char fj_smem[];
 
   const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest tiles first, as the forward
@@ -730,34 +921,11 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   const char* v_head =
       static_cast<const char*>(args.v) +
       T::kElemBytes * ((fj_i64)b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h);
-
-  fj_load_tile<typename T::TileQK, kBM, kThreads, kCheck>(
-      sq,
-      static_cast<const char*>(args.q) +
-          T::kElemBytes * ((fj_i64)b * args.q_stride_b + (fj_i64)h * args.q_stride_h +
-                           (fj_i64)m_start * args.q_stride_s),
-      args.q_stride_s, args.seqlen_q - m_start, tid);
-  fj_load_tile<typename T::TileV, kBM, kThreads, kCheck>(
-      sdo,
-      static_cast<const char*>(args.dout) +
-          T::kElemBytes * ((fj_i64)b * args.do_stride_b + (fj_i64)h * args.do_stride_h +
-                           (fj_i64)m_start * args.do_stride_s),
-      args.do_stride_s, args.seqlen_q - m_start, tid);
-  fj_cp_async_commit();
+  fj_dq_sm80_load_qdo<Cfg>(args, sq, sdo, b, h, m_start, tid);
 
   const FjKvSchedule sched =
       fj_block_schedule<kBM, kBN, Cfg::kHasFullBlocks>(args.mask, args.seqlen_kv, b, h, m_block);
-  auto load_kv = [&](int tile, int stage) {
-    const int n0 = tile * kBN;
-    if (n0 >= args.seqlen_kv) return;
-    const fj_u32 st = skv + stage * kStageBytes;
-    fj_load_tile<typename T::TileQK, kBN, kThreads, kCheck>(
-        st, k_head + T::kElemBytes * (fj_i64)n0 * args.k_stride_s, args.k_stride_s,
-        args.seqlen_kv - n0, tid);
-    fj_load_tile<typename T::TileV, kBN, kThreads, kCheck>(
-        st + T::kQKBytesN, v_head + T::kElemBytes * (fj_i64)n0 * args.v_stride_s, args.v_stride_s,
-        args.seqlen_kv - n0, tid);
-  };
+  const FjDqSm80KvLoader<Cfg> load_kv{args, k_head, v_head, skv, tid};
   FjTilePipeline<T::kNumStages> pipe;
   pipe.start(sched, load_kv);
 
@@ -771,69 +939,29 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     delta[hr] = args.delta[ws_row0 + q_row0 + hr * 8];
   }
 
-  float dq[1][ShapeDQ::kDTiles][4];
+  float dq[1][S::ShapeDQ::kDTiles][4];
 #pragma unroll
-  for (int dt = 0; dt < ShapeDQ::kDTiles; ++dt)
+  for (int dt = 0; dt < S::ShapeDQ::kDTiles; ++dt)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       dq[0][dt][e] = 0.0f;
   const fj_u32 dummy[1][1][4] = {};
-  const FjGradParams no_grads = {};
-  float no_acc[kFjGradSlots] = {};
-
   for (int i = 0; i < sched.num_total; ++i) {
     const int n0 = pipe.next(i, sched, load_kv) * kBN;
     if (n0 < args.seqlen_kv) {
-      const fj_u32 st = skv + (i % T::kNumStages) * kStageBytes;
+      const fj_u32 st = skv + (i % T::kNumStages) * S::kStageBytes;
       float s[1][kBN / 8][4], dp[1][kBN / 8][4];
-      fj_qk<ShapeS, T::kSplit>(s, dummy, sq_warp, st, lane);
-      fj_qk<ShapeDP, T::kSplit>(dp, dummy, sdo_warp, st + T::kQKBytesN, lane);
-      const bool partial = i < sched.num_partial;
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        int q_idx = q_row0 + hr * 8;
-        if constexpr (kCheck) q_idx = fj_imin(q_idx, args.seqlen_q - 1);
-#pragma unroll
-        for (int nt = 0; nt < kBN / 8; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            int kv_idx = n0 + nt * 8 + (lane & 3) * 2 + c;
-            const bool ok = !kCheck || kv_idx < args.seqlen_kv;
-            if constexpr (kCheck) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
-            if (partial) {
-              fj_bwd_element<Cfg, true>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods, no_grads,
-                                        args.scale, lse2[hr], delta[hr], b, h, q_idx, kv_idx, ok,
-                                        false, no_acc);
-            } else {
-              fj_bwd_element<Cfg, false>(s[0][nt][hr * 2 + c], dp[0][nt][hr * 2 + c], mods,
-                                         no_grads, args.scale, lse2[hr], delta[hr], b, h, q_idx,
-                                         kv_idx, ok, false, no_acc);
-            }
-          }
-        }
-      }
-      fj_pv<ShapeDQ>(dq, dp, st, lane);
+      fj_qk<typename S::ShapeS, T::kSplit>(s, dummy, sq_warp, st, lane);
+      fj_qk<typename S::ShapeDP, T::kSplit>(dp, dummy, sdo_warp, st + T::kQKBytesN, lane);
+      fj_dq_sm80_elements<Cfg>(s, dp, args, mods, lse2, delta, b, h, q_row0, n0, lane,
+                               i < sched.num_partial);
+      fj_pv<typename S::ShapeDQ>(dq, dp, st, lane);
     }
     if constexpr (T::kNumStages == 1) __syncthreads();
   }
   fj_cp_async_wait<0>();
   __syncthreads();  // everyone is done with Q: it becomes the dQ staging tile
-
-  using StageQ = FjStageShape<E, T::kDimQK>;
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int row = warp * 16 + hr * 8 + (lane >> 2);
-#pragma unroll
-    for (int dt = 0; dt < ShapeDQ::kDTiles; ++dt)
-      fj_stage_fragment_row<StageQ>(fj_smem, row, dt, lane, dq[0][dt][hr * 2],
-                                    dq[0][dt][hr * 2 + 1], args.scale);
-  }
-  __syncthreads();
-  fj_store_tile<typename T::TileQK, kBM, kThreads>(
-      static_cast<char*>(args.dq) +
-          T::kElemBytes * ((fj_i64)b * args.dq_stride_b + (fj_i64)h * args.dq_stride_h +
-                           (fj_i64)m_start * args.dq_stride_s),
-      T::kElemBytes * args.dq_stride_s, fj_smem, args.seqlen_q - m_start, tid);
+  fj_dq_sm80_epilogue<Cfg>(dq, args, fj_smem, b, h, m_start, warp, lane, tid);
 }
 #endif  // FJ_BWD_DQ
 

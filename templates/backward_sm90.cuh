@@ -293,43 +293,211 @@ FJ_DEVICE void fj_zero_acc(float (&d)[kN8][4]) {
 // ---- dK / dV ---------------------------------------------------------------------------------
 
 #if defined(FJ_BWD_SM90_DKDV)
+// Shapes and shared-memory layout: K and V (loaded once), the ring's Q and dO stages, with
+// dq_atomic two dS^T tiles and each consumer warp's dQ stage, then the mbarriers.
+// dq_atomic: each consumer stores its dS^T rows into the step's dS^T tile (step parity) before
+// its dV / dK turn, and issues half of a step's dQ columns in that turn: consumer 1 the second
+// half of this step (both halves of dS^T are in by then: consumer 0 stored its own before its
+// turn), consumer 0 the first half of the previous step (and of the last after the loop).
+// Every consumer issues in every turn (at the first step consumer 0's product is discarded):
+// wgmma under a condition the compiler cannot prove warpgroup-uniform gets serialized. The
+// turns order every read of a dS^T tile before the stores two steps later.
+template <class Cfg>
+struct FjDkDvSm90Layout {
+  using T = FjBwdSm90Traits<Cfg>;
+  static constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kS = T::kNumStages;
+  static_assert(kBN == 64 * T::kConsumers, "flexjit bwd_dkdv sm90: 64 kv rows per consumer");
+  static_assert(kBM == 64 || kBM == 128, "flexjit bwd_dkdv sm90: q tiles of 64 or 128");
+  static constexpr int kKBytes = kBN * T::kDimQK * 2, kVBytes = kBN * T::kDimV * 2;
+  static constexpr int kQBytes = kBM * T::kDimQK * 2, kDoBytes = kBM * T::kDimV * 2;
+  static constexpr int kOffV = kKBytes;
+  static constexpr int kOffQ = kOffV + kVBytes;
+  static constexpr int kOffDo = kOffQ + kS * kQBytes;
+  // dq_atomic: dQ = dS K in this kernel (docs/kernels/backward_sm90.md "dQ inside the dK/dV
+  // kernel").
+  static constexpr bool kDqAtomic = Cfg::kDqAtomic;
+  static_assert(!kDqAtomic || kBM == 64, "flexjit bwd_dkdv sm90: dq_atomic takes q tiles of 64");
+  static constexpr int kDqW = T::kDimQK / 2;              // dQ's columns per consumer and step
+  static constexpr int kDsBytes = kBN * kBM * 2;          // one dS^T tile
+  static constexpr int kStageBytes = kDqW / 8 * 32 * 16;  // a warp's dQ rows on their way out (f32)
+  static constexpr int kOffDs = kOffDo + kS * kDoBytes;
+  static constexpr int kOffStage = kOffDs + (kDqAtomic ? 2 * kDsBytes : 0);
+  static constexpr int kOffBar = kOffStage + (kDqAtomic ? 4 * T::kConsumers * kStageBytes : 0);
+  static constexpr int kOffEnd = kOffBar + 8 * (1 + 2 * kS);
+  static_assert(kOffEnd + 1024 == fj_bwd_dkdv_sm90_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, 2, kS,
+                                                              kDqAtomic ? 1 : 0),
+                "flexjit bwd_dkdv sm90: shared-memory layout and fj_bwd_dkdv_sm90_smem_bytes "
+                "disagree");
+};
+
+// The producer: one thread loads K and V once (bar_kv), then walks every q head's tiles in the
+// consumers' order and streams Q and dO into the ring's stages (full / empty).
+template <class Cfg>
+FJ_DEVICE void fj_dkdv_sm90_producer(const FjBwdArgs& args, const FjBwdTmaMaps& maps, fj_u32 sk,
+                                     fj_u32 sv, fj_u32 sq, fj_u32 sdo, fj_u32 bar_kv,
+                                     fj_u32 bar_full, fj_u32 bar_empty, int n_block, int n_start,
+                                     int h_kv, int b) {
+  using T = FjBwdSm90Traits<Cfg>;
+  using L = FjDkDvSm90Layout<Cfg>;
+  constexpr int kBM = L::kBM, kBN = L::kBN, kS = L::kS;
+  constexpr int kKBytes = L::kKBytes, kVBytes = L::kVBytes, kQBytes = L::kQBytes;
+  constexpr int kDoBytes = L::kDoBytes;
+  constexpr bool kDqAtomic = L::kDqAtomic;
+  fj_tma_prefetch_desc(&maps.q);
+  fj_tma_prefetch_desc(&maps.dout);
+  fj_mbar_arrive_expect_tx(bar_kv, kKBytes + kVBytes);
+  fj_tma_load_tile<T::kDimQK, kBN>(sk, &maps.k, n_start, h_kv, b, bar_kv);
+  fj_tma_load_tile<T::kDimV, kBN>(sv, &maps.v, n_start, h_kv, b, bar_kv);
+  int i = 0;  // the ring's step, over all heads
+  for (int g = 0; g < Cfg::kGqaRatio; ++g) {
+    const int h = h_kv * Cfg::kGqaRatio + g;
+    const FjKvSchedule sched =
+        fj_block_schedule<kBN, kBM, Cfg::kHasFullBlocks>(args.mask_t, args.seqlen_q, b, h, n_block);
+    for (int jw = 0; jw < sched.num_total; ++jw) {
+      const int j = fj_bwd_sm90_walk<kDqAtomic>(jw, sched.num_total, n_block);
+      const int m0 = sched.tile(j) * kBM;
+      // A tile past seqlen_q (a ragged sparse block) is skipped by both sides: its lse2 /
+      // delta would lie past the workspace row.
+      if (m0 >= args.seqlen_q) continue;
+      const int stage = i % kS;
+      if (i >= kS) fj_mbar_wait(bar_empty + 8 * stage, ((i / kS) & 1) ^ 1);
+      const fj_u32 bar = bar_full + 8 * stage;
+      fj_mbar_arrive_expect_tx(bar, kQBytes + kDoBytes);
+      fj_tma_load_tile<T::kDimQK, kBM>(sq + stage * kQBytes, &maps.q, m0, h, b, bar);
+      fj_tma_load_tile<T::kDimV, kBM>(sdo + stage * kDoBytes, &maps.dout, m0, h, b, bar);
+      ++i;
+    }
+  }
+}
+
+// P^T and dS^T of a consumer warp's 16 kv rows over one q tile (from m0; lse2 / delta of its
+// rows), the buffer gradients out; a partial tile applies mask_mod (without one, both branches
+// would be the same code).
+template <class Cfg, int kN8>
+FJ_DEVICE void fj_dkdv_sm90_elements(float (&s)[kN8][4], float (&dp)[kN8][4], const FjBwdArgs& args,
+                                     const FjModParams& mods, const FjGradParams& grads,
+                                     const float* lse2, const float* delta, int b, int h,
+                                     int kv_row0, int m0, int lane, float (&grad_acc)[kFjGradSlots],
+                                     FjDiagGrad<kN8>& diag, const float* dl, bool partial) {
+  constexpr bool kDiag = kFjDiagGradSite, kDl = kFjDiagLoad;
+  const float no_rows[2] = {0.0f, 0.0f};
+  if (!(Cfg::kHasMaskMod && partial)) {
+    fj_bwd_sm90_elements<Cfg, false, true, kDiag, kDl>(s, dp, args, mods, grads, lse2, delta,
+                                                       no_rows, no_rows, b, h, kv_row0, m0, lane,
+                                                       true, grad_acc, &diag, dl);
+  } else {
+    fj_bwd_sm90_elements<Cfg, true, true, kDiag, kDl>(s, dp, args, mods, grads, lse2, delta,
+                                                      no_rows, no_rows, b, h, kv_row0, m0, lane,
+                                                      true, grad_acc, &diag, dl);
+  }
+}
+
+// The consumer warps' diagonal tables in static shared memory: the buffer-gradient site's sums
+// (kFjDiagGradSite; FjDiagGrad in backward_sm80.cuh) and the score_mod's diagonal loads
+// (kFjDiagLoad, a tile's diagonals once per warp).
+template <class Cfg>
+FJ_DEVICE void fj_dkdv_sm90_diag_tables(FjDiagGrad<Cfg::kBlockM / 8>& diag,
+                                        FjDiagLoads<Cfg::kBlockM / 8>& loads, int cw, int warp,
+                                        int lane) {
+  using T = FjBwdSm90Traits<Cfg>;
+  using Diag = FjDiagGrad<Cfg::kBlockM / 8>;
+  using Loads = FjDiagLoads<Cfg::kBlockM / 8>;
+  constexpr bool kDiag = kFjDiagGradSite, kDl = kFjDiagLoad;
+  __shared__ __align__(16) float fj_diag_smem[kDiag ? 4 * T::kConsumers * Diag::kFloats : 4];
+  if constexpr (kDiag) diag.init(fj_diag_smem + (cw * 4 + warp) * Diag::kFloats, lane);
+  __shared__ __align__(16) float fj_dl_smem[kDl ? 4 * T::kConsumers * Loads::kFloats : 4];
+  loads.table = fj_dl_smem + (kDl ? (cw * 4 + warp) * Loads::kFloats : 0);
+}
+
+// dq_atomic: this warp's part of dQ's accumulator block `blk` (dq_accum_layout 1: the 64 rows
+// of the block, consumer cw's kDqW columns, then this warp's 16 rows). The accumulator's rows are
+// kDimQK (the tile dim) floats wide: kernels::dq_accum_dim.
+template <class Cfg>
+FJ_DEVICE float* fj_dkdv_sm90_dq_block(const FjBwdArgs& args, int b, int cw, int warp, int blk) {
+  using T = FjBwdSm90Traits<Cfg>;
+  return args.dq_accum +
+         ((fj_i64)b * args.heads_q * args.seqlen_q_pad + (fj_i64)blk * 64) * T::kDimQK +
+         (cw * 4 + warp) * 16 * FjDkDvSm90Layout<Cfg>::kDqW;
+}
+
+// dq_atomic, after a turn: waits for the dQ piece (its own wgmma group, issued first) and adds
+// it into the accumulator's block `blk` (-1: none, consumer 0's first step).
+template <class Cfg>
+FJ_DEVICE void fj_dkdv_sm90_dq_out(float (&dq)[FjDkDvSm90Layout<Cfg>::kDqW / 8][4],
+                                   const FjBwdArgs& args, fj_u32 my_stage, int blk, int b, int cw,
+                                   int warp, int lane) {
+  fj_wgmma_wait<1>();
+  fj_fence_regs(dq);
+  if (blk >= 0) {
+    fj_bwd_sm90_dq_bulk_add<FjDkDvSm90Layout<Cfg>::kDqW>(
+        fj_dkdv_sm90_dq_block<Cfg>(args, b, cw, warp, blk), my_stage, lane, dq);
+  }
+}
+
+// dq_atomic, after the loop (i steps, the last one's q block prev_block): consumer 0's half of the
+// last step (consumer 1's stores came before its last hand-over, which finish() absorbed;
+// consumer 1 issues the same product and discards it, to keep wgmma uniform); then both
+// consumers meet before either epilogue overwrites K rows that the other's dQ products read.
+template <class Cfg>
+FJ_DEVICE void fj_dkdv_sm90_last_dq(const FjBwdArgs& args, fj_u32 sk, fj_u32 sds, fj_u32 my_stage,
+                                    int i, int prev_block, int b, int cw, int warp, int lane) {
+  using L = FjDkDvSm90Layout<Cfg>;
+  float dq[L::kDqW / 8][4];
+  fj_wgmma_fence();
+  fj_bwd_sm90_dq_piece<L::kBN, L::kDqW>(dq, sds + ((i + 1) & 1) * L::kDsBytes, sk, 0);
+  fj_wgmma_commit();
+  fj_wgmma_wait<0>();
+  fj_fence_regs(dq);
+  if (cw == 0 && prev_block >= 0) {
+    fj_bwd_sm90_dq_bulk_add<L::kDqW>(fj_dkdv_sm90_dq_block<Cfg>(args, b, cw, warp, prev_block),
+                                     my_stage, lane, dq);
+  }
+  // The reductions have read their stages before the CTA's shared memory goes away (their
+  // writes complete with the grid, as TMA stores' do).
+  if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  fj_bar_sync(5, 256);
+}
+
+// Epilogue: dK (times scale) and dV through this warpgroup's rows of the K and V tiles (row0 =
+// its first kv row), then out.
+template <class Cfg>
+FJ_DEVICE void fj_dkdv_sm90_epilogue(const float (&dk)[Cfg::kHeadDimQK / 8][4],
+                                     const float (&dv)[Cfg::kHeadDimV / 8][4],
+                                     const FjBwdArgs& args, fj_u32 sk, fj_u32 sv, int b, int h_kv,
+                                     int row0, int cw, int warp, int lane, int wtid) {
+  using T = FjBwdSm90Traits<Cfg>;
+  using E = typename T::Element;
+  constexpr int kBN = T::kBlockN;
+  fj_fence_proxy_async();  // the K / V rows were last read by wgmma (async proxy)
+  fj_sw128_store_acc<E, kBN>(sk, cw * 64 + warp * 16, lane, dk, args.scale);
+  fj_sw128_store_acc<E, kBN>(sv, cw * 64 + warp * 16, lane, dv, 1.0f);
+  fj_bar_sync(1 + cw, 128);
+  fj_sw128_copy_out64<T::kDimQK, kBN, T::kRealQK>(
+      fj_bhs_row(args.dk, args.dk_stride_b, args.dk_stride_h, args.dk_stride_s, b, h_kv, row0),
+      args.dk_stride_s, sk, cw * 64, row0, args.seqlen_kv, wtid);
+  fj_sw128_copy_out64<T::kDimV, kBN, T::kRealV>(
+      fj_bhs_row(args.dv, args.dv_stride_b, args.dv_stride_h, args.dv_stride_s, b, h_kv, row0),
+      args.dv_stride_s, sv, cw * 64, row0, args.seqlen_kv, wtid);
+}
+
 extern "C" __global__ void __launch_bounds__(384, 1)
     flexjit_bwd_dkdv(const FjBwdArgs args, const FjModParams mods, const FjGradParams grads,
                      const __grid_constant__ FjBwdTmaMaps maps) {
   using Cfg = FjConfig;
   using T = FjBwdSm90Traits<Cfg>;
   using E = typename T::Element;
-  constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kS = T::kNumStages;
-  static_assert(kBN == 64 * T::kConsumers, "flexjit bwd_dkdv sm90: 64 kv rows per consumer");
-  static_assert(kBM == 64 || kBM == 128, "flexjit bwd_dkdv sm90: q tiles of 64 or 128");
-  constexpr int kKBytes = kBN * T::kDimQK * 2, kVBytes = kBN * T::kDimV * 2;
-  constexpr int kQBytes = kBM * T::kDimQK * 2, kDoBytes = kBM * T::kDimV * 2;
-  constexpr int kOffV = kKBytes;
-  constexpr int kOffQ = kOffV + kVBytes;
-  constexpr int kOffDo = kOffQ + kS * kQBytes;
-  // dq_atomic: dQ = dS K in this kernel (docs/kernels/backward_sm90.md "dQ inside the dK/dV
-  // kernel").
-  constexpr bool kDqAtomic = Cfg::kDqAtomic;
-  static_assert(!kDqAtomic || kBM == 64, "flexjit bwd_dkdv sm90: dq_atomic takes q tiles of 64");
-  constexpr int kDqW = T::kDimQK / 2;              // dQ's columns per consumer and step
-  constexpr int kDsBytes = kBN * kBM * 2;          // one dS^T tile
-  constexpr int kStageBytes = kDqW / 8 * 32 * 16;  // a warp's dQ rows on their way out (f32)
-  constexpr int kOffDs = kOffDo + kS * kDoBytes;
-  constexpr int kOffStage = kOffDs + (kDqAtomic ? 2 * kDsBytes : 0);
-  constexpr int kOffBar = kOffStage + (kDqAtomic ? 4 * T::kConsumers * kStageBytes : 0);
-  constexpr int kOffEnd = kOffBar + 8 * (1 + 2 * kS);
-  static_assert(kOffEnd + 1024 == fj_bwd_dkdv_sm90_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, 2, kS,
-                                                              kDqAtomic ? 1 : 0),
-                "flexjit bwd_dkdv sm90: shared-memory layout and fj_bwd_dkdv_sm90_smem_bytes "
-                "disagree");
+  using L = FjDkDvSm90Layout<Cfg>;
+  constexpr int kBM = L::kBM, kBN = L::kBN, kS = L::kS, kQBytes = L::kQBytes;
+  constexpr int kDoBytes = L::kDoBytes, kDqW = L::kDqW, kDsBytes = L::kDsBytes;
+  constexpr bool kDqAtomic = L::kDqAtomic;
   extern __shared__ unsigned char fj_smem_raw[];
   const fj_u32 base = (fj_smem_addr(fj_smem_raw) + 1023u) & ~1023u;
-  const fj_u32 sk = base, sv = base + kOffV, sq = base + kOffQ, sdo = base + kOffDo;
-  const fj_u32 sds = base + kOffDs, sstage = base + kOffStage;
+  const fj_u32 sk = base, sv = base + L::kOffV, sq = base + L::kOffQ, sdo = base + L::kOffDo;
+  const fj_u32 sds = base + L::kOffDs, sstage = base + L::kOffStage;
   // once: K and V; full: Q and dO of a stage. The consumers read a tile's lse2 and delta from
   // global memory (L1): staged in shared memory by bulk copies, their generic-proxy reads and
   // the next copy's async-proxy writes were a race to compute-sanitizer's racecheck.
-  const FjBwdRing<kS, T::kConsumers> ring(base + kOffBar);
+  const FjBwdRing<kS, T::kConsumers> ring(base + L::kOffBar);
   const fj_u32 bar_kv = ring.once, bar_full = ring.full, bar_empty = ring.empty;
 
   const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
@@ -340,34 +508,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   __syncthreads();
 
   if (wg == 0) {
-    // ---- producer: one thread walks every q head's tiles in the consumers' order ----
     fj_setmaxnreg_dec<T::kProducerRegs>();
     if (tid != 0) return;
-    fj_tma_prefetch_desc(&maps.q);
-    fj_tma_prefetch_desc(&maps.dout);
-    fj_mbar_arrive_expect_tx(bar_kv, kKBytes + kVBytes);
-    fj_tma_load_tile<T::kDimQK, kBN>(sk, &maps.k, n_start, h_kv, b, bar_kv);
-    fj_tma_load_tile<T::kDimV, kBN>(sv, &maps.v, n_start, h_kv, b, bar_kv);
-    int i = 0;  // the ring's step, over all heads
-    for (int g = 0; g < Cfg::kGqaRatio; ++g) {
-      const int h = h_kv * Cfg::kGqaRatio + g;
-      const FjKvSchedule sched = fj_block_schedule<kBN, kBM, Cfg::kHasFullBlocks>(
-          args.mask_t, args.seqlen_q, b, h, n_block);
-      for (int jw = 0; jw < sched.num_total; ++jw) {
-        const int j = fj_bwd_sm90_walk<kDqAtomic>(jw, sched.num_total, n_block);
-        const int m0 = sched.tile(j) * kBM;
-        // A tile past seqlen_q (a ragged sparse block) is skipped by both sides: its lse2 /
-        // delta would lie past the workspace row.
-        if (m0 >= args.seqlen_q) continue;
-        const int stage = i % kS;
-        if (i >= kS) fj_mbar_wait(bar_empty + 8 * stage, ((i / kS) & 1) ^ 1);
-        const fj_u32 bar = bar_full + 8 * stage;
-        fj_mbar_arrive_expect_tx(bar, kQBytes + kDoBytes);
-        fj_tma_load_tile<T::kDimQK, kBM>(sq + stage * kQBytes, &maps.q, m0, h, b, bar);
-        fj_tma_load_tile<T::kDimV, kBM>(sdo + stage * kDoBytes, &maps.dout, m0, h, b, bar);
-        ++i;
-      }
-    }
+    fj_dkdv_sm90_producer<Cfg>(args, maps, sk, sv, sq, sdo, bar_kv, bar_full, bar_empty, n_block,
+                               n_start, h_kv, b);
     return;
   }
 
@@ -379,43 +523,18 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   fj_zero_acc(dk);
   fj_zero_acc(dv);
   const int kv_row0 = n_start + cw * 64 + warp * 16;  // this warp's first kv row
-  const float no_rows[2] = {0.0f, 0.0f};
   float grad_acc[kFjGradSlots];
-  // The diagonal buffer-gradient site (kFjDiagGradSite): each consumer warp sums a tile's
-  // diagonals in its own kFloats of static shared memory (FjDiagGrad in backward_sm80.cuh).
-  constexpr bool kDiag = kFjDiagGradSite;
-  using Diag = FjDiagGrad<kBM / 8>;
-  __shared__ __align__(16) float fj_diag_smem[kDiag ? 4 * T::kConsumers * Diag::kFloats : 4];
-  Diag diag;
-  if constexpr (kDiag) diag.init(fj_diag_smem + (cw * 4 + warp) * Diag::kFloats, lane);
-  // The score_mod's diagonal load (kFjDiagLoad): a tile's diagonals once per warp.
-  constexpr bool kDl = kFjDiagLoad;
-  using Loads = FjDiagLoads<kBM / 8>;
-  __shared__ __align__(16) float fj_dl_smem[kDl ? 4 * T::kConsumers * Loads::kFloats : 4];
-  Loads loads;
-  loads.table = fj_dl_smem + (kDl ? (cw * 4 + warp) * Loads::kFloats : 0);
+  constexpr bool kDiag = kFjDiagGradSite, kDl = kFjDiagLoad;
+  FjDiagGrad<kBM / 8> diag;
+  FjDiagLoads<kBM / 8> loads;
+  fj_dkdv_sm90_diag_tables<Cfg>(diag, loads, cw, warp, lane);
   const FjBwdTurns turns{cw};
-  // dq_atomic: each consumer stores its dS^T rows into the step's dS^T tile (step parity) before
-  // its dV / dK turn, and issues half of a step's dQ columns in that turn: consumer 1 the second
-  // half of this step (both halves of dS^T are in by then: consumer 0 stored its own before its
-  // turn), consumer 0 the first half of the previous step (and of the last after the loop).
-  // Every consumer issues in every turn (at the first step consumer 0's product is discarded):
-  // wgmma under a condition the compiler cannot prove warpgroup-uniform gets serialized. The
-  // turns order every read of a dS^T tile before the stores two steps later.
-  // A step's q tile as one number (one register across the loop: alibi's kernel spilled with
-  // two): the index of its 64-row block among batch b's rows of the workspace, h * seqlen_q_pad
-  // / 64 + m0 / 64; -1 for none.
+  // dq_atomic (FjDkDvSm90Layout): a step's q tile as one number (one register across the loop:
+  // alibi's kernel spilled with two), the index of its 64-row block among batch b's rows of the
+  // workspace; -1 for none.
   auto q_block = [&](int h, int m0) { return h * (args.seqlen_q_pad / 64) + m0 / 64; };
-  int prev_block = -1;  // the previous step's
-  // This warp's part of dQ's accumulator block `blk` (dq_accum_layout 1: the 64 rows of the
-  // block, consumer cw's kDqW columns, then this warp's 16 rows), and its stage in shared memory.
-  // The accumulator's rows are kDimQK (the tile dim) floats wide: kernels::dq_accum_dim.
-  auto dq_block = [&](int blk) {
-    return args.dq_accum +
-           ((fj_i64)b * args.heads_q * args.seqlen_q_pad + (fj_i64)blk * 64) * T::kDimQK +
-           (cw * 4 + warp) * 16 * kDqW;
-  };
-  const fj_u32 my_stage = sstage + (cw * 4 + warp) * kStageBytes;
+  int prev_block = -1;                                                // the previous step's
+  const fj_u32 my_stage = sstage + (cw * 4 + warp) * L::kStageBytes;  // this warp's dQ stage
   turns.start();
   fj_mbar_wait(bar_kv, 0);
   int i = 0;
@@ -445,19 +564,9 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       fj_bwd_sm90_s_dp<T::kKQK, T::kKV, kBN, kBM>(s, dp, turns, sk, sv, cw * 64, sq_st, sdo_st);
       if constexpr (kDl) loads.commit(lane);
       // lse2 / delta of the tile's q rows m0 .. m0 + kBM - 1 < seqlen_q_pad (a multiple of 128).
-      const float* lse2 = lse2_row + m0;
-      const float* delta = delta_row + m0;
-      // Partial tiles apply mask_mod (without one, both branches would be the same code).
-      const float* dl = loads.mine(lane);
-      if (Cfg::kHasMaskMod && j < sched.num_partial) {
-        fj_bwd_sm90_elements<Cfg, true, true, kDiag, kDl>(s, dp, args, mods, grads, lse2, delta,
-                                                          no_rows, no_rows, b, h, kv_row0, m0, lane,
-                                                          true, grad_acc, &diag, dl);
-      } else {
-        fj_bwd_sm90_elements<Cfg, false, true, kDiag, kDl>(s, dp, args, mods, grads, lse2, delta,
-                                                           no_rows, no_rows, b, h, kv_row0, m0,
-                                                           lane, true, grad_acc, &diag, dl);
-      }
+      fj_dkdv_sm90_elements<Cfg>(s, dp, args, mods, grads, lse2_row + m0, delta_row + m0, b, h,
+                                 kv_row0, m0, lane, grad_acc, diag, loads.mine(lane),
+                                 j < sched.num_partial);
       fj_u32 pa[kBM / 16][4], dsa[kBM / 16][4];
       fj_wgmma_pack_a<E>(pa, s);
       fj_wgmma_pack_a<E>(dsa, dp);
@@ -482,17 +591,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       fj_bwd_sm90_rs<kBM, T::kDimQK>(dk, dsa, sq_st);
       fj_wgmma_commit();
       turns.end();
-      if constexpr (kDqAtomic) {
-        fj_wgmma_wait<1>();
-        fj_fence_regs(dq);
-        if (dq_blk >= 0) {
-          fj_bwd_sm90_dq_bulk_add<kDqW>(dq_block(dq_blk), my_stage, lane, dq);
-        }
-      }
+      if constexpr (kDqAtomic)
+        fj_dkdv_sm90_dq_out<Cfg>(dq, args, my_stage, dq_blk, b, cw, warp, lane);
       // The diagonal sums go out under the dV / dK GEMMs.
-      if constexpr (kDiag) {
-        diag.flush(mods, grads, b, h, m0 - kv_row0, 1, lane);
-      }
+      if constexpr (kDiag) diag.flush(mods, grads, b, h, m0 - kv_row0, 1, lane);
       fj_wgmma_wait<0>();
       fj_fence_regs(dv);
       fj_fence_regs(dk);
@@ -502,68 +604,114 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     if constexpr (kFjUniformGradSites > 0) fj_bufgrad_flush(mods, grads, b, h, grad_acc);
   }
   turns.finish();
-  if constexpr (kDqAtomic) {
-    // Consumer 0's half of the last step (consumer 1's stores came before its last hand-over,
-    // which finish() absorbed; consumer 1 issues the same product and discards it, to keep wgmma
-    // uniform); then both consumers meet before either epilogue overwrites K rows that the
-    // other's dQ products read.
-    float dq[kDqW / 8][4];
-    fj_wgmma_fence();
-    fj_bwd_sm90_dq_piece<kBN, kDqW>(dq, sds + ((i + 1) & 1) * kDsBytes, sk, 0);
-    fj_wgmma_commit();
-    fj_wgmma_wait<0>();
-    fj_fence_regs(dq);
-    if (cw == 0 && prev_block >= 0) {
-      fj_bwd_sm90_dq_bulk_add<kDqW>(dq_block(prev_block), my_stage, lane, dq);
-    }
-    // The reductions have read their stages before the CTA's shared memory goes away (their
-    // writes complete with the grid, as TMA stores' do).
-    if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-    fj_bar_sync(5, 256);
-  }
-
-  // ---- epilogue: dK (times scale) and dV through this warpgroup's rows of the K and V tiles ----
-  fj_fence_proxy_async();  // the K / V rows were last read by wgmma (async proxy)
-  fj_sw128_store_acc<E, kBN>(sk, cw * 64 + warp * 16, lane, dk, args.scale);
-  fj_sw128_store_acc<E, kBN>(sv, cw * 64 + warp * 16, lane, dv, 1.0f);
-  fj_bar_sync(1 + cw, 128);
-  const int row0 = n_start + cw * 64;
-  fj_sw128_copy_out64<T::kDimQK, kBN, T::kRealQK>(
-      fj_bhs_row(args.dk, args.dk_stride_b, args.dk_stride_h, args.dk_stride_s, b, h_kv, row0),
-      args.dk_stride_s, sk, cw * 64, row0, args.seqlen_kv, wtid);
-  fj_sw128_copy_out64<T::kDimV, kBN, T::kRealV>(
-      fj_bhs_row(args.dv, args.dv_stride_b, args.dv_stride_h, args.dv_stride_s, b, h_kv, row0),
-      args.dv_stride_s, sv, cw * 64, row0, args.seqlen_kv, wtid);
+  if constexpr (kDqAtomic)
+    fj_dkdv_sm90_last_dq<Cfg>(args, sk, sds, my_stage, i, prev_block, b, cw, warp, lane);
+  fj_dkdv_sm90_epilogue<Cfg>(dk, dv, args, sk, sv, b, h_kv, n_start + cw * 64, cw, warp, lane,
+                             wtid);
 }
 #endif  // FJ_BWD_SM90_DKDV
 
 // ---- dQ --------------------------------------------------------------------------------------
 
 #if defined(FJ_BWD_SM90_DQ)
+// Shapes and shared-memory layout: Q and dO (loaded once), the ring's K and V stages, then the
+// mbarriers.
+template <class Cfg>
+struct FjDqSm90Layout {
+  using T = FjBwdSm90Traits<Cfg>;
+  static constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kS = T::kNumStages;
+  static_assert(kBM == 64 * T::kConsumers, "flexjit bwd_dq sm90: 64 q rows per consumer");
+  static_assert(kBN % 16 == 0 && kBN >= 16 && kBN <= 128, "flexjit bwd_dq sm90: kv tile");
+  static constexpr int kQBytes = kBM * T::kDimQK * 2, kDoBytes = kBM * T::kDimV * 2;
+  static constexpr int kKBytes = kBN * T::kDimQK * 2, kVBytes = kBN * T::kDimV * 2;
+  static constexpr int kOffDo = kQBytes;
+  static constexpr int kOffK = kOffDo + kDoBytes;
+  static constexpr int kOffV = kOffK + kS * kKBytes;
+  static constexpr int kOffBar = kOffV + kS * kVBytes;
+  static constexpr int kOffEnd = kOffBar + 8 * (1 + 2 * kS);
+  static_assert(kOffEnd + 1024 == fj_bwd_dq_sm90_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, 2, kS),
+                "flexjit bwd_dq sm90: shared-memory layout and fj_bwd_dq_sm90_smem_bytes "
+                "disagree");
+};
+
+// The producer: one thread loads Q and dO once (bar_qdo), then the schedule's K and V tiles into
+// the ring's stages (full / empty).
+template <class Cfg>
+FJ_DEVICE void fj_dq_sm90_producer(const FjBwdTmaMaps& maps, const FjKvSchedule& sched, fj_u32 sq,
+                                   fj_u32 sdo, fj_u32 sk, fj_u32 sv, fj_u32 bar_qdo,
+                                   fj_u32 bar_full, fj_u32 bar_empty, int m_start, int h, int h_kv,
+                                   int b) {
+  using T = FjBwdSm90Traits<Cfg>;
+  using L = FjDqSm90Layout<Cfg>;
+  constexpr int kBM = L::kBM, kBN = L::kBN, kS = L::kS;
+  fj_tma_prefetch_desc(&maps.k);
+  fj_tma_prefetch_desc(&maps.v);
+  fj_mbar_arrive_expect_tx(bar_qdo, L::kQBytes + L::kDoBytes);
+  fj_tma_load_tile<T::kDimQK, kBM>(sq, &maps.q, m_start, h, b, bar_qdo);
+  fj_tma_load_tile<T::kDimV, kBM>(sdo, &maps.dout, m_start, h, b, bar_qdo);
+  for (int i = 0; i < sched.num_total; ++i) {
+    // A tile past seqlen_kv (a ragged sparse block) reads as zeros; its scores are masked.
+    const int n0 = sched.tile(i) * kBN;
+    const int stage = i % kS;
+    if (i >= kS) fj_mbar_wait(bar_empty + 8 * stage, ((i / kS) & 1) ^ 1);
+    const fj_u32 bar = bar_full + 8 * stage;
+    fj_mbar_arrive_expect_tx(bar, L::kKBytes + L::kVBytes);
+    fj_tma_load_tile<T::kDimQK, kBN>(sk + stage * L::kKBytes, &maps.k, n0, h_kv, b, bar);
+    fj_tma_load_tile<T::kDimV, kBN>(sv + stage * L::kVBytes, &maps.v, n0, h_kv, b, bar);
+  }
+}
+
+// P and dS of a consumer's 64 q rows over one KV tile (from n0); a partial tile applies mask_mod.
+// No buffer gradients here (the dK/dV kernel adds them).
+template <class Cfg, int kBN>
+FJ_DEVICE void fj_dq_sm90_elements(float (&s)[kBN / 8][4], float (&dp)[kBN / 8][4],
+                                   const FjBwdArgs& args, const FjModParams& mods,
+                                   const float (&lse2)[2], const float (&delta)[2], int b, int h,
+                                   int q_row0, int n0, int lane, const float* dl, bool partial) {
+  constexpr bool kDl = kFjDiagLoad;
+  const FjGradParams no_grads = {};
+  float no_acc[kFjGradSlots] = {};
+  FjDiagGrad<kBN / 8>* const no_diag = nullptr;
+  if (!(Cfg::kHasMaskMod && partial)) {
+    fj_bwd_sm90_elements<Cfg, false, false, false, kDl>(s, dp, args, mods, no_grads, nullptr,
+                                                        nullptr, lse2, delta, b, h, q_row0, n0,
+                                                        lane, false, no_acc, no_diag, dl);
+  } else {
+    fj_bwd_sm90_elements<Cfg, true, false, false, kDl>(s, dp, args, mods, no_grads, nullptr,
+                                                       nullptr, lse2, delta, b, h, q_row0, n0, lane,
+                                                       false, no_acc, no_diag, dl);
+  }
+}
+
+// Epilogue: dQ (times scale) through this warpgroup's rows of the Q tile (row0 = its first q
+// row), then out.
+template <class Cfg>
+FJ_DEVICE void fj_dq_sm90_epilogue(const float (&dq)[Cfg::kHeadDimQK / 8][4], const FjBwdArgs& args,
+                                   fj_u32 sq, int b, int h, int row0, int cw, int warp, int lane,
+                                   int wtid) {
+  using T = FjBwdSm90Traits<Cfg>;
+  fj_fence_proxy_async();
+  fj_sw128_store_acc<typename T::Element, T::kBlockM>(sq, cw * 64 + warp * 16, lane, dq,
+                                                      args.scale);
+  fj_bar_sync(1 + cw, 128);
+  fj_sw128_copy_out64<T::kDimQK, T::kBlockM, T::kRealQK>(
+      fj_bhs_row(args.dq, args.dq_stride_b, args.dq_stride_h, args.dq_stride_s, b, h, row0),
+      args.dq_stride_s, sq, cw * 64, row0, args.seqlen_q, wtid);
+}
+
 extern "C" __global__ void __launch_bounds__(384, 1)
     flexjit_bwd_dq(const FjBwdArgs args, const FjModParams mods,
                    const __grid_constant__ FjBwdTmaMaps maps) {
   using Cfg = FjConfig;
   using T = FjBwdSm90Traits<Cfg>;
+  using L = FjDqSm90Layout<Cfg>;
   using E = typename T::Element;
-  constexpr int kBM = T::kBlockM, kBN = T::kBlockN, kS = T::kNumStages;
-  static_assert(kBM == 64 * T::kConsumers, "flexjit bwd_dq sm90: 64 q rows per consumer");
-  static_assert(kBN % 16 == 0 && kBN >= 16 && kBN <= 128, "flexjit bwd_dq sm90: kv tile");
-  constexpr int kQBytes = kBM * T::kDimQK * 2, kDoBytes = kBM * T::kDimV * 2;
-  constexpr int kKBytes = kBN * T::kDimQK * 2, kVBytes = kBN * T::kDimV * 2;
-  constexpr int kOffDo = kQBytes;
-  constexpr int kOffK = kOffDo + kDoBytes;
-  constexpr int kOffV = kOffK + kS * kKBytes;
-  constexpr int kOffBar = kOffV + kS * kVBytes;
-  constexpr int kOffEnd = kOffBar + 8 * (1 + 2 * kS);
-  static_assert(kOffEnd + 1024 == fj_bwd_dq_sm90_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, 2, kS),
-                "flexjit bwd_dq sm90: shared-memory layout and fj_bwd_dq_sm90_smem_bytes "
-                "disagree");
+  constexpr int kBM = L::kBM, kBN = L::kBN, kS = L::kS;
   extern __shared__ unsigned char fj_smem_raw[];
   const fj_u32 base = (fj_smem_addr(fj_smem_raw) + 1023u) & ~1023u;
-  const fj_u32 sq = base, sdo = base + kOffDo, sk = base + kOffK, sv = base + kOffV;
+  const fj_u32 sq = base, sdo = base + L::kOffDo, sk = base + L::kOffK, sv = base + L::kOffV;
   // once: Q and dO; full: K and V of a stage.
-  const FjBwdRing<kS, T::kConsumers> ring(base + kOffBar);
+  const FjBwdRing<kS, T::kConsumers> ring(base + L::kOffBar);
   const fj_u32 bar_qdo = ring.once, bar_full = ring.full, bar_empty = ring.empty;
 
   const int m_block = gridDim.x - 1 - blockIdx.x;  // heaviest tiles first, as the forward
@@ -579,24 +727,10 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       fj_block_schedule<kBM, kBN, Cfg::kHasFullBlocks>(args.mask, args.seqlen_kv, b, h, m_block);
 
   if (wg == 0) {
-    // ---- producer ----
     fj_setmaxnreg_dec<T::kProducerRegs>();
     if (tid != 0) return;
-    fj_tma_prefetch_desc(&maps.k);
-    fj_tma_prefetch_desc(&maps.v);
-    fj_mbar_arrive_expect_tx(bar_qdo, kQBytes + kDoBytes);
-    fj_tma_load_tile<T::kDimQK, kBM>(sq, &maps.q, m_start, h, b, bar_qdo);
-    fj_tma_load_tile<T::kDimV, kBM>(sdo, &maps.dout, m_start, h, b, bar_qdo);
-    for (int i = 0; i < sched.num_total; ++i) {
-      // A tile past seqlen_kv (a ragged sparse block) reads as zeros; its scores are masked.
-      const int n0 = sched.tile(i) * kBN;
-      const int stage = i % kS;
-      if (i >= kS) fj_mbar_wait(bar_empty + 8 * stage, ((i / kS) & 1) ^ 1);
-      const fj_u32 bar = bar_full + 8 * stage;
-      fj_mbar_arrive_expect_tx(bar, kKBytes + kVBytes);
-      fj_tma_load_tile<T::kDimQK, kBN>(sk + stage * kKBytes, &maps.k, n0, h_kv, b, bar);
-      fj_tma_load_tile<T::kDimV, kBN>(sv + stage * kVBytes, &maps.v, n0, h_kv, b, bar);
-    }
+    fj_dq_sm90_producer<Cfg>(maps, sched, sq, sdo, sk, sv, bar_qdo, bar_full, bar_empty, m_start, h,
+                             h_kv, b);
     return;
   }
 
@@ -614,9 +748,6 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   }
   float dq[T::kDimQK / 8][4];
   fj_zero_acc(dq);
-  const FjGradParams no_grads = {};
-  float no_acc[kFjGradSlots] = {};
-  FjDiagGrad<kBN / 8>* const no_diag = nullptr;
   // The score_mod's diagonal load (kFjDiagLoad): rows are q here, so q_idx - kv_idx runs the
   // other way along k = col - row.
   constexpr bool kDl = kFjDiagLoad;
@@ -630,7 +761,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   for (int i = 0; i < sched.num_total; ++i) {
     const int n0 = sched.tile(i) * kBN;
     const int stage = i % kS;
-    const fj_u32 sk_st = sk + stage * kKBytes, sv_st = sv + stage * kVBytes;
+    const fj_u32 sk_st = sk + stage * L::kKBytes, sv_st = sv + stage * L::kVBytes;
     if constexpr (kDl) {
       // q_idx - kv_idx = (q_row0 + row) - (n0 + col) = (q_row0 - n0) - k.
       loads.issue(mods, b, h, q_row0 - n0, -1, args.seqlen_q - q_row0, args.seqlen_kv - n0, lane);
@@ -639,16 +770,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     float s[kBN / 8][4], dp[kBN / 8][4];
     fj_bwd_sm90_s_dp<T::kKQK, T::kKV, kBM, kBN>(s, dp, turns, sq, sdo, cw * 64, sk_st, sv_st);
     if constexpr (kDl) loads.commit(lane);
-    const float* dl = loads.mine(lane);
-    if (Cfg::kHasMaskMod && i < sched.num_partial) {
-      fj_bwd_sm90_elements<Cfg, true, false, false, kDl>(s, dp, args, mods, no_grads, nullptr,
-                                                         nullptr, lse2, delta, b, h, q_row0, n0,
-                                                         lane, false, no_acc, no_diag, dl);
-    } else {
-      fj_bwd_sm90_elements<Cfg, false, false, false, kDl>(s, dp, args, mods, no_grads, nullptr,
-                                                          nullptr, lse2, delta, b, h, q_row0, n0,
-                                                          lane, false, no_acc, no_diag, dl);
-    }
+    fj_dq_sm90_elements<Cfg, kBN>(s, dp, args, mods, lse2, delta, b, h, q_row0, n0, lane,
+                                  loads.mine(lane), i < sched.num_partial);
     fj_u32 dsa[kBN / 16][4];
     fj_wgmma_pack_a<E>(dsa, dp);
     turns.begin();
@@ -661,15 +784,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     fj_bwd_sm90_release(bar_empty + 8 * stage, lane);
   }
   turns.finish();
-
-  // ---- epilogue: dQ (times scale) through this warpgroup's rows of the Q tile ----
-  fj_fence_proxy_async();
-  fj_sw128_store_acc<E, kBM>(sq, cw * 64 + warp * 16, lane, dq, args.scale);
-  fj_bar_sync(1 + cw, 128);
-  const int row0 = m_start + cw * 64;
-  fj_sw128_copy_out64<T::kDimQK, kBM, T::kRealQK>(
-      fj_bhs_row(args.dq, args.dq_stride_b, args.dq_stride_h, args.dq_stride_s, b, h, row0),
-      args.dq_stride_s, sq, cw * 64, row0, args.seqlen_q, wtid);
+  fj_dq_sm90_epilogue<Cfg>(dq, args, sq, b, h, m_start + cw * 64, cw, warp, lane, wtid);
 }
 #endif  // FJ_BWD_SM90_DQ
 

@@ -215,32 +215,56 @@ FJ_DEVICE FjDecSchedule fj_dec_schedule(const FjDecodeArgs& args, int b, int h_m
   return s;
 }
 
-extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
-    flexjit_decode_split(const FjDecodeArgs args, const FjModParams mods) {
-  using T = FjDecTraits<FjConfig>;
-  using Cfg = FjConfig;
-  constexpr float kLog2e = 1.4426950408889634f;
-  extern __shared__ unsigned char fj_smem[];
+// ---- tile scheduling -------------------------------------------------------------------------
 
-  const int split = blockIdx.x;
-  const int hkv = blockIdx.y / args.row_groups;
-  const int group = blockIdx.y % args.row_groups;
-  const int b = blockIdx.z;
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int warp_m = warp / T::kWarpsN;
-  const int warp_n = warp % T::kWarpsN;
-  const int packed_rows = Cfg::kGqaRatio * args.seqlen_q;  // rows of this kv head
-  const int row0 = group * T::kRows;                       // first packed row of the CTA
+// The CTA's work and this thread's place in it: KV split `split` of the packed rows [row0, row0
+// + kRows) of kv head hkv of sequence b, whose keys are [0, len); warp (warp_m, warp_n) of the
+// kWarpsM x kWarpsN warps.
+struct FjDecCta {
+  int split, hkv, group, b;
+  int tid, warp, lane, warp_m, warp_n;
+  int packed_rows;  // rows of this kv head: kGqaRatio * seqlen_q
+  int row0;         // first packed row of the CTA
+  int len;          // the sequence's keys
 
-  int len = args.seqlen_kv;
-  if (args.seq_lens != nullptr) len = fj_imax(0, fj_imin(args.seq_lens[b], args.seqlen_kv));
+  template <class T, class Cfg>
+  FJ_DEVICE static FjDecCta make(const FjDecodeArgs& args) {
+    FjDecCta c;
+    c.split = blockIdx.x;
+    c.hkv = blockIdx.y / args.row_groups;
+    c.group = blockIdx.y % args.row_groups;
+    c.b = blockIdx.z;
+    c.tid = threadIdx.x;
+    c.warp = c.tid / 32;
+    c.lane = c.tid % 32;
+    c.warp_m = c.warp / T::kWarpsN;
+    c.warp_n = c.warp % T::kWarpsN;
+    c.packed_rows = Cfg::kGqaRatio * args.seqlen_q;
+    c.row0 = c.group * T::kRows;
+    c.len = args.seqlen_kv;
+    if (args.seq_lens != nullptr) c.len = fj_imax(0, fj_imin(args.seq_lens[c.b], args.seqlen_kv));
+    return c;
+  }
 
-  // Heads of the group share one block-mask row only when the mask is broadcast over heads (or
-  // the group is one head): the host guarantees one of the two.
-  const FjDecSchedule sched = fj_dec_schedule<Cfg>(args, b, hkv * Cfg::kGqaRatio, len, split);
+  // This thread's rows (g and g + 8 of the warp's m16 fragment): head and query index for the
+  // mods, clamped to the last real row so that mods only see in-range indices. (The kernel's
+  // arrays: loop-indexed members would keep the whole struct in memory until unrolled.)
+  template <class Cfg>
+  FJ_DEVICE void rows(int (&row_h)[2], int (&row_q)[2], const FjDecodeArgs& args) const {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int pr = fj_imin(row0 + warp_m * 16 + hr * 8 + (lane >> 2), packed_rows - 1);
+      row_h[hr] = hkv * Cfg::kGqaRatio + pr / args.seqlen_q;
+      row_q[hr] = pr % args.seqlen_q;
+    }
+  }
+};
 
+// ---- loads -----------------------------------------------------------------------------------
+
+// Where kv head hkv of sequence b lives: contiguous rows, or the pool through its page table.
+template <int kPageSize>
+FJ_DEVICE FjDecKv fj_dec_kv(const FjDecodeArgs& args, int b, int hkv) {
   FjDecKv kv;
   const unsigned short* k_all = static_cast<const unsigned short*>(args.k);
   const unsigned short* v_all = static_cast<const unsigned short*>(args.v);
@@ -248,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   kv.v_stride_s = args.v_stride_s;
   kv.k_stride_pg = args.k_stride_b;
   kv.v_stride_pg = args.v_stride_b;
-  if constexpr (T::kPageSize > 0) {
+  if constexpr (kPageSize > 0) {
     kv.k = k_all + (fj_i64)hkv * args.k_stride_h;
     kv.v = v_all + (fj_i64)hkv * args.v_stride_h;
     kv.table = args.page_table + (fj_i64)b * args.page_table_stride_b;
@@ -257,77 +281,312 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     kv.v = v_all + (fj_i64)b * args.v_stride_b + (fj_i64)hkv * args.v_stride_h;
     kv.table = nullptr;
   }
+  return kv;
+}
 
-  const fj_u32 sq = fj_smem_addr(fj_smem);
-  const fj_u32 skv = sq + T::kQBytes;
+// The CTA's cp.async copies: the Q tile once, a KV tile (K then V) into a pipeline stage.
+template <class T, class Cfg>
+struct FjDecLoader {
+  FjDecKv kv;
+  fj_u32 sq, skv;  // the Q tile, stage 0 of the KV ring
+  int len, tid;
+  unsigned long long policy;  // the L2 policy of the K / V copies (kKvHint)
 
-  const unsigned long long kv_policy = fj_dec_kv_policy<Cfg::kKvHint>();
-  auto load_kv = [&](int tile, int stage) {
+  FJ_DEVICE void kv_tile(int tile, int stage) const {
     const int n_start = tile * T::kBlockN;
     if (n_start >= len) return;  // past the end of a ragged sparse block: skipped
     const fj_u32 sk = skv + stage * T::kStageBytes;
     fj_dec_load_tile<typename T::TileQK, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
-        sk, kv.k, kv.k_stride_s, kv.k_stride_pg, kv.table, n_start, len, tid, kv_policy);
+        sk, kv.k, kv.k_stride_s, kv.k_stride_pg, kv.table, n_start, len, tid, policy);
     fj_dec_load_tile<typename T::TileV, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
-        sk + T::kKBytes, kv.v, kv.v_stride_s, kv.v_stride_pg, kv.table, n_start, len, tid,
-        kv_policy);
-  };
+        sk + T::kKBytes, kv.v, kv.v_stride_s, kv.v_stride_pg, kv.table, n_start, len, tid, policy);
+  }
 
   // Q: packed row r of the tile is head hkv * G + (row0 + r) / seqlen_q, token (row0 + r) %
   // seqlen_q; rows past the group's end and chunks past the head dim are zero-filled.
-  {
+  FJ_DEVICE void q_tile(const FjDecodeArgs& args, const FjDecCta& cta) const {
     using TileQ = typename T::TileQK;
     const unsigned short* q_all = static_cast<const unsigned short*>(args.q);
     for (int i = tid; i < T::kRows * TileQ::kChunks; i += T::kThreads) {
       const int r = i / TileQ::kChunks;
       const int c = i % TileQ::kChunks;
-      const int pr = row0 + r;
-      const bool valid = pr < packed_rows && c < TileQ::kValidChunks;
+      const int pr = cta.row0 + r;
+      const bool valid = pr < cta.packed_rows && c < TileQ::kValidChunks;
       const unsigned short* src = q_all;
       if (valid) {
-        const int h = hkv * Cfg::kGqaRatio + pr / args.seqlen_q;
+        const int h = cta.hkv * Cfg::kGqaRatio + pr / args.seqlen_q;
         const int qi = pr % args.seqlen_q;
-        src = q_all + (fj_i64)b * args.q_stride_b + (fj_i64)h * args.q_stride_h +
+        src = q_all + (fj_i64)cta.b * args.q_stride_b + (fj_i64)h * args.q_stride_h +
               (fj_i64)qi * args.q_stride_s + c * TileQ::kElemsPerChunk;
       }
       fj_cp_async_16(sq + TileQ::offset(r, c), src, valid);
     }
   }
-  fj_cp_async_commit();
+};
 
-  const int num_steps = sched.end - sched.begin;
-  int tiles[T::kNumStages];
+// ---- mainloop, scores and softmax: one warp's 16 rows and kWarpN keys of a tile --------------
+
+template <class T, class Cfg>
+struct FjDecWarp {
+  int warp, lane, warp_n;
+  fj_u32 sq_warp;  // the warp's 16 rows of the Q tile
+
+  FJ_DEVICE FjDecWarp(const FjDecCta& cta, fj_u32 sq)
+      : warp(cta.warp),
+        lane(cta.lane),
+        warp_n(cta.warp_n),
+        sq_warp(sq + cta.warp_m * 16 * T::TileQK::kRowBytes) {}
+
+  FJ_DEVICE FjLdsmAddr<typename T::TileQK> q_addr() const {
+    return FjLdsmAddr<typename T::TileQK>(sq_warp, ((lane >> 3) & 1) * 8 + (lane & 7), lane >> 4);
+  }
+
+  // Q's A fragments into registers (kQInRegs), once the Q group has landed.
+  FJ_DEVICE void load_q(fj_u32 (&q_regs)[T::kQInRegs ? T::kKSteps : 1][4]) const {
+    if constexpr (T::kQInRegs) {
+      fj_cp_async_wait<T::kNumStages - 1>();  // the Q group
+      __syncthreads();
+      const FjLdsmAddr<typename T::TileQK> qa_addr = q_addr();
+#pragma unroll
+      for (int kk = 0; kk < T::kKSteps; ++kk)
+        fj_ldsm_x4(q_regs[kk], qa_addr.at(0, kk));
+    }
+  }
+
+  // S = Q K^T for the warp's 16 rows and kWarpN keys of the K tile at sk.
+  FJ_DEVICE void qk(float (&s)[T::kNTiles][4],
+                    const fj_u32 (&q_regs)[T::kQInRegs ? T::kKSteps : 1][4], fj_u32 sk) const {
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[nt][e] = 0.0f;
+    const FjLdsmAddr<typename T::TileQK> qa_addr = q_addr();
+    const FjLdsmAddr<typename T::TileQK> kb_addr(sk, (lane >> 4) * 8 + (lane & 7), (lane >> 3) & 1);
+#pragma unroll
+    for (int kk = 0; kk < T::kKSteps; ++kk) {
+      fj_u32 qa[4];
+      if constexpr (T::kQInRegs) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          qa[e] = q_regs[kk][e];
+      } else {
+        fj_ldsm_x4(qa, qa_addr.at(0, kk));
+      }
+#pragma unroll
+      for (int np = 0; np < T::kNTiles / 2; ++np) {
+        fj_u32 kb[4];
+        fj_ldsm_x4(kb, kb_addr.at(np, kk));
+        T::Mma::mma(s[2 * np], qa, kb[0], kb[1]);
+        T::Mma::mma(s[2 * np + 1], qa, kb[2], kb[3]);
+      }
+    }
+  }
+
+  // Scores in the log2 domain: scale, score_mod, mask_mod (unless the tile is `full`), key bound.
+  FJ_DEVICE void scores(float (&s)[T::kNTiles][4], const int (&row_h)[2], const int (&row_q)[2],
+                        const FjModParams& mods, float scale, int b, int n_start, int len,
+                        bool full) const {
+    constexpr float kLog2e = 1.4426950408889634f;
+    const int kv_col0 = n_start + warp_n * T::kWarpN + (lane & 3) * 2;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+#pragma unroll
+      for (int nt = 0; nt < T::kNTiles; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int kv_raw = kv_col0 + nt * 8 + c;
+          const int kv_idx = fj_imin(kv_raw, len - 1);
+          float x = s[nt][hr * 2 + c];
+          if constexpr (Cfg::kHasScoreMod) {
+            x = fj_score_mod(mods, x * scale, b, row_h[hr], row_q[hr], kv_idx) * kLog2e;
+          } else {
+            x *= scale * kLog2e;
+          }
+          if constexpr (Cfg::kHasMaskMod) {
+            if (!full && !fj_mask_mod(mods, b, row_h[hr], row_q[hr], kv_idx)) x = fj_neg_inf();
+          }
+          if (kv_raw >= len) x = fj_neg_inf();
+          s[nt][hr * 2 + c] = x;
+        }
+      }
+    }
+  }
+
+  // Online softmax (log2 domain): P into s, O rescaled; a row whose max is still -inf uses 0 as
+  // its reference.
+  FJ_DEVICE void softmax(float (&s)[T::kNTiles][4], float (&o)[T::kDTiles][4], float (&row_max)[2],
+                         float (&row_sum)[2]) const {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float mx = row_max[hr];
+#pragma unroll
+      for (int nt = 0; nt < T::kNTiles; ++nt)
+        mx = fmaxf(mx, fmaxf(s[nt][hr * 2], s[nt][hr * 2 + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float ref = mx == fj_neg_inf() ? 0.0f : mx;
+      const float alpha = fj_ex2_approx(row_max[hr] - ref);
+      row_max[hr] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < T::kNTiles; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float p = fj_ex2_approx(s[nt][hr * 2 + c] - ref);
+          s[nt][hr * 2 + c] = p;
+          sum += p;
+        }
+      }
+      row_sum[hr] = row_sum[hr] * alpha + sum;
+#pragma unroll
+      for (int dt = 0; dt < T::kDTiles; ++dt) {
+        o[dt][hr * 2] *= alpha;
+        o[dt][hr * 2 + 1] *= alpha;
+      }
+    }
+  }
+
+  // O += P V (the V tile at sv): the C fragments of n8 tiles 2j, 2j + 1 are the A fragment of
+  // k16 step j.
+  FJ_DEVICE void pv(float (&o)[T::kDTiles][4], const float (&s)[T::kNTiles][4], fj_u32 sv) const {
+    const FjLdsmAddr<typename T::TileV> vb_addr(sv, ((lane >> 3) & 1) * 8 + (lane & 7), lane >> 4);
+#pragma unroll
+    for (int j = 0; j < T::kNTiles / 2; ++j) {
+      fj_u32 pa[4];
+      pa[0] = T::Mma::pack(s[2 * j][0], s[2 * j][1]);
+      pa[1] = T::Mma::pack(s[2 * j][2], s[2 * j][3]);
+      pa[2] = T::Mma::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
+      pa[3] = T::Mma::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < T::kDTiles / 2; ++dp) {
+        fj_u32 vb[4];
+        fj_ldsm_x4_trans(vb, vb_addr.at(j, dp));
+        T::Mma::mma(o[2 * dp], pa, vb[0], vb[1]);
+        T::Mma::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
+      }
+    }
+  }
+};
+
+// ---- the KV pipeline: kNumStages cp.async groups ahead of the tile being computed --------------
+
+// Fills `tiles` with the KV tiles of steps 0 .. kNumStages - 1 and puts stages 0 .. kNumStages - 2
+// in flight (a commit group each, empty past the schedule). The steady state (wait, issue the
+// tile kNumStages - 1 steps on, shift `tiles`) stays in the kernel's loop: as a function of the
+// step it compiled to other code (the stage's `% kNumStages` on a step not known to be >= 0).
+template <class T, class Loader>
+FJ_DEVICE void fj_dec_prologue(int (&tiles)[T::kNumStages], const FjDecSchedule& sched,
+                               const Loader& loads, int num_steps) {
 #pragma unroll
   for (int k = 0; k < T::kNumStages; ++k)
     tiles[k] = k < num_steps ? sched.tile(sched.begin + k) : 0;
 #pragma unroll
   for (int st = 0; st < T::kNumStages - 1; ++st) {
-    if (st < num_steps) load_kv(tiles[st], st);
+    if (st < num_steps) loads.kv_tile(tiles[st], st);
     fj_cp_async_commit();
   }
+}
 
-  // This thread's rows (g and g + 8 of the warp's m16 fragment): head and query index for the
-  // mods, clamped to the last real row so that mods only see in-range indices.
+// ---- epilogue ----------------------------------------------------------------------------------
+
+// Each warp publishes its rows' max, sum and unnormalized O; then the CTA merges the kWarpsN
+// partial softmaxes of every row and writes the split's partials (normalized by the row sum) and
+// its log2-domain LSE.
+template <class T, class Cfg>
+struct FjDecEpilogue {
+  float* red_o;  // [kNumWarps][16][kDimV]
+  float* red_m;  // [kNumWarps][16]
+  float* red_s;  // [kNumWarps][16]
+
+  FJ_DEVICE explicit FjDecEpilogue(unsigned char* smem) {
+    float* red = reinterpret_cast<float*>(smem);
+    red_o = red;
+    red_m = red + T::kNumWarps * 16 * T::kDimV;
+    red_s = red_m + T::kNumWarps * 16;
+  }
+
+  FJ_DEVICE void publish(const FjDecWarp<T, Cfg>& w, const float (&o)[T::kDTiles][4],
+                         const float (&row_max)[2], const float (&row_sum)[2]) const {
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float sum = row_sum[hr];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int r = hr * 8 + (w.lane >> 2);
+      if ((w.lane & 3) == 0) {
+        red_m[w.warp * 16 + r] = row_max[hr];
+        red_s[w.warp * 16 + r] = sum;
+      }
+#pragma unroll
+      for (int dt = 0; dt < T::kDTiles; ++dt) {
+        float* dst = red_o + (w.warp * 16 + r) * T::kDimV + dt * 8 + (w.lane & 3) * 2;
+        dst[0] = o[dt][hr * 2];
+        dst[1] = o[dt][hr * 2 + 1];
+      }
+    }
+  }
+
+  FJ_DEVICE void merge(const FjDecodeArgs& args, const FjDecCta& cta) const {
+    const int num_splits = args.num_splits;
+    for (int idx = cta.tid; idx < T::kRows * T::kRealV; idx += T::kThreads) {
+      const int r = idx / T::kRealV;  // row of the CTA
+      const int d = idx % T::kRealV;
+      const int pr = cta.row0 + r;
+      if (pr >= cta.packed_rows) break;  // rows are visited in order
+      const int wm = r / 16, r16 = r % 16;
+      float m = fj_neg_inf();
+#pragma unroll
+      for (int wn = 0; wn < T::kWarpsN; ++wn)
+        m = fmaxf(m, red_m[(wm * T::kWarpsN + wn) * 16 + r16]);
+      float sum = 0.0f, acc = 0.0f;
+      if (m != fj_neg_inf()) {
+#pragma unroll
+        for (int wn = 0; wn < T::kWarpsN; ++wn) {
+          const int w = wm * T::kWarpsN + wn;
+          const float f = exp2f(red_m[w * 16 + r16] - m);  // 0 for a warp that saw no key
+          sum += red_s[w * 16 + r16] * f;
+          acc += red_o[(w * 16 + r16) * T::kDimV + d] * f;
+        }
+      }
+      const int h = cta.hkv * Cfg::kGqaRatio + pr / args.seqlen_q;
+      const int qi = pr % args.seqlen_q;
+      const fj_i64 row = ((fj_i64)cta.b * args.heads_q + h) * args.seqlen_q + qi;
+      const fj_i64 slot = row * num_splits + cta.split;
+      // sum == 0: every key of the split was masked (or there was none): out 0, lse -inf.
+      args.o_part[slot * T::kRealV + d] = sum > 0.0f ? acc / sum : 0.0f;
+      if (d == 0) args.lse_part[slot] = sum > 0.0f ? m + log2f(sum) : fj_neg_inf();
+    }
+  }
+};
+
+// ---- the kernel --------------------------------------------------------------------------------
+
+extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
+    flexjit_decode_split(const FjDecodeArgs args, const FjModParams mods) {
+  using T = FjDecTraits<FjConfig>;
+  using Cfg = FjConfig;
+  extern __shared__ unsigned char fj_smem[];
+  const FjDecCta cta = FjDecCta::make<T, Cfg>(args);
+  // Heads of the group share one block-mask row only when the mask is broadcast over heads (or
+  // the group is one head): the host guarantees one of the two.
+  const FjDecSchedule sched =
+      fj_dec_schedule<Cfg>(args, cta.b, cta.hkv * Cfg::kGqaRatio, cta.len, cta.split);
+  const FjDecKv kv = fj_dec_kv<T::kPageSize>(args, cta.b, cta.hkv);
+  const fj_u32 sq = fj_smem_addr(fj_smem);
+  const FjDecLoader<T, Cfg> loads{kv,      sq,      sq + T::kQBytes,
+                                  cta.len, cta.tid, fj_dec_kv_policy<Cfg::kKvHint>()};
+  loads.q_tile(args, cta);
+  fj_cp_async_commit();
+  const int num_steps = sched.end - sched.begin;
+  int tiles[T::kNumStages];
+  fj_dec_prologue<T>(tiles, sched, loads, num_steps);
+
   int row_h[2], row_q[2];
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const int pr = fj_imin(row0 + warp_m * 16 + hr * 8 + (lane >> 2), packed_rows - 1);
-    row_h[hr] = hkv * Cfg::kGqaRatio + pr / args.seqlen_q;
-    row_q[hr] = pr % args.seqlen_q;
-  }
-
-  const fj_u32 sq_warp = sq + warp_m * 16 * T::TileQK::kRowBytes;
+  cta.rows<Cfg>(row_h, row_q, args);
+  const FjDecWarp<T, Cfg> w(cta, sq);
   fj_u32 q_regs[T::kQInRegs ? T::kKSteps : 1][4];
-  if constexpr (T::kQInRegs) {
-    fj_cp_async_wait<T::kNumStages - 1>();  // the Q group
-    __syncthreads();
-    const FjLdsmAddr<typename T::TileQK> qa_addr(sq_warp, ((lane >> 3) & 1) * 8 + (lane & 7),
-                                                 lane >> 4);
-#pragma unroll
-    for (int kk = 0; kk < T::kKSteps; ++kk)
-      fj_ldsm_x4(q_regs[kk], qa_addr.at(0, kk));
-  }
-
+  w.load_q(q_regs);
   float o[T::kDTiles][4];
   float row_max[2] = {fj_neg_inf(), fj_neg_inf()};
   float row_sum[2] = {0.0f, 0.0f};
@@ -336,11 +595,10 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       o[dt][e] = 0.0f;
-
   const float scale = args.scale;
   for (int i = 0; i < num_steps; ++i) {
     if constexpr (T::kNumStages == 1) {
-      load_kv(tiles[0], 0);
+      loads.kv_tile(tiles[0], 0);
       fj_cp_async_commit();
       fj_cp_async_wait<0>();
     } else {
@@ -349,7 +607,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     __syncthreads();
     if constexpr (T::kNumStages > 1) {
       const int next = i + T::kNumStages - 1;
-      if (next < num_steps) load_kv(tiles[T::kNumStages - 1], next % T::kNumStages);
+      if (next < num_steps) loads.kv_tile(tiles[T::kNumStages - 1], next % T::kNumStages);
       fj_cp_async_commit();
     }
     const int n_start = tiles[0] * T::kBlockN;
@@ -358,114 +616,19 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       tiles[k] = tiles[k + 1];
     tiles[T::kNumStages - 1] =
         i + T::kNumStages < num_steps ? sched.tile(sched.begin + i + T::kNumStages) : 0;
-    if (n_start < len) {
-      const bool partial = sched.begin + i < sched.num_partial || sched.partial_idx == nullptr;
-      const fj_u32 sk =
-          skv + (i % T::kNumStages) * T::kStageBytes + warp_n * T::kWarpN * T::TileQK::kRowBytes;
-      const fj_u32 sv = skv + (i % T::kNumStages) * T::kStageBytes + T::kKBytes +
-                        warp_n * T::kWarpN * T::TileV::kRowBytes;
-      // S = Q K^T for the warp's 16 rows and kWarpN keys.
+    if (n_start < cta.len) {
+      // A full tile of the block mask skips the mask_mod. (Passed as `full`: the scores' test as
+      // `partial && !mask` compiled to other predicate code, with more registers for some mods.)
+      const bool full = !(sched.begin + i < sched.num_partial || sched.partial_idx == nullptr);
+      const fj_u32 sk = loads.skv + (i % T::kNumStages) * T::kStageBytes +
+                        w.warp_n * T::kWarpN * T::TileQK::kRowBytes;
+      const fj_u32 sv = loads.skv + (i % T::kNumStages) * T::kStageBytes + T::kKBytes +
+                        w.warp_n * T::kWarpN * T::TileV::kRowBytes;
       float s[T::kNTiles][4];
-#pragma unroll
-      for (int nt = 0; nt < T::kNTiles; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          s[nt][e] = 0.0f;
-      {
-        const FjLdsmAddr<typename T::TileQK> qa_addr(sq_warp, ((lane >> 3) & 1) * 8 + (lane & 7),
-                                                     lane >> 4);
-        const FjLdsmAddr<typename T::TileQK> kb_addr(sk, (lane >> 4) * 8 + (lane & 7),
-                                                     (lane >> 3) & 1);
-#pragma unroll
-        for (int kk = 0; kk < T::kKSteps; ++kk) {
-          fj_u32 qa[4];
-          if constexpr (T::kQInRegs) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              qa[e] = q_regs[kk][e];
-          } else {
-            fj_ldsm_x4(qa, qa_addr.at(0, kk));
-          }
-#pragma unroll
-          for (int np = 0; np < T::kNTiles / 2; ++np) {
-            fj_u32 kb[4];
-            fj_ldsm_x4(kb, kb_addr.at(np, kk));
-            T::Mma::mma(s[2 * np], qa, kb[0], kb[1]);
-            T::Mma::mma(s[2 * np + 1], qa, kb[2], kb[3]);
-          }
-        }
-      }
-      // Scores in the log2 domain: scale, score_mod, mask_mod (partial tiles), key bound.
-      const int kv_col0 = n_start + warp_n * T::kWarpN + (lane & 3) * 2;
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-#pragma unroll
-        for (int nt = 0; nt < T::kNTiles; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int kv_raw = kv_col0 + nt * 8 + c;
-            const int kv_idx = fj_imin(kv_raw, len - 1);
-            float x = s[nt][hr * 2 + c];
-            if constexpr (Cfg::kHasScoreMod) {
-              x = fj_score_mod(mods, x * scale, b, row_h[hr], row_q[hr], kv_idx) * kLog2e;
-            } else {
-              x *= scale * kLog2e;
-            }
-            if constexpr (Cfg::kHasMaskMod) {
-              if (partial && !fj_mask_mod(mods, b, row_h[hr], row_q[hr], kv_idx)) x = fj_neg_inf();
-            }
-            if (kv_raw >= len) x = fj_neg_inf();
-            s[nt][hr * 2 + c] = x;
-          }
-        }
-      }
-      // Online softmax (log2 domain); a row whose max is still -inf uses 0 as its reference.
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        float mx = row_max[hr];
-#pragma unroll
-        for (int nt = 0; nt < T::kNTiles; ++nt)
-          mx = fmaxf(mx, fmaxf(s[nt][hr * 2], s[nt][hr * 2 + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float ref = mx == fj_neg_inf() ? 0.0f : mx;
-        const float alpha = fj_ex2_approx(row_max[hr] - ref);
-        row_max[hr] = mx;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < T::kNTiles; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const float p = fj_ex2_approx(s[nt][hr * 2 + c] - ref);
-            s[nt][hr * 2 + c] = p;
-            sum += p;
-          }
-        }
-        row_sum[hr] = row_sum[hr] * alpha + sum;
-#pragma unroll
-        for (int dt = 0; dt < T::kDTiles; ++dt) {
-          o[dt][hr * 2] *= alpha;
-          o[dt][hr * 2 + 1] *= alpha;
-        }
-      }
-      // O += P V: the C fragments of n8 tiles 2j, 2j + 1 are the A fragment of k16 step j.
-      const FjLdsmAddr<typename T::TileV> vb_addr(sv, ((lane >> 3) & 1) * 8 + (lane & 7),
-                                                  lane >> 4);
-#pragma unroll
-      for (int j = 0; j < T::kNTiles / 2; ++j) {
-        fj_u32 pa[4];
-        pa[0] = T::Mma::pack(s[2 * j][0], s[2 * j][1]);
-        pa[1] = T::Mma::pack(s[2 * j][2], s[2 * j][3]);
-        pa[2] = T::Mma::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
-        pa[3] = T::Mma::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
-#pragma unroll
-        for (int dp = 0; dp < T::kDTiles / 2; ++dp) {
-          fj_u32 vb[4];
-          fj_ldsm_x4_trans(vb, vb_addr.at(j, dp));
-          T::Mma::mma(o[2 * dp], pa, vb[0], vb[1]);
-          T::Mma::mma(o[2 * dp + 1], pa, vb[2], vb[3]);
-        }
-      }
+      w.qk(s, q_regs, sk);
+      w.scores(s, row_h, row_q, mods, scale, cta.b, n_start, cta.len, full);
+      w.softmax(s, o, row_max, row_sum);
+      w.pv(o, s, sv);
     }
     if constexpr (T::kNumStages == 1) __syncthreads();
   }
@@ -476,60 +639,10 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   // griddepcontrol.wait still waits for this grid's writes); a no-op without it.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-
-  // Epilogue: each warp publishes its rows' max, sum and unnormalized O; then the CTA merges the
-  // kWarpsN partial softmaxes of every row and writes the split's partials.
-  float* red = reinterpret_cast<float*>(fj_smem);
-  float* red_o = red;                                 // [kNumWarps][16][kDimV]
-  float* red_m = red + T::kNumWarps * 16 * T::kDimV;  // [kNumWarps][16]
-  float* red_s = red_m + T::kNumWarps * 16;           // [kNumWarps][16]
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    float sum = row_sum[hr];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int r = hr * 8 + (lane >> 2);
-    if ((lane & 3) == 0) {
-      red_m[warp * 16 + r] = row_max[hr];
-      red_s[warp * 16 + r] = sum;
-    }
-#pragma unroll
-    for (int dt = 0; dt < T::kDTiles; ++dt) {
-      float* dst = red_o + (warp * 16 + r) * T::kDimV + dt * 8 + (lane & 3) * 2;
-      dst[0] = o[dt][hr * 2];
-      dst[1] = o[dt][hr * 2 + 1];
-    }
-  }
+  const FjDecEpilogue<T, Cfg> epilogue(fj_smem);
+  epilogue.publish(w, o, row_max, row_sum);
   __syncthreads();
-  const int num_splits = args.num_splits;
-  for (int idx = tid; idx < T::kRows * T::kRealV; idx += T::kThreads) {
-    const int r = idx / T::kRealV;  // row of the CTA
-    const int d = idx % T::kRealV;
-    const int pr = row0 + r;
-    if (pr >= packed_rows) break;  // rows are visited in order
-    const int wm = r / 16, r16 = r % 16;
-    float m = fj_neg_inf();
-#pragma unroll
-    for (int wn = 0; wn < T::kWarpsN; ++wn)
-      m = fmaxf(m, red_m[(wm * T::kWarpsN + wn) * 16 + r16]);
-    float sum = 0.0f, acc = 0.0f;
-    if (m != fj_neg_inf()) {
-#pragma unroll
-      for (int wn = 0; wn < T::kWarpsN; ++wn) {
-        const int w = wm * T::kWarpsN + wn;
-        const float f = exp2f(red_m[w * 16 + r16] - m);  // 0 for a warp that saw no key
-        sum += red_s[w * 16 + r16] * f;
-        acc += red_o[(w * 16 + r16) * T::kDimV + d] * f;
-      }
-    }
-    const int h = hkv * Cfg::kGqaRatio + pr / args.seqlen_q;
-    const int qi = pr % args.seqlen_q;
-    const fj_i64 row = ((fj_i64)b * args.heads_q + h) * args.seqlen_q + qi;
-    const fj_i64 slot = row * num_splits + split;
-    // sum == 0: every key of the split was masked (or there was none): out 0, lse -inf.
-    args.o_part[slot * T::kRealV + d] = sum > 0.0f ? acc / sum : 0.0f;
-    if (d == 0) args.lse_part[slot] = sum > 0.0f ? m + log2f(sum) : fj_neg_inf();
-  }
+  epilogue.merge(args, cta);
 }
 
 #endif  // FLEXJIT_DECODE_SPLIT_CUH_

@@ -19,6 +19,8 @@
 #include <flexjit/tensor.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -37,20 +39,24 @@ struct ModBindings {
   std::vector<std::pair<std::string, double>> params;
 };
 
-// A block configuration; zeros take the default for the arch, dtype and head dims (and, with a
-// block mask, tiles that divide its sparse blocks).
+// A block configuration (docs/architecture.md, "The public config"). The fields are the tile knobs
+// every tiled kernel family has; zeros take the default for the arch, dtype and head dims (and,
+// with a block mask, tiles that divide its sparse blocks). `params` sets a family's own knobs by
+// name, as its kernels take them; a key left out takes the default:
+//   "num_splits"  decode_split (docs/kernels/decode.md): the splits of the KV range, 1 to 128
+//                 (0: from the SM count and the KV length);
+//   "q_tiles"     forward/sm90a_wgmma (docs/kernels/forward_sm90.md): query tiles per CTA, 1 or 2
+//                 (m blocks N - 1 - j and j; the second's loads overlap the first's last tile);
+//   "persistent"  forward/sm90a_wgmma: 1 = persistent CTAs (about one per SM, each walking pairs
+//                 of query tiles over every head; implies q_tiles 2), 0 = one CTA per query tile.
+// `flexjit kernels --families` and kernel_families() (flexjit/kernel.h) list every family's keys. A
+// key no family takes is an UnsupportedError; a call applies to each of its kernels the keys that
+// kernel's family takes (block_m applies to the forward, not to decoding).
+//   BlockConfig c{.block_n = 64};
+//   c.params["q_tiles"] = 2;
 struct BlockConfig {
   int block_m = 0, block_n = 0, num_warps = 0, num_stages = 0;
-  // Split-KV decoding only (docs/kernels/decode.md): the splits of the KV range; 0 chooses
-  // them from the SM count and the KV length. block_m does not apply there.
-  int num_splits = 0;
-  // forward/sm90a_wgmma only (docs/kernels/forward_sm90.md): query tiles per CTA, 1 or 2 (m
-  // blocks N - 1 - j and j; the second's loads overlap the first's last tile and epilogue).
-  int q_tiles = 0;
-  // forward/sm90a_wgmma only: 1 = persistent CTAs (about one per SM, each walking pairs of query
-  // tiles over every head, the next tile's loads under the last one's end; implies q_tiles 2),
-  // -1 = one CTA per query tile (or pair), 0 = the default.
-  int persistent = 0;
+  std::map<std::string, int64_t> params = {};
 };
 
 // Device scratch memory for calls whose kernels need it (several kernels in one call, or a
@@ -107,6 +113,14 @@ struct AttentionOptions {
   AutotuneMode autotune = AutotuneMode::FromEnv;
   // The forward, the backward (which must take the forward's options) and decoding alike.
   MathMode math = MathMode::Auto;
+  // A debug mode for captured-buffer indices that only the device knows (bias[doc_id[q_idx]]):
+  // the kernels check every load against the bound buffer's extents, an out-of-bounds load reads
+  // 0, and after the launches the call synchronizes its stream and throws RuntimeError naming
+  // the first bad load (buffer, index, extent, load and position; docs/attention.md, "Checking
+  // buffer indices"). Slower; checked kernels are compiled and cached apart; no autotuning
+  // search; not while the stream captures a graph. The forward, backward and decoding on the
+  // GPU. Off: the loads are unchecked (an index outside its extent is undefined behaviour).
+  bool check_buffers = false;
 };
 
 struct AttentionResult {

@@ -18,14 +18,15 @@
 #include <flexjit/mods.h>
 #include <flexjit/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace flexjit {
 
 struct KernelQuery {
-  // "forward" | "block_mask" | "backward_preprocess" | "backward_dkdv" | "backward_dq" |
-  // "decode_split" | "decode_combine"
+  // A registered family (kernel_families()): "forward" | "block_mask" | "backward_preprocess" |
+  // "backward_dkdv" | "backward_dq" | "decode_split" | "decode_combine"
   std::string family = "forward";
   std::string variant;        // empty: chosen by the arch ("sm80_mma", ...)
   std::string arch;           // "sm_80" ... "sm_90a"; empty: the current GPU's
@@ -36,7 +37,8 @@ struct KernelQuery {
   bool divisible = false;          // forward, backward: Sq and Skv are multiples of the tiles
   bool full_blocks = true;         // forward, backward: the block mask has full_* arrays
   int block_size = 128;            // block_mask: the sparse tile size
-  BlockConfig config;              // forward: zeros take the defaults
+  BlockConfig config;              // the keys the family takes (kernel_families()) apply;
+                                   // another family's are ignored
   int seqlen_q = 1;                // decode_split: query tokens (with gqa_ratio: the packed rows)
   int page_size = 0;               // decode_split, forward: 0 contiguous K / V, else the page
                                    // size (forward: a paged KV cache, chunked prefill)
@@ -93,5 +95,25 @@ struct KernelVariantInfo {
 
 // Every registered variant, family by family, in selection order.
 FLEXJIT_API std::vector<KernelVariantInfo> kernel_variants();
+
+// A config key a family takes: BlockConfig's field of that name, or BlockConfig::params[name].
+struct KernelConfigKey {
+  std::string name;                  // "num_splits"
+  std::string doc;                   // one line
+  int64_t min = 1, max = INT32_MAX;  // the values the family accepts
+};
+
+struct KernelFamilyInfo {
+  std::string name;     // "decode_split"
+  std::string summary;  // one line
+  // The workload kind whose plan runs it (a tuning manifest's "kind": "forward", "backward",
+  // "decode"); empty: none of its own (block_mask).
+  std::string kind;
+  bool math = false;  // evaluates a score_mod: KernelQuery::math / AttentionOptions::math apply
+  std::vector<KernelConfigKey> config_keys;
+};
+
+// Every registered family, in registration order (docs/kernels/README.md).
+FLEXJIT_API std::vector<KernelFamilyInfo> kernel_families();
 
 }  // namespace flexjit

@@ -19,6 +19,9 @@ enum class DType : uint8_t { F32, F16, BF16, I32, Bool };
 
 FLEXJIT_API std::string_view to_string(ScalarType t);  // "bool", "i32", "f32"
 FLEXJIT_API std::string_view to_string(DType t);       // "f32", "f16", "bf16", "i32", "bool"
+// The dtype in NumPy's and PyTorch's words, for messages about arrays they hand over:
+// "float32", "float16", "bfloat16", "int32", "bool".
+FLEXJIT_API std::string_view framework_name(DType t);
 FLEXJIT_API std::optional<DType> parse_dtype(std::string_view s);
 FLEXJIT_API std::optional<ScalarType> parse_scalar_type(
     std::string_view s);  // "bool", "i32", "f32"

@@ -43,8 +43,8 @@ ModSpec = Union[None, str, "dsl.Expr", Mods, Callable[..., Any]]
 __all__ = [
     "BlockMask", "CacheError", "CompileError", "Error", "InternalError", "JitError", "Mods",
     "UnsupportedError", "combine", "create_block_mask", "dsl", "emit",
-    "flex_attention", "flex_attention_backward", "inspect", "kernel_variants", "load_mods_file",
-    "make_mods", "parse_mods", "standard_mod_names", "standard_mod_source", "standard_mods",
+    "flex_attention", "flex_attention_backward", "inspect", "kernel_families", "kernel_variants",
+    "load_mods_file", "make_mods", "parse_mods", "standard_mod_names", "standard_mod_source", "standard_mods",
 ]
 
 
@@ -149,6 +149,31 @@ def _framework(x: Any) -> str:
     return type(x).__module__.split(".")[0]
 
 
+_torch_tensor: Any = None  # torch.Tensor, once a torch array has been seen
+_to_dlpack: Any = None
+
+
+def _arrays(*xs: Any) -> list:
+    """The arrays of a call as the C++ binding takes them: a torch tensor as a DLPack capsule
+    (torch.utils.dlpack.to_dlpack, ~0.5 us) instead of the tensor, whose ``__dlpack__`` the
+    binding would call (a Python method of ~6 us with PyTorch 2.11; a call passes 4-6 arrays,
+    docs/python.md "Overhead"); other arrays and None as they are."""
+    global _torch_tensor, _to_dlpack
+    out = []
+    for x in xs:
+        if _torch_tensor is not None and isinstance(x, _torch_tensor):
+            out.append(_to_dlpack(x))
+        elif x is not None and _torch_tensor is None and _framework(x) == "torch":
+            import torch
+            from torch.utils.dlpack import to_dlpack
+
+            _torch_tensor, _to_dlpack = torch.Tensor, to_dlpack
+            out.append(to_dlpack(x))
+        else:
+            out.append(x)
+    return out
+
+
 def _device(x: Any) -> int:
     """-1 for a CPU array, else the CUDA device ordinal."""
     dev_type, dev_id = x.__dlpack_device__()
@@ -238,12 +263,16 @@ def _check_names(mods: Mods, block_mask: Optional[BlockMask], buffers, params) -
                     f"declare (their {kind}s: {', '.join(names) or 'none'})")
 
 
-def _config(config: Optional[Mapping[str, Any]]) -> Optional[dict]:
-    return None if config is None else dict(config)
+def _config(config: Optional[Mapping[str, Any]], check_buffers: bool = False) -> Optional[dict]:
+    if not check_buffers:
+        return None if config is None else dict(config)
+    return {**(config or {}), "check_buffers": True}
 
 
 def _buffers(buffers: Optional[Mapping[str, Any]]):
-    return list((buffers or {}).items())
+    if not buffers:
+        return []
+    return list(zip(buffers.keys(), _arrays(*buffers.values())))
 
 
 def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: ModSpec = None,
@@ -252,7 +281,7 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
                    params: Optional[Mapping[str, Any]] = None, scale: Optional[float] = None,
                    return_lse: bool = False, num_threads: int = 0, seq_lens: Any = None,
                    page_table: Any = None, check_pages: bool = False, sink_mod: ModSpec = None,
-                   config: Optional[Mapping[str, Any]] = None):
+                   config: Optional[Mapping[str, Any]] = None, check_buffers: bool = False):
     """softmax(score_mod(scale · q kᵀ) masked by mask_mod) · v, as torch's flex_attention.
 
     q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]: DLPack arrays on one device,
@@ -269,6 +298,11 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
     are page pools [num_pages, page_size, Hkv, D]. Both on q's device; up to 16 query tokens
     take the split-KV decode kernels on a GPU. ``check_pages`` checks every length and page
     entry first (RuntimeError naming the first bad one).
+
+    ``check_buffers``: check every captured-buffer index against its buffer's extent — on a GPU
+    in the kernels, which then read 0 there, and the call synchronizes and raises RuntimeError
+    naming the first out-of-bounds load (buffer, index, extent, position); a debug mode, slower
+    (docs/attention.md, "Checking buffer indices"). Also ``config={"check_buffers": True}``.
 
     Returns out [B, Hq, Sq, Dv] (f32 on the CPU backend, q's dtype on a GPU) or, with
     ``return_lse``, (out, lse [B, Hq, Sq] f32, natural log), arrays of q's framework. GPU work
@@ -292,9 +326,12 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
     device = _device(q)
     out = _empty(q, out_shape, gpu_dtype_of_q=device >= 0)
     lse = _empty(q, lse_shape, gpu_dtype_of_q=False) if return_lse else None
-    _C._flex_attention_into(q, k, v, out, lse, mods, block_mask, _buffers(buffers),
+    q_, k_, v_, out_, lse_, seq_lens_, page_table_ = _arrays(q, k, v, out, lse, seq_lens,
+                                                              page_table)
+    _C._flex_attention_into(q_, k_, v_, out_, lse_, mods, block_mask, _buffers(buffers),
                             _params(params), scale, _stream(q, device), num_threads,
-                            seq_lens, page_table, check_pages, config=_config(config))
+                            seq_lens_, page_table_, check_pages,
+                            config=_config(config, check_buffers))
     return (out, lse) if return_lse else out
 
 
@@ -333,7 +370,8 @@ def flex_attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: An
                             params: Optional[Mapping[str, Any]] = None,
                             scale: Optional[float] = None, num_threads: int = 0,
                             dlse: Any = None, deterministic: bool = False,
-                            sink_mod: ModSpec = None, config: Optional[Mapping[str, Any]] = None):
+                            sink_mod: ModSpec = None, config: Optional[Mapping[str, Any]] = None,
+                            check_buffers: bool = False):
     """The gradients of ``flex_attention(q, k, v, ...)`` for an output gradient ``dout``.
 
     ``out`` and ``lse`` are what ``flex_attention(..., return_lse=True)`` returned with the same
@@ -346,7 +384,8 @@ def flex_attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: An
     ``(dq, dk, dv, buffer_grads)``: arrays of q's framework (q / k / v's dtype on a GPU, f32 on
     the CPU backend) and a dict of f32 gradients, one per captured float buffer, in the
     buffer's shape. ``config``: as flex_attention's, without num_splits, q_tiles and
-    persistent, with dq_mode ("auto" | "second_pass" | "atomic").
+    persistent, with dq_mode ("auto" | "second_pass" | "atomic"). ``check_buffers``: as
+    flex_attention's, for the backward's kernels.
     """
     mods = make_mods(score_mod, mask_mod, sink_mod)
     _check_names(mods, block_mask, buffers, params)
@@ -359,10 +398,11 @@ def flex_attention_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: An
     for decl in mods.buffers:
         if decl.dtype in float_dtypes and buffers and decl.name in buffers:
             grads[decl.name] = _zeros_f32(q, tuple(buffers[decl.name].shape))
-    _C._flex_attention_backward_into(q, k, v, out, lse, dout, dlse, dq, dk, dv, mods, block_mask,
-                                     _buffers(buffers), _params(params), list(grads.items()),
+    _C._flex_attention_backward_into(*_arrays(q, k, v, out, lse, dout, dlse, dq, dk, dv), mods,
+                                     block_mask, _buffers(buffers), _params(params),
+                                     [(n, a) for n, a in zip(grads, _arrays(*grads.values()))],
                                      scale, _stream(q, device), num_threads, deterministic,
-                                     config=_config(config))
+                                     config=_config(config, check_buffers))
     return dq, dk, dv, grads
 
 
@@ -417,3 +457,10 @@ def kernel_variants() -> list:
     """Every registered kernel variant (``flexjit kernels``): family, name, summary, auto_select,
     priority, templates, entry_points."""
     return _C._kernel_variants()
+
+
+def kernel_families() -> list:
+    """Every registered kernel family (``flexjit kernels --families``): name, summary, kind (the
+    workload kind whose plan runs it; "" for none), math (whether a math mode applies) and
+    config_keys (name, doc, min, max: the ints a call's ``config`` dict may set for it)."""
+    return _C._kernel_families()

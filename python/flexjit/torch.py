@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tup
 import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
+from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 import flexjit
 from flexjit import trace
@@ -129,9 +130,38 @@ def _traceable(fn: Any) -> bool:
     return known
 
 
+# The last plans by the mod objects themselves: {ids: (specs, traced plan or None, plan, fns)}.
+# An entry holds the objects, so their ids stay theirs while it lives; kept small, as a mod may
+# capture large tensors.
+_plans_by_object: Dict[Tuple[int, int, int], tuple] = {}
+_MAX_PLANS_BY_OBJECT = 16
+
+
 def _plan(specs: Tuple[Any, Any, Any]) -> _CallPlan:
-    """The plan of (score_mod, mask_mod, sink_mod), cached by the functions' code: the same
-    code with other captured values (another closure of the same factory) reuses it."""
+    """The plan of (score_mod, mask_mod, sink_mod): the same objects as a recent call reuse its
+    plan while its captures still match (trace.check); otherwise cached by the functions' code:
+    the same code with other captured values (another closure of the same factory) reuses it."""
+    ids = (id(specs[0]), id(specs[1]), id(specs[2]))
+    hit = _plans_by_object.get(ids)
+    if (hit is not None and hit[0][0] is specs[0] and hit[0][1] is specs[1]
+            and hit[0][2] is specs[2] and (hit[1] is None or trace.check(hit[1], hit[3]))):
+        return hit[2]
+    plan, traced, fns = _plan_uncached(specs)
+    # Not kept: a function written against flexjit.dsl (or another callable), whose captures
+    # no check covers; names, text, Mods and dsl expressions are immutable.
+    if all(f is not None or s is None or isinstance(s, _IMMUTABLE_SPECS)
+           for s, f in zip(specs, fns)):
+        if len(_plans_by_object) >= _MAX_PLANS_BY_OBJECT:
+            _plans_by_object.pop(next(iter(_plans_by_object)))
+        _plans_by_object[ids] = (specs, traced if any(fns) else None, plan, fns)
+    return plan
+
+
+_IMMUTABLE_SPECS = (str, flexjit.Mods, flexjit.dsl.Expr, flexjit.dsl.Param,
+                    flexjit.dsl.BufferIndex)
+
+
+def _plan_uncached(specs: Tuple[Any, Any, Any]):
     traceable = [_traceable(s) for s in specs]
     key: Optional[tuple] = tuple(s.__code__ if t else _spec_key(s)
                                  for s, t in zip(specs, traceable))
@@ -142,7 +172,7 @@ def _plan(specs: Tuple[Any, Any, Any]) -> _CallPlan:
     if entries is not None:
         for traced, plan in entries:
             if trace.check(traced, fns):
-                return plan
+                return plan, traced, fns
     traced = trace.plan_for(fns, torch.device("cpu")) if any(fns) else None
     text = traced.text if traced is not None else ""
     native = [s if (s is not None and not t) else None for s, t in zip(specs, traceable)]
@@ -159,7 +189,7 @@ def _plan(specs: Tuple[Any, Any, Any]) -> _CallPlan:
         if len(_plans) >= _MAX_PLANS:
             _plans.pop(next(iter(_plans)))
         _plans.setdefault(key, []).append((traced, plan))
-    return plan
+    return plan, traced, fns
 
 
 _UNCACHED = object()
@@ -258,16 +288,26 @@ def _mods(text: str) -> flexjit.Mods:
 
 
 _native_masks: Dict[tuple, Any] = {}
+# The same, by the tensor objects: {id(kv_num_blocks): (tensors, versions, sizes, mods text,
+# mask)}. The entry holds the tensors, so their ids stay theirs while it lives; a hit is the
+# same 8 objects at the same versions (~2 us, against ~8 us for the addresses' key).
+_native_by_object: Dict[int, Tuple[list, tuple, list, str, Any]] = {}
 _MAX_NATIVE = 64
 
 
 def _native_block_mask(mask_tensors: List[Optional[Tensor]], sizes: List[int], mods_text: str):
     """flexjit's BlockMask over a torch BlockMask's tensors (borrowed, no copy), cached by the
-    tensors' addresses and versions."""
+    tensor objects and their versions (eager calls pass one BlockMask's tensors again and again),
+    else by the tensors' addresses and versions (a compiled graph may pass other objects)."""
     if not mask_tensors or mask_tensors[0] is None:
         return None
-    key = (tuple((t.data_ptr(), t._version, tuple(t.shape)) if t is not None else None
-                 for t in mask_tensors), tuple(sizes), mods_text)
+    versions = tuple(t._version if t is not None else -1 for t in mask_tensors)
+    hit = _native_by_object.get(id(mask_tensors[0]))
+    if (hit is not None and hit[1] == versions and hit[3] == mods_text and hit[2] == sizes
+            and all(a is b for a, b in zip(hit[0], mask_tensors))):
+        return hit[4]
+    key = (tuple((t.data_ptr(), tuple(t.shape)) if t is not None else None
+                 for t in mask_tensors), versions, tuple(sizes), mods_text)
     native = _native_masks.get(key)
     if native is None:
         ts = [t.contiguous() if t is not None and t.dtype == torch.int32 else
@@ -277,6 +317,10 @@ def _native_block_mask(mask_tensors: List[Optional[Tensor]], sizes: List[int], m
         if len(_native_masks) >= _MAX_NATIVE:
             _native_masks.pop(next(iter(_native_masks)))
         _native_masks[key] = native
+    if len(_native_by_object) >= _MAX_NATIVE:
+        _native_by_object.pop(next(iter(_native_by_object)))
+    _native_by_object[id(mask_tensors[0])] = (list(mask_tensors), versions, list(sizes), mods_text,
+                                              native)
     return native
 
 
@@ -294,59 +338,114 @@ def _mask_part(mods_text: str) -> flexjit.Mods:
     return part
 
 
-def _config(text: str, backward: bool) -> Dict[str, Any]:
-    """The ``config=`` keyword of flexjit's call from the ops' config string
-    ("k=v,...|k=v,...": the forward's, then the backward's)."""
+_configs: Dict[Tuple[str, bool], Optional[Dict[str, Any]]] = {}
+
+
+def _config(text: str, backward: bool) -> Optional[Dict[str, Any]]:
+    """The ``config`` of flexjit's call from the ops' config string ("k=v,...|k=v,...": the
+    forward's, then the backward's); None when empty. Parsed once per string."""
+    key = (text, backward)
+    if key in _configs:
+        return _configs[key]
     part = text.split("|")[1 if backward else 0] if text else ""
-    if not part:
-        return {}
-    out: Dict[str, Any] = {}
-    for item in part.split(","):
-        k, v = item.split("=", 1)
-        out[k] = v if k in ("variant", "autotune", "math", "dq_mode") else int(v)
-    return {"config": out}
+    out: Optional[Dict[str, Any]] = None
+    if part:
+        out = {}
+        for item in part.split(","):
+            k, v = item.split("=", 1)
+            out[k] = v if k in ("variant", "autotune", "math", "dq_mode") else int(v)
+    if len(_configs) >= _MAX_NATIVE:
+        _configs.pop(next(iter(_configs)))
+    _configs[key] = out
+    return out
 
 
+class _AutoMask(NamedTuple):
+    mask: flexjit.Mods  # the mask_mod alone
+    reads_b: bool  # built per batch / head, else broadcast
+    reads_h: bool
+    params: Tuple[str, ...]  # the params it reads
+
+
+_auto_mask_kinds: Dict[str, Optional[_AutoMask]] = {}
 _auto_masks: Dict[tuple, Any] = {}
 
 
-def _auto_block_mask(mods: flexjit.Mods, q: Tensor, k: Tensor, params: Dict[str, float]):
+def _auto_mask_kind(mods_text: str) -> Optional[_AutoMask]:
+    """What a block mask for the mods' mask_mod depends on, once per mods text; None when
+    there is no mask_mod, or it reads a buffer (then every tile is visited and it applied)."""
+    if mods_text in _auto_mask_kinds:
+        return _auto_mask_kinds[mods_text]
+    kind = None
+    mask = _mask_part(mods_text)
+    if mask.mask_mod is not None and not mask.buffers:
+        text = mask.to_text()
+        kind = _AutoMask(mask, bool(re.search(r"\bb\b", text)), bool(re.search(r"\bh\b", text)),
+                         tuple(sorted(p.name for p in mask.params)))
+    if len(_auto_mask_kinds) >= _MAX_NATIVE:
+        _auto_mask_kinds.pop(next(iter(_auto_mask_kinds)))
+    _auto_mask_kinds[mods_text] = kind
+    return kind
+
+
+def _auto_block_mask(mods_text: str, q: Tensor, k: Tensor, params: Dict[str, float]):
     """A GPU block mask for a mask_mod given without one (flexjit's mask_mod= keyword), cached
-    unless the mask reads a buffer (then every tile is visited and the mask applied)."""
-    if mods.mask_mod is None or not q.is_cuda:
+    by the mask, the shape and the mask's params."""
+    kind = _auto_mask_kind(mods_text)
+    if kind is None or not q.is_cuda:
         return None
-    mask = flexjit.Mods(mask_mod=mods.mask_mod)
-    if mask.buffers:
-        return None
-    names = {p.name for p in mask.params}
-    mask_params = tuple(sorted((n, v) for n, v in params.items() if n in names))
-    text = mask.to_text()
-    batch = q.shape[0] if re.search(r"\bb\b", text) else 1  # broadcast unless it reads b / h
-    heads = q.shape[1] if re.search(r"\bh\b", text) else 1
-    key = (text, batch, heads, q.shape[2], k.shape[2], q.device.index, mask_params)
+    qs = q.shape
+    batch = qs[0] if kind.reads_b else 1  # broadcast unless it reads b / h
+    heads = qs[1] if kind.reads_h else 1
+    mask_params = tuple(params[n] for n in kind.params if n in params)
+    key = (mods_text, batch, heads, qs[2], k.shape[2], q.get_device(), mask_params)
     bm = _auto_masks.get(key)
     if bm is None:
-        bm = flexjit.create_block_mask(mask, batch, heads, q.shape[2], k.shape[2],
-                                       device=q.device.index or 0, params=dict(mask_params))
+        bm = flexjit.create_block_mask(kind.mask, batch, heads, qs[2], k.shape[2],
+                                       device=q.get_device(),
+                                       params={n: params[n] for n in kind.params if n in params})
         if len(_auto_masks) >= _MAX_NATIVE:  # decoding makes a new key per step
             _auto_masks.pop(next(iter(_auto_masks)))
         _auto_masks[key] = bm
     return bm
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream_of(t: Tensor) -> int:
+    if not t.is_cuda:
+        return 0
+    if _raw_stream is not None:
+        return _raw_stream(t.get_device())
+    return torch.cuda.current_stream(t.device).cuda_stream
+
+
 def _forward_impl(q, k, v, mods_text, buffer_names, buffers, param_names, param_values, scale,
                   return_lse, deterministic, mask_tensors, mask_sizes, config):
-    """The forward (the op's body; eager calls run it without the op's dispatch)."""
-    mods = _mods(mods_text)
-    params = dict(zip(_names(param_names), param_values))
+    """The forward (the op's body; eager calls run it without the op's dispatch). It calls the
+    binding directly (the public function validated the call) with few Python calls of its own:
+    each costs more inside a compiled graph, and flexjit.flex_attention's generality (every
+    framework, name checks) ~10 us a call (docs/python.md "Overhead")."""
+    mods = _mods_by_text.get(mods_text) or _mods(mods_text)
+    names = buffer_names.split(",") if buffer_names else []
+    params = list(zip(param_names.split(","), param_values)) if param_names else []
+    cuda = q.is_cuda
     block_mask = None
-    if q.is_cuda:
+    if cuda:
         block_mask = _native_block_mask(mask_tensors, mask_sizes, mods_text) \
-            if mask_tensors else _auto_block_mask(mods, q, k, params)
-    return flexjit.flex_attention(q, k, v, mods, block_mask=block_mask,
-                                  buffers=dict(zip(_names(buffer_names), buffers)),
-                                  params=params, scale=scale, return_lse=True,
-                                  **_config(config, backward=False))
+            if mask_tensors else _auto_block_mask(mods_text, q, k, dict(params))
+    qs = q.shape
+    out = q.new_empty((qs[0], qs[1], qs[2], v.shape[3]),
+                      dtype=q.dtype if cuda else torch.float32)
+    lse = q.new_empty((qs[0], qs[1], qs[2]), dtype=torch.float32)
+    cfg = _configs[(config, False)] if (config, False) in _configs else _config(config, False)
+    flexjit._C._flex_attention_into(
+        _to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), _to_dlpack(lse), mods,
+        block_mask, [(n, _to_dlpack(t)) for n, t in zip(names, buffers)], params, scale,
+        _raw_stream(q.get_device()) if cuda and _raw_stream is not None else _stream_of(q), 0,
+        None, None, False, config=cfg)
+    return out, lse
 
 
 # The ops are defined with torch.library's low-level API (a schema, then Python kernels for the
@@ -405,7 +504,7 @@ def _backward_impl(q, k, v, out, lse, dout, dlse, mods_text, buffer_names, buffe
     block_mask = None
     if q.is_cuda:
         block_mask = _native_block_mask(mask_tensors, mask_sizes, mods_text) \
-            if mask_tensors else _auto_block_mask(mods, q, k, params)
+            if mask_tensors else _auto_block_mask(mods_text, q, k, params)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     if not q.is_cuda and dout.dtype != q.dtype:
@@ -415,7 +514,7 @@ def _backward_impl(q, k, v, out, lse, dout, dlse, mods_text, buffer_names, buffe
     dq, dk, dv, grads = flexjit.flex_attention_backward(
         q, k, v, out, lse, dout, mods, block_mask=block_mask,
         buffers=dict(zip(names, buffers)), params=params, scale=scale, dlse=dlse,
-        deterministic=deterministic, **_config(config, backward=True))
+        deterministic=deterministic, config=_config(config, backward=True))
     result = [dq, dk, dv]
     for name, has_grad in zip(names, _grad_buffers(mods, names)):
         result.append(grads[name] if has_grad else q.new_empty((0,), dtype=torch.float32))
@@ -540,7 +639,8 @@ _CONFIG_KEYS = {"BLOCK_M": "block_m", "BLOCK_N": "block_n", "num_warps": "num_wa
                 "num_stages": "num_stages"}
 # flexjit's own keys (docs/python.md).
 _FLEXJIT_KEYS = {"variant": str, "autotune": str, "math": str, "num_splits": int,
-                 "q_tiles": int, "persistent": int, "deterministic": bool, "dq_mode": str}
+                 "q_tiles": int, "persistent": int, "deterministic": bool, "dq_mode": str,
+                 "check_buffers": bool}
 # torch's hints for its Triton kernels that have no meaning for flexjit's: accepted, ignored.
 _IGNORED_KEYS = {"PRESCALE_QK", "ROWS_GUARANTEED_SAFE", "BLOCKS_ARE_CONTIGUOUS", "WRITE_DQ",
                  "FORCE_USE_FLEX_ATTENTION", "OUTPUT_LOGSUMEXP", "OUTPUT_MAX", "USE_TMA",
@@ -567,6 +667,9 @@ def _kernel_options(options: Optional[Mapping[str, Any]]) -> Tuple[str, str, boo
             deterministic = bool(value)
         elif key == "dq_mode":
             bwd[key] = str(value)
+        elif key == "check_buffers":  # both calls; 0 / 1 in the config text
+            if bool(value):
+                fwd[key] = bwd[key] = 1
         elif key in _FLEXJIT_KEYS:
             fwd[key] = _FLEXJIT_KEYS[key](value)
             if key in ("autotune", "math"):  # the rest are the forward's alone
@@ -620,11 +723,12 @@ def _check_block_mask(block_mask: Any, query: Tensor, key: Tensor) -> None:
                          f" flex_attention takes a [B, H, ...] mask (an indexed mask "
                          f"block_mask[b] is for inspection)")
     q_len, kv_len = block_mask.seq_lengths
-    if query.size(-2) != q_len or key.size(-2) != kv_len:
-        smaller = query.size(-2) > q_len or key.size(-2) > kv_len
+    qs, ks = query.shape, key.shape
+    if qs[2] != q_len or ks[2] != kv_len:
+        smaller = qs[2] > q_len or ks[2] > kv_len
         raise ValueError(
             f"block_mask was created for block_mask.shape={block_mask.shape} but got "
-            f"q_len={query.size(-2)} and kv_len={key.size(-2)}. "
+            f"q_len={qs[2]} and kv_len={ks[2]}. "
             + ("Create a new block mask for these lengths." if smaller else
                "Create a new block mask with the correct length, or crop this one with "
                "block_mask._adjust(q_len, kv_len) (the upper left corner, which does not "
@@ -632,11 +736,10 @@ def _check_block_mask(block_mask: Any, query: Tensor, key: Tensor) -> None:
     if block_mask.kv_num_blocks.device != query.device:
         raise RuntimeError(f"q/k/v are on {query.device} but block_mask is on "
                            f"{block_mask.kv_num_blocks.device}")
-    b = block_mask.kv_num_blocks.size(0)
-    h = block_mask.kv_num_blocks.size(1)
-    if b not in (1, query.size(0)) or h not in (1, query.size(1)):
+    b, h = block_mask.kv_num_blocks.shape[:2]
+    if b not in (1, qs[0]) or h not in (1, qs[1]):
         raise ValueError(f"block_mask has batch {b} and {h} heads; expected 1 or "
-                         f"B={query.size(0)}, 1 or Hq={query.size(1)}")
+                         f"B={qs[0]}, 1 or Hq={qs[1]}")
 
 
 def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod: Any = None,
@@ -655,8 +758,8 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod: Any = N
     partial blocks. Returns out [B, Hq, L, Ev]; with ``return_lse`` (out, lse [B, Hq, L] f32,
     natural log); with ``return_aux=AuxRequest(lse=True)`` (out, AuxOutput(lse=...)).
     ``kernel_options``: BLOCK_M, BLOCK_N, num_warps, num_stages (and fwd_ / bwd_ forms),
-    flexjit's variant, autotune, math, deterministic ...; torch's Triton-only hints are
-    ignored; an unknown key is an error. Keyword-only flexjit extensions: ``mask_mod`` (a
+    flexjit's variant, autotune, math, deterministic, check_buffers ...; torch's Triton-only
+    hints are ignored; an unknown key is an error. Keyword-only flexjit extensions: ``mask_mod`` (a
     mask without a block mask: applied everywhere, or with one), ``sink_mod`` (attention
     sinks), ``buffers`` / ``params`` (for mods in flexjit's forms), ``deterministic``."""
     _check_tensor("query", query)
@@ -708,6 +811,10 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod: Any = N
         mask_fn = mask_mod
     specs = (score_mod, mask_fn, sink_mod)
     plan = _compiled_plan(specs) if torch.compiler.is_compiling() else _plan(specs)
+    if (buffers or params) and not torch.compiler.is_compiling():
+        # Values for flexjit's mod forms: a misspelt name is an error (the GPU path says so,
+        # the CPU backend would ignore it). Traced captures are declared by construction.
+        flexjit._check_names(_mods(plan.text), None, buffers, params)
     names, tensors, pnames, pvalues = _bind(plan, specs, buffers, params)
     scale = float(scale) if scale is not None else None
 

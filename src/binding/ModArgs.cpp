@@ -221,10 +221,11 @@ BoundModArgs bind_mod_args(const Mods& mods, const ModBindings& bindings, Tensor
   return out;
 }
 
-std::vector<uint64_t> pack_mod_params(const Mods& mods, const BoundModArgs& args) {
+std::vector<uint64_t> pack_mod_params(const Mods& mods, const BoundModArgs& args,
+                                      void* check_record) {
   FJ_ASSERT(args.buffers.size() == mods.buffers.size() && args.params.size() == mods.params.size(),
             "bound mod args do not match the mods");
-  const cuda::ModParamLayout layout = cuda::layout_of(mods);
+  const cuda::ModParamLayout layout = cuda::layout_of(mods, check_record != nullptr);
   FJ_ASSERT(layout.size % 8 == 0 && layout.size >= 8, "FjModParams size is not a multiple of 8");
   std::vector<uint64_t> words(static_cast<size_t>(layout.size) / 8, 0);
   auto* bytes = reinterpret_cast<unsigned char*>(words.data());
@@ -254,6 +255,16 @@ std::vector<uint64_t> pack_mod_params(const Mods& mods, const BoundModArgs& args
       case cuda::ModParamField::ParamBool: {
         const int32_t v = param_bool(mods.params[f.param_index], args.params[f.param_index]);
         std::memcpy(bytes + f.offset, &v, 4);
+        break;
+      }
+      case cuda::ModParamField::BufferExtent: {
+        const int64_t extent = args.buffers[f.buffer_index]->shape[f.dim];
+        std::memcpy(bytes + f.offset, &extent, 8);
+        break;
+      }
+      case cuda::ModParamField::CheckRecord: {
+        const uint64_t ptr = reinterpret_cast<uintptr_t>(check_record);
+        std::memcpy(bytes + f.offset, &ptr, 8);
         break;
       }
     }

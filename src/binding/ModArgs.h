@@ -57,8 +57,11 @@ BoundModArgs bind_mod_args(const Mods& mods, const ModBindings& bindings, Tensor
 
 // The bytes of FjModParams for `mods` with `args` from bind_mod_args(mods, ...), laid out as
 // cuda::layout_of(mods) says (src/binding/ModParamLayout.h). At least 8 bytes and a
-// multiple of 8 (the struct is alignas(8)).
-std::vector<uint64_t> pack_mod_params(const Mods& mods, const BoundModArgs& args);
+// multiple of 8 (the struct is alignas(8)). With `check_record` (a device buffer of
+// kBufferCheckWords words, binding/BufferCheck.h): the layout with buffer checks, the bound
+// extents and that pointer after the unchecked bytes.
+std::vector<uint64_t> pack_mod_params(const Mods& mods, const BoundModArgs& args,
+                                      void* check_record = nullptr);
 
 // pack_mod_params(mods, bind_mod_args(mods, bindings, CUDA, device_index)).
 std::vector<uint64_t> pack_mod_params(const Mods& mods, const ModBindings& bindings,

@@ -39,6 +39,9 @@ std::string buffer_ptr_member(const std::string& buffer_name) {
 std::string buffer_stride_member(const std::string& buffer_name) {
   return "stride_" + buffer_name;
 }
+std::string buffer_extent_member(const std::string& buffer_name) {
+  return "extent_" + buffer_name;
+}
 std::string param_member(const std::string& param_name) {
   return "param_" + param_name;
 }
@@ -58,7 +61,7 @@ std::string_view buffer_element_type(DType dtype) {
   FJ_ASSERT(false, "bad DType");
 }
 
-ModParamLayout layout_of(const Mods& mods) {
+ModParamLayout layout_of(const Mods& mods, bool buffer_checks) {
   ModParamLayout layout;
   int offset = 0;
   auto add = [&](ModParamField f, int size) {
@@ -91,6 +94,19 @@ ModParamLayout layout_of(const Mods& mods) {
     ModParamField f{param_member(p.name()), kind};
     f.param_index = static_cast<int>(i);
     add(std::move(f), 4);
+  }
+  if (buffer_checks && !mods.buffers.empty()) {
+    for (size_t i = 0; i < mods.buffers.size(); ++i) {
+      const Buffer& buf = mods.buffers[i];
+      for (int d = 0; d < buf.rank(); ++d) {
+        ModParamField extent{fmt::format("{}[{}]", buffer_extent_member(buf.name()), d),
+                             ModParamField::BufferExtent};
+        extent.buffer_index = static_cast<int>(i);
+        extent.dim = d;
+        add(std::move(extent), 8);
+      }
+    }
+    add(ModParamField{"check_record", ModParamField::CheckRecord}, 8);
   }
   layout.size = std::max(8, align_up(offset, 8));
   return layout;

@@ -13,20 +13,6 @@ namespace flexjit::kernels {
 
 namespace {
 
-struct FamilyName {
-  Family family;
-  const char* name;
-};
-constexpr FamilyName kFamilies[] = {
-    {Family::Forward, "forward"},
-    {Family::BlockMask, "block_mask"},
-    {Family::BackwardPreprocess, "backward_preprocess"},
-    {Family::BackwardDkDv, "backward_dkdv"},
-    {Family::BackwardDq, "backward_dq"},
-    {Family::DecodeSplit, "decode_split"},
-    {Family::DecodeCombine, "decode_combine"},
-};
-
 // Every field of KernelDesc, in order. A field added to KernelDesc without being added to
 // str() / parse() / to_json() / from_json() (and here) fails this assertion: see the header.
 struct KernelDescFields {
@@ -75,30 +61,6 @@ std::vector<std::string_view> split_spaces(std::string_view s) {
 }
 
 }  // namespace
-
-std::string_view to_string(Family f) {
-  for (const auto& [family, name] : kFamilies) {
-    if (family == f) return name;
-  }
-  FJ_ASSERT(false, "unnamed kernel family");
-}
-
-std::optional<Family> parse_family(std::string_view s) {
-  for (const auto& [family, name] : kFamilies) {
-    if (s == name) return family;
-  }
-  return std::nullopt;
-}
-
-const std::vector<Family>& all_families() {
-  static const std::vector<Family> all = [] {
-    std::vector<Family> v;
-    for (const auto& f : kFamilies)
-      v.push_back(f.family);
-    return v;
-  }();
-  return all;
-}
 
 // ---- Params ------------------------------------------------------------------------------------
 

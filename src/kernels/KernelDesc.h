@@ -30,6 +30,10 @@
 
 namespace flexjit::kernels {
 
+// A family's id. The enumerators are flexjit's own families; each is registered, with its name
+// and everything else about it, by its own folder (kernels/<family>/, FamilyInfo in
+// kernels/Family.h). A family registered from outside the library takes an id from
+// external_family() (the test suite's toy family does).
 enum class Family : uint8_t {
   Forward,             // attention forward: out (and lse) from q, k, v
   BlockMask,           // create_block_mask: kv_* / full_kv_* / q_* arrays from a mask_mod
@@ -39,10 +43,16 @@ enum class Family : uint8_t {
   DecodeSplit,         // split-KV decoding: partial out / lse per split
   DecodeCombine,       // combines the splits
 };
+// The id of the n-th family registered from outside the library (n < 128).
+constexpr Family external_family(uint8_t n) {
+  return static_cast<Family>(128 + n);
+}
 
-std::string_view to_string(Family f);  // "forward", "block_mask", "backward_dkdv", ...
+// The registered families' names (kernels/Family.h): "forward", "block_mask", ...; to_string of
+// an unregistered id is an InternalError.
+std::string_view to_string(Family f);
 std::optional<Family> parse_family(std::string_view s);
-const std::vector<Family>& all_families();
+std::vector<Family> all_families();  // registration order
 
 // Named integers kept in name order: a family's problem flags, or a variant's config.
 class Params {

@@ -1,5 +1,6 @@
 #include "kernels/Registry.h"
 
+#include "kernels/Family.h"
 #include "util/Env.h"
 #include "util/Log.h"
 
@@ -29,6 +30,12 @@ Registry& Registry::global() {
 
 const Variant& Registry::add(std::unique_ptr<Variant> variant) {
   FJ_ASSERT(variant != nullptr, "Registry::add of a null variant");
+  if (Families::global().find(variant->family()) == nullptr) {
+    throw UnsupportedError(fmt::format(
+        "cannot register kernel variant '{}': its family (id {}) is not registered; add its "
+        "FamilyInfo to Families::global() first (kernels/Family.h)",
+        variant->name(), static_cast<int>(variant->family())));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& v : variants_) {
     if (v->family() == variant->family() && v->name() == variant->name()) {

@@ -4,6 +4,7 @@
 
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/SourceWriter.h"
+#include "kernels/BufferChecks.h"
 #include "kernels/MathMode.h"
 #include "util/Embedded.h"
 
@@ -130,7 +131,8 @@ cuda::GeneratedSource assemble_variant_source(const Variant& variant, const Kern
     if (t.before_mods && !t.text.empty()) cuda::section(body, t.name, t.text);
   }
   cuda::section(body, "config", config_struct);
-  cuda::section(body, "mods", cuda::generate_mod_functions(mods, math_functions(desc)));
+  cuda::section(body, "mods",
+                cuda::generate_mod_functions(mods, math_functions(desc), buffer_checks(desc)));
   if (!mod_grads.empty()) cuda::section(body, "mod gradients", mod_grads);
   for (const TemplateText& t : templates) {
     if (!t.before_mods && !t.text.empty()) cuda::section(body, t.name, t.text);

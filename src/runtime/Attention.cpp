@@ -16,6 +16,7 @@
 #include "passes/RuntimeDivision.h"
 #include "plan/ContextImpl.h"
 #include "plan/Plan.h"
+#include "runtime/BufferCheck.h"
 #include "runtime/Decode.h"
 #include "runtime/ForwardPlan.h"
 #include "tune/StepTuner.h"
@@ -32,9 +33,11 @@ namespace flexjit {
 
 namespace {
 
-// A validated call: what planning needs, and whether there is anything to launch.
+// A validated call: what planning needs, and whether there is anything to launch. With
+// `check_record` (runtime::DeviceBufferCheck) the mod params carry the buffer checks.
 struct ValidatedCall {
   Mods mods;
+  runtime::BoundModArgs bound;
   kernels::ForwardInputs inputs;
   bool empty_q = false;   // nothing to write
   bool empty_kv = false;  // out = 0, lse = -inf without a kernel
@@ -42,7 +45,8 @@ struct ValidatedCall {
 
 ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k,
                             const TensorRef& v, const TensorRef& out, const TensorRef* lse,
-                            const AttentionOptions& options, const QkvShape& s) {
+                            const AttentionOptions& options, const QkvShape& s,
+                            void* check_record = nullptr) {
   const int device_index = impl_of(ctx).device->index();
   runtime::check_on_device(q, device_index);
   runtime::check_attention_outputs(q, s, out, lse);
@@ -52,9 +56,9 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
   call.mods = runtime::effective_mods(options);
   // Bindings are checked even when nothing runs, so a mistake shows on the first call.
   const runtime::CallExtents extents = runtime::CallExtents::of(s);
-  call.inputs.mod_params = runtime::pack_mod_params(
-      call.mods, runtime::bind_mod_args(call.mods, options.bindings, TensorRef::Device::CUDA,
-                                        device_index, nullptr, &extents));
+  call.bound = runtime::bind_mod_args(call.mods, options.bindings, TensorRef::Device::CUDA,
+                                      device_index, nullptr, &extents);
+  call.inputs.mod_params = runtime::pack_mod_params(call.mods, call.bound, check_record);
   call.inputs.q = q;
   call.inputs.k = k;
   call.inputs.v = v;
@@ -125,7 +129,8 @@ runtime::Plan runtime::plan_forward(const cuda::Arch& arch, const kernels::Forwa
   runtime::Plan plan;
   plan.add(runtime::plan_step<kernels::ForwardVariant>(
       forward_problem_of(arch, in, options), in, kernels::forward_facts(in), mods,
-      kernels::config_overrides(options.config), options.variant, tuning));
+      kernels::config_overrides(options.config, kernels::Family::Forward), options.variant,
+      tuning));
   return plan;
 }
 
@@ -135,7 +140,7 @@ std::optional<std::string> runtime::forward_unsupported(const cuda::Arch& arch,
   try {
     kernels::Registry::global().complete(
         forward_problem_of(arch, in, options), kernels::forward_facts(in),
-        kernels::config_overrides(options.config), options.variant);
+        kernels::config_overrides(options.config, kernels::Family::Forward), options.variant);
   } catch (const UnsupportedError& e) {
     return std::string(e.what());
   }
@@ -154,7 +159,9 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
     return;
   }
   const QkvShape s = validate_qkv(q, k, v);
-  const ValidatedCall call = validate_call(ctx, q, k, v, out, lse, options, s);
+  const runtime::DeviceBufferCheck check(ctx, options.check_buffers,
+                                         runtime::effective_mods(options), options.stream);
+  const ValidatedCall call = validate_call(ctx, q, k, v, out, lse, options, s, check.record());
   ContextImpl& impl = impl_of(ctx);
   impl.device->make_current();
   if (call.empty_q) return;  // nothing to write
@@ -168,11 +175,15 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
     runtime::write_empty_attention(out, lse, static_cast<CUstream>(options.stream));
     return;
   }
-  const runtime::Plan plan =
-      plan_attention(ctx, call, options, tune::step_tuning(ctx, options.autotune, options.stream));
+  runtime::Plan plan =
+      plan_attention(ctx, call, options,
+                     check.on() ? lookup_only(ctx, options)
+                                : tune::step_tuning(ctx, options.autotune, options.stream));
+  check.arm(plan);
   const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
   runtime::launch_plan(*impl.device, plan, built, static_cast<runtime::CuStream>(options.stream),
                        options.workspace);
+  check.verify(call.mods, call.bound);
 }
 
 size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q, const TensorRef& k,

@@ -14,6 +14,7 @@
 #include "plan/ContextImpl.h"
 #include "plan/Plan.h"
 #include "runtime/BackwardPlan.h"
+#include "runtime/BufferCheck.h"
 #include "tune/StepTuner.h"
 
 #include <fmt/format.h>
@@ -27,6 +28,7 @@ namespace {
 
 struct ValidatedBackward {
   Mods mods;
+  runtime::BoundModArgs bound;
   kernels::BackwardInputs inputs;
   bool empty = false;                   // a zero length or count: gradients are zeros, no kernel
   std::vector<TensorRef> buffer_grads;  // per float buffer, in grad_param_layout order
@@ -50,7 +52,8 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
                                     const TensorRef& v, const TensorRef& out, const TensorRef& lse,
                                     const TensorRef& dout, const BackwardOutputs& grads,
                                     const AttentionOptions& options,
-                                    const BackwardOptions& backward, const QkvShape& s) {
+                                    const BackwardOptions& backward, const QkvShape& s,
+                                    void* check_record = nullptr) {
   const int device_index = impl_of(ctx).device->index();
   runtime::check_on_device(q, device_index);
   if (backward.deterministic && backward.dq_mode == BackwardOptions::DqMode::Atomic) {
@@ -81,9 +84,10 @@ ValidatedBackward validate_backward(Context& ctx, const TensorRef& q, const Tens
   ValidatedBackward call;
   call.mods = runtime::effective_mods(options);
   const runtime::CallExtents extents = runtime::CallExtents::of(s);
-  const runtime::BoundModArgs bound = runtime::bind_mod_args(
-      call.mods, options.bindings, TensorRef::Device::CUDA, device_index, nullptr, &extents);
-  call.inputs.mod_params = runtime::pack_mod_params(call.mods, bound);
+  call.bound = runtime::bind_mod_args(call.mods, options.bindings, TensorRef::Device::CUDA,
+                                      device_index, nullptr, &extents);
+  const runtime::BoundModArgs& bound = call.bound;
+  call.inputs.mod_params = runtime::pack_mod_params(call.mods, bound, check_record);
 
   // The buffer gradients: one per float buffer, f32 of the bound buffer's shape.
   std::set<std::string> float_names;
@@ -198,13 +202,15 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
   };
   const kernels::InputFacts facts = kernels::backward_facts(call.inputs);
   // A named variant (options.variant) and the block config apply to the dK/dV and dQ kernels.
-  kernels::Params overrides = kernels::config_overrides(options.config);
+  const kernels::Params dq_overrides =
+      kernels::config_overrides(options.config, kernels::Family::BackwardDq);
   // dq_atomic is a config of the dK/dV variants that can add dQ themselves (sm80_mma by atomics,
   // sm90a_wgmma by bulk reductions, its default); the key goes into the overrides only where it
   // decides something: a caller's key refuses every variant without it, and the registry would
   // pick the next one (the tuned plan once ran sm80_mma's dK/dV on sm_90a that way: docs/tuning.md,
   // "The backward's dQ strategy").
-  kernels::Params dkdv_overrides = overrides;
+  kernels::Params dkdv_overrides =
+      kernels::config_overrides(options.config, kernels::Family::BackwardDkDv);
   // Atomic: only a variant with dq_atomic = 1 can do it. Deterministic: dQ by the second pass
   // (validate_backward refused dq_mode = Atomic); the registry picks a dK/dV variant that
   // implements the ordered buffer gradients: the problem carries the flag, and a variant without
@@ -247,9 +253,9 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
           ? runtime::plan_step<kernels::BackwardDqVariant>(
                 problem(kernels::Family::BackwardDq), call.inputs, facts, call.mods,
                 {{"dq_layout", kernels::dq_accum_layout(dkdv_desc)}}, "atomic_convert")
-          : runtime::plan_step<kernels::BackwardDqVariant>(problem(kernels::Family::BackwardDq),
-                                                           call.inputs, facts, call.mods, overrides,
-                                                           options.variant, on_preprocess);
+          : runtime::plan_step<kernels::BackwardDqVariant>(
+                problem(kernels::Family::BackwardDq), call.inputs, facts, call.mods, dq_overrides,
+                options.variant, on_preprocess);
   dq.workspace_of = 0;
   plan.add(std::move(dq));
   return plan;
@@ -269,8 +275,10 @@ void flex_attention_backward_into(Context& ctx, const TensorRef& q, const Tensor
         "flex_attention_backward takes CUDA tensors; q, k and v are on the CPU (the CPU backend's "
         "backward is `flexjit run --device cpu --dout ...`)");
   }
+  const runtime::DeviceBufferCheck check(ctx, options.check_buffers,
+                                         runtime::effective_mods(options), options.stream);
   ValidatedBackward call =
-      validate_backward(ctx, q, k, v, out, lse, dout, grads, options, backward, s);
+      validate_backward(ctx, q, k, v, out, lse, dout, grads, options, backward, s, check.record());
   ContextImpl& impl = impl_of(ctx);
   impl.device->make_current();
   const auto stream = static_cast<runtime::CuStream>(options.stream);
@@ -282,14 +290,18 @@ void flex_attention_backward_into(Context& ctx, const TensorRef& q, const Tensor
     runtime::zero_fill(grads.dv, stream);
     return;
   }
-  const runtime::Plan plan =
-      plan_backward(ctx, call, options, backward, tune::step_tuning(ctx, options.autotune, stream));
+  // A checked call searches no tuning (its kernels are not timed): stored configs or defaults.
+  tune::StepTuning tuning = tune::step_tuning(ctx, options.autotune, stream);
+  if (check.on()) tuning = tune::lookup_only(tuning);
+  runtime::Plan plan = plan_backward(ctx, call, options, backward, tuning);
+  check.arm(plan);
   const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
   // Atomics add into the buffer gradients (the deterministic reduction overwrites them): they
   // start at zero (after planning, whose tuning runs candidates on these tensors).
   for (const TensorRef& g : call.buffer_grads)
     runtime::zero_fill(g, stream);
   runtime::launch_plan(*impl.device, plan, built, stream, options.workspace);
+  check.verify(call.mods, call.bound);
 }
 
 BackwardResult flex_attention_backward(Context& ctx, const TensorRef& q, const TensorRef& k,

@@ -3,6 +3,7 @@
 
 #include "flexjit_abi.h"
 #include "ir/Operators.h"
+#include "runtime/BlockMaskGeometry.h"
 #include "util/CheckedMath.h"
 
 #include <fmt/format.h>
@@ -14,40 +15,14 @@ namespace flexjit {
 
 namespace {
 
-// The most tiles (Bm x Hm x num_q_blocks x num_kv_blocks) of a mask, as create_block_mask allows.
-constexpr int64_t kMaxBlockMaskTiles = int64_t{1} << 31;
-
-// ceil(a / b) for a >= 0, b >= 1; in 64 bits, so that a block size near INT_MAX does not wrap.
 int ceil_div(int a, int b) {
-  return static_cast<int>((int64_t{a} + b - 1) / b);
-}
-
-void check_geometry(int batch, int heads, int seqlen_q, int seqlen_kv, int q_block_size,
-                    int kv_block_size) {
-  if (batch < 1 || heads < 1) {
-    throw RuntimeError(
-        fmt::format("block mask batch and heads must be >= 1 (got {} and {})", batch, heads));
-  }
-  if (seqlen_q < 0 || seqlen_kv < 0) {
-    throw RuntimeError(fmt::format("block mask sequence lengths must be >= 0 (got {} and {})",
-                                   seqlen_q, seqlen_kv));
-  }
-  if (q_block_size < 1 || kv_block_size < 1) {
-    throw RuntimeError(fmt::format("block mask block sizes must be >= 1 (got {} and {})",
-                                   q_block_size, kv_block_size));
-  }
-  const int nq = ceil_div(seqlen_q, q_block_size), nkv = ceil_div(seqlen_kv, kv_block_size);
-  const std::optional<int64_t> tiles = checked_product({batch, heads, nq, nkv});
-  if (!tiles || *tiles > kMaxBlockMaskTiles) {
-    throw RuntimeError(
-        fmt::format("a block mask of batch {} x heads {} x {} x {} tiles has more than 2^31 tiles",
-                    batch, heads, nq, nkv));
-  }
+  return static_cast<int>(runtime::block_count(a, b));
 }
 
 BlockMask empty_geometry(int batch, int heads, int seqlen_q, int seqlen_kv, int q_block_size,
                          int kv_block_size) {
-  check_geometry(batch, heads, seqlen_q, seqlen_kv, q_block_size, kv_block_size);
+  runtime::check_block_mask_geometry(batch, heads, seqlen_q, seqlen_kv, q_block_size,
+                                     kv_block_size);
   BlockMask m;
   m.batch = batch;
   m.heads = heads;
@@ -215,7 +190,8 @@ void BlockMask::build_transposed() {
 }
 
 void BlockMask::validate() const {
-  check_geometry(batch, heads, seqlen_q, seqlen_kv, q_block_size, kv_block_size);
+  runtime::check_block_mask_geometry(batch, heads, seqlen_q, seqlen_kv, q_block_size,
+                                     kv_block_size);
   if (num_q_blocks != ceil_div(seqlen_q, q_block_size) ||
       num_kv_blocks != ceil_div(seqlen_kv, kv_block_size)) {
     throw RuntimeError(
@@ -296,7 +272,8 @@ BlockMask block_mask_from_tiles(int batch, int heads, int seqlen_q, int seqlen_k
 
 BlockMask block_mask_from_dense(const std::vector<uint8_t>& mask, int batch, int heads,
                                 int seqlen_q, int seqlen_kv, int q_block_size, int kv_block_size) {
-  check_geometry(batch, heads, seqlen_q, seqlen_kv, q_block_size, kv_block_size);
+  runtime::check_block_mask_geometry(batch, heads, seqlen_q, seqlen_kv, q_block_size,
+                                     kv_block_size);
   const size_t want = static_cast<size_t>(batch) * heads * seqlen_q * seqlen_kv;
   if (mask.size() != want) {
     throw RuntimeError(fmt::format("dense mask has {} elements; expected {} ([{}, {}, {}, {}])",
@@ -312,7 +289,8 @@ BlockMask block_mask_from_dense(const std::vector<uint8_t>& mask, int batch, int
 BlockMask block_mask_from_predicate(const std::function<bool(int, int, int, int)>& pred, int batch,
                                     int heads, int seqlen_q, int seqlen_kv, int q_block_size,
                                     int kv_block_size) {
-  check_geometry(batch, heads, seqlen_q, seqlen_kv, q_block_size, kv_block_size);
+  runtime::check_block_mask_geometry(batch, heads, seqlen_q, seqlen_kv, q_block_size,
+                                     kv_block_size);
   return block_mask_from_tiles(
       batch, heads, seqlen_q, seqlen_kv,
       [&](int b, int h, int qb, int kvb) {
@@ -369,6 +347,39 @@ BlockMask or_masks(const BlockMask& a, const BlockMask& b) {
   });
   m.mods = combine_mods(a, b, ir::Op::Or);
   return m;
+}
+
+void runtime::check_block_mask_lengths(int seqlen_q, int seqlen_kv, int q_block_size,
+                                       int kv_block_size) {
+  if (seqlen_q < 0 || seqlen_kv < 0) {
+    throw RuntimeError(fmt::format("block mask sequence lengths must be >= 0 (got {} and {})",
+                                   seqlen_q, seqlen_kv));
+  }
+  if (q_block_size < 1 || kv_block_size < 1) {
+    throw RuntimeError(fmt::format("block mask block sizes must be >= 1 (got {} and {})",
+                                   q_block_size, kv_block_size));
+  }
+}
+
+void runtime::check_block_mask_tiles(int64_t batch, int64_t heads, int64_t num_q_blocks,
+                                     int64_t num_kv_blocks) {
+  const std::optional<int64_t> tiles = checked_product({batch, heads, num_q_blocks, num_kv_blocks});
+  if (!tiles || *tiles > kMaxBlockMaskTiles) {
+    throw RuntimeError(
+        fmt::format("a block mask of batch {} x heads {} x {} x {} tiles has more than 2^31 tiles",
+                    batch, heads, num_q_blocks, num_kv_blocks));
+  }
+}
+
+void runtime::check_block_mask_geometry(int batch, int heads, int seqlen_q, int seqlen_kv,
+                                        int q_block_size, int kv_block_size) {
+  if (batch < 1 || heads < 1) {
+    throw RuntimeError(
+        fmt::format("block mask batch and heads must be >= 1 (got {} and {})", batch, heads));
+  }
+  check_block_mask_lengths(seqlen_q, seqlen_kv, q_block_size, kv_block_size);
+  check_block_mask_tiles(batch, heads, block_count(seqlen_q, q_block_size),
+                         block_count(seqlen_kv, kv_block_size));
 }
 
 }  // namespace flexjit

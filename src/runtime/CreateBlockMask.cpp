@@ -13,6 +13,7 @@
 #include "kernels/block_mask/BlockMaskBuild.h"
 #include "plan/ContextImpl.h"
 #include "plan/Plan.h"
+#include "runtime/BufferCheck.h"
 #include "tune/StepTuner.h"
 
 #include <fmt/format.h>
@@ -143,8 +144,9 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
   const runtime::CallExtents extents{batch, heads, -1, seqlen_q, seqlen_kv};
   const runtime::BoundModArgs bound = runtime::bind_mod_args(
       mask_mods, bindings, TensorRef::Device::CUDA, impl.device->index(), &mask, &extents);
+  const runtime::DeviceBufferCheck check(ctx, options.check_buffers, mask_mods, nullptr);
   kernels::BlockMaskInputs in;
-  in.mod_params = runtime::pack_mod_params(mask_mods, bound);
+  in.mod_params = runtime::pack_mod_params(mask_mods, bound, check.record());
   std::map<std::string, double> values;
   for (size_t i = 0; i < mask_mods.params.size(); ++i)
     values[mask_mods.params[i].name()] = bound.params[i];
@@ -201,11 +203,15 @@ DeviceBlockMask create_block_mask(Context& ctx, const Mods& mask, int batch, int
   kernels::InputFacts facts;
   facts.seqlen_q = seqlen_q;
   facts.seqlen_kv = seqlen_kv;
+  tune::StepTuning tuning = tune::step_tuning(ctx, AutotuneMode::FromEnv, nullptr);
+  if (check.on()) tuning = tune::lookup_only(tuning);  // checked kernels are not timed
   plan.add(runtime::plan_step<kernels::BlockMaskVariant>(
       kernels::block_mask_problem(cuda::Arch::parse(ctx.arch()), block_size, block_size), in, facts,
-      mask, {}, {}, tune::step_tuning(ctx, AutotuneMode::FromEnv, nullptr)));
+      mask, {}, {}, tuning));
+  check.arm(plan);
   const runtime::BuiltPlan built = runtime::build_plan(impl.builder, plan);
   runtime::launch_plan(*impl.device, plan, built, nullptr, Workspace{});
+  check.verify(mask_mods, bound);
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/decode/DecodeSplit.h"
 #include "kernels/forward/Forward.h"
 #include "plan/ContextImpl.h"
+#include "runtime/BufferCheck.h"
 #include "runtime/ForwardPlan.h"
 #include "util/Log.h"
 
@@ -28,17 +29,6 @@ namespace flexjit::runtime {
 namespace {
 
 constexpr int64_t kMaxGridYZ = 65535;
-
-kernels::Params decode_overrides(const BlockConfig& c) {
-  kernels::Params p;
-  for (auto [name, v] :
-       {std::pair{"block_n", c.block_n}, std::pair{"num_warps", c.num_warps},
-        std::pair{"num_stages", c.num_stages}, std::pair{"num_splits", c.num_splits}}) {
-    if (v < 0) throw UnsupportedError(fmt::format("{} must not be negative ({})", name, v));
-    if (v > 0) p.set(name, v);
-  }
-  return p;
-}
 
 kernels::KernelDesc split_problem(const cuda::Arch& arch, const kernels::DecodeInputs& in,
                                   MathMode math) {
@@ -112,7 +102,8 @@ std::optional<std::string> decode_unsupported(const cuda::Arch& arch,
     // the decode kernel cannot take is a reason too (the forward may take them).
     kernels::Registry::global().complete(
         split_problem(arch, in, options.math), kernels::decode_facts(in),
-        decode_overrides(options.config), auto_dispatch ? std::string_view{} : options.variant);
+        kernels::config_overrides(options.config, kernels::Family::DecodeSplit),
+        auto_dispatch ? std::string_view{} : options.variant);
   } catch (const UnsupportedError& e) {
     return std::string(e.what());
   }
@@ -151,8 +142,9 @@ Plan plan_decode(const cuda::Arch& arch, kernels::DecodeInputs in, const Mods& m
     };
   }
   PlanStep split_step = plan_step<kernels::DecodeSplitVariant>(
-      split_problem(arch, in, options.math), in, facts, mods, decode_overrides(options.config),
-      options.variant, split_tuning);
+      split_problem(arch, in, options.math), in, facts, mods,
+      kernels::config_overrides(options.config, kernels::Family::DecodeSplit), options.variant,
+      split_tuning);
   in.num_splits = kernels::resolve_num_splits(split_step.desc, in);
   FJ_LOG("kernels", "flex_attention: decode plan, {} split(s) of the KV range (Sq={}, Skv={}{})",
          in.num_splits, in.seqlen_q, in.seqlen_kv,
@@ -279,6 +271,7 @@ namespace {
 struct KvCacheCall {
   KvCacheShape shape;
   Mods mods;
+  BoundModArgs bound;
   kernels::DecodeInputs inputs;
   kernels::ForwardInputs forward;
   bool use_forward = false;
@@ -308,7 +301,7 @@ kernels::ForwardInputs forward_inputs(const kernels::DecodeInputs& d, const KvCa
 
 KvCacheCall validate_kv_cache_call(Context& ctx, const TensorRef& q, const TensorRef& k,
                                    const TensorRef& v, const TensorRef& out, const TensorRef* lse,
-                                   const AttentionOptions& options) {
+                                   const AttentionOptions& options, void* check_record = nullptr) {
   const KvCache& cache = *options.kv_cache;
   KvCacheCall call;
   call.shape = validate_kv_cache(q, k, v, cache);
@@ -323,11 +316,11 @@ KvCacheCall validate_kv_cache_call(Context& ctx, const TensorRef& q, const Tenso
   // The lengths live on the device: kv_idx's range is not the host's to check.
   CallExtents extents = CallExtents::of(s);
   extents.seqlen_kv = -1;
-  call.inputs = decode_inputs(
-      q, k, v, out, lse, s, options,
-      pack_mod_params(call.mods, bind_mod_args(call.mods, options.bindings, TensorRef::Device::CUDA,
-                                               device_index, nullptr, &extents)),
-      impl.device->sm_count());
+  call.bound = bind_mod_args(call.mods, options.bindings, TensorRef::Device::CUDA, device_index,
+                             nullptr, &extents);
+  call.inputs =
+      decode_inputs(q, k, v, out, lse, s, options,
+                    pack_mod_params(call.mods, call.bound, check_record), impl.device->sm_count());
   call.inputs.seq_lens = static_cast<const int*>(cache.seq_lens.data);
   if (call.shape.paged) {
     call.inputs.page_table = static_cast<const int*>(cache.page_table.data);
@@ -366,7 +359,9 @@ Plan plan_kv_cache(Context& ctx, const KvCacheCall& call, const AttentionOptions
 void flex_attention_kv_cache_into(Context& ctx, const TensorRef& q, const TensorRef& k,
                                   const TensorRef& v, const TensorRef& out, const TensorRef* lse,
                                   const AttentionOptions& options) {
-  const KvCacheCall call = validate_kv_cache_call(ctx, q, k, v, out, lse, options);
+  const DeviceBufferCheck check(ctx, options.check_buffers, effective_mods(options),
+                                options.stream);
+  const KvCacheCall call = validate_kv_cache_call(ctx, q, k, v, out, lse, options, check.record());
   ContextImpl& impl = impl_of(ctx);
   impl.device->make_current();
   const QkvShape& s = call.shape.qkv;
@@ -383,10 +378,14 @@ void flex_attention_kv_cache_into(Context& ctx, const TensorRef& q, const Tensor
     write_empty_attention(out, lse, static_cast<CUstream>(options.stream));
     return;
   }
-  const Plan plan =
-      plan_kv_cache(ctx, call, options, tune::step_tuning(ctx, options.autotune, options.stream));
+  // A checked call searches no tuning (its kernels are not timed): stored configs or defaults.
+  tune::StepTuning tuning = tune::step_tuning(ctx, options.autotune, options.stream);
+  if (check.on()) tuning = tune::lookup_only(tuning);
+  Plan plan = plan_kv_cache(ctx, call, options, tuning);
+  check.arm(plan);
   const BuiltPlan built = build_plan(impl.builder, plan);
   launch_plan(*impl.device, plan, built, static_cast<CuStream>(options.stream), options.workspace);
+  check.verify(call.mods, call.bound);
 }
 
 std::string describe_kv_cache_plan(Context& ctx, const TensorRef& q, const TensorRef& k,

@@ -6,6 +6,7 @@
 
 #include "device/MaskScheduleCache.h"
 #include "plan/ContextImpl.h"
+#include "runtime/BlockMaskGeometry.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -58,23 +59,6 @@ void complete(BlockMask& m) {
   }
 }
 
-// "float32" for an error message about an array a framework handed over.
-const char* framework_dtype(DType d) {
-  switch (d) {
-    case DType::F32:
-      return "float32";
-    case DType::F16:
-      return "float16";
-    case DType::BF16:
-      return "bfloat16";
-    case DType::I32:
-      return "int32";
-    case DType::Bool:
-      return "bool";
-  }
-  return "?";
-}
-
 std::string dims_str(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
@@ -97,14 +81,7 @@ std::array<DeviceTensor*, 8> as_list(DeviceBlockMaskArrays& a) {
 
 BlockMask block_mask_meta(const BlockMaskArrayRefs& arrays, int seqlen_q, int seqlen_kv,
                           int q_block_size, int kv_block_size) {
-  if (seqlen_q < 0 || seqlen_kv < 0) {
-    throw RuntimeError(fmt::format("block mask sequence lengths must be >= 0 (got {} and {})",
-                                   seqlen_q, seqlen_kv));
-  }
-  if (q_block_size < 1 || kv_block_size < 1) {
-    throw RuntimeError(fmt::format("block mask block sizes must be >= 1 (got {} and {})",
-                                   q_block_size, kv_block_size));
-  }
+  runtime::check_block_mask_lengths(seqlen_q, seqlen_kv, q_block_size, kv_block_size);
   const std::array<const TensorRef*, 8> list = as_list(arrays);
   // The pairs: given whole or not at all; kv_* required, full_q_* only with full_kv_*.
   for (int p = 0; p < 8; p += 2) {
@@ -130,7 +107,7 @@ BlockMask block_mask_meta(const BlockMaskArrayRefs& arrays, int seqlen_q, int se
     if (t->dtype != DType::I32) {
       throw RuntimeError(
           fmt::format("{} has dtype {}; flexjit takes int32 for {} (block mask arrays are int32)",
-                      kArrayNames[i], framework_dtype(t->dtype), kArrayNames[i]));
+                      kArrayNames[i], framework_name(t->dtype), kArrayNames[i]));
     }
     const std::string dev = to_string(t->device, t->device_index);
     if (dev != device) {
@@ -144,8 +121,8 @@ BlockMask block_mask_meta(const BlockMaskArrayRefs& arrays, int seqlen_q, int se
                                      t->strides.size(), t->shape.size()));
     }
   }
-  const int64_t nq = (int64_t{seqlen_q} + q_block_size - 1) / q_block_size;
-  const int64_t nk = (int64_t{seqlen_kv} + kv_block_size - 1) / kv_block_size;
+  const int64_t nq = runtime::block_count(seqlen_q, q_block_size);
+  const int64_t nk = runtime::block_count(seqlen_kv, kv_block_size);
   const std::string tiles = fmt::format("{} x {} tiles of {} x {} for seqlen_q {}, seqlen_kv {}",
                                         nq, nk, q_block_size, kv_block_size, seqlen_q, seqlen_kv);
   if (first.ndim() != 3 || first.shape[2] != nq || first.shape[0] < 1 || first.shape[1] < 1) {
@@ -155,12 +132,11 @@ BlockMask block_mask_meta(const BlockMaskArrayRefs& arrays, int seqlen_q, int se
                     dims_str(first.shape), nq, tiles));
   }
   const int64_t bm = first.shape[0], hm = first.shape[1];
-  if (bm > INT32_MAX || hm > INT32_MAX ||
-      bm * hm > (int64_t{1} << 31) / std::max<int64_t>(nq * nk, 1)) {
+  if (bm > INT32_MAX || hm > INT32_MAX) {  // the tile count alone allows any with 0 tiles
     throw RuntimeError(
-        fmt::format("a block mask of batch {} x heads {} x {} x {} tiles has more than 2^31 tiles",
-                    bm, hm, nq, nk));
+        fmt::format("kv_num_blocks has shape {}; Bm and Hm must fit int32", dims_str(first.shape)));
   }
+  runtime::check_block_mask_tiles(bm, hm, nq, nk);
   const std::vector<int64_t> expected[8] = {{bm, hm, nq},     {bm, hm, nq, nk}, {bm, hm, nq},
                                             {bm, hm, nq, nk}, {bm, hm, nk},     {bm, hm, nk, nq},
                                             {bm, hm, nk},     {bm, hm, nk, nq}};

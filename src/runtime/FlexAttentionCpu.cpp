@@ -5,6 +5,8 @@
 #include <flexjit/error.h>
 #include <flexjit/paged_kv.h>
 
+#include "binding/ModArgs.h"
+#include "cpu/BufferIndexCheck.h"
 #include "cpu/ForwardKernel.h"
 #include "cpu/JitBlockMask.h"
 #include "cpu/KvCacheGather.h"
@@ -42,7 +44,17 @@ void flex_attention_cpu_into(const TensorRef& q, const TensorRef& k, const Tenso
     const QkvShape& s = shape.qkv;
     check_output("out", out, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
     const cpu::GatheredKv g = cpu::gather_kv_cache(k, v, *options.kv_cache, shape);
-    flex_attention_cpu_into(q, g.k, g.v, out, lse, cpu::with_length_mask(options, g), cpu);
+    AttentionOptions gathered = cpu::with_length_mask(options, g);
+    if (options.check_buffers) {  // kv_idx below each sequence's length, not the longest one's
+      options.mods.check();
+      const runtime::CallExtents extents{s.batch, s.heads_q, s.heads_kv, s.seqlen_q, g.max_len};
+      cpu::check_buffer_indices(
+          options.mods,
+          runtime::bind_mod_args(options.mods, options.bindings, TensorRef::Device::CPU), extents,
+          &g.lengths);
+      gathered.check_buffers = false;
+    }
+    flex_attention_cpu_into(q, g.k, g.v, out, lse, gathered, cpu);
     return;
   }
   const QkvShape s = cpu::check_cpu_qkv("flex_attention_cpu", q, k, v);
@@ -50,6 +62,13 @@ void flex_attention_cpu_into(const TensorRef& q, const TensorRef& k, const Tenso
   if (lse != nullptr) check_output("lse", *lse, {s.batch, s.heads_q, s.seqlen_q});
   const Mods& mods = options.mods;
   mods.check();
+  if (options.check_buffers) {
+    const runtime::CallExtents extents = runtime::CallExtents::of(s);
+    cpu::check_buffer_indices(mods,
+                              runtime::bind_mod_args(mods, options.bindings, TensorRef::Device::CPU,
+                                                     0, nullptr, &extents),
+                              extents);
+  }
 
   cpu::CpuForwardOptions fo;
   if (options.scale) fo.scale = *options.scale;

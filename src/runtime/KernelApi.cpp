@@ -5,13 +5,9 @@
 
 #include "Pipeline.h"
 #include "device/Device.h"
+#include "kernels/Family.h"
 #include "kernels/KernelQuery.h"
-#include "kernels/MathMode.h"
 #include "kernels/Registry.h"
-#include "kernels/backward/Backward.h"
-#include "kernels/block_mask/BlockMaskBuild.h"
-#include "kernels/decode/Decode.h"
-#include "kernels/forward/Forward.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -33,84 +29,29 @@ cuda::Arch target_of(const KernelQuery& q) {
 }  // namespace
 
 kernels::KernelDesc kernels::desc_for_query(const KernelQuery& q, kernels::Selection* sel) {
-  const auto family = kernels::parse_family(q.family);
-  if (!family) {
-    std::vector<std::string> names;
-    for (kernels::Family f : kernels::all_families())
-      names.emplace_back(kernels::to_string(f));
-    throw UnsupportedError(fmt::format("unknown kernel family '{}'; the families are: {}", q.family,
-                                       fmt::join(names, ", ")));
-  }
+  const kernels::Families& families = kernels::Families::global();
+  const kernels::FamilyInfo& family = families.get(q.family);
   const cuda::Arch arch = target_of(q);
-  const bool has_math =
-      *family == kernels::Family::Forward || *family == kernels::Family::BackwardDkDv ||
-      *family == kernels::Family::BackwardDq || *family == kernels::Family::DecodeSplit;
-  if (!has_math && q.math != MathMode::Auto) {
+  if (!family.math && q.math != MathMode::Auto) {
+    std::string with_math;  // "forward, backward_dkdv and decode_split"
+    std::vector<std::string> names;
+    for (const kernels::FamilyInfo* f : families.all()) {
+      if (f->math) names.push_back(f->name);
+    }
+    for (size_t i = 0; i < names.size(); ++i)
+      with_math += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
     throw UnsupportedError(fmt::format(
         "math mode '{}' does not apply to the {} kernel, which evaluates no score_mod; it applies "
-        "to forward, backward_dkdv, backward_dq and decode_split (mask_mods are always exact)",
-        to_string(q.math), q.family));
+        "to {} (mask_mods are always exact)",
+        to_string(q.math), family.name, with_math));
   }
-  kernels::Params overrides;
-  switch (*family) {
-    case kernels::Family::Forward: {
-      overrides = kernels::config_overrides(q.config);
-      kernels::KernelDesc problem = kernels::forward_problem(
-          arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk, q.gqa_ratio,
-          q.divisible, q.full_blocks);
-      kernels::set_math_mode(problem, q.math);
-      if (q.page_size != 0) kernels::set_kv_cache_flags(problem, q.page_size);
-      return kernels::Registry::global().complete(problem, {}, overrides, q.variant, sel);
-    }
-    case kernels::Family::BlockMask:
-      return kernels::Registry::global().complete(
-          kernels::block_mask_problem(arch, q.block_size, q.block_size), {}, overrides, q.variant,
-          sel);
-    case kernels::Family::BackwardPreprocess:
-    case kernels::Family::BackwardDkDv:
-    case kernels::Family::BackwardDq: {
-      if (*family != kernels::Family::BackwardPreprocess) {
-        overrides = kernels::config_overrides(q.config);
-      }
-      kernels::KernelDesc problem = kernels::backward_problem(
-          *family, arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk,
-          q.gqa_ratio, q.full_blocks, q.deterministic);
-      if (*family != kernels::Family::BackwardPreprocess) {
-        problem.flags.set("divisible", q.divisible ? 1 : 0);
-        kernels::set_math_mode(problem, q.math);
-      }
-      return kernels::Registry::global().complete(problem, {}, overrides, q.variant, sel);
-    }
-    case kernels::Family::DecodeSplit: {
-      for (auto [name, v] :
-           {std::pair{"block_n", q.config.block_n}, std::pair{"num_warps", q.config.num_warps},
-            std::pair{"num_stages", q.config.num_stages},
-            std::pair{"num_splits", q.config.num_splits}}) {
-        if (v < 0) throw UnsupportedError(fmt::format("{} must not be negative ({})", name, v));
-        if (v > 0) overrides.set(name, v);
-      }
-      if (q.seqlen_q < 1) {
-        throw UnsupportedError(fmt::format("seqlen_q must be at least 1, not {}", q.seqlen_q));
-      }
-      kernels::KernelDesc problem = kernels::decode_split_problem(
-          arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk, q.gqa_ratio,
-          kernels::decode_rows(q.gqa_ratio, q.seqlen_q), q.page_size, q.full_blocks);
-      kernels::set_math_mode(problem, q.math);
-      return kernels::Registry::global().complete(problem, {}, overrides, q.variant, sel);
-    }
-    case kernels::Family::DecodeCombine:
-      if (q.config.num_warps > 0) overrides.set("num_warps", q.config.num_warps);
-      return kernels::Registry::global().complete(
-          kernels::decode_combine_problem(arch, q.dtype,
-                                          q.head_dim_v ? q.head_dim_v : q.head_dim_qk),
-          {}, overrides, q.variant, sel);
-    default:
-      break;
+  const kernels::Params overrides = kernels::config_overrides(q.config, family);
+  const kernels::KernelDesc problem = family.problem(q, arch);
+  if (kernels::Registry::global().variants(family.family).empty()) {
+    throw UnsupportedError(
+        fmt::format("the {} kernel family has no variants registered", family.name));
   }
-  throw UnsupportedError(fmt::format(
-      "the {} kernel family has no variants yet; the families with variants are forward, "
-      "block_mask, backward_* and decode_*",
-      q.family));
+  return kernels::Registry::global().complete(problem, {}, overrides, q.variant, sel);
 }
 
 namespace {
@@ -174,6 +115,21 @@ std::vector<KernelVariantInfo> kernel_variants() {
     for (const kernels::TemplateText& t : v->templates())
       i.templates.push_back(t.name);
     i.entry_points = v->entry_points();
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+std::vector<KernelFamilyInfo> kernel_families() {
+  std::vector<KernelFamilyInfo> out;
+  for (const kernels::FamilyInfo* f : kernels::Families::global().all()) {
+    KernelFamilyInfo i;
+    i.name = f->name;
+    i.summary = f->summary;
+    i.kind = f->kind;
+    i.math = f->math;
+    for (const kernels::ConfigKey& k : f->config_keys)
+      i.config_keys.push_back({k.name, k.doc, k.min, k.max});
     out.push_back(std::move(i));
   }
   return out;

@@ -4,14 +4,13 @@
 #include <flexjit/kernel.h>
 
 #include "codegen/cuda/Arch.h"
+#include "kernels/Family.h"
 #include "kernels/Registry.h"
 #include "kernels/backward/Backward.h"
-#include "kernels/block_mask/BlockMaskBuild.h"
-#include "kernels/decode/Decode.h"
-#include "kernels/forward/Forward.h"
 #include "passes/RuntimeDivision.h"
 #include "tune/Prune.h"
 #include "util/InputFiles.h"
+#include "util/Suggest.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -29,6 +28,14 @@ using nlohmann::json;
 const std::set<std::string> kWorkloadKeys = {"name",      "kind",   "mods",       "mods_file",
                                              "mods_text", "dtypes", "head_dims",  "gqa_ratios",
                                              "shapes",    "archs",  "block_size", "page_size"};
+
+// Whether a workload of `kind` may run on a paged KV cache (FamilyInfo::kv_pages).
+bool kind_takes_pages(const std::string& kind) {
+  for (const kernels::FamilyInfo* f : kernels::Families::global().of_kind(kind)) {
+    if (f->kv_pages) return true;
+  }
+  return false;
+}
 
 class EntryError {
  public:
@@ -94,12 +101,15 @@ Workload parse_workload(const json& j, size_t index, const std::filesystem::path
   }
   w.name = name.empty() ? fmt::format("workload {}", index) : name;
   w.named = !name.empty();
+  // The kinds are the registered families' (kernels/Family.h).
+  const std::vector<std::string> kinds = kernels::Families::global().kinds();
   if (j.contains("kind") && !j.at("kind").is_string()) {
-    err.fail("'kind' must be one of \"forward\", \"backward\", \"decode\"");
+    err.fail(fmt::format("'kind' must be one of {}", fmt::join(kinds, ", ")));
   }
   w.kind = j.value("kind", "forward");
-  if (w.kind != "forward" && w.kind != "backward" && w.kind != "decode") {
-    err.fail(fmt::format("kind '{}' is not one of forward, backward, decode", w.kind));
+  if (std::find(kinds.begin(), kinds.end(), w.kind) == kinds.end()) {
+    err.fail(fmt::format("kind '{}' is not one of {}{}", w.kind, fmt::join(kinds, ", "),
+                         did_you_mean(w.kind, kinds)));
   }
   const int sources = j.contains("mods") + j.contains("mods_file") + j.contains("mods_text");
   if (sources != 1) {
@@ -217,11 +227,15 @@ Workload parse_workload(const json& j, size_t index, const std::filesystem::path
   }
   if (j.contains("page_size")) {
     const json& p = j.at("page_size");
-    if (w.kind != "decode") {
+    if (!kind_takes_pages(w.kind)) {
+      std::vector<std::string> paged;
+      for (const std::string& k : kinds) {
+        if (kind_takes_pages(k)) paged.push_back(k);
+      }
       err.fail(
-          fmt::format("'page_size' applies to decode workloads (a paged KV cache); this one "
+          fmt::format("'page_size' applies to {} workloads (a paged KV cache); this one "
                       "is a {} workload",
-                      w.kind));
+                      fmt::join(paged, ", "), w.kind));
     }
     const int64_t v = p.is_number_integer() ? p.get<int64_t>() : -1;
     if (v < 0 || v > 256 || (v & (v - 1)) != 0) {
@@ -285,19 +299,26 @@ Manifest load_manifest(const std::filesystem::path& file) {
 }
 
 std::vector<kernels::Family> families_of_kind(const std::string& kind) {
-  using kernels::Family;
-  if (kind == "backward") {
-    return {Family::BackwardPreprocess, Family::BackwardDkDv, Family::BackwardDq};
-  }
-  if (kind == "decode") return {Family::DecodeSplit, Family::DecodeCombine};
-  return {Family::Forward};
+  std::vector<kernels::Family> out;
+  for (const kernels::FamilyInfo* f : kernels::Families::global().of_kind(kind))
+    out.push_back(f->family);
+  return out;
 }
 
-kernels::KernelDesc workload_forward_problem(const Workload& w, const std::string& arch,
-                                             DType dtype, std::pair<int, int> hd, int gqa) {
-  const bool mask = w.block_size > 0 && w.mods.mask_mod.defined();
-  return kernels::forward_problem(cuda::Arch::parse(arch), dtype, hd.first, hd.second, gqa,
-                                  /*divisible=*/false, /*full_blocks=*/mask);
+KernelQuery workload_query(const Workload& w, const std::string& arch, DType dtype,
+                           std::pair<int, int> hd, int gqa, const WorkloadShape& s) {
+  KernelQuery q;
+  q.arch = arch;
+  q.dtype = dtype;
+  q.head_dim_qk = hd.first;
+  q.head_dim_v = hd.second;
+  q.gqa_ratio = gqa;
+  q.divisible = false;  // the lengths are the calls', unknown here
+  q.full_blocks = w.block_size > 0 && w.mods.mask_mod.defined();
+  q.block_size = w.block_size;
+  q.seqlen_q = static_cast<int>(s.seqlen_q);
+  q.page_size = w.page_size;
+  return q;
 }
 
 kernels::InputFacts workload_forward_facts(const Workload& w, const WorkloadShape& s) {
@@ -316,28 +337,14 @@ kernels::InputFacts workload_forward_facts(const Workload& w, const WorkloadShap
 std::vector<WarmStep> workload_steps(const Workload& w, const std::string& arch_name, DType dtype,
                                      std::pair<int, int> hd, int gqa, const WorkloadShape& s) {
   const cuda::Arch arch = cuda::Arch::parse(arch_name);
-  const bool mask = w.block_size > 0 && w.mods.mask_mod.defined();
+  const KernelQuery query = workload_query(w, arch_name, dtype, hd, gqa, s);
+  kernels::InputFacts facts = workload_forward_facts(w, s);
+  // A paged call's KV length is the page table's capacity: whole pages.
+  if (w.page_size > 0)
+    facts.seqlen_kv = (s.seqlen_kv + w.page_size - 1) / w.page_size * w.page_size;
   std::vector<WarmStep> steps;
-  if (w.kind == "backward") {
-    const kernels::InputFacts facts = workload_forward_facts(w, s);
-    for (kernels::Family f : families_of_kind("backward")) {
-      steps.push_back(
-          {kernels::backward_problem(f, arch, dtype, hd.first, hd.second, gqa, mask), facts, ""});
-    }
-  } else if (w.kind == "decode") {
-    kernels::InputFacts facts = workload_forward_facts(w, s);
-    // A paged call's KV length is the page table's capacity: whole pages.
-    if (w.page_size > 0)
-      facts.seqlen_kv = (s.seqlen_kv + w.page_size - 1) / w.page_size * w.page_size;
-    steps.push_back(
-        {kernels::decode_split_problem(arch, dtype, hd.first, hd.second, gqa,
-                                       kernels::decode_rows(gqa, s.seqlen_q), w.page_size, mask),
-         facts, ""});
-    steps.push_back({kernels::decode_combine_problem(arch, dtype, hd.second), facts, ""});
-  } else {
-    steps.push_back(
-        {workload_forward_problem(w, arch_name, dtype, hd, gqa), workload_forward_facts(w, s), ""});
-  }
+  for (const kernels::FamilyInfo* f : kernels::Families::global().of_kind(w.kind))
+    steps.push_back({f->problem(query, arch), facts, ""});
   return steps;
 }
 
@@ -347,9 +354,11 @@ WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& a
   WarmPlan plan;
   std::set<std::string> seen;
   auto add = [&](const Workload& w, kernels::KernelDesc d, bool is_default) {
-    // One decode_split kernel serves every split count (a launch parameter: the source is the
-    // one of num_splits = 0), so the candidates that differ only in it are one kernel.
-    if (d.family == kernels::Family::DecodeSplit) d.config.set("num_splits", 0);
+    // One kernel serves every value of a launch-only key (decode_split's num_splits: the source
+    // is the one of 0), so the candidates that differ only in it are one kernel.
+    for (const kernels::ConfigKey& k : kernels::Families::global().get(d.family).config_keys) {
+      if (k.launch_only && d.config.has(k.name)) d.config.set(k.name, 0);
+    }
     // Keyed by the mods the kernel is generated from (a block-mask kernel keeps the mask_mod).
     const Mods kernel_mods = reg.get(d.family, d.variant).kernel_mods(w.mods);
     const std::string id = fmt::format("{}|{:016x}", d.str(), kernel_mods.hash());
@@ -405,6 +414,11 @@ WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& a
           for (int gqa : w.gqa_ratios) {
             for (const WorkloadShape& s : w.shapes) {
               kernels::Family fam = families_of_kind(w.kind).front();
+              // A family's problem for this workload shape (kernels/Family.h).
+              auto problem_of = [&](kernels::Family f) {
+                return kernels::Families::global().get(f).problem(
+                    workload_query(w, arch, dt, hd, gqa, s), cuda::Arch::parse(arch));
+              };
               try {
                 // Whether the default plan's dK/dV kernel adds dQ: then it has no second pass.
                 bool default_dq_atomic = false;
@@ -419,20 +433,14 @@ WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& a
                     // The dQ convert of the plans whose dK/dV kernel adds dQ.
                     fam = kernels::Family::BackwardDq;
                     add(w,
-                        reg.complete(kernels::backward_problem(kernels::Family::BackwardDq,
-                                                               cuda::Arch::parse(arch), dt,
-                                                               hd.first, hd.second, gqa, mask),
-                                     st.facts, {{"dq_layout", added.layout}}, "atomic_convert"),
+                        reg.complete(problem_of(kernels::Family::BackwardDq), st.facts,
+                                     {{"dq_layout", added.layout}}, "atomic_convert"),
                         added.default_dq_atomic);
                   }
                 }
                 if (mask) {
                   fam = kernels::Family::BlockMask;
-                  add(w,
-                      reg.complete(kernels::block_mask_problem(cuda::Arch::parse(arch),
-                                                               w.block_size, w.block_size),
-                                   {}),
-                      true);
+                  add(w, reg.complete(problem_of(kernels::Family::BlockMask), {}), true);
                 }
               } catch (const UnsupportedError& e) {
                 err.fail(fmt::format("{} {} d={}/{} gqa={} for {}: {}", kernels::to_string(fam),

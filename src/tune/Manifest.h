@@ -13,6 +13,7 @@
 // index and the problem.
 #pragma once
 
+#include <flexjit/kernel.h>
 #include <flexjit/mods.h>
 #include <flexjit/types.h>
 
@@ -95,9 +96,12 @@ std::vector<WarmStep> workload_steps(const Workload& w, const std::string& arch,
                                      std::pair<int, int> head_dims, int gqa,
                                      const WorkloadShape& shape);
 
-// The forward problem and input facts of a workload shape as flex_attention plans them.
-kernels::KernelDesc workload_forward_problem(const Workload& w, const std::string& arch,
-                                             DType dtype, std::pair<int, int> head_dims, int gqa);
+// The kernel query of a workload shape: what each family of its kind makes its problem of
+// (FamilyInfo::problem): divisible = false, full_blocks and block_size from the workload's mask,
+// the shape's seqlen_q, the workload's page_size.
+KernelQuery workload_query(const Workload& w, const std::string& arch, DType dtype,
+                           std::pair<int, int> head_dims, int gqa, const WorkloadShape& shape);
+// The input facts of a workload shape as flex_attention plans them.
 kernels::InputFacts workload_forward_facts(const Workload& w, const WorkloadShape& s);
 
 }  // namespace flexjit::tune

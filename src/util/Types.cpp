@@ -31,6 +31,22 @@ std::string_view to_string(DType t) {
   FJ_ASSERT(false, "bad DType");
 }
 
+std::string_view framework_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "float32";
+    case DType::F16:
+      return "float16";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::I32:
+      return "int32";
+    case DType::Bool:
+      return "bool";
+  }
+  FJ_ASSERT(false, "bad DType");
+}
+
 std::optional<DType> parse_dtype(std::string_view s) {
   if (s == "f32" || s == "float32") return DType::F32;
   if (s == "f16" || s == "float16") return DType::F16;

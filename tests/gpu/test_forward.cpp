@@ -294,34 +294,27 @@ TEST_CASE("forward: random shapes, GQA, head dims, dtypes and layouts", "[gpu][f
 // The sm90a_wgmma configs that no default selects (the head-dim-64 candidates of issue 10:
 // three consumer warpgroups with block_m 192, block_n 176 / 192, 2 or 4 stages) on ragged
 // lengths, GQA, every mod kind (none, mask only, score_mod, buffer loads) and a negative scale
-// (the folded-scale softmax's fallback); docs/kernels/forward_sm90.md "Configs".
-TEST_CASE("forward: sm90a_wgmma's non-default configs match the reference", "[gpu][forward]") {
-  FJ_REQUIRE_GPU_OR_SKIP(ctx);
-  if (!sm90a_wgmma_selectable(*ctx)) return;
+// (the folded-scale softmax's fallback); docs/kernels/forward_sm90.md "Configs". Three test
+// cases share them out (tile shapes / q tiles / persistent), so that scripts/gpu_suite.sh's
+// parallel shards run them side by side.
+namespace {
+
+struct Sm90Cfg {
+  int block_m, block_n, num_stages, dqk, dv;
+  int q_tiles = 1;
+  int persistent = -1;
+};
+
+void check_sm90_configs(Context& ctx, const std::vector<Sm90Cfg>& configs) {
+  if (!sm90a_wgmma_selectable(ctx)) return;
   test::ForwardFamilyScope family_scope("sm90a_wgmma");
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
-  struct Cfg {
-    int block_m, block_n, num_stages, dqk, dv;
-    int q_tiles = 1;
-    int persistent = -1;
-  };
-  // q_tiles 2: pairs of query tiles per CTA (an odd count of them leaves one CTA a single tile),
-  // with and without the intra-warpgroup overlap (d_v 256), with three consumers. persistent:
-  // more pairs than SMs (each CTA walks several, over heads and batches), d 64 and 128, qk != v,
-  // two and three consumers.
-  const std::vector<Cfg> configs = {
-      {192, 128, 4, 64, 64},       {192, 128, 2, 64, 64},         {192, 64, 4, 64, 64},
-      {128, 192, 4, 64, 64},       {128, 176, 4, 64, 64},         {192, 128, 3, 128, 64},
-      {128, 192, 2, 128, 64},      {128, 128, 3, 64, 64},         {128, 128, 4, 64, 64, 2},
-      {128, 128, 2, 128, 128, 2},  {128, 64, 2, 256, 256, 2},     {192, 128, 4, 64, 64, 2},
-      {128, 128, 4, 64, 64, 2, 1}, {128, 128, 2, 128, 128, 2, 1}, {128, 64, 2, 128, 64, 2, 1},
-      {192, 128, 4, 64, 64, 2, 1}};
   const std::vector<std::string> mods = {
       "noop",           "causal",          "alibi_causal",
       "softcap_causal", "document_causal", "relative_bias_causal"};
-  for (const Cfg& k : configs) {
+  for (const Sm90Cfg& k : configs) {
     for (size_t m = 0; m < mods.size(); ++m) {
       Case c;
       const bool big = m % 2 == 0;
@@ -341,15 +334,52 @@ TEST_CASE("forward: sm90a_wgmma's non-default configs match the reference", "[gp
       c.config.block_m = k.block_m;
       c.config.block_n = k.block_n;
       c.config.num_stages = k.num_stages;
-      c.config.q_tiles = k.q_tiles;
-      c.config.persistent = k.persistent;
+      if (k.q_tiles != 0) c.config.params["q_tiles"] = k.q_tiles;
+      if (k.persistent != 0) c.config.params["persistent"] = k.persistent == 1 ? 1 : 0;
       c.label =
           fmt::format("{}x{} {} stages {} q tiles{} d {}/{} {}", k.block_m, k.block_n, k.num_stages,
                       k.q_tiles, k.persistent == 1 ? " persistent" : "", k.dqk, k.dv, mods[m]);
       bind_standard(c, rng);
-      check_case(*ctx, c, rng, seed);
+      check_case(ctx, c, rng, seed);
     }
   }
+}
+
+}  // namespace
+
+// Tile shapes and stages other than the defaults.
+TEST_CASE("forward: sm90a_wgmma's non-default tiles and stages match the reference",
+          "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  check_sm90_configs(*ctx, {{192, 128, 4, 64, 64},
+                            {192, 128, 2, 64, 64},
+                            {192, 64, 4, 64, 64},
+                            {128, 192, 4, 64, 64},
+                            {128, 176, 4, 64, 64},
+                            {192, 128, 3, 128, 64},
+                            {128, 192, 2, 128, 64},
+                            {128, 128, 3, 64, 64}});
+}
+
+// q_tiles 2: pairs of query tiles per CTA (an odd count of them leaves one CTA a single tile),
+// with and without the intra-warpgroup overlap (d_v 256), with three consumers.
+TEST_CASE("forward: sm90a_wgmma with two query tiles per CTA matches the reference",
+          "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  check_sm90_configs(*ctx, {{128, 128, 4, 64, 64, 2},
+                            {128, 128, 2, 128, 128, 2},
+                            {128, 64, 2, 256, 256, 2},
+                            {192, 128, 4, 64, 64, 2}});
+}
+
+// persistent: more pairs than SMs (each CTA walks several, over heads and batches), d 64 and
+// 128, qk != v, two and three consumers.
+TEST_CASE("forward: sm90a_wgmma's persistent CTAs match the reference", "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  check_sm90_configs(*ctx, {{128, 128, 4, 64, 64, 2, 1},
+                            {128, 128, 2, 128, 128, 2, 1},
+                            {128, 64, 2, 128, 64, 2, 1},
+                            {192, 128, 4, 64, 64, 2, 1}});
 }
 
 // Loads at ±(q_idx - kv_idx) + (h, params) are the score_mod's diagonal load (kFjDiagLoad:
@@ -703,8 +733,8 @@ TEST_CASE("forward: sm90a_wgmma's 192-row tiles over block masks match the refer
       c.config.block_m = k.block_m;
       c.config.block_n = k.block_n;
       c.config.num_stages = k.num_stages;
-      c.config.q_tiles = k.q_tiles;
-      c.config.persistent = k.persistent;
+      if (k.q_tiles != 0) c.config.params["q_tiles"] = k.q_tiles;
+      if (k.persistent != 0) c.config.params["persistent"] = k.persistent == 1 ? 1 : 0;
       check_case(*ctx, c, rng, seed);
     }
   }

@@ -308,6 +308,23 @@ def test_emit_inspect_and_kernel_variants_without_a_gpu():
         flexjit.emit(arch="sm_80", kernel="nope")
 
 
+def test_kernel_families_list_each_familys_kind_math_and_config_keys():
+    families = {f["name"]: f for f in flexjit.kernel_families()}
+    assert list(families)[:2] == ["forward", "block_mask"]
+    fwd = families["forward"]
+    assert fwd["kind"] == "forward" and fwd["math"]
+    keys = {k["name"]: k for k in fwd["config_keys"]}
+    assert {"block_m", "q_tiles", "persistent"} <= set(keys)
+    assert (keys["persistent"]["min"], keys["persistent"]["max"]) == (0, 1)
+    assert families["block_mask"]["kind"] == "" and not families["block_mask"]["math"]
+    assert [k["name"] for k in families["decode_split"]["config_keys"]] == [
+        "block_n", "num_warps", "num_stages", "num_splits"]
+    # The config dict of a forward call takes the keys of the forward and decode families.
+    q = np.zeros((1, 1, 4, 64), np.float32)
+    with pytest.raises(flexjit.RuntimeError, match="num_splits, variant"):
+        flexjit.flex_attention(q, q, q, config={"num_split": 2})
+
+
 def test_cpu_backward_takes_a_block_masks_mask_mod_as_the_forward_does():
     q, k, v = qkv(Hq=2, Sq=40, D=16, seed=5)
     dout = np.random.default_rng(6).standard_normal(q.shape, dtype=np.float32)

@@ -154,7 +154,7 @@ def test_a_valid_config_is_accepted_and_the_cpu_result_unchanged():
         np.testing.assert_array_equal(g, w)
 
 
-FORWARD_KEYS = ("block_m, block_n, num_warps, num_stages, num_splits, q_tiles, persistent, "
+FORWARD_KEYS = ("block_m, block_n, num_warps, num_stages, q_tiles, persistent, num_splits, "
                 "variant, autotune, math")
 BACKWARD_KEYS = "block_m, block_n, num_warps, num_stages, variant, autotune, math, dq_mode"
 

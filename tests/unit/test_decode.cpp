@@ -233,7 +233,7 @@ TEST_CASE("decode: the plan is split then combine on one workspace slice", "[dec
   in.sm_count = 132;
   in.mod_params.assign(1, 0);
   AttentionOptions o;
-  o.config.num_splits = 5;
+  o.config.params["num_splits"] = 5;
   const runtime::Plan plan =
       runtime::plan_decode(cuda::Arch::parse("sm_90a"), in, standard_mods("causal"), o);
   REQUIRE(plan.steps.size() == 2);

@@ -12,6 +12,7 @@
 #include "flexjit/Commands.h"
 #include "flexjit/Options.h"
 #include "ir/Evaluate.h"
+#include "runtime/CreateBlockMask.h"
 #include "util/CheckedMath.h"
 #include "util/Npy.h"
 
@@ -59,7 +60,8 @@ struct RunOptions {
   // A KV cache (include/flexjit/paged_kv.h): int32 .npy files.
   std::string page_table, seq_lens;
   bool check_pages = false;
-  std::string math = "auto";  // --math: the GPU kernels' transcendentals (the CPU is exact)
+  bool check_buffers = false;  // --check-buffers: AttentionOptions::check_buffers
+  std::string math = "auto";   // --math: the GPU kernels' transcendentals (the CPU is exact)
 };
 
 std::pair<std::string, std::string> split_binding(const std::string& s, const char* flag) {
@@ -316,6 +318,7 @@ AttentionOptions host_options(const RunOptions& o, const Inputs& in) {
     opts.bindings.buffers.emplace_back(name, a.view());
   opts.bindings.params = in.params;
   if (o.has_scale) opts.scale = o.scale;
+  opts.check_buffers = o.check_buffers;
   return opts;
 }
 
@@ -631,6 +634,7 @@ void run_cuda(const RunOptions& o) {
   opts.bindings.params = in.params;
   if (o.has_scale) opts.scale = o.scale;
   opts.math = math_mode(o.math);
+  opts.check_buffers = o.check_buffers;
   opts.return_lse = !o.lse.empty() || !o.dout.empty();
   if (kv_cache) opts.kv_cache = &cache;
   const GradientFiles grad_files = gradient_files(o, in.mods);
@@ -640,9 +644,12 @@ void run_cuda(const RunOptions& o) {
   // (A KV cache applies the mask_mod on every tile: no block mask.)
   if (!kv_cache && in.mods.mask_mod.defined() && s.seqlen_q > 0 && s.seqlen_kv > 0) {
     auto t0 = std::chrono::steady_clock::now();
-    block_mask = create_block_mask(ctx, in.mods, static_cast<int>(s.batch),
-                                   static_cast<int>(s.heads_q), static_cast<int>(s.seqlen_q),
-                                   static_cast<int>(s.seqlen_kv), o.block_size, opts.bindings);
+    runtime::BlockMaskBuildOptions build;
+    build.check_buffers = o.check_buffers;
+    block_mask = runtime::create_block_mask_with(
+        ctx, in.mods, static_cast<int>(s.batch), static_cast<int>(s.heads_q),
+        static_cast<int>(s.seqlen_q), static_cast<int>(s.seqlen_kv), o.block_size, opts.bindings,
+        build);
     ctx.synchronize();
     mask_seconds = seconds_since(t0);
     opts.block_mask = &block_mask;
@@ -789,6 +796,9 @@ void register_run(CLI::App& app) {
                   "KV length of each sequence [B] int32 (.npy); needed with --page-table");
   cmd->add_flag("--check-pages", o.check_pages,
                 "Check the lengths and page indices against the pool before launching");
+  cmd->add_flag("--check-buffers", o.check_buffers,
+                "Check every captured-buffer index against its extent (GPU: in the kernels, "
+                "then report the first out-of-bounds load; slower)");
   add_math_option(*cmd, o.math);
   cmd->callback([] {
     try {

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+
 namespace flexjit::cli {
 
 void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
@@ -62,6 +64,10 @@ void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
                  "query tiles (implies --q-tiles 2); 0 = one CTA per query tile or pair "
                  "(default: the variant's table)")
       ->check(CLI::Range(0, 1));
+  app.add_option("--param", o.params,
+                 "KEY=VALUE: a family's config key (repeatable); `flexjit kernels --families` "
+                 "lists each family's keys")
+      ->type_name("KEY=VALUE");
   app.add_flag("--divisible", o.divisible,
                "Assume Sq and Skv are multiples of the block sizes (skips bounds checks)");
   app.add_flag("--no-full-blocks", o.no_full_blocks,
@@ -119,9 +125,27 @@ Mods resolve(const KernelOptions& o) {
 }
 
 BlockConfig block_config(const KernelOptions& o) {
-  BlockConfig c{o.block_m, o.block_n, o.warps, o.stages, o.splits, o.q_tiles};
-  // --persistent 1 / 0 as BlockConfig's on / off; not given: the default.
-  c.persistent = o.persistent == 1 ? 1 : o.persistent == 0 ? -1 : 0;
+  BlockConfig c{o.block_m, o.block_n, o.warps, o.stages};
+  if (o.splits > 0) c.params["num_splits"] = o.splits;
+  if (o.q_tiles > 0) c.params["q_tiles"] = o.q_tiles;
+  if (o.persistent >= 0) c.params["persistent"] = o.persistent;
+  for (const std::string& p : o.params) {
+    const size_t eq = p.find('=');
+    const char* end = p.data() + p.size();
+    int64_t v = 0;
+    bool ok = eq != std::string::npos && eq != 0;
+    if (ok) {
+      const auto [ptr, ec] = std::from_chars(p.data() + eq + 1, end, v);
+      ok = ec == std::errc() && ptr == end;
+    }
+    if (!ok) throw Error(fmt::format("--param '{}' is not KEY=INT (e.g. --param q_tiles=2)", p));
+    const std::string key = p.substr(0, eq);
+    if (c.params.count(key) != 0) {
+      throw Error(
+          fmt::format("--param {}: the key is set twice (by --param or its own flag)", key));
+    }
+    c.params[key] = v;
+  }
   return c;
 }
 

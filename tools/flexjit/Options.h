@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 namespace flexjit::cli {
 
@@ -34,7 +35,8 @@ struct KernelOptions {
   int splits = 0;              // --kernel decode_split: 0 = from the SM count and the KV length
   int q_tiles = 0;             // forward/sm90a_wgmma: query tiles per CTA (0: the default)
   int persistent = -1;         // forward/sm90a_wgmma: 1 persistent CTAs, 0 not (-1: the default)
-  std::string math = "auto";   // --math: auto | exact | approx (docs/math.md)
+  std::vector<std::string> params;  // --param KEY=VALUE: BlockConfig::params (kernel_families())
+  std::string math = "auto";        // --math: auto | exact | approx (docs/math.md)
 };
 
 // Registers the options on a subcommand (`with_kernel`: also --kernel, --variant and
@@ -51,7 +53,9 @@ Mods resolve(const KernelOptions& o);
 
 // The query the options describe (checked by emit_kernel / compile_kernel).
 KernelQuery make_query(const KernelOptions& o);
-// The block config the options ask for (zeros and -1 for what they leave to the defaults).
+// The block config the options ask for: the tile fields (zeros for the defaults) and params from
+// --splits, --q-tiles, --persistent and --param (Error for a --param that is not KEY=INT or names
+// a key twice; the library checks the keys themselves).
 BlockConfig block_config(const KernelOptions& o);
 
 }  // namespace flexjit::cli

@@ -1,5 +1,6 @@
 #include "codegen/cuda/ModCodegen.h"
 
+#include "binding/BufferCheck.h"
 #include "binding/ModParamLayout.h"
 #include "codegen/cuda/SourceWriter.h"
 #include "ir/IR.h"
@@ -128,9 +129,128 @@ bool is_load_of(const ir::Node& n, const ir::BufferDecl& buffer, const std::vect
   return true;
 }
 
+// Where a lowering's loads are checked (BufferChecks::Record): which mod the function evaluates,
+// at which position, and the numbered load sites of the mods (runtime::load_sites).
+struct LoadCheck {
+  const std::vector<runtime::LoadSite>* sites = nullptr;
+  const std::vector<std::string>* buffers = nullptr;  // Mods::buffers' names
+  runtime::CheckedMod mod = runtime::CheckedMod::ScoreMod;
+  runtime::CheckPosition at = runtime::CheckPosition::Element;
+};
+
+// The checks of one generated section: none with BufferChecks::Off or without a buffer.
+class Checks {
+ public:
+  Checks(const Mods& mods, BufferChecks mode)
+      : on_(mode == BufferChecks::Record && !mods.buffers.empty()) {
+    if (!on_) return;
+    sites_ = runtime::load_sites(mods);
+    for (const Buffer& b : mods.buffers)
+      buffers_.push_back(b.name());
+  }
+  bool on() const { return on_; }
+  std::optional<LoadCheck> at(runtime::CheckedMod mod, runtime::CheckPosition at) const {
+    if (!on_) return std::nullopt;
+    return LoadCheck{&sites_, &buffers_, mod, at};
+  }
+
+ private:
+  bool on_;
+  std::vector<runtime::LoadSite> sites_;
+  std::vector<std::string> buffers_;
+};
+
+// The position arguments of fj_buffer_check_fail (b, h, q, kv) in a function of `at`'s
+// parameters: a diagonal function has `int d`, the others the leaves they name.
+std::string_view position_args(runtime::CheckPosition at) {
+  switch (at) {
+    case runtime::CheckPosition::Element:
+      return "b, h, q_idx, kv_idx";
+    case runtime::CheckPosition::Row:
+      return "b, h, q_idx, 0";
+    case runtime::CheckPosition::Column:
+      return "b, h, 0, kv_idx";
+    case runtime::CheckPosition::Diagonal:
+      return "b, h, d, 0";
+    case runtime::CheckPosition::Head:
+      return "b, h, 0, 0";
+  }
+  FJ_ASSERT(false, "bad CheckPosition");
+}
+
+// A checked load of `buffer` at the C index values `idx`: the in-bounds test, the record of a
+// failure, and the load guarded by the test. Returns the loaded value.
+std::string checked_load(SourceWriter& w, const LoadCheck& check, const ir::BufferDecl& buffer,
+                         const std::vector<Expr>& indices, const std::vector<std::string>& idx,
+                         std::string_view type) {
+  const std::string& name = buffer.name;
+  std::vector<std::string> tests, terms, record_idx, record_ext;
+  for (size_t d = 0; d < idx.size(); ++d) {
+    const std::string extent = fmt::format("mp.{}[{}]", buffer_extent_member(name), d);
+    tests.push_back(fmt::format("fj_in_extent({}, {})", idx[d], extent));
+    terms.push_back(fmt::format("(fj_i64){} * mp.{}[{}]", idx[d], buffer_stride_member(name), d));
+    record_idx.push_back(idx[d]);
+    record_ext.push_back(extent);
+  }
+  for (size_t d = idx.size(); d < 4; ++d) {
+    record_idx.push_back("0");
+    record_ext.push_back("1");
+  }
+  // The site's number names the load in the host's message; a load that is not one of the
+  // mods' own (none is expected) is recorded by its buffer alone (site -1).
+  const int site = runtime::load_site_index(*check.sites, buffer, indices);
+  int buffer_index = -1;
+  for (size_t i = 0; i < check.buffers->size(); ++i)
+    if ((*check.buffers)[i] == name) buffer_index = static_cast<int>(i);
+  FJ_ASSERT(buffer_index >= 0, "a load of a buffer missing from Mods::buffers: " + name);
+  const std::string ok = w.ssa("bool", fmt::format("{}", fmt::join(tests, " && ")));
+  w.line(
+      fmt::format("if (!{}) fj_buffer_check_fail(mp.check_record, {}, {}, {}, {}, {}, {}, {}, {});",
+                  ok, site, buffer_index, static_cast<int>(check.mod), static_cast<int>(check.at),
+                  position_args(check.at), idx.size(), fmt::join(record_idx, ", "),
+                  fmt::join(record_ext, ", ")));
+  const std::string off = w.ssa("fj_i64", fmt::format("{}", fmt::join(terms, " + ")));
+  return w.ssa(type, fmt::format("{} ? {}(mp.{}, {}) : ({})0", ok, load_function(buffer.dtype),
+                                 buffer_ptr_member(name), off, type));
+}
+
+// BufferChecks::Record's device functions (binding/BufferCheck.h describes the record).
+void emit_check_functions(SourceWriter& w) {
+  namespace rec = runtime::buffer_check;
+  w.line("// check_buffers=1: every captured-buffer load tests its indices against the bound");
+  w.line("// extents (FjModParams::extent_*). An index outside [0, extent) reads 0 instead of");
+  w.line(
+      "// memory, and the first such load claims the record at mp.check_record and fills it in;");
+  w.line("// the host reads it after the launches and throws (flexjit's binding/BufferCheck.h).");
+  w.line(
+      "__device__ __forceinline__ bool fj_in_extent(int i, fj_i64 extent) { return i >= 0 && "
+      "(fj_i64)i < extent; }");
+  auto fn = w.block(
+      "__device__ __noinline__ void fj_buffer_check_fail(unsigned long long* rec, int site, int "
+      "buffer, int mod, int at, int b, int h, int q, int kv, int rank, int i0, int i1, int i2, "
+      "int i3, fj_i64 e0, fj_i64 e1, fj_i64 e2, fj_i64 e3)");
+  w.line(fmt::format("if (atomicCAS(rec + {}, 0ull, 1ull) != 0ull) return;", rec::kClaimed));
+  w.line("const int idx[4] = {i0, i1, i2, i3};");
+  w.line("const fj_i64 ext[4] = {e0, e1, e2, e3};");
+  w.line("int dim = 0;");
+  w.line("while (dim + 1 < rank && fj_in_extent(idx[dim], ext[dim])) ++dim;");
+  for (auto [slot, value] :
+       {std::pair{rec::kSite, "site"}, std::pair{rec::kBuffer, "buffer"},
+        std::pair{rec::kDim, "dim"}, std::pair{rec::kIndex, "idx[dim]"},
+        std::pair{rec::kMod, "mod"}, std::pair{rec::kAt, "at"}, std::pair{rec::kB, "b"},
+        std::pair{rec::kH, "h"}, std::pair{rec::kQ, "q"}, std::pair{rec::kKv, "kv"}}) {
+    w.line(fmt::format("rec[{}] = (unsigned long long)(long long)({});", slot, value));
+  }
+  w.line(fmt::format(
+      "for (int d = 0; d < 4; ++d) rec[{} + d] = (unsigned long long)(long long)idx[d];",
+      rec::kIndices));
+  w.line("__threadfence();");
+}
+
 class ExprLowering {
  public:
-  ExprLowering(SourceWriter& w, MathFunctions math) : w_(w), math_(math) {}
+  ExprLowering(SourceWriter& w, MathFunctions math, std::optional<LoadCheck> check = std::nullopt)
+      : w_(w), math_(math), check_(check) {}
 
   // Lowers every load of `buffer` at indices structurally equal to `indices` to `value` (a C
   // expression) instead of a memory access.
@@ -203,6 +323,12 @@ class ExprLowering {
   // offset is formed in 64 bits so that large buffers address correctly.
   std::string lower_load(const Expr& e) {
     const ir::BufferDecl& buf = *e->buffer;
+    if (check_) {
+      std::vector<std::string> idx;
+      for (const Expr& a : e->args)
+        idx.push_back(value(a));
+      return checked_load(w_, *check_, buf, e->args, idx, c_type(e->type));
+    }
     std::string offset;
     for (size_t d = 0; d < e->args.size(); ++d) {
       if (d > 0) offset += " + ";
@@ -221,12 +347,13 @@ class ExprLowering {
   };
   SourceWriter& w_;
   MathFunctions math_;
+  std::optional<LoadCheck> check_;
   std::optional<Substitution> subst_;
   std::unordered_map<const ir::Node*, std::string> values_;
 };
 
-void emit_struct(SourceWriter& w, const Mods& mods) {
-  const ModParamLayout layout = layout_of(mods);
+void emit_struct(SourceWriter& w, const Mods& mods, bool checks) {
+  const ModParamLayout layout = layout_of(mods, checks);
   w.line("// Captured buffers (pointer, strides in elements) and runtime parameters: the by-value");
   w.line("// kernel argument. The host packs it by flexjit's ModParamLayout; the asserts below");
   w.line("// fail the compile if the two ever disagree.");
@@ -256,6 +383,16 @@ void emit_struct(SourceWriter& w, const Mods& mods) {
         case ModParamField::ParamBool:
           w.line(fmt::format("int {};  // bool", f.name));
           break;
+        case ModParamField::BufferExtent: {
+          if (f.dim != 0) break;  // one array member per buffer
+          const Buffer& buf = mods.buffers[static_cast<size_t>(f.buffer_index)];
+          w.line(fmt::format("fj_i64 {}[{}];  // check_buffers: the bound extents",
+                             buffer_extent_member(buf.name()), buf.rank()));
+          break;
+        }
+        case ModParamField::CheckRecord:
+          w.line("unsigned long long* check_record;  // check_buffers: the first bad load");
+          break;
       }
     }
   }
@@ -280,14 +417,15 @@ void emit_struct(SourceWriter& w, const Mods& mods) {
 }
 
 void emit_function(SourceWriter& w, const char* signature, const Expr& body,
-                   const char* absent_value, MathFunctions math) {
+                   const char* absent_value, MathFunctions math,
+                   std::optional<LoadCheck> check = std::nullopt) {
   if (body.defined()) w.line("// " + ir::to_text(body));
   auto fn = w.block(signature);
   if (!body.defined()) {
     w.line(fmt::format("return {};", absent_value));
     return;
   }
-  ExprLowering lowering(w, math);
+  ExprLowering lowering(w, math, check);
   w.line("return " + lowering.lower(body) + ";");
 }
 
@@ -329,8 +467,9 @@ std::optional<DiagSite> diag_load_site(const Mods& mods) {
 }
 
 // A lowering that reads the diagonal load `site` from the parameter fj_dl (none: plain).
-ExprLowering diag_lowering(SourceWriter& w, MathFunctions math, const DiagSite* site) {
-  ExprLowering lowering(w, math);
+ExprLowering diag_lowering(SourceWriter& w, MathFunctions math, const DiagSite* site,
+                           std::optional<LoadCheck> check = std::nullopt) {
+  ExprLowering lowering(w, math, check);
   if (site != nullptr) lowering.substitute_load(site->buffer, site->indices, "fj_dl");
   return lowering;
 }
@@ -339,7 +478,8 @@ ExprLowering diag_lowering(SourceWriter& w, MathFunctions math, const DiagSite* 
 // q_idx - kv_idx): the index expressions lowered with q_idx = d and kv_idx = 0, which give
 // their value at every (q_idx, kv_idx) of that diagonal.
 std::vector<std::string> diag_site_index_values(SourceWriter& w, MathFunctions math,
-                                                const DiagSite& site) {
+                                                const DiagSite& site,
+                                                std::optional<LoadCheck> check = std::nullopt) {
   std::vector<std::string> text;
   for (const Expr& e : site.indices)
     text.push_back(ir::to_text(e));
@@ -347,7 +487,7 @@ std::vector<std::string> diag_site_index_values(SourceWriter& w, MathFunctions m
       fmt::format("// {}[{}] at q_idx = d, kv_idx = 0", site.buffer->name, fmt::join(text, ", ")));
   w.line("const int q_idx = d, kv_idx = 0;");
   w.line("(void)q_idx, (void)kv_idx;");
-  ExprLowering lowering(w, math);
+  ExprLowering lowering(w, math, check);
   std::vector<std::string> idx;
   for (const Expr& e : site.indices)
     idx.push_back(lowering.lower(e));
@@ -357,20 +497,21 @@ std::vector<std::string> diag_site_index_values(SourceWriter& w, MathFunctions m
 // A function of `signature` (its last parameter `float fj_dl`) returning `body` with the
 // diagonal load read from fj_dl (`absent` when body is undefined).
 void emit_with_dl(SourceWriter& w, MathFunctions math, const std::string& signature,
-                  const Expr& body, const char* absent, const DiagSite& site) {
+                  const Expr& body, const char* absent, const DiagSite& site,
+                  std::optional<LoadCheck> check = std::nullopt) {
   auto fn = w.block(signature);
   w.line("(void)fj_dl;");
   if (!body.defined()) {
     w.line(fmt::format("return {};", absent));
     return;
   }
-  ExprLowering lowering = diag_lowering(w, math, &site);
+  ExprLowering lowering = diag_lowering(w, math, &site, check);
   w.line("return " + lowering.lower(body) + ";");
 }
 
 // kFjDiagLoad (ModCodegen.h): the score_mod's diagonal load, its sign, index and load, and the
 // fj_score_mod overload that takes its value as fj_dl.
-void emit_diag_load(SourceWriter& w, const Mods& mods, MathFunctions math) {
+void emit_diag_load(SourceWriter& w, const Mods& mods, MathFunctions math, const Checks& checks) {
   const std::optional<DiagSite> site = diag_load_site(mods);
   w.line("// The score_mod's diagonal load: a float buffer read at indices that depend on q_idx");
   w.line("// and kv_idx only through d = q_idx - kv_idx. The sm_90a kernels load a tile's");
@@ -396,14 +537,22 @@ void emit_diag_load(SourceWriter& w, const Mods& mods, MathFunctions math) {
         "__device__ __forceinline__ float fj_diag_load_at(const FjModParams& mp, int b, int h, "
         "int d)");
     const std::string& name = site->buffer->name;
-    const std::vector<std::string> idx = diag_site_index_values(w, math, *site);
-    std::vector<std::string> terms;
-    for (size_t d = 0; d < idx.size(); ++d)
-      terms.push_back(fmt::format("(fj_i64){} * mp.{}[{}]", idx[d], buffer_stride_member(name), d));
-    w.line(fmt::format("return {}(mp.{}, {});", load_function(site->buffer->dtype),
-                       buffer_ptr_member(name), fmt::join(terms, " + ")));
+    const auto check = checks.at(runtime::CheckedMod::ScoreMod, runtime::CheckPosition::Diagonal);
+    const std::vector<std::string> idx = diag_site_index_values(w, math, *site, check);
+    if (check) {
+      w.line("return " + checked_load(w, *check, *site->buffer, site->indices, idx, "float") + ";");
+    } else {
+      std::vector<std::string> terms;
+      for (size_t d = 0; d < idx.size(); ++d) {
+        terms.push_back(
+            fmt::format("(fj_i64){} * mp.{}[{}]", idx[d], buffer_stride_member(name), d));
+      }
+      w.line(fmt::format("return {}(mp.{}, {});", load_function(site->buffer->dtype),
+                         buffer_ptr_member(name), fmt::join(terms, " + ")));
+    }
   }
-  emit_with_dl(w, math, score_mod_dl, mods.score_mod, "score", *site);
+  emit_with_dl(w, math, score_mod_dl, mods.score_mod, "score", *site,
+               checks.at(runtime::CheckedMod::ScoreMod, runtime::CheckPosition::Element));
 }
 
 // A column site: a load of an i32 or f32 buffer in the mask_mod whose indices read kv_idx and
@@ -442,7 +591,7 @@ std::optional<ColSite> col_load_site(const Mods& mods) {
 
 // kFjColLoad (ModCodegen.h): the mask_mod's column load, the load alone, and the fj_mask_mod
 // overload that takes its value as fj_cl.
-void emit_col_load(SourceWriter& w, const Mods& mods) {
+void emit_col_load(SourceWriter& w, const Mods& mods, const Checks& checks) {
   const std::optional<ColSite> site = col_load_site(mods);
   w.line(
       "// The mask_mod's column load: an i32 / f32 buffer read at indices that depend on kv_idx");
@@ -470,19 +619,28 @@ void emit_col_load(SourceWriter& w, const Mods& mods) {
         "kv_idx)",
         type));
     w.line("(void)b, (void)h;");
-    ExprLowering lowering(w, MathFunctions::Exact);
+    const auto check = checks.at(runtime::CheckedMod::MaskMod, runtime::CheckPosition::Column);
+    ExprLowering lowering(w, MathFunctions::Exact, check);
     std::vector<std::string> terms;
     const std::string& name = site->buffer->name;
-    for (size_t d = 0; d < site->indices.size(); ++d) {
-      terms.push_back(fmt::format("(fj_i64){} * mp.{}[{}]", lowering.lower(site->indices[d]),
-                                  buffer_stride_member(name), d));
+    if (check) {
+      std::vector<std::string> idx;
+      for (const Expr& e : site->indices)
+        idx.push_back(lowering.lower(e));
+      w.line("return " + checked_load(w, *check, *site->buffer, site->indices, idx, type) + ";");
+    } else {
+      for (size_t d = 0; d < site->indices.size(); ++d) {
+        terms.push_back(fmt::format("(fj_i64){} * mp.{}[{}]", lowering.lower(site->indices[d]),
+                                    buffer_stride_member(name), d));
+      }
+      w.line(fmt::format("return {}(mp.{}, {});", load_function(site->buffer->dtype),
+                         buffer_ptr_member(name), fmt::join(terms, " + ")));
     }
-    w.line(fmt::format("return {}(mp.{}, {});", load_function(site->buffer->dtype),
-                       buffer_ptr_member(name), fmt::join(terms, " + ")));
   }
   auto fn = w.block(mask_mod_cl);
   w.line("(void)fj_cl;");
-  ExprLowering lowering(w, MathFunctions::Exact);
+  ExprLowering lowering(w, MathFunctions::Exact,
+                        checks.at(runtime::CheckedMod::MaskMod, runtime::CheckPosition::Element));
   lowering.substitute_load(site->buffer, site->indices, "fj_cl");
   w.line("return " + lowering.lower(mods.mask_mod) + ";");
 }
@@ -532,10 +690,18 @@ std::string_view to_string(MathFunctions math) {
   return math == MathFunctions::Approx ? "approx" : "exact";
 }
 
-std::string generate_mod_functions(const Mods& mods, MathFunctions math) {
+std::string_view to_string(BufferChecks checks) {
+  return checks == BufferChecks::Record ? "record" : "off";
+}
+
+std::string generate_mod_functions(const Mods& mods, MathFunctions math, BufferChecks mode) {
+  const Checks checks(mods, mode);
+  using runtime::CheckedMod;
+  using runtime::CheckPosition;
   SourceWriter w;
-  emit_struct(w, mods);
+  emit_struct(w, mods, checks.on());
   w.line("");
+  if (checks.on()) emit_check_functions(w);
   if (math == MathFunctions::Approx) {
     w.line("// fast_math=1: the score_mod's exp / exp2 / log / log2 / tanh / sigmoid use the");
     w.line("// hardware approximations (fj_*_approx in the prelude; docs/math.md).");
@@ -543,18 +709,20 @@ std::string generate_mod_functions(const Mods& mods, MathFunctions math) {
   emit_function(w,
                 "__device__ __forceinline__ float fj_score_mod(const FjModParams& mp, float score, "
                 "int b, int h, int q_idx, int kv_idx)",
-                mods.score_mod, "score", math);
+                mods.score_mod, "score", math,
+                checks.at(CheckedMod::ScoreMod, CheckPosition::Element));
   w.line("");
   // Always exact: a mask is a yes / no that an approximation could flip at a boundary, and the
   // block-mask kernel and the CPU reference must decide every position the same way.
   emit_function(w,
                 "__device__ __forceinline__ bool fj_mask_mod(const FjModParams& mp, int b, int h, "
                 "int q_idx, int kv_idx)",
-                mods.mask_mod, "true", MathFunctions::Exact);
+                mods.mask_mod, "true", MathFunctions::Exact,
+                checks.at(CheckedMod::MaskMod, CheckPosition::Element));
   w.line("");
-  emit_diag_load(w, mods, math);
+  emit_diag_load(w, mods, math, checks);
   w.line("");
-  emit_col_load(w, mods);
+  emit_col_load(w, mods, checks);
   w.line("");
   // The sink_mod: one logit per row, evaluated once per row in the epilogues (always exact).
   w.line(fmt::format("static constexpr bool kFjHasSinkMod = {};",
@@ -562,7 +730,8 @@ std::string generate_mod_functions(const Mods& mods, MathFunctions math) {
   emit_function(w,
                 "__device__ __forceinline__ float fj_sink_mod(const FjModParams& mp, int b, int h, "
                 "int q_idx)",
-                mods.sink_mod, "__int_as_float((int)0xff800000u)", MathFunctions::Exact);
+                mods.sink_mod, "__int_as_float((int)0xff800000u)", MathFunctions::Exact,
+                checks.at(CheckedMod::SinkMod, CheckPosition::Row));
   return w.str();
 }
 
@@ -571,7 +740,7 @@ namespace {
 // fj_sink_mod_grad (ModCodegen.h): g * d sink_mod / d buffer[idx] for every float load site of
 // the sink_mod, added straight into the gradient (the sink's gradient kernel runs after the
 // dK/dV kernel and its reduction, so no partial slice is involved).
-void emit_sink_grad(SourceWriter& w, const Mods& mods, bool ordered) {
+void emit_sink_grad(SourceWriter& w, const Mods& mods, bool ordered, const Checks& checks) {
   std::vector<passes::BufferGrad> sites;
   if (mods.sink_mod.defined()) {
     for (passes::BufferGrad& g : passes::buffer_grads(mods.sink_mod)) {
@@ -593,7 +762,8 @@ void emit_sink_grad(SourceWriter& w, const Mods& mods, bool ordered) {
     return;
   }
   w.line("if (__all_sync(0xffffffffu, g == 0.0f)) return;");
-  ExprLowering lowering(w, MathFunctions::Exact);
+  ExprLowering lowering(w, MathFunctions::Exact,
+                        checks.at(runtime::CheckedMod::SinkMod, runtime::CheckPosition::Row));
   for (const passes::BufferGrad& site : sites) {
     const std::string& name = site.buffer->name;
     std::vector<std::string> index_text, terms;
@@ -683,8 +853,13 @@ GradParamLayout grad_param_layout(const Mods& mods) {
 }
 
 std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
-                                        GradAccumulation accumulation) {
+                                        GradAccumulation accumulation, BufferChecks mode) {
   const bool ordered = accumulation == GradAccumulation::Ordered;
+  // The derivatives' loads are the score_mod's (and the sink_mod's): checked as those are.
+  const Checks checks(mods, mode);
+  using runtime::CheckedMod;
+  using runtime::CheckPosition;
+  const auto element = checks.at(CheckedMod::ScoreMod, CheckPosition::Element);
   SourceWriter w;
   const GradParamLayout layout = grad_param_layout(mods);
   w.line("// Gradients of the captured float buffers (f32, in the bound buffer's shape): the");
@@ -726,7 +901,7 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
   emit_function(w,
                 "__device__ __forceinline__ float fj_dscore(const FjModParams& mp, float score, "
                 "int b, int h, int q_idx, int kv_idx)",
-                grads.d_score, "1.0f", math);
+                grads.d_score, "1.0f", math, element);
   // kFjDScoreConst: d score_mod / d score is a finite constant (any additive bias: ALiBi, a
   // relative-bias table). The kernels then skip the select that keeps ds at 0 where P is 0
   // (there ds_mod = P (dP - delta) is 0 already; the select guards a derivative that is inf or
@@ -811,7 +986,9 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
   // The score_mod's diagonal load (kFjDiagLoad, emitted with the mods by
   // generate_mod_functions): lowered as the parameter fj_dl when `dl`.
   const std::optional<DiagSite> load_site = diag_load_site(mods);
-  auto make_lowering = [&](bool dl) { return diag_lowering(w, math, dl ? &*load_site : nullptr); };
+  auto make_lowering = [&](bool dl) {
+    return diag_lowering(w, math, dl ? &*load_site : nullptr, element);
+  };
   // fj_bufgrad's body, with or without the diagonal site.
   auto emit_bufgrad_body = [&](bool with_diag, bool dl = false) {
     std::vector<const passes::BufferGrad*> sites;
@@ -904,7 +1081,8 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
       w.line("(void)mp, (void)gp, (void)b, (void)h, (void)d, (void)v;");
     } else {
       const std::string& name = diag->buffer->name;
-      const std::vector<std::string> idx = diag_site_index_values(w, math, *diag_site);
+      const std::vector<std::string> idx = diag_site_index_values(
+          w, math, *diag_site, checks.at(CheckedMod::ScoreMod, CheckPosition::Diagonal));
       std::vector<std::string> terms;
       for (size_t d = 0; d < idx.size(); ++d) {
         const std::string clamped =
@@ -927,7 +1105,7 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
     emit_with_dl(w, math,
                  "__device__ __forceinline__ float fj_dscore(const FjModParams& mp, float score, "
                  "int b, int h, int q_idx, int kv_idx, float fj_dl)",
-                 grads.d_score, "1.0f", *load_site);
+                 grads.d_score, "1.0f", *load_site, element);
   }
   if (!load_site || diag == nullptr) {
     w.line(
@@ -973,7 +1151,7 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
             ? "// Every lane of a warp together: the warp's sums (in a fixed order) go into its "
               "slice."
             : "// Every lane of a warp together: the warp's sums go out in one atomic per site.");
-    ExprLowering lowering(w, math);
+    ExprLowering lowering(w, math, checks.at(CheckedMod::ScoreMod, CheckPosition::Head));
     for (size_t i = 0; i < uniform.size(); ++i) {
       const std::string addr = address(lowering, *uniform[i]);
       w.line(fmt::format("{}({}, acc[{}]);", add, addr, i));
@@ -982,7 +1160,7 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
     if (uniform.empty()) w.line("(void)mp, (void)gp, (void)b, (void)h, (void)acc;");
   }
   w.line("");
-  emit_sink_grad(w, mods, ordered);
+  emit_sink_grad(w, mods, ordered, checks);
   w.line("");
   emit_slice_functions(w, mods, layout);
   return w.str();

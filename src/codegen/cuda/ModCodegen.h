@@ -60,9 +60,19 @@ namespace flexjit::cuda {
 enum class MathFunctions { Exact, Approx };
 std::string_view to_string(MathFunctions math);  // "exact" | "approx"
 
+// Whether the mods' captured-buffer loads are checked (AttentionOptions::check_buffers; the record
+// and its words: binding/BufferCheck.h). Record: FjModParams gains each buffer's extents and the
+// record's address (layout_of(mods, true)); every load tests its indices, an index outside
+// [0, extent) reads 0 instead of memory, and the first such load claims the record with its
+// load site, buffer, dim, index and position (fj_buffer_check_fail). Off: no check, the source
+// as it was before the option existed.
+enum class BufferChecks { Off, Record };
+std::string_view to_string(BufferChecks checks);  // "off" | "record"
+
 // The FjModParams struct, its layout asserts and the two device functions, for type-checked
 // mods. Throws CompileError if a buffer or param name is not an identifier.
-std::string generate_mod_functions(const Mods& mods, MathFunctions math = MathFunctions::Exact);
+std::string generate_mod_functions(const Mods& mods, MathFunctions math = MathFunctions::Exact,
+                                   BufferChecks checks = BufferChecks::Off);
 
 // How the backward's dK/dV kernel accumulates the captured float buffers' gradients:
 //   Atomic   fp32 atomics into the gradient tensors (the last bits can differ between runs);
@@ -130,8 +140,11 @@ enum class GradAccumulation { Atomic, Ordered };
 // The layout of FjGradParams is grad_param_layout(); sizeof is static_asserted.
 // The score_mod's derivatives lower with `math` as the score_mod itself does (the backward must
 // recompute the forward's probabilities).
+// With BufferChecks::Record the loads of the derivatives are checked as generate_mod_functions'
+// (which must use the same mode).
 std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math = MathFunctions::Exact,
-                                        GradAccumulation accumulation = GradAccumulation::Atomic);
+                                        GradAccumulation accumulation = GradAccumulation::Atomic,
+                                        BufferChecks checks = BufferChecks::Off);
 
 // The byte layout of FjGradParams: per float buffer (index into Mods::buffers), the offset of
 // its pointer; strides, extents and the slice offset follow it (8 bytes each), then

@@ -35,6 +35,45 @@ KernelDesc backward_problem(Family family, const cuda::Arch& arch, DType dtype, 
   return d;
 }
 
+namespace {
+
+FamilyInfo backward_family(Family family, const char* name, const char* summary) {
+  FamilyInfo f;
+  f.family = family;
+  f.name = name;
+  f.summary = summary;
+  f.kind = "backward";
+  f.math = family != Family::BackwardPreprocess;
+  if (f.math) f.config_keys = {block_m_key(), block_n_key(), num_warps_key(), num_stages_key()};
+  f.problem = [family](const KernelQuery& q, const cuda::Arch& arch) {
+    KernelDesc problem = backward_problem(family, arch, q.dtype, q.head_dim_qk,
+                                          q.head_dim_v ? q.head_dim_v : q.head_dim_qk, q.gqa_ratio,
+                                          q.full_blocks, q.deterministic);
+    if (family != Family::BackwardPreprocess) {
+      problem.flags.set("divisible", q.divisible ? 1 : 0);
+      set_math_mode(problem, q.math);
+    }
+    return problem;
+  };
+  return f;
+}
+
+}  // namespace
+
+FamilyInfo backward_preprocess_family() {
+  return backward_family(Family::BackwardPreprocess, "backward_preprocess",
+                         "lse2 and delta per query row (the backward's first step)");
+}
+
+FamilyInfo backward_dkdv_family() {
+  return backward_family(Family::BackwardDkDv, "backward_dkdv",
+                         "dK, dV and buffer gradients (with dq_atomic = 1 also dQ)");
+}
+
+FamilyInfo backward_dq_family() {
+  return backward_family(Family::BackwardDq, "backward_dq", "dQ");
+}
+
 InputFacts backward_facts(const BackwardInputs& in) {
   InputFacts f;
   f.aligned16 = in.shape.fast_path;

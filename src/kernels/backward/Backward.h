@@ -16,6 +16,7 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/tensor.h>
 
+#include "kernels/Family.h"
 #include "kernels/TuningOutputs.h"
 #include "kernels/Variant.h"
 
@@ -106,6 +107,14 @@ bool is_deterministic(const KernelDesc& desc);
 KernelDesc backward_problem(Family family, const cuda::Arch& arch, DType dtype, int head_dim_qk,
                             int head_dim_v, int gqa_ratio, bool full_blocks,
                             bool deterministic = false);
+
+// The records of the three backward families (kernels/Family.h), of kind "backward" in plan
+// order: backward_preprocess (no math mode, no config keys), backward_dkdv and backward_dq (math,
+// config keys block_m, block_n, num_warps, num_stages). A query's problem is backward_problem
+// with its full_blocks and deterministic and, for dK/dV and dQ, its divisible and math mode.
+FamilyInfo backward_preprocess_family();
+FamilyInfo backward_dkdv_family();
+FamilyInfo backward_dq_family();
 
 // Alignment (every tensor's rows), the block mask's tile size, the lengths.
 InputFacts backward_facts(const BackwardInputs& in);

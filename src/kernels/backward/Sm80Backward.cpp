@@ -4,6 +4,7 @@
 
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/SourceWriter.h"
+#include "kernels/BufferChecks.h"
 #include "kernels/HeadDims.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/Forward.h"
@@ -120,7 +121,8 @@ int dq_smem(const KernelDesc& d) {
 std::string grads_section(const Mods& mods, const KernelDesc& desc) {
   return cuda::generate_mod_grad_functions(
       mods, math_functions(desc),
-      is_deterministic(desc) ? cuda::GradAccumulation::Ordered : cuda::GradAccumulation::Atomic);
+      is_deterministic(desc) ? cuda::GradAccumulation::Ordered : cuda::GradAccumulation::Atomic,
+      buffer_checks(desc));
 }
 
 // Every backward kernel's templates: one file, the entry point picked by a #define.

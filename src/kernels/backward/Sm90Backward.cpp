@@ -5,6 +5,7 @@
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/Wgmma.h"
 #include "device/TensorMap.h"
+#include "kernels/BufferChecks.h"
 #include "kernels/HeadDims.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/Sm90Wgmma.h"
@@ -319,11 +320,13 @@ cuda::GeneratedSource BackwardSm90Wgmma<F>::generate(const Mods& mods,
                 ? cuda::wgmma_wrappers(desc.dtype, {bm}, {qk, v},
                                        dq_atomic(d) ? std::vector<int>{qk / 2} : std::vector<int>{})
                 : cuda::wgmma_wrappers(desc.dtype, {bn}, {qk});
-  return assemble_variant_source(*this, desc, mods, config,
-                                 is_dkdv(F) ? "backward dK/dV kernel `flexjit_bwd_dkdv`"
-                                            : "backward dQ kernel `flexjit_bwd_dq`",
-                                 "mods",
-                                 cuda::generate_mod_grad_functions(mods, math_functions(desc)));
+  return assemble_variant_source(
+      *this, desc, mods, config,
+      is_dkdv(F) ? "backward dK/dV kernel `flexjit_bwd_dkdv`"
+                 : "backward dQ kernel `flexjit_bwd_dq`",
+      "mods",
+      cuda::generate_mod_grad_functions(mods, math_functions(desc), cuda::GradAccumulation::Atomic,
+                                        buffer_checks(desc)));
 }
 
 template <Family F>

@@ -32,6 +32,17 @@ KernelDesc block_mask_problem(const cuda::Arch& arch, int q_block, int kv_block)
   return d;
 }
 
+FamilyInfo block_mask_family() {
+  FamilyInfo f;
+  f.family = Family::BlockMask;
+  f.name = "block_mask";
+  f.summary = "kv_* / full_kv_* / q_* arrays from a mask_mod";
+  f.problem = [](const KernelQuery& q, const cuda::Arch& arch) {
+    return block_mask_problem(arch, q.block_size, q.block_size);
+  };
+  return f;
+}
+
 std::string_view BlockMaskWarpPerTile::summary() const {
   return "one warp per undecided tile evaluates the mask_mod; one warp per row / column writes "
          "kv_*, full_kv_* and the transposed q_* arrays";

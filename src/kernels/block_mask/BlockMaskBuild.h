@@ -8,6 +8,7 @@
 // kernel (one tile each). Only the mask_mod reaches the source (Variant::kernel_mods).
 #pragma once
 
+#include "kernels/Family.h"
 #include "kernels/TuningOutputs.h"
 #include "kernels/Variant.h"
 
@@ -65,6 +66,11 @@ struct flexjit::kernels::TuningOutputs<flexjit::kernels::BlockMaskInputs> {
 namespace flexjit::kernels {
 
 KernelDesc block_mask_problem(const cuda::Arch& arch, int q_block, int kv_block);
+
+// The block-mask family's record (kernels/Family.h): no workload kind of its own (a manifest
+// builds it for a workload whose mods have a mask_mod), no math mode, no config keys; a query's
+// problem is block_mask_problem with its block_size both ways.
+FamilyInfo block_mask_family();
 
 class BlockMaskWarpPerTile : public BlockMaskVariant {
  public:

@@ -1,16 +1,33 @@
-// flexjit's own kernel variants, registered in Registry::global() on its first use. Adding a
-// variant: its template(s) in templates/, its class (kernels/<family>/<Variant>.{h,cpp}), and
-// one line here (docs/kernels/README.md).
+// flexjit's own kernel families and variants, registered in Families::global() and
+// Registry::global() on their first use. Adding a variant: its template(s) in templates/, its
+// class (kernels/<family>/<Variant>.{h,cpp}), and one line in register_builtin_variants; adding a
+// family: its folder, its templates, its id (KernelDesc.h) and one line in
+// register_builtin_families (docs/kernels/README.md).
+#include "kernels/Family.h"
 #include "kernels/Registry.h"
+#include "kernels/backward/Backward.h"
 #include "kernels/backward/Sm80Backward.h"
 #include "kernels/backward/Sm90Backward.h"
 #include "kernels/block_mask/BlockMaskBuild.h"
+#include "kernels/decode/Decode.h"
 #include "kernels/decode/DecodeCombine.h"
 #include "kernels/decode/DecodeSplit.h"
+#include "kernels/forward/Forward.h"
 #include "kernels/forward/Sm80Mma.h"
 #include "kernels/forward/Sm90Wgmma.h"
 
 namespace flexjit::kernels {
+
+// In plan order within a workload kind (Families::of_kind).
+void register_builtin_families(Families& families) {
+  families.add(forward_family());
+  families.add(block_mask_family());
+  families.add(backward_preprocess_family());
+  families.add(backward_dkdv_family());
+  families.add(backward_dq_family());
+  families.add(decode_split_family());
+  families.add(decode_combine_family());
+}
 
 void register_builtin_variants(Registry& registry) {
   registry.add(std::make_unique<ForwardSm80Mma>());

@@ -1,9 +1,13 @@
 #include "kernels/decode/Decode.h"
 
+#include <flexjit/error.h>
+
 #include "kernels/MathMode.h"
 #include "kernels/Registry.h"
 
 #include <flexjit_abi.h>
+
+#include <fmt/format.h>
 
 #include <algorithm>
 
@@ -47,6 +51,45 @@ KernelDesc decode_combine_problem(const cuda::Arch& arch, DType dtype, int head_
   d.head_dim_qk = head_dim_v;
   d.head_dim_v = head_dim_v;
   return d;
+}
+
+FamilyInfo decode_split_family() {
+  FamilyInfo f;
+  f.family = Family::DecodeSplit;
+  f.name = "decode_split";
+  f.summary = "split-KV decoding: partial out and LSE per KV split";
+  f.kind = "decode";
+  f.math = true;
+  f.config_keys = {block_n_key(),
+                   num_warps_key(),
+                   num_stages_key(),
+                   {"num_splits", "splits of the KV range (0: from the SM count and the KV length)",
+                    0, INT32_MAX, /*launch_only=*/true}};
+  f.kv_pages = true;
+  f.problem = [](const KernelQuery& q, const cuda::Arch& arch) {
+    if (q.seqlen_q < 1) {
+      throw UnsupportedError(fmt::format("seqlen_q must be at least 1, not {}", q.seqlen_q));
+    }
+    KernelDesc problem = decode_split_problem(
+        arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk, q.gqa_ratio,
+        decode_rows(q.gqa_ratio, q.seqlen_q), q.page_size, q.full_blocks);
+    set_math_mode(problem, q.math);
+    return problem;
+  };
+  return f;
+}
+
+FamilyInfo decode_combine_family() {
+  FamilyInfo f;
+  f.family = Family::DecodeCombine;
+  f.name = "decode_combine";
+  f.summary = "the LSE-weighted combine of the splits' partials";
+  f.kind = "decode";
+  f.config_keys = {num_warps_key()};
+  f.problem = [](const KernelQuery& q, const cuda::Arch& arch) {
+    return decode_combine_problem(arch, q.dtype, q.head_dim_v ? q.head_dim_v : q.head_dim_qk);
+  };
+  return f;
 }
 
 InputFacts decode_facts(const DecodeInputs& in) {

@@ -17,6 +17,7 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/tensor.h>
 
+#include "kernels/Family.h"
 #include "kernels/TuningOutputs.h"
 #include "kernels/Variant.h"
 
@@ -87,6 +88,13 @@ KernelDesc decode_split_problem(const cuda::Arch& arch, DType dtype, int head_di
                                 bool full_blocks);
 // The decode_combine problem: only the element type and Dv shape it.
 KernelDesc decode_combine_problem(const cuda::Arch& arch, DType dtype, int head_dim_v);
+
+// The records of the two decoding families (kernels/Family.h), of kind "decode" in plan order:
+// decode_split (math; config keys block_n, num_warps, num_stages, num_splits; a query's problem
+// is decode_split_problem with decode_rows(gqa_ratio, seqlen_q), page_size and full_blocks) and
+// decode_combine (config key num_warps; decode_combine_problem of the query's head_dim_v).
+FamilyInfo decode_split_family();
+FamilyInfo decode_combine_family();
 
 // The input facts of a call: alignment, the block mask's tile size, the lengths.
 InputFacts decode_facts(const DecodeInputs& in);

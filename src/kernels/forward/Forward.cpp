@@ -60,20 +60,29 @@ InputFacts forward_facts(const ForwardInputs& in) {
   return f;
 }
 
-Params config_overrides(const BlockConfig& c) {
-  Params p;
-  for (auto [name, v] : {std::pair{"block_m", c.block_m}, std::pair{"block_n", c.block_n},
-                         std::pair{"num_warps", c.num_warps}, std::pair{"num_stages", c.num_stages},
-                         std::pair{"q_tiles", c.q_tiles}}) {
-    if (v < 0) throw UnsupportedError(fmt::format("{} must not be negative ({})", name, v));
-    if (v > 0) p.set(name, v);
-  }
-  if (c.persistent < -1 || c.persistent > 1) {
-    throw UnsupportedError(fmt::format(
-        "persistent must be 1 (on), -1 (off) or 0 (the default), not {}", c.persistent));
-  }
-  if (c.persistent != 0) p.set("persistent", c.persistent == 1 ? 1 : 0);
-  return p;
+FamilyInfo forward_family() {
+  FamilyInfo f;
+  f.family = Family::Forward;
+  f.name = "forward";
+  f.summary = "out (and LSE) from q, k, v";
+  f.kind = "forward";
+  f.math = true;
+  f.config_keys = {
+      block_m_key(),
+      block_n_key(),
+      num_warps_key(),
+      num_stages_key(),
+      {"q_tiles", "query tiles per CTA (sm90a_wgmma: 1 or 2)", 1, INT32_MAX},
+      {"persistent", "1: persistent CTAs, 0: one CTA per query tile (sm90a_wgmma)", 0, 1}};
+  f.problem = [](const KernelQuery& q, const cuda::Arch& arch) {
+    KernelDesc problem =
+        forward_problem(arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk,
+                        q.gqa_ratio, q.divisible, q.full_blocks);
+    set_math_mode(problem, q.math);
+    if (q.page_size != 0) set_kv_cache_flags(problem, q.page_size);
+    return problem;
+  };
+  return f;
 }
 
 const char* element_type(DType dtype) {

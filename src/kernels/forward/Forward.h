@@ -17,6 +17,7 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/tensor.h>
 
+#include "kernels/Family.h"
 #include "kernels/TuningOutputs.h"
 #include "kernels/Variant.h"
 
@@ -88,9 +89,10 @@ bool on_kv_cache(const KernelDesc& desc);
 // The input facts of a call: alignment, the block mask's tile size, the lengths.
 InputFacts forward_facts(const ForwardInputs& in);
 
-// The config overrides a caller's BlockConfig asks for: nonzero fields only (zeros are left to
-// the variant). UnsupportedError for a negative field.
-Params config_overrides(const BlockConfig& config);
+// The forward family's record (kernels/Family.h): kind "forward", math, config keys block_m,
+// block_n, num_warps, num_stages, q_tiles, persistent; a query's problem is forward_problem with
+// its math mode and, with a page size, set_kv_cache_flags.
+FamilyInfo forward_family();
 
 // "fj_bf16", "fj_f16", "float": the template's Element type; InternalError for other dtypes.
 const char* element_type(DType dtype);
