@@ -8,12 +8,14 @@
 #       GPU and one kernel cache (FLEXJIT_CACHE_DIR, a fresh one unless set; the disk cache is
 #       safe between processes, docs/caching.md).
 #       --weights FILE: "seconds<TAB>test name" lines (a previous run's durations.tsv): the
-#       longest cases are dealt first, each to the least loaded shard. Without it, cases are
-#       dealt round-robin in the suite's order.
+#       longest cases are dealt first, each to the least loaded shard (a case it lacks counts as
+#       the median). Default: tests/gpu/durations.tsv (an H100 run), if present; --weights none
+#       deals the cases round-robin in the suite's order.
 #       --log-dir DIR (default: a temporary folder): shard logs and durations.tsv, every case's
 #       wall time, longest first.
 # Exit status: 0 when every shard passed, else 1 (the failing shards' logs are printed).
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
 jobs=$(nproc); [ "$jobs" -gt 16 ] && jobs=16
 weights=""; logdir=""
 while [ $# -gt 0 ]; do
@@ -26,6 +28,10 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
+if [ -z "$weights" ] && [ -f "$here/../tests/gpu/durations.tsv" ]; then
+  weights="$here/../tests/gpu/durations.tsv"
+fi
+[ "$weights" = none ] && weights=""
 tests="${1:?usage: scripts/gpu_suite.sh [-j SHARDS] [--weights FILE] [--log-dir DIR] TESTS [SPEC]}"
 spec="${2:-[gpu]}"
 [ -x "$tests" ] || { echo "gpu_suite.sh: $tests is not an executable" >&2; exit 2; }
@@ -46,7 +52,7 @@ known = {}
 if weights:
     for line in open(weights):
         secs, _, name = line.rstrip("\n").partition("\t")
-        known[name] = float(secs)
+        known[name] = known.get(name, 0.0) + float(secs)  # a GENERATE'd case: one line per run
 shards = [[] for _ in range(jobs)]
 if known:
     default = sorted(known.values())[len(known) // 2] if known else 1.0
