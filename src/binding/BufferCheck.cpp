@@ -73,9 +73,13 @@ std::string what_to_fix(const LoadSite& site, const std::string& buffer) {
 
 std::vector<LoadSite> load_sites(const Mods& mods) {
   std::vector<LoadSite> sites;
-  for (auto [root, mod] : {std::pair{&mods.score_mod, CheckedMod::ScoreMod},
+  for (const auto& side : {std::pair{&mods.score_mod, CheckedMod::ScoreMod},
                            std::pair{&mods.mask_mod, CheckedMod::MaskMod},
                            std::pair{&mods.sink_mod, CheckedMod::SinkMod}}) {
+    // Not a structured binding: the lambda below captures the side (clang 16 rejects capturing
+    // a structured binding).
+    const Expr* root = side.first;
+    const CheckedMod mod = side.second;
     if (!root->defined()) continue;
     ir::for_each_node(*root, [&](const Expr& n) {
       if (n->op != ir::Op::Load || load_site_index(sites, *n->buffer, n->args) >= 0) return;
