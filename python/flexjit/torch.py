@@ -19,13 +19,16 @@ numbers runtime params. Where flexjit differs from torch on purpose: docs/python
 "Migrating from torch.nn.attention.flex_attention".
 
 Underneath, ``torch.ops.flexjit.flex_attention`` is a torch.library operator with a fake
-implementation and an autograd formula (``torch.ops.flexjit.flex_attention_backward``), so the
-forward and the backward run in eager mode, under ``torch.compile(fullgraph=True)`` (one graph;
-the captured tensors are graph inputs) and in CUDA graphs. The flexjit extensions are
+implementation and an autograd formula (``torch.ops.flexjit.flex_attention_backward``). The
+drop-in runs the op's bodies directly in eager mode and, under ``torch.compile(fullgraph=True)``
+(one graph; the captured tensors are graph inputs), an autograd.Function that TorchDynamo
+traces around a private forward op without an autograd kernel (docs/python.md, "Overhead");
+CUDA graphs capture either. The flexjit extensions are
 keyword-only: ``mask_mod=`` / ``sink_mod=`` (flexjit's mod forms too: a standard mod's name,
 ``.fx`` text, Mods), ``buffers=`` / ``params=`` for those forms, ``deterministic=``.
 """
 
+import json
 import re
 import types
 import weakref
@@ -585,50 +588,145 @@ torch.library.register_autograd("flexjit::flex_attention", _backward,
                                 setup_context=_setup_context)
 
 
-class _EagerAttention(torch.autograd.Function):
-    """Eager calls that need gradients: the op's forward and backward bodies under a plain
-    autograd.Function, which costs a fraction of a custom op's dispatch (the op is for
-    torch.compile, where the graph needs it)."""
+# The forward as called from a compiled graph: a private op without an autograd kernel (the
+# autograd.Function below is traced into the graph instead), whose call's static part is one
+# string (mods text, buffer and param names, scale, return_lse, deterministic, config; see
+# _call_text). PyTorch's dispatcher converts 8 arguments into Python rather than 14 and runs one
+# Python kernel rather than two: the public op's `register_autograd` kernel and its redispatch
+# cost more than the rest of the call (docs/python.md, "Overhead").
+_LIB.define("_flex_attention_fwd(Tensor q, Tensor k, Tensor v, str call, Tensor[] buffers, "
+            "float[] param_values, Tensor?[] mask_tensors, SymInt[] mask_sizes) "
+            "-> (Tensor, Tensor)")
+
+_calls: Dict[str, tuple] = {}
+_MAX_CALLS = 256
+
+
+@torch.compiler.assume_constant_result  # TorchDynamo runs it while tracing: a constant string
+def _call_text(mods_text: str, buffer_names: str, param_names: str, scale: Optional[float],
+               return_lse: bool, deterministic: bool, config: str) -> str:
+    return json.dumps([mods_text, buffer_names, param_names, scale, return_lse, deterministic,
+                       config])
+
+
+def _call_parts(call: str) -> tuple:
+    """_call_text's fields, parsed once per distinct text."""
+    parts = _calls.get(call)
+    if parts is None:
+        parts = tuple(json.loads(call))
+        if len(_calls) >= _MAX_CALLS:
+            _calls.pop(next(iter(_calls)))
+        _calls[call] = parts
+    return parts
+
+
+def _flex_attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, call: str, buffers: List[Tensor],
+                           param_values: List[float], mask_tensors: List[Optional[Tensor]],
+                           mask_sizes: List[int]) -> Tuple[Tensor, Tensor]:
+    mods_text, buffer_names, param_names, scale, return_lse, deterministic, config = \
+        _calls[call] if call in _calls else _call_parts(call)
+    return _forward_impl(q, k, v, mods_text, buffer_names, buffers, param_names, param_values,
+                         scale, return_lse, deterministic, mask_tensors, mask_sizes, config)
+
+
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("_flex_attention_fwd", _flex_attention_fwd_op, _key)
+
+
+@torch.library.register_fake("flexjit::_flex_attention_fwd")
+def _(q, k, v, call, buffers, param_values, mask_tensors, mask_sizes):
+    b, hq, sq, _ = q.shape
+    out = q.new_empty((b, hq, sq, v.shape[-1]),
+                      dtype=q.dtype if q.device.type == "cuda" else torch.float32)
+    lse = q.new_empty((b, hq, sq), dtype=torch.float32)
+    return out, lse
+
+
+class _Attention(torch.autograd.Function):
+    """A call that needs gradients. Eager: the op's forward and backward bodies under a plain
+    autograd.Function, which costs a fraction of a custom op's dispatch. Under torch.compile,
+    TorchDynamo traces this Function: its forward becomes the private forward op in the graph
+    and its backward the backward op, so the graph's ops need no autograd kernel."""
 
     @staticmethod
-    def forward(ctx, q, k, v, args, *buffers):
+    def forward(ctx, q, k, v, args, *tensors):
+        # tensors: the buffers, then the block mask's tensors (as many as mask_present says)
         (mods_text, buffer_names, param_names, param_values, scale, return_lse, deterministic,
-         mask_tensors, mask_sizes, config) = args
-        out, lse = _forward_impl(q, k, v, mods_text, buffer_names, list(buffers), param_names,
-                                 param_values, scale, return_lse, deterministic, mask_tensors,
-                                 mask_sizes, config)
-        ctx.save_for_backward(q, k, v, out, lse, *buffers)
+         mask_sizes, config, n_buffers) = args
+        buffers, mask_tensors = tensors[:n_buffers], tensors[n_buffers:]
+        if torch.compiler.is_compiling():
+            out, lse = torch.ops.flexjit._flex_attention_fwd(
+                q, k, v, _call_text(mods_text, buffer_names, param_names, scale, return_lse,
+                                    deterministic, config),
+                list(buffers), param_values, list(mask_tensors), mask_sizes)
+        else:
+            out, lse = _forward_impl(q, k, v, mods_text, buffer_names, list(buffers),
+                                     param_names, param_values, scale, return_lse,
+                                     deterministic, list(mask_tensors), mask_sizes, config)
+        present = [t for t in mask_tensors if t is not None]
+        ctx.save_for_backward(q, k, v, out, lse, *buffers, *present)
         ctx.args = args
+        ctx.mask_present = [t is not None for t in mask_tensors]
         if not return_lse:
             ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        q, k, v, out, lse, *buffers = ctx.saved_tensors
+        q, k, v, out, lse, *rest = ctx.saved_tensors
         (mods_text, buffer_names, param_names, param_values, scale, return_lse, deterministic,
-         mask_tensors, mask_sizes, config) = ctx.args
-        grads = _backward_impl(q, k, v, out, lse, dout, dlse if return_lse else None, mods_text,
-                               buffer_names, buffers, param_names, param_values, scale,
-                               deterministic, mask_tensors, mask_sizes, config)
+         mask_sizes, config, n_buffers) = ctx.args
+        buffers, present = rest[:n_buffers], iter(rest[n_buffers:])
+        mask_tensors = [next(present) if p else None for p in ctx.mask_present]
+        dlse = dlse if return_lse else None  # unseen by the caller: its gradient is zero
+        if torch.compiler.is_compiling():
+            grads = torch.ops.flexjit.flex_attention_backward(
+                q, k, v, out, lse, dout, dlse, mods_text, buffer_names, list(buffers),
+                param_names, param_values, scale, deterministic, mask_tensors, mask_sizes,
+                config)
+        else:
+            grads = _backward_impl(q, k, v, out, lse, dout, dlse, mods_text, buffer_names,
+                                   buffers, param_names, param_values, scale, deterministic,
+                                   mask_tensors, mask_sizes, config)
         dq, dk, dv = grads[0].to(q.dtype), grads[1].to(k.dtype), grads[2].to(v.dtype)
         dbuffers = [g.to(b.dtype) if b.is_floating_point() and g.shape == b.shape else None
                     for b, g in zip(buffers, grads[3:])]
-        return (dq, dk, dv, None, *dbuffers)
+        return (dq, dk, dv, None, *dbuffers, *([None] * len(mask_tensors)))
+
+
+def _distinct(*tensors: Tensor) -> List[Tensor]:
+    """The tensors, each repeat of one replaced by a view of it. TorchDynamo (torch 2.11) keeps
+    only the last gradient of a tensor given to a traced autograd.Function more than once
+    (flex_attention(q, q, q) under torch.compile got dv alone as q.grad); views are distinct
+    inputs whose gradients autograd sums into the tensor."""
+    seen: List[Tensor] = []
+    result = []
+    for t in tensors:
+        if any(t is s for s in seen):
+            t = t.view_as(t)
+        else:
+            seen.append(t)
+        result.append(t)
+    return result
 
 
 def _attention(q, k, v, *args):
-    """The forward of a call: the custom op under torch.compile; in eager mode its body, under
-    _EagerAttention when a gradient is needed."""
-    if torch.compiler.is_compiling():
-        return torch.ops.flexjit.flex_attention(q, k, v, *args)
+    """The forward of a call: _Attention when a gradient is needed (eager or compiled), else the
+    op's body (eager) or the private forward op (compiled)."""
     (mods_text, buffer_names, buffers, param_names, param_values, scale, return_lse,
      deterministic, mask_tensors, mask_sizes, config) = args
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or any(
             b.requires_grad for b in buffers)):
-        return _EagerAttention.apply(
+        if torch.compiler.is_compiling():
+            q, k, v, *buffers = _distinct(q, k, v, *buffers)
+        return _Attention.apply(
             q, k, v, (mods_text, buffer_names, param_names, param_values, scale, return_lse,
-                      deterministic, mask_tensors, mask_sizes, config), *buffers)
+                      deterministic, mask_sizes, config, len(buffers)), *buffers, *mask_tensors)
+    if torch.compiler.is_compiling():
+        return torch.ops.flexjit._flex_attention_fwd(
+            q, k, v, _call_text(mods_text, buffer_names, param_names, scale, return_lse,
+                                deterministic, config),
+            buffers, param_values, mask_tensors, mask_sizes)
     return _forward_impl(q, k, v, *args)
 
 
