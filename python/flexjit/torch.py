@@ -115,6 +115,16 @@ class _CallPlan(NamedTuple):
     specialized: Tuple[Tuple[int, tuple, Any], ...]  # (root, path, value) baked into the text
 
 
+def _remember(cache: Dict[Any, Any], key: Any, value: Any, limit: int) -> Any:
+    """cache[key] = value, first dropping the oldest entry when the cache holds `limit`: every
+    cache of this module is bounded (a long-running process makes new keys: decoding, new
+    shapes, new mods). Returns value."""
+    if len(cache) >= limit and key not in cache:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+    return value
+
+
 _SIDES = ("score_mod", "mask_mod", "sink_mod")
 _plans: Dict[tuple, List[Tuple[trace.Plan, _CallPlan]]] = {}
 _MAX_PLANS = 256
@@ -154,9 +164,8 @@ def _plan(specs: Tuple[Any, Any, Any]) -> _CallPlan:
     # no check covers; names, text, Mods and dsl expressions are immutable.
     if all(f is not None or s is None or isinstance(s, _IMMUTABLE_SPECS)
            for s, f in zip(specs, fns)):
-        if len(_plans_by_object) >= _MAX_PLANS_BY_OBJECT:
-            _plans_by_object.pop(next(iter(_plans_by_object)))
-        _plans_by_object[ids] = (specs, traced if any(fns) else None, plan, fns)
+        _remember(_plans_by_object, ids, (specs, traced if any(fns) else None, plan, fns),
+                  _MAX_PLANS_BY_OBJECT)
     return plan
 
 
@@ -189,9 +198,7 @@ def _plan_uncached(specs: Tuple[Any, Any, Any]):
     specialized = tuple((r, p, v) for r, p, kind, v in traced.checks if kind == "value")
     plan = _CallPlan(text, traced.buffers, traced.params, specialized)
     if key is not None:
-        if len(_plans) >= _MAX_PLANS:
-            _plans.pop(next(iter(_plans)))
-        _plans.setdefault(key, []).append((traced, plan))
+        _remember(_plans, key, _plans.get(key, []) + [(traced, plan)], _MAX_PLANS)
     return plan, traced, fns
 
 
@@ -232,9 +239,7 @@ def _as_int32(name: str, t: Tensor) -> Tensor:
             t32.to(torch.int64), t):
         raise ValueError(f"the mod captures '{name}', an int64 tensor with values outside int32 "
                          f"(min {int(t.min())}, max {int(t.max())}); flexjit indexes with int32")
-    if len(_int_buffers) >= _MAX_INT_BUFFERS:
-        _int_buffers.pop(next(iter(_int_buffers)))
-    _int_buffers[id(t)] = (weakref.ref(t), t._version, t32)
+    _remember(_int_buffers, id(t), (weakref.ref(t), t._version, t32), _MAX_INT_BUFFERS)
     return t32
 
 
@@ -285,8 +290,8 @@ _mods_by_text: Dict[str, flexjit.Mods] = {}
 def _mods(text: str) -> flexjit.Mods:
     mods = _mods_by_text.get(text)
     if mods is None:
-        mods = flexjit.parse_mods(text) if text else flexjit.Mods()
-        _mods_by_text[text] = mods
+        mods = _remember(_mods_by_text, text,
+                         flexjit.parse_mods(text) if text else flexjit.Mods(), _MAX_PLANS)
     return mods
 
 
@@ -317,13 +322,9 @@ def _native_block_mask(mask_tensors: List[Optional[Tensor]], sizes: List[int], m
               (t.to(torch.int32).contiguous() if t is not None else None) for t in mask_tensors]
         native = flexjit._C._block_mask_from_arrays(*ts, sizes[0], sizes[1], sizes[2], sizes[3],
                                                     _mask_part(mods_text))
-        if len(_native_masks) >= _MAX_NATIVE:
-            _native_masks.pop(next(iter(_native_masks)))
-        _native_masks[key] = native
-    if len(_native_by_object) >= _MAX_NATIVE:
-        _native_by_object.pop(next(iter(_native_by_object)))
-    _native_by_object[id(mask_tensors[0])] = (list(mask_tensors), versions, list(sizes), mods_text,
-                                              native)
+        _remember(_native_masks, key, native, _MAX_NATIVE)
+    _remember(_native_by_object, id(mask_tensors[0]),
+              (list(mask_tensors), versions, list(sizes), mods_text, native), _MAX_NATIVE)
     return native
 
 
@@ -337,7 +338,7 @@ def _mask_part(mods_text: str) -> flexjit.Mods:
         mods = _mods(mods_text)
         part = flexjit.Mods(mask_mod=mods.mask_mod) if mods.mask_mod is not None else \
             flexjit.Mods()
-        _mask_parts[mods_text] = part
+        _remember(_mask_parts, mods_text, part, _MAX_PLANS)
     return part
 
 
@@ -357,9 +358,7 @@ def _config(text: str, backward: bool) -> Optional[Dict[str, Any]]:
         for item in part.split(","):
             k, v = item.split("=", 1)
             out[k] = v if k in ("variant", "autotune", "math", "dq_mode") else int(v)
-    if len(_configs) >= _MAX_NATIVE:
-        _configs.pop(next(iter(_configs)))
-    _configs[key] = out
+    _remember(_configs, key, out, _MAX_NATIVE)
     return out
 
 
@@ -385,9 +384,7 @@ def _auto_mask_kind(mods_text: str) -> Optional[_AutoMask]:
         text = mask.to_text()
         kind = _AutoMask(mask, bool(re.search(r"\bb\b", text)), bool(re.search(r"\bh\b", text)),
                          tuple(sorted(p.name for p in mask.params)))
-    if len(_auto_mask_kinds) >= _MAX_NATIVE:
-        _auto_mask_kinds.pop(next(iter(_auto_mask_kinds)))
-    _auto_mask_kinds[mods_text] = kind
+    _remember(_auto_mask_kinds, mods_text, kind, _MAX_NATIVE)
     return kind
 
 
@@ -407,9 +404,7 @@ def _auto_block_mask(mods_text: str, q: Tensor, k: Tensor, params: Dict[str, flo
         bm = flexjit.create_block_mask(kind.mask, batch, heads, qs[2], k.shape[2],
                                        device=q.get_device(),
                                        params={n: params[n] for n in kind.params if n in params})
-        if len(_auto_masks) >= _MAX_NATIVE:  # decoding makes a new key per step
-            _auto_masks.pop(next(iter(_auto_masks)))
-        _auto_masks[key] = bm
+        _remember(_auto_masks, key, bm, _MAX_NATIVE)  # decoding makes a new key per step
     return bm
 
 
@@ -614,9 +609,7 @@ def _call_parts(call: str) -> tuple:
     parts = _calls.get(call)
     if parts is None:
         parts = tuple(json.loads(call))
-        if len(_calls) >= _MAX_CALLS:
-            _calls.pop(next(iter(_calls)))
-        _calls[call] = parts
+        _remember(_calls, call, parts, _MAX_CALLS)
     return parts
 
 
