@@ -345,7 +345,11 @@ struct CallConfig {
 };
 
 // The config keys of the families a call's plans run (kernel_families(): a forward call runs the
-// forward or the decode plan, the backward its own), then the call's words.
+// forward or the decode plan, the backward its own), then the call's words. The kinds are named
+// here, not read from a record: which plans a public call runs is the call's own (flex_attention
+// picks the decode plan for a KV cache or short queries), so a new family of these kinds needs no
+// edit and a new kind comes with its own call. flexjit.torch's kernel_options reads the result
+// (_call_config_keys).
 std::vector<std::string> call_config_keys(const std::vector<std::string>& kinds,
                                           const std::vector<std::string>& words) {
   std::vector<std::string> keys;
@@ -1174,6 +1178,11 @@ NB_MODULE(_flexjit, m) {
     }
     return out;
   });
+
+  // The keys a forward (backward = False) or backward call's config dict takes: its families'
+  // config keys, then its words (flexjit.torch maps kernel_options onto them).
+  m.def("_call_config_keys",
+        [](bool backward) { return backward ? backward_config_keys() : forward_config_keys(); });
 
   m.def("_cuda_device_name", [](int device) { return context_for(device).device_name(); });
   m.def("_cuda_arch", [](int device) { return context_for(device).arch(); });

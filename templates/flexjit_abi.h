@@ -327,6 +327,27 @@ struct FjDecodeCombineArgs {
   int batch, heads_q, seqlen_q, num_splits;
 };
 
+// Context parallelism's merge of partial attention results (templates/cp_merge.cuh): one warp
+// per row (b, h, s) of a query chunk. flexjit_cp_merge merges part / part_lse into the running
+// acc / acc_lse (f32, contiguous [B, H, S, dv] and [B, H, S]); flexjit_cp_finalize writes acc
+// and acc_lse into out (Element) and out_lse (may be null) with their strides;
+// flexjit_cp_accumulate adds part into rows [acc_row0, acc_row0 + S) of acc, contiguous
+// [B, H, acc_seqlen, dv] (the backward's dK / dV and buffer gradients).
+struct FjCpMergeArgs {
+  float* acc;
+  float* acc_lse;
+  const void* part;       // merge: [B, H, S, dv], Element
+  const float* part_lse;  // merge: [B, H, S]
+  void* out;              // finalize: [B, H, S, dv], Element
+  float* out_lse;         // finalize: [B, H, S]; may be null
+  fj_i64 part_stride_b, part_stride_h, part_stride_s;
+  fj_i64 part_lse_stride_b, part_lse_stride_h;
+  fj_i64 out_stride_b, out_stride_h, out_stride_s;
+  fj_i64 out_lse_stride_b, out_lse_stride_h;
+  int batch, heads, seqlen, dv;
+  int acc_seqlen, acc_row0;  // accumulate: where the rows land in acc
+};
+
 // The page check of a KV cache (templates/decode_check.cuh): grid (batch), block 128.
 struct FjDecodeCheckArgs {
   const int* page_table;  // [B, max_pages], or null (lengths only)

@@ -37,8 +37,22 @@
 //   (kBlockN x kHeadDimQK), kNumStages V tiles (kBlockN x kHeadDimV), and the mbarriers. The
 //   tile indices are not passed through shared memory: every consumer reads them from the block
 //   mask itself, one tile ahead.
+// On a KV cache (chunked prefill: the host defines FJ_FWD_KV_CACHE and FjConfig::kPageSize, and
+// the kernel takes a fourth parameter, FjKvCacheArgs) sequence b's keys end at seq_lens[b] and,
+// with kPageSize > 0, K / V are page pools read through the page table (FjSm90KvCache): the
+// whole producer warpgroup loads, TMA boxes where a page holds whole tiles (coordinates from the
+// table) and cp.async gathers for smaller pages and for a tile that the sequence's end cuts
+// (docs/kernels/forward_sm90.md "KV caches"). Without FJ_FWD_KV_CACHE nothing changes.
 #ifndef FLEXJIT_FORWARD_SM90_CUH_
 #define FLEXJIT_FORWARD_SM90_CUH_
+
+#if defined(FJ_FWD_KV_CACHE)
+constexpr bool kFjKvCache = true;
+constexpr int kFjKvPageSize = FjConfig::kPageSize;  // 0: contiguous K / V with ragged lengths
+#else
+constexpr bool kFjKvCache = false;
+constexpr int kFjKvPageSize = 0;
+#endif
 
 template <class Cfg>
 struct FjSm90Traits {
@@ -83,8 +97,12 @@ struct FjSm90Traits {
   // A persistent producer also carries its tile and claimed pair (40 / 232: at 24 it spilled).
   // The CTA's 168 x 384 registers at launch are what the split redistributes: 128 (168 - P) =
   // 128 (C - 168) x kConsumers.
-  static constexpr int kProducerRegs = kConsumers == 2 ? (kPersistent ? 40 : 24) : 32;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? (kPersistent ? 232 : 240) : 160;
+  // On a KV cache every thread of the producer warpgroup loads (kLoaders; cp.async gathers need
+  // the threads, FjSm90KvCache) and carries its own copy of the tile loop (40 / 232 as well).
+  static constexpr int kLoaders = kFjKvCache ? 128 : 1;
+  static constexpr int kProducerRegs = kConsumers == 2 ? (kPersistent || kFjKvCache ? 40 : 24) : 32;
+  static constexpr int kConsumerRegs =
+      kConsumers == 2 ? (kPersistent || kFjKvCache ? 232 : 240) : 160;
 
   static_assert(sizeof(Element) == 2, "flexjit forward_sm90: bf16 or f16 elements");
   static_assert(kConsumers == 2 || kConsumers == 3, "flexjit forward_sm90: kBlockM is 128 or 192");
@@ -110,18 +128,23 @@ struct FjSm90Traits {
                 "disagree");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
                 "flexjit forward_sm90: register split exceeds the register file");
+  static_assert(!kFjKvCache || (kConsumers == 2 && !kPersistent),
+                "flexjit forward_sm90: a KV cache runs 128-row tiles, one CTA per query tile "
+                "(ForwardSm90Wgmma::validate)");
 };
 
 // The scores of a tile for fj_sm90_softmax (the log2-domain factor left out: the softmax folds
 // it into its FFMA). kRaw (no mod to call on this tile and a scale > 0): the raw q·k, no
 // per-score work, the softmax multiplies by scale · log2(e); otherwise score_mod(q·k · scale)
 // (or q·k · scale), the mask_mod on partial tiles, and the softmax multiplies by log2(e). Keys
-// past seqlen_kv become -inf either way. Same indices as fj_scores (forward_common.cuh).
+// past kv_len (seqlen_kv, or on a KV cache the sequence's length) become -inf either way. Same
+// indices as fj_scores (forward_common.cuh).
 // kDl: the score_mod's diagonal load (kFjDiagLoad) comes from the warp's loads in `dl`.
 template <class Cfg, class T, bool kApplyMask, bool kRaw, bool kDl>
 FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& args,
                               const FjModParams& mods, int b, int h, int q_row0, int n_start,
-                              int kv_col0, const FjDiagLoads<T::kNTiles>& dl, int lane) {
+                              int kv_len, int kv_col0, const FjDiagLoads<T::kNTiles>& dl,
+                              int lane) {
   if constexpr (!kRaw) {
     const float scale = args.scale;
     // Mods only ever see in-range indices (their buffer loads stay in bounds); rows past
@@ -132,7 +155,7 @@ FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& arg
     };
     auto element = [&](int hr, int q_idx, int nt, int c, float dl_value) {
       int kv_idx = kv_col0 + nt * 8 + c;
-      if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+      if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, kv_len - 1);
       float x = s[0][nt][hr * 2 + c] * scale;
       if constexpr (kDl) {
         x = fj_score_mod(mods, x, b, h, q_idx, kv_idx, dl_value);
@@ -172,13 +195,13 @@ FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& arg
     }
   }
   if constexpr (!Cfg::kIsDivisible) {
-    // Keys past seqlen_kv (zero-filled in shared memory) must not take part.
-    if (n_start + T::kBlockN > args.seqlen_kv) {
+    // Keys past kv_len (zero-filled in shared memory) must not take part.
+    if (n_start + T::kBlockN > kv_len) {
 #pragma unroll
       for (int nt = 0; nt < T::kNTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (kv_col0 + nt * 8 + (e & 1) >= args.seqlen_kv) s[0][nt][e] = fj_neg_inf();
+          if (kv_col0 + nt * 8 + (e & 1) >= kv_len) s[0][nt][e] = fj_neg_inf();
     }
   }
 }
@@ -193,7 +216,8 @@ FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& arg
 // docs/kernels/forward_sm90.md, "The mask_mod's column load").
 template <class Cfg, class T>
 FJ_DEVICE void fj_sm90_mask(float (&s)[1][T::kNTiles][4], const FjFwdArgs& args,
-                            const FjModParams& mods, int b, int h, int q_row0, int kv_col0) {
+                            const FjModParams& mods, int b, int h, int q_row0, int kv_len,
+                            int kv_col0) {
   if constexpr (kFjColLoad) {
     constexpr int kPerLane = (T::kNTiles + 7) / 8;  // n8 fragments whose keys a lane loads
     const int lane = fj_tid_here() % 32;
@@ -206,7 +230,7 @@ FJ_DEVICE void fj_sm90_mask(float (&s)[1][T::kNTiles][4], const FjFwdArgs& args,
         v[j][c] = FjColLoad(0);
         if (T::kNTiles % 8 == 0 || r + 8 * j < T::kNTiles) {
           int kv_idx = kv_col0 + (r + 8 * j) * 8 + c;
-          if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+          if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, kv_len - 1);
           v[j][c] = fj_col_load_at(mods, b, h, kv_idx);
         }
       }
@@ -222,7 +246,7 @@ FJ_DEVICE void fj_sm90_mask(float (&s)[1][T::kNTiles][4], const FjFwdArgs& args,
       for (int c = 0; c < 2; ++c) {
         const FjColLoad cl = __shfl_sync(0xffffffffu, v[nt / 8][c], (nt % 8) * 4 + (lane & 3));
         int kv_idx = kv_col0 + nt * 8 + c;
-        if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+        if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, kv_len - 1);
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr)
           if (!fj_mask_mod(mods, b, h, q_idx[hr], kv_idx, cl)) s[0][nt][hr * 2 + c] = fj_neg_inf();
@@ -238,7 +262,7 @@ FJ_DEVICE void fj_sm90_mask(float (&s)[1][T::kNTiles][4], const FjFwdArgs& args,
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         int kv_idx = kv_col0 + nt * 8 + c;
-        if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, args.seqlen_kv - 1);
+        if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, kv_len - 1);
         if (!fj_mask_mod(mods, b, h, q_idx, kv_idx)) s[0][nt][hr * 2 + c] = fj_neg_inf();
       }
   }
@@ -324,19 +348,26 @@ FJ_DEVICE FjKvSchedule fj_union_entries(const FjBlockMaskArgs& bm, int b, int h,
   return s;
 }
 
-// The KV tiles of query tile (b, h, m_block): with three consumer warpgroups and a block mask,
-// the union schedule's entries (each a tile with status bits above it, as partial tiles);
-// otherwise the block mask's schedule (fj_block_schedule).
+// The KV tiles of query tile (b, h, m_block) over kv_len keys (seqlen_kv, or on a KV cache the
+// sequence's length): with three consumer warpgroups and a block mask, the union schedule's
+// entries (each a tile with status bits above it, as partial tiles); otherwise the block mask's
+// schedule (fj_block_schedule). On a KV cache a sequence without keys has no tiles, even where a
+// block mask lists some (its rows get out 0, lse -inf).
 template <class T, class Cfg>
-FJ_DEVICE FjKvSchedule fj_sm90_schedule(const FjFwdArgs& args, int b, int h, int m_block) {
+FJ_DEVICE FjKvSchedule fj_sm90_schedule(const FjFwdArgs& args, int kv_len, int b, int h,
+                                        int m_block) {
   if constexpr (kFjUnionSchedule<T, Cfg>) {
     const FjBlockMaskArgs& bm = args.mask;
     if (bm.kv_num_blocks != nullptr) {
       return fj_union_entries(bm, b, h, m_block, fj_union_row(bm, b, h, m_block)[0]);
     }
   }
-  return fj_block_schedule<T::kBlockM, T::kBlockN, Cfg::kHasFullBlocks>(args.mask, args.seqlen_kv,
-                                                                        b, h, m_block);
+  FjKvSchedule sched = fj_block_schedule<T::kBlockM, T::kBlockN, Cfg::kHasFullBlocks>(
+      args.mask, kv_len, b, h, m_block);
+  if constexpr (kFjKvCache) {
+    if (kv_len == 0) sched.num_partial = sched.num_total = 0;
+  }
+  return sched;
 }
 
 // The query tiles (b, h, m block) a CTA computes, in order. N = ceil(seqlen_q / kBlockM) tiles
@@ -450,11 +481,111 @@ struct FjSm90Smem {
     }
 #pragma unroll
     for (int s = 0; s < T::kNumStages; ++s) {
-      fj_mbar_init(bar_k + 8 * s, 1);
-      fj_mbar_init(bar_v + 8 * s, 1);
+      fj_mbar_init(bar_k + 8 * s, T::kLoaders);  // TMA: one thread for all; cp.async: each
+      fj_mbar_init(bar_v + 8 * s, T::kLoaders);
       fj_mbar_init(bar_e + 8 * s, 4 * T::kConsumers);  // lane 0 of every consumer warp
     }
     fj_mbar_init_fence();
+  }
+};
+
+// A KV cache (kFjKvCache; FjKvCacheArgs, flexjit_abi.h): each sequence's length, and where its
+// keys lie. Key n of sequence b is row n of K / V [B, Hkv, Skv, D] (contiguous, ragged lengths)
+// or slot n % kPage of pool page page_table[b][n / kPage] (pools [num_pages, kPage, Hkv, D], any
+// strides; the host's tensor maps view them as {D, kPage, Hkv, num_pages}). A KV tile reaches
+// shared memory one of two ways, the same for K and V:
+//   TMA (one thread): a tile whose keys all lie below the length, where one box holds it
+//     (contiguous, or pages of a multiple of kBlockN keys: the box's coordinates are
+//     (n % kPage, h, page)); and a tile wholly past the length (a block mask may list one), whose
+//     box is pointed past the tensor's extent so that TMA writes zeros and reads nothing.
+//   Gather (every loader thread, cp.async): pages that are not a multiple of the tile (one table
+//     entry per row), and the tile that the length cuts: its rows past the length are
+//     zero-filled, not read (the cache may hold anything there, NaN included, and 0 * NaN in
+//     P V is NaN).
+// The consumers know which way a tile came (gathered()): cp.async writes through the generic
+// proxy, so they fence (fence.proxy.async) after the wait and before wgmma reads the stage.
+template <class T, class Cfg>
+struct FjSm90KvCache {
+  static constexpr int kPage = kFjKvPageSize;
+  // Pages that are not whole multiples of a tile (smaller, or a 176 / 192-key tile over pages it
+  // does not divide): every tile gathered, since no box follows the table inside a tile.
+  static constexpr bool kGatherAll = kPage > 0 && kPage % T::kBlockN != 0;
+  static_assert(kPage == 0 || (kPage & (kPage - 1)) == 0,
+                "flexjit forward_sm90: pages of a power of two keys");
+  // 16-byte units per 128-byte row of a 64-column chunk: a loader copies unit ltid % 8 of rows
+  // ltid / 8 + 16 i (kLoaders is 1 without a KV cache, where nothing is gathered).
+  static constexpr int kRowsPerPass = T::kLoaders >= 8 ? T::kLoaders / 8 : 1;
+  static constexpr int kPasses = T::kBlockN / kRowsPerPass;
+  static_assert(!kFjKvCache || T::kBlockN % kRowsPerPass == 0,
+                "flexjit forward_sm90: KV tile rows must split over the loaders");
+
+  const FjKvCacheArgs& kv;
+
+  // The keys of sequence b: seq_lens[b] clamped to the capacity (as forward_sm80.cuh reads it).
+  FJ_DEVICE int length(const FjFwdArgs& args, int b) const {
+    if (kv.seq_lens == nullptr) return args.seqlen_kv;
+    return fj_imax(0, fj_imin(kv.seq_lens[b], args.seqlen_kv));
+  }
+
+  // Whether the tile of keys [n_start, n_start + kBlockN) is gathered (else TMA loads it).
+  FJ_DEVICE static bool gathered(int n_start, int len) {
+    return kGatherAll || (n_start < len && n_start + T::kBlockN > len);
+  }
+
+  // Sequence b's page table row (paged).
+  FJ_DEVICE const int* table_row(int b) const {
+    return kv.page_table + (fj_i64)b * kv.page_table_stride_b;
+  }
+
+  // The TMA box of a tile that is not gathered: (row, batch or page) coordinates of the K / V
+  // tensor maps. Past the length: one row past the extent, so the box reads as zeros.
+  FJ_DEVICE void box(const FjFwdArgs& args, int b, int n_start, int len, int& row, int& bp) const {
+    const bool past = n_start >= len;
+    if constexpr (kPage == 0) {
+      row = past ? args.seqlen_kv : n_start;
+      bp = b;
+    } else {
+      row = past ? kPage : n_start % kPage;
+      bp = past ? 0 : table_row(b)[n_start / kPage];
+    }
+  }
+
+  // One loader's share of a gathered tile of kDim columns (kReal of them real) of K or V into
+  // the swizzled stage at `dst` (the layout TMA writes: chunk c of 64 columns at c * kBlockN *
+  // 128, unit u of row r at unit u ^ (r % 8)); then its arrival on `bar` once the copies have
+  // landed. `head`: the kv head's origin (batch b's, or page 0's), strides in elements. Rows past
+  // the length and columns past kReal are zero-filled and read nothing (not even the table).
+  // The table entries are read again for V (L1 hits) rather than kept: eight 64-bit offsets per
+  // loader would not fit its 40 registers.
+  template <int kDim, int kReal>
+  FJ_DEVICE void gather(fj_u32 dst, const char* head, fj_i64 page_stride, fj_i64 row_stride, int b,
+                        int n_start, int len, int ltid, fj_u32 bar) const {
+    const int u = ltid % 8;
+    // Four rows' table reads in flight at a time (two with 256 columns, four copies a row): all
+    // eight rows of a 128-key tile spilled the loaders' 40 registers with one-key pages, four
+    // rows 40-80 B at d 256.
+#pragma unroll(kDim > 128 ? 2 : 4)
+    for (int i = 0; i < kPasses; ++i) {
+      const int r = ltid / 8 + i * kRowsPerPass;
+      const int n = n_start + r;
+      fj_i64 off = 0;
+      if (n < len) {
+        if constexpr (kPage == 0) {
+          off = (fj_i64)n * row_stride;
+        } else {
+          off = (fj_i64)table_row(b)[n / kPage] * page_stride + (fj_i64)(n % kPage) * row_stride;
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < kDim / 64; ++c) {
+        const int col = c * 64 + u * 8;
+        const bool valid = n < len && col < kReal;
+        // A zero-filled unit reads nothing; its address is the head's origin, which exists.
+        const char* src = valid ? head + 2 * (off + col) : head;
+        fj_cp_async_16(fj_sw128_unit<T::kBlockN>(dst, r, c * 8 + u), src, valid);
+      }
+    }
+    fj_cp_async_mbar_arrive(bar);
   }
 };
 
@@ -545,22 +676,30 @@ struct FjSm90ProducerTiles {
   }
 };
 
-// The producer: one thread of warpgroup 0 walks the CTA's query tiles and each one's KV
-// schedule and issues the TMA loads of Q and of the K / V ring's stages.
+// The producer: one thread of warpgroup 0 (on a KV cache, all kLoaders = 128 of them: cp.async
+// gathers need the threads) walks the CTA's query tiles and each one's KV schedule and issues the
+// loads of Q (one thread, TMA) and of the K / V ring's stages.
 template <class T, class Cfg>
 struct FjSm90Producer {
   const FjFwdArgs& args;
   const FjFwdTmaMaps& maps;
   FjSm90Smem<T> sm;
-  int g;  // KV tiles loaded so far, over every query tile: the ring position
+  FjSm90KvCache<T, Cfg> cache;  // kFjKvCache
+  int ltid;                     // this loader (0 .. kLoaders - 1)
+  int g;                        // KV tiles loaded so far, over every query tile: the ring position
 
-  FJ_DEVICE FjSm90Producer(const FjFwdArgs& a, const FjFwdTmaMaps& m, const FjSm90Smem<T>& s)
-      : args(a), maps(m), sm(s), g(0) {}
+  FJ_DEVICE FjSm90Producer(const FjFwdArgs& a, const FjFwdTmaMaps& m, const FjSm90Smem<T>& s,
+                           const FjKvCacheArgs& kv, int loader)
+      : args(a), maps(m), sm(s), cache{kv}, ltid(loader), g(0) {}
+
+  // The thread that issues the TMA loads (every loader on a KV cache runs the loop).
+  FJ_DEVICE bool lead() const { return T::kLoaders == 1 || ltid == 0; }
 
   // Q of the item-th query tile into buffer u, once the tile that used it before is done with it
   // (with kPersistent, the tile and its union runs go along in the slot).
   FJ_DEVICE void load_q(const FjSm90ProducerTiles<T, Cfg>& tiles, int item, int u,
                         const int (&runs)[3], int b, int h, int m_block) const {
+    if (!lead()) return;
     if (sm.q_uses(item) > 0) fj_mbar_wait(sm.bar_qe + 8 * u, (sm.q_uses(item) - 1) & 1);
     if constexpr (T::kPersistent) {
       tiles.send(u, sm.q_uses(item), tiles.code, T::kQLoadBytes, runs);
@@ -571,12 +710,64 @@ struct FjSm90Producer {
                                             h, b, sm.bar_q + 8 * u);
   }
 
+  // K and V of KV tile `tile` (of sequence b, kv_len keys) into ring stage `stage`.
+  FJ_DEVICE void load_kv(int stage, int tile, int kv_len, int b, int h_kv) const {
+    const int n_start = tile * T::kBlockN;
+    const fj_u32 bar_k = sm.bar_k + 8 * stage, bar_v = sm.bar_v + 8 * stage;
+    if constexpr (kFjKvCache) {
+      if (cache.gathered(n_start, kv_len)) {
+        // Every loader copies its rows (FjSm90KvCache::gather); pools: page_table picks the page.
+        const fj_i64 kv_b = cache.kPage > 0 ? 0 : b;  // contiguous: batch b; pools: page 0
+        const char* k_head = static_cast<const char*>(args.k) +
+                             2 * (kv_b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h);
+        const char* v_head = static_cast<const char*>(args.v) +
+                             2 * (kv_b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h);
+        cache.template gather<T::kDimQK, T::kRealQK>(sm.sk + stage * T::kKBytes, k_head,
+                                                     args.k_stride_b, args.k_stride_s, b, n_start,
+                                                     kv_len, ltid, bar_k);
+        cache.template gather<T::kDimV, T::kRealV>(sm.sv + stage * T::kVBytes, v_head,
+                                                   args.v_stride_b, args.v_stride_s, b, n_start,
+                                                   kv_len, ltid, bar_v);
+        return;
+      }
+      // One box per 64 columns (a page holds the tile, or a contiguous sequence does), issued by
+      // loader 0. Every loader still arrives (lane 0 for its warp, after the warp's wait for the
+      // stage): a loader that only waited could fall two phases behind the stage's barriers
+      // while the others run on, and then miss the phase its next gather waits for.
+      __syncwarp();
+      if (ltid == 0) {
+        int row, bp;
+        cache.box(args, b, n_start, kv_len, row, bp);
+        fj_mbar_arrive_expect_tx(bar_k, T::kKBytes);
+        fj_tma_load_tile<T::kDimQK, T::kBlockN>(sm.sk + stage * T::kKBytes, &maps.k, row, h_kv, bp,
+                                                bar_k);
+        fj_mbar_arrive_expect_tx(bar_v, T::kVBytes);
+        fj_tma_load_tile<T::kDimV, T::kBlockN>(sm.sv + stage * T::kVBytes, &maps.v, row, h_kv, bp,
+                                               bar_v);
+      }
+      if (ltid % 32 == 0) {
+        fj_mbar_arrive_count(bar_k, ltid == 0 ? 31 : 32);
+        fj_mbar_arrive_count(bar_v, ltid == 0 ? 31 : 32);
+      }
+    } else {
+      // A tile past the end of a ragged sparse block reads as zeros (TMA fills what lies
+      // outside the tensor and still counts the whole box) and the consumers mask it.
+      fj_mbar_arrive_expect_tx(bar_k, T::kKBytes);
+      fj_tma_load_tile<T::kDimQK, T::kBlockN>(sm.sk + stage * T::kKBytes, &maps.k, n_start, h_kv, b,
+                                              bar_k);
+      fj_mbar_arrive_expect_tx(bar_v, T::kVBytes);
+      fj_tma_load_tile<T::kDimV, T::kBlockN>(sm.sv + stage * T::kVBytes, &maps.v, n_start, h_kv, b,
+                                             bar_v);
+    }
+  }
+
   // The loads of the item-th query tile (b, h, m_block; Q buffer u): Q and its KV schedule's
   // K / V tiles.
   FJ_DEVICE void load_tile(const FjSm90ProducerTiles<T, Cfg>& tiles, int item, int u, int b, int h,
                            int m_block) {
     const int h_kv = h / Cfg::kGqaRatio;
-    const FjKvSchedule sched = fj_sm90_schedule<T, Cfg>(args, b, h, m_block);
+    const int kv_len = kFjKvCache ? cache.length(args, b) : args.seqlen_kv;
+    const FjKvSchedule sched = fj_sm90_schedule<T, Cfg>(args, kv_len, b, h, m_block);
     int runs[3] = {0, 0, 0};
     tiles.union_runs(sched, b, h, m_block, runs);
     // Q into its buffer once the tile that used it before is done with it: with two buffers,
@@ -592,24 +783,20 @@ struct FjSm90Producer {
       if (i + 1 < sched.num_total) next_tile = sched.tile(i + 1);
       const int stage = g % T::kNumStages;
       if (g >= T::kNumStages) fj_mbar_wait(sm.bar_e + 8 * stage, ((g / T::kNumStages) & 1) ^ 1);
-      // A tile past the end of a ragged sparse block reads as zeros (TMA fills what lies
-      // outside the tensor and still counts the whole box) and the consumers mask it.
-      const int n_start = tile * T::kBlockN;
-      fj_mbar_arrive_expect_tx(sm.bar_k + 8 * stage, T::kKBytes);
-      fj_tma_load_tile<T::kDimQK, T::kBlockN>(sm.sk + stage * T::kKBytes, &maps.k, n_start, h_kv, b,
-                                              sm.bar_k + 8 * stage);
-      fj_mbar_arrive_expect_tx(sm.bar_v + 8 * stage, T::kVBytes);
-      fj_tma_load_tile<T::kDimV, T::kBlockN>(sm.sv + stage * T::kVBytes, &maps.v, n_start, h_kv, b,
-                                             sm.bar_v + 8 * stage);
+      load_kv(stage, tile, kv_len, b, h_kv);
       if (!q_first && i == 0) load_q(tiles, item, u, runs, b, h, m_block);
     }
   }
 
-  // By one thread (the warpgroup's others return at once).
+  // By one thread (the warpgroup's others return at once); on a KV cache by every loader.
   FJ_DEVICE void run() {
-    fj_tma_prefetch_desc(&maps.q);
-    fj_tma_prefetch_desc(&maps.k);
-    fj_tma_prefetch_desc(&maps.v);
+    if (lead()) {
+      fj_tma_prefetch_desc(&maps.q);
+      if (!FjSm90KvCache<T, Cfg>::kGatherAll) {
+        fj_tma_prefetch_desc(&maps.k);
+        fj_tma_prefetch_desc(&maps.v);
+      }
+    }
     FjSm90ProducerTiles<T, Cfg> tiles(args, sm);
     int b, h, m_block;
     for (int item = 0;; ++item) {
@@ -666,9 +853,10 @@ struct FjSm90ConsumerTiles {
     FjWorkItems<T>::decode(args, code, b, h, m_block);
   }
 
-  // The KV tiles of query tile (b, h, m_block) (fj_sm90_schedule; kUnion and kPersistent: the
-  // entries up to the end of the last of the `runs`).
-  FJ_DEVICE FjKvSchedule schedule(int b, int h, int m_block, const int (&runs)[3]) const {
+  // The KV tiles of query tile (b, h, m_block) over kv_len keys (fj_sm90_schedule; kUnion and
+  // kPersistent: the entries up to the end of the last of the `runs`).
+  FJ_DEVICE FjKvSchedule schedule(int b, int h, int m_block, int kv_len,
+                                  const int (&runs)[3]) const {
     FjKvSchedule sched;
     if constexpr (kUnion && T::kPersistent) {
       // The entry count from the slot (the last run's end; warp-uniform already), not a load at
@@ -676,7 +864,7 @@ struct FjSm90ConsumerTiles {
       const int n = max(runs[0] >> 16, max(runs[1] >> 16, runs[2] >> 16));
       sched = fj_union_entries(args.mask, b, h, m_block, n);
     } else {
-      sched = fj_sm90_schedule<T, Cfg>(args, b, h, m_block);
+      sched = fj_sm90_schedule<T, Cfg>(args, kv_len, b, h, m_block);
       if constexpr (kUnion) {
         // Counts loaded from a block mask, made known to be warp-uniform (the loops below stay
         // on the uniform datapath); tile indices likewise where they are used, not where loaded
@@ -697,6 +885,7 @@ struct FjSm90QTile {
   fj_u32 sq_item;  // its Q buffer's address
   int q_row0;      // the thread's first row
   int dl_row0;     // the warp's first row
+  int kv_len;      // kFjKvCache: its sequence's keys (FjSm90Consumer::kv_end)
 };
 
 // A consumer warpgroup (query rows [64 cw, 64 cw + 64) of every query tile): the mainloop over
@@ -726,6 +915,7 @@ struct FjSm90Consumer {
   const FjFwdArgs& args;
   const FjModParams& mods;
   FjSm90Smem<T> sm;
+  FjSm90KvCache<T, Cfg> cache;  // kFjKvCache
   // This consumer warpgroup; known to be warp-uniform where it picks the union schedule's run
   // (at d 128 the broadcast cost document_causal a 4 B spill).
   int cw;
@@ -748,12 +938,14 @@ struct FjSm90Consumer {
 
   // After the warpgroup's setmaxnreg.inc.
   FJ_DEVICE FjSm90Consumer(const FjFwdArgs& a, const FjModParams& m, const FjSm90Smem<T>& sm_,
-                           int tid, int wg, float (&o_)[1][T::kDTiles][4], float (&row_max_)[1][2],
-                           float (&row_sum_)[1][2], fj_u32 (&pa_)[T::kBlockN / 16][4],
-                           float (&s_)[1][T::kNTiles][4], FjDiagLoads<T::kNTiles>& dl_)
+                           const FjKvCacheArgs& kv, int tid, int wg, float (&o_)[1][T::kDTiles][4],
+                           float (&row_max_)[1][2], float (&row_sum_)[1][2],
+                           fj_u32 (&pa_)[T::kBlockN / 16][4], float (&s_)[1][T::kNTiles][4],
+                           FjDiagLoads<T::kNTiles>& dl_)
       : args(a),
         mods(m),
         sm(sm_),
+        cache{kv},
         cw(kUnion ? fj_warp_uniform(wg - 1) : wg - 1),
         wtid(tid % 128),
         warp(wtid / 32),
@@ -767,6 +959,28 @@ struct FjSm90Consumer {
         pa(pa_),
         s(s_),
         dl(dl_) {}
+
+  // The keys of query tile t's sequence: seqlen_kv (read where used, as the kernel always did),
+  // or on a KV cache its length.
+  FJ_DEVICE int kv_end(const FjSm90QTile& t) const {
+    if constexpr (kFjKvCache) {
+      return t.kv_len;
+    } else {
+      return args.seqlen_kv;
+    }
+  }
+
+  // On a KV cache, after the wait for a stage that the loaders gathered with cp.async (generic
+  // proxy writes; FjSm90KvCache), before wgmma reads it through the async proxy. `tile` and
+  // `other` are the KV tiles whose stages were waited for.
+  FJ_DEVICE void gather_fence(const FjSm90QTile& t, int tile, int other) const {
+    if constexpr (kFjKvCache) {
+      if (cache.gathered(tile * T::kBlockN, t.kv_len) ||
+          cache.gathered(other * T::kBlockN, t.kv_len)) {
+        fj_fence_proxy_async();
+      }
+    }
+  }
 
   // S = Q K^T of a stage: k16 steps over the head dim, 64-element chunks of Q and K.
   FJ_DEVICE void issue_qk(int stage) {
@@ -830,7 +1044,7 @@ struct FjSm90Consumer {
       const int n_start = tile * T::kBlockN;
       // q_idx - kv_idx = (dl_row0 + row) - (n_start + col) = (dl_row0 - n_start) - k.
       dl.issue(mods, t.b, t.h, t.dl_row0 - n_start, -1, args.seqlen_q - t.dl_row0,
-               args.seqlen_kv - n_start, lane);
+               kv_end(t) - n_start, lane);
     }
   }
 
@@ -847,25 +1061,25 @@ struct FjSm90Consumer {
       // partial and a full copy of the score_mod chosen by a tile's status bits spilled
       // 130-260 B at 160 registers (softcap_causal, relative_bias_causal;
       // docs/kernels/forward_sm90.md "Union schedule").
-      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start, kv_col0,
-                                                dl, lane);
-      if (partial) fj_sm90_mask<Cfg, T>(s, args, mods, t.b, t.h, t.q_row0, kv_col0);
+      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start,
+                                                kv_end(t), kv_col0, dl, lane);
+      if (partial) fj_sm90_mask<Cfg, T>(s, args, mods, t.b, t.h, t.q_row0, kv_end(t), kv_col0);
     } else if (!Cfg::kHasScoreMod && !(Cfg::kHasMaskMod && partial) && args.scale > 0.0f) {
       // No mod to call on this tile: the scale goes into the exponent's factor too.
       fj_sm90_scores<Cfg, T, false, true, false>(s, args, mods, t.b, t.h, t.q_row0, n_start,
-                                                 kv_col0, dl, lane);
+                                                 kv_end(t), kv_col0, dl, lane);
       c = args.scale * kLog2e;
     } else if (partial && kFjColLoad) {
       // The mask_mod's column load read once per warp (fj_sm90_mask).
-      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start, kv_col0,
-                                                dl, lane);
-      fj_sm90_mask<Cfg, T>(s, args, mods, t.b, t.h, t.q_row0, kv_col0);
+      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start,
+                                                kv_end(t), kv_col0, dl, lane);
+      fj_sm90_mask<Cfg, T>(s, args, mods, t.b, t.h, t.q_row0, kv_end(t), kv_col0);
     } else if (partial) {
-      fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start, kv_col0,
-                                               dl, lane);
+      fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start,
+                                               kv_end(t), kv_col0, dl, lane);
     } else {
-      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start, kv_col0,
-                                                dl, lane);
+      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start,
+                                                kv_end(t), kv_col0, dl, lane);
     }
     fj_sm90_softmax<T>(s, row_max, row_sum, alpha, c);
   }
@@ -878,6 +1092,7 @@ struct FjSm90Consumer {
   FJ_DEVICE void first_s(const FjSm90QTile& t, int gi, int tile, bool partial, float (&alpha)[2],
                          bool q_done) {
     fj_mbar_wait(sm.bar_k + 8 * (gi % T::kNumStages), (gi / T::kNumStages) & 1);
+    gather_fence(t, tile, tile);
     turns.begin();
     fj_wgmma_fence();
     issue_qk(gi % T::kNumStages);
@@ -890,12 +1105,14 @@ struct FjSm90Consumer {
     pack_p();
   }
 
-  FJ_DEVICE void next_s_pv(const FjSm90QTile& t, int gi, int tile, bool partial, float (&alpha)[2],
-                           bool q_done) {
+  // `prev_tile`: the tile whose P V goes with this one's S (kFjKvCache: its V may be gathered).
+  FJ_DEVICE void next_s_pv(const FjSm90QTile& t, int gi, int tile, int prev_tile, bool partial,
+                           float (&alpha)[2], bool q_done) {
     const int stage = gi % T::kNumStages;
     const int prev = (gi - 1) % T::kNumStages;
     fj_mbar_wait(sm.bar_k + 8 * stage, (gi / T::kNumStages) & 1);
     fj_mbar_wait(sm.bar_v + 8 * prev, ((gi - 1) / T::kNumStages) & 1);
+    gather_fence(t, tile, prev_tile);
     turns.begin();
     fj_wgmma_fence();
     issue_qk(stage);
@@ -917,8 +1134,9 @@ struct FjSm90Consumer {
     pack_p();
   }
 
-  FJ_DEVICE void last_pv(int gl) {
+  FJ_DEVICE void last_pv(const FjSm90QTile& t, int gl, int tile) {
     fj_mbar_wait(sm.bar_v + 8 * (gl % T::kNumStages), (gl / T::kNumStages) & 1);
+    gather_fence(t, tile, tile);
     fj_wgmma_fence();
     issue_pv(gl % T::kNumStages);
     fj_wgmma_wait<0>();
@@ -974,12 +1192,13 @@ struct FjSm90Consumer {
       int e = fj_warp_uniform(sched.tile(run_begin));
       int next_e = run_begin + 1 < run_end ? sched.tile(run_begin + 1) : 0;  // one ahead
       first_s(t, g + run_begin, e & kFjUnionTileMask, partial_of(e), alpha, false);
+      // (No KV cache runs three consumer warpgroups: the tiles gather_fence would test are 0.)
       for (int i = run_begin + 1; i < run_end; ++i) {
         e = fj_warp_uniform(next_e);
         if (i + 1 < run_end) next_e = sched.tile(i + 1);
-        next_s_pv(t, g + i, e & kFjUnionTileMask, partial_of(e), alpha, false);
+        next_s_pv(t, g + i, e & kFjUnionTileMask, 0, partial_of(e), alpha, false);
       }
-      last_pv(g + run_end - 1);
+      last_pv(t, g + run_end - 1, 0);
     }
     for (int i = run_end; i < num_total; ++i)
       skip(g + i);
@@ -992,13 +1211,17 @@ struct FjSm90Consumer {
     const int num_total = sched.num_total;
     int next_tile = num_total > 1 ? sched.tile(1) : 0;  // read one tile ahead
     float alpha[2];
+    // On a KV cache the tile before (its V may be gathered); without one it stays 0, and the loop
+    // is the one measured.
+    int prev_tile = kFjKvCache ? sched.tile(0) : 0;
     first_s(t, g, sched.tile(0), 0 < sched.num_partial, alpha, num_total == 1);
     for (int i = 1; i < num_total; ++i) {
       const int tile = next_tile;
       if (i + 1 < num_total) next_tile = sched.tile(i + 1);
-      next_s_pv(t, g + i, tile, i < sched.num_partial, alpha, i + 1 == num_total);
+      next_s_pv(t, g + i, tile, prev_tile, i < sched.num_partial, alpha, i + 1 == num_total);
+      if constexpr (kFjKvCache) prev_tile = tile;
     }
-    last_pv(g + num_total - 1);
+    last_pv(t, g + num_total - 1, prev_tile);
   }
 
   // The mainloop without the overlap (d_v = 256: S, P and O of two tiles do not fit the
@@ -1014,6 +1237,7 @@ struct FjSm90Consumer {
       const int parity = (gi / T::kNumStages) & 1;
       float alpha[2];
       fj_mbar_wait(sm.bar_k + 8 * stage, parity);
+      gather_fence(t, tile, tile);
       turns.begin();
       fj_wgmma_fence();
       issue_qk(stage);
@@ -1026,6 +1250,7 @@ struct FjSm90Consumer {
       rescale_o(alpha);
       pack_p();
       fj_mbar_wait(sm.bar_v + 8 * stage, parity);
+      gather_fence(t, tile, tile);
       fj_wgmma_fence();
       issue_pv(stage);
       fj_wgmma_wait<0>();
@@ -1117,7 +1342,10 @@ struct FjSm90Consumer {
       const int m_start = m_block * T::kBlockM;
       const fj_u32 sq_item = sm.sq + u * T::kQBytes;
       sq_wg = sq_item + cw * 64 * 128;
-      const FjKvSchedule sched = tiles.schedule(b, h, m_block, slot_runs);
+      // On a KV cache the sequence's length (one load per query tile), else seqlen_kv.
+      const int kv_len = kFjKvCache ? cache.length(args, b) : 0;
+      const FjKvSchedule sched =
+          tiles.schedule(b, h, m_block, kFjKvCache ? kv_len : args.seqlen_kv, slot_runs);
       // The thread's first row. With a column load (document masks) its lane part is taken
       // here (warp * 16 + lane / 4 = wtid / 4 + warp * 8): computed once at the kernel's start
       // it was spilled and reloaded once per query tile (document_causal at 192 rows;
@@ -1126,7 +1354,7 @@ struct FjSm90Consumer {
       const int q_row0 = kFjColLoad ? m_start + cw * 64 + fj_here(wtid >> 2) + (wtid >> 5) * 8
                                     : m_start + cw * 64 + warp * 16 + (lane >> 2);
       const int dl_row0 = m_start + cw * 64 + warp * 16;  // this warp's first query row
-      const FjSm90QTile t{b, h, m_block, u, m_start, sq_item, q_row0, dl_row0};
+      const FjSm90QTile t{b, h, m_block, u, m_start, sq_item, q_row0, dl_row0, kv_len};
 #pragma unroll
       for (int dt = 0; dt < T::kDTiles; ++dt)
 #pragma unroll
@@ -1158,9 +1386,16 @@ struct FjSm90Consumer {
 
 // The forward kernel: the CTA's shared memory and barriers, then warpgroup 0 as the producer and
 // the others as consumers (the header describes the design).
+// On a KV cache (FJ_FWD_KV_CACHE) it takes the cache's table and lengths as a fourth parameter.
 extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128, 1)
+#if defined(FJ_FWD_KV_CACHE)
+    flexjit_forward(const FjFwdArgs args, const FjModParams mods,
+                    const __grid_constant__ FjFwdTmaMaps maps, const FjKvCacheArgs kv_cache) {
+#else
     flexjit_forward(const FjFwdArgs args, const FjModParams mods,
                     const __grid_constant__ FjFwdTmaMaps maps) {
+  const FjKvCacheArgs kv_cache = {nullptr, 0, nullptr};  // no KV cache: never read
+#endif
   using T = FjSm90Traits<FjConfig>;
   using Cfg = FjConfig;
   extern __shared__ unsigned char fj_smem_raw[];
@@ -1172,7 +1407,11 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
 
   if (wg == 0) {
     fj_setmaxnreg_dec<T::kProducerRegs>();
-    if (tid == 0) FjSm90Producer<T, Cfg>(args, maps, sm).run();
+    // One thread (as `tid == 0`: the compiler then knows the work counter's atomic is one
+    // thread's), or on a KV cache the warpgroup's 128 loaders.
+    if (T::kLoaders == 1 ? tid == 0 : tid < T::kLoaders) {
+      FjSm90Producer<T, Cfg>(args, maps, sm, kv_cache, tid).run();
+    }
     return;
   }
   fj_setmaxnreg_inc<T::kConsumerRegs>();
@@ -1182,7 +1421,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   fj_u32 pa[T::kBlockN / 16][4];
   float s[1][T::kNTiles][4];
   FjDiagLoads<T::kNTiles> dl;
-  FjSm90Consumer<T, Cfg>(args, mods, sm, tid, wg, o, row_max, row_sum, pa, s, dl).run();
+  FjSm90Consumer<T, Cfg>(args, mods, sm, kv_cache, tid, wg, o, row_max, row_sum, pa, s, dl).run();
 }
 
 // The union schedule of a block mask (FjUnionScheduleArgs, flexjit_abi.h) for query tiles of
@@ -1195,7 +1434,10 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
 // blocks are multiples of 128 rows (ForwardSm90Wgmma::unsupported), so 192 rows meet at most two.
 // A thread merging the lists alone took ~60 us for 11 rows (a chain of dependent loads); this
 // is a few. Launched before flexjit_forward, which reads the result (fj_sm90_schedule, and the
-// runs through the tile slot or fj_union_row).
+// runs through the tile slot or fj_union_row). Compiled only into the sources that can launch
+// it (FJ_FWD_UNION_SCHEDULE: 192-row tiles with a mask_mod; ForwardSm90Wgmma::generate): in the
+// others it cost ~22 % of the forward's cold compile for nothing (docs/caching.md).
+#ifdef FJ_FWD_UNION_SCHEDULE
 extern "C" __global__ void __launch_bounds__(256)
     flexjit_forward_union_schedule(const FjUnionScheduleArgs a) {
   extern __shared__ unsigned char fj_union_status[];  // [2][max_tiles]: 0, 1 partial, 2 full
@@ -1290,5 +1532,6 @@ extern "C" __global__ void __launch_bounds__(256)
     row[kFjUnionRowInts - 1] = 0;
   }
 }
+#endif  // FJ_FWD_UNION_SCHEDULE
 
 #endif  // FLEXJIT_FORWARD_SM90_CUH_

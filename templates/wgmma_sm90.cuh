@@ -34,6 +34,16 @@ FJ_DEVICE void fj_mbar_arrive_expect_tx(fj_u32 bar, fj_u32 bytes) {
 FJ_DEVICE void fj_mbar_arrive(fj_u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// `count` arrivals at once (count >= 1).
+FJ_DEVICE void fj_mbar_arrive_count(fj_u32 bar, int count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival on `bar` once every cp.async this thread issued before has completed (.noinc: the
+// barrier's expected count includes it). The copies are generic-proxy writes: a reader through
+// the async proxy (wgmma) fences after its wait (fj_fence_proxy_async).
+FJ_DEVICE void fj_cp_async_mbar_arrive(fj_u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 // 16 bytes of global memory into this CTA's shared memory (both 16-byte aligned) through the
 // async proxy, counted as 16 transaction bytes on mbarrier `bar` (like a TMA load's). Global
 // memory this thread wrote must be ordered before it first (fj_fence_proxy_async_global).

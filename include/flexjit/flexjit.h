@@ -5,6 +5,7 @@
 #include <flexjit/backward.h>
 #include <flexjit/block_mask.h>
 #include <flexjit/context.h>
+#include <flexjit/context_parallel.h>
 #include <flexjit/cpu.h>
 #include <flexjit/device_block_mask.h>
 #include <flexjit/device_tensor.h>

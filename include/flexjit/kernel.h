@@ -26,7 +26,7 @@ namespace flexjit {
 
 struct KernelQuery {
   // A registered family (kernel_families()): "forward" | "block_mask" | "backward_preprocess" |
-  // "backward_dkdv" | "backward_dq" | "decode_split" | "decode_combine"
+  // "backward_dkdv" | "backward_dq" | "decode_split" | "decode_combine" | "cp_merge"
   std::string family = "forward";
   std::string variant;        // empty: chosen by the arch ("sm80_mma", ...)
   std::string arch;           // "sm_80" ... "sm_90a"; empty: the current GPU's

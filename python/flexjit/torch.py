@@ -728,10 +728,14 @@ def _attention(q, k, v, *args):
 # torch's keys that set flexjit's config (forward / backward); fwd_ / bwd_ prefixed forms too.
 _CONFIG_KEYS = {"BLOCK_M": "block_m", "BLOCK_N": "block_n", "num_warps": "num_warps",
                 "num_stages": "num_stages"}
-# flexjit's own keys (docs/python.md).
-_FLEXJIT_KEYS = {"variant": str, "autotune": str, "math": str, "num_splits": int,
-                 "q_tiles": int, "persistent": int, "deterministic": bool, "dq_mode": str,
-                 "check_buffers": bool}
+# flexjit's own keys (docs/python.md): the calls' words, then (ints, the forward's) the config
+# keys of the families a forward call plans that torch's keys above do not set: num_splits,
+# q_tiles, persistent today, read from the family records (flexjit.kernel_families()), so a new
+# family's key needs no edit here.
+_FLEXJIT_KEYS = {"variant": str, "autotune": str, "math": str, "deterministic": bool,
+                 "dq_mode": str, "check_buffers": bool}
+_FLEXJIT_KEYS.update({k: int for k in flexjit._C._call_config_keys(False)
+                      if k not in _FLEXJIT_KEYS and k not in _CONFIG_KEYS.values()})
 # torch's hints for its Triton kernels that have no meaning for flexjit's: accepted, ignored.
 _IGNORED_KEYS = {"PRESCALE_QK", "ROWS_GUARANTEED_SAFE", "BLOCKS_ARE_CONTIGUOUS", "WRITE_DQ",
                  "FORCE_USE_FLEX_ATTENTION", "OUTPUT_LOGSUMEXP", "OUTPUT_MAX", "USE_TMA",

@@ -48,6 +48,7 @@ namespace flexjit::runtime {
   X(cuMemcpyHtoD)                   \
   X(cuMemcpyDtoH)                   \
   X(cuMemcpyDtoDAsync)              \
+  X(cuMemcpy2DAsync)                \
   X(cuMemsetD8)                     \
   X(cuMemsetD8Async)                \
   X(cuMemsetD32Async)               \

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+
 namespace flexjit::runtime {
 
 namespace {
@@ -39,18 +41,23 @@ Kernel ModuleCache::get(const std::string& key, const std::vector<char>& cubin,
   }
   std::lock_guard<std::mutex> lock(mutex_);
   Entry& entry = modules_[{ctx, key}];
-  if (entry.module == nullptr) {
-    if (cubin.empty()) {
-      throw RuntimeError(fmt::format("empty cubin for {} (cache key {})", kernel.describe(), key));
-    }
-    FJ_CU(cuModuleLoadData, fmt::format("{} (cache key {})", kernel.describe(), key), &entry.module,
-          cubin.data());
-  }
   auto it = entry.functions.find(name);
   if (it == entry.functions.end()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (entry.module == nullptr) {
+      if (cubin.empty()) {
+        throw RuntimeError(
+            fmt::format("empty cubin for {} (cache key {})", kernel.describe(), key));
+      }
+      FJ_CU(cuModuleLoadData, fmt::format("{} (cache key {})", kernel.describe(), key),
+            &entry.module, cubin.data());
+      loads_.modules += 1;
+    }
     CUfunction fn = nullptr;
     FJ_CU(cuModuleGetFunction, kernel.describe(), &fn, entry.module, name.c_str());
     it = entry.functions.emplace(name, fn).first;
+    loads_.wall_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   kernel.function = it->second;
   return kernel;
@@ -59,6 +66,11 @@ Kernel ModuleCache::get(const std::string& key, const std::vector<char>& cubin,
 size_t ModuleCache::num_modules() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return modules_.size();
+}
+
+ModuleCache::LoadTotals ModuleCache::load_totals() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return loads_;
 }
 
 void ModuleCache::clear() {

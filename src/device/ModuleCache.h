@@ -50,6 +50,14 @@ class ModuleCache {
              std::string label = {});
 
   size_t num_modules() const;
+  // Module loads (cuModuleLoadData and the first cuModuleGetFunction of each kernel) since the
+  // process started: how many and their host wall time. `flexjit bench --first-call` reads them
+  // around a call.
+  struct LoadTotals {
+    uint64_t modules = 0;
+    double wall_ms = 0;
+  };
+  LoadTotals load_totals() const;
   // Unloads every module (in each module's own context). Kernels obtained earlier dangle.
   void clear();
 
@@ -65,6 +73,7 @@ class ModuleCache {
   };
   mutable std::mutex mutex_;
   std::map<std::pair<CuContext, std::string>, Entry> modules_;
+  LoadTotals loads_;  // under mutex_
 };
 
 // Launches `kernel` with `args` (one pointer per kernel parameter, as cuLaunchKernel takes).

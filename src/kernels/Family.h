@@ -23,6 +23,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,6 +49,15 @@ ConfigKey block_n_key();
 ConfigKey num_warps_key();
 ConfigKey num_stages_key();
 
+// A later step of a plan that an earlier step's complete description changes
+// (FamilyInfo::changes_later): the step of `family` runs `variant` with `overrides` instead of its
+// own selection and config.
+struct StepChange {
+  Family family = Family::Forward;
+  std::string variant;
+  Params overrides;
+};
+
 struct FamilyInfo {
   Family family = Family::Forward;
   std::string name;     // "decode_split": [a-z0-9_]+, the family's name in descriptions
@@ -65,6 +75,15 @@ struct FamilyInfo {
   // A manifest workload of its kind may give "page_size": it runs on a paged KV cache
   // (KernelQuery::page_size; decode_split).
   bool kv_pages = false;
+  // Built for every workload whose mods have a mask_mod, whatever its kind (block_mask: the
+  // block mask such calls take, made by create_block_mask); its problem reads the query's
+  // block_size. A manifest warms it for such workloads.
+  bool for_mask_mod = false;
+  // How a complete step of this family changes a later step of its kind's plan (nullopt: it
+  // does not; null: never): backward_dkdv with dq_atomic = 1 adds dQ itself, and the plan's
+  // backward_dq step becomes the convert of its fp32 accumulator. The backward plan
+  // (runtime/Backward.cpp) and a manifest's warm-up read it.
+  std::function<std::optional<StepChange>(const KernelDesc& done)> changes_later;
   // The problem (a description without variant and config) of a kernel query (include/flexjit/
   // kernel.h) for `arch`: what emit_kernel / compile_kernel complete, and what a manifest's
   // workload asks of the family (its query: divisible = false, full_blocks = the mask's, the

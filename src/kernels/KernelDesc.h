@@ -42,6 +42,7 @@ enum class Family : uint8_t {
   BackwardDq,          // dQ over kv tiles
   DecodeSplit,         // split-KV decoding: partial out / lse per split
   DecodeCombine,       // combines the splits
+  CpMerge,             // context parallelism: merges partial results by their lse (src/cp)
 };
 // The id of the n-th family registered from outside the library (n < 128).
 constexpr Family external_family(uint8_t n) {

@@ -209,12 +209,21 @@ KernelDesc Registry::complete(const KernelDesc& problem, const InputFacts& facts
                               const Params& config_overrides, std::string_view forced,
                               Selection* selection) const {
   Selection sel = select(problem, facts, forced, config_overrides);
-  KernelDesc d = problem;
-  d.variant = std::string(sel.variant->name());
-  d.config = sel.variant->resolve_config(d, config_overrides, facts);
-  sel.variant->specialize(d, facts);
-  sel.variant->validate(d);
+  KernelDesc d = resolve(sel, problem, facts, config_overrides);
   if (selection != nullptr) *selection = std::move(sel);
+  return d;
+}
+
+KernelDesc Registry::resolve(const Selection& selection, const KernelDesc& problem,
+                             const InputFacts& facts, const Params& config_overrides) const {
+  const Variant* v = selection.variant;
+  FJ_ASSERT(v != nullptr && v->family() == problem.family,
+            "Registry::resolve with a selection of another family than " + problem.str());
+  KernelDesc d = problem;
+  d.variant = std::string(v->name());
+  d.config = v->resolve_config(d, config_overrides, facts);
+  v->specialize(d, facts);
+  v->validate(d);
   return d;
 }
 

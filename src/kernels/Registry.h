@@ -64,11 +64,17 @@ class Registry {
   Selection select(const KernelDesc& problem, const InputFacts& facts, std::string_view forced = {},
                    const Params& config_overrides = {}) const;
 
-  // select(), then the config resolved by the chosen variant, validated: the description a
-  // kernel is built from.
+  // select(), then resolve(): the description a kernel is built from.
   KernelDesc complete(const KernelDesc& problem, const InputFacts& facts,
                       const Params& config_overrides = {}, std::string_view forced = {},
                       Selection* selection = nullptr) const;
+  // `problem` completed by the variant that `selection` (select() of the same problem and
+  // facts) chose: its config resolved with `config_overrides`, specialized to `facts` and
+  // validated (UnsupportedError for a value the variant refuses or a key it does not have). What
+  // completes a description once its variant is chosen: the autotuner selects a step's variant
+  // once and completes its candidates and the step itself with it (tune/StepTuner.h).
+  KernelDesc resolve(const Selection& selection, const KernelDesc& problem, const InputFacts& facts,
+                     const Params& config_overrides = {}) const;
 
   Registry() = default;
   Registry(const Registry&) = delete;

@@ -38,10 +38,13 @@ class StreamWorkspace {
 class NoTuning final : public Tuner {
  public:
   bool active() const override { return false; }
-  kernels::Params tuned_overrides(const kernels::KernelDesc&, const kernels::InputFacts&,
-                                  const Mods&, const kernels::Params&, std::string_view,
-                                  const StepIo&) const override {
-    return {};
+  CompletedStep complete(const kernels::KernelDesc& problem, const kernels::InputFacts& facts,
+                         const Mods&, const kernels::Params& caller, std::string_view forced,
+                         const StepIo&) const override {
+    CompletedStep done;
+    done.desc =
+        kernels::Registry::global().complete(problem, facts, caller, forced, &done.selection);
+    return done;
   }
 };
 
@@ -75,10 +78,14 @@ std::string Plan::str() const {
 }
 
 BuiltPlan build_plan(KernelBuilder& builder, const Plan& plan) {
-  BuiltPlan built;
-  built.kernels.reserve(plan.steps.size());
+  // The steps' kernels are independent: build_all compiles the new ones concurrently (a cold
+  // backward costs its dK/dV compile, not the sum of three; docs/caching.md).
+  std::vector<BuildRequest> requests;
+  requests.reserve(plan.steps.size());
   for (const PlanStep& step : plan.steps)
-    built.kernels.push_back(builder.build(step.mods, step.desc));
+    requests.push_back({&step.mods, &step.desc});
+  BuiltPlan built;
+  built.kernels = builder.build_all(requests);
   return built;
 }
 

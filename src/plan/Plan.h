@@ -60,21 +60,30 @@ struct StepIo {
   std::vector<TensorRef> accumulated;  // zeroed before every run (TuningOutputs::accumulated)
 };
 
-// Where plan_step gets a step's tuned config from. Planning knows only this interface; the
-// autotuner (tune::StepTuning, tune/StepTuner.h) implements it and the entry points hand one to
-// the plans they build, so nothing a plan is made of depends on tuning.
+// A step's description as the registry completed it, and how its variant was chosen.
+struct CompletedStep {
+  kernels::KernelDesc desc;  // complete: variant and config set
+  kernels::Selection selection;
+};
+
+// Where plan_step gets a tuned step from. Planning knows only this interface; the autotuner
+// (tune::StepTuning, tune/StepTuner.h) implements it and the entry points hand one to the plans
+// they build, so nothing a plan is made of depends on tuning.
 class Tuner {
  public:
   virtual ~Tuner() = default;
-  // False: plan_step asks nothing and takes the variant's defaults (below the caller's values).
+  // False: plan_step asks nothing; the registry completes the step with the variant's defaults
+  // (below the caller's values).
   virtual bool active() const = 0;
-  // The tuned config of a step (empty: use the defaults). `problem` is the step's problem as
-  // given to Registry::complete; `caller` the caller's overrides; `forced` a variant the caller
-  // named; `io` the step's launches and outputs on the call's inputs.
-  virtual kernels::Params tuned_overrides(const kernels::KernelDesc& problem,
-                                          const kernels::InputFacts& facts, const Mods& mods,
-                                          const kernels::Params& caller, std::string_view forced,
-                                          const StepIo& io) const = 0;
+  // The step completed by the registry once: its variant selected for `problem` (or `forced`, a
+  // variant the caller named) with the caller's overrides `caller`, and its config resolved with
+  // the tuned values below `caller`'s (none tuned: the defaults). `io` is the step's launches and
+  // outputs on the call's inputs. The description is the one plan_step launches, not completed
+  // again.
+  virtual CompletedStep complete(const kernels::KernelDesc& problem,
+                                 const kernels::InputFacts& facts, const Mods& mods,
+                                 const kernels::Params& caller, std::string_view forced,
+                                 const StepIo& io) const = 0;
   // A tuner that is never active: the plan of an untuned call.
   static const Tuner& none();
 };
@@ -85,15 +94,16 @@ kernels::Params below(const kernels::Params& caller, const kernels::Params& tune
 // Plans one step of family variant V for `inputs`: the registry selects the variant for
 // `problem` (or takes `forced`), resolves its config with `overrides`, and the step launches
 // V::launches(desc, inputs, workspace). With `tuner` active (tune::step_tuning(ctx,
-// options.autotune, options.stream) makes one), a tuned config (stored, or searched now on these
-// inputs) comes in below `overrides` (tune/StepTuner.h, docs/tuning.md).
+// options.autotune, options.stream) makes one), the tuner completes the step, a tuned config
+// (stored, or searched now on these inputs) below `overrides` (tune/StepTuner.h,
+// docs/tuning.md). Either way the step's description is completed once.
 template <typename V>
 PlanStep plan_step(const kernels::KernelDesc& problem, const typename V::InputsType& inputs,
                    const kernels::InputFacts& facts, const Mods& mods,
                    const kernels::Params& overrides = {}, std::string_view forced = {},
                    const Tuner& tuner = Tuner::none()) {
   const kernels::Registry& reg = kernels::Registry::global();
-  kernels::Params tuned;
+  PlanStep step;
   if (tuner.active()) {
     StepIo io;
     io.launches = [&inputs](const kernels::KernelDesc& d, void* ws) {
@@ -105,10 +115,12 @@ PlanStep plan_step(const kernels::KernelDesc& problem, const typename V::InputsT
     using Outputs = kernels::TuningOutputs<typename V::InputsType>;
     io.outputs = Outputs::of(inputs, V::kFamily);
     io.accumulated = Outputs::accumulated(inputs, V::kFamily);
-    tuned = tuner.tuned_overrides(problem, facts, mods, overrides, forced, io);
+    CompletedStep done = tuner.complete(problem, facts, mods, overrides, forced, io);
+    step.desc = std::move(done.desc);
+    step.selection = std::move(done.selection);
+  } else {
+    step.desc = reg.complete(problem, facts, overrides, forced, &step.selection);
   }
-  PlanStep step;
-  step.desc = reg.complete(problem, facts, below(overrides, tuned), forced, &step.selection);
   const V& variant = kernels::variant_as<V>(reg, step.desc);
   step.mods = mods;
   step.workspace_bytes = variant.workspace_bytes(step.desc, inputs);

@@ -8,6 +8,7 @@
 #include "binding/AttentionCall.h"
 #include "binding/ModArgs.h"
 #include "codegen/cuda/ModCodegen.h"
+#include "kernels/Family.h"
 #include "kernels/MathMode.h"
 #include "kernels/backward/Backward.h"
 #include "kernels/forward/Forward.h"
@@ -20,6 +21,7 @@
 #include <fmt/format.h>
 
 #include <climits>
+#include <optional>
 #include <set>
 
 namespace flexjit {
@@ -248,14 +250,19 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
       dkdv_variant, on_preprocess);
   dkdv.workspace_of = 0;
   plan.add(std::move(dkdv));
-  runtime::PlanStep dq =
-      call.inputs.dq_atomic
-          ? runtime::plan_step<kernels::BackwardDqVariant>(
-                problem(kernels::Family::BackwardDq), call.inputs, facts, call.mods,
-                {{"dq_layout", kernels::dq_accum_layout(dkdv_desc)}}, "atomic_convert")
-          : runtime::plan_step<kernels::BackwardDqVariant>(
-                problem(kernels::Family::BackwardDq), call.inputs, facts, call.mods, dq_overrides,
-                options.variant, on_preprocess);
+  // A dK/dV kernel that adds dQ changes the dQ step into the convert of its accumulator (the
+  // family record says how: kernels::FamilyInfo::changes_later; manifests warm the same).
+  const std::optional<kernels::StepChange> dq_change =
+      kernels::Families::global().get(kernels::Family::BackwardDkDv).changes_later(dkdv_desc);
+  FJ_ASSERT(dq_change.has_value() == call.inputs.dq_atomic &&
+                (!dq_change || dq_change->family == kernels::Family::BackwardDq),
+            "the dK/dV step's change of the dQ step disagrees with its dq_atomic");
+  runtime::PlanStep dq = dq_change ? runtime::plan_step<kernels::BackwardDqVariant>(
+                                         problem(kernels::Family::BackwardDq), call.inputs, facts,
+                                         call.mods, dq_change->overrides, dq_change->variant)
+                                   : runtime::plan_step<kernels::BackwardDqVariant>(
+                                         problem(kernels::Family::BackwardDq), call.inputs, facts,
+                                         call.mods, dq_overrides, options.variant, on_preprocess);
   dq.workspace_of = 0;
   plan.add(std::move(dq));
   return plan;

@@ -6,7 +6,6 @@
 #include "codegen/cuda/Arch.h"
 #include "kernels/Family.h"
 #include "kernels/Registry.h"
-#include "kernels/backward/Backward.h"
 #include "passes/RuntimeDivision.h"
 #include "tune/Prune.h"
 #include "util/InputFiles.h"
@@ -16,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <set>
 
@@ -106,6 +106,7 @@ Workload parse_workload(const json& j, size_t index, const std::filesystem::path
   if (j.contains("kind") && !j.at("kind").is_string()) {
     err.fail(fmt::format("'kind' must be one of {}", fmt::join(kinds, ", ")));
   }
+  // The manifest format's default (docs/tuning.md), not a family's switch.
   w.kind = j.value("kind", "forward");
   if (std::find(kinds.begin(), kinds.end(), w.kind) == kinds.end()) {
     err.fail(fmt::format("kind '{}' is not one of {}{}", w.kind, fmt::join(kinds, ", "),
@@ -365,30 +366,45 @@ WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& a
     if (!seen.insert(id).second) return;
     plan.kernels.push_back({w.index, d, w.mods, is_default});
   };
-  // The default of a step and, with --all-configs, every pruned candidate; whether any of them
-  // adds dQ itself (a dK/dV config with dq_atomic = 1: the plan then converts dQ; `layout`: the
-  // accumulator's, kernels::dq_accum_layout) and whether the default does.
-  struct StepAdded {
-    bool dq_atomic = false, default_dq_atomic = false;
-    int layout = 0;
-  };
-  auto add_step = [&](const Workload& w, const WarmStep& st) {
+  // The default of a step and, with --all-configs, every pruned candidate; then the kernels of
+  // the later steps they change (FamilyInfo::changes_later: a dK/dV config that adds dQ makes the
+  // dQ step its convert), each completed as the plan completes it. The change of the default, if
+  // any (the untuned plan runs it in place of the changed family's own step). `current` is set
+  // to the family being completed, for the error of one that cannot be.
+  auto add_step = [&](const Workload& w, const WarmStep& st,
+                      const std::function<kernels::KernelDesc(kernels::Family)>& problem_of,
+                      kernels::Family& current) {
+    current = st.problem.family;
+    const kernels::FamilyInfo& info = kernels::Families::global().get(st.problem.family);
     const kernels::KernelDesc d = reg.complete(st.problem, st.facts, {}, st.forced);
-    StepAdded r;
-    r.dq_atomic = r.default_dq_atomic = d.config.get("dq_atomic").value_or(0) == 1;
-    r.layout = kernels::dq_accum_layout(d);
     add(w, d, true);
-    if (!all_configs) return r;
-    const kernels::Selection sel = reg.select(st.problem, st.facts, st.forced);
-    kernels::KernelDesc keyed = st.problem;
-    keyed.variant = std::string(sel.variant->name());
-    const CandidateSet set = prune_configs(*sel.variant, keyed, st.facts);
-    plan.pruned += set.pruned.size();
-    for (const kernels::Params& c : set.candidates) {
-      add(w, reg.complete(st.problem, st.facts, c, st.forced), c == set.default_config);
-      r.dq_atomic = r.dq_atomic || c.get("dq_atomic").value_or(0) == 1;
+    // The changes of the default and the candidates, in that order, each with whether the
+    // untuned plan runs it.
+    std::vector<std::pair<kernels::StepChange, bool>> changes;
+    std::optional<kernels::StepChange> default_change;
+    if (info.changes_later) {
+      default_change = info.changes_later(d);
+      if (default_change) changes.emplace_back(*default_change, true);
     }
-    return r;
+    if (all_configs) {
+      const kernels::Selection sel = reg.select(st.problem, st.facts, st.forced);
+      kernels::KernelDesc keyed = st.problem;
+      keyed.variant = std::string(sel.variant->name());
+      const CandidateSet set = prune_configs(*sel.variant, keyed, st.facts);
+      plan.pruned += set.pruned.size();
+      for (const kernels::Params& c : set.candidates) {
+        const kernels::KernelDesc cd = reg.resolve(sel, st.problem, st.facts, c);
+        add(w, cd, c == set.default_config);
+        if (!info.changes_later) continue;
+        if (auto change = info.changes_later(cd)) changes.emplace_back(*change, false);
+      }
+    }
+    for (const auto& [change, is_default] : changes) {
+      current = change.family;
+      add(w, reg.complete(problem_of(change.family), st.facts, change.overrides, change.variant),
+          is_default);
+    }
+    return default_change;
   };
   for (const Workload& w : manifest.workloads) {
     const EntryError err(manifest.file, w.index, w.named ? w.name : "");
@@ -414,33 +430,26 @@ WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& a
           for (int gqa : w.gqa_ratios) {
             for (const WorkloadShape& s : w.shapes) {
               kernels::Family fam = families_of_kind(w.kind).front();
+              const KernelQuery query = workload_query(w, arch, dt, hd, gqa, s);
               // A family's problem for this workload shape (kernels/Family.h).
               auto problem_of = [&](kernels::Family f) {
-                return kernels::Families::global().get(f).problem(
-                    workload_query(w, arch, dt, hd, gqa, s), cuda::Arch::parse(arch));
+                return kernels::Families::global().get(f).problem(query, cuda::Arch::parse(arch));
               };
               try {
-                // Whether the default plan's dK/dV kernel adds dQ: then it has no second pass.
-                bool default_dq_atomic = false;
+                // The families whose own step the default plan does not run: an earlier step
+                // changed it (only the change's kernel runs, unless --all-configs warms both).
+                std::set<kernels::Family> changed;
                 for (const WarmStep& st : workload_steps(w, arch, dt, hd, gqa, s)) {
-                  fam = st.problem.family;
-                  if (fam == kernels::Family::BackwardDq && default_dq_atomic && !all_configs) {
-                    continue;
-                  }
-                  const StepAdded added = add_step(w, st);
-                  if (added.dq_atomic && st.problem.family == kernels::Family::BackwardDkDv) {
-                    default_dq_atomic = added.default_dq_atomic;
-                    // The dQ convert of the plans whose dK/dV kernel adds dQ.
-                    fam = kernels::Family::BackwardDq;
-                    add(w,
-                        reg.complete(problem_of(kernels::Family::BackwardDq), st.facts,
-                                     {{"dq_layout", added.layout}}, "atomic_convert"),
-                        added.default_dq_atomic);
+                  if (changed.count(st.problem.family) && !all_configs) continue;
+                  if (auto change = add_step(w, st, problem_of, fam)) {
+                    changed.insert(change->family);
                   }
                 }
-                if (mask) {
-                  fam = kernels::Family::BlockMask;
-                  add(w, reg.complete(problem_of(kernels::Family::BlockMask), {}), true);
+                // The kernels built for any workload with a mask_mod (the block mask).
+                for (const kernels::FamilyInfo* f : kernels::Families::global().all()) {
+                  if (!mask || !f->for_mask_mod) continue;
+                  fam = f->family;
+                  add(w, reg.complete(problem_of(f->family), {}), true);
                 }
               } catch (const UnsupportedError& e) {
                 err.fail(fmt::format("{} {} d={}/{} gqa={} for {}: {}", kernels::to_string(fam),

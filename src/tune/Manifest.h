@@ -33,7 +33,7 @@ struct Workload {
   size_t index = 0;
   std::string name;            // "workload 3" when not given
   bool named = false;          // the manifest gave the name
-  std::string kind;            // "forward" | "backward" | "decode"
+  std::string kind;            // a registered family's kind (FamilyInfo::kind): "forward", ...
   std::string mods_spec;       // the standard name, the file, or "<inline>"
   bool standard_mods = false;  // mods_spec is a standard name
   Mods mods;
@@ -43,7 +43,7 @@ struct Workload {
   std::vector<WorkloadShape> shapes;           // at least one
   std::vector<std::string> archs;              // default: the manifest's
   int block_size = 128;  // the block mask's sparse block when the mods have a mask_mod (0: none)
-  int page_size = 0;     // decode: the KV cache's page size (0: contiguous K / V)
+  int page_size = 0;  // a kind with FamilyInfo::kv_pages: the KV cache's page size (0: contiguous)
 };
 
 struct Manifest {
@@ -78,9 +78,11 @@ struct WarmPlan {
 };
 
 // The kernels `manifest` needs for `archs` (empty: each workload's), defaults only or every
-// pruned candidate: per workload shape, its plan's kernels as the runtime completes them (a
-// backward's dQ convert where a dK/dV config adds dQ with atomics; decode_split once for every
-// split count) and the block-mask kernel of a mask_mod. Errors (a head dim or dtype no variant
+// pruned candidate: per workload shape, its plan's kernels as the runtime completes them (the
+// later steps that a step's config changes, FamilyInfo::changes_later: a backward's dQ convert
+// where a dK/dV config adds dQ with atomics; a launch-only key's kernel once: decode_split for
+// every split count) and, for mods with a mask_mod, the FamilyInfo::for_mask_mod families' (the
+// block mask). Errors (a head dim or dtype no variant
 // supports for an arch) name the file, the workload and the problem, before anything is compiled.
 WarmPlan plan_warmup(const Manifest& manifest, const std::vector<std::string>& archs,
                      bool all_configs);

@@ -207,15 +207,22 @@ size_t aligned(size_t n) {
   return (n + 255) / 256 * 256;
 }
 
-// Times every candidate of `set`; the record of the search (winner and all timings).
-std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::KernelDesc& problem,
+// What a search found: its record (winner and all timings) and the winner's description, as
+// the registry completed it for the candidate.
+struct SearchResult {
+  TuningRecord record;
+  kernels::KernelDesc winner;
+};
+
+// Times every candidate config of the variant `selection` chose, each completed once with it.
+std::optional<SearchResult> search(const StepTuning& tuning, const kernels::KernelDesc& problem,
                                    const TuningKey& key, const kernels::InputFacts& facts,
                                    const Mods& mods, const kernels::Params& caller,
-                                   std::string_view forced, const runtime::StepIo& io,
-                                   const kernels::Variant& variant) {
+                                   const kernels::Selection& selection, const runtime::StepIo& io) {
   ContextImpl& ctx = *tuning.ctx;
   runtime::Device& device = *ctx.device;
   const kernels::Registry& reg = kernels::Registry::global();
+  const kernels::Variant& variant = *selection.variant;
   kernels::KernelDesc keyed = problem;
   keyed.variant = std::string(variant.name());
   const CandidateSet set =
@@ -229,7 +236,7 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
     Candidate cand;
     cand.config = c;
     try {
-      cand.desc = reg.complete(problem, facts, runtime::below(caller, c), forced);
+      cand.desc = reg.resolve(selection, problem, facts, runtime::below(caller, c));
       const size_t need = aligned(io.workspace_bytes(cand.desc));
       if (tuning.workspace_limit > 0 && need > tuning.workspace_limit && !cands.empty()) {
         too_large.push_back({c, fmt::format("needs {} bytes of workspace; the call gives {}", need,
@@ -377,7 +384,7 @@ std::optional<TuningRecord> search(const StepTuning& tuning, const kernels::Kern
     rec.pruned.emplace_back(p.config, p.reason);
   for (const PrunedConfig& p : too_large)
     rec.pruned.emplace_back(p.config, p.reason);
-  return rec;
+  return SearchResult{std::move(rec), std::move(cands[best].desc)};
 }
 
 }  // namespace
@@ -440,11 +447,11 @@ StepTuning step_tuning(Context& ctx, AutotuneMode mode, void* stream) {
   return t;
 }
 
-kernels::Params StepTuning::tuned_overrides(const kernels::KernelDesc& problem,
+runtime::CompletedStep StepTuning::complete(const kernels::KernelDesc& problem,
                                             const kernels::InputFacts& facts, const Mods& mods,
                                             const kernels::Params& caller, std::string_view forced,
                                             const runtime::StepIo& io) const {
-  return tune::tuned_overrides(*this, problem, facts, mods, caller, forced, io);
+  return complete_step(*this, problem, facts, mods, caller, forced, io);
 }
 
 StepTuning lookup_only(StepTuning tuning) {
@@ -476,38 +483,34 @@ std::string compare_outputs(DType dtype, const std::vector<double>& reference,
   return {};
 }
 
-kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelDesc& problem,
-                                const kernels::InputFacts& facts, const Mods& mods,
-                                const kernels::Params& caller, std::string_view forced,
-                                const runtime::StepIo& io) {
-  if (!tuning.active()) return {};
+runtime::CompletedStep complete_step(const StepTuning& tuning, const kernels::KernelDesc& problem,
+                                     const kernels::InputFacts& facts, const Mods& mods,
+                                     const kernels::Params& caller, std::string_view forced,
+                                     const runtime::StepIo& io) {
   const kernels::Registry& reg = kernels::Registry::global();
-  const kernels::Variant& variant = *reg.select(problem, facts, forced, caller).variant;
+  runtime::CompletedStep step;
+  // The caller's overrides select the variant: a variant without a key the caller set is passed
+  // over. Tuned values are that variant's own keys, so they never change the choice.
+  step.selection = reg.select(problem, facts, forced, caller);
+  // The step with `tuned` below the caller's values: the registry's one completion of it.
+  auto completed = [&](const kernels::Params& tuned) {
+    step.desc = reg.resolve(step.selection, problem, facts, runtime::below(caller, tuned));
+    return std::move(step);
+  };
+  if (!tuning.active()) return completed({});
+  const kernels::Variant& variant = *step.selection.variant;
   kernels::KernelDesc keyed = problem;
   keyed.variant = std::string(variant.name());
-  if (!has_choices(variant, keyed)) return {};  // nothing to choose
+  if (!has_choices(variant, keyed)) return completed({});  // nothing to choose
   TuningKey key = make_key(identity_of(*tuning.ctx->device), keyed, mods.hash(), facts, caller);
   if (!tuning.bucket_extra.empty()) key.bucket += " " + tuning.bucket_extra;
   TuningStore& store = store_of(*tuning.ctx);
   if (auto rec = store.find(key)) {
+    std::optional<kernels::KernelDesc> stored;
+    size_t need = 0;
     try {
-      const kernels::KernelDesc d =
-          reg.complete(problem, facts, runtime::below(caller, rec->config), forced);
-      const size_t need = io.workspace_bytes(d);
-      if (tuning.workspace_limit > 0 && aligned(need) > tuning.workspace_limit) {
-        FJ_LOG("tune",
-               "the stored tuned config {} for {} [{}] needs {} bytes of workspace; the call "
-               "gives {}: defaults",
-               rec->config.str(), key.kernel, key.bucket, need, tuning.workspace_limit);
-        return {};
-      }
-      FJ_LOG("tune", "tuned config {} for {} [{}]", rec->config.str(), key.kernel, key.bucket);
-      if (print_enabled() && first_use(key)) {
-        std::fprintf(stderr, "flexjit autotune: %s [%s]: stored winner %s (%.4f ms)\n",
-                     key.kernel.c_str(), key.bucket.c_str(), rec->config.str().c_str(),
-                     rec->time_ms);
-      }
-      return rec->config;
+      stored = reg.resolve(step.selection, problem, facts, runtime::below(caller, rec->config));
+      need = io.workspace_bytes(*stored);
     } catch (const UnsupportedError& e) {
       files::warn_once(
           "tune", fmt::format("the stored tuned config {} for {} [{}] is not valid any more "
@@ -515,23 +518,42 @@ kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelD
                               rec->config.str(), key.kernel, key.bucket, first_line(e.what()),
                               tuning.mode == Mode::Search ? "retuning" : "using the defaults"));
     }
+    if (stored) {
+      if (tuning.workspace_limit > 0 && aligned(need) > tuning.workspace_limit) {
+        FJ_LOG("tune",
+               "the stored tuned config {} for {} [{}] needs {} bytes of workspace; the call "
+               "gives {}: defaults",
+               rec->config.str(), key.kernel, key.bucket, need, tuning.workspace_limit);
+        return completed({});
+      }
+      FJ_LOG("tune", "tuned config {} for {} [{}]", rec->config.str(), key.kernel, key.bucket);
+      if (print_enabled() && first_use(key)) {
+        std::fprintf(stderr, "flexjit autotune: %s [%s]: stored winner %s (%.4f ms)\n",
+                     key.kernel.c_str(), key.bucket.c_str(), rec->config.str().c_str(),
+                     rec->time_ms);
+      }
+      step.desc = std::move(*stored);
+      return step;
+    }
   }
   if (tuning.mode != Mode::Search) {
     FJ_LOG("tune", "no tuned config for {} [{}]: defaults", key.kernel, key.bucket);
-    return {};
+    return completed({});
   }
   const auto t0 = std::chrono::steady_clock::now();
   g_searches.fetch_add(1, std::memory_order_relaxed);
-  std::optional<TuningRecord> rec =
-      search(tuning, problem, key, facts, mods, caller, forced, io, variant);
-  if (!rec) return {};
+  std::optional<SearchResult> found =
+      search(tuning, problem, key, facts, mods, caller, step.selection, io);
+  if (!found) return completed({});
+  const TuningRecord& rec = found->record;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   FJ_LOG("tune", "searched {} [{}]: {} ({:.4f} ms; default {:.4f} ms) in {:.1f} s", key.kernel,
-         key.bucket, rec->config.str(), rec->time_ms, rec->default_ms, seconds);
-  if (print_enabled()) print_record(*rec, seconds);
-  store.put(*rec);
-  return rec->config;
+         key.bucket, rec.config.str(), rec.time_ms, rec.default_ms, seconds);
+  if (print_enabled()) print_record(rec, seconds);
+  store.put(rec);
+  step.desc = std::move(found->winner);  // the winning candidate's own completion
+  return step;
 }
 
 }  // namespace flexjit::tune

@@ -1,8 +1,10 @@
 // Autotuning at plan time (docs/tuning.md): StepTuning is the runtime::Tuner (plan/Plan.h) that
-// the entry points hand to the plans they build; runtime::plan_step asks it for the config
-// overrides of a step before the registry completes it, so every family's plan is tuned the same
-// way, through the Variant interface and the family's launches. The caller's explicit config
-// values always win over tuned ones (runtime::below()).
+// the entry points hand to the plans they build; runtime::plan_step has it complete a step, so
+// every family's plan is tuned the same way, through the Variant interface and the family's
+// launches. The caller's explicit config values always win over tuned ones (runtime::below()).
+// The registry selects the step's variant once; the candidates of a search and the step itself
+// are completed with that selection, each once: the step's description is the stored winner's
+// (checked against the call's workspace), the searched winner's own, or the defaults'.
 //
 //   off     no lookup: the variant's defaults table;
 //   cached  the stored winner for this key (tune/TuningKey.h), else the defaults;
@@ -64,7 +66,7 @@ inline CompanionStep companion_of(const runtime::PlanStep& step) {
 }
 
 // How a step is tuned: the context (device, builder, its cache directory) and the mode. The
-// runtime::Tuner of a plan: tuned_overrides() below.
+// runtime::Tuner of a plan: complete_step() below.
 struct StepTuning final : runtime::Tuner {
   ContextImpl* ctx = nullptr;
   Mode mode = Mode::Off;
@@ -84,7 +86,7 @@ struct StepTuning final : runtime::Tuner {
   // defaults run). 0: the plan allocates its own.
   size_t workspace_limit = 0;
   bool active() const override { return ctx != nullptr && mode != Mode::Off; }
-  kernels::Params tuned_overrides(const kernels::KernelDesc& problem,
+  runtime::CompletedStep complete(const kernels::KernelDesc& problem,
                                   const kernels::InputFacts& facts, const Mods& mods,
                                   const kernels::Params& caller, std::string_view forced,
                                   const runtime::StepIo& io) const override;
@@ -95,13 +97,16 @@ StepTuning step_tuning(Context& ctx, AutotuneMode mode, void* stream);
 // `search` becomes `cached`, so the plan is the one the call itself runs after a search.
 StepTuning lookup_only(StepTuning tuning);
 
-// The tuned config of a step (empty: use the defaults). `problem` is the step's problem as given
-// to Registry::complete; `caller` the caller's overrides; `forced` a variant the caller named.
-// A variant whose config space holds one config is not searched (nothing to choose).
-kernels::Params tuned_overrides(const StepTuning& tuning, const kernels::KernelDesc& problem,
-                                const kernels::InputFacts& facts, const Mods& mods,
-                                const kernels::Params& caller, std::string_view forced,
-                                const runtime::StepIo& io);
+// A step completed with its tuned config (runtime::Tuner::complete): `problem` is the step's
+// problem as given to Registry::complete; `caller` the caller's overrides (they select the
+// variant, and win over tuned values); `forced` a variant the caller named. The config is the
+// stored winner's, else (search) the winner of a search run now, else the defaults. A variant
+// whose config space holds one config is not searched (nothing to choose). Inactive: the
+// registry's complete() of the caller's overrides.
+runtime::CompletedStep complete_step(const StepTuning& tuning, const kernels::KernelDesc& problem,
+                                     const kernels::InputFacts& facts, const Mods& mods,
+                                     const kernels::Params& caller, std::string_view forced,
+                                     const runtime::StepIo& io);
 
 // How many searches this process has run (each times a step's candidates): what tests read to
 // see that a stored winner is used without timing.

@@ -176,6 +176,20 @@ def test_errors_in_the_public_functions_terms():
         fjt.flex_attention(q, q, q, None, "causal")
 
 
+def test_kernel_options_take_the_forward_families_config_keys():
+    # flexjit's int keys are the config keys of the families a forward call plans (the family
+    # records) that torch's BLOCK_M / BLOCK_N / num_warps / num_stages do not set.
+    forward = {k["name"] for f in flexjit.kernel_families() if f["kind"] in ("forward", "decode")
+               for k in f["config_keys"]}
+    ints = {k for k, t in fjt._FLEXJIT_KEYS.items() if t is int}
+    assert ints == forward - set(fjt._CONFIG_KEYS.values())
+    assert {"num_splits", "q_tiles", "persistent"} <= ints
+    assert fjt._kernel_options({"num_splits": 4, "BLOCK_M": 64}) == (
+        "block_m=64,num_splits=4", "block_m=64", False)
+    with pytest.raises(ValueError, match="unknown key 'q_tile'.*q_tiles"):
+        fjt._kernel_options({"q_tile": 2})
+
+
 def test_cpu_matches_the_reference_and_gqa_and_empty_queries():
     score_mods, mask_mods, _ = make_mods("cpu")
     torch.manual_seed(0)

@@ -1,9 +1,11 @@
-// Chunked prefill on a KV cache without a GPU: forward/sm80_mma's page_size / seq_lens flags
-// (descriptions, round trips, validation), the sm90a_wgmma fallback and its reason, the kernel
-// arguments of a paged launch, the dispatch between decode and the forward, emit through the
-// API and the CLI, and NVRTC compiles of the paged forward ([nvrtc]: sm_80, sm_90a, standard
-// mods, page sizes 1 / 16 / 32 / 64 / 256 and ragged contiguous K / V, head dims 64 / 128 / 256;
-// sm_86's 99 KiB config for d=256; registers <= 255, no spills).
+// Chunked prefill on a KV cache without a GPU: the forward's page_size / seq_lens flags
+// (descriptions, round trips, validation of sm80_mma and sm90a_wgmma), sm90a_wgmma's selection
+// on sm_90a (its configs and reasons), the kernel arguments of a paged launch, the dispatch
+// between decode and the forward, emit through the API and the CLI, and NVRTC compiles of the
+// paged forward ([nvrtc]: sm_80, sm_90a, standard mods, page sizes 1 / 16 / 32 / 64 / 256 and
+// ragged contiguous K / V, head dims 64 / 128 / 256; sm_86's 99 KiB config for d=256; registers
+// <= 255, no spills; sm90a_wgmma's every page size 1 .. 256, tiles of 64 / 128 / 176 / 192 keys
+// and head dims 64 .. 256).
 #include <flexjit/attention.h>
 #include <flexjit/error.h>
 #include <flexjit/kernel.h>
@@ -13,15 +15,19 @@
 #include "kernels/Registry.h"
 #include "kernels/forward/Forward.h"
 #include "kernels/forward/Sm80Mma.h"
+#include "kernels/forward/Sm90Wgmma.h"
 #include "runtime/Decode.h"
 #include "runtime/ForwardPlan.h"
 #include "support/CliPath.h"
 #include "support/Parallel.h"
 
 #include <flexjit_abi.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -83,7 +89,7 @@ TEST_CASE("paged prefill: forward descriptions carry page_size / seq_lens and ro
             .flags.at("divisible") == 1);
 }
 
-TEST_CASE("paged prefill: validation names the flag and the limits; sm90a_wgmma passes over it",
+TEST_CASE("paged prefill: validation names the flag and the limits; sm90a_wgmma serves sm_90a",
           "[decode][prefill][errors]") {
   const ForwardSm80Mma v;
   KernelDesc d =
@@ -101,28 +107,78 @@ TEST_CASE("paged prefill: validation names the flag and the limits; sm90a_wgmma 
   bad.flags.set("divisible", 1);
   CHECK_THROWS_WITH(v.validate(bad), Catch::Contains("on a KV cache needs divisible = 0"));
 
-  // sm_90a: the TMA kernel cannot follow a page table; the selection takes sm80_mma and says why.
-  Selection sel;
-  const KernelDesc h = Registry::global().complete(paged_problem("sm_90a", DType::BF16, 128, 4, 16),
-                                                   InputFacts{}, {}, {}, &sel);
-  CHECK(h.family_variant() == "forward/sm80_mma");
-  CHECK_THAT(sel.str(), Catch::Contains("sm90a_wgmma") &&
-                            Catch::Contains("cannot follow a page table or per-sequence KV "
-                                            "lengths (pages of 16)"));
-  Selection rsel;
-  Registry::global().complete(paged_problem("sm_90a", DType::BF16, 128, 1, 0), InputFacts{}, {}, {},
-                              &rsel);
-  CHECK_THAT(rsel.str(), Catch::Contains("(ragged lengths)"));
-  // Named, it refuses with the same reason.
-  CHECK_THROWS_WITH(Registry::global().complete(paged_problem("sm_90a", DType::BF16, 128, 1, 16),
-                                                InputFacts{}, {}, "sm90a_wgmma"),
-                    Catch::Contains("TMA tensor maps cannot follow a page table"));
-  // The contiguous sm_90a forward still takes sm90a_wgmma.
+  // sm_90a: the TMA kernel reads the cache, every page size (TMA boxes from a tile's keys up,
+  // cp.async gathers below) and ragged contiguous K / V, in 128-row tiles, one CTA per query tile.
+  InputFacts facts;
+  facts.seqlen_q = 2048;
+  facts.seqlen_kv = 8192;
+  for (int dim : {64, 128, 256}) {
+    for (int page : {0, 1, 2, 16, 64, 128, 256}) {
+      Selection sel;
+      const KernelDesc h = Registry::global().complete(
+          paged_problem("sm_90a", DType::BF16, dim, 4, page), facts, {}, {}, &sel);
+      INFO(h.str() << "\n" << sel.str());
+      CHECK(h.family_variant() == "forward/sm90a_wgmma");
+      CHECK(kv_page_size(h) == page);
+      CHECK(h.flags.at("divisible") == 0);   // 2048 x 8192 divides the tiles; the lengths do not
+      CHECK(h.config.at("block_m") == 128);  // d 64's default would be 192 rows
+      CHECK(h.config.get("persistent").value_or(0) == 0);  // d 64's default would be persistent
+    }
+  }
+  // d 64's default of two query tiles per CTA, persistent, becomes one tile per CTA.
   CHECK(Registry::global()
-            .complete(
-                forward_problem(cuda::Arch::parse("sm_90a"), DType::BF16, 128, 128, 1, false, true),
-                InputFacts{})
-            .family_variant() == "forward/sm90a_wgmma");
+            .complete(paged_problem("sm_90a", DType::F16, 64, 1, 16), facts)
+            .config.at("q_tiles") == 1);
+  // f32 runs on sm80_mma's tf32 path; the selection says why sm90a_wgmma did not take it.
+  Selection fsel;
+  CHECK(Registry::global()
+            .complete(paged_problem("sm_90a", DType::F32, 128, 1, 16), facts, {}, {}, &fsel)
+            .family_variant() == "forward/sm80_mma");
+  CHECK_THAT(fsel.str(), Catch::Contains("sm90a_wgmma") && Catch::Contains("tf32"));
+
+  // sm90a_wgmma's own checks of a KV cache description.
+  const ForwardSm90Wgmma w;
+  const KernelDesc h =
+      Registry::global().complete(paged_problem("sm_90a", DType::BF16, 128, 4, 16), facts);
+  bad = h;
+  bad.flags.set("page_size", 3);
+  CHECK_THROWS_WITH(w.validate(bad),
+                    Catch::Contains("sm90a_wgmma does not support page_size = 3") &&
+                        Catch::Contains("power of two from 1 to 256"));
+  bad.flags.set("page_size", 512);
+  CHECK_THROWS_WITH(w.validate(bad), Catch::Contains("page_size = 512"));
+  bad = h;
+  bad.flags.set("seq_lens", 2);
+  CHECK_THROWS_WITH(w.validate(bad), Catch::Contains("'seq_lens' = 0 or 1, not 2"));
+  bad = h;
+  bad.flags.set("divisible", 1);
+  CHECK_THROWS_WITH(w.validate(bad), Catch::Contains("on a KV cache needs divisible = 0"));
+  bad = h;
+  bad.config.set("persistent", 1);
+  bad.config.set("q_tiles", 2);
+  CHECK_THROWS_WITH(w.validate(bad), Catch::Contains("one query tile per CTA (persistent = 0, "
+                                                     "q_tiles = 1), not persistent = 1"));
+  bad.config.set("persistent", 0);
+  CHECK_THROWS_WITH(w.validate(bad), Catch::Contains("not persistent = 0, q_tiles = 2"));
+  KernelDesc bad64 =
+      Registry::global().complete(paged_problem("sm_90a", DType::BF16, 64, 1, 1), facts);
+  bad64.config.set("block_m", 192);
+  CHECK_THROWS_WITH(w.validate(bad64), Catch::Contains("on a KV cache runs block_m = 128") &&
+                                           Catch::Contains("not 192"));
+  // Asked for by the caller, the same reasons.
+  CHECK_THROWS_WITH(Registry::global().complete(paged_problem("sm_90a", DType::BF16, 128, 1, 16),
+                                                facts, {{"persistent", 1}}, "sm90a_wgmma"),
+                    Catch::Contains("persistent = 0, q_tiles = 1"));
+  CHECK_THROWS_WITH(Registry::global().complete(paged_problem("sm_90a", DType::BF16, 64, 1, 0),
+                                                facts, {{"block_m", 192}}, "sm90a_wgmma"),
+                    Catch::Contains("block_m = 128"));
+  // The contiguous sm_90a forward is as it was: 192 persistent rows at d 64, no KV flags.
+  const KernelDesc c = Registry::global().complete(
+      forward_problem(cuda::Arch::parse("sm_90a"), DType::BF16, 64, 64, 1, false, true), facts);
+  CHECK(c.family_variant() == "forward/sm90a_wgmma");
+  CHECK(c.config.at("block_m") == 192);
+  CHECK(c.config.at("persistent") == 1);
+  CHECK_FALSE(on_kv_cache(c));
 }
 
 TEST_CASE("paged prefill: the launch passes FjKvCacheArgs and the pools' page strides",
@@ -141,8 +197,13 @@ TEST_CASE("paged prefill: the launch passes FjKvCacheArgs and the pools' page st
   in.seq_lens = reinterpret_cast<const int*>(0x400000);
   const cuda::Arch arch = cuda::Arch::parse("sm_90a");
   AttentionOptions o;
-  const KernelDesc desc =
-      Registry::global().complete(runtime::forward_problem_of(arch, in, o), forward_facts(in));
+  // sm_90a serves the cache on sm90a_wgmma (its launch encodes tensor maps through the driver:
+  // the [gpu] tests run it); sm80_mma's launch is checked here.
+  CHECK(Registry::global()
+            .complete(runtime::forward_problem_of(arch, in, o), forward_facts(in))
+            .family_variant() == "forward/sm90a_wgmma");
+  const KernelDesc desc = Registry::global().complete(runtime::forward_problem_of(arch, in, o),
+                                                      forward_facts(in), {}, "sm80_mma");
   CHECK(desc.family_variant() == "forward/sm80_mma");
   CHECK_THAT(desc.str(), Catch::Contains("page_size=16 seq_lens=1"));
   auto launches = ForwardSm80Mma().launches(desc, in, nullptr);
@@ -169,11 +230,12 @@ TEST_CASE("paged prefill: the launch passes FjKvCacheArgs and the pools' page st
   contiguous.page_table = nullptr;
   contiguous.seq_lens = nullptr;
   CHECK_THROWS_AS(ForwardSm80Mma().launches(desc, contiguous, nullptr), InternalError);
-  // The forward serves the cache on sm_90a; naming the TMA variant is a reason.
+  // The forward serves the cache on sm_90a, either variant named.
   CHECK_FALSE(runtime::forward_unsupported(arch, in, o).has_value());
   o.variant = "sm90a_wgmma";
-  CHECK_THAT(*runtime::forward_unsupported(arch, in, o),
-             Catch::Contains("cannot follow a page table"));
+  CHECK_FALSE(runtime::forward_unsupported(arch, in, o).has_value());
+  o.variant = "sm80_mma";
+  CHECK_FALSE(runtime::forward_unsupported(arch, in, o).has_value());
 }
 
 TEST_CASE("paged prefill: a KV cache call takes decode for short queries, the forward for long",
@@ -209,20 +271,25 @@ TEST_CASE("paged prefill: emit through the public API and the CLI", "[decode][pr
   q.page_size = 64;
   const KernelSource src = emit_kernel(standard_mods("alibi_causal"), q);
   CHECK(src.kernel_name == "flexjit_forward");
-  CHECK_THAT(src.description, Catch::StartsWith("forward/sm80_mma sm_90a bf16 d=128/128 gqa=4") &&
-                                  Catch::Contains("page_size=64 seq_lens=1"));
+  CHECK_THAT(src.description,
+             Catch::StartsWith("forward/sm90a_wgmma sm_90a bf16 d=128/128 gqa=4") &&
+                 Catch::Contains("page_size=64 seq_lens=1"));
   CHECK_THAT(src.source, Catch::Contains("#define FJ_FWD_KV_CACHE 1") &&
                              Catch::Contains("static constexpr int kPageSize = 64;") &&
                              Catch::Contains("const FjKvCacheArgs kv_cache"));
   q.page_size = 0;
   const KernelSource contiguous = emit_kernel(standard_mods("alibi_causal"), q);
   CHECK_THAT(contiguous.source, !Catch::Contains("#define FJ_FWD_KV_CACHE"));
+  q.page_size = 16;
+  q.arch = "sm_80";
+  CHECK_THAT(emit_kernel(standard_mods("alibi_causal"), q).description,
+             Catch::StartsWith("forward/sm80_mma sm_80"));
 
   std::string out;
   REQUIRE(test::run_cli("emit --kernel forward --mods causal --page-size 16 --head-dim 64 --arch "
                         "sm_90a",
                         &out) == 0);
-  CHECK_THAT(out, Catch::Contains("forward/sm80_mma sm_90a bf16 d=64/64") &&
+  CHECK_THAT(out, Catch::Contains("forward/sm90a_wgmma sm_90a bf16 d=64/64") &&
                       Catch::Contains("page_size=16 seq_lens=1"));
   REQUIRE(test::run_cli("emit --kernel forward --page-size 3 --arch sm_80", &out) == 1);
   CHECK_THAT(out, Catch::Contains("page_size = 3"));
@@ -292,4 +359,84 @@ TEST_CASE("paged prefill: the paged forward compiles for sm_80 and sm_90a withou
     std::printf("  %-16s %s: %d registers, %d spill bytes\n", jobs[i].mods.c_str(),
                 names[i].c_str(), registers[i], spills[i]);
   }
+}
+
+// forward/sm90a_wgmma on a KV cache (docs/kernels/forward_sm90.md "KV caches"): every page size
+// from 1 to 256 and ragged contiguous K / V, the default tiles of head dims 64, 128, 256 (64-key
+// tiles) and 192 / 128, and the other KV tiles (64, 176, 192 keys:
+// pages they do not divide are gathered), with standard mods and the chunk's offset as a buffer.
+// The producer warpgroup's loaders run at 40 registers and the consumers at 232: no spills.
+TEST_CASE("paged prefill: forward/sm90a_wgmma compiles every page size and tile without spills",
+          "[decode][prefill][sm90][nvrtc]") {
+  struct Job {
+    std::string mods;
+    DType dtype;
+    int dqk, dv, page;
+    Params overrides;
+  };
+  std::vector<Job> jobs;
+  for (int page : {0, 1, 2, 4, 8, 16, 32, 64, 128, 256})
+    jobs.push_back({"offset_causal", DType::BF16, 128, 128, page, {}});
+  for (int page : {0, 1, 16, 128}) {
+    jobs.push_back({"offset_causal", DType::F16, 64, 64, page, {}});
+    jobs.push_back({"causal", DType::BF16, 256, 256, page, {}});
+    jobs.push_back({"offset_causal", DType::BF16, 192, 128, page, {}});
+  }
+  for (const char* m : {"noop", "alibi_causal", "softcap_causal", "document_causal",
+                        "relative_bias_causal", "sliding_window"})
+    jobs.push_back({m, DType::BF16, 128, 128, 16, {}});
+  jobs.push_back({"document_causal", DType::BF16, 64, 64, 0, {}});
+  jobs.push_back({"relative_bias_causal", DType::F16, 64, 64, 256, {}});
+  jobs.push_back({"causal", DType::BF16, 128, 128, 64, {{"block_n", 64}}});
+  jobs.push_back({"causal", DType::BF16, 128, 128, 32, {{"block_n", 64}}});
+  jobs.push_back({"noop", DType::BF16, 128, 128, 256, {{"block_n", 176}, {"num_stages", 2}}});
+  jobs.push_back({"causal", DType::BF16, 64, 64, 16, {{"block_n", 192}}});
+  const Mods offset_causal =
+      parse_mods("buffer q_pos: i32[B]\nmask_mod = q_idx + q_pos[b] >= kv_idx", "offset_causal.fx");
+  InputFacts facts;
+  facts.seqlen_q = 2048;
+  facts.seqlen_kv = 8192;
+  jit::CacheSettings settings;
+  settings.enabled = false;
+  KernelBuilder builder(settings);
+  std::mutex mu;
+  std::vector<std::string> failures, report;
+  test::run_parallel(jobs.size(), [&](size_t i) {
+    const Job& j = jobs[i];
+    try {
+      KernelDesc p = forward_problem(cuda::Arch::parse("sm_90a"), j.dtype, j.dqk, j.dv, 4,
+                                     /*divisible=*/false, /*full_blocks=*/true);
+      set_kv_cache_flags(p, j.page);
+      const KernelDesc d = Registry::global().complete(p, facts, j.overrides, "sm90a_wgmma");
+      const Mods mods = j.mods == "offset_causal" ? offset_causal : standard_mods(j.mods);
+      const BuiltKernel k = builder.build(mods, d);
+      const auto& u = k.compiled.kernel->usage;
+      const std::string& src = k.source->source;
+      std::lock_guard<std::mutex> lock(mu);
+      report.push_back(fmt::format("{} {}: {} registers (launch bound), {} B spills", d.str(),
+                                   j.mods, u.registers, u.spill_store_bytes));
+      if (u.spill_store_bytes > 0 || u.spill_load_bytes > 0) {
+        failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),
+                                       j.mods, u.spill_store_bytes, u.spill_load_bytes));
+      }
+      // The gathers (pages the tile does not divide, the tile a length cuts) and the TMA boxes
+      // (tiles inside a page or a contiguous sequence) are both in every kernel; the four
+      // parameters of a KV cache launch.
+      for (const char* needle :
+           {"#define FJ_FWD_KV_CACHE 1", "cp.async.mbarrier.arrive.noinc", "cp.async.cg.shared",
+            "cp.async.bulk.tensor.4d", "wgmma.mma_async", "const FjKvCacheArgs kv_cache"}) {
+        if (src.find(needle) == std::string::npos)
+          failures.push_back(fmt::format("{} {}: source lacks {}", d.str(), j.mods, needle));
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      failures.push_back(
+          fmt::format("{} d={}/{} page {}: {}", j.mods, j.dqk, j.dv, j.page, e.what()));
+    }
+  });
+  std::sort(report.begin(), report.end());
+  WARN(fmt::format("{}", fmt::join(report, "\n")));
+  CHECK(failures.empty());
+  for (const std::string& f : failures)
+    FAIL_CHECK(f);
 }

@@ -471,3 +471,95 @@ TEST_CASE("the example manifest covers the standard mods and the backward and de
   for (const tune::WarmKernel& k : all.kernels)
     CHECK((k.desc.arch.str() == "sm_80" || k.desc.arch.str() == "sm_89"));
 }
+
+TEST_CASE("Registry::resolve completes a selected problem as complete() does", "[tune][plan]") {
+  const kernels::Registry& reg = kernels::Registry::global();
+  kernels::InputFacts facts;
+  facts.seqlen_q = facts.seqlen_kv = 1000;  // not a multiple of any tile: divisible stays 0
+  for (const char* arch : {"sm_80", "sm_90a"}) {
+    kernels::KernelDesc problem = fwd_problem(arch, 64);
+    problem.variant.clear();
+    for (const std::string_view forced : {std::string_view{}, std::string_view{"sm80_mma"}}) {
+      const Params caller{{"num_warps", 4}};
+      kernels::Selection chosen;
+      const kernels::KernelDesc completed = reg.complete(problem, facts, caller, forced, &chosen);
+      const kernels::Selection sel = reg.select(problem, facts, forced, caller);
+      CHECK(sel.variant == chosen.variant);
+      CHECK(reg.resolve(sel, problem, facts, caller).str() == completed.str());
+    }
+    // A key the chosen variant does not have is refused, naming it.
+    const kernels::Selection sel = reg.select(problem, facts, "sm80_mma");
+    CHECK_THROWS_WITH(reg.resolve(sel, problem, facts, {{"q_tiles", 2}}),
+                      Catch::Contains("forward/sm80_mma has no config parameter 'q_tiles'"));
+  }
+}
+
+TEST_CASE("a plan step's description is completed once, by the tuner when one is active",
+          "[tune][plan]") {
+  const kernels::Registry& reg = kernels::Registry::global();
+  kernels::KernelDesc problem = fwd_problem("sm_80", 64);
+  problem.variant.clear();
+  kernels::InputFacts facts;
+  facts.seqlen_q = facts.seqlen_kv = 512;
+  const Mods mods = standard_mods("causal");
+  const kernels::ForwardInputs inputs;  // sm80_mma needs no workspace; nothing is launched
+  const Params caller{{"num_warps", 4}};
+
+  SECTION("untuned: the registry's complete() of the caller's overrides") {
+    kernels::Selection sel;
+    const kernels::KernelDesc direct = reg.complete(problem, facts, caller, {}, &sel);
+    const runtime::PlanStep step =
+        runtime::plan_step<kernels::ForwardVariant>(problem, inputs, facts, mods, caller);
+    CHECK(step.desc.str() == direct.str());
+    CHECK(step.selection.str() == sel.str());
+    // A StepTuning that is off completes it the same way.
+    const tune::StepTuning off{};
+    const runtime::CompletedStep done = off.complete(problem, facts, mods, caller, {}, {});
+    CHECK(done.desc.str() == direct.str());
+    CHECK(done.selection.str() == sel.str());
+  }
+
+  SECTION("tuned: the tuner's completion is the step's, not completed again") {
+    // A config of sm80_mma's space other than its default, with the caller's num_warps.
+    kernels::KernelDesc keyed = problem;
+    keyed.variant = "sm80_mma";
+    Params winner;
+    for (const Params& c : sm80().config_space(keyed)) {
+      if (c != sm80().default_config(keyed) && c.at("num_warps") == 4) winner = c;
+    }
+    REQUIRE_FALSE(winner.items().empty());
+    // Completes as tune::complete_step does with a stored winner: the variant selected by the
+    // caller's overrides, the winner's config resolved below them, once.
+    struct StoredWinner final : runtime::Tuner {
+      Params config;
+      mutable int calls = 0;
+      mutable bool io_bound = false;
+      bool active() const override { return true; }
+      runtime::CompletedStep complete(const kernels::KernelDesc& p, const kernels::InputFacts& f,
+                                      const Mods&, const Params& c, std::string_view forced,
+                                      const runtime::StepIo& io) const override {
+        ++calls;
+        io_bound = io.launches != nullptr && io.workspace_bytes != nullptr;
+        const kernels::Registry& r = kernels::Registry::global();
+        runtime::CompletedStep s;
+        s.selection = r.select(p, f, forced, c);
+        s.desc = r.resolve(s.selection, p, f, runtime::below(c, config));
+        return s;
+      }
+    } tuner;
+    tuner.config = winner;
+    const runtime::PlanStep step = runtime::plan_step<kernels::ForwardVariant>(
+        problem, inputs, facts, mods, caller, {}, tuner);
+    CHECK(tuner.calls == 1);
+    CHECK(tuner.io_bound);
+    // Exactly what one complete() of the winner below the caller's values gives; a second
+    // completion from the caller's overrides alone would have the defaults.
+    kernels::Selection sel;
+    const kernels::KernelDesc direct =
+        reg.complete(problem, facts, runtime::below(caller, winner), {}, &sel);
+    CHECK(step.desc.str() == direct.str());
+    CHECK(step.desc.str() != reg.complete(problem, facts, caller).str());
+    CHECK(step.selection.variant == sel.variant);
+    CHECK(step.selection.str() == sel.str());
+  }
+}

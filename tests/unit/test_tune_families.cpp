@@ -6,6 +6,7 @@
 
 #include "Pipeline.h"
 #include "jit/Nvrtc.h"
+#include "kernels/Family.h"
 #include "kernels/Registry.h"
 #include "kernels/backward/Backward.h"
 #include "kernels/decode/Decode.h"
@@ -19,6 +20,7 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
+#include <optional>
 #include <set>
 
 using namespace flexjit;
@@ -282,6 +284,42 @@ TEST_CASE("manifests: backward workloads warm the plan's kernels as the runtime 
     pass90 = pass90 || (k.desc.family == Family::BackwardDq && k.desc.variant == "sm90a_wgmma");
   }
   CHECK(pass90);
+}
+
+TEST_CASE("the family records say which later step a step changes and what a mask_mod needs",
+          "[tune][family]") {
+  const kernels::Families& families = kernels::Families::global();
+  const kernels::FamilyInfo& dkdv = families.get(Family::BackwardDkDv);
+  REQUIRE(dkdv.changes_later);
+  const cuda::Arch sm90 = cuda::Arch::parse("sm_90a"), sm80 = cuda::Arch::parse("sm_80");
+  // sm90a_wgmma adds dQ by bulk reductions (its default): the dQ step converts its layout.
+  const KernelDesc d90 = reg().complete(
+      kernels::backward_problem(Family::BackwardDkDv, sm90, DType::BF16, 128, 128, 1, false), {});
+  const std::optional<kernels::StepChange> c90 = dkdv.changes_later(d90);
+  REQUIRE(c90.has_value());
+  CHECK(c90->family == Family::BackwardDq);
+  CHECK(c90->variant == "atomic_convert");
+  CHECK(c90->overrides == Params{{"dq_layout", kernels::dq_accum_layout(d90)}});
+  CHECK(c90->overrides.at("dq_layout") == 1);
+  // The change completes as the runtime's dQ step does.
+  CHECK(reg()
+            .complete(kernels::backward_problem(Family::BackwardDq, sm90, DType::BF16, 128, 128, 1,
+                                                false),
+                      {}, c90->overrides, c90->variant)
+            .config.str() == "dq_layout=1 num_warps=4");
+  // sm80_mma: a second pass by default (no change), the convert of layout 0 with dq_atomic = 1.
+  const KernelDesc problem80 =
+      kernels::backward_problem(Family::BackwardDkDv, sm80, DType::BF16, 64, 64, 1, false);
+  CHECK_FALSE(dkdv.changes_later(reg().complete(problem80, {})).has_value());
+  const auto c80 = dkdv.changes_later(reg().complete(problem80, {}, {{"dq_atomic", 1}}));
+  REQUIRE(c80.has_value());
+  CHECK(c80->overrides.at("dq_layout") == 0);
+  // No other built-in family changes a later step; the block mask alone is built for a mask_mod.
+  for (const kernels::FamilyInfo* f : families.all()) {
+    INFO(f->name);
+    if (f->family != Family::BackwardDkDv) CHECK_FALSE(f->changes_later);
+    CHECK(f->for_mask_mod == (f->family == Family::BlockMask));
+  }
 }
 
 TEST_CASE("manifests: decode workloads warm one split kernel per tile config", "[tune]") {

@@ -102,8 +102,10 @@ std::vector<BenchCase> standard_cases(const CaseSelection& sel) {
     out.push_back({"noop paged16", "decode", anchor, "noop", false, {}, 16});
     out.push_back({"noop", "decode_128k", {1, 32, 8, 1, 131072, 128}, "noop", false, {}});
     out.push_back({"noop", "decode_spec4", {8, 32, 8, 4, 8192, 128}, "noop", false, {}});
-    // Chunked prefill against a cache: the forward on contiguous K / V (sm90a_wgmma on sm_90a),
-    // on a KV cache without pages (sm80_mma, contiguous loads) and through 16-key pages.
+    // Chunked prefill against a cache: the forward on contiguous K / V, on a KV cache without
+    // pages (per-sequence lengths) and through 16-key pages (on sm_90a all three run
+    // sm90a_wgmma: TMA tiles, TMA tiles bounded by the lengths, cp.async gathers through the
+    // table; docs/kernels/forward_sm90.md "KV caches").
     const BenchShape prefill{4, 32, 8, 2048, 8192, 128};
     out.push_back({"offset_causal", "prefill", prefill, kOffsetCausal, true, {}});
     out.push_back({"offset_causal ragged", "prefill", prefill, kOffsetCausal, true, {}, 0, true});

@@ -2,6 +2,7 @@
 // against any other implementation (PyTorch, JAX, a NumPy loop).
 #include <flexjit/attention.h>
 #include <flexjit/backward.h>
+#include <flexjit/context_parallel.h>
 #include <flexjit/cpu.h>
 #include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
@@ -62,6 +63,9 @@ struct RunOptions {
   bool check_pages = false;
   bool check_buffers = false;  // --check-buffers: AttentionOptions::check_buffers
   std::string math = "auto";   // --math: the GPU kernels' transcendentals (the CPU is exact)
+  // Context parallelism checked on the CPU (--cp-shards N): flex_attention_cp_cpu.
+  int cp_shards = 0;
+  std::string cp_strategy = "ring", cp_layout = "zigzag";
 };
 
 std::pair<std::string, std::string> split_binding(const std::string& s, const char* flag) {
@@ -558,7 +562,151 @@ void run_backward_cpu(const RunOptions& o, const Inputs& in, const AttentionOpti
   write_buffer_gradients(files, buffers);
 }
 
+// --cp-shards N with --dout: the backward shard by shard (flex_attention_cp_backward_cpu) on the
+// sharded forward's out and lse; --check compares it with the unsharded CPU backward on the same.
+void run_backward_cpu_cp(const RunOptions& o, const Inputs& in, const AttentionOptions& opts,
+                         const npy::Array& out, const npy::Array& lse, CpStrategy strategy,
+                         CpLayout layout, const GradientFiles& files) {
+  const npy::Array dout = read_input(o.dout, "dout", o.dtype);
+  CpuRunOptions cro;
+  cro.num_threads = o.threads;
+  const auto t0 = std::chrono::steady_clock::now();
+  const CpuContextParallelGradients g =
+      flex_attention_cp_backward_cpu(in.q.view(), in.k.view(), in.v.view(), out.view(), lse.view(),
+                                     dout.view(), o.cp_shards, opts, {strategy, layout}, cro);
+  std::printf("context-parallel backward: %lld calls, %.2f ms on the cpu\n",
+              static_cast<long long>(g.calls), seconds_since(t0) * 1e3);
+  auto array = [](const std::vector<float>& v, const std::vector<int64_t>& shape) {
+    npy::Array a = npy::make_array(DType::F32, shape);
+    std::memcpy(a.bytes.data(), v.data(), v.size() * sizeof(float));
+    return a;
+  };
+  print_gradient("dq", array(g.dq, in.q.shape), o.dq);
+  print_gradient("dk", array(g.dk, in.k.shape), o.dk);
+  print_gradient("dv", array(g.dv, in.v.shape), o.dv);
+  std::vector<std::pair<std::string, npy::Array>> buffers;
+  for (const auto& [name, v] : g.buffer_grads) {
+    for (const auto& [bname, b] : in.buffers)
+      if (bname == name) buffers.emplace_back(name, array(v, b.shape));
+  }
+  write_buffer_gradients(files, buffers);
+  if (!o.check) return;
+  cpu::CpuBackwardOptions bo;
+  if (o.has_scale) bo.scale = o.scale;
+  bo.num_threads = o.threads;
+  const cpu::CpuGradients<float> whole =
+      cpu::cpu_attention_backward(in.mods, opts.bindings, in.q.view(), in.k.view(), in.v.view(),
+                                  out.as<float>(), lse.as<float>(), dout.view(), bo);
+  // max |sharded - unsharded| / max |unsharded| per gradient (sums in another order).
+  double worst = 0;
+  std::string text;
+  auto compare = [&](const char* name, const std::vector<float>& got,
+                     const std::vector<float>& want) {
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+      const double d = std::abs(static_cast<double>(got[i]) - want[i]);
+      err = std::isnan(d) ? INFINITY : std::max(err, d);
+      scale = std::max(scale, static_cast<double>(std::abs(want[i])));
+    }
+    const double rel = scale > 0 ? err / scale : err;
+    worst = std::max(worst, rel);
+    text += fmt::format("{}{} {:.3g}", text.empty() ? "" : ", ", name, rel);
+  };
+  compare("dq", g.dq, whole.dq);
+  compare("dk", g.dk, whole.dk);
+  compare("dv", g.dv, whole.dv);
+  for (const auto& [name, want] : whole.buffers) {
+    const auto it = g.buffer_grads.find(name);
+    if (it == g.buffer_grads.end() || it->second.size() != want.size()) {
+      worst = INFINITY;
+      text += fmt::format("{}{} missing", text.empty() ? "" : ", ", name);
+      continue;
+    }
+    compare(name.c_str(), it->second, want);
+  }
+  std::printf("sharded vs unsharded backward (max |diff| / max |unsharded|): %s\n", text.c_str());
+  constexpr double kTolerance = 1e-4;
+  if (!(worst <= kTolerance)) {
+    std::fflush(stdout);
+    throw Error(fmt::format(
+        "--check: the {}-shard backward differs from the unsharded one ({}; tolerance {})",
+        o.cp_shards, text, kTolerance));
+  }
+}
+
+// --cp-shards N: the attention computed shard by shard as N ranks of flex_attention_cp would
+// (flex_attention_cp_cpu), compared with the unsharded CPU attention under --check.
+void run_cpu_cp(const RunOptions& o) {
+  const auto strategy = parse_cp_strategy(o.cp_strategy);
+  if (!strategy) {
+    throw Error(fmt::format("--cp-strategy '{}': use ring or allgather", o.cp_strategy));
+  }
+  const auto layout = parse_cp_layout(o.cp_layout);
+  if (!layout) throw Error(fmt::format("--cp-layout '{}': use zigzag or contiguous", o.cp_layout));
+  const Inputs in = prepare(o, true);
+  if (has_kv_cache(in)) throw Error("--cp-shards takes no KV cache (--page-table / --seq-lens)");
+  const GradientFiles grad_files = gradient_files(o, in.mods);
+  const AttentionOptions opts = host_options(o, in);
+  CpuRunOptions cro;
+  cro.num_threads = o.threads;
+  const auto t0 = std::chrono::steady_clock::now();
+  const CpuContextParallelResult r = flex_attention_cp_cpu(
+      in.q.view(), in.k.view(), in.v.view(), o.cp_shards, opts, {*strategy, *layout}, cro);
+  const double seconds = seconds_since(t0);
+  std::printf(
+      "context parallelism: %d shards (%s, %s): %lld attention calls, %lld empty pairs skipped, "
+      "%.2f ms on the cpu\n",
+      o.cp_shards, std::string(to_string(*layout)).c_str(),
+      std::string(to_string(*strategy)).c_str(), static_cast<long long>(r.calls),
+      static_cast<long long>(r.skipped_pairs), seconds * 1e3);
+  if (!o.json) std::printf("%s", r.schedule.c_str());
+  npy::Array out = npy::make_array(DType::F32, r.result.shape);
+  std::memcpy(out.bytes.data(), r.result.out.data(), r.result.out.size() * sizeof(float));
+  npy::Array lse =
+      npy::make_array(DType::F32, {r.result.shape[0], r.result.shape[1], r.result.shape[2]});
+  std::memcpy(lse.bytes.data(), r.result.lse.data(), r.result.lse.size() * sizeof(float));
+  if (!o.out.empty()) npy::write(o.out, out);
+  if (!o.lse.empty()) npy::write(o.lse, lse);
+  if (o.check) {
+    // The same attention unsharded, in the same f32 arithmetic: the partitioning (offsets,
+    // skipped pairs, merges) may change the last bits only.
+    const CpuAttentionResult whole =
+        flex_attention_cpu(in.q.view(), in.k.view(), in.v.view(), opts, cro);
+    auto diff = [](const std::vector<float>& a, const std::vector<float>& b, int64_t& bad) {
+      double m = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (std::isinf(a[i]) || std::isinf(b[i]) || std::isnan(a[i]) || std::isnan(b[i])) {
+          const bool same = (std::isnan(a[i]) && std::isnan(b[i])) || a[i] == b[i];
+          if (!same) ++bad;
+          continue;
+        }
+        m = std::max(m, static_cast<double>(std::abs(a[i] - b[i])));
+      }
+      return m;
+    };
+    int64_t bad = 0;
+    const double dout = diff(r.result.out, whole.out, bad);
+    const double dlse = diff(r.result.lse, whole.lse, bad);
+    std::printf(
+        "sharded vs unsharded: max |out diff| %.3g, max |lse diff| %.3g, %lld non-finite "
+        "mismatches\n",
+        dout, dlse, static_cast<long long>(bad));
+    constexpr double kTolerance = 1e-4;
+    if (!(dout <= kTolerance) || !(dlse <= kTolerance) || bad != 0) {
+      std::fflush(stdout);
+      throw Error(fmt::format(
+          "--check: the {}-shard result differs from the unsharded one (max |out diff| {:.3g}, "
+          "max |lse diff| {:.3g}, {} non-finite mismatches; tolerance {})",
+          o.cp_shards, dout, dlse, bad, kTolerance));
+    }
+  }
+  report(o, in, fmt::format("cpu, {} context-parallel shards", o.cp_shards), out, 0.0,
+         /*has_mask=*/false, seconds, seconds, /*timed=*/false);
+  if (!o.dout.empty()) run_backward_cpu_cp(o, in, opts, out, lse, *strategy, *layout, grad_files);
+}
+
 void run_cpu(const RunOptions& o) {
+  if (o.cp_shards > 0) return run_cpu_cp(o);
   const Inputs in = prepare(o, true);
   const GradientFiles grad_files = gradient_files(o, in.mods);
   if (has_kv_cache(in) && !o.dout.empty()) {
@@ -712,6 +860,12 @@ void run(const RunOptions& o) {
     throw Error(fmt::format("--device '{}': use auto, cuda or cpu", o.device));
   }
   if (o.device == "cpu") return run_cpu(o);
+  if (o.cp_shards > 0) {
+    throw Error(
+        "--cp-shards checks the context-parallel partitioning on the CPU backend: add --device "
+        "cpu (on GPUs the sharded attention is flex_attention_cp over NCCL, "
+        "docs/context_parallel.md)");
+  }
   std::string why;
   if (!runtime::cuda_available(&why)) {
     if (o.device == "cuda") {
@@ -739,6 +893,7 @@ void register_run(CLI::App& app) {
       "  flexjit run --mods softcap --param cap=20 --dtype f16 --q q.npy --k k.npy --v v.npy "
       "--out o.npy\n"
       "  flexjit run --device cpu --mods alibi_causal --random 1,8,512,64 --check\n"
+      "  flexjit run --device cpu --mods causal --random 1,8,1024,64 --cp-shards 4 --check\n"
       "  flexjit run --mods softcap --q q.npy --k k_pages.npy --v v_pages.npy \\\n"
       "      --page-table table.npy --seq-lens lens.npy --out out.npy --check\n\n"
       "A KV cache: --seq-lens [B] int32 (ragged lengths) and, with --page-table [B, max_pages]\n"
@@ -799,6 +954,19 @@ void register_run(CLI::App& app) {
   cmd->add_flag("--check-buffers", o.check_buffers,
                 "Check every captured-buffer index against its extent (GPU: in the kernels, "
                 "then report the first out-of-bounds load; slower)");
+  cmd->add_option("--cp-shards", o.cp_shards,
+                  "With --device cpu: compute the attention shard by shard as N context-parallel "
+                  "ranks would (same offsets, calls and lse merges; docs/context_parallel.md); "
+                  "with --dout the backward too; --check compares with the unsharded attention")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--cp-strategy", o.cp_strategy,
+                  "With --cp-shards: ring (K / V passed rank to rank, partials merged) or "
+                  "allgather (whole K / V on every rank)")
+      ->capture_default_str();
+  cmd->add_option("--cp-layout", o.cp_layout,
+                  "With --cp-shards: zigzag (rank r holds chunks r and 2N-1-r of 2N) or "
+                  "contiguous (chunk r of N)")
+      ->capture_default_str();
   add_math_option(*cmd, o.math);
   cmd->callback([] {
     try {

@@ -220,18 +220,92 @@ DeviceTensor random_device(Context& ctx, DType dt, const std::vector<int64_t>& s
   return DeviceTensor::from_host(ctx, dt, shape, random_tensor(dt, n, seed).data());
 }
 
+// A workload shape's inputs, made once for its kind's call.
+struct WorkloadInputs {
+  const tune::Workload& w;
+  DType dtype;
+  std::pair<int, int> head_dims;
+  const tune::WorkloadShape& shape;
+  int64_t max_pages = 0;  // page_size > 0: pages per sequence in the pool
+  DeviceTensor q, k, v;
+  AttentionOptions options;  // the mods, their bindings and block mask, autotune = search
+};
+
+// forward: flex_attention.
+void call_forward(Context& ctx, WorkloadInputs& in) {
+  flex_attention(ctx, in.q, in.k, in.v, in.options);
+}
+
+// backward: flex_attention_backward after an untuned forward for out and lse.
+void call_backward(Context& ctx, WorkloadInputs& in) {
+  AttentionOptions fwd = in.options;
+  fwd.autotune = AutotuneMode::Off;  // the forward is a forward workload's to tune
+  fwd.return_lse = true;
+  const AttentionResult r = flex_attention(ctx, in.q, in.k, in.v, fwd);
+  const tune::WorkloadShape& s = in.shape;
+  const DeviceTensor dout =
+      random_device(ctx, in.dtype, {s.batch, s.heads_q, s.seqlen_q, in.head_dims.second}, 4);
+  flex_attention_backward(ctx, in.q, in.k, in.v, r.out, r.lse, dout, in.options);
+}
+
+// decode: flex_attention on a KV cache (pages shuffled in the pool with page_size, else
+// contiguous K / V), the decode plan whatever the query length.
+void call_decode(Context& ctx, WorkloadInputs& in) {
+  const tune::WorkloadShape& s = in.shape;
+  const std::vector<int32_t> lens(static_cast<size_t>(s.batch), static_cast<int32_t>(s.seqlen_kv));
+  const DeviceTensor seq_lens = DeviceTensor::from_host(ctx, DType::I32, {s.batch}, lens.data());
+  DeviceTensor table;
+  KvCache cache;
+  cache.seq_lens = seq_lens.ref();
+  if (in.w.page_size > 0) {
+    std::vector<int32_t> pages(static_cast<size_t>(s.batch * in.max_pages));
+    for (size_t i = 0; i < pages.size(); ++i)
+      pages[i] = static_cast<int32_t>(i);
+    std::shuffle(pages.begin(), pages.end(), std::mt19937(0x9a6e));
+    table = DeviceTensor::from_host(ctx, DType::I32, {s.batch, in.max_pages}, pages.data());
+    cache.page_table = table.ref();
+  }
+  AttentionOptions o = in.options;
+  o.kv_cache = &cache;
+  flex_attention(ctx, in.q, in.k, in.v, o);
+}
+
+// The public call that runs each workload kind's plan (FamilyInfo::kind). This table stays here,
+// not in the family records: a kind is a public entry point (flex_attention,
+// flex_attention_backward, flex_attention over a KV cache), which sits above kernels/ where the
+// records live (docs/architecture.md, "Layers"), and a call needs inputs made for it. A new family
+// of one of these kinds needs no edit; a new kind (a new entry point) adds its row.
+using KindCall = void (*)(Context&, WorkloadInputs&);
+const std::map<std::string, KindCall, std::less<>>& kind_calls() {
+  static const std::map<std::string, KindCall, std::less<>> calls = {
+      {"forward", call_forward}, {"backward", call_backward}, {"decode", call_decode}};
+  return calls;
+}
+
+// Why workloads of `kind` cannot be timed (no call runs its plan), or nullopt.
+std::optional<std::string> untimed_kind(const std::string& kind) {
+  if (kind_calls().count(kind) != 0) return std::nullopt;
+  std::vector<std::string> timed;
+  for (const auto& [name, call] : kind_calls())
+    timed.push_back(name);
+  return fmt::format(
+      "skipped: flexjit tune has no call for workloads of kind '{}' (it times {}); its kernels "
+      "are warmed, not tuned",
+      kind, fmt::join(timed, ", "));
+}
+
 // Runs the workload's call once in search mode: its kernels are tuned on these inputs (a stored
-// winner is kept). forward: flex_attention; backward: flex_attention_backward after an untuned
-// forward for out and lse; decode: flex_attention on a KV cache (pages shuffled in the pool
-// with page_size, else contiguous K / V), the decode plan whatever the query length.
+// winner is kept). K and V are paged (a pool of page_size pages) where the workload gives a
+// page_size (its kind runs on a paged KV cache: FamilyInfo::kv_pages).
 void run_workload_call(Context& ctx, const tune::Workload& w, DType dt, std::pair<int, int> hd,
                        int gqa, const tune::WorkloadShape& s) {
+  const KindCall call = kind_calls().at(w.kind);  // time_workloads skipped the others
   const int64_t hkv = s.heads_q / gqa;
   const std::vector<int64_t> qs = {s.batch, s.heads_q, s.seqlen_q, hd.first};
   std::vector<int64_t> ks = {s.batch, hkv, s.seqlen_kv, hd.first};
   std::vector<int64_t> vs = {s.batch, hkv, s.seqlen_kv, hd.second};
   int64_t capacity = s.seqlen_kv, max_pages = 0;
-  if (w.kind == "decode" && w.page_size > 0) {
+  if (w.page_size > 0) {
     // The manifest bounds every field by 2^31 - 1, so these fit int64; the pool's element count
     // is checked where it is allocated (checked_elements).
     max_pages = (s.seqlen_kv + w.page_size - 1) / w.page_size;
@@ -243,10 +317,16 @@ void run_workload_call(Context& ctx, const tune::Workload& w, DType dt, std::pai
     ks = {s.batch * max_pages, w.page_size, hkv, hd.first};
     vs = {s.batch * max_pages, w.page_size, hkv, hd.second};
   }
-  const DeviceTensor q = random_device(ctx, dt, qs, 1);
-  const DeviceTensor k = random_device(ctx, dt, ks, 2);
-  const DeviceTensor v = random_device(ctx, dt, vs, 3);
-  AttentionOptions o;
+  WorkloadInputs in{w,
+                    dt,
+                    hd,
+                    s,
+                    max_pages,
+                    random_device(ctx, dt, qs, 1),
+                    random_device(ctx, dt, ks, 2),
+                    random_device(ctx, dt, vs, 3),
+                    {}};
+  AttentionOptions& o = in.options;
   o.mods = w.mods;
   o.autotune = AutotuneMode::Search;
   std::vector<DeviceTensor> buffers;
@@ -273,34 +353,7 @@ void run_workload_call(Context& ctx, const tune::Workload& w, DType dt, std::pai
                              static_cast<int>(capacity), w.block_size, o.bindings);
     o.block_mask = &mask;
   }
-  if (w.kind == "forward") {
-    flex_attention(ctx, q, k, v, o);
-  } else if (w.kind == "backward") {
-    AttentionOptions fwd = o;
-    fwd.autotune = AutotuneMode::Off;  // the forward is a forward workload's to tune
-    fwd.return_lse = true;
-    const AttentionResult r = flex_attention(ctx, q, k, v, fwd);
-    const DeviceTensor dout =
-        random_device(ctx, dt, {s.batch, s.heads_q, s.seqlen_q, hd.second}, 4);
-    flex_attention_backward(ctx, q, k, v, r.out, r.lse, dout, o);
-  } else {
-    const std::vector<int32_t> lens(static_cast<size_t>(s.batch),
-                                    static_cast<int32_t>(s.seqlen_kv));
-    const DeviceTensor seq_lens = DeviceTensor::from_host(ctx, DType::I32, {s.batch}, lens.data());
-    DeviceTensor table;
-    KvCache cache;
-    cache.seq_lens = seq_lens.ref();
-    if (w.page_size > 0) {
-      std::vector<int32_t> pages(static_cast<size_t>(s.batch * max_pages));
-      for (size_t i = 0; i < pages.size(); ++i)
-        pages[i] = static_cast<int32_t>(i);
-      std::shuffle(pages.begin(), pages.end(), std::mt19937(0x9a6e));
-      table = DeviceTensor::from_host(ctx, DType::I32, {s.batch, max_pages}, pages.data());
-      cache.page_table = table.ref();
-    }
-    o.kv_cache = &cache;
-    flex_attention(ctx, q, k, v, o);
-  }
+  call(ctx, in);
   ctx.synchronize();
 }
 
@@ -313,6 +366,10 @@ std::vector<TimedItem> time_workloads(const tune::Manifest& m,
   for (const tune::Workload& w : m.workloads) {
     const std::vector<std::string>& wa = archs.empty() ? w.archs : archs;
     if (std::find(wa.begin(), wa.end(), device_arch) == wa.end()) continue;
+    if (auto why = untimed_kind(w.kind)) {
+      items.push_back({w.name, *why});
+      continue;
+    }
     std::string unknown;
     for (const Buffer& b : w.mods.buffers) {
       for (const std::string& d : b.decl()->dims) {

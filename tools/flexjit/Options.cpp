@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <sys/resource.h>
+
 #include <charconv>
 
 namespace flexjit::cli {
@@ -177,6 +179,15 @@ KernelQuery make_query(const KernelOptions& o) {
   q.deterministic = o.deterministic;
   q.math = math_mode(o.math);
   return q;
+}
+
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return seconds(u.ru_utime) + seconds(u.ru_stime);
 }
 
 }  // namespace flexjit::cli

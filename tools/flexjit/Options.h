@@ -58,4 +58,8 @@ KernelQuery make_query(const KernelOptions& o);
 // a key twice; the library checks the keys themselves).
 BlockConfig block_config(const KernelOptions& o);
 
+// User + system CPU time of this process so far, every thread (getrusage): what `compile` and
+// `bench --first-call` report beside wall times, which another process's load inflates.
+double process_cpu_seconds();
+
 }  // namespace flexjit::cli

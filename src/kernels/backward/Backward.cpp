@@ -66,8 +66,15 @@ FamilyInfo backward_preprocess_family() {
 }
 
 FamilyInfo backward_dkdv_family() {
-  return backward_family(Family::BackwardDkDv, "backward_dkdv",
-                         "dK, dV and buffer gradients (with dq_atomic = 1 also dQ)");
+  FamilyInfo f = backward_family(Family::BackwardDkDv, "backward_dkdv",
+                                 "dK, dV and buffer gradients (with dq_atomic = 1 also dQ)");
+  // A dK/dV kernel that adds dQ by atomics leaves it in an fp32 accumulator of its variant's
+  // layout: the dQ step converts it instead of running the second pass.
+  f.changes_later = [](const KernelDesc& dkdv) -> std::optional<StepChange> {
+    if (dkdv.config.get("dq_atomic").value_or(0) != 1) return std::nullopt;
+    return StepChange{Family::BackwardDq, "atomic_convert", {{"dq_layout", dq_accum_layout(dkdv)}}};
+  };
+  return f;
 }
 
 FamilyInfo backward_dq_family() {

@@ -37,6 +37,7 @@ FamilyInfo block_mask_family() {
   f.family = Family::BlockMask;
   f.name = "block_mask";
   f.summary = "kv_* / full_kv_* / q_* arrays from a mask_mod";
+  f.for_mask_mod = true;
   f.problem = [](const KernelQuery& q, const cuda::Arch& arch) {
     return block_mask_problem(arch, q.block_size, q.block_size);
   };

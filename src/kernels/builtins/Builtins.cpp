@@ -3,6 +3,7 @@
 // class (kernels/<family>/<Variant>.{h,cpp}), and one line in register_builtin_variants; adding a
 // family: its folder, its templates, its id (KernelDesc.h) and one line in
 // register_builtin_families (docs/kernels/README.md).
+#include "cp/MergeKernel.h"
 #include "kernels/Family.h"
 #include "kernels/Registry.h"
 #include "kernels/backward/Backward.h"
@@ -27,6 +28,7 @@ void register_builtin_families(Families& families) {
   families.add(backward_dq_family());
   families.add(decode_split_family());
   families.add(decode_combine_family());
+  families.add(cp::cp_merge_family());
 }
 
 void register_builtin_variants(Registry& registry) {
@@ -44,6 +46,7 @@ void register_builtin_variants(Registry& registry) {
   registry.add(std::make_unique<DecodeSplitSm80Mma>(2));  // sm80_ef256 (experimental)
   registry.add(std::make_unique<DecodeCombineWarpPerRow>());
   registry.add(std::make_unique<DecodeCombineWarpPerRow>(true));  // warp_batched (the default)
+  registry.add(std::make_unique<cp::MergeWarpPerRow>());
 }
 
 }  // namespace flexjit::kernels

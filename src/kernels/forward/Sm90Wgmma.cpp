@@ -36,14 +36,22 @@ constexpr std::initializer_list<int> kQTiles = {1, 2};
 // the next tile's loads under the last one's end (forward_sm90.cuh, FjWorkItems).
 constexpr std::initializer_list<int> kPersistent = {0, 1};
 
-// A KV cache (chunked prefill: the page_size / seq_lens flags, kernels/forward/Forward.h) is
-// forward/sm80_mma's: TMA boxes tile a [B, H, S, D] tensor, not pages through a table.
+// A KV cache (chunked prefill: the page_size / seq_lens flags, kernels/forward/Forward.h): any
+// power-of-two page size from 1 to 256 (TMA boxes where a page holds whole KV tiles, cp.async
+// gathers otherwise; docs/kernels/forward_sm90.md "KV caches"), seq_lens 0 or 1.
 std::optional<std::string> kv_cache_reason(const KernelDesc& p) {
-  if (!on_kv_cache(p)) return std::nullopt;
-  return fmt::format(
-      "its TMA tensor maps cannot follow a page table or per-sequence KV lengths ({}); "
-      "forward/sm80_mma reads a KV cache",
-      kv_page_size(p) != 0 ? fmt::format("pages of {}", kv_page_size(p)) : "ragged lengths");
+  const int64_t page = kv_page_size(p);
+  if (page < 0 || page > 256 || (page & (page - 1)) != 0) {
+    return fmt::format(
+        "forward/sm90a_wgmma does not support page_size = {}; supported: 0 (contiguous K / V) or "
+        "a power of two from 1 to 256",
+        page);
+  }
+  const int64_t lens = p.flags.get("seq_lens").value_or(0);
+  if (lens != 0 && lens != 1) {
+    return fmt::format("forward/sm90a_wgmma needs flag 'seq_lens' = 0 or 1, not {}", lens);
+  }
+  return std::nullopt;
 }
 
 bool one_of(int64_t v, std::initializer_list<int> allowed) {
@@ -76,6 +84,33 @@ int q_tiles_of(const KernelDesc& d) {
 }
 int persistent_of(const KernelDesc& d) {
   return static_cast<int>(d.config.get("persistent").value_or(0));
+}
+
+// What a KV cache needs of a config: 128-row tiles (two consumer warpgroups; the loaders' and
+// consumers' register split is 40 / 232), one query tile per CTA (every loader thread walks the
+// tiles: a persistent CTA's claims are one thread's, and two tiles per CTA spilled the loaders'
+// registers), and no `divisible` (each sequence has its own length).
+std::optional<std::string> kv_cache_config_reason(const KernelDesc& d) {
+  if (!on_kv_cache(d)) return std::nullopt;
+  if (d.config.at("block_m") != 128) {
+    return fmt::format(
+        "forward/sm90a_wgmma on a KV cache runs block_m = 128 (two consumer warpgroups), not {}",
+        d.config.at("block_m"));
+  }
+  if (persistent_of(d) != 0 || q_tiles_of(d) != 1) {
+    return fmt::format(
+        "forward/sm90a_wgmma on a KV cache runs one query tile per CTA (persistent = 0, q_tiles = "
+        "1), not persistent = {}, q_tiles = {}: its 128 loader threads each walk the CTA's tiles "
+        "in 40 registers",
+        persistent_of(d), q_tiles_of(d));
+  }
+  if (d.flags.at("divisible") != 0) {
+    return fmt::format(
+        "forward/sm90a_wgmma on a KV cache needs divisible = 0: each sequence has its own length "
+        "({})",
+        d.str());
+  }
+  return std::nullopt;
 }
 
 int sm90_smem(const KernelDesc& d, int q_bufs) {
@@ -234,7 +269,8 @@ std::string sm90_config_struct(const Mods& mods, const KernelDesc& desc, int til
 
 std::string_view ForwardSm90Wgmma::summary() const {
   return "FlashAttention-3 structure: TMA, wgmma, producer/consumer warpgroups with setmaxnreg; "
-         "bf16/f16; head dims multiples of 8 up to 256 (tiles 64/128/192/256); sm_90a";
+         "bf16/f16; head dims multiples of 8 up to 256 (tiles 64/128/192/256); KV caches (ragged "
+         "lengths, pages of 1..256 keys); sm_90a";
 }
 
 std::optional<std::string> ForwardSm90Wgmma::unsupported(const KernelDesc& problem,
@@ -293,6 +329,7 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
   }
   if (auto r = fast_math_flag_error(d)) throw UnsupportedError(*r);
   if (auto r = kv_cache_reason(d)) throw UnsupportedError(*r);
+  if (auto r = kv_cache_config_reason(d)) throw UnsupportedError(*r);
   // Accumulators of S (block_n / 2) and O (the v tile dim / 2) plus P (block_n / 4) per thread
   // must fit the consumers' registers (240 with two consumer warpgroups, 160 with three) with
   // room for addresses and the softmax state.
@@ -356,6 +393,12 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   if (overrides.get("q_tiles").value_or(0) == 1 && !overrides.has("persistent")) {
     c.set("persistent", 0);
   }
+  // On a KV cache every loader thread walks the CTA's query tiles: one CTA per query tile, one
+  // query tile per CTA (two spilled 8-88 B at d 64 and 128: the loaders' 40 registers), and
+  // 128-row tiles (below).
+  const bool kv_cache = on_kv_cache(problem);
+  if (kv_cache && !overrides.has("persistent")) c.set("persistent", 0);
+  if (kv_cache && !overrides.has("q_tiles") && c.at("persistent") == 0) c.set("q_tiles", 1);
   // At head dim 64: three consumer warpgroups taking turns in rotation (block_m 192), the
   // softmax-bound tile's other lever: noop 430.9 TFLOP/s against 404.3 with 128 rows
   // (docs/kernels/forward_sm90.md "Design notes"); with a block mask, whose 128-row blocks each
@@ -367,7 +410,7 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   // Not where the mask_mod divides by a run-time value per score (passes/RuntimeDivision.h):
   // at 192 rows chunked_local ran 122 TFLOP/s against 174 with 128 (docs/kernels/forward_sm90.md
   // "Design notes").
-  if (!overrides.has("block_m") && !overrides.has("block_n") && facts.seqlen_q > 0 &&
+  if (!overrides.has("block_m") && !overrides.has("block_n") && facts.seqlen_q > 0 && !kv_cache &&
       !facts.mask_mod_divides && std::max(problem.head_dim_qk, problem.head_dim_v) <= 64 &&
       8 * rows192 <= 9 * rows128 &&
       (facts.mask_kv_block == 0 ||
@@ -415,6 +458,8 @@ int64_t ForwardSm90Wgmma::mask_q_unit(const Params& config) const {
 
 void ForwardSm90Wgmma::specialize(KernelDesc& d, const InputFacts& facts) const {
   specialize_divisible(d, facts);
+  // On a KV cache every sequence has its own length: the key bounds stay.
+  if (on_kv_cache(d)) d.flags.set("divisible", 0);
 }
 
 std::vector<TemplateText> ForwardSm90Wgmma::templates() const {
@@ -433,16 +478,28 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
   const int bm = desc.config.at_int("block_m");
   KernelDesc d = desc;
   d.config.set("num_warps", bm / 16);
-  std::string config = sm90_config_struct(
-      mods, d, tile_qk(desc), tile_v(desc),
-      {fmt::format("static constexpr int kQTiles = {};", q_tiles_of(desc)),
-       fmt::format("static constexpr int kPersistent = {};", persistent_of(desc)),
-       fmt::format("static constexpr int kQBufs = {};", q_bufs_of(desc))});
+  std::vector<std::string> extra = {
+      fmt::format("static constexpr int kQTiles = {};", q_tiles_of(desc)),
+      fmt::format("static constexpr int kPersistent = {};", persistent_of(desc)),
+      fmt::format("static constexpr int kQBufs = {};", q_bufs_of(desc))};
+  // On a KV cache the kernel takes FjKvCacheArgs (forward_sm90.cuh, FJ_FWD_KV_CACHE); without
+  // one the source is what it always was.
+  const bool kv_cache = on_kv_cache(desc);
+  if (kv_cache) {
+    extra.push_back(fmt::format("static constexpr int kPageSize = {};", kv_page_size(desc)));
+  }
+  std::string config = sm90_config_struct(mods, d, tile_qk(desc), tile_v(desc), extra);
+  if (kv_cache) config = "#define FJ_FWD_KV_CACHE 1\n" + config;
+  // The union schedule's kernel only where launches() can run it (block_m 192 over a block mask,
+  // which takes a mask_mod: kFjUnionSchedule): elsewhere it would be compiled for nothing.
+  if (bm == 192 && cuda::has_mask_mod(mods)) config = "#define FJ_FWD_UNION_SCHEDULE 1\n" + config;
   const std::string wrappers =
       cuda::wgmma_wrappers(desc.dtype, {desc.config.at_int("block_n")}, {tile_v(desc)});
   config.push_back('\n');
   config.append(wrappers);
-  return assemble_variant_source(*this, desc, mods, config, "forward kernel `flexjit_forward`");
+  return assemble_variant_source(*this, desc, mods, config,
+                                 kv_cache ? "forward kernel `flexjit_forward` on a KV cache"
+                                          : "forward kernel `flexjit_forward`");
 }
 
 unsigned ForwardSm90Wgmma::smem_bytes(const KernelDesc& desc) const {
@@ -464,10 +521,37 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   }
   const int bm = desc.config.at_int("block_m");
   const int bn = desc.config.at_int("block_n");
+  const bool kv_cache = on_kv_cache(desc);
+  FJ_ASSERT(
+      kv_cache == (in.seq_lens != nullptr || in.page_table != nullptr) &&
+          kv_page_size(desc) == (in.page_table != nullptr ? in.page_size : 0),
+      "forward/sm90a_wgmma launched with KV cache inputs that its description does not match");
+  FjKvCacheArgs cache{};
   FjFwdTmaMaps maps;
   maps.q = runtime::encode_bhsd_tma(in.q, bm, "q");
-  maps.k = runtime::encode_bhsd_tma(in.k, bn, "k");
-  maps.v = runtime::encode_bhsd_tma(in.v, bn, "v");
+  if (in.page_table != nullptr) {
+    // Pools [num_pages, page_size, Hkv, D] (any strides, D contiguous): the kernel's K / V
+    // strides are the page's (b) and the slot's (s), and the tensor maps view the pool as
+    // [num_pages, Hkv, page_size, D], so that a box's coordinates are (slot, kv head, page).
+    // Where the tile does not divide the page every tile is gathered by cp.async and the map is
+    // not read (it is encoded all the same, its box at most the page's rows).
+    cache.page_table = in.page_table;
+    cache.page_table_stride_b = in.page_table_stride_b;
+    a.k_stride_b = in.k.strides[0], a.k_stride_s = in.k.strides[1], a.k_stride_h = in.k.strides[2];
+    a.v_stride_b = in.v.strides[0], a.v_stride_s = in.v.strides[1], a.v_stride_h = in.v.strides[2];
+    auto pages_view = [](TensorRef t) {
+      t.shape = {t.shape[0], t.shape[2], t.shape[1], t.shape[3]};
+      t.strides = {t.strides[0], t.strides[2], t.strides[1], t.strides[3]};
+      return t;
+    };
+    const int box = std::min(in.page_size, bn);
+    maps.k = runtime::encode_bhsd_tma(pages_view(in.k), box, "k");
+    maps.v = runtime::encode_bhsd_tma(pages_view(in.v), box, "v");
+  } else {
+    maps.k = runtime::encode_bhsd_tma(in.k, bn, "k");
+    maps.v = runtime::encode_bhsd_tma(in.v, bn, "v");
+  }
+  cache.seq_lens = in.seq_lens;
   std::vector<Launch> out;
   const UnionShape u = union_shape(desc, in);
   // Where the builder zeroed the persistent CTAs' work counter (else a memset does).
@@ -541,6 +625,7 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   l.args.add(a);
   l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
   l.args.add(maps);
+  if (kv_cache) l.args.add(cache);
   l.before = std::move(wait_for_schedule);
   out.push_back(std::move(l));
   return out;
