@@ -536,6 +536,72 @@ nb::ndarray<nb::numpy, int32_t> int_array(const std::vector<int32_t>& v,
   return nb::ndarray<nb::numpy, int32_t>(copy->data(), shape.size(), shape.data(), owner);
 }
 
+// --- context parallelism (context_parallel.h) -------------------------------------------------
+
+nb::dlpack::dtype dlpack_dtype(DType d) {
+  using Code = nb::dlpack::dtype_code;
+  switch (d) {
+    case DType::F32:
+      return nb::dtype<float>();
+    case DType::F16:
+      return {static_cast<uint8_t>(Code::Float), 16, 1};
+    case DType::BF16:
+      return {static_cast<uint8_t>(Code::Bfloat), 16, 1};
+    case DType::I32:
+      return nb::dtype<int32_t>();
+    case DType::Bool:
+      return {static_cast<uint8_t>(Code::Bool), 8, 1};
+  }
+  throw InternalError("dlpack_dtype: unknown DType " + std::to_string(static_cast<int>(d)));
+}
+
+// A DLPack array of no framework over a GPU tensor that flexjit allocated: the array owns it
+// (the memory is freed with the array; torch.from_dlpack imports it without a copy).
+nb::object owned_device_array(DeviceTensor t) {
+  auto* keep = new DeviceTensor(std::move(t));
+  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<DeviceTensor*>(p); });
+  const TensorRef& r = keep->ref();
+  std::vector<size_t> shape(r.shape.begin(), r.shape.end());
+  nb::ndarray<nb::device::cuda> a(r.data, shape.size(), shape.data(), owner, nullptr,
+                                  dlpack_dtype(r.dtype), nb::device::cuda::value, r.device_index);
+  return nb::cast(a);
+}
+
+nb::ndarray<nb::numpy, float> f32_array(std::vector<float> v, std::vector<size_t> shape) {
+  auto* copy = new std::vector<float>(std::move(v));
+  nb::capsule owner(copy, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+  return nb::ndarray<nb::numpy, float>(copy->data(), shape.size(), shape.data(), owner);
+}
+
+ContextParallelOptions cp_options(const std::string& strategy, const std::string& layout) {
+  ContextParallelOptions o;
+  const std::optional<CpStrategy> s = parse_cp_strategy(strategy);
+  if (!s) {
+    throw RuntimeError("strategy '" + strategy +
+                       "': context parallelism has 'ring' and 'allgather' "
+                       "(docs/context_parallel.md, Strategies)");
+  }
+  const std::optional<CpLayout> l = parse_cp_layout(layout);
+  if (!l) {
+    throw RuntimeError("layout '" + layout +
+                       "': context parallelism cuts the sequence 'zigzag' or 'contiguous' "
+                       "(docs/context_parallel.md, Sharding)");
+  }
+  o.strategy = *s;
+  o.layout = *l;
+  return o;
+}
+
+// The context of a context-parallel call's device: CUDA tensors only.
+Context& cp_context(const TensorRef& q, const char* call) {
+  if (q.device != TensorRef::Device::CUDA) {
+    throw RuntimeError(std::string(call) + ": q is " + q.str() +
+                       "; context parallelism over NCCL takes CUDA tensors (the CPU check of "
+                       "the partitioning is flex_attention_cp_cpu)");
+  }
+  return context_for(q.device_index);
+}
+
 }  // namespace
 }  // namespace flexjit
 
@@ -1078,6 +1144,223 @@ NB_MODULE(_flexjit, m) {
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dlse"_a.none(), "dq"_a, "dk"_a, "dv"_a,
       "mods"_a, "block_mask"_a.none(), "buffers"_a, "params"_a, "buffer_grads"_a, "scale"_a.none(),
       "stream"_a, "num_threads"_a, "deterministic"_a = false, "config"_a.none() = nb::none());
+
+  // --- context parallelism over NCCL (include/flexjit/context_parallel.h) ---
+  m.def(
+      "_nccl_available",
+      [] {
+        std::string reason;
+        bool ok = false;
+        {
+          nb::gil_scoped_release release;
+          ok = nccl_available(&reason);
+        }
+        return std::make_pair(ok, reason);
+      },
+      "(whether libnccl.so.2 loads, and otherwise every place tried and what each said).");
+  nb::class_<NcclCommunicator>(
+      m, "NcclCommunicator",
+      "An NCCL communicator of one rank for the context-parallel calls (flexjit.distributed "
+      "makes one per torch.distributed process group).")
+      .def_static(
+          "unique_id",
+          [] {
+            NcclUniqueId id;
+            {
+              nb::gil_scoped_release release;
+              id = NcclCommunicator::unique_id();
+            }
+            return nb::bytes(id.bytes, sizeof(id.bytes));
+          },
+          "ncclGetUniqueId: 128 bytes, made on one rank and sent to the others.")
+      .def_static(
+          "create",
+          [](int device, const nb::bytes& unique_id, int nranks, int rank) {
+            NcclUniqueId id;
+            if (unique_id.size() != sizeof(id.bytes)) {
+              throw RuntimeError("NcclCommunicator.create: the unique id has " +
+                                 std::to_string(unique_id.size()) + " bytes; NCCL's has " +
+                                 std::to_string(sizeof(id.bytes)) +
+                                 " (NcclCommunicator.unique_id() on one rank, sent to the others)");
+            }
+            std::memcpy(id.bytes, unique_id.c_str(), sizeof(id.bytes));
+            nb::gil_scoped_release release;  // blocks until every rank joined
+            return NcclCommunicator::create(context_for(device), id, nranks, rank);
+          },
+          "device"_a, "unique_id"_a, "nranks"_a, "rank"_a,
+          "ncclCommInitRank on CUDA device `device`: every rank calls it with the same id; it "
+          "returns once all have joined. The communicator is destroyed with the object.")
+      .def_static(
+          "wrap",
+          [](uintptr_t comm) {
+            return NcclCommunicator::wrap(reinterpret_cast<ncclComm*>(comm));  // NOLINT
+          },
+          "comm"_a,
+          "The caller's ncclComm_t (its address as an int), not destroyed by flexjit: the caller "
+          "keeps it alive while the object is used, and makes no other NCCL call on it "
+          "concurrently.")
+      .def_prop_ro("rank", &NcclCommunicator::rank)
+      .def_prop_ro("size", &NcclCommunicator::size)
+      .def("__repr__", [](const NcclCommunicator& c) {
+        return "NcclCommunicator(rank=" + std::to_string(c.rank()) +
+               ", size=" + std::to_string(c.size()) + ")";
+      });
+  m.def(
+      "_flex_attention_cp_into",
+      [](const NcclCommunicator& comm, const Array& q, const Array& k, const Array& v,
+         const Array& out, std::optional<Array> lse, const Mods& mods,
+         const std::vector<std::pair<std::string, Array>>& buffers,
+         const std::vector<std::pair<std::string, double>>& params, std::optional<float> scale,
+         uintptr_t stream, const std::string& strategy, const std::string& layout,
+         std::optional<nb::dict> config) {
+        const CallConfig cfg = parse_config(config, /*backward=*/false);
+        const ContextParallelOptions cpo = cp_options(strategy, layout);
+        const TensorRef tq = to_tensor(q, "q", kTakesFloat), tk = to_tensor(k, "k", kTakesFloat),
+                        tv = to_tensor(v, "v", kTakesFloat);
+        const TensorRef tout = to_tensor(out, "out", kTakesFloat);
+        std::optional<TensorRef> tlse;
+        if (lse) tlse = to_tensor(*lse, "lse", kTakesF32);
+        AttentionOptions o;
+        o.mods = mods;
+        o.bindings = to_bindings(mods, buffers, params);
+        o.scale = scale;
+        o.return_lse = tlse.has_value();
+        o.stream = reinterpret_cast<void*>(stream);
+        cfg.apply(o);
+        nb::gil_scoped_release release;
+        Context& ctx = cp_context(tq, "flex_attention_cp");
+        flex_attention_cp_into(ctx, comm, tq, tk, tv, tout, tlse ? &*tlse : nullptr, o, cpo);
+      },
+      "comm"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "mods"_a, "buffers"_a, "params"_a,
+      "scale"_a.none(), "stream"_a, "strategy"_a, "layout"_a, "config"_a.none() = nb::none(),
+      "The rank's rows of the attention over the whole sequence into out (and lse), from its "
+      "shards of q, k, v (CUDA arrays), enqueued on `stream`.");
+  m.def(
+      "_flex_attention_cp_backward",
+      [](const NcclCommunicator& comm, const Array& q, const Array& k, const Array& v,
+         const Array& out, const Array& lse, const Array& dout, const Mods& mods,
+         const std::vector<std::pair<std::string, Array>>& buffers,
+         const std::vector<std::pair<std::string, double>>& params, std::optional<float> scale,
+         uintptr_t stream, const std::string& strategy, const std::string& layout,
+         std::optional<nb::dict> config) {
+        const CallConfig cfg = parse_config(config, /*backward=*/true);
+        if (cfg.dq_mode != BackwardOptions::DqMode::Auto) {
+          throw UnsupportedError(
+              "config dq_mode: the context-parallel backward takes no BackwardOptions yet "
+              "(docs/context_parallel.md, Not done yet); leave dq_mode out");
+        }
+        const ContextParallelOptions cpo = cp_options(strategy, layout);
+        const TensorRef tq = to_tensor(q, "q", kTakesFloat), tk = to_tensor(k, "k", kTakesFloat),
+                        tv = to_tensor(v, "v", kTakesFloat);
+        const TensorRef tout = to_tensor(out, "out", kTakesFloat);
+        const TensorRef tlse = to_tensor(lse, "lse", kTakesF32);
+        const TensorRef tdout = to_tensor(dout, "dout", kTakesFloat);
+        AttentionOptions o;
+        o.mods = mods;
+        o.bindings = to_bindings(mods, buffers, params);
+        o.scale = scale;
+        o.stream = reinterpret_cast<void*>(stream);
+        cfg.apply(o);
+        BackwardResult g;
+        {
+          nb::gil_scoped_release release;
+          Context& ctx = cp_context(tq, "flex_attention_cp_backward");
+          g = flex_attention_cp_backward(ctx, comm, tq, tk, tv, tout, tlse, tdout, o, cpo);
+        }
+        nb::list grads;
+        for (auto& [name, t] : g.buffer_grads)
+          grads.append(nb::make_tuple(name, owned_device_array(std::move(t))));
+        return nb::make_tuple(owned_device_array(std::move(g.dq)),
+                              owned_device_array(std::move(g.dk)),
+                              owned_device_array(std::move(g.dv)), grads);
+      },
+      "comm"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "mods"_a, "buffers"_a, "params"_a,
+      "scale"_a.none(), "stream"_a, "strategy"_a, "layout"_a, "config"_a.none() = nb::none(),
+      "(dq, dk, dv, [(buffer name, f32 gradient summed over the ranks)]) of the rank's shards: "
+      "DLPack CUDA arrays that own flexjit's memory, written on `stream`.");
+  m.def(
+      "_flex_attention_cp_cpu",
+      [](const Array& q, const Array& k, const Array& v, int ranks, const Mods& mods,
+         const std::vector<std::pair<std::string, Array>>& buffers,
+         const std::vector<std::pair<std::string, double>>& params, std::optional<float> scale,
+         const std::string& strategy, const std::string& layout, int num_threads) {
+        const ContextParallelOptions cpo = cp_options(strategy, layout);
+        const TensorRef tq = to_tensor(q, "q", kTakesFloat), tk = to_tensor(k, "k", kTakesFloat),
+                        tv = to_tensor(v, "v", kTakesFloat);
+        if (tq.device != TensorRef::Device::CPU) {
+          throw RuntimeError("flex_attention_cp_cpu: q is " + tq.str() +
+                             "; the CPU check of context parallelism takes CPU tensors of the "
+                             "whole sequence");
+        }
+        AttentionOptions o;
+        o.mods = mods;
+        o.bindings = to_bindings(mods, buffers, params);
+        o.scale = scale;
+        o.return_lse = true;
+        CpuRunOptions cpu;
+        cpu.num_threads = num_threads;
+        CpuContextParallelResult r;
+        {
+          nb::gil_scoped_release release;
+          r = flex_attention_cp_cpu(tq, tk, tv, ranks, o, cpo, cpu);
+        }
+        std::vector<size_t> shape(r.result.shape.begin(), r.result.shape.end());
+        std::vector<size_t> lse_shape(shape.begin(), shape.end() - 1);
+        return nb::make_tuple(f32_array(std::move(r.result.out), shape),
+                              f32_array(std::move(r.result.lse), lse_shape), r.calls,
+                              r.skipped_pairs, r.schedule);
+      },
+      "q"_a, "k"_a, "v"_a, "ranks"_a, "mods"_a, "buffers"_a, "params"_a, "scale"_a.none(),
+      "strategy"_a, "layout"_a, "num_threads"_a = 0,
+      "flex_attention_cp_cpu: the whole sequence's (out, lse) computed shard by shard on the CPU "
+      "backend as `ranks` GPUs would, then calls made, pairs skipped and every rank's schedule.");
+  m.def(
+      "_flex_attention_cp_backward_cpu",
+      [](const Array& q, const Array& k, const Array& v, const Array& out, const Array& lse,
+         const Array& dout, int ranks, const Mods& mods,
+         const std::vector<std::pair<std::string, Array>>& buffers,
+         const std::vector<std::pair<std::string, double>>& params, std::optional<float> scale,
+         const std::string& strategy, const std::string& layout, int num_threads) {
+        const ContextParallelOptions cpo = cp_options(strategy, layout);
+        const TensorRef tq = to_tensor(q, "q", kTakesFloat), tk = to_tensor(k, "k", kTakesFloat),
+                        tv = to_tensor(v, "v", kTakesFloat);
+        const TensorRef tout = to_tensor(out, "out", kTakesF32);
+        const TensorRef tlse = to_tensor(lse, "lse", kTakesF32);
+        const TensorRef tdout = to_tensor(dout, "dout", kTakesFloat);
+        if (tq.device != TensorRef::Device::CPU) {
+          throw RuntimeError("flex_attention_cp_backward_cpu: q is " + tq.str() +
+                             "; the CPU check of context parallelism takes CPU tensors of the "
+                             "whole sequence");
+        }
+        AttentionOptions o;
+        o.mods = mods;
+        o.bindings = to_bindings(mods, buffers, params);
+        o.scale = scale;
+        CpuRunOptions cpu;
+        cpu.num_threads = num_threads;
+        CpuContextParallelGradients g;
+        {
+          nb::gil_scoped_release release;
+          g = flex_attention_cp_backward_cpu(tq, tk, tv, tout, tlse, tdout, ranks, o, cpo, cpu);
+        }
+        auto shape_of = [](const TensorRef& t) {
+          return std::vector<size_t>(t.shape.begin(), t.shape.end());
+        };
+        nb::list grads;
+        for (auto& [name, values] : g.buffer_grads) {
+          std::vector<size_t> shape{values.size()};
+          for (const auto& [bound, t] : o.bindings.buffers)
+            if (bound == name) shape = shape_of(t);
+          grads.append(nb::make_tuple(name, f32_array(std::move(values), shape)));
+        }
+        return nb::make_tuple(f32_array(std::move(g.dq), shape_of(tq)),
+                              f32_array(std::move(g.dk), shape_of(tk)),
+                              f32_array(std::move(g.dv), shape_of(tv)), grads);
+      },
+      "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "ranks"_a, "mods"_a, "buffers"_a, "params"_a,
+      "scale"_a.none(), "strategy"_a, "layout"_a, "num_threads"_a = 0,
+      "flex_attention_cp_backward_cpu: (dq, dk, dv, [(buffer name, gradient)]) of the whole "
+      "sequence (f32, sequence order) from flex_attention_cp_cpu's out and lse, rank by rank.");
 
   // --- kernels (include/flexjit/kernel.h): emit, compile, inspect ---
   auto query_of = [](const std::string& family, const std::string& variant, const std::string& arch,
