@@ -490,6 +490,35 @@ CallConfig parse_config(const std::optional<nb::dict>& config, bool backward) {
   return c;
 }
 
+// A forward call's tensors and options from the binding's arguments (flex_attention_into and
+// the context-parallel forward take the same ones): q, k, v and out as floating-point tensors,
+// lse as f32, the mods' bindings, scale, stream and the parsed config applied.
+struct ForwardCall {
+  TensorRef q, k, v, out;
+  std::optional<TensorRef> lse;
+  AttentionOptions options;
+};
+
+ForwardCall forward_call(const Array& q, const Array& k, const Array& v, const Array& out,
+                         const std::optional<Array>& lse, const Mods& mods,
+                         const std::vector<std::pair<std::string, Array>>& buffers,
+                         const std::vector<std::pair<std::string, double>>& params,
+                         std::optional<float> scale, uintptr_t stream, const CallConfig& cfg) {
+  ForwardCall c;
+  c.q = to_tensor(q, "q", kTakesFloat);
+  c.k = to_tensor(k, "k", kTakesFloat);
+  c.v = to_tensor(v, "v", kTakesFloat);
+  c.out = to_tensor(out, "out", kTakesFloat);
+  if (lse) c.lse = to_tensor(*lse, "lse", kTakesF32);
+  c.options.mods = mods;
+  c.options.bindings = to_bindings(mods, buffers, params);
+  c.options.scale = scale;
+  c.options.return_lse = c.lse.has_value();
+  c.options.stream = reinterpret_cast<void*>(stream);
+  cfg.apply(c.options);
+  return c;
+}
+
 // --- block masks from a framework's arrays ---------------------------------------------------
 
 // The Python arrays a borrowed DeviceBlockMask views, released with the GIL held (whichever
@@ -1013,18 +1042,12 @@ NB_MODULE(_flexjit, m) {
          uintptr_t stream, int num_threads, std::optional<Array> seq_lens,
          std::optional<Array> page_table, bool check_pages, std::optional<nb::dict> config) {
         const CallConfig cfg = parse_config(config, /*backward=*/false);
-        const TensorRef tq = to_tensor(q, "q", kTakesFloat), tk = to_tensor(k, "k", kTakesFloat),
-                        tv = to_tensor(v, "v", kTakesFloat);
-        const TensorRef tout = to_tensor(out, "out", kTakesFloat);
-        std::optional<TensorRef> tlse;
-        if (lse) tlse = to_tensor(*lse, "lse", kTakesF32);
-        AttentionOptions o;
-        o.mods = mods;
-        o.bindings = to_bindings(mods, buffers, params);
-        o.scale = scale;
-        o.return_lse = tlse.has_value();
-        o.stream = reinterpret_cast<void*>(stream);
-        cfg.apply(o);  // GPU kernels only: the CPU backend has one kernel and is always exact
+        // cfg applies to the GPU kernels only: the CPU backend has one kernel, always exact.
+        ForwardCall call =
+            forward_call(q, k, v, out, lse, mods, buffers, params, scale, stream, cfg);
+        const TensorRef &tq = call.q, &tk = call.k, &tv = call.v, &tout = call.out;
+        const std::optional<TensorRef>& tlse = call.lse;
+        AttentionOptions& o = call.options;
         // A KV cache (paged_kv.h): ragged lengths, and pools read through a page table.
         KvCache cache;
         if (seq_lens || page_table) {
@@ -1215,18 +1238,11 @@ NB_MODULE(_flexjit, m) {
          std::optional<nb::dict> config) {
         const CallConfig cfg = parse_config(config, /*backward=*/false);
         const ContextParallelOptions cpo = cp_options(strategy, layout);
-        const TensorRef tq = to_tensor(q, "q", kTakesFloat), tk = to_tensor(k, "k", kTakesFloat),
-                        tv = to_tensor(v, "v", kTakesFloat);
-        const TensorRef tout = to_tensor(out, "out", kTakesFloat);
-        std::optional<TensorRef> tlse;
-        if (lse) tlse = to_tensor(*lse, "lse", kTakesF32);
-        AttentionOptions o;
-        o.mods = mods;
-        o.bindings = to_bindings(mods, buffers, params);
-        o.scale = scale;
-        o.return_lse = tlse.has_value();
-        o.stream = reinterpret_cast<void*>(stream);
-        cfg.apply(o);
+        ForwardCall call =
+            forward_call(q, k, v, out, lse, mods, buffers, params, scale, stream, cfg);
+        const TensorRef &tq = call.q, &tk = call.k, &tv = call.v, &tout = call.out;
+        const std::optional<TensorRef>& tlse = call.lse;
+        const AttentionOptions& o = call.options;
         nb::gil_scoped_release release;
         Context& ctx = cp_context(tq, "flex_attention_cp");
         flex_attention_cp_into(ctx, comm, tq, tk, tv, tout, tlse ? &*tlse : nullptr, o, cpo);
