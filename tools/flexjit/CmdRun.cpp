@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -535,6 +536,28 @@ void write_buffer_gradients(const GradientFiles& files,
   }
 }
 
+// Prints (and writes where asked) gradients the CPU backend computed as f32 vectors: dq, dk,
+// dv in the inputs' shapes and each float buffer's gradient in its buffer's shape.
+void write_cpu_gradients(const RunOptions& o, const Inputs& in, const std::vector<float>& dq,
+                         const std::vector<float>& dk, const std::vector<float>& dv,
+                         const std::map<std::string, std::vector<float>>& buffer_grads,
+                         const GradientFiles& files) {
+  auto array = [](const std::vector<float>& v, const std::vector<int64_t>& shape) {
+    npy::Array a = npy::make_array(DType::F32, shape);
+    std::memcpy(a.bytes.data(), v.data(), v.size() * sizeof(float));
+    return a;
+  };
+  print_gradient("dq", array(dq, in.q.shape), o.dq);
+  print_gradient("dk", array(dk, in.k.shape), o.dk);
+  print_gradient("dv", array(dv, in.v.shape), o.dv);
+  std::vector<std::pair<std::string, npy::Array>> buffers;
+  for (const auto& [name, v] : buffer_grads) {
+    for (const auto& [bname, b] : in.buffers)
+      if (bname == name) buffers.emplace_back(name, array(v, b.shape));
+  }
+  write_buffer_gradients(files, buffers);
+}
+
 void run_backward_cpu(const RunOptions& o, const Inputs& in, const AttentionOptions& opts,
                       const npy::Array& out, const npy::Array& lse, const GradientFiles& files) {
   const npy::Array dout = read_input(o.dout, "dout", o.dtype);
@@ -546,20 +569,7 @@ void run_backward_cpu(const RunOptions& o, const Inputs& in, const AttentionOpti
       cpu::cpu_attention_backward(in.mods, opts.bindings, in.q.view(), in.k.view(), in.v.view(),
                                   out.as<float>(), lse.as<float>(), dout.view(), bo);
   std::printf("backward on cpu: %.2f ms\n", seconds_since(t0) * 1e3);
-  auto array = [](const std::vector<float>& v, const std::vector<int64_t>& shape) {
-    npy::Array a = npy::make_array(DType::F32, shape);
-    std::memcpy(a.bytes.data(), v.data(), v.size() * sizeof(float));
-    return a;
-  };
-  print_gradient("dq", array(g.dq, in.q.shape), o.dq);
-  print_gradient("dk", array(g.dk, in.k.shape), o.dk);
-  print_gradient("dv", array(g.dv, in.v.shape), o.dv);
-  std::vector<std::pair<std::string, npy::Array>> buffers;
-  for (const auto& [name, v] : g.buffers) {
-    for (const auto& [bname, b] : in.buffers)
-      if (bname == name) buffers.emplace_back(name, array(v, b.shape));
-  }
-  write_buffer_gradients(files, buffers);
+  write_cpu_gradients(o, in, g.dq, g.dk, g.dv, g.buffers, files);
 }
 
 // --cp-shards N with --dout: the backward shard by shard (flex_attention_cp_backward_cpu) on the
@@ -576,20 +586,7 @@ void run_backward_cpu_cp(const RunOptions& o, const Inputs& in, const AttentionO
                                      dout.view(), o.cp_shards, opts, {strategy, layout}, cro);
   std::printf("context-parallel backward: %lld calls, %.2f ms on the cpu\n",
               static_cast<long long>(g.calls), seconds_since(t0) * 1e3);
-  auto array = [](const std::vector<float>& v, const std::vector<int64_t>& shape) {
-    npy::Array a = npy::make_array(DType::F32, shape);
-    std::memcpy(a.bytes.data(), v.data(), v.size() * sizeof(float));
-    return a;
-  };
-  print_gradient("dq", array(g.dq, in.q.shape), o.dq);
-  print_gradient("dk", array(g.dk, in.k.shape), o.dk);
-  print_gradient("dv", array(g.dv, in.v.shape), o.dv);
-  std::vector<std::pair<std::string, npy::Array>> buffers;
-  for (const auto& [name, v] : g.buffer_grads) {
-    for (const auto& [bname, b] : in.buffers)
-      if (bname == name) buffers.emplace_back(name, array(v, b.shape));
-  }
-  write_buffer_gradients(files, buffers);
+  write_cpu_gradients(o, in, g.dq, g.dk, g.dv, g.buffer_grads, files);
   if (!o.check) return;
   cpu::CpuBackwardOptions bo;
   if (o.has_scale) bo.scale = o.scale;
