@@ -519,6 +519,32 @@ ForwardCall forward_call(const Array& q, const Array& k, const Array& v, const A
   return c;
 }
 
+// The same for a backward call: q, k, v, out and dout floating-point, lse f32.
+struct BackwardCall {
+  TensorRef q, k, v, out, lse, dout;
+  AttentionOptions options;
+};
+
+BackwardCall backward_call(const Array& q, const Array& k, const Array& v, const Array& out,
+                           const Array& lse, const Array& dout, const Mods& mods,
+                           const std::vector<std::pair<std::string, Array>>& buffers,
+                           const std::vector<std::pair<std::string, double>>& params,
+                           std::optional<float> scale, uintptr_t stream, const CallConfig& cfg) {
+  BackwardCall c;
+  c.q = to_tensor(q, "q", kTakesFloat);
+  c.k = to_tensor(k, "k", kTakesFloat);
+  c.v = to_tensor(v, "v", kTakesFloat);
+  c.out = to_tensor(out, "out", kTakesFloat);
+  c.lse = to_tensor(lse, "lse", kTakesF32);
+  c.dout = to_tensor(dout, "dout", kTakesFloat);
+  c.options.mods = mods;
+  c.options.bindings = to_bindings(mods, buffers, params);
+  c.options.scale = scale;
+  c.options.stream = reinterpret_cast<void*>(stream);
+  cfg.apply(c.options);
+  return c;
+}
+
 // --- block masks from a framework's arrays ---------------------------------------------------
 
 // The Python arrays a borrowed DeviceBlockMask views, released with the GIL held (whichever
@@ -1084,17 +1110,11 @@ NB_MODULE(_flexjit, m) {
          const std::vector<std::pair<std::string, Array>>& buffer_grads, std::optional<float> scale,
          uintptr_t stream, int num_threads, bool deterministic, std::optional<nb::dict> config) {
         const CallConfig cfg = parse_config(config, /*backward=*/true);
-        const TensorRef tq = to_tensor(q, "q", kTakesFloat), tk = to_tensor(k, "k", kTakesFloat),
-                        tv = to_tensor(v, "v", kTakesFloat);
-        const TensorRef tout = to_tensor(out, "out", kTakesFloat);
-        const TensorRef tlse = to_tensor(lse, "lse", kTakesF32);
-        const TensorRef tdout = to_tensor(dout, "dout", kTakesFloat);
-        AttentionOptions o;
-        o.mods = mods;
-        o.bindings = to_bindings(mods, buffers, params);
-        o.scale = scale;
-        o.stream = reinterpret_cast<void*>(stream);
-        cfg.apply(o);
+        BackwardCall call =
+            backward_call(q, k, v, out, lse, dout, mods, buffers, params, scale, stream, cfg);
+        const TensorRef &tq = call.q, &tk = call.k, &tv = call.v, &tout = call.out,
+                        &tlse = call.lse, &tdout = call.dout;
+        AttentionOptions& o = call.options;
         BackwardOutputs g{to_tensor(dq, "dq", kTakesFloat),
                           to_tensor(dk, "dk", kTakesFloat),
                           to_tensor(dv, "dv", kTakesFloat),
@@ -1266,17 +1286,11 @@ NB_MODULE(_flexjit, m) {
               "(docs/context_parallel.md, Not done yet); leave dq_mode out");
         }
         const ContextParallelOptions cpo = cp_options(strategy, layout);
-        const TensorRef tq = to_tensor(q, "q", kTakesFloat), tk = to_tensor(k, "k", kTakesFloat),
-                        tv = to_tensor(v, "v", kTakesFloat);
-        const TensorRef tout = to_tensor(out, "out", kTakesFloat);
-        const TensorRef tlse = to_tensor(lse, "lse", kTakesF32);
-        const TensorRef tdout = to_tensor(dout, "dout", kTakesFloat);
-        AttentionOptions o;
-        o.mods = mods;
-        o.bindings = to_bindings(mods, buffers, params);
-        o.scale = scale;
-        o.stream = reinterpret_cast<void*>(stream);
-        cfg.apply(o);
+        const BackwardCall call =
+            backward_call(q, k, v, out, lse, dout, mods, buffers, params, scale, stream, cfg);
+        const TensorRef &tq = call.q, &tk = call.k, &tv = call.v, &tout = call.out,
+                        &tlse = call.lse, &tdout = call.dout;
+        const AttentionOptions& o = call.options;
         BackwardResult g;
         {
           nb::gil_scoped_release release;
