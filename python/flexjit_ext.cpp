@@ -79,6 +79,8 @@ std::string dtype_word(const nb::dlpack::dtype& d) {
 // What each argument takes, in the frameworks' words, for the dtype errors below.
 constexpr const char* kTakesFloat = "float32, float16, bfloat16";
 constexpr const char* kTakesF32 = "float32";
+// q, k, v of the forward: also float8_e4m3fn (sm_90a and the CPU backend, with descales).
+constexpr const char* kTakesQkv = "float32, float16, bfloat16, float8_e4m3fn";
 constexpr const char* kTakesInt32 = "int32";
 constexpr const char* kTakesAny = "float32, float16, bfloat16, int32, bool (or uint8)";
 
@@ -92,6 +94,7 @@ TensorRef to_tensor(const Array& a, std::string_view what, std::string_view take
       d.lanes == 1 &&
       ((d.code == static_cast<uint8_t>(Code::Float) && (d.bits == 32 || d.bits == 16)) ||
        (d.code == static_cast<uint8_t>(Code::Bfloat) && d.bits == 16) ||
+       (d.code == static_cast<uint8_t>(Code::Float8_E4M3FN) && d.bits == 8) ||
        (d.code == static_cast<uint8_t>(Code::Int) && d.bits == 32) ||
        ((d.code == static_cast<uint8_t>(Code::Bool) ||
          d.code == static_cast<uint8_t>(Code::UInt)) &&
@@ -505,9 +508,9 @@ ForwardCall forward_call(const Array& q, const Array& k, const Array& v, const A
                          const std::vector<std::pair<std::string, double>>& params,
                          std::optional<float> scale, uintptr_t stream, const CallConfig& cfg) {
   ForwardCall c;
-  c.q = to_tensor(q, "q", kTakesFloat);
-  c.k = to_tensor(k, "k", kTakesFloat);
-  c.v = to_tensor(v, "v", kTakesFloat);
+  c.q = to_tensor(q, "q", kTakesQkv);
+  c.k = to_tensor(k, "k", kTakesQkv);
+  c.v = to_tensor(v, "v", kTakesQkv);
   c.out = to_tensor(out, "out", kTakesFloat);
   if (lse) c.lse = to_tensor(*lse, "lse", kTakesF32);
   c.options.mods = mods;
@@ -606,6 +609,8 @@ nb::dlpack::dtype dlpack_dtype(DType d) {
       return nb::dtype<int32_t>();
     case DType::Bool:
       return {static_cast<uint8_t>(Code::Bool), 8, 1};
+    case DType::E4M3:
+      return {static_cast<uint8_t>(Code::Float8_E4M3FN), 8, 1};
   }
   throw InternalError("dlpack_dtype: unknown DType " + std::to_string(static_cast<int>(d)));
 }
@@ -1053,8 +1058,8 @@ NB_MODULE(_flexjit, m) {
       "_output_shapes",
       [](const Array& q, const Array& k, const Array& v) {
         const QkvShape s =
-            validate_qkv(to_tensor(q, "q", kTakesFloat), to_tensor(k, "k", kTakesFloat),
-                         to_tensor(v, "v", kTakesFloat));
+            validate_forward_qkv(to_tensor(q, "q", kTakesQkv), to_tensor(k, "k", kTakesQkv),
+                                 to_tensor(v, "v", kTakesQkv));
         return std::make_pair(std::vector<int64_t>{s.batch, s.heads_q, s.seqlen_q, s.head_dim_v},
                               std::vector<int64_t>{s.batch, s.heads_q, s.seqlen_q});
       },
@@ -1066,11 +1071,17 @@ NB_MODULE(_flexjit, m) {
          const std::vector<std::pair<std::string, Array>>& buffers,
          const std::vector<std::pair<std::string, double>>& params, std::optional<float> scale,
          uintptr_t stream, int num_threads, std::optional<Array> seq_lens,
-         std::optional<Array> page_table, bool check_pages, std::optional<nb::dict> config) {
+         std::optional<Array> page_table, bool check_pages, std::optional<nb::dict> config,
+         std::optional<Array> q_descale, std::optional<Array> k_descale,
+         std::optional<Array> v_descale) {
         const CallConfig cfg = parse_config(config, /*backward=*/false);
         // cfg applies to the GPU kernels only: the CPU backend has one kernel, always exact.
         ForwardCall call =
             forward_call(q, k, v, out, lse, mods, buffers, params, scale, stream, cfg);
+        // e4m3 q, k, v: their descale factors (AttentionOptions::descale; checked in the call).
+        if (q_descale) call.options.descale.q = to_tensor(*q_descale, "q_descale", kTakesF32);
+        if (k_descale) call.options.descale.k = to_tensor(*k_descale, "k_descale", kTakesF32);
+        if (v_descale) call.options.descale.v = to_tensor(*v_descale, "v_descale", kTakesF32);
         const TensorRef &tq = call.q, &tk = call.k, &tv = call.v, &tout = call.out;
         const std::optional<TensorRef>& tlse = call.lse;
         AttentionOptions& o = call.options;
@@ -1098,7 +1109,9 @@ NB_MODULE(_flexjit, m) {
       },
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "mods"_a, "block_mask"_a.none(), "buffers"_a,
       "params"_a, "scale"_a.none(), "stream"_a, "num_threads"_a, "seq_lens"_a.none() = nb::none(),
-      "page_table"_a.none() = nb::none(), "check_pages"_a = false, "config"_a.none() = nb::none());
+      "page_table"_a.none() = nb::none(), "check_pages"_a = false, "config"_a.none() = nb::none(),
+      "q_descale"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(),
+      "v_descale"_a.none() = nb::none());
 
   m.def(
       "_flex_attention_backward_into",

@@ -189,7 +189,17 @@ def main():
     ap.add_argument("--shape", default="4,16,4096,128", help="B,H,S,D for the times")
     ap.add_argument("--err-seq", type=int, default=1024, help="S for the errors (B = 1)")
     ap.add_argument("--csv")
+    ap.add_argument("--only", help="comma-separated cases to run, each a score_mod name (all its "
+                    "rows) or score_mod+mask_mod ('-' for none): e.g. t5 or -+document")
     a = ap.parse_args()
+    cases = CASES
+    if a.only:
+        wanted = a.only.split(",")
+        cases = [(sm, mm) for sm, mm in CASES
+                 if (sm or "-") in wanted or f"{sm or '-'}+{mm or '-'}" in wanted]
+        if not cases:
+            ap.error(f"--only {a.only}: no case; the cases are " + ", ".join(
+                f"{sm or '-'}+{mm or '-'}" for sm, mm in CASES))
     B, H, S, D = (int(x) for x in a.shape.split(","))
     print(f"# {torch.cuda.get_device_name()}; times at B={B} H={H} S={S} D={D} bf16 "
           f"(do_bench median ms; torch flex compiled, flexjit.torch eager); max abs errors at "
@@ -198,7 +208,7 @@ def main():
             "flexjit fwd+bwd", "x", "err out torch/fj", "err dq torch/fj", "err dtable torch/fj"]
     print(" | ".join(head))
     rows = []
-    for sm, mm in CASES:
+    for sm, mm in cases:
         (tf, tb), (ff, fb) = times(sm, mm, B, H, S, D)
         et, ef = errors(sm, mm, H, a.err_seq, D)
 

@@ -339,18 +339,42 @@ struct FjDiagGrad {
       pend[c] = 0.0f;
     }
     __syncwarp();
+    if constexpr (kFjGradSmemFloats > 0) {
+      // Into the CTA's private copy: every lane calls the add together (fj_grad_add_shared sums
+      // the lanes whose diagonals share an address, as T5's buckets far from the diagonal do).
+      // A lane without a sum takes the diagonal of one that has, so the site's indices are
+      // evaluated only on diagonals that hold an element, as below.
 #pragma unroll
-    for (int k0 = -15; k0 < 8 * kN8; k0 += 32) {
-      const int k = k0 + lane;
-      if (k < 8 * kN8) {
-        const float* row = scratch + at(k + 8, 0);  // (k + g + 8, g) = row + 10 g
+      for (int k0 = -15; k0 < 8 * kN8; k0 += 32) {
+        const int k = k0 + lane;
         float sum = 0.0f;
+        if (k < 8 * kN8) {
+          const float* row = scratch + at(k + 8, 0);
 #pragma unroll
-        for (int g = 0; g < 8; ++g)
-          sum += row[10 * g];
-        // d0 + dir * k in wrapping i32 arithmetic, as q_idx - kv_idx itself.
+          for (int g = 0; g < 8; ++g)
+            sum += row[10 * g];
+        }
         const int d = (int)((unsigned)d0 + (unsigned)(dir * k));
-        if (sum != 0.0f) fj_bufgrad_diag_add_at(mods, grads, b, h, d, sum);
+        const unsigned nz = __ballot_sync(0xffffffffu, sum != 0.0f);
+        if (nz != 0u) {
+          const int d_any = __shfl_sync(0xffffffffu, d, __ffs(nz) - 1);
+          fj_bufgrad_diag_add_at(mods, grads, b, h, sum != 0.0f ? d : d_any, sum);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int k0 = -15; k0 < 8 * kN8; k0 += 32) {
+        const int k = k0 + lane;
+        if (k < 8 * kN8) {
+          const float* row = scratch + at(k + 8, 0);  // (k + g + 8, g) = row + 10 g
+          float sum = 0.0f;
+#pragma unroll
+          for (int g = 0; g < 8; ++g)
+            sum += row[10 * g];
+          // d0 + dir * k in wrapping i32 arithmetic, as q_idx - kv_idx itself.
+          const int d = (int)((unsigned)d0 + (unsigned)(dir * k));
+          if (sum != 0.0f) fj_bufgrad_diag_add_at(mods, grads, b, h, d, sum);
+        }
       }
     }
     __syncwarp();
@@ -686,6 +710,11 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   const fj_u32 sk_warp = sk + row_warp * 16 * T::TileQK::kRowBytes;
   const fj_u32 sv_warp = sv + row_warp * 16 * T::TileV::kRowBytes;
   fj_dkdv_sm80_load_kv<Cfg>(args, sk, sv, b, h_kv, n_start, tid);
+  if constexpr (kFjGradSmemFloats > 0) {
+    // The CTA's private copy of small buffer gradients (docs/backward.md), zero before any add.
+    fj_bufgrad_smem_zero(tid, Cfg::kNumWarps * 32);
+    __syncthreads();
+  }
 
   float dk[1][S::ShapeDK::kDTiles][4], dv[1][S::ShapeDV::kDTiles][4];
 #pragma unroll
@@ -763,6 +792,9 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     }
   }
   fj_dkdv_sm80_epilogue<Cfg>(dk, dv, args, fj_smem, b, h_kv, n_start, row_warp, part, lane, tid);
+  // Every add happened before the last head's __syncthreads above: the private copy out, one
+  // fp32 atomic per element it holds.
+  if constexpr (kFjGradSmemFloats > 0) fj_bufgrad_smem_flush(grads, tid, Cfg::kNumWarps * 32);
 }
 #endif  // FJ_BWD_DKDV
 

@@ -505,6 +505,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const int n_start = n_block * kBN;
 
   if (tid == 0) ring.init();
+  // The CTA's private copy of small buffer gradients (docs/backward.md), zero before any add.
+  if constexpr (kFjGradSmemFloats > 0) fj_bufgrad_smem_zero(tid, (T::kConsumers + 1) * 128);
   __syncthreads();
 
   if (wg == 0) {
@@ -608,6 +610,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     fj_dkdv_sm90_last_dq<Cfg>(args, sk, sds, my_stage, i, prev_block, b, cw, warp, lane);
   fj_dkdv_sm90_epilogue<Cfg>(dk, dv, args, sk, sv, b, h_kv, n_start + cw * 64, cw, warp, lane,
                              wtid);
+  if constexpr (kFjGradSmemFloats > 0) {
+    // The consumers' adds all done (the producer adds none; barrier 6 is the consumers' alone),
+    // then the private copy out: one fp32 atomic per element it holds.
+    fj_bar_sync(6, T::kConsumers * 128);
+    fj_bufgrad_smem_flush(grads, tid - 128, T::kConsumers * 128);
+  }
 }
 #endif  // FJ_BWD_SM90_DKDV
 

@@ -27,6 +27,82 @@
 #ifndef FLEXJIT_DECODE_SPLIT_CUH_
 #define FLEXJIT_DECODE_SPLIT_CUH_
 
+// Address of the padded tile's ldmatrix operands (the FjLdsmAddr interface): rows row0 + 16 * i,
+// chunks 2 * j + c. Rows of kRowBytes = kDim * 2 + 16 put the 8 rows of an ldmatrix in 8
+// different 16-byte bank groups (kRowBytes / 4 = 4 mod 32 words), conflict-free unswizzled.
+template <class Tile>
+struct FjDecPaddedAddr {
+  fj_u32 base;
+  FJ_DEVICE FjDecPaddedAddr(fj_u32 smem, int row0, int c)
+      : base(smem + row0 * Tile::kRowBytes + c * 16) {}
+  FJ_DEVICE fj_u32 at(int i, int j) const { return base + i * 16 * Tile::kRowBytes + j * 32; }
+};
+
+// A K or V tile of 2-byte elements: the swizzled tile of the cp.async loads (kPadded false), or
+// rows padded by 16 bytes for the bulk copies, each key row's kRealDim elements contiguous.
+template <bool kPadded, int kDim, int kRealDim>
+struct FjDecKvTile : FjSwizzledTile<kDim, 2, kRealDim> {
+  using Addr = FjLdsmAddr<FjSwizzledTile<kDim, 2, kRealDim>>;
+};
+template <int kDim, int kRealDim>
+struct FjDecKvTile<true, kDim, kRealDim> {
+  static constexpr int kElemsPerChunk = 8;
+  static constexpr int kChunks = kDim / 8;
+  static constexpr int kValidChunks = kRealDim / 8;
+  static constexpr int kRowBytes = kDim * 2 + 16;
+  static constexpr int kRealRowBytes = kRealDim * 2;  // one bulk copy
+  using Addr = FjDecPaddedAddr<FjDecKvTile>;
+};
+
+// An e4m3 K or V tile as it lands (kKvFp8): rows of kDim bytes, unswizzled (each thread
+// converts the 16-byte chunks it copied itself), 16 elements per chunk.
+template <int kDim, int kRealDim>
+struct FjDecFp8Tile {
+  static constexpr int kElemsPerChunk = 16;
+  static constexpr int kChunks = kDim / 16;
+  static constexpr int kValidChunks = kRealDim / 16;
+  static constexpr int kRowBytes = kDim;
+  static FJ_DEVICE int offset(int row, int chunk) { return row * kRowBytes + chunk * 16; }
+};
+
+template <class Element>
+struct FjDecIsF16 {
+  static constexpr bool value = false;
+};
+template <>
+struct FjDecIsF16<fj_f16> {
+  static constexpr bool value = true;
+};
+
+// Two e4m3 values (low byte first) as two Elements (exact: every e4m3 value is a bf16 and an
+// f16), by the sm_89 conversion to f16x2.
+template <class Element>
+FJ_DEVICE fj_u32 fj_dec_e4m3x2(fj_u32 two) {
+  fj_u32 h2;
+  asm("{\n .reg .b16 t;\n cvt.u16.u32 t, %1;\n cvt.rn.f16x2.e4m3x2 %0, t;\n}\n"
+      : "=r"(h2)
+      : "r"(two));
+  if constexpr (FjDecIsF16<Element>::value) {
+    return h2;
+  } else {
+    float lo, hi;
+    asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}\n"
+        : "=f"(lo), "=f"(hi)
+        : "r"(h2));
+    return FjMma<Element>::pack(lo, hi);
+  }
+}
+
+// Pointer type of the K / V elements: 2-byte elements, or e4m3 bytes.
+template <bool kFp8>
+struct FjDecKvElem {
+  using type = unsigned short;
+};
+template <>
+struct FjDecKvElem<true> {
+  using type = unsigned char;
+};
+
 template <class Cfg>
 struct FjDecTraits {
   using Element = typename Cfg::Element;
@@ -40,6 +116,8 @@ struct FjDecTraits {
   static constexpr int kRealQK = Cfg::kRealDimQK;  // the problem's head dims (<= the tiles)
   static constexpr int kRealV = Cfg::kRealDimV;
   static constexpr int kPageSize = Cfg::kPageSize;
+  static constexpr int kKvCopy = Cfg::kKvCopy;  // 0 cp.async, 1 / 2 bulk copies (L2 hint)
+  static constexpr bool kKvFp8 = Cfg::kKvFp8;   // e4m3 K / V
   static constexpr int kThreads = kNumWarps * 32;
   static constexpr int kWarpsM = kRows / 16;
   static constexpr int kWarpsN = kNumWarps / kWarpsM;
@@ -51,12 +129,32 @@ struct FjDecTraits {
   static constexpr int kKSteps = (kRealQK + 15) / 16;  // k16 steps over the real qk dim
   static constexpr bool kQInRegs = kKSteps * 4 <= 32;
   static constexpr int kQBytes = kRows * kDimQK * kElemBytes;
-  static constexpr int kKBytes = kBlockN * kDimQK * kElemBytes;
-  static constexpr int kVBytes = kBlockN * kDimV * kElemBytes;
-  static constexpr int kStageBytes = kKBytes + kVBytes;
+  static constexpr int kKBytes = kBlockN * FjDecKvTile<kKvCopy != 0, kDimQK, kRealQK>::kRowBytes;
+  static constexpr int kVBytes = kBlockN * FjDecKvTile<kKvCopy != 0, kDimV, kRealV>::kRowBytes;
+  // The ring's stage: K + V tiles, or with kKvFp8 their e4m3 copies (after the one 2-byte K and
+  // V tile).
+  static constexpr int kStageBytes = kKvFp8 ? kBlockN * (kDimQK + kDimV) : kKBytes + kVBytes;
+  static constexpr int kRingOffset = kKvFp8 ? kKBytes + kVBytes : 0;  // after Q
   static constexpr int kRedBytes = kNumWarps * 16 * (kDimV + 2) * 4;
+  // Bulk copies: the stages' mbarriers (8 bytes each) after everything else, the epilogue's
+  // reduction buffers included (they reuse the ring, never the barriers).
+  static constexpr int kBarOffset = kQBytes + kRingOffset + kNumStages * kStageBytes > kRedBytes
+                                        ? kQBytes + kRingOffset + kNumStages* kStageBytes
+                                        : kRedBytes;
   using TileQK = FjSwizzledTile<kDimQK, 2, kRealQK>;
-  using TileV = FjSwizzledTile<kDimV, 2, kRealV>;
+  // K / V tiles: swizzled for cp.async (kKvCopy == 0), padded rows for the bulk copies (one per
+  // key row; a row lands contiguously, so it cannot be swizzled).
+  // e4m3 K / V (kKvFp8): cp.async into an e4m3 ring of kNumStages stages, converted by each
+  // thread (its own chunks) into one 2-byte K tile and V tile, the mainloop's operands.
+  using KvElem = typename FjDecKvElem<kKvFp8>::type;
+  using Tile8K = FjDecFp8Tile<kDimQK, kRealQK>;
+  using Tile8V = FjDecFp8Tile<kDimV, kRealV>;
+  // The L2 policy of the K / V copies: the variant's kKvHint, or evict_first for kKvCopy == 2.
+  static constexpr int kPolicy = Cfg::kKvHint != 0 ? Cfg::kKvHint : (kKvCopy == 2 ? 1 : 0);
+  using TileK = FjDecKvTile<kKvCopy != 0, kDimQK, kRealQK>;
+  using TileV = FjDecKvTile<kKvCopy != 0, kDimV, kRealV>;
+  using KAddr = typename TileK::Addr;
+  using VAddr = typename TileV::Addr;
 
   static_assert(kElemBytes == 2, "flexjit decode_split: Element must be fj_bf16 or fj_f16");
   static_assert(kRows % 16 == 0 && kRows >= 16 && kRows <= 128,
@@ -71,21 +169,35 @@ struct FjDecTraits {
   static_assert(Cfg::kKvHint >= 0 && Cfg::kKvHint <= 2, "flexjit decode_split: kKvHint 0..2");
   static_assert(kPageSize == 0 || (kPageSize & (kPageSize - 1)) == 0,
                 "flexjit decode_split: the page size must be a power of two");
-  static_assert(kBlockN * TileQK::kChunks % kThreads == 0 &&
-                    kBlockN * TileV::kChunks % kThreads == 0,
+  static_assert(kKvCopy >= 0 && kKvCopy <= 2, "flexjit decode_split: kKvCopy 0..2");
+  static_assert(kKvCopy != 0 || (kBlockN * TileQK::kChunks % kThreads == 0 &&
+                                 kBlockN * TileV::kChunks % kThreads == 0),
                 "flexjit decode_split: KV tiles must split evenly into 16-byte copies per thread");
-  static_assert((kQBytes + kNumStages * kStageBytes > kRedBytes
-                     ? kQBytes + kNumStages * kStageBytes
-                     : kRedBytes) == fj_decode_split_smem_bytes(kRows, kBlockN, kDimQK, kDimV,
-                                                                kElemBytes, kNumStages, kNumWarps),
-                "flexjit decode_split: shared-memory layout and fj_decode_split_smem_bytes "
+  static_assert(kBlockN % 32 == 0, "flexjit decode_split: whole key rows per lane of warp 0");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static_assert(kKvCopy == 0, "flexjit decode_split: bulk K / V copies (kKvCopy) need sm_90");
+#endif
+  static_assert(kBarOffset + (kKvCopy != 0 ? 8 * kNumStages : 0) ==
+                    fj_decode_split_smem_bytes_kv(kRows, kBlockN, kDimQK, kDimV, kElemBytes,
+                                                  kNumStages, kNumWarps, kKvCopy, kKvFp8),
+                "flexjit decode_split: shared-memory layout and fj_decode_split_smem_bytes_kv "
                 "disagree");
+  static_assert(!kKvFp8 || kKvCopy == 0, "flexjit decode_split: e4m3 K / V load with cp.async");
+  static_assert(!kKvFp8 || (kRealQK % 16 == 0 && kRealV % 16 == 0),
+                "flexjit decode_split: e4m3 K / V need head dims that are multiples of 16");
+  static_assert(!kKvFp8 || (kThreads % Tile8K::kChunks == 0 && kThreads % Tile8V::kChunks == 0),
+                "flexjit decode_split: e4m3 KV tiles must split evenly into 16-byte copies");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+  static_assert(!kKvFp8, "flexjit decode_split: e4m3 K / V need sm_89 (cvt.f16x2.e4m3x2)");
+#endif
 };
 
-// Where the keys of one (b, kv head) live: contiguous rows, or pages through the table.
+// Where the keys of one (b, kv head) live: contiguous rows, or pages through the table. E: the
+// element's storage (unsigned short, or unsigned char for e4m3); strides are in elements.
+template <class E>
 struct FjDecKv {
-  const unsigned short* k;  // contiguous: row 0 of (b, hkv); paged: the pool at head hkv
-  const unsigned short* v;
+  const E* k;  // contiguous: row 0 of (b, hkv); paged: the pool at head hkv
+  const E* v;
   fj_i64 k_stride_s, v_stride_s;    // between keys (slots of a page)
   fj_i64 k_stride_pg, v_stride_pg;  // between pages (paged only)
   const int* table;                 // this sequence's page table row, or null
@@ -122,21 +234,72 @@ FJ_DEVICE unsigned long long fj_dec_kv_policy() {
   return policy;
 }
 
+// ---- bulk copies (kKvCopy 1, 2; sm_90): one cp.async.bulk per key row, an mbarrier per stage ---
+
+FJ_DEVICE void fj_dec_mbar_init(fj_u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// One arrival that also expects `bytes` of bulk-copy transactions in the current phase.
+FJ_DEVICE void fj_dec_mbar_arrive_expect_tx(fj_u32 bar, fj_u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+// Waits for the phase of parity `parity` (acquire: the copies' bytes are visible after it).
+FJ_DEVICE void fj_dec_mbar_wait(fj_u32 bar, int parity) {
+  fj_u32 done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) of global memory into this CTA's
+// shared memory through the async proxy, completing as transaction bytes on mbarrier `bar`;
+// kPolicy != 0 adds the L2 cache policy (evict_first; bulk copies have no prefetch-size hint).
+template <int kPolicy>
+FJ_DEVICE void fj_dec_bulk_copy(fj_u32 dst, const void* src, fj_u32 bytes, fj_u32 bar,
+                                unsigned long long policy) {
+  if constexpr (kPolicy == 0) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+        "[%1], %2, [%3], %4;\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+        : "memory");
+  }
+}
+
 // Copies keys [n_start, n_start + kRows) of K or V (row stride `stride`, page stride `pstride`)
 // into a swizzled tile with cp.async; keys >= len and the chunks past the head dim
 // (Tile::kValidChunks) are zero-filled and read nothing. Thread tid
 // copies chunk tid % kChunks of rows tid / kChunks + i * kRowStep.
-template <class Tile, int kRows, int kThreads, int kPageSize, int kKvHint>
-FJ_DEVICE void fj_dec_load_tile(fj_u32 smem, const unsigned short* base, fj_i64 stride,
-                                fj_i64 pstride, const int* table, int n_start, int len, int tid,
+template <class Tile, int kRows, int kThreads, int kPageSize, int kKvHint, class E>
+FJ_DEVICE void fj_dec_load_tile(fj_u32 smem, const E* base, fj_i64 stride, fj_i64 pstride,
+                                const int* table, int n_start, int len, int tid,
                                 unsigned long long policy) {
   static_assert(kThreads % Tile::kChunks == 0, "flexjit: a thread must keep its chunk column");
   constexpr int kRowStep = kThreads / Tile::kChunks;
-  constexpr int kPerThread = kRows / kRowStep;
-  static_assert(kRows % kRowStep == 0, "flexjit: tile rows must split evenly over threads");
+  // More threads than chunks (e4m3 tiles of few keys): the first kRows * kChunks copy one each.
+  constexpr int kPerThread = kRowStep > kRows ? 1 : kRows / kRowStep;
+  static_assert(kRows % kRowStep == 0 || kRowStep % kRows == 0,
+                "flexjit: tile rows must split evenly over threads");
   const int r0 = tid / Tile::kChunks;
   const int c = tid % Tile::kChunks;
-  const unsigned short* tile_base = base;
+  if constexpr (kRowStep > kRows) {
+    if (r0 >= kRows) return;
+  }
+  const E* tile_base = base;
   if constexpr (kPageSize >= kRows) {
     // The whole tile lies in one page (kRows divides kPageSize).
     const int page = table[n_start / kPageSize];
@@ -149,7 +312,7 @@ FJ_DEVICE void fj_dec_load_tile(fj_u32 smem, const unsigned short* base, fj_i64 
     const int r = r0 + i * kRowStep;
     const int n = n_start + r;
     const bool valid = n < len && c < Tile::kValidChunks;
-    const unsigned short* src = base;  // an invalid row reads nothing: any mapped address
+    const E* src = base;  // an invalid row reads nothing: any mapped address
     if (valid) {
       if constexpr (kPageSize > 0 && kPageSize < kRows) {
         const int page = table[n / kPageSize];
@@ -263,11 +426,11 @@ struct FjDecCta {
 // ---- loads -----------------------------------------------------------------------------------
 
 // Where kv head hkv of sequence b lives: contiguous rows, or the pool through its page table.
-template <int kPageSize>
-FJ_DEVICE FjDecKv fj_dec_kv(const FjDecodeArgs& args, int b, int hkv) {
-  FjDecKv kv;
-  const unsigned short* k_all = static_cast<const unsigned short*>(args.k);
-  const unsigned short* v_all = static_cast<const unsigned short*>(args.v);
+template <int kPageSize, class E>
+FJ_DEVICE FjDecKv<E> fj_dec_kv(const FjDecodeArgs& args, int b, int hkv) {
+  FjDecKv<E> kv;
+  const E* k_all = static_cast<const E*>(args.k);
+  const E* v_all = static_cast<const E*>(args.v);
   kv.k_stride_s = args.k_stride_s;
   kv.v_stride_s = args.v_stride_s;
   kv.k_stride_pg = args.k_stride_b;
@@ -287,19 +450,112 @@ FJ_DEVICE FjDecKv fj_dec_kv(const FjDecodeArgs& args, int b, int hkv) {
 // The CTA's cp.async copies: the Q tile once, a KV tile (K then V) into a pipeline stage.
 template <class T, class Cfg>
 struct FjDecLoader {
-  FjDecKv kv;
+  FjDecKv<typename T::KvElem> kv;
   fj_u32 sq, skv;  // the Q tile, stage 0 of the KV ring
   int len, tid;
-  unsigned long long policy;  // the L2 policy of the K / V copies (kKvHint)
+  unsigned long long policy;  // the L2 policy of the K / V copies (T::kPolicy)
+  fj_u32 bars;                // bulk copies: the stages' mbarriers (8 bytes apart)
 
   FJ_DEVICE void kv_tile(int tile, int stage) const {
+    if constexpr (T::kKvCopy != 0) {
+      kv_tile_bulk(tile, stage);
+    } else {
+      const int n_start = tile * T::kBlockN;
+      if (n_start >= len) return;  // past the end of a ragged sparse block: skipped
+      if constexpr (T::kKvFp8) {
+        const fj_u32 s8 = skv + T::kRingOffset + stage * T::kStageBytes;
+        fj_dec_load_tile<typename T::Tile8K, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
+            s8, kv.k, kv.k_stride_s, kv.k_stride_pg, kv.table, n_start, len, tid, policy);
+        fj_dec_load_tile<typename T::Tile8V, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
+            s8 + T::kBlockN * T::kDimQK, kv.v, kv.v_stride_s, kv.v_stride_pg, kv.table, n_start,
+            len, tid, policy);
+      } else {
+        const fj_u32 sk = skv + stage * T::kStageBytes;
+        fj_dec_load_tile<typename T::TileQK, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
+            sk, kv.k, kv.k_stride_s, kv.k_stride_pg, kv.table, n_start, len, tid, policy);
+        fj_dec_load_tile<typename T::TileV, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
+            sk + T::kKBytes, kv.v, kv.v_stride_s, kv.v_stride_pg, kv.table, n_start, len, tid,
+            policy);
+      }
+    }
+  }
+
+  // e4m3 K / V: this thread's chunks of the e4m3 tiles in stage `stage` (the ones fj_dec_load_tile
+  // had it copy, so its own cp.async wait makes them visible) into the 2-byte K and V tiles at
+  // skv; zero-filled chunks (rows past the length, columns past the head dim) become zeros.
+  template <class Tile8, class Tile>
+  FJ_DEVICE void convert_tile(fj_u32 src, fj_u32 dst) const {
+    constexpr int kRowStep = T::kThreads / Tile8::kChunks;
+    const int r0 = tid / Tile8::kChunks;
+    const int c = tid % Tile8::kChunks;
+    if constexpr (kRowStep > T::kBlockN) {  // as fj_dec_load_tile: the threads that copied none
+      if (r0 >= T::kBlockN) return;
+    }
+#pragma unroll
+    for (int i = 0; i < (kRowStep > T::kBlockN ? 1 : T::kBlockN / kRowStep); ++i) {
+      const int r = r0 + i * kRowStep;
+      fj_u32 x[4], y[8];
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                   : "r"(src + Tile8::offset(r, c)));
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        y[2 * w] = fj_dec_e4m3x2<typename T::Element>(x[w] & 0xFFFFu);
+        y[2 * w + 1] = fj_dec_e4m3x2<typename T::Element>(x[w] >> 16);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        asm volatile(
+            "st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + Tile::offset(r, 2 * c + h)),
+            "r"(y[4 * h]), "r"(y[4 * h + 1]), "r"(y[4 * h + 2]), "r"(y[4 * h + 3])
+            : "memory");
+      }
+    }
+  }
+
+  FJ_DEVICE void convert(int stage) const {
+    const fj_u32 s8 = skv + T::kRingOffset + stage * T::kStageBytes;
+    convert_tile<typename T::Tile8K, typename T::TileQK>(s8, skv);
+    convert_tile<typename T::Tile8V, typename T::TileV>(s8 + T::kBlockN * T::kDimQK,
+                                                        skv + T::kKBytes);
+  }
+
+  // Bulk copies: warp 0 issues one cp.async.bulk per K row and per V row of the tile's keys
+  // below `len` (lane l: rows l, l + 32, ...; a row's page read once for its K and V), after
+  // lane 0's arrival that expects their bytes. Rows past `len` are not copied: they keep the
+  // zeros of fj_dec_bulk_setup or an earlier tile's finite keys, masked to -inf (p = 0). Every
+  // tile arrives on its stage's barrier, an empty one with 0 bytes, so that its wait returns.
+  FJ_DEVICE void kv_tile_bulk(int tile, int stage) const {
+    if (tid >= 32) return;
+    using TK = typename T::TileK;
+    using TV = typename T::TileV;
     const int n_start = tile * T::kBlockN;
-    if (n_start >= len) return;  // past the end of a ragged sparse block: skipped
+    const int rows = fj_imax(0, fj_imin(len - n_start, T::kBlockN));
+    const fj_u32 bar = bars + 8 * stage;
+    if (tid == 0) fj_dec_mbar_arrive_expect_tx(bar, rows * (TK::kRealRowBytes + TV::kRealRowBytes));
+    __syncwarp();
     const fj_u32 sk = skv + stage * T::kStageBytes;
-    fj_dec_load_tile<typename T::TileQK, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
-        sk, kv.k, kv.k_stride_s, kv.k_stride_pg, kv.table, n_start, len, tid, policy);
-    fj_dec_load_tile<typename T::TileV, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
-        sk + T::kKBytes, kv.v, kv.v_stride_s, kv.v_stride_pg, kv.table, n_start, len, tid, policy);
+#pragma unroll
+    for (int j = 0; j < T::kBlockN / 32; ++j) {
+      const int r = tid + 32 * j;
+      if (r < rows) {
+        const int n = n_start + r;
+        const unsigned short* k_src;
+        const unsigned short* v_src;
+        if constexpr (T::kPageSize > 0) {
+          const fj_i64 page = kv.table[n / T::kPageSize];
+          const fj_i64 slot = n % T::kPageSize;
+          k_src = kv.k + page * kv.k_stride_pg + slot * kv.k_stride_s;
+          v_src = kv.v + page * kv.v_stride_pg + slot * kv.v_stride_s;
+        } else {
+          k_src = kv.k + (fj_i64)n * kv.k_stride_s;
+          v_src = kv.v + (fj_i64)n * kv.v_stride_s;
+        }
+        fj_dec_bulk_copy<T::kPolicy>(sk + r * TK::kRowBytes, k_src, TK::kRealRowBytes, bar, policy);
+        fj_dec_bulk_copy<T::kPolicy>(sk + T::kKBytes + r * TV::kRowBytes, v_src, TV::kRealRowBytes,
+                                     bar, policy);
+      }
+    }
   }
 
   // Q: packed row r of the tile is head hkv * G + (row0 + r) / seqlen_q, token (row0 + r) %
@@ -343,13 +599,20 @@ struct FjDecWarp {
 
   // Q's A fragments into registers (kQInRegs), once the Q group has landed.
   FJ_DEVICE void load_q(fj_u32 (&q_regs)[T::kQInRegs ? T::kKSteps : 1][4]) const {
+    // The Q group: with cp.async K / V, kNumStages - 1 KV groups are younger; with bulk copies
+    // it is the only group (and the main loop waits for none, so Q in shared memory is waited
+    // for here too).
+    constexpr int kYounger = T::kKvCopy != 0 ? 0 : T::kNumStages - 1;
     if constexpr (T::kQInRegs) {
-      fj_cp_async_wait<T::kNumStages - 1>();  // the Q group
+      fj_cp_async_wait<kYounger>();
       __syncthreads();
       const FjLdsmAddr<typename T::TileQK> qa_addr = q_addr();
 #pragma unroll
       for (int kk = 0; kk < T::kKSteps; ++kk)
         fj_ldsm_x4(q_regs[kk], qa_addr.at(0, kk));
+    } else if constexpr (T::kKvCopy != 0) {
+      fj_cp_async_wait<0>();
+      __syncthreads();
     }
   }
 
@@ -362,7 +625,7 @@ struct FjDecWarp {
       for (int e = 0; e < 4; ++e)
         s[nt][e] = 0.0f;
     const FjLdsmAddr<typename T::TileQK> qa_addr = q_addr();
-    const FjLdsmAddr<typename T::TileQK> kb_addr(sk, (lane >> 4) * 8 + (lane & 7), (lane >> 3) & 1);
+    const typename T::KAddr kb_addr(sk, (lane >> 4) * 8 + (lane & 7), (lane >> 3) & 1);
 #pragma unroll
     for (int kk = 0; kk < T::kKSteps; ++kk) {
       fj_u32 qa[4];
@@ -450,7 +713,7 @@ struct FjDecWarp {
   // O += P V (the V tile at sv): the C fragments of n8 tiles 2j, 2j + 1 are the A fragment of
   // k16 step j.
   FJ_DEVICE void pv(float (&o)[T::kDTiles][4], const float (&s)[T::kNTiles][4], fj_u32 sv) const {
-    const FjLdsmAddr<typename T::TileV> vb_addr(sv, ((lane >> 3) & 1) * 8 + (lane & 7), lane >> 4);
+    const typename T::VAddr vb_addr(sv, ((lane >> 3) & 1) * 8 + (lane & 7), lane >> 4);
 #pragma unroll
     for (int j = 0; j < T::kNTiles / 2; ++j) {
       fj_u32 pa[4];
@@ -484,8 +747,27 @@ FJ_DEVICE void fj_dec_prologue(int (&tiles)[T::kNumStages], const FjDecSchedule&
 #pragma unroll
   for (int st = 0; st < T::kNumStages - 1; ++st) {
     if (st < num_steps) loads.kv_tile(tiles[st], st);
-    fj_cp_async_commit();
+    if constexpr (T::kKvCopy == 0) fj_cp_async_commit();
   }
+}
+
+// Bulk copies: the stages' mbarriers (one arrival each: lane 0 of warp 0) and a zeroed KV ring
+// (the padding columns a head dim below its tile reads, and rows past a sequence's end before
+// any tile lands there, must not hold NaN patterns), visible to every thread and to the async
+// proxy before the first copy.
+template <class T>
+FJ_DEVICE void fj_dec_bulk_setup(unsigned char* smem, fj_u32 bars, int tid) {
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < T::kNumStages; ++st)
+      fj_dec_mbar_init(bars + 8 * st, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  fj_u32x4* ring = reinterpret_cast<fj_u32x4*>(smem + T::kQBytes);
+  for (int i = tid; i < T::kNumStages * T::kStageBytes / 16; i += T::kThreads)
+    ring[i] = fj_u32x4{0u, 0u, 0u, 0u};
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
 }
 
 // ---- epilogue ----------------------------------------------------------------------------------
@@ -572,10 +854,17 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   // the group is one head): the host guarantees one of the two.
   const FjDecSchedule sched =
       fj_dec_schedule<Cfg>(args, cta.b, cta.hkv * Cfg::kGqaRatio, cta.len, cta.split);
-  const FjDecKv kv = fj_dec_kv<T::kPageSize>(args, cta.b, cta.hkv);
+  const FjDecKv<typename T::KvElem> kv =
+      fj_dec_kv<T::kPageSize, typename T::KvElem>(args, cta.b, cta.hkv);
   const fj_u32 sq = fj_smem_addr(fj_smem);
-  const FjDecLoader<T, Cfg> loads{kv,      sq,      sq + T::kQBytes,
-                                  cta.len, cta.tid, fj_dec_kv_policy<Cfg::kKvHint>()};
+  const FjDecLoader<T, Cfg> loads{kv,
+                                  sq,
+                                  sq + T::kQBytes,
+                                  cta.len,
+                                  cta.tid,
+                                  fj_dec_kv_policy<T::kPolicy>(),
+                                  sq + T::kBarOffset};
+  if constexpr (T::kKvCopy != 0) fj_dec_bulk_setup<T>(fj_smem, loads.bars, cta.tid);
   loads.q_tile(args, cta);
   fj_cp_async_commit();
   const int num_steps = sched.end - sched.begin;
@@ -595,20 +884,28 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       o[dt][e] = 0.0f;
-  const float scale = args.scale;
+  // e4m3 K / V: q . (k * k_scale) = k_scale * (q . k), folded into the score scale.
+  const float scale = T::kKvFp8 ? args.scale * args.k_scale[cta.hkv] : args.scale;
   for (int i = 0; i < num_steps; ++i) {
-    if constexpr (T::kNumStages == 1) {
+    if constexpr (T::kKvCopy != 0) {
+      // Bulk copies: tile i landed when its stage's barrier completes phase i / kNumStages.
+      if constexpr (T::kNumStages == 1) loads.kv_tile(tiles[0], 0);
+      fj_dec_mbar_wait(loads.bars + 8 * (i % T::kNumStages), (i / T::kNumStages) & 1);
+    } else if constexpr (T::kNumStages == 1) {
       loads.kv_tile(tiles[0], 0);
       fj_cp_async_commit();
       fj_cp_async_wait<0>();
     } else {
       fj_cp_async_wait<T::kNumStages - 2>();
     }
-    __syncthreads();
+    // e4m3: this thread's chunks of tile i into the 2-byte tiles (every warp is done with tile
+    // i - 1's: the barrier at the end of the last step).
+    if constexpr (T::kKvFp8) loads.convert(i % T::kNumStages);
+    __syncthreads();  // tile i is visible to all; every warp is done with tile i - 1's stage
     if constexpr (T::kNumStages > 1) {
       const int next = i + T::kNumStages - 1;
       if (next < num_steps) loads.kv_tile(tiles[T::kNumStages - 1], next % T::kNumStages);
-      fj_cp_async_commit();
+      if constexpr (T::kKvCopy == 0) fj_cp_async_commit();
     }
     const int n_start = tiles[0] * T::kBlockN;
 #pragma unroll
@@ -620,17 +917,17 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       // A full tile of the block mask skips the mask_mod. (Passed as `full`: the scores' test as
       // `partial && !mask` compiled to other predicate code, with more registers for some mods.)
       const bool full = !(sched.begin + i < sched.num_partial || sched.partial_idx == nullptr);
-      const fj_u32 sk = loads.skv + (i % T::kNumStages) * T::kStageBytes +
-                        w.warp_n * T::kWarpN * T::TileQK::kRowBytes;
-      const fj_u32 sv = loads.skv + (i % T::kNumStages) * T::kStageBytes + T::kKBytes +
-                        w.warp_n * T::kWarpN * T::TileV::kRowBytes;
+      // The stage's tiles, or with e4m3 K / V the one converted pair.
+      const fj_u32 stage = T::kKvFp8 ? 0 : (i % T::kNumStages) * T::kStageBytes;
+      const fj_u32 sk = loads.skv + stage + w.warp_n * T::kWarpN * T::TileK::kRowBytes;
+      const fj_u32 sv = loads.skv + stage + T::kKBytes + w.warp_n * T::kWarpN * T::TileV::kRowBytes;
       float s[T::kNTiles][4];
       w.qk(s, q_regs, sk);
       w.scores(s, row_h, row_q, mods, scale, cta.b, n_start, cta.len, full);
       w.softmax(s, o, row_max, row_sum);
       w.pv(o, s, sv);
     }
-    if constexpr (T::kNumStages == 1) __syncthreads();
+    if constexpr (T::kNumStages == 1 || T::kKvFp8) __syncthreads();
   }
   fj_cp_async_wait<0>();
   __syncthreads();  // every warp is done with Q / K / V in shared memory
@@ -639,6 +936,14 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   // griddepcontrol.wait still waits for this grid's writes); a no-op without it.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+  if constexpr (T::kKvFp8) {  // sum_j p_j (v_j * v_scale) = v_scale * sum_j p_j v_j
+    const float v_scale = args.v_scale[cta.hkv];
+#pragma unroll
+    for (int dt = 0; dt < T::kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        o[dt][e] *= v_scale;
+  }
   const FjDecEpilogue<T, Cfg> epilogue(fj_smem);
   epilogue.publish(w, o, row_max, row_sum);
   __syncthreads();

@@ -120,6 +120,64 @@ FJ_HOST_DEVICE inline constexpr int fj_forward_sm90_smem_bytes(int block_m, int 
          (8 * (2 * q_bufs + 3 * num_stages) + 15) / 16 * 16 + 16 * q_bufs;
 }
 
+// The sm_90a forward on e4m3 (float8_e4m3fn) q, k, v (forward_sm90.cuh with FJ_FWD_FP8;
+// docs/kernels/forward_sm90.md "FP8"): out is bf16, and the kernel takes a fourth parameter,
+// `flexjit_forward(const FjFwdArgs, const FjModParams, const __grid_constant__ FjFwdTmaMaps,
+// const FjFp8Args)`. A real value is the stored e4m3 value times its tensor's descale factor:
+// one f32 for the tensor (stride 0) or one per head (stride 1; q by query head, k and v by KV
+// head); a null pointer is a factor of 1. FjFwdTmaMaps::v is the map of V^T (FjFp8VtArgs), and
+// FjFwdArgs::scale is the call's scale: the kernel multiplies it by q's and k's factors.
+struct FjFp8Args {
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int q_descale_stride, k_descale_stride, v_descale_stride;  // 0 or 1
+};
+
+// The e4m3 forward's V^T pre-pass `flexjit_forward_fp8_vt(const FjFp8VtArgs)` (same module):
+// grid (skv_pad / 64, heads_kv, batch), 256 threads. It writes vt [B, Hkv, Dv, skv_pad] (rows
+// skv_pad bytes, skv_pad = Skv rounded up to 64) with the keys of every 32-key group permuted so
+// that the QK^T accumulator's registers are P V's A fragment (fj_fp8_vt_key); keys past Skv are
+// 0. v's strides are in elements (= bytes).
+struct FjFp8VtArgs {
+  const unsigned char* v;  // [B, Hkv, Skv, Dv]
+  fj_i64 v_stride_b, v_stride_h, v_stride_s;
+  unsigned char* vt;
+  int heads_kv, seqlen_kv, skv_pad;
+};
+
+// The key that column k (0..31) of a 32-key group of V^T holds. The f32 accumulator of S gives a
+// thread (lane l, t = l % 4) keys 8 n + 2 t + {0, 1} of every n8 tile n (CUTLASS CLayout_64xN;
+// PTX ISA, wgmma "Matrix fragments for accumulator D"); the e4m3 A fragment of a k32 step holds
+// in byte e of register r the k index 4 t + e + 16 (r / 2), rows l / 4 + 8 (r % 2) (CUTLASS
+// ALayout_64x32; PTX ISA, "Matrix fragments for .m64nNk32 A"). Packing tiles 4 j .. 4 j + 3 of S
+// as pa[j][r] = {S[4j + 2(r/2)][2(r%2)], [+1], S[4j + 2(r/2) + 1][2(r%2)], [+1]}
+// (fj_wgmma_pack_a_e4m3) puts key 2 t + (e & 1) + 8 (e >> 1) + 16 (r / 2) at k index
+// 4 t + e + 16 (r / 2): a permutation of the group's 32 keys, bits (k4 k3 k2 k1 k0) ->
+// (k4 k1 k3 k2 k0). The sum over keys does not care in which order it runs, so V^T's column k
+// holds that key and no byte moves between lanes (docs/kernels/forward_sm90.md "FP8").
+FJ_HOST_DEVICE inline constexpr int fj_fp8_vt_key(int k) {
+  return (k & 16) | (((k >> 1) & 1) << 3) | (((k >> 2) & 3) << 1) | (k & 1);
+}
+
+// Bytes of FjFp8VtArgs::vt.
+FJ_HOST_DEVICE inline constexpr fj_i64 fj_forward_fp8_vt_bytes(int batch, int heads_kv,
+                                                               int seqlen_kv, int head_dim_v) {
+  return (fj_i64)batch * heads_kv * head_dim_v * ((seqlen_kv + 63) / 64 * 64);
+}
+
+// Dynamic shared memory of the e4m3 forward (one Q buffer; tile dims in elements): the slack,
+// the Q tile (block_m x head_dim_qk bytes), which the epilogue reuses for the bf16 O tile
+// (block_m x head_dim_v x 2 bytes), num_stages K tiles (block_n x head_dim_qk bytes) and V^T
+// tiles (head_dim_v x block_n bytes), the mbarriers and a 16-byte slot (v's descale factor).
+FJ_HOST_DEVICE inline constexpr int fj_forward_sm90_fp8_smem_bytes(int block_m, int block_n,
+                                                                   int head_dim_qk, int head_dim_v,
+                                                                   int num_stages) {
+  return 1024 + block_m * (head_dim_qk > 2 * head_dim_v ? head_dim_qk : 2 * head_dim_v) +
+         num_stages * block_n * (head_dim_qk + head_dim_v) +
+         (8 * (2 + 3 * num_stages) + 15) / 16 * 16 + 16;
+}
+
 // The sm_90a forward's union schedule (block_m 192 with a block mask): a 192-row query tile
 // spans two of the mask's q blocks, but each of its three consumer warpgroups (64 rows) lies in
 // one. flexjit_forward_union_schedule (forward_sm90.cuh) writes, per (b, h, query tile) of the
@@ -315,6 +373,11 @@ struct FjDecodeArgs {
   int row_groups;  // CTAs per kv head along the packed rows: ceil(gqa * seqlen_q / ROWS)
   float scale;
   struct FjBlockMaskArgs mask;
+  // e4m3 K / V (FjConfig::kKvFp8): [heads_kv] f32 dequantization scales, the key of kv head h
+  // being k * k_scale[h] (folded into the score scale) and its value v * v_scale[h] (applied to
+  // the split's out); null for 2-byte K / V.
+  const float* k_scale;
+  const float* v_scale;
 };
 
 struct FjDecodeCombineArgs {
@@ -368,6 +431,25 @@ FJ_HOST_DEVICE inline constexpr int fj_decode_split_smem_bytes(int rows, int blo
                  num_warps * 16 * (head_dim_v + 2) * 4
              ? elem_bytes * (rows * head_dim_qk + num_stages * block_n * (head_dim_qk + head_dim_v))
              : num_warps * 16 * (head_dim_v + 2) * 4;
+}
+
+// The same for a K / V copy mode (the decode_split config key kv_copy) and K / V element type:
+// kv_copy 0 with 2-byte K / V is the layout above; kv_copy 1 and 2 (cp.async.bulk per key row)
+// pad every K / V row by 16 bytes and put one 8-byte mbarrier per stage after the rest; e4m3
+// K / V (kv_fp8, with kv_copy 0) keep one 2-byte K and V tile (the converted operands) after Q,
+// then num_stages stages of e4m3 tiles (1 byte per element).
+FJ_HOST_DEVICE inline constexpr int fj_decode_split_smem_bytes_kv(int rows, int block_n,
+                                                                  int head_dim_qk, int head_dim_v,
+                                                                  int elem_bytes, int num_stages,
+                                                                  int num_warps, int kv_copy,
+                                                                  bool kv_fp8) {
+  const int red = num_warps * 16 * (head_dim_v + 2) * 4;
+  const int q = elem_bytes * rows * head_dim_qk;
+  const int ring = kv_fp8 ? block_n * (head_dim_qk + head_dim_v) * (elem_bytes + num_stages)
+                   : kv_copy == 0
+                       ? num_stages * block_n * elem_bytes * (head_dim_qk + head_dim_v)
+                       : num_stages * block_n * (elem_bytes * (head_dim_qk + head_dim_v) + 32);
+  return (q + ring > red ? q + ring : red) + (kv_copy != 0 ? 8 * num_stages : 0);
 }
 
 #endif  // FLEXJIT_ABI_H_

@@ -54,6 +54,64 @@ constexpr bool kFjKvCache = false;
 constexpr int kFjKvPageSize = 0;
 #endif
 
+// e4m3 q, k, v (FJ_FWD_FP8, FjFp8Args; docs/kernels/forward_sm90.md "FP8"): FjConfig::Element is
+// the output's bf16. Q and K tiles hold 1-byte elements, so a 128-byte swizzle row holds 128 of
+// them: the layouts below are those of a 16-bit tile half as wide (kQKUnits), whose k16 steps of
+// 32 bytes are wgmma's e4m3 k32 steps. V is read as V^T (flexjit_forward_fp8_vt writes it): P V's
+// B operand must be K-major for e4m3. P is converted to e4m3 in the registers of S.
+#if defined(FJ_FWD_FP8)
+constexpr bool kFjFp8 = true;
+#else
+constexpr bool kFjFp8 = false;
+#endif
+
+// V^T's key order: fj_fp8_vt_key (flexjit_abi.h).
+
+#if defined(FJ_FWD_FP8)
+// A tensor's descale factor for head h (stride 0: one for the tensor; null: 1).
+FJ_DEVICE float fj_fp8_descale(const float* f, int stride, int h) {
+  return f == nullptr ? 1.0f : __ldg(f + stride * h);
+}
+
+// V^T for the e4m3 forward (FjFp8VtArgs, flexjit_abi.h): 64 keys of one (b, kv head) per CTA,
+// read as 16-byte rows into shared memory (keys past Skv as zeros), written as the real head
+// dim's V^T rows, 16 keys per 16-byte store, each 32-key group permuted by fj_fp8_vt_key.
+extern "C" __global__ void __launch_bounds__(256) flexjit_forward_fp8_vt(const FjFp8VtArgs a) {
+  constexpr int kD = FjConfig::kRealDimV;  // a multiple of 16
+  constexpr int kUnits = kD / 16;
+  constexpr int kRow = kD + 16;  // padded rows: fewer bank conflicts on the column reads
+  __shared__ __align__(16) unsigned char tile[64 * kRow];
+  const int n0 = blockIdx.x * 64, h = blockIdx.y, b = blockIdx.z;
+  const unsigned char* src = a.v + (fj_i64)b * a.v_stride_b + (fj_i64)h * a.v_stride_h;
+  for (int i = threadIdx.x; i < 64 * kUnits; i += 256) {
+    const int r = i / kUnits, u = i % kUnits;
+    fj_u32x4 val = {0u, 0u, 0u, 0u};
+    if (n0 + r < a.seqlen_kv) {
+      val = *reinterpret_cast<const fj_u32x4*>(src + (fj_i64)(n0 + r) * a.v_stride_s + u * 16);
+    }
+    *reinterpret_cast<fj_u32x4*>(tile + r * kRow + u * 16) = val;
+  }
+  __syncthreads();
+  unsigned char* dst = a.vt + ((fj_i64)b * a.heads_kv + h) * kD * a.skv_pad + n0;
+  for (int i = threadIdx.x; i < kD * 4; i += 256) {
+    const int d = i / 4, w = i % 4;  // columns 16 w .. 16 w + 15 of the 64 of row d
+    fj_u32 word[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      word[q] = 0u;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int k = 16 * w + 4 * q + e;
+        const int key = (k & 32) | fj_fp8_vt_key(k & 31);
+        word[q] |= (fj_u32)tile[key * kRow + d] << (8 * e);
+      }
+    }
+    *reinterpret_cast<fj_u32x4*>(dst + (fj_i64)d * a.skv_pad + 16 * w) =
+        fj_u32x4{word[0], word[1], word[2], word[3]};
+  }
+}
+#endif
+
 template <class Cfg>
 struct FjSm90Traits {
   using Element = typename Cfg::Element;
@@ -65,18 +123,27 @@ struct FjSm90Traits {
   static constexpr int kDimV = Cfg::kHeadDimV;
   static constexpr int kRealQK = Cfg::kRealDimQK;  // the problem's head dims (<= the tiles)
   static constexpr int kRealV = Cfg::kRealDimV;
-  static constexpr int kStepsQK = (kRealQK + 15) / 16;  // k16 steps of Q K^T with real columns
+  // k16 steps of Q K^T with real columns (e4m3: k32 steps; 32 bytes of a row each way).
+  static constexpr int kStepsQK = kFjFp8 ? (kRealQK + 31) / 32 : (kRealQK + 15) / 16;
   static constexpr int kConsumers = kBlockM / 64;
   static constexpr int kThreads = (kConsumers + 1) * 128;
   static constexpr int kMTiles = 1;            // one m16 row block per warp
   static constexpr int kNTiles = kBlockN / 8;  // n8 fragments of S
   static constexpr int kDTiles = kDimV / 8;    // n8 fragments of O
   static constexpr int kElemBytes = 2;
+  // e4m3 inputs (kFjFp8): 1-byte q, k, v; kElemBytes stays O's. A Q / K row is kQKUnits 16-bit
+  // units (64 a 128-byte chunk); P V takes kPSteps k16 (e4m3: k32) steps of kBlockN keys.
+  static constexpr bool kFp8 = kFjFp8;
+  static constexpr int kInBytes = kFp8 ? 1 : kElemBytes;
+  static constexpr int kQKUnits = kDimQK * kInBytes / 2;
+  static constexpr int kPSteps = kBlockN / (kFp8 ? 32 : 16);
   static constexpr int kDimQO = kDimQK > kDimV ? kDimQK : kDimV;
-  static constexpr int kQBytes = kBlockM * kDimQO * kElemBytes;
-  static constexpr int kQLoadBytes = kBlockM * kDimQK * kElemBytes;
-  static constexpr int kKBytes = kBlockN * kDimQK * kElemBytes;
-  static constexpr int kVBytes = kBlockN * kDimV * kElemBytes;
+  // e4m3: the Q tile, or the bf16 O tile that the epilogue stages in it, whichever is larger.
+  static constexpr int kQBytes =
+      kFp8 ? kBlockM * (kDimQK > 2 * kDimV ? kDimQK : 2 * kDimV) : kBlockM * kDimQO * kElemBytes;
+  static constexpr int kQLoadBytes = kBlockM * kDimQK * kInBytes;
+  static constexpr int kKBytes = kBlockN * kDimQK * kInBytes;
+  static constexpr int kVBytes = kBlockN * kDimV * kInBytes;  // e4m3: V^T, kDimV x kBlockN
   // Query tiles per CTA (FjConfig::kQTiles): 1, or 2 (m blocks N - 1 - j and j of CTA j); with
   // kPersistent, pairs of them over every head, as many as the CTA's share (FjWorkItems).
   static constexpr int kQTiles = Cfg::kQTiles;
@@ -110,10 +177,19 @@ struct FjSm90Traits {
                 "flexjit forward_sm90: kBlockN must be a multiple of 16 up to 256");
   static_assert(kDimQK % 64 == 0 && kDimV % 64 == 0 && kDimV <= 256,
                 "flexjit forward_sm90: tile head dims must be multiples of 64 (v at most 256)");
-  static_assert(kRealQK % 8 == 0 && kRealV % 8 == 0 && kRealQK > kDimQK - 64 && kRealQK <= kDimQK &&
-                    kRealV > kDimV - 64 && kRealV <= kDimV,
+  static_assert(kFp8 || (kRealQK % 8 == 0 && kRealV % 8 == 0 && kRealQK > kDimQK - 64 &&
+                         kRealQK <= kDimQK && kRealV > kDimV - 64 && kRealV <= kDimV),
                 "flexjit forward_sm90: head dims are multiples of 8 in their tile's last 64 "
                 "columns");
+  static_assert(!kFp8 || (kRealQK % 16 == 0 && kRealV % 16 == 0 && kRealQK > kDimQK - 128 &&
+                          kRealQK <= kDimQK && kRealV > kDimV - 128 && kRealV <= kDimV &&
+                          kDimQK % 128 == 0 && kDimV % 128 == 0),
+                "flexjit forward_sm90: e4m3 head dims are multiples of 16 in their tile's last 128 "
+                "columns (tiles of 128-byte rows)");
+  static_assert(!kFp8 || (kBlockN == 128 && kConsumers == 2 && kQTiles == 1 && !kPersistent &&
+                          !kFjKvCache),
+                "flexjit forward_sm90: e4m3 runs 128 x 128 tiles, one query tile per CTA "
+                "(ForwardSm90Wgmma::validate)");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm90: 1..4 stages");
   static_assert(kQTiles == 1 || kQTiles == 2, "flexjit forward_sm90: 1 or 2 query tiles per CTA");
   static_assert(!kPersistent || kQTiles == 2,
@@ -122,8 +198,11 @@ struct FjSm90Traits {
                 "flexjit forward_sm90: a second Q buffer only where a CTA computes several tiles");
   static_assert(!kPersistent || kQBufs == 2,
                 "flexjit forward_sm90: persistent CTAs use 2 Q buffers");
-  static_assert(kOffEnd + 1024 == fj_forward_sm90_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV,
-                                                             kElemBytes, kNumStages, kQBufs),
+  static_assert(kOffEnd + 1024 ==
+                    (kFp8 ? fj_forward_sm90_fp8_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV,
+                                                           kNumStages)
+                          : fj_forward_sm90_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV, kElemBytes,
+                                                       kNumStages, kQBufs)),
                 "flexjit forward_sm90: shared-memory layout and fj_forward_sm90_smem_bytes "
                 "disagree");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
@@ -493,23 +572,32 @@ struct FjSm90Smem {
 // keys lie. Key n of sequence b is row n of K / V [B, Hkv, Skv, D] (contiguous, ragged lengths)
 // or slot n % kPage of pool page page_table[b][n / kPage] (pools [num_pages, kPage, Hkv, D], any
 // strides; the host's tensor maps view them as {D, kPage, Hkv, num_pages}). A KV tile reaches
-// shared memory one of two ways, the same for K and V:
+// shared memory one of three ways, the same for K and V:
 //   TMA (one thread): a tile whose keys all lie below the length, where one box holds it
 //     (contiguous, or pages of a multiple of kBlockN keys: the box's coordinates are
 //     (n % kPage, h, page)); and a tile wholly past the length (a block mask may list one), whose
 //     box is pointed past the tensor's extent so that TMA writes zeros and reads nothing.
-//   Gather (every loader thread, cp.async): pages that are not a multiple of the tile (one table
-//     entry per row), and the tile that the length cuts: its rows past the length are
-//     zero-filled, not read (the cache may hold anything there, NaN included, and 0 * NaN in
-//     P V is NaN).
+//   TMA per page (lane p of loader warp 0 for page p): pages of 8 .. kBlockN / 2 keys that the
+//     tile spans whole (kBoxPerPage), boxes (0, h, page_table[b][n / kPage + p]).
+//   Gather (every loader thread, cp.async): pages of 1 .. 4 keys and pages that the tile neither
+//     spans whole nor fits in (one table entry per row), and the tile that the length cuts: its
+//     rows past the length are zero-filled, not read (the cache may hold anything there, NaN
+//     included, and 0 * NaN in P V is NaN).
 // The consumers know which way a tile came (gathered()): cp.async writes through the generic
 // proxy, so they fence (fence.proxy.async) after the wait and before wgmma reads the stage.
 template <class T, class Cfg>
 struct FjSm90KvCache {
   static constexpr int kPage = kFjKvPageSize;
-  // Pages that are not whole multiples of a tile (smaller, or a 176 / 192-key tile over pages it
-  // does not divide): every tile gathered, since no box follows the table inside a tile.
-  static constexpr bool kGatherAll = kPage > 0 && kPage % T::kBlockN != 0;
+  // Pages of 8 or more keys that a tile spans whole (kBlockN a multiple of kPage): one TMA box
+  // per page and 64 columns, each issued by its own lane of loader warp 0 (the host's map boxes
+  // are min(kPage, kBlockN) rows). A box lands at row p * kPage of the stage, a multiple of the
+  // 128-byte swizzle's 8-row (1024-byte) atom, so it writes the layout one tile-sized box would.
+  static constexpr bool kBoxPerPage = kPage >= 8 && kPage < T::kBlockN && T::kBlockN % kPage == 0;
+  static constexpr int kPagesPerTile = kBoxPerPage ? T::kBlockN / kPage : 1;
+  static_assert(kPagesPerTile <= 32, "flexjit forward_sm90: one lane of a warp per page box");
+  // Pages of 1, 2 or 4 keys, and pages that a tile neither spans whole nor fits in (a 176-key
+  // tile over 32-key pages): every tile gathered.
+  static constexpr bool kGatherAll = kPage > 0 && kPage % T::kBlockN != 0 && !kBoxPerPage;
   static_assert(kPage == 0 || (kPage & (kPage - 1)) == 0,
                 "flexjit forward_sm90: pages of a power of two keys");
   // 16-byte units per 128-byte row of a 64-column chunk: a loader copies unit ltid % 8 of rows
@@ -548,6 +636,24 @@ struct FjSm90KvCache {
       row = past ? kPage : n_start % kPage;
       bp = past ? 0 : table_row(b)[n_start / kPage];
     }
+  }
+
+  // kBoxPerPage: the box of page p of the tile that starts at n_start (coordinates as box()'s;
+  // a tile wholly past the length reads zeros, one row past each page's extent).
+  FJ_DEVICE void page_box(int b, int n_start, int len, int p, int& row, int& bp) const {
+    const bool past = n_start >= len;
+    row = past ? kPage : 0;
+    bp = past ? 0 : table_row(b)[n_start / kPage + p];
+  }
+
+  // kBoxPerPage: page p's rows of a tile of kDim columns, one box per 64 columns, at row p * kPage
+  // of each 64-column chunk (chunk c at c * kBlockN * 128, as fj_tma_load_tile lays a tile).
+  template <int kDim>
+  FJ_DEVICE static void load_page(fj_u32 dst, const FjTmaDesc* map, int p, int row, int h, int page,
+                                  fj_u32 bar) {
+#pragma unroll
+    for (int c = 0; c < kDim / 64; ++c)
+      fj_tma_load_4d(dst + c * T::kBlockN * 128 + p * kPage * 128, map, c * 64, row, h, page, bar);
   }
 
   // One loader's share of a gathered tile of kDim columns (kReal of them real) of K or V into
@@ -706,8 +812,8 @@ struct FjSm90Producer {
     } else {
       fj_mbar_arrive_expect_tx(sm.bar_q + 8 * u, T::kQLoadBytes);
     }
-    fj_tma_load_tile<T::kDimQK, T::kBlockM>(sm.sq + u * T::kQBytes, &maps.q, m_block * T::kBlockM,
-                                            h, b, sm.bar_q + 8 * u);
+    fj_tma_load_tile<T::kQKUnits, T::kBlockM>(sm.sq + u * T::kQBytes, &maps.q, m_block * T::kBlockM,
+                                              h, b, sm.bar_q + 8 * u);
   }
 
   // K and V of KV tile `tile` (of sequence b, kv_len keys) into ring stage `stage`.
@@ -735,7 +841,22 @@ struct FjSm90Producer {
       // stage): a loader that only waited could fall two phases behind the stage's barriers
       // while the others run on, and then miss the phase its next gather waits for.
       __syncwarp();
-      if (ltid == 0) {
+      if constexpr (FjSm90KvCache<T, Cfg>::kBoxPerPage) {
+        // Lane p of loader warp 0 loads page p of the tile, after lane 0's expect_tx.
+        if (ltid == 0) {
+          fj_mbar_arrive_expect_tx(bar_k, T::kKBytes);
+          fj_mbar_arrive_expect_tx(bar_v, T::kVBytes);
+        }
+        __syncwarp();
+        if (ltid < FjSm90KvCache<T, Cfg>::kPagesPerTile) {
+          int row, bp;
+          cache.page_box(b, n_start, kv_len, ltid, row, bp);
+          cache.template load_page<T::kDimQK>(sm.sk + stage * T::kKBytes, &maps.k, ltid, row, h_kv,
+                                              bp, bar_k);
+          cache.template load_page<T::kDimV>(sm.sv + stage * T::kVBytes, &maps.v, ltid, row, h_kv,
+                                             bp, bar_v);
+        }
+      } else if (ltid == 0) {
         int row, bp;
         cache.box(args, b, n_start, kv_len, row, bp);
         fj_mbar_arrive_expect_tx(bar_k, T::kKBytes);
@@ -753,11 +874,20 @@ struct FjSm90Producer {
       // A tile past the end of a ragged sparse block reads as zeros (TMA fills what lies
       // outside the tensor and still counts the whole box) and the consumers mask it.
       fj_mbar_arrive_expect_tx(bar_k, T::kKBytes);
-      fj_tma_load_tile<T::kDimQK, T::kBlockN>(sm.sk + stage * T::kKBytes, &maps.k, n_start, h_kv, b,
-                                              bar_k);
+      fj_tma_load_tile<T::kQKUnits, T::kBlockN>(sm.sk + stage * T::kKBytes, &maps.k, n_start, h_kv,
+                                                b, bar_k);
       fj_mbar_arrive_expect_tx(bar_v, T::kVBytes);
-      fj_tma_load_tile<T::kDimV, T::kBlockN>(sm.sv + stage * T::kVBytes, &maps.v, n_start, h_kv, b,
-                                             bar_v);
+      if constexpr (T::kFp8) {
+        // V^T (rows: the v tile's dims; 128 keys = 64 units a box, at unit n_start / 2): the
+        // K-major B operand of P V, chunk c of 128 keys at c * kDimV * 128.
+#pragma unroll
+        for (int c = 0; c < T::kBlockN / 128; ++c)
+          fj_tma_load_4d(sm.sv + stage * T::kVBytes + c * T::kDimV * 128, &maps.v,
+                         n_start / 2 + c * 64, 0, h_kv, b, bar_v);
+      } else {
+        fj_tma_load_tile<T::kDimV, T::kBlockN>(sm.sv + stage * T::kVBytes, &maps.v, n_start, h_kv,
+                                               b, bar_v);
+      }
     }
   }
 
@@ -932,7 +1062,7 @@ struct FjSm90Consumer {
   float (&o)[1][T::kDTiles][4];
   float (&row_max)[1][2];
   float (&row_sum)[1][2];
-  fj_u32 (&pa)[T::kBlockN / 16][4];  // P of the previous tile, the A operand of its P V
+  fj_u32 (&pa)[T::kPSteps][4];  // P of the previous tile, the A operand of its P V
   float (&s)[1][T::kNTiles][4];
   FjDiagLoads<T::kNTiles>& dl;
 
@@ -940,7 +1070,7 @@ struct FjSm90Consumer {
   FJ_DEVICE FjSm90Consumer(const FjFwdArgs& a, const FjModParams& m, const FjSm90Smem<T>& sm_,
                            const FjKvCacheArgs& kv, int tid, int wg, float (&o_)[1][T::kDTiles][4],
                            float (&row_max_)[1][2], float (&row_sum_)[1][2],
-                           fj_u32 (&pa_)[T::kBlockN / 16][4], float (&s_)[1][T::kNTiles][4],
+                           fj_u32 (&pa_)[T::kPSteps][4], float (&s_)[1][T::kNTiles][4],
                            FjDiagLoads<T::kNTiles>& dl_)
       : args(a),
         mods(m),
@@ -1001,12 +1131,23 @@ struct FjSm90Consumer {
 
   // O += P V of a stage: V MN-major, 64-element chunks of the head dim LBO apart; the C
   // fragments of n8 tiles 2j, 2j+1 of S are the A fragment of k16 step j.
+  // e4m3: V^T K-major (rows the v tile's dims, 128 keys a 128-byte row; chunk c of 128 keys at
+  // c * kDimV * 128), k32 step j 32 bytes into its chunk, as Q K^T reads K.
   FJ_DEVICE void issue_pv(int stage) {
     const fj_u32 sv_stage = sm.sv + stage * T::kVBytes;
+    if constexpr (T::kFp8) {
 #pragma unroll
-    for (int j = 0; j < T::kBlockN / 16; ++j) {
-      const fj_u64 dv = fj_smem_desc_sw128(sv_stage + j * 16 * 128, T::kBlockN * 128, 1024);
-      fj_wgmma_rs(o[0], pa[j], dv, 1);
+      for (int j = 0; j < T::kPSteps; ++j) {
+        const fj_u64 dv =
+            fj_smem_desc_sw128(sv_stage + (j / 4) * T::kDimV * 128 + (j % 4) * 32, 16, 1024);
+        fj_wgmma_rs(o[0], pa[j], dv, 1);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < T::kBlockN / 16; ++j) {
+        const fj_u64 dv = fj_smem_desc_sw128(sv_stage + j * 16 * 128, T::kBlockN * 128, 1024);
+        fj_wgmma_rs(o[0], pa[j], dv, 1);
+      }
     }
     fj_wgmma_commit();
   }
@@ -1019,8 +1160,14 @@ struct FjSm90Consumer {
     }
   }
 
+  // e4m3: P (in [0, 1]) rounded to e4m3 in S's registers (fj_wgmma_pack_a_e4m3; V^T's keys are
+  // permuted to match, fj_fp8_vt_key).
   FJ_DEVICE void pack_p() {
-    fj_wgmma_pack_a<typename T::Element>(pa, s[0]);
+    if constexpr (T::kFp8) {
+      fj_wgmma_pack_a_e4m3(pa, s[0]);
+    } else {
+      fj_wgmma_pack_a<typename T::Element>(pa, s[0]);
+    }
   }
 
   // This warp is done with a stage.
@@ -1283,6 +1430,8 @@ struct FjSm90Consumer {
         const float sink = fj_sink_mod(mods, t.b, t.h, fj_imin(row, args.seqlen_q - 1));
         inv = fj_softmax_finish(row_max[0][hr], sum, sink, lse);
       }
+      // e4m3: O in units of V's descale factor (the kernel left it in the tile slot).
+      if constexpr (T::kFp8) inv *= __int_as_float(fj_lds_b32(sm.tile_slot));
       if (args.lse != nullptr && (etid & 3) == 0 && row < args.seqlen_q) {
         args.lse[(fj_i64)t.b * args.lse_stride_b + (fj_i64)t.h * args.lse_stride_h + row] = lse;
       }
@@ -1391,6 +1540,16 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
 #if defined(FJ_FWD_KV_CACHE)
     flexjit_forward(const FjFwdArgs args, const FjModParams mods,
                     const __grid_constant__ FjFwdTmaMaps maps, const FjKvCacheArgs kv_cache) {
+#elif defined(FJ_FWD_FP8)
+    flexjit_forward(const FjFwdArgs args_in, const FjModParams mods,
+                    const __grid_constant__ FjFwdTmaMaps maps, const FjFp8Args fp8) {
+  const FjKvCacheArgs kv_cache = {nullptr, 0, nullptr};  // no KV cache: never read
+  // One query tile, so one (b, h), per CTA (grid (m blocks, Hq, B)): q's and k's descale factors
+  // fold into the scale, so that the score is the real q·k times the scale (mods unchanged).
+  FjFwdArgs args = args_in;
+  args.scale *=
+      fj_fp8_descale(fp8.q_descale, fp8.q_descale_stride, blockIdx.y) *
+      fj_fp8_descale(fp8.k_descale, fp8.k_descale_stride, blockIdx.y / FjConfig::kGqaRatio);
 #else
     flexjit_forward(const FjFwdArgs args, const FjModParams mods,
                     const __grid_constant__ FjFwdTmaMaps maps) {
@@ -1403,6 +1562,13 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   if (tid == 0) sm.init_barriers();
+#if defined(FJ_FWD_FP8)
+  // V's factor for the epilogue, in the tile slot (unused without persistent CTAs).
+  if (tid == 0) {
+    fj_sts_b32(sm.tile_slot, __float_as_int(fj_fp8_descale(fp8.v_descale, fp8.v_descale_stride,
+                                                           blockIdx.y / FjConfig::kGqaRatio)));
+  }
+#endif
   __syncthreads();
 
   if (wg == 0) {
@@ -1418,7 +1584,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   float o[1][T::kDTiles][4];
   float row_max[1][2];
   float row_sum[1][2];
-  fj_u32 pa[T::kBlockN / 16][4];
+  fj_u32 pa[T::kPSteps][4];
   float s[1][T::kNTiles][4];
   FjDiagLoads<T::kNTiles> dl;
   FjSm90Consumer<T, Cfg>(args, mods, sm, kv_cache, tid, wg, o, row_max, row_sum, pa, s, dl).run();

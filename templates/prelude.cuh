@@ -195,6 +195,33 @@ FJ_DEVICE void fj_grad_add(float* p, float v) {
   }
 }
 
+// fj_grad_add into the CTA's private copy of small buffer gradients (`p` in shared memory,
+// kFjGradSmemFloats; docs/backward.md "Small buffer gradients in shared memory"). A shared f32
+// atomicAdd is a compare-and-swap loop (ATOMS.CAST.SPIN on sm_80 and sm_90) that retries once per
+// lane sharing the address, so the lanes sharing an address sum first (a butterfly when all 32
+// share it, else over the group's lanes) and one lane per distinct address adds. Every lane of
+// a converged warp calls it; lanes with nothing to add pass 0.
+FJ_DEVICE void fj_grad_add_shared(float* p, float v) {
+  const unsigned peers = __match_any_sync(0xffffffffu, (unsigned)__cvta_generic_to_shared(p));
+  const int lane = (int)(threadIdx.x & 31);
+  float sum = v;
+  if (peers == 0xffffffffu) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  } else if ((peers & (peers - 1u)) != 0u) {
+    sum = 0.0f;
+    for (unsigned m = peers; m != 0u; m &= m - 1u)
+      sum += __shfl_sync(peers, v, __ffs(m) - 1);
+  }
+  if (lane == __ffs(peers) - 1 && sum != 0.0f) atomicAdd(p, sum);
+}
+
+// fj_clamp_index for the private shared-memory copy (extents of at most 4096 elements).
+FJ_DEVICE int fj_clamp_index32(int i, int extent) {
+  return i < 0 ? 0 : (i >= extent ? extent - 1 : i);
+}
+
 // The deterministic twin of fj_grad_add (the backward's ordered buffer gradients): `p` points
 // into a partial slice that only this warp writes. Lanes sharing an address are summed in a
 // fixed order (a butterfly when all 32 share it, else in increasing lane order), then the

@@ -62,6 +62,9 @@ FJ_DEVICE int fj_lds_b32(fj_u32 addr) {
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
+FJ_DEVICE void fj_sts_b32(fj_u32 addr, int v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
 // Waits until the phase of parity `parity` has completed (acquire: what the arriving threads
 // wrote before arriving, and the transactions, are visible after it).
 FJ_DEVICE void fj_mbar_wait(fj_u32 bar, int parity) {
@@ -151,6 +154,34 @@ FJ_DEVICE void fj_wgmma_pack_a(fj_u32 (&a)[kN8 / 2][4], const float (&c)[kN8][4]
     a[j][2] = FjMma<E>::pack(c[2 * j + 1][0], c[2 * j + 1][1]);
     a[j][3] = FjMma<E>::pack(c[2 * j + 1][2], c[2 * j + 1][3]);
   }
+}
+
+// Four f32 as e4m3 (OCP e4m3fn: round to nearest even, saturating to +-448) in one register, a
+// in the lowest byte. cvt's e4m3x2 puts its first source in the upper byte.
+FJ_DEVICE fj_u32 fj_pack_e4m3x4(float a, float b, float c, float d) {
+  fj_u32 r;
+  asm("{\n .reg .b16 lo, hi;\n"
+      " cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+      " cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      " mov.b32 %0, {lo, hi};\n}\n"
+      : "=r"(r)
+      : "f"(a), "f"(b), "f"(c), "f"(d));
+  return r;
+}
+
+// The e4m3 A fragments of k32 steps (fj_wgmma_rs of an e4m3 kernel) from an m64nN f32
+// accumulator: step j from n8 tiles 4j .. 4j + 3, register r from tiles 4j + 2 (r / 2) and
+// 4j + 2 (r / 2) + 1 in row half r % 2. The k order this makes is not the accumulator's column
+// order: the B operand's rows must follow fj_fp8_vt_key (flexjit_abi.h), which derives it.
+template <int kN8>
+FJ_DEVICE void fj_wgmma_pack_a_e4m3(fj_u32 (&a)[kN8 / 4][4], const float (&c)[kN8][4]) {
+#pragma unroll
+  for (int j = 0; j < kN8 / 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int t = 4 * j + 2 * (r / 2), e = 2 * (r % 2);
+      a[j][r] = fj_pack_e4m3x4(c[t][e], c[t][e + 1], c[t + 1][e], c[t + 1][e + 1]);
+    }
 }
 
 // ---- 128-byte swizzled tiles in the epilogues --------------------------------------------

@@ -89,6 +89,15 @@ enum class MathMode { Auto, Exact, Approx };
 FLEXJIT_API std::string_view to_string(MathMode m);  // "auto", "exact", "approx"
 FLEXJIT_API std::optional<MathMode> parse_math_mode(std::string_view s);  // those three words
 
+// Descale factors of e4m3 (float8_e4m3fn) q, k, v: a real value is the stored e4m3 value times
+// its tensor's factor. Each is an f32 tensor on q's device with one dim of extent 1 (one factor
+// for the tensor) or of the tensor's heads (q: Hq, k and v: Hkv; one per head), contiguous; one
+// left out is 1. Only e4m3 inputs take them (the GPU forward on sm_90a, and the CPU backend with
+// host tensors); docs/attention.md "FP8 inputs".
+struct Fp8Descale {
+  std::optional<TensorRef> q, k, v;
+};
+
 struct AttentionOptions {
   Mods mods;  // score_mod and/or mask_mod; none means plain softmax attention
   // Tiles to visit. With a block mask, its partial tiles apply `mods.mask_mod` (or, when
@@ -121,10 +130,13 @@ struct AttentionOptions {
   // search; not while the stream captures a graph. The forward, backward and decoding on the
   // GPU. Off: the loads are unchecked (an index outside its extent is undefined behaviour).
   bool check_buffers = false;
+  // e4m3 q, k, v: their descale factors (Fp8Descale). The forward computes softmax(score_mod(
+  // scale * (q_descale * k_descale * q·k))) (v_descale * V) with f32 scores and writes a bf16 out.
+  Fp8Descale descale;
 };
 
 struct AttentionResult {
-  DeviceTensor out;  // [B, Hq, Sq, Dv], dtype of q
+  DeviceTensor out;  // [B, Hq, Sq, Dv], dtype of q (bf16 for e4m3 q: attention_out_dtype)
   DeviceTensor lse;  // [B, Hq, Sq] f32, natural log; undefined unless return_lse
 };
 
@@ -136,7 +148,8 @@ FLEXJIT_API AttentionResult flex_attention(Context& ctx, const TensorRef& q, con
                                            const TensorRef& v,
                                            const AttentionOptions& options = {});
 
-// The same into caller-owned tensors: out [B, Hq, Sq, Dv] (dtype of q, last dim contiguous) and
+// The same into caller-owned tensors: out [B, Hq, Sq, Dv] (attention_out_dtype(q.dtype), last
+// dim contiguous) and
 // lse [B, Hq, Sq] f32 (may be null).
 FLEXJIT_API void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k,
                                      const TensorRef& v, const TensorRef& out, const TensorRef* lse,
@@ -147,7 +160,8 @@ FLEXJIT_API void flex_attention_into(Context& ctx, const TensorRef& q, const Ten
 // sm_90a: the work counter and a 16-byte tile slot per CTA and Q buffer, 4,352 bytes with
 // alignment on 132 SMs) and 192-row tiles over a block mask (the union schedule: per mask batch,
 // head and 192-row query tile 32 bytes and 4 per KV tile, used where the mask keeps no schedule
-// of its own yet; docs/kernels/forward_sm90.md); the
+// of its own yet; docs/kernels/forward_sm90.md); the e4m3 forward's V^T (B x Hkv x Dv x Skv
+// rounded up to 64 bytes; docs/kernels/forward_sm90.md "FP8"); the
 // split-KV decode plan's partials (B x Hq x Sq x splits x (Dv + 1) floats) when the call decodes
 // (docs/kernels/decode.md).
 FLEXJIT_API size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q,

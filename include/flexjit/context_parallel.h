@@ -62,9 +62,70 @@ enum class CpLayout { Zigzag, Contiguous };
 FLEXJIT_API std::string_view to_string(CpLayout l);                       // "zigzag", "contiguous"
 FLEXJIT_API std::optional<CpLayout> parse_cp_layout(std::string_view s);  // those words
 
+class CpTimeline;
+
 struct ContextParallelOptions {
   CpStrategy strategy = CpStrategy::Ring;
   CpLayout layout = CpLayout::Zigzag;
+  // GPU calls only: when set, the call records CUDA events around each of its steps into this
+  // timeline (one per rank; docs/context_parallel.md, "Timeline"). Null (the default): nothing is
+  // recorded and nothing is spent on it.
+  CpTimeline* timeline = nullptr;
+};
+
+// ---- the timeline of GPU calls (opt-in: ContextParallelOptions::timeline) -------------------
+
+// One step of a call as the GPU ran it: the time between two CUDA events recorded before and
+// after it on its stream, in microseconds from the timeline's first event (one device's clock).
+struct CpTimelineSpan {
+  enum class Lane { Compute, Comm };  // the caller's stream, the communicator's (NCCL) stream
+  Lane lane = Lane::Compute;
+  // "step 1 attention q [3072, 4096) x kv [1024, 2048) (full)", "step 0 send / recv K / V",
+  // "merge [1, 16, 4096, 128]", "all-gather K / V", "reduce-scatter dK / dV", ...
+  std::string name;
+  double start_us = 0, end_us = 0;
+};
+
+struct CpTimelineSummary {
+  double wall_us = 0;     // first start to last end
+  double compute_us = 0;  // time during which a compute span ran (the union of their intervals)
+  double comm_us = 0;     // the same for the comm spans (transfers, including waits for a peer)
+  // comm time during which no compute span ran: the communication not hidden behind compute
+  double comm_exposed_us = 0;
+  int64_t compute_spans = 0, comm_spans = 0;
+};
+
+// The summary of one rank's spans (any order).
+FLEXJIT_API CpTimelineSummary summarize_cp_timeline(const std::vector<CpTimelineSpan>& spans);
+
+// A Chrome trace (JSON of the Trace Event Format, opened by chrome://tracing and Perfetto) of the
+// ranks' spans: ranks[i] is rank i's, shown as process "rank i" with two threads, "compute" and
+// "comm". Each rank's times are on its own device's clock, from its first event.
+FLEXJIT_API std::string cp_timeline_chrome_trace(
+    const std::vector<std::vector<CpTimelineSpan>>& ranks);
+
+// The events of one rank's context-parallel GPU calls (every call given this timeline, on one
+// device): the pair attentions and backwards, merges, reorders on the compute stream, and each
+// NCCL exchange on the comm stream. Recording adds two events per step and does not synchronize;
+// spans() waits for the recorded work.
+class FLEXJIT_API CpTimeline {
+ public:
+  CpTimeline();
+  ~CpTimeline();
+  CpTimeline(const CpTimeline&) = delete;
+  CpTimeline& operator=(const CpTimeline&) = delete;
+
+  // Every span recorded so far, in the order of recording; blocks the host until the recorded
+  // work is done (RuntimeError naming the CUDA error when it failed).
+  const std::vector<CpTimelineSpan>& spans();
+  // Forgets the spans (the next one starts a new clock).
+  void clear();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  friend struct CpTimelineAccess;
 };
 
 // ---- on the CPU backend: the partitioning checked in one process ----------------------------

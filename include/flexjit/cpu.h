@@ -35,7 +35,8 @@ struct CpuAttentionResult {
 };
 
 // q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]: CPU tensors of f32 / f16 / bf16,
-// any strides with the last dim contiguous. options.bindings' buffers must be CPU tensors;
+// or e4m3 with options.descale (CPU tensors; computed in f32 from the dequantized values), any
+// strides with the last dim contiguous. options.bindings' buffers must be CPU tensors;
 // options.block_mask (a GPU mask), stream and config are ignored. options.kv_cache (paged_kv.h)
 // is honored on host tensors: k and v are then pools [num_pages, page_size, Hkv, D] with a page
 // table, or [B, Hkv, Skv, D] with ragged lengths, and every page entry a sequence reads is checked

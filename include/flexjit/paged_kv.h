@@ -19,6 +19,12 @@
 // page_size) keys (or Sq x Skv without pages). A sequence of length 0, or a row whose keys are
 // all masked, gets out 0 and lse -inf.
 //
+// FP8 caches: K and V (pools or contiguous) of dtype e4m3 (float8_e4m3fn) with per-kv-head f32
+// scales k_scale / v_scale ([Hkv]); the cache holds k / k_scale[h] rounded to e4m3, and attention
+// runs on the dequantized keys k_e4m3 * k_scale[h] and values v_e4m3 * v_scale[h]. q stays bf16 or
+// f16 and out has q's dtype. Decoding moves half the bytes of a bf16 cache (docs/kernels/decode.md,
+// "FP8 KV caches"; the error rule: docs/math.md).
+//
 // On host tensors (q, k, v, the table and the lengths all on the CPU) flex_attention_cpu runs
 // the same semantics (cpu.h): it gathers each sequence's keys through the table and masks the
 // keys past its length. The backward takes no KV cache (UnsupportedError).
@@ -53,6 +59,12 @@ struct KvCache {
   // ("page_table[3][17] = 912 is not a page of the pool (0 .. 511); ..."). For debugging a
   // cache manager; off by default.
   bool check_pages = false;
+  // e4m3 caches (k and v of dtype E4M3): [Hkv] f32 dequantization scales on q's device, one per
+  // kv head: key n of head h is k[..., n, h, :] * k_scale[h], its value v[...] * v_scale[h].
+  // Both are required with e4m3 pools and refused with bf16 / f16 / f32 ones (RuntimeError
+  // naming the tensor: "k_scale has shape [4]; expected [Hkv] = [8]").
+  TensorRef k_scale;
+  TensorRef v_scale;
 };
 
 // What validate_kv_cache learned about a call on a KV cache.
@@ -61,6 +73,7 @@ struct KvCacheShape {
   QkvShape qkv;
   bool paged = false;
   int64_t num_pages = 0, page_size = 0, max_pages = 0;  // paged only
+  bool fp8 = false;                                     // k and v are e4m3, with k_scale / v_scale
 };
 
 // Checks q [B, Hq, Sq, D] and k, v against `cache` (contiguous K / V with ragged lengths, or
@@ -68,7 +81,9 @@ struct KvCacheShape {
 // first problem: a table or lengths tensor of the wrong dtype ("page_table has dtype i64;
 // expected i32"), rank or shape, or on another device; pools whose page sizes, heads or head
 // dims disagree; a page size that is not a power of two from 1 to 256; a capacity of 2^31 keys
-// or more; a table or lengths tensor on another device than q. Head dims and dtypes the kernels
+// or more; a table or lengths tensor on another device than q; for e4m3 pools, v or k not e4m3 as
+// well, q not bf16 / f16, a missing scale or one of the wrong dtype, shape, device or layout
+// (scales given for pools that are not e4m3, too). Head dims and dtypes the kernels
 // cannot run are UnsupportedErrors from the kernel selection (flex_attention), also before any
 // launch. Host tensors pass (the CPU backend runs them).
 FLEXJIT_API KvCacheShape validate_kv_cache(const TensorRef& q, const TensorRef& k,

@@ -45,7 +45,8 @@ struct FLEXJIT_API TensorRef {
 FLEXJIT_API std::string to_string(TensorRef::Device d, int index);  // "cpu", "cuda:1"
 
 // Views a DLTensor. Element types: kDLFloat 32/16 -> f32/f16, kDLBfloat 16 -> bf16, kDLInt 32 ->
-// i32, kDLBool 8 (DLPack >= 0.8, code 6) and kDLUInt 8 -> bool; one lane only. Devices: kDLCPU
+// i32, kDLBool 8 (DLPack >= 0.8, code 6) and kDLUInt 8 -> bool, kDLFloat8_e4m3fn 8 (DLPack >=
+// 1.1, code 10) -> e4m3; one lane only. Devices: kDLCPU
 // and kDLCUDAHost -> CPU, kDLCUDA and kDLCUDAManaged -> CUDA. Null strides mean C order;
 // byte_offset is folded into data. Anything else throws RuntimeError naming the code, bits and
 // lanes (or the device type).
@@ -66,6 +67,13 @@ struct QkvShape {
 // expected [B, Hkv, Skv, D]"), dtype, device, batch / heads / lengths that disagree, head dims
 // ("q and k head dims differ: 128 vs 64"), GQA ("Hq=12 is not a multiple of Hkv=5"), layout
 // ("last dim of v is not contiguous (stride 2)", negative strides, null data).
+// q, k and v of e4m3 are refused here (UnsupportedError naming where e4m3 runs): only the forward
+// takes them (validate_forward_qkv).
 FLEXJIT_API QkvShape validate_qkv(const TensorRef& q, const TensorRef& k, const TensorRef& v);
+// The same for the forward, which also takes e4m3 (float8_e4m3fn) q, k, v.
+FLEXJIT_API QkvShape validate_forward_qkv(const TensorRef& q, const TensorRef& k,
+                                          const TensorRef& v);
+// The dtype of attention's out for inputs of `qkv`: the inputs' own, bf16 for e4m3.
+FLEXJIT_API DType attention_out_dtype(DType qkv);
 
 }  // namespace flexjit

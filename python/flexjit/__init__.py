@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
 from . import dsl
 from ._flexjit import (  # noqa: F401
@@ -182,12 +182,14 @@ def _device(x: Any) -> int:
 
 def _empty(like: Any, shape, gpu_dtype_of_q: bool) -> Any:
     """An uninitialised array in the framework of `like`: f32 on the CPU backend and for lse;
-    the dtype of q for a GPU output."""
+    the dtype of q for a GPU output (bf16 for float8_e4m3fn q: attention_out_dtype)."""
     fw = _framework(like)
     if fw == "torch":
         import torch
 
         dtype = like.dtype if gpu_dtype_of_q else torch.float32
+        if dtype == getattr(torch, "float8_e4m3fn", None):
+            dtype = torch.bfloat16
         return torch.empty(shape, dtype=dtype, device=like.device)
     if fw == "cupy":
         import cupy
@@ -281,7 +283,8 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
                    params: Optional[Mapping[str, Any]] = None, scale: Optional[float] = None,
                    return_lse: bool = False, num_threads: int = 0, seq_lens: Any = None,
                    page_table: Any = None, check_pages: bool = False, sink_mod: ModSpec = None,
-                   config: Optional[Mapping[str, Any]] = None, check_buffers: bool = False):
+                   config: Optional[Mapping[str, Any]] = None, check_buffers: bool = False,
+                   descale: Optional[Tuple[Any, Any, Any]] = None):
     """softmax(score_mod(scale · q kᵀ) masked by mask_mod) · v, as torch's flex_attention.
 
     q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]: DLPack arrays on one device,
@@ -303,6 +306,11 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
     in the kernels, which then read 0 there, and the call synchronizes and raises RuntimeError
     naming the first out-of-bounds load (buffer, index, extent, position); a debug mode, slower
     (docs/attention.md, "Checking buffer indices"). Also ``config={"check_buffers": True}``.
+
+    FP8: q, k, v of dtype float8_e4m3fn (the sm_90a forward, or the CPU backend) with
+    ``descale=(q_descale, k_descale, v_descale)``: f32 arrays on q's device of shape [1] (per
+    tensor) or [Hq] / [Hkv] / [Hkv] (per head), None for a factor of 1; a real value is the stored
+    one times its factor; out is bfloat16 on a GPU (docs/attention.md "FP8 inputs").
 
     Returns out [B, Hq, Sq, Dv] (f32 on the CPU backend, q's dtype on a GPU) or, with
     ``return_lse``, (out, lse [B, Hq, Sq] f32, natural log), arrays of q's framework. GPU work
@@ -328,10 +336,15 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
     lse = _empty(q, lse_shape, gpu_dtype_of_q=False) if return_lse else None
     q_, k_, v_, out_, lse_, seq_lens_, page_table_ = _arrays(q, k, v, out, lse, seq_lens,
                                                               page_table)
+    if descale is not None and len(tuple(descale)) != 3:
+        raise ValueError("descale must be (q_descale, k_descale, v_descale), each an f32 array "
+                         "or None")
+    qd, kd, vd = _arrays(*(tuple(descale) if descale is not None else (None, None, None)))
     _C._flex_attention_into(q_, k_, v_, out_, lse_, mods, block_mask, _buffers(buffers),
                             _params(params), scale, _stream(q, device), num_threads,
                             seq_lens_, page_table_, check_pages,
-                            config=_config(config, check_buffers))
+                            config=_config(config, check_buffers), q_descale=qd, k_descale=kd,
+                            v_descale=vd)
     return (out, lse) if return_lse else out
 
 

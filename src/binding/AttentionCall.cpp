@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <climits>
+#include <string>
 
 namespace flexjit::runtime {
 
@@ -74,7 +75,7 @@ void check_launch_limits(const QkvShape& s) {
 void check_attention_outputs(const TensorRef& q, const QkvShape& s, const TensorRef& out,
                              const TensorRef* lse) {
   check_tensor("out", out, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, "[B, Hq, Sq, Dv]",
-               q.dtype, q);
+               attention_out_dtype(q.dtype), q);
   if (lse != nullptr) {
     check_tensor("lse", *lse, {s.batch, s.heads_q, s.seqlen_q}, "[B, Hq, Sq]", DType::F32, q);
   }
@@ -158,6 +159,39 @@ void zero_fill(const TensorRef& t, CUstream stream) {
     FJ_CU(cuMemsetD2D8Async, "zeroing a tensor", reinterpret_cast<CUdeviceptr>(base), pitch, 0,
           static_cast<size_t>(cols) * es, static_cast<size_t>(rows), stream);
   }
+}
+
+Fp8Descales check_descales(const Fp8Descale& d, const TensorRef& q, const QkvShape& s) {
+  const bool given = d.q || d.k || d.v;
+  if (q.dtype != DType::E4M3) {
+    if (given) {
+      throw RuntimeError(fmt::format(
+          "descale factors were given for {} inputs; they apply to e4m3 (float8_e4m3fn) q, k, v "
+          "only",
+          to_string(q.dtype)));
+    }
+    return {};
+  }
+  Fp8Descales out;
+  auto one = [&](const std::optional<TensorRef>& t, const char* name, int64_t heads,
+                 const char* heads_name, const float*& ptr, int& stride) {
+    if (!t) return;
+    const std::string dev = to_string(t->device, t->device_index);
+    const std::string qdev = to_string(q.device, q.device_index);
+    if (t->dtype != DType::F32 || t->ndim() != 1 || (t->shape[0] != 1 && t->shape[0] != heads) ||
+        dev != qdev || (t->shape[0] > 1 && t->strides[0] != 1) || t->data == nullptr) {
+      throw RuntimeError(fmt::format(
+          "descale.{} is {}; expected f32[1] (per tensor) or f32[{}] ({} = {}: per head), "
+          "contiguous, on {}",
+          name, t->str(), heads, heads_name, heads, qdev));
+    }
+    ptr = static_cast<const float*>(t->data);
+    stride = t->shape[0] == 1 ? 0 : 1;
+  };
+  one(d.q, "q", s.heads_q, "Hq", out.q, out.q_stride);
+  one(d.k, "k", s.heads_kv, "Hkv", out.k, out.k_stride);
+  one(d.v, "v", s.heads_kv, "Hkv", out.v, out.v_stride);
+  return out;
 }
 
 }  // namespace flexjit::runtime

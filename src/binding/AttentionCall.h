@@ -6,6 +6,7 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/tensor.h>
 
+#include "binding/Fp8Descales.h"
 #include "device/CudaDriver.h"
 
 #include <cstdint>
@@ -26,7 +27,8 @@ void check_on_device(const TensorRef& q, int device_index);
 // heads and batches within gridDim.y / gridDim.z (65535).
 void check_launch_limits(const QkvShape& shape);
 
-// out [B, Hq, Sq, Dv] (dtype of q) and lse [B, Hq, Sq] f32 (may be null) on q's device.
+// out [B, Hq, Sq, Dv] (attention_out_dtype of q's) and lse [B, Hq, Sq] f32 (may be null) on q's
+// device.
 void check_attention_outputs(const TensorRef& q, const QkvShape& shape, const TensorRef& out,
                              const TensorRef* lse);
 
@@ -45,5 +47,10 @@ Mods effective_mods(const AttentionOptions& options);
 // Zeros every element of `t` (any strides with the last dim contiguous) on `stream`: one memset
 // when contiguous, else one 2D memset per leading index.
 void zero_fill(const TensorRef& t, CUstream stream);
+
+// The descale factors of e4m3 q, k, v (AttentionOptions::descale) as kernels read them:
+// RuntimeError naming the factor unless each given one is f32[1] or f32[heads] (q: Hq, k and v:
+// Hkv), contiguous, on q's device; and unless q is e4m3 when any is given. None for other dtypes.
+Fp8Descales check_descales(const Fp8Descale& d, const TensorRef& q, const QkvShape& s);
 
 }  // namespace flexjit::runtime

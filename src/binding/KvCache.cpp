@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <climits>
+#include <cstdint>
 
 namespace flexjit {
 
@@ -64,15 +65,106 @@ TensorRef pool_view(const TensorRef& pool, int64_t batch) {
   return v;
 }
 
+// e4m3 pools: k and v both e4m3, q bf16 / f16. Returns whether the cache is e4m3.
+bool check_fp8_dtypes(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+                      const KvCache& cache) {
+  const bool fp8 = k.dtype == DType::E4M3 || v.dtype == DType::E4M3;
+  if (!fp8) {
+    for (auto [t, name] : {std::pair{&cache.k_scale, "k_scale"}, {&cache.v_scale, "v_scale"}}) {
+      if (given(*t)) {
+        throw RuntimeError(fmt::format(
+            "the KV cache has {} but k and v are {}; the scales dequantize e4m3 pools only", name,
+            to_string(k.dtype)));
+      }
+    }
+    return false;
+  }
+  if (k.dtype != v.dtype) {
+    throw RuntimeError(fmt::format("k is {} and v is {}; an e4m3 KV cache has both k and v in e4m3",
+                                   to_string(k.dtype), to_string(v.dtype)));
+  }
+  if (q.dtype != DType::BF16 && q.dtype != DType::F16) {
+    throw RuntimeError(
+        fmt::format("q has dtype {}; with an e4m3 KV cache q is bf16 or f16 (out has q's dtype)",
+                    to_string(q.dtype)));
+  }
+  return true;
+}
+
+// An e4m3 cache's scale: [Hkv] f32 on q's device, contiguous.
+void check_scale(const TensorRef& t, const char* name, int64_t heads_kv, const TensorRef& q) {
+  if (!given(t)) {
+    throw RuntimeError(fmt::format(
+        "an e4m3 KV cache needs {}: [Hkv] = [{}] f32, one dequantization scale per kv head", name,
+        heads_kv));
+  }
+  if (t.dtype != DType::F32) {
+    throw RuntimeError(fmt::format("{} has dtype {}; expected f32", name, to_string(t.dtype)));
+  }
+  if (t.ndim() != 1 || t.shape[0] != heads_kv) {
+    throw RuntimeError(
+        fmt::format("{} has shape {}; expected [Hkv] = [{}]", name, shape_str(t.shape), heads_kv));
+  }
+  if (t.device != q.device || t.device_index != q.device_index) {
+    throw RuntimeError(fmt::format("{} is on {} but q is on {}; it is read on the device", name,
+                                   to_string(t.device, t.device_index),
+                                   to_string(q.device, q.device_index)));
+  }
+  if (t.strides.size() != 1 || (heads_kv > 1 && t.strides[0] != 1)) {
+    throw RuntimeError(
+        fmt::format("{} is not contiguous (strides [{}])", name, fmt::join(t.strides, ", ")));
+  }
+  if (t.data == nullptr && heads_kv > 0) {
+    throw RuntimeError(fmt::format("{} has a null data pointer", name));
+  }
+}
+
+// `t` with q's dtype: the shape and layout checks of validate_qkv (which wants one dtype) on an
+// e4m3 pool; its alignment is checked in bytes afterwards (check_fp8_alignment).
+TensorRef as_dtype(const TensorRef& t, DType dtype) {
+  TensorRef r = t;
+  r.dtype = dtype;
+  return r;
+}
+
+// The 16-byte alignment of an e4m3 tensor's pointer, strides and rows (1-byte elements), which
+// the decode kernel's copies need: as validate_qkv's fast path, in bytes.
+void check_fp8_alignment(const TensorRef& t, const char* name, QkvShape& s) {
+  if (!s.fast_path) return;
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
+    s.fast_path = false;
+    s.fast_path_blocker = fmt::format("data pointer of {} is not 16-byte aligned", name);
+    return;
+  }
+  for (int i = 0; i + 1 < t.ndim(); ++i) {
+    if (t.shape[i] > 1 && t.strides[i] % 16 != 0) {
+      s.fast_path = false;
+      s.fast_path_blocker = fmt::format(
+          "stride of {} in dim {} ({} e4m3 elements = bytes) is not a multiple of 16 bytes", name,
+          i, t.strides[i]);
+      return;
+    }
+  }
+  if (t.shape.back() % 16 != 0) {
+    s.fast_path = false;
+    s.fast_path_blocker = fmt::format(
+        "head dim of {} ({} e4m3 bytes) is not a multiple of 16 bytes", name, t.shape.back());
+  }
+}
+
 }  // namespace
 
-KvCacheShape validate_kv_cache(const TensorRef& q, const TensorRef& k, const TensorRef& v,
+KvCacheShape validate_kv_cache(const TensorRef& q, const TensorRef& k_in, const TensorRef& v_in,
                                const KvCache& cache) {
   KvCacheShape out;
   out.paged = given(cache.page_table);
   if (q.ndim() != 4) {
     throw RuntimeError(fmt::format("q has {} dims; expected [B, Hq, Sq, D]", q.ndim()));
   }
+  out.fp8 = check_fp8_dtypes(q, k_in, v_in, cache);
+  // The shape checks below see e4m3 pools with q's dtype.
+  const TensorRef k = out.fp8 ? as_dtype(k_in, q.dtype) : k_in;
+  const TensorRef v = out.fp8 ? as_dtype(v_in, q.dtype) : v_in;
   const int64_t batch = q.shape[0];
   if (!out.paged) {
     out.qkv = validate_qkv(q, k, v);
@@ -132,6 +224,21 @@ KvCacheShape validate_kv_cache(const TensorRef& q, const TensorRef& k, const Ten
     if (cache.seq_lens.shape[0] != batch) {
       throw RuntimeError(fmt::format("seq_lens has shape {}; expected [B] = [{}]",
                                      shape_str(cache.seq_lens.shape), batch));
+    }
+  }
+  if (out.fp8) {
+    check_scale(cache.k_scale, "k_scale", out.qkv.heads_kv, q);
+    check_scale(cache.v_scale, "v_scale", out.qkv.heads_kv, q);
+    // validate_qkv judged the alignment with 2-byte elements: judge the pools again in bytes.
+    const bool q_fast = out.qkv.fast_path;
+    const std::string q_blocker = out.qkv.fast_path_blocker;
+    out.qkv.fast_path = true;
+    out.qkv.fast_path_blocker.clear();
+    check_fp8_alignment(k_in, "k", out.qkv);
+    check_fp8_alignment(v_in, "v", out.qkv);
+    if (!q_fast && out.qkv.fast_path) {  // q's (or out's) own reason stands
+      out.qkv.fast_path = false;
+      out.qkv.fast_path_blocker = q_blocker;
     }
   }
   return out;

@@ -56,6 +56,7 @@ std::string_view buffer_element_type(DType dtype) {
     case DType::I32:
       return "int";
     case DType::Bool:
+    case DType::E4M3:  // refused as a buffer dtype at declaration; the bytes if ever loaded
       return "unsigned char";
   }
   FJ_ASSERT(false, "bad DType");

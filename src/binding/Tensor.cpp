@@ -13,6 +13,8 @@ namespace flexjit {
 namespace {
 // DLPack >= 0.8 spells bool kDLBool (code 6); the header Debian ships (0.6) predates it.
 constexpr uint8_t kDLBoolCode = 6;
+// DLPack >= 1.1 spells float8_e4m3fn kDLFloat8_e4m3fn (code 10).
+constexpr uint8_t kDLFloat8E4M3FnCode = 10;
 // Alignment, in bytes, that vectorized and asynchronous copies need.
 constexpr int64_t kFastPathAlignment = 16;
 
@@ -78,7 +80,7 @@ TensorRef from_dlpack(const DLTensor& t) {
   auto reject = [&]() -> RuntimeError {
     return RuntimeError(fmt::format(
         "unsupported DLPack dtype (code {}, bits {}, lanes {}); flexjit takes float32, float16, "
-        "bfloat16, int32 and bool",
+        "bfloat16, float8_e4m3fn, int32 and bool",
         dt.code, dt.bits, dt.lanes));
   };
   if (dt.lanes != 1) throw reject();
@@ -92,6 +94,8 @@ TensorRef from_dlpack(const DLTensor& t) {
     r.dtype = DType::I32;
   } else if ((dt.code == kDLBoolCode || dt.code == kDLUInt) && dt.bits == 8) {
     r.dtype = DType::Bool;
+  } else if (dt.code == kDLFloat8E4M3FnCode && dt.bits == 8) {
+    r.dtype = DType::E4M3;
   } else {
     throw reject();
   }
@@ -196,7 +200,20 @@ void check_alignment(const TensorRef& t, const char* name, QkvShape& s) {
 
 }  // namespace
 
+DType attention_out_dtype(DType qkv) {
+  return qkv == DType::E4M3 ? DType::BF16 : qkv;
+}
+
 QkvShape validate_qkv(const TensorRef& q, const TensorRef& k, const TensorRef& v) {
+  if (q.dtype == DType::E4M3) {
+    throw UnsupportedError(
+        "q has dtype e4m3; this call takes f16, bf16 or f32 (e4m3 q, k, v run only in the forward: "
+        "flex_attention on sm_90a, or the CPU backend)");
+  }
+  return validate_forward_qkv(q, k, v);
+}
+
+QkvShape validate_forward_qkv(const TensorRef& q, const TensorRef& k, const TensorRef& v) {
   check_rank(q, "q", "[B, Hq, Sq, D]");
   check_rank(k, "k", "[B, Hkv, Skv, D]");
   check_rank(v, "v", "[B, Hkv, Skv, Dv]");
@@ -206,9 +223,10 @@ QkvShape validate_qkv(const TensorRef& q, const TensorRef& k, const TensorRef& v
                                      t->strides.size(), t->shape.size()));
     }
   }
-  if (q.dtype != DType::F16 && q.dtype != DType::BF16 && q.dtype != DType::F32) {
+  if (q.dtype != DType::F16 && q.dtype != DType::BF16 && q.dtype != DType::F32 &&
+      q.dtype != DType::E4M3) {
     throw RuntimeError(
-        fmt::format("q has dtype {}; attention takes f16, bf16 or f32", to_string(q.dtype)));
+        fmt::format("q has dtype {}; attention takes f16, bf16, f32 or e4m3", to_string(q.dtype)));
   }
   if (k.dtype != q.dtype || v.dtype != q.dtype) {
     throw RuntimeError(fmt::format("q, k and v must share one dtype: q is {}, k is {}, v is {}",

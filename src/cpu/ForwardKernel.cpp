@@ -193,6 +193,12 @@ void load_row(const TensorRef& t, int64_t b, int64_t h, int64_t s, Acc* dst) {
         dst[i] = static_cast<Acc>(ir::bf16_bits_to_float(p[i]));
       return;
     }
+    case DType::E4M3: {  // dequantized by the caller's descale (not applied here)
+      const uint8_t* p = static_cast<const uint8_t*>(t.data) + off;
+      for (int64_t i = 0; i < d; ++i)
+        dst[i] = static_cast<Acc>(ir::e4m3_bits_to_float(p[i]));
+      return;
+    }
     default:
       break;
   }

@@ -15,8 +15,39 @@ namespace {
 constexpr int64_t kMaxStride = int64_t{1} << 40;
 }
 
+TensorRef tma_unit_view(const TensorRef& t) {
+  if (t.dtype != DType::E4M3) return t;
+  FJ_ASSERT(t.ndim() == 4 && t.shape[3] % 2 == 0, "tma_unit_view of an odd e4m3 row");
+  TensorRef u = t;
+  u.dtype = DType::BF16;  // a 16-bit stand-in: TMA copies bytes
+  u.shape[3] = t.shape[3] / 2;
+  for (int i = 0; i < 3; ++i) {
+    FJ_ASSERT(t.shape[i] <= 1 || t.strides[i] % 2 == 0, "tma_unit_view of an odd e4m3 stride");
+    u.strides[i] = t.strides[i] / 2;
+  }
+  return u;
+}
+
 std::optional<std::string> bhsd_tma_blocker(const TensorRef& t, const char* name) {
   if (t.ndim() != 4) return fmt::format("{} is not 4-D ({})", name, t.str());
+  if (t.dtype == DType::E4M3) {
+    // Read as 16-bit units (tma_unit_view): rows of whole 16-byte units, even strides.
+    if (t.shape[3] % 16 != 0) {
+      return fmt::format("{}'s head dim {} (e4m3) is not a multiple of 16 (16-byte rows)", name,
+                         t.shape[3]);
+    }
+    for (int i = 0; i < 3; ++i) {
+      if (t.shape[i] > 1 && t.strides[i] % 16 != 0) {
+        return fmt::format(
+            "{}'s stride {} in dim {} is not a multiple of 16 bytes (TMA tensor maps)", name,
+            t.strides[i], i);
+      }
+    }
+    if (t.shape[3] > 1 && t.strides[3] != 1) {
+      return fmt::format("{}'s last dim is not contiguous", name);
+    }
+    return bhsd_tma_blocker(tma_unit_view(t), name);
+  }
   if (dtype_size(t.dtype) != 2) {
     return fmt::format("{} has {} elements; the TMA path reads 16-bit ones", name,
                        to_string(t.dtype));
@@ -44,8 +75,9 @@ std::optional<std::string> bhsd_tma_blocker(const TensorRef& t, const char* name
   return std::nullopt;
 }
 
-FjTmaDesc encode_bhsd_tma(const TensorRef& t, int box_rows, const char* name) {
-  if (auto why = bhsd_tma_blocker(t, name)) throw UnsupportedError(*why);
+FjTmaDesc encode_bhsd_tma(const TensorRef& t_in, int box_rows, const char* name) {
+  if (auto why = bhsd_tma_blocker(t_in, name)) throw UnsupportedError(*why);
+  const TensorRef t = tma_unit_view(t_in);
   FJ_ASSERT(box_rows >= 1 && box_rows <= 256, "TMA box rows must be in [1, 256]");
   const Driver& driver = Driver::get();
   driver.require();

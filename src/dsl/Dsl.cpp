@@ -51,6 +51,12 @@ Buffer::Buffer(std::string name, DType dtype, std::vector<std::string> dims) {
   if (dims.empty() || dims.size() > 4) {
     throw CompileError(fmt::format("buffer '{}' must have 1 to 4 dims, not {}", name, dims.size()));
   }
+  if (dtype == DType::E4M3) {
+    throw UnsupportedError(fmt::format(
+        "buffer '{}' is e4m3: captured buffers are f32, f16, bf16, i32 or bool (e4m3 is "
+        "supported only for q, k and v of the sm_90a forward kernel)",
+        name));
+  }
   auto d = std::make_shared<ir::BufferDecl>();
   d->name = std::move(name);
   d->dtype = dtype;

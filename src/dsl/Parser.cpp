@@ -210,6 +210,11 @@ class Parser {
     expect(":", "after the buffer name (buffer NAME: DTYPE[DIMS])");
     const Token& ty = expect_ident("a dtype (f32, f16, bf16, i32 or bool)");
     std::optional<DType> dtype = parse_dtype(ty.text);
+    if (dtype == DType::E4M3) {
+      fail(ty, fmt::format("buffer '{}' is {}: a buffer is f32, f16, bf16, i32 or bool (e4m3 is "
+                           "supported only for q, k and v of the sm_90a forward kernel)",
+                           name.text, ty.text));
+    }
     if (!dtype) {
       fail(ty, fmt::format("unknown dtype '{}'; a buffer is f32, f16, bf16, i32 or bool{}", ty.text,
                            suggestion(ty.text, {"f32", "f16", "bf16", "i32", "bool"})));

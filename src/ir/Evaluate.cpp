@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -296,6 +297,39 @@ uint16_t float_to_bf16_bits(float v) {
   return static_cast<uint16_t>(x >> 16);
 }
 
+float e4m3_bits_to_float(uint8_t bits) {
+  const int sign = bits >> 7, exp = (bits >> 3) & 0xf, mant = bits & 0x7;
+  float v;
+  if (exp == 0xf && mant == 0x7) {
+    v = std::numeric_limits<float>::quiet_NaN();
+  } else if (exp == 0) {
+    v = std::ldexp(static_cast<float>(mant), -9);  // subnormal: mant * 2^-6 / 8
+  } else {
+    v = std::ldexp(static_cast<float>(mant + 8), exp - 10);  // (1 + mant/8) * 2^(exp-7)
+  }
+  return sign ? -v : v;
+}
+
+uint8_t float_to_e4m3_bits(float v) {
+  if (std::isnan(v)) return 0x7f;
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0x00;
+  const float a = std::fabs(v);
+  if (a >= 448.0f) return sign | 0x7e;  // saturate (448 = 0x7e)
+  // Smallest normal is 2^-6; below it the spacing is 2^-9 (subnormals).
+  int e;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1): the leading bit is 2^(e-1)
+  const int exp = std::max(e - 1, -6);
+  const float ulp = std::ldexp(1.0f, exp - 3);
+  const float q = std::nearbyint(a / ulp) * ulp;  // round half to even (default rounding mode)
+  if (q >= 448.0f) return sign | 0x7e;
+  if (q == 0.0f) return sign;
+  int qe;
+  const float qm = std::frexp(q, &qe);
+  if (qe - 1 < -6) return sign | static_cast<uint8_t>(std::lround(q / std::ldexp(1.0f, -9)));
+  const int mant = static_cast<int>(std::lround((qm * 2.0f - 1.0f) * 8.0f));
+  return sign | static_cast<uint8_t>(((qe - 1 + 7) << 3) | mant);
+}
+
 Evaluator::Evaluator(const Expr& e) : expr_(e) {
   FJ_ASSERT(e.defined(), "evaluate of an undefined expression");
   std::unordered_map<const Node*, int> index;
@@ -394,6 +428,8 @@ Value Evaluator::load(const Node& n, const std::vector<Value>& idx, const EvalEn
       return Value::of_i32(static_cast<const int32_t*>(view.data)[offset]);
     case DType::Bool:
       return Value::of_bool(static_cast<const uint8_t*>(view.data)[offset] != 0);
+    case DType::E4M3:
+      return Value::of_f32(e4m3_bits_to_float(static_cast<const uint8_t*>(view.data)[offset]));
   }
   FJ_ASSERT(false, "bad DType");
 }

@@ -66,6 +66,12 @@ float f16_bits_to_float(uint16_t bits);
 uint16_t float_to_f16_bits(float v);
 float bf16_bits_to_float(uint16_t bits);
 uint16_t float_to_bf16_bits(float v);
+// OCP float8 e4m3fn (bias 7, 3 mantissa bits, max 448, no infinities, NaN 0x7f / 0xff).
+// float_to_e4m3_bits rounds to nearest even and saturates finite values and infinities to
+// +-448 (what torch's .to(float8_e4m3fn) does for in-range values; quantizers scale first);
+// NaN stays NaN. e4m3_bits_to_float is exact.
+float e4m3_bits_to_float(uint8_t bits);
+uint8_t float_to_e4m3_bits(float v);
 
 // A host buffer bound to a captured buffer name. Strides and shape are in elements; f16 / bf16
 // elements are uint16 bit patterns, bool elements are bytes (non-zero is true).

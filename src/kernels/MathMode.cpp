@@ -32,7 +32,8 @@ bool default_fast_math(DType dtype) {
   // bf16 / f16 inputs carry more rounding than the approximations add, and their GPU tests
   // ([gpu][fastmath]) hold approx kernels to the dtypes' usual rules; softcap runs 1.32x faster
   // on an H100 (docs/math.md). f32 inputs keep the exact functions: their tf32 rule is tighter.
-  return dtype == DType::BF16 || dtype == DType::F16;
+  // e4m3 inputs (3 mantissa bits) likewise take the approximations.
+  return dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::E4M3;
 }
 
 bool resolve_fast_math(MathMode mode, DType dtype) {

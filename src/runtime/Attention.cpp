@@ -71,6 +71,7 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
   call.inputs.mask_mod = call.mods.mask_mod.defined();
   call.inputs.mask_mod_divides = passes::divides_by_runtime_value(call.mods.mask_mod);
   call.inputs.stream = static_cast<runtime::CuStream>(options.stream);
+  call.inputs.descale = runtime::check_descales(options.descale, q, s);
   call.empty_q = s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0;
   call.empty_kv = s.seqlen_kv == 0;
   return call;
@@ -81,7 +82,8 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
 runtime::Plan plan_attention(Context& ctx, const ValidatedCall& call,
                              const AttentionOptions& options, const tune::StepTuning& tuning) {
   const QkvShape& s = call.inputs.shape;
-  if (s.seqlen_q <= runtime::kDecodeMaxQueries) {
+  // e4m3 q, k, v run in the forward alone (forward/sm90a_wgmma) at every query length.
+  if (s.seqlen_q <= runtime::kDecodeMaxQueries && call.inputs.q.dtype != DType::E4M3) {
     const kernels::ForwardInputs& f = call.inputs;
     const kernels::DecodeInputs in =
         runtime::decode_inputs(f.q, f.k, f.v, f.out, f.lse ? &*f.lse : nullptr, s, options,
@@ -158,7 +160,7 @@ void flex_attention_into(Context& ctx, const TensorRef& q, const TensorRef& k, c
     runtime::flex_attention_kv_cache_into(ctx, q, k, v, out, lse, options);
     return;
   }
-  const QkvShape s = validate_qkv(q, k, v);
+  const QkvShape s = validate_forward_qkv(q, k, v);
   const runtime::DeviceBufferCheck check(ctx, options.check_buffers,
                                          runtime::effective_mods(options), options.stream);
   const ValidatedCall call = validate_call(ctx, q, k, v, out, lse, options, s, check.record());
@@ -192,17 +194,18 @@ size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q, const Te
     if (options.kv_cache != nullptr) {
       validate_kv_cache(q, k, v, *options.kv_cache);
     } else {
-      validate_qkv(q, k, v);
+      validate_forward_qkv(q, k, v);
     }
     return 0;
   }
   if (options.kv_cache != nullptr) {
     return runtime::flex_attention_kv_cache_workspace_bytes(ctx, q, k, v, options);
   }
-  const QkvShape s = validate_qkv(q, k, v);
+  const QkvShape s = validate_forward_qkv(q, k, v);
   // A stand-in output with q's layout: the plan does not depend on out's data.
-  TensorRef out = TensorRef::contiguous(
-      q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
+  TensorRef out = TensorRef::contiguous(q.data, attention_out_dtype(q.dtype),
+                                        {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device,
+                                        q.device_index);
   const ValidatedCall call = validate_call(ctx, q, k, v, out, nullptr, options, s);
   if (call.empty_q || call.empty_kv) return 0;
   return plan_attention(ctx, call, options, lookup_only(ctx, options)).workspace_bytes;
@@ -211,9 +214,10 @@ size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q, const Te
 std::string runtime::describe_forward_plan(Context& ctx, const TensorRef& q, const TensorRef& k,
                                            const TensorRef& v, const AttentionOptions& options) {
   if (options.kv_cache != nullptr) return runtime::describe_kv_cache_plan(ctx, q, k, v, options);
-  const QkvShape s = validate_qkv(q, k, v);
-  TensorRef out = TensorRef::contiguous(
-      q.data, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device, q.device_index);
+  const QkvShape s = validate_forward_qkv(q, k, v);
+  TensorRef out = TensorRef::contiguous(q.data, attention_out_dtype(q.dtype),
+                                        {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v}, q.device,
+                                        q.device_index);
   const ValidatedCall call = validate_call(ctx, q, k, v, out, nullptr, options, s);
   if (call.empty_q || call.empty_kv) return "(no kernel)";
   return plan_attention(ctx, call, options, lookup_only(ctx, options)).str();
@@ -222,9 +226,10 @@ std::string runtime::describe_forward_plan(Context& ctx, const TensorRef& q, con
 AttentionResult flex_attention(Context& ctx, const TensorRef& q, const TensorRef& k,
                                const TensorRef& v, const AttentionOptions& options) {
   const QkvShape s = options.kv_cache != nullptr ? validate_kv_cache(q, k, v, *options.kv_cache).qkv
-                                                 : validate_qkv(q, k, v);
+                                                 : validate_forward_qkv(q, k, v);
   AttentionResult r;
-  r.out = DeviceTensor::empty(ctx, q.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
+  r.out = DeviceTensor::empty(ctx, attention_out_dtype(q.dtype),
+                              {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
   if (options.return_lse) {
     r.lse = DeviceTensor::empty(ctx, DType::F32, {s.batch, s.heads_q, s.seqlen_q});
   }

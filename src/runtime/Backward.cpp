@@ -193,6 +193,9 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
                            options.block_mask->full_q_num_blocks.defined() &&
                            options.block_mask->full_q_indices.defined();
   const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
+  const int64_t bufgrad_smem = kernels::bufgrad_smem_request(
+      call.inputs.bufgrad_slice_elems, cuda::has_element_grad_sites(call.mods),
+      backward.deterministic);
   auto problem = [&](kernels::Family f) {
     kernels::KernelDesc d = kernels::backward_problem(
         f, arch, call.inputs.q.dtype, static_cast<int>(s.head_dim_qk),
@@ -200,6 +203,11 @@ runtime::Plan plan_backward(Context& ctx, ValidatedBackward& call, const Attenti
         backward.deterministic);
     // The forward's math mode: the backward recomputes its probabilities against its lse.
     if (f != kernels::Family::BackwardPreprocess) kernels::set_math_mode(d, options.math);
+    // Small buffer gradients: a private copy per CTA in shared memory (the variant drops the
+    // flag where its config leaves no room).
+    if (f == kernels::Family::BackwardDkDv && bufgrad_smem > 0) {
+      d.flags.set(kernels::kBufGradSmemFlag, bufgrad_smem);
+    }
     return d;
   };
   const kernels::InputFacts facts = kernels::backward_facts(call.inputs);

@@ -38,7 +38,8 @@ kernels::KernelDesc split_problem(const cuda::Arch& arch, const kernels::DecodeI
                            in.block_mask->full_kv_indices.defined();
   kernels::KernelDesc d = kernels::decode_split_problem(
       arch, in.q.dtype, static_cast<int>(in.head_dim_qk), static_cast<int>(in.head_dim_v),
-      static_cast<int>(gqa), kernels::decode_rows(gqa, in.seqlen_q), in.page_size, full_blocks);
+      static_cast<int>(gqa), kernels::decode_rows(gqa, in.seqlen_q), in.page_size, full_blocks,
+      in.kv_fp8);
   kernels::set_math_mode(d, math);
   return d;
 }
@@ -327,11 +328,21 @@ KvCacheCall validate_kv_cache_call(Context& ctx, const TensorRef& q, const Tenso
     call.inputs.page_table_stride_b = cache.page_table.strides[0];
     call.inputs.page_size = static_cast<int>(call.shape.page_size);
   }
+  if (call.shape.fp8) {
+    call.inputs.kv_fp8 = true;
+    call.inputs.k_scale = static_cast<const float*>(cache.k_scale.data);
+    call.inputs.v_scale = static_cast<const float*>(cache.v_scale.data);
+  }
   call.forward = forward_inputs(call.inputs, call.shape);
   const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
-  const KvCachePlanChoice choice =
-      choose_kv_cache_plan(s.seqlen_q, decode_unsupported(arch, call.inputs, options, false),
-                           forward_unsupported(arch, call.forward, options));
+  // The forward does not read e4m3 caches (yet): a chunked prefill on one runs on the decode
+  // kernels, which take any Sq (docs/kernels/decode.md, "FP8 KV caches").
+  const std::optional<std::string> forward_why =
+      call.shape.fp8 ? std::optional<std::string>(
+                           "the forward kernels do not read e4m3 KV caches (k_scale / v_scale)")
+                     : forward_unsupported(arch, call.forward, options);
+  const KvCachePlanChoice choice = choose_kv_cache_plan(
+      s.seqlen_q, decode_unsupported(arch, call.inputs, options, false), forward_why);
   call.use_forward = choice.forward;
   call.why = choice.why;
   return call;

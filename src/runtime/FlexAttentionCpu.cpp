@@ -5,11 +5,13 @@
 #include <flexjit/error.h>
 #include <flexjit/paged_kv.h>
 
+#include "binding/AttentionCall.h"
 #include "binding/ModArgs.h"
 #include "cpu/BufferIndexCheck.h"
 #include "cpu/ForwardKernel.h"
 #include "cpu/JitBlockMask.h"
 #include "cpu/KvCacheGather.h"
+#include "ir/Evaluate.h"
 
 #include <fmt/format.h>
 
@@ -25,6 +27,24 @@ void check_output(const char* what, const TensorRef& t, const std::vector<int64_
     throw RuntimeError(fmt::format("{} is {}; the CPU backend writes f32[{}] contiguous on cpu",
                                    what, t.str(), fmt::join(shape, ", ")));
   }
+}
+
+// An e4m3 tensor [B, H, S, D] (host) dequantized to f32 (contiguous in `buf`): element times its
+// head's descale factor (f[h * stride]; null: 1).
+TensorRef dequantize(const TensorRef& t, const float* f, int stride, std::vector<float>& buf) {
+  buf.resize(static_cast<size_t>(t.numel()));
+  const auto* bytes = static_cast<const uint8_t*>(t.data);
+  size_t i = 0;
+  for (int64_t b = 0; b < t.shape[0]; ++b)
+    for (int64_t h = 0; h < t.shape[1]; ++h) {
+      const float scale = f == nullptr ? 1.0f : f[h * stride];
+      for (int64_t s = 0; s < t.shape[2]; ++s)
+        for (int64_t d = 0; d < t.shape[3]; ++d)
+          buf[i++] = ir::e4m3_bits_to_float(bytes[b * t.strides[0] + h * t.strides[1] +
+                                                  s * t.strides[2] + d * t.strides[3]]) *
+                     scale;
+    }
+  return TensorRef::contiguous(buf.data(), DType::F32, t.shape);
 }
 
 }  // namespace
@@ -43,7 +63,7 @@ void flex_attention_cpu_into(const TensorRef& q, const TensorRef& k, const Tenso
     }
     const QkvShape& s = shape.qkv;
     check_output("out", out, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
-    const cpu::GatheredKv g = cpu::gather_kv_cache(k, v, *options.kv_cache, shape);
+    const cpu::GatheredKv g = cpu::gather_kv_cache(q, k, v, *options.kv_cache, shape);
     AttentionOptions gathered = cpu::with_length_mask(options, g);
     if (options.check_buffers) {  // kv_idx below each sequence's length, not the longest one's
       options.mods.check();
@@ -54,10 +74,27 @@ void flex_attention_cpu_into(const TensorRef& q, const TensorRef& k, const Tenso
           &g.lengths);
       gathered.check_buffers = false;
     }
-    flex_attention_cpu_into(q, g.k, g.v, out, lse, gathered, cpu);
+    flex_attention_cpu_into(g.q, g.k, g.v, out, lse, gathered, cpu);
+    return;
+  }
+  if (q.dtype == DType::E4M3) {
+    // e4m3: the dequantized values (stored value times descale) in f32, then the f32 path.
+    const QkvShape s = validate_forward_qkv(q, k, v);
+    if (q.device != TensorRef::Device::CPU) {
+      throw RuntimeError(
+          fmt::format("flex_attention_cpu: q, k and v are on {}; the CPU backend needs CPU tensors",
+                      to_string(q.device, q.device_index)));
+    }
+    const runtime::Fp8Descales d = runtime::check_descales(options.descale, q, s);
+    std::vector<float> qf, kf, vf;
+    AttentionOptions plain = options;
+    plain.descale = {};
+    flex_attention_cpu_into(dequantize(q, d.q, d.q_stride, qf), dequantize(k, d.k, d.k_stride, kf),
+                            dequantize(v, d.v, d.v_stride, vf), out, lse, plain, cpu);
     return;
   }
   const QkvShape s = cpu::check_cpu_qkv("flex_attention_cpu", q, k, v);
+  runtime::check_descales(options.descale, q, s);  // none for f32 / f16 / bf16
   check_output("out", out, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
   if (lse != nullptr) check_output("lse", *lse, {s.batch, s.heads_q, s.seqlen_q});
   const Mods& mods = options.mods;
@@ -102,9 +139,9 @@ void flex_attention_cpu_into(const TensorRef& q, const TensorRef& k, const Tenso
 
 CpuAttentionResult flex_attention_cpu(const TensorRef& q, const TensorRef& k, const TensorRef& v,
                                       const AttentionOptions& options, const CpuRunOptions& cpu) {
-  const QkvShape s = options.kv_cache != nullptr
-                         ? validate_kv_cache(q, k, v, *options.kv_cache).qkv
-                         : cpu::check_cpu_qkv("flex_attention_cpu", q, k, v);
+  const QkvShape s = options.kv_cache != nullptr ? validate_kv_cache(q, k, v, *options.kv_cache).qkv
+                     : q.dtype == DType::E4M3    ? validate_forward_qkv(q, k, v)
+                                              : cpu::check_cpu_qkv("flex_attention_cpu", q, k, v);
   CpuAttentionResult r;
   r.shape = {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v};
   r.out.resize(static_cast<size_t>(s.batch * s.heads_q * s.seqlen_q * s.head_dim_v));

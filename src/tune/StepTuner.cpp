@@ -5,6 +5,7 @@
 #include "binding/AttentionCall.h"
 #include "device/CudaDriver.h"
 #include "device/Timer.h"
+#include "ir/Evaluate.h"
 #include "kernels/Registry.h"
 #include "plan/Plan.h"
 #include "tune/Prune.h"
@@ -77,6 +78,8 @@ double bits_to_double(DType dt, const char* p) {
     }
     case DType::Bool:
       return *p != 0 ? 1 : 0;
+    case DType::E4M3:
+      return ir::e4m3_bits_to_float(static_cast<uint8_t>(*p));
   }
   return 0;
 }

@@ -179,8 +179,10 @@ DType dtype_from_descr(std::string descr, const std::string& name) {
   if (descr == "<i4") return DType::I32;
   if (descr == "|b1" || descr == "|u1") return DType::Bool;
   if (descr == "<u2" || descr == "<V2" || descr == "|V2") return DType::BF16;
+  if (descr == "|V1" || descr == "<V1") return DType::E4M3;
   throw Error(fmt::format(
-      "{}: unsupported dtype '{}' (flexjit reads <f4 <f2 <i4 |b1 |u1, and bf16 as <u2 or <V2)",
+      "{}: unsupported dtype '{}' (flexjit reads <f4 <f2 <i4 |b1 |u1, bf16 as <u2 or <V2, and "
+      "e4m3 as |V1)",
       name, descr));
 }
 
@@ -298,6 +300,8 @@ std::string_view descr(DType t) {
       return "<i4";
     case DType::Bool:
       return "|b1";
+    case DType::E4M3:
+      return "|V1";
   }
   FJ_ASSERT(false, "unknown DType");
 }

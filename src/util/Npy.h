@@ -5,7 +5,8 @@
 //   '<f4' f32   '<f2' f16   '<i4' i32   '|b1' bool   '|u1' bool (nonzero becomes 1)
 //   '<u2' and '<V2' bf16 (raw bit patterns; ml_dtypes' bfloat16 saves as '<V2')
 // bf16 is written as '<u2': numpy has no bfloat16, and uint16 keeps the bits exact
-// (np.load(...).view(ml_dtypes.bfloat16) recovers it). '=' and native little-endian are
+// (np.load(...).view(ml_dtypes.bfloat16) recovers it). e4m3 (float8_e4m3fn) is read from and
+// written as '|V1', as ml_dtypes saves it. '=' and native little-endian are
 // accepted for '<'. Fortran-order files are transposed to C order on read.
 #pragma once
 

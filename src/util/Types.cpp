@@ -27,6 +27,8 @@ std::string_view to_string(DType t) {
       return "i32";
     case DType::Bool:
       return "bool";
+    case DType::E4M3:
+      return "e4m3";
   }
   FJ_ASSERT(false, "bad DType");
 }
@@ -43,6 +45,8 @@ std::string_view framework_name(DType t) {
       return "int32";
     case DType::Bool:
       return "bool";
+    case DType::E4M3:
+      return "float8_e4m3fn";
   }
   FJ_ASSERT(false, "bad DType");
 }
@@ -53,6 +57,7 @@ std::optional<DType> parse_dtype(std::string_view s) {
   if (s == "bf16" || s == "bfloat16") return DType::BF16;
   if (s == "i32" || s == "int32") return DType::I32;
   if (s == "bool") return DType::Bool;
+  if (s == "e4m3" || s == "float8_e4m3fn") return DType::E4M3;
   return std::nullopt;
 }
 
@@ -68,6 +73,7 @@ ScalarType load_type(DType t) {
     case DType::F32:
     case DType::F16:
     case DType::BF16:
+    case DType::E4M3:
       return ScalarType::F32;
     case DType::I32:
       return ScalarType::I32;
@@ -86,6 +92,7 @@ int dtype_size(DType t) {
     case DType::BF16:
       return 2;
     case DType::Bool:
+    case DType::E4M3:
       return 1;
   }
   FJ_ASSERT(false, "bad DType");

@@ -465,6 +465,129 @@ TEST_CASE("backward: buffer gradients summed along the tile's diagonals", "[gpu]
   }
 }
 
+namespace {
+
+// The plan flex_attention_backward would run for case `c` (its buffers bound), as text.
+std::string planned_backward(Context& ctx, BwdCase& c, const BackwardOptions& bo = {}) {
+  const AttentionShape& s = c.shape;
+  std::mt19937_64 rng(1);
+  bind_standard_mods(c.mods, s, rng, c.buffers, c.params);
+  const DeviceTensor q =
+      DeviceTensor::empty(ctx, c.dtype, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_qk});
+  const DeviceTensor k =
+      DeviceTensor::empty(ctx, c.dtype, {s.batch, s.heads_kv, s.seqlen_kv, s.head_dim_qk});
+  const DeviceTensor v =
+      DeviceTensor::empty(ctx, c.dtype, {s.batch, s.heads_kv, s.seqlen_kv, s.head_dim_v});
+  std::vector<DeviceTensor> keep;
+  AttentionOptions o;
+  o.mods = c.mods;
+  o.return_lse = true;
+  for (auto& [name, hb] : c.buffers) {
+    keep.push_back(DeviceTensor::from_host(ctx, hb.dtype, hb.shape, hb.bytes.data()));
+    o.bindings.buffers.emplace_back(name, keep.back().ref());
+  }
+  o.bindings.params = c.params;
+  return runtime::describe_backward_plan(ctx, q, k, v, o, bo);
+}
+
+// A float table of `shape` with N(0, 0.5) entries.
+HostBuffer random_table(std::mt19937_64& rng, std::vector<int64_t> shape) {
+  std::normal_distribution<float> n;
+  int64_t count = 1;
+  for (int64_t e : shape)
+    count *= e;
+  std::vector<float> v(static_cast<size_t>(count));
+  for (float& x : v)
+    x = 0.5f * n(rng);
+  return host_buffer(DType::F32, std::move(shape), v);
+}
+
+}  // namespace
+
+TEST_CASE("backward: small buffer gradients through a private shared-memory copy per CTA",
+          "[gpu][backward][bufgrad_smem]") {
+  // Tables of at most 4096 floats whose gradients land on few addresses (docs/backward.md "Small
+  // buffer gradients in shared memory"): each dK/dV CTA adds into its own copy in shared memory
+  // and flushes it with one atomic per element. T5's bucket table (the diagonal site on sm_90a,
+  // per element on sm80_mma), per-head tables indexed by kv_idx and by q_idx with a derivative
+  // that is not constant, a 4096-float table (the private copy, except on sm90a_wgmma at d = 128,
+  // whose tiles leave no 16 KiB: it keeps the global atomics there) and a relative-bias table of
+  // 8192 floats (the global path everywhere). Each against the fp64 CPU backward, both dQ
+  // strategies, and the plan's dK/dV description says which path it took (flag bufgrad_smem).
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const std::string family = GENERATE_COPY(from_range(test::backward_families(*ctx)));
+  test::BackwardFamilyScope family_scope(family);
+  INFO("backward family: " << family);
+  const uint64_t seed = fresh_seed();
+  struct Table {
+    const char* label;
+    const char* text;  // empty: the standard t5_bucketed_bias (bias[H, 32])
+    int64_t width;     // the table's second extent ([Hq, width])
+    int64_t smem;      // the flag's value (the copy's floats); 0: global atomics
+  };
+  const Table tables[] = {
+      {"t5 buckets", "", 32, 128},
+      {"per-head table by kv_idx",
+       "buffer tab: f32[H, 8]\nscore_mod = score + tab[h, kv_idx % 8]\nmask_mod = q_idx >= kv_idx",
+       8, 32},
+      {"per-head scale by q_idx",
+       "buffer tab: f32[H, 16]\nscore_mod = score * tab[h, (q_idx / 16) % 16]", 16, 64},
+      {"4096-float table",
+       "buffer tab: f32[H, 1024]\nscore_mod = score + tab[h, (q_idx + 3 * kv_idx) % 1024]", 1024,
+       4096},
+      {"relative table past shared memory",
+       "buffer tab: f32[H, 2048]\nscore_mod = score + tab[h, q_idx - kv_idx + 1000]", 2048, 0},
+  };
+  struct Shape {
+    int b, hq, hkv, sq, skv, d;
+  };
+  const Shape shapes[] = {{2, 4, 2, 200, 321, 128}, {1, 4, 1, 129, 1000, 64}};
+  int i = 0;
+  for (const Table& t : tables) {
+    for (const Shape& sh : shapes) {
+      BwdCase c;
+      c.mods = std::string(t.text).empty() ? standard_mods("t5_bucketed_bias") : parse_mods(t.text);
+      c.label = fmt::format("{} [{}]", t.label, family);
+      c.shape = make_shape(sh.b, sh.hq, sh.hkv, sh.sq, sh.skv, sh.d, sh.d);
+      // The variant's default dQ at d = 128 (on sm90a_wgmma: added by the dK/dV kernel, whose
+      // staging leaves the least shared memory), the second pass at d = 64.
+      c.dq_mode = sh.d == 128 ? BackwardOptions::DqMode::Auto : BackwardOptions::DqMode::SecondPass;
+      std::mt19937_64 brng(seed + 100 + static_cast<uint64_t>(i));
+      if (!std::string(t.text).empty()) c.buffers["tab"] = random_table(brng, {sh.hq, t.width});
+      BackwardOptions bo;
+      bo.dq_mode = c.dq_mode;
+      const std::string plan = planned_backward(*ctx, c, bo);
+      INFO(plan);
+      // sm90a_wgmma at d = 128 adding dQ itself: 197,672 bytes of dynamic shared memory and up
+      // to 27,840 of diagonal tables leave less than 16 KiB of the 227 KiB.
+      const bool no_room = family == "sm90a_wgmma" && sh.d == 128 && t.smem == 4096;
+      const int64_t want = no_room ? 0 : t.smem;
+      if (want > 0) {
+        CHECK_THAT(plan, Catch::Contains(fmt::format("bufgrad_smem={} ", want)));
+      } else {
+        CHECK_THAT(plan, !Catch::Contains("bufgrad_smem"));
+      }
+      check_backward_case(*ctx, c, seed + static_cast<uint64_t>(i++));
+    }
+  }
+  // Deterministic gradients keep their ordered slices (no private copy): bitwise the same on
+  // every run, and the fp64 rule.
+  if (family == "sm80_mma") {
+    BwdCase c;
+    c.mods = standard_mods("t5_bucketed_bias");
+    c.label = "t5 buckets [deterministic]";
+    c.shape = make_shape(2, 4, 2, 200, 321, 128, 128);
+    c.deterministic = true;
+    c.runs = 3;
+    BackwardOptions det;
+    det.deterministic = true;
+    const std::string plan = planned_backward(*ctx, c, det);
+    INFO(plan);
+    CHECK_THAT(plan, Catch::Contains("deterministic=1") && !Catch::Contains("bufgrad_smem"));
+    check_backward_case(*ctx, c, seed + static_cast<uint64_t>(i++));
+  }
+}
+
 TEST_CASE("backward: deterministic buffer gradients are bitwise the same on every run",
           "[gpu][backward][determ]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);

@@ -55,6 +55,9 @@ struct DecodeCase {
   // The forward variant the call must run ("sm80_mma", "sm90a_wgmma"; AttentionOptions::variant,
   // which fails the call where that variant cannot serve it), or "" for automatic selection.
   std::string variant;
+  // decode_split config overrides (AttentionOptions::config.params: "kv_copy", "num_stages",
+  // "block_n", ...).
+  std::map<std::string, int64_t> config;
   double tol = 0;  // 0: tolerance(dtype)
 };
 
@@ -195,6 +198,7 @@ Result run_case(Context& ctx, DecodeCase& c, std::mt19937_64& rng) {
   o.bindings = bindings;
   o.block_mask = c.block_mask;
   o.variant = c.variant;
+  o.config.params = c.config;
   if (c.kv_cache || ps > 0) o.kv_cache = &cache;
   Result r;
   r.workspace_bytes = flex_attention_workspace_bytes(ctx, dq, dk, dv, o);
@@ -249,9 +253,11 @@ Result check_case(Context& ctx, DecodeCase& c, std::mt19937_64& rng, uint64_t se
   const std::string summary = fmt::format(
       "{}{} {} B={} Hq={} Hkv={} Sq={} cap={} lens=[{}] page={}{} D={}/{} mods {}: out {}; lse "
       "max rel err {:.3e}, {} -inf mismatches (seed {})",
-      c.variant.empty() ? "" : c.variant + ": ", c.label, to_string(c.dtype), c.batch, c.heads_q,
-      c.heads_kv, c.seqlen_q, c.capacity, lens, c.page_size, c.head_major ? " head-major" : "",
-      c.dim_qk, c.dim_v, c.mods.name, r.out_err.str(), r.lse_max_err, r.lse_mismatched_inf, seed);
+      c.variant.empty() ? "" : c.variant + ": ",
+      c.config.empty() ? c.label : fmt::format("{} [{}]", c.label, fmt::join(c.config, " ")),
+      to_string(c.dtype), c.batch, c.heads_q, c.heads_kv, c.seqlen_q, c.capacity, lens, c.page_size,
+      c.head_major ? " head-major" : "", c.dim_qk, c.dim_v, c.mods.name, r.out_err.str(),
+      r.lse_max_err, r.lse_mismatched_inf, seed);
   INFO(summary);
   CHECK(r.out_err.nonfinite == 0);
   CHECK(r.out_err.rel <= (c.tol > 0 ? c.tol : tolerance(c.dtype)));
@@ -359,6 +365,123 @@ TEST_CASE("decode: paged KV cache, ragged lengths, shuffled and shared pages, GQ
     c.dim_qk = c.dim_v = pick(rng, std::vector<int>{64, 128});
     bind_standard(c, rng);
     check_case(*ctx, c, rng, seed);
+  }
+}
+
+TEST_CASE("decode: bulk K/V copies (kv_copy 1, 2) on contiguous, ragged and paged caches",
+          "[gpu][decode][kv_copy]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  if (ctx->arch() != "sm_90a" && ctx->arch() != "sm_90") {
+    SUCCEED("skipped: kv_copy needs sm_90 (this device: " + ctx->arch() + ")");
+    return;
+  }
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  struct Shape {
+    int page, gqa, sq, cap;
+    std::vector<int> lens;  // empty: contiguous K / V through the dispatch, every key
+    const char* mods;
+    int dqk, dv;
+    std::map<std::string, int64_t> config;  // besides kv_copy
+  };
+  const std::vector<Shape> shapes = {
+      // The anchors' shape (GQA 4, one token) and its config space's corners.
+      {0, 4, 1, 8192, {}, "noop", 128, 128, {}},
+      {0, 4, 4, 4096, {}, "alibi", 128, 128, {{"num_stages", 1}}},
+      {0,
+       4,
+       1,
+       2048,
+       {},
+       "softcap",
+       128,
+       128,
+       {{"block_n", 32}, {"num_warps", 2}, {"num_stages", 4}}},
+      {0,
+       4,
+       1,
+       4096,
+       {},
+       "noop",
+       128,
+       128,
+       {{"block_n", 128}, {"num_warps", 4}, {"num_stages", 2}, {"num_splits", 7}}},
+      // Ragged contiguous: lengths 0, 1 and ends inside a tile; head dims below their tiles.
+      {0, 3, 2, 1000, {1000, 0, 1, 999, 65}, "causal", 40, 72, {}},
+      // Paged: every page size class, shuffled and shared pages, 1 and 4 tokens, GQA 1..8.
+      {1, 5, 1, 64, {17, 64, 1}, "softcap", 128, 128, {}},
+      {16, 1, 4, 1024, {1000, 17, 0, 1024}, "noop", 64, 64, {}},
+      {16, 4, 1, 2048, {2048, 2047, 16}, "relative_bias", 128, 128, {{"num_stages", 4}}},
+      {64, 8, 16, 512, {511, 400}, "document_causal", 128, 64, {}},
+      {256, 6, 2, 8448, {8193, 8193, 300}, "sliding_window", 256, 256, {}},
+      {32,
+       2,
+       8,
+       256,
+       {200, 256, 129, 0},
+       "t5_bucketed_bias",
+       96,
+       96,
+       {{"block_n", 32}, {"num_warps", 2}}},
+  };
+  for (int kv_copy : {1, 2}) {
+    for (const Shape& sh : shapes) {
+      DecodeCase c;
+      c.label = sh.page > 0       ? fmt::format("paged ({}-key pages, gqa {})", sh.page, sh.gqa)
+                : sh.lens.empty() ? fmt::format("contiguous (gqa {})", sh.gqa)
+                                  : fmt::format("ragged (gqa {})", sh.gqa);
+      c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+      c.mods = standard_mods(sh.mods);
+      c.batch = sh.lens.empty() ? 2 : static_cast<int>(sh.lens.size());
+      c.heads_kv = 1 + static_cast<int>(rng() % 2);
+      c.heads_q = c.heads_kv * sh.gqa;
+      c.seqlen_q = sh.sq;
+      c.capacity = sh.cap;
+      c.lens = sh.lens;
+      c.kv_cache = !sh.lens.empty();
+      c.page_size = sh.page;
+      c.shared_prefix = sh.page > 0;
+      c.dim_qk = sh.dqk;
+      c.dim_v = sh.dv;
+      c.config = sh.config;
+      c.config["kv_copy"] = kv_copy;
+      bind_standard(c, rng);
+      check_case(*ctx, c, rng, seed);
+    }
+  }
+}
+
+TEST_CASE("decode: bulk K/V copies at small shapes (compute-sanitizer)",
+          "[gpu][decode][kv_copy][small]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  if (ctx->arch() != "sm_90a" && ctx->arch() != "sm_90") {
+    SUCCEED("skipped: kv_copy needs sm_90 (this device: " + ctx->arch() + ")");
+    return;
+  }
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  // Partial tiles, a length 0, 1- and 16-key pages, 1 and 2 stages (a stage's barrier reused).
+  for (int kv_copy : {1, 2}) {
+    for (int page : {0, 1, 16}) {
+      DecodeCase c;
+      c.label = fmt::format("small (pages {})", page);
+      c.mods = standard_mods("alibi");
+      c.batch = 3;
+      c.heads_kv = 2;
+      c.heads_q = 6;
+      c.seqlen_q = 2;
+      c.capacity = 272;
+      c.lens = {272, 0, 97};
+      c.kv_cache = true;
+      c.page_size = page;
+      c.shared_prefix = page > 0;
+      c.dim_qk = c.dim_v = 64;
+      c.config = {{"kv_copy", kv_copy}, {"num_stages", page == 16 ? 1 : 2}, {"num_splits", 3}};
+      bind_standard(c, rng);
+      check_case(*ctx, c, rng, seed);
+    }
   }
 }
 

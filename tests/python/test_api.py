@@ -318,10 +318,10 @@ def test_kernel_families_list_each_familys_kind_math_and_config_keys():
     assert (keys["persistent"]["min"], keys["persistent"]["max"]) == (0, 1)
     assert families["block_mask"]["kind"] == "" and not families["block_mask"]["math"]
     assert [k["name"] for k in families["decode_split"]["config_keys"]] == [
-        "block_n", "num_warps", "num_stages", "num_splits"]
+        "block_n", "num_warps", "num_stages", "num_splits", "kv_copy"]
     # The config dict of a forward call takes the keys of the forward and decode families.
     q = np.zeros((1, 1, 4, 64), np.float32)
-    with pytest.raises(flexjit.RuntimeError, match="num_splits, variant"):
+    with pytest.raises(flexjit.RuntimeError, match="num_splits, kv_copy, variant"):
         flexjit.flex_attention(q, q, q, config={"num_split": 2})
 
 

@@ -155,7 +155,7 @@ def test_a_valid_config_is_accepted_and_the_cpu_result_unchanged():
 
 
 FORWARD_KEYS = ("block_m, block_n, num_warps, num_stages, q_tiles, persistent, num_splits, "
-                "variant, autotune, math")
+                "kv_copy, variant, autotune, math")
 BACKWARD_KEYS = "block_m, block_n, num_warps, num_stages, variant, autotune, math, dq_mode"
 
 
@@ -201,12 +201,13 @@ def test_backward_config_errors(config, message):
 
 
 FLOATS = "float32, float16, bfloat16"
+QKV_FLOATS = FLOATS + ", float8_e4m3fn"  # e4m3 q, k, v: the sm_90a forward (docs/attention.md)
 
 
 @pytest.mark.parametrize("arg, dtype, message", [
-    ("q", np.float64, f"q has dtype float64; flexjit takes {FLOATS} for q"),
-    ("k", np.int64, f"k has dtype int64; flexjit takes {FLOATS} for k"),
-    ("v", np.uint16, f"v has dtype uint16; flexjit takes {FLOATS} for v"),
+    ("q", np.float64, f"q has dtype float64; flexjit takes {QKV_FLOATS} for q"),
+    ("k", np.int64, f"k has dtype int64; flexjit takes {QKV_FLOATS} for k"),
+    ("v", np.uint16, f"v has dtype uint16; flexjit takes {QKV_FLOATS} for v"),
     ("out", np.float64, f"out has dtype float64; flexjit takes {FLOATS} for out"),
     ("lse", np.float64, "lse has dtype float64; flexjit takes float32 for lse"),
 ])

@@ -106,6 +106,7 @@ class PassesEnv {
         break;
       }
       case DType::Bool:
+      case DType::E4M3:  // (captured buffers take no e4m3)
         base[i] = static_cast<uint8_t>(rng_() % 2);
         break;
     }

@@ -363,8 +363,9 @@ TEST_CASE("paged prefill: the paged forward compiles for sm_80 and sm_90a withou
 
 // forward/sm90a_wgmma on a KV cache (docs/kernels/forward_sm90.md "KV caches"): every page size
 // from 1 to 256 and ragged contiguous K / V, the default tiles of head dims 64, 128, 256 (64-key
-// tiles) and 192 / 128, and the other KV tiles (64, 176, 192 keys:
-// pages they do not divide are gathered), with standard mods and the chunk's offset as a buffer.
+// tiles) and 192 / 128, and the other KV tiles (64, 176, 192 keys: pages of 8 keys or more that
+// divide a tile take a TMA box each, others are gathered), with standard mods and the chunk's
+// offset as a buffer.
 // The producer warpgroup's loaders run at 40 registers and the consumers at 232: no spills.
 TEST_CASE("paged prefill: forward/sm90a_wgmma compiles every page size and tile without spills",
           "[decode][prefill][sm90][nvrtc]") {

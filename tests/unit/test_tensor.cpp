@@ -102,5 +102,5 @@ TEST_CASE("validate_qkv messages name the offending tensor", "[runtime]") {
   cpu_k.device = TensorRef::Device::CPU;
   CHECK_THROWS_WITH(validate_qkv(q, cpu_k, v), "q is on cuda:0 but k is on cpu");
   CHECK_THROWS_WITH(validate_qkv(t4(DType::I32, {2, 12, 64, 128}), k, v),
-                    "q has dtype i32; attention takes f16, bf16 or f32");
+                    "q has dtype i32; attention takes f16, bf16, f32 or e4m3");
 }

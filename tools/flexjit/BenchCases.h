@@ -37,6 +37,11 @@ struct BenchCase {
   // A case of the user's own mods (`bench --shape ... --mods X`): used instead of `mods`, which
   // then only names the case.
   std::shared_ptr<const Mods> custom_mods = nullptr;
+  // q, k, v's dtype: bf16, or e4m3 (group "fp8": per-tensor descales, out bf16).
+  DType dtype = DType::BF16;
+  // An e4m3 KV cache (decode groups): q bf16, K / V e4m3 with per-kv-head scales, passed as a
+  // KvCache (full lengths; paged with page_size); its K/V bytes are half of bf16's.
+  bool kv_e4m3 = false;
 };
 
 // The chunked-prefill cases' mods: causal with the chunk at the end of each sequence, the offset
@@ -57,6 +62,9 @@ struct CaseSelection {
   // `bench --shape`: only this shape (group "custom"; self-attention, Sq = Skv), with the eight
   // standard cases (`quick`: four); replaces every other group.
   std::optional<BenchShape> custom = std::nullopt;
+  // Also the main shape's noop and causal with e4m3 q, k, v (group "fp8", beside the bf16
+  // rows; the e4m3 forward of sm_90a, docs/kernels/forward_sm90.md "FP8").
+  bool fp8 = false;
 };
 
 // Parses --shape's "B,Hq,Hkv,S,D" (positive; Hq a multiple of Hkv; D is the kernels' to

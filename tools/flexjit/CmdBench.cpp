@@ -16,6 +16,7 @@
 #include "flexjit/BenchCases.h"
 #include "flexjit/Commands.h"
 #include "flexjit/Options.h"
+#include "ir/Evaluate.h"
 #include "kernels/KernelQuery.h"
 #include "kernels/MathMode.h"
 #include "plan/ContextImpl.h"
@@ -266,23 +267,31 @@ constexpr const char* kCsvHeader =
 std::string csv_line(const AttentionRow& r) {
   const BenchShape& s = r.c.shape;
   if (!r.error.empty()) {
-    return fmt::format("flexjit,{},{},{},{},{},{},{},bfloat16,,,,,,,", r.c.name, s.batch, s.heads_q,
-                       s.heads_kv, s.seqlen_q, s.seqlen_kv, s.dims());
+    return fmt::format("flexjit,{},{},{},{},{},{},{},{},,,,,,,", r.c.name, s.batch, s.heads_q,
+                       s.heads_kv, s.seqlen_q, s.seqlen_kv, s.dims(), framework_name(r.c.dtype));
   }
   const std::string bwd =
       r.bwd_ms > 0 ? fmt::format("{:.4f},{:.1f}", r.bwd_ms, r.bwd_tflops) : std::string(",");
   const std::string first_bwd = r.bwd_ms > 0 ? fmt::format("{:.2f}", r.first_bwd_s) : "";
-  return fmt::format("flexjit,{},{},{},{},{},{},{},bfloat16,{:.4f},{:.4f},{:.1f},{},{:.2f},{}",
-                     r.c.name, s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_kv, s.dims(),
-                     r.density, r.fwd_ms, r.fwd_tflops, bwd, r.first_call_s, first_bwd);
+  return fmt::format("flexjit,{},{},{},{},{},{},{},{},{:.4f},{:.4f},{:.1f},{},{:.2f},{}", r.c.name,
+                     s.batch, s.heads_q, s.heads_kv, s.seqlen_q, s.seqlen_kv, s.dims(),
+                     framework_name(r.c.dtype), r.density, r.fwd_ms, r.fwd_tflops, bwd,
+                     r.first_call_s, first_bwd);
 }
 
 nlohmann::json json_row(const AttentionRow& r) {
   const BenchShape& s = r.c.shape;
-  nlohmann::json j = {{"case", r.c.name}, {"group", r.c.group}, {"mods", r.c.mods},
-                      {"B", s.batch},     {"Hq", s.heads_q},    {"Hkv", s.heads_kv},
-                      {"Sq", s.seqlen_q}, {"Skv", s.seqlen_kv}, {"D", s.head_dim},
-                      {"Dv", s.dim_v()},  {"dtype", "bfloat16"}};
+  nlohmann::json j = {{"case", r.c.name},
+                      {"group", r.c.group},
+                      {"mods", r.c.mods},
+                      {"B", s.batch},
+                      {"Hq", s.heads_q},
+                      {"Hkv", s.heads_kv},
+                      {"Sq", s.seqlen_q},
+                      {"Skv", s.seqlen_kv},
+                      {"D", s.head_dim},
+                      {"Dv", s.dim_v()},
+                      {"dtype", framework_name(r.c.dtype)}};
   if (!r.error.empty()) {
     j["error"] = r.error;
     return j;
@@ -405,7 +414,9 @@ class InputPool {
 
 struct InputSet {
   DeviceTensor q, k, v;
+  DeviceTensor descale;               // e4m3 cases: 1 / kFp8Gain for q, k and v alike
   DeviceTensor page_table, seq_lens;  // paged cases
+  DeviceTensor k_scale, v_scale;      // e4m3 KV caches
   KvCache cache;
 };
 
@@ -433,6 +444,57 @@ void make_paged(Context& ctx, InputSet& in, const BenchShape& s, int page_size, 
   in.page_table = DeviceTensor::from_host(ctx, DType::I32, {s.batch, max_pages}, table.data());
   in.cache.page_table = in.page_table.ref();
   add_seq_lens(ctx, in, s);
+}
+
+// e4m3 inputs (the "fp8" cases): the pool's N(0, 1) values times kFp8Gain rounded to e4m3 (within
+// its 448), descale 1 / kFp8Gain per tensor, as a per-tensor quantizer would make them.
+constexpr float kFp8Gain = 64.0f;
+void make_fp8(Context& ctx, InputSet& in, const std::vector<int64_t>& qshape,
+              const std::vector<int64_t>& kshape, const std::vector<int64_t>& vshape,
+              InputPool& pool) {
+  auto quantized = [&](const std::vector<int64_t>& shape) {
+    size_t n = 1;
+    for (int64_t d : shape)
+      n *= static_cast<size_t>(d);
+    const std::vector<uint16_t> bf16 = pool.take(n);
+    std::vector<uint8_t> bytes(n);
+    for (size_t i = 0; i < n; ++i)
+      bytes[i] = ir::float_to_e4m3_bits(ir::bf16_bits_to_float(bf16[i]) * kFp8Gain);
+    return DeviceTensor::from_host(ctx, DType::E4M3, shape, bytes.data());
+  };
+  in.q = quantized(qshape);
+  in.k = quantized(kshape);
+  in.v = quantized(vshape);
+  const float descale = 1.0f / kFp8Gain;
+  in.descale = DeviceTensor::from_host(ctx, DType::F32, {1}, &descale);
+}
+
+// An e4m3 KV cache from the set's bf16 K / V (contiguous [B, Hkv, S, D] or pools [pages, page,
+// Hkv, D]): per-kv-head scales s_h = (1 + h % 4) / 64, k / s_h rounded to e4m3, as a per-head
+// quantizer would store them (values within e4m3's 448).
+void make_e4m3_cache(Context& ctx, InputSet& in, int64_t heads_kv, bool paged) {
+  auto quantize = [&](const DeviceTensor& t, const std::vector<float>& scale) {
+    const TensorRef r = t.ref();
+    std::vector<uint16_t> bf16(static_cast<size_t>(r.numel()));
+    t.copy_to_host(bf16.data());
+    const int64_t d = r.shape[3], head_dim = paged ? 2 : 1;
+    const int64_t inner = d * (paged ? 1 : r.shape[2]);  // elements per head step
+    std::vector<uint8_t> bytes(bf16.size());
+    for (size_t i = 0; i < bf16.size(); ++i) {
+      const int64_t h = static_cast<int64_t>(i) / inner % r.shape[head_dim];
+      bytes[i] = ir::float_to_e4m3_bits(ir::bf16_bits_to_float(bf16[i]) / scale[h]);
+    }
+    return DeviceTensor::from_host(ctx, DType::E4M3, r.shape, bytes.data());
+  };
+  std::vector<float> scale(static_cast<size_t>(heads_kv));
+  for (int64_t h = 0; h < heads_kv; ++h)
+    scale[h] = static_cast<float>(1 + h % 4) / 64.0f;
+  in.k = quantize(in.k, scale);
+  in.v = quantize(in.v, scale);
+  in.k_scale = DeviceTensor::from_host(ctx, DType::F32, {heads_kv}, scale.data());
+  in.v_scale = DeviceTensor::from_host(ctx, DType::F32, {heads_kv}, scale.data());
+  in.cache.k_scale = in.k_scale.ref();
+  in.cache.v_scale = in.v_scale.ref();
 }
 
 // Device-to-device copy bandwidth (read + write bytes / time) of a 1 GiB buffer: the reference
@@ -541,10 +603,11 @@ void run_attention_bench(const AttentionBenchOptions& o) {
     std::fflush(stdout);
   } else if (table) {
     fmt::print(
-        "# flexjit bench: {} ({}, {} SMs, L2 {} MiB); forward, bf16, {} transcendentals "
+        "# flexjit bench: {} ({}, {} SMs, L2 {} MiB); forward, bf16{}, {} transcendentals "
         "(--math {}), median of CUDA-event timings{}; TFLOP/s = 2·B·Hq·Sq·Skv·(Dqk + Dv)·density / "
         "time\n",
         ctx.device_name(), ctx.arch(), ctx.sm_count(), timer.l2_bytes() >> 20,
+        o.selection.fp8 ? " (group fp8: e4m3 q, k, v, bf16 out)" : "",
         kernels::resolve_fast_math(o.math, DType::BF16) ? "approximate" : "exact",
         to_string(o.math), o.no_flush ? "" : ", L2 flushed before each repeat");
     fmt::print(kTableHeaderFormat, "case", "group", "B", "Hq", "Hkv", "Sq", "Skv", "D", "density",
@@ -557,6 +620,8 @@ void run_attention_bench(const AttentionBenchOptions& o) {
   std::vector<InputSet> sets;
   DeviceTensor out;
   std::optional<BenchShape> current;
+  DType current_dtype = DType::BF16;
+  bool current_kv_e4m3 = false;
   int current_page = 0;
   bool current_ragged = false;
   for (const BenchCase& c : cases) {
@@ -578,7 +643,9 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       }
       Context& call_ctx = case_ctx ? *case_ctx : ctx;
       if (!current || !same_shape(*current, s) || current_page != c.page_size ||
-          current_ragged != c.ragged) {
+          current_ragged != c.ragged || current_dtype != c.dtype || current_kv_e4m3 != c.kv_e4m3) {
+        current_dtype = c.dtype;
+        current_kv_e4m3 = c.kv_e4m3;
         current_page = c.page_size;
         current_ragged = c.ragged;
         sets.clear();
@@ -599,6 +666,11 @@ void run_attention_bench(const AttentionBenchOptions& o) {
                 : std::min<size_t>(8, 2 * timer.l2_bytes() / std::max<size_t>(set_bytes, 1) + 1);
         for (size_t i = 0; i < nsets; ++i) {
           InputSet in;
+          if (c.dtype == DType::E4M3) {
+            make_fp8(ctx, in, qshape, kshape, vshape, pool);
+            sets.push_back(std::move(in));
+            continue;
+          }
           in.q = DeviceTensor::from_host(ctx, DType::BF16, qshape, pool.take(qn).data());
           if (c.page_size > 0) {
             make_paged(ctx, in, s, c.page_size, pool);
@@ -607,6 +679,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
             in.v = DeviceTensor::from_host(ctx, DType::BF16, vshape, pool.take(vn).data());
             if (c.ragged) add_seq_lens(ctx, in, s);
           }
+          if (c.kv_e4m3) make_e4m3_cache(ctx, in, s.heads_kv, c.page_size > 0);
           sets.push_back(std::move(in));
         }
         out = DeviceTensor::empty(ctx, DType::BF16, {s.batch, s.heads_q, s.seqlen_q, s.dim_v()});
@@ -643,6 +716,10 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       // (0xffff) first so that an element the kernel never writes is counted.
       out.fill_bytes(0xff);
       if (kv_cache) aopts.kv_cache = &sets[0].cache;
+      if (c.dtype == DType::E4M3) {
+        const TensorRef f = sets[0].descale.ref();
+        aopts.descale = {f, f, f};
+      }
       // A multi-kernel plan (split-KV decoding) gets its workspace once, as a serving loop
       // would give it, rather than from the stream-ordered allocator on every call. The
       // workspace query plans the call, which compiles its kernels: it belongs to the first
@@ -749,7 +826,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
         }
       }
       if (s.seqlen_q <= 16 && s.seqlen_kv > s.seqlen_q && row.fwd_ms > 0) {
-        row.kv_tbps = kv_bytes(s) / (row.fwd_ms * 1e-3) / 1e12;
+        row.kv_tbps = kv_bytes(s) * (c.kv_e4m3 ? 0.5 : 1.0) / (row.fwd_ms * 1e-3) / 1e12;
       }
       if (tuned_mode) {
         const InputSet& in0 = sets[0];
@@ -850,6 +927,30 @@ void run_attention_bench(const AttentionBenchOptions& o) {
       fmt::print("  {:<14} {:<18} {:.3f} ms  {:.2f} TB/s  = {:.0f}% of copy\n", r.c.group, r.c.name,
                  r.fwd_ms, r.kv_tbps, 100.0 * r.kv_tbps / copy);
     }
+    // e4m3 caches: tokens per second against the bf16 row of the same case (group without
+    // "_e4m3"); issue 31's target 1.8x at 8k keys.
+    for (const AttentionRow& r : rows) {
+      if (!r.c.kv_e4m3 || !r.error.empty() || r.fwd_ms <= 0) continue;
+      const std::string bf16_group = r.c.group.substr(0, r.c.group.rfind("_e4m3"));
+      for (const AttentionRow& b : rows) {
+        if (b.c.kv_e4m3 || b.c.group != bf16_group || b.c.name != r.c.name || b.fwd_ms <= 0 ||
+            !b.error.empty())
+          continue;
+        fmt::print("  {:<17} {:<18} e4m3 cache: {:.2f}x the tokens/s of bf16 (target 1.8x)\n",
+                   r.c.group, r.c.name, b.fwd_ms / r.fwd_ms);
+      }
+    }
+  }
+  if (o.selection.fp8) {
+    // Issue 31: the e4m3 forward at >= 1.5x the bf16 forward of the same run (main shape).
+    for (const AttentionRow& r : rows) {
+      if (r.c.group != "fp8" || !r.error.empty()) continue;
+      const std::optional<double> bf16 = main_tflops(r.c.name.c_str());
+      fmt::print(
+          "fp8 {:<8} {:.1f} TFLOP/s{}\n", r.c.name, r.fwd_tflops,
+          bf16 ? fmt::format(" = {:.2f}x bf16's {:.1f} (target 1.5x)", r.fwd_tflops / *bf16, *bf16)
+               : std::string(" (bf16 row not run)"));
+    }
   }
   int failed = 0, nonfinite = 0;
   for (const AttentionRow& r : rows) {
@@ -924,6 +1025,9 @@ void register_bench(CLI::App& app) {
                 "reports the K/V bandwidth (TB/s) against the device's copy bandwidth; and "
                 "chunked prefill (group prefill: 2048 queries against 8192 keys, offset causal) "
                 "contiguous, ragged and in 16-key pages, in TFLOP/s");
+  cmd->add_flag("--fp8", a.selection.fp8,
+                "Also the main shape's noop and causal with e4m3 (float8_e4m3fn) q, k, v and "
+                "per-tensor descales, out bf16 (group fp8; sm_90a)");
   cmd->add_flag("--quick", a.selection.quick,
                 "Main shape: only noop, causal, alibi+causal, document+causal");
   cmd->add_flag("--small", a.selection.small,
@@ -936,7 +1040,7 @@ void register_bench(CLI::App& app) {
                   "of those mods (its mask_mod builds the block mask)");
   cmd->add_option("--case", a.cases,
                   "Comma-separated case names (causal, alibi+causal, ...) or groups (main, gqa, "
-                  "d64, long, decode, small)");
+                  "d64, long, decode, decode_e4m3, small)");
   cmd->add_option("--csv", a.csv, "Also write the rows as CSV (the anchors' columns) to FILE");
   cmd->add_flag("--json", a.json, "Print JSON instead of the table");
   cmd->add_flag("--no-flush", a.no_flush, "Do not flush the L2 between repeats");

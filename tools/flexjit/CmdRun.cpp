@@ -46,6 +46,7 @@ struct RunOptions {
   std::string q, k, v, out, lse;
   std::vector<std::string> buffers, params;
   std::string dtype = "auto";
+  std::string descale;  // --descale Q,K,V: the e4m3 inputs' per-tensor factors
   float scale = 0.0f;
   bool has_scale = false;
   int block_size = kDefaultSparseBlockSize;
@@ -59,8 +60,8 @@ struct RunOptions {
   std::string dout, dq, dk, dv;
   std::vector<std::string> dbuffers;  // NAME=FILE.npy
   bool deterministic = false;
-  // A KV cache (include/flexjit/paged_kv.h): int32 .npy files.
-  std::string page_table, seq_lens;
+  // A KV cache (include/flexjit/paged_kv.h): int32 .npy files; an e4m3 cache's f32 [Hkv] scales.
+  std::string page_table, seq_lens, k_scale, v_scale;
   bool check_pages = false;
   bool check_buffers = false;  // --check-buffers: AttentionOptions::check_buffers
   std::string math = "auto";   // --math: the GPU kernels' transcendentals (the CPU is exact)
@@ -77,25 +78,31 @@ std::pair<std::string, std::string> split_binding(const std::string& s, const ch
   return {s.substr(0, eq), s.substr(eq + 1)};
 }
 
+// The dtypes --dtype takes for q, k, v.
+bool input_dtype(DType t) {
+  return t == DType::F16 || t == DType::BF16 || t == DType::F32 || t == DType::E4M3;
+}
+
 // Reads q / k / v: f16 or bf16 (a '<u2' file is bf16 unless --dtype f16 says it holds f16
-// bits), or f32 (rejected later by flex_attention with the reason).
+// bits), f32 (rejected later by flex_attention with the reason), or e4m3 ('|V1', as ml_dtypes'
+// float8_e4m3fn saves; factors from --descale).
 npy::Array read_input(const std::string& path, const char* name, const std::string& dtype) {
   npy::Array a = npy::read(path);
   if (dtype == "f16" && a.dtype == DType::BF16) a.dtype = DType::F16;  // uint16 bits of f16
   if (dtype != "auto") {
     auto want = parse_dtype(dtype);
-    if (!want || (*want != DType::F16 && *want != DType::BF16 && *want != DType::F32)) {
-      throw Error(fmt::format("--dtype '{}': use auto, bf16, f16 or f32", dtype));
+    if (!want || !input_dtype(*want)) {
+      throw Error(fmt::format("--dtype '{}': use auto, bf16, f16, f32 or e4m3", dtype));
     }
     if (a.dtype != *want) {
       throw Error(fmt::format("--{} {}: holds {} but --dtype says {}", name, path,
                               to_string(a.dtype), dtype));
     }
   }
-  if (a.dtype != DType::F16 && a.dtype != DType::BF16 && a.dtype != DType::F32) {
+  if (!input_dtype(a.dtype)) {
     throw Error(
         fmt::format("--{} {}: holds {}; q, k and v must be float16, bfloat16 (saved as "
-                    "uint16) or float32",
+                    "uint16), float32 or float8_e4m3fn (saved as |V1)",
                     name, path, to_string(a.dtype)));
   }
   if (a.shape.size() != 4) {
@@ -109,9 +116,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// --random B,H,S,D: [B, H, S, D] of N(0, 1) values, f32 (or the bits of --dtype bf16 / f16).
+// --random B,H,S,D: [B, H, S, D] of N(0, 1) values, f32 (or the bits of --dtype bf16 / f16; or
+// for e4m3 x / descale rounded to e4m3, with descale = max |x| / 448 unless *descale > 0 gives
+// it; *descale is set to the factor used).
 npy::Array random_input(const std::string& flag, const std::vector<int64_t>& shape, DType dtype,
-                        uint32_t seed) {
+                        uint32_t seed, float* descale = nullptr) {
   npy::Array a;
   try {
     a = npy::make_array(dtype, shape);
@@ -120,6 +129,18 @@ npy::Array random_input(const std::string& flag, const std::vector<int64_t>& sha
   }
   std::mt19937 rng(seed);
   std::normal_distribution<float> n01(0.0f, 1.0f);
+  if (dtype == DType::E4M3) {
+    std::vector<float> x(static_cast<size_t>(a.numel()));
+    float amax = 0.0f;
+    for (float& e : x) {
+      e = n01(rng);
+      amax = std::max(amax, std::abs(e));
+    }
+    if (*descale <= 0.0f) *descale = std::max(amax, 1e-6f) / 448.0f;
+    for (size_t i = 0; i < x.size(); ++i)
+      reinterpret_cast<uint8_t*>(a.bytes.data())[i] = ir::float_to_e4m3_bits(x[i] / *descale);
+    return a;
+  }
   for (int64_t i = 0; i < a.numel(); ++i) {
     const float x = n01(rng);
     if (dtype == DType::F32) {
@@ -226,6 +247,8 @@ float element(const npy::Array& a, int64_t i) {
       return ir::f16_bits_to_float(a.as<uint16_t>()[i]);
     case DType::BF16:
       return ir::bf16_bits_to_float(a.as<uint16_t>()[i]);
+    case DType::E4M3:
+      return ir::e4m3_bits_to_float(a.as<uint8_t>()[i]);
     default:
       return 0.0f;
   }
@@ -236,9 +259,35 @@ struct Inputs {
   Mods mods;
   npy::Array q, k, v;
   npy::Array page_table, seq_lens;  // numel 0 / empty shape: not given
+  npy::Array k_scale, v_scale;      // an e4m3 KV cache's scales (empty shape: not given)
   std::vector<std::pair<std::string, npy::Array>> buffers;
   std::vector<std::pair<std::string, double>> params;
+  // e4m3 q, k, v: their per-tensor descale factors (AttentionOptions::descale).
+  std::vector<float> descale;
 };
+
+// --descale Q,K,V: three positive factors (e4m3 inputs only).
+std::vector<float> parse_descale(const std::string& text) {
+  std::vector<float> f;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string part = text.substr(start, comma - start);
+    char* end = nullptr;
+    const float x = std::strtof(part.c_str(), &end);
+    if (part.empty() || *end != '\0' || !(x > 0.0f) || !std::isfinite(x)) {
+      throw Error(fmt::format("--descale '{}': '{}' is not a positive number (expected Q,K,V)",
+                              text, part));
+    }
+    f.push_back(x);
+    start = comma + 1;
+  }
+  if (f.size() != 3) {
+    throw Error(
+        fmt::format("--descale '{}': expected three factors Q,K,V, not {}", text, f.size()));
+  }
+  return f;
+}
 
 Inputs prepare(const RunOptions& o, bool on_cpu) {
   Inputs in;
@@ -252,14 +301,17 @@ Inputs prepare(const RunOptions& o, bool on_cpu) {
     DType dt = on_cpu ? DType::F32 : DType::BF16;
     if (o.dtype != "auto") {
       auto want = parse_dtype(o.dtype);
-      if (!want || (*want != DType::F16 && *want != DType::BF16 && *want != DType::F32)) {
-        throw Error(fmt::format("--dtype '{}': use auto, bf16, f16 or f32", o.dtype));
+      if (!want || !input_dtype(*want)) {
+        throw Error(fmt::format("--dtype '{}': use auto, bf16, f16, f32 or e4m3", o.dtype));
       }
       dt = *want;
     }
-    in.q = random_input(o.random, d, dt, 1);
-    in.k = random_input(o.random, d, dt, 2);
-    in.v = random_input(o.random, d, dt, 3);
+    // e4m3: each tensor quantized with its --descale factor, or max |x| / 448.
+    in.descale = o.descale.empty() ? std::vector<float>(3, 0.0f) : parse_descale(o.descale);
+    in.q = random_input(o.random, d, dt, 1, &in.descale[0]);
+    in.k = random_input(o.random, d, dt, 2, &in.descale[1]);
+    in.v = random_input(o.random, d, dt, 3, &in.descale[2]);
+    if (dt != DType::E4M3) in.descale.clear();
   } else {
     if (o.q.empty() || o.k.empty() || o.v.empty()) {
       throw Error("flexjit run: give --q, --k and --v (.npy files), or --random B,H,S,D");
@@ -267,6 +319,13 @@ Inputs prepare(const RunOptions& o, bool on_cpu) {
     in.q = read_input(o.q, "q", o.dtype);
     in.k = read_input(o.k, "k", o.dtype);
     in.v = read_input(o.v, "v", o.dtype);
+    if (in.q.dtype == DType::E4M3) {
+      in.descale = o.descale.empty() ? std::vector<float>(3, 1.0f) : parse_descale(o.descale);
+    }
+  }
+  if (!o.descale.empty() && in.descale.empty()) {
+    throw Error(fmt::format("--descale applies to e4m3 inputs (--dtype e4m3); q is {}",
+                            to_string(in.q.dtype)));
   }
   if (!o.page_table.empty() || !o.seq_lens.empty()) {
     if (!o.random.empty()) {
@@ -274,6 +333,10 @@ Inputs prepare(const RunOptions& o, bool on_cpu) {
     }
     if (!o.page_table.empty()) in.page_table = npy::read(o.page_table);
     if (!o.seq_lens.empty()) in.seq_lens = npy::read(o.seq_lens);
+    if (!o.k_scale.empty()) in.k_scale = npy::read(o.k_scale);
+    if (!o.v_scale.empty()) in.v_scale = npy::read(o.v_scale);
+  } else if (!o.k_scale.empty() || !o.v_scale.empty()) {
+    throw Error("--k-scale / --v-scale dequantize an e4m3 KV cache: give --seq-lens too");
   }
   for (const std::string& b : o.buffers) {
     auto [name, path] = split_binding(b, "--buffer");
@@ -324,6 +387,13 @@ AttentionOptions host_options(const RunOptions& o, const Inputs& in) {
   opts.bindings.params = in.params;
   if (o.has_scale) opts.scale = o.scale;
   opts.check_buffers = o.check_buffers;
+  if (!in.descale.empty()) {
+    auto factor = [&](int i) {
+      return TensorRef::contiguous(const_cast<float*>(&in.descale[static_cast<size_t>(i)]),
+                                   DType::F32, {1});
+    };
+    opts.descale = {factor(0), factor(1), factor(2)};
+  }
   return opts;
 }
 
@@ -381,6 +451,8 @@ KvCache host_kv_cache(const RunOptions& o, const Inputs& in) {
   KvCache cache;
   if (!in.page_table.shape.empty()) cache.page_table = in.page_table.view();
   if (!in.seq_lens.shape.empty()) cache.seq_lens = in.seq_lens.view();
+  if (!in.k_scale.shape.empty()) cache.k_scale = in.k_scale.view();
+  if (!in.v_scale.shape.empty()) cache.v_scale = in.v_scale.view();
   cache.check_pages = o.check_pages;
   return cache;
 }
@@ -714,7 +786,7 @@ void run_cpu(const RunOptions& o) {
   if (has_kv_cache(in)) opts.kv_cache = &cache;
   const QkvShape s = has_kv_cache(in)
                          ? validate_kv_cache(in.q.view(), in.k.view(), in.v.view(), cache).qkv
-                         : validate_qkv(in.q.view(), in.k.view(), in.v.view());
+                         : validate_forward_qkv(in.q.view(), in.k.view(), in.v.view());
   CpuRunOptions cro;
   cro.num_threads = o.threads;
   npy::Array out = npy::make_array(DType::F32, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
@@ -754,7 +826,7 @@ void run_cuda(const RunOptions& o) {
   const DeviceTensor k = DeviceTensor::from_host(ctx, in.k.dtype, in.k.shape, in.k.bytes.data());
   const DeviceTensor v = DeviceTensor::from_host(ctx, in.v.dtype, in.v.shape, in.v.bytes.data());
   KvCache cache;
-  DeviceTensor page_table, seq_lens;
+  DeviceTensor page_table, seq_lens, k_scale, v_scale;
   const bool kv_cache = has_kv_cache(in);
   if (kv_cache) {
     auto upload_index = [&](const npy::Array& a) {
@@ -762,11 +834,16 @@ void run_cuda(const RunOptions& o) {
     };
     if (!in.page_table.shape.empty()) page_table = upload_index(in.page_table);
     if (!in.seq_lens.shape.empty()) seq_lens = upload_index(in.seq_lens);
+    if (!in.k_scale.shape.empty()) k_scale = upload_index(in.k_scale);
+    if (!in.v_scale.shape.empty()) v_scale = upload_index(in.v_scale);
     cache.page_table = page_table.defined() ? page_table.ref() : TensorRef{};
     cache.seq_lens = seq_lens.defined() ? seq_lens.ref() : TensorRef{};
+    cache.k_scale = k_scale.defined() ? k_scale.ref() : TensorRef{};
+    cache.v_scale = v_scale.defined() ? v_scale.ref() : TensorRef{};
     cache.check_pages = o.check_pages;
   }
-  const QkvShape s = kv_cache ? validate_kv_cache(q, k, v, cache).qkv : validate_qkv(q, k, v);
+  const QkvShape s =
+      kv_cache ? validate_kv_cache(q, k, v, cache).qkv : validate_forward_qkv(q, k, v);
 
   AttentionOptions opts;
   opts.mods = in.mods;
@@ -782,6 +859,11 @@ void run_cuda(const RunOptions& o) {
   opts.check_buffers = o.check_buffers;
   opts.return_lse = !o.lse.empty() || !o.dout.empty();
   if (kv_cache) opts.kv_cache = &cache;
+  // e4m3: the per-tensor descale factors, one f32 each on the device.
+  std::vector<DeviceTensor> descales;
+  for (const float& f : in.descale)
+    descales.push_back(DeviceTensor::from_host(ctx, DType::F32, {1}, &f));
+  if (!descales.empty()) opts.descale = {descales[0].ref(), descales[1].ref(), descales[2].ref()};
   const GradientFiles grad_files = gradient_files(o, in.mods);
 
   DeviceBlockMask block_mask;
@@ -815,7 +897,7 @@ void run_cuda(const RunOptions& o) {
   std::sort(times.begin(), times.end());
   const double median = times.empty() ? first_seconds : times[times.size() / 2];
 
-  npy::Array out = npy::make_array(q.ref().dtype, r.out.ref().shape);
+  npy::Array out = npy::make_array(r.out.ref().dtype, r.out.ref().shape);
   r.out.copy_to_host(out.bytes.data());
   if (!o.out.empty()) npy::write(o.out, out);
   if (!o.lse.empty()) {
@@ -936,9 +1018,13 @@ void register_run(CLI::App& app) {
   cmd->add_option("--block-size", o.block_size, "Sparse block size of the block mask")
       ->capture_default_str();
   cmd->add_option("--dtype", o.dtype,
-                  "auto | bf16 | f16 | f32: the dtype of q, k, v (f16 reads uint16 files as "
-                  "float16 bits)")
+                  "auto | bf16 | f16 | f32 | e4m3: the dtype of q, k, v (f16 reads uint16 files "
+                  "as float16 bits; e4m3 is float8_e4m3fn, out bf16 on the GPU)")
       ->capture_default_str();
+  cmd->add_option("--descale", o.descale,
+                  "Q,K,V: the descale factors of e4m3 q, k, v (real value = stored value x "
+                  "factor); with --random the inputs are quantized with them (default: max |x| "
+                  "/ 448 per tensor), with files they default to 1");
   cmd->add_option("--repeat", o.repeat, "Timed runs after the first")->capture_default_str();
   cmd->add_flag("--json", o.json, "Print the timing as JSON");
   cmd->add_option("--page-table", o.page_table,
@@ -946,6 +1032,12 @@ void register_run(CLI::App& app) {
                   "page_size, Hkv, D]");
   cmd->add_option("--seq-lens", o.seq_lens,
                   "KV length of each sequence [B] int32 (.npy); needed with --page-table");
+  cmd->add_option("--k-scale", o.k_scale,
+                  "An e4m3 KV cache (--k / --v of float8_e4m3fn, '|V1'): the keys' dequantization "
+                  "scale per kv head, [Hkv] float32 (.npy)");
+  cmd->add_option("--v-scale", o.v_scale,
+                  "An e4m3 KV cache: the values' dequantization scale per kv head, [Hkv] float32 "
+                  "(.npy)");
   cmd->add_flag("--check-pages", o.check_pages,
                 "Check the lengths and page indices against the pool before launching");
   cmd->add_flag("--check-buffers", o.check_buffers,

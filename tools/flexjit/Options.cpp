@@ -40,7 +40,8 @@ void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
   app.add_option("--score-mod", o.score_mod, "A score_mod: standard name, .fx file or text");
   app.add_option("--mask-mod", o.mask_mod, "A mask_mod: standard name, .fx file or text");
   app.add_option("--dtype", o.dtype,
-                 "Element type of q, k, v: bf16 | f16 | f32 (tf32 tensor cores)")
+                 "Element type of q, k, v: bf16 | f16 | f32 (tf32 tensor cores) | e4m3 (the sm_90a "
+                 "forward: float8_e4m3fn, bf16 out)")
       ->capture_default_str();
   app.add_option("--head-dim,-d", o.head_dim, "Head dim of q and k: a multiple of 8 up to 256")
       ->capture_default_str();
@@ -165,7 +166,8 @@ KernelQuery make_query(const KernelOptions& o) {
   }
   auto dt = parse_dtype(o.dtype);
   if (!dt)
-    throw UnsupportedError(fmt::format("unknown --dtype '{}': use bf16, f16 or f32", o.dtype));
+    throw UnsupportedError(
+        fmt::format("unknown --dtype '{}': use bf16, f16, f32 or e4m3", o.dtype));
   q.dtype = *dt;
   q.head_dim_qk = o.head_dim;
   q.head_dim_v = o.head_dim_v ? o.head_dim_v : o.head_dim;

@@ -48,6 +48,8 @@ std::string_view load_function(DType dtype) {
       return "fj_ld_i32";
     case DType::Bool:
       return "fj_ld_bool";
+    case DType::E4M3:
+      break;  // refused as a buffer dtype where a buffer is declared (dsl::Buffer, the parser)
   }
   FJ_ASSERT(false, "bad DType");
 }
@@ -679,6 +681,32 @@ bool has_mask_mod(const Mods& mods) {
   return e.defined() && !(e->op == Op::BoolImm && e->ival == 1);
 }
 
+namespace {
+
+// A site whose indices (and whether it is reached) depend on b, h and params only: one address
+// per (b, h), summed in a register and added once per head (fj_bufgrad_flush).
+bool is_per_head_site(const passes::BufferGrad& g) {
+  bool fixed = true;
+  auto visit = [&](const Expr& root) {
+    ir::for_each_node(root, [&](const Expr& n) {
+      if (n->op == Op::Var && n->var != ir::VarKind::B && n->var != ir::VarKind::H) fixed = false;
+    });
+  };
+  for (const Expr& e : g.indices)
+    visit(e);
+  visit(g.reached);
+  return fixed;
+}
+
+}  // namespace
+
+bool has_element_grad_sites(const Mods& mods) {
+  if (!mods.score_mod.defined()) return false;
+  for (const passes::BufferGrad& g : passes::differentiate(mods.score_mod).buffers)
+    if (is_float_buffer(g.buffer->dtype) && !is_per_head_site(g)) return true;
+  return false;
+}
+
 bool has_sink_grads(const Mods& mods) {
   if (!mods.sink_mod.defined()) return false;
   for (const passes::BufferGrad& g : passes::buffer_grads(mods.sink_mod))
@@ -787,7 +815,9 @@ void emit_sink_grad(SourceWriter& w, const Mods& mods, bool ordered, const Check
 
 // The deterministic mode's slice helpers (ModCodegen.h): emitted in both modes, so that the
 // reduction kernel compiles beside every dK/dV kernel.
-void emit_slice_functions(SourceWriter& w, const Mods& mods, const GradParamLayout& layout) {
+// with_add: also fj_bufgrad_add_to, the store's atomic twin (the private copy's flush).
+void emit_slice_functions(SourceWriter& w, const Mods& mods, const GradParamLayout& layout,
+                          bool with_add) {
   const bool any = !layout.entries.empty();
   {
     auto fn = w.block(
@@ -811,25 +841,37 @@ void emit_slice_functions(SourceWriter& w, const Mods& mods, const GradParamLayo
         w.block("__device__ __forceinline__ fj_i64 fj_bufgrad_slice_elems(const FjGradParams& gp)");
     w.line(any ? "return gp.slice_elems;" : "return (void)gp, 0;");
   }
-  w.line("// Element e of a slice (buffers one after another, each contiguous) to its gradient.");
-  auto fn = w.block(
-      "__device__ __forceinline__ void fj_bufgrad_store(const FjGradParams& gp, fj_i64 e, float "
-      "v)");
-  if (!any) w.line("(void)gp, (void)e, (void)v;");
-  for (const GradParamLayout::Entry& entry : layout.entries) {
-    const std::string& name = mods.buffers[static_cast<size_t>(entry.buffer_index)].name();
-    std::string count = "1";
-    for (int d = 0; d < entry.rank; ++d)
-      count += fmt::format(" * gp.gextent_{}[{}]", name, d);
-    auto b =
-        w.block(fmt::format("if (e >= gp.gslice_{0} && e < gp.gslice_{0} + {1})", name, count));
-    w.line(fmt::format("fj_i64 r = e - gp.gslice_{}, off = 0;", name));
-    for (int d = entry.rank - 1; d >= 0; --d) {
-      w.line(fmt::format("off += (r % gp.gextent_{0}[{1}]) * gp.gstride_{0}[{1}];", name, d));
-      w.line(fmt::format("r /= gp.gextent_{}[{}];", name, d));
+  // Element e of a slice to its gradient element, then stored (or added with an fp32 atomic).
+  auto emit_to_gradient = [&](const char* signature, bool add) {
+    auto fn = w.block(signature);
+    if (!any) w.line("(void)gp, (void)e, (void)v;");
+    for (const GradParamLayout::Entry& entry : layout.entries) {
+      const std::string& name = mods.buffers[static_cast<size_t>(entry.buffer_index)].name();
+      std::string count = "1";
+      for (int d = 0; d < entry.rank; ++d)
+        count += fmt::format(" * gp.gextent_{}[{}]", name, d);
+      auto b =
+          w.block(fmt::format("if (e >= gp.gslice_{0} && e < gp.gslice_{0} + {1})", name, count));
+      w.line(fmt::format("fj_i64 r = e - gp.gslice_{}, off = 0;", name));
+      for (int d = entry.rank - 1; d >= 0; --d) {
+        w.line(fmt::format("off += (r % gp.gextent_{0}[{1}]) * gp.gstride_{0}[{1}];", name, d));
+        w.line(fmt::format("r /= gp.gextent_{}[{}];", name, d));
+      }
+      w.line(add ? fmt::format("atomicAdd(gp.grad_{} + off, v);", name)
+                 : fmt::format("gp.grad_{}[off] = v;", name));
+      w.line("return;");
     }
-    w.line(fmt::format("gp.grad_{}[off] = v;", name));
-    w.line("return;");
+  };
+  w.line("// Element e of a slice (buffers one after another, each contiguous) to its gradient.");
+  emit_to_gradient(
+      "__device__ __forceinline__ void fj_bufgrad_store(const FjGradParams& gp, fj_i64 e, float v)",
+      false);
+  if (with_add) {
+    w.line("// The same with an fp32 atomic add (the private copy's flush).");
+    emit_to_gradient(
+        "__device__ __forceinline__ void fj_bufgrad_add_to(const FjGradParams& gp, fj_i64 e, "
+        "float v)",
+        true);
   }
 }
 
@@ -853,8 +895,12 @@ GradParamLayout grad_param_layout(const Mods& mods) {
 }
 
 std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
-                                        GradAccumulation accumulation, BufferChecks mode) {
+                                        GradAccumulation accumulation, BufferChecks mode,
+                                        int smem_floats) {
   const bool ordered = accumulation == GradAccumulation::Ordered;
+  FJ_ASSERT(smem_floats >= 0 && smem_floats % 32 == 0,
+            fmt::format("the private buffer-gradient copy's size {} is not a multiple of 32 floats",
+                        smem_floats));
   // The derivatives' loads are the score_mod's (and the sink_mod's): checked as those are.
   const Checks checks(mods, mode);
   using runtime::CheckedMod;
@@ -917,21 +963,9 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
   // summed in a register by the kernel and added once per head (fj_bufgrad_flush); the others
   // add at every element.
   std::vector<const passes::BufferGrad*> uniform, per_element;
-  auto per_head = [](const passes::BufferGrad& g) {
-    bool fixed = true;
-    auto visit = [&](const Expr& root) {
-      ir::for_each_node(root, [&](const Expr& n) {
-        if (n->op == Op::Var && n->var != ir::VarKind::B && n->var != ir::VarKind::H) fixed = false;
-      });
-    };
-    for (const Expr& e : g.indices)
-      visit(e);
-    visit(g.reached);
-    return fixed;
-  };
   for (const passes::BufferGrad& g : grads.buffers) {
     if (!is_float_buffer(g.buffer->dtype)) continue;
-    (per_head(g) ? uniform : per_element).push_back(&g);
+    (is_per_head_site(g) ? uniform : per_element).push_back(&g);
   }
   const bool any = !uniform.empty() || !per_element.empty();
   w.line(fmt::format("static constexpr bool kFjHasBufferGrads = {};", any ? "true" : "false"));
@@ -939,19 +973,39 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
   w.line(fmt::format("static constexpr int kFjElementGradSites = {};", per_element.size()));
   w.line(
       fmt::format("static constexpr int kFjGradSlots = {};", std::max<size_t>(1, uniform.size())));
+  // The CTA's private copy of the gradients in shared memory (Atomic mode, per-element sites:
+  // docs/backward.md "Small buffer gradients in shared memory").
+  const bool smem = !ordered && smem_floats > 0 && !per_element.empty();
+  w.line(fmt::format("static constexpr int kFjGradSmemFloats = {};", smem ? smem_floats : 0));
+  if (smem) {
+    w.line(
+        "// The CTA's private copy of the buffer gradients (the partial slice's layout); zeroed "
+        "and flushed by the kernel (fj_bufgrad_smem_zero / fj_bufgrad_smem_flush).");
+    w.line("static __shared__ __align__(16) float fj_grad_smem[kFjGradSmemFloats];");
+  }
   // The address of a site: its indices clamped into the extents, as an element offset into the
-  // gradient (Atomic) or into the warp's partial slice, where each buffer is contiguous
-  // (Ordered).
-  auto address = [&](ExprLowering& lowering, const passes::BufferGrad& g) {
+  // gradient (Atomic), into the warp's partial slice (Ordered) or into the CTA's private copy
+  // (smem), where each buffer is contiguous.
+  auto address = [&](ExprLowering& lowering, const passes::BufferGrad& g, bool to_smem) {
     const std::string& name = g.buffer->name;
     std::vector<std::string> index_text;
     for (const Expr& e : g.indices)
       index_text.push_back(ir::to_text(e));
     w.line(fmt::format("// d / d {}[{}]", name, fmt::join(index_text, ", ")));
     std::vector<std::string> terms;
-    std::string linear;  // Ordered: the row-major element index within the buffer
+    std::string linear;  // Ordered, smem: the row-major element index within the buffer
     for (size_t d = 0; d < g.indices.size(); ++d) {
       const std::string idx = lowering.lower(g.indices[d]);
+      if (to_smem) {
+        // The copy holds at most kBufGradSmemMaxFloats: i32 arithmetic (fewer registers).
+        const std::string c =
+            w.ssa("int", fmt::format("fj_clamp_index32({}, (int)gp.gextent_{}[{}])", idx, name, d));
+        linear =
+            d == 0
+                ? c
+                : w.ssa("int", fmt::format("{} * (int)gp.gextent_{}[{}] + {}", linear, name, d, c));
+        continue;
+      }
       const std::string clamped =
           w.ssa("fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx, name, d));
       terms.push_back(fmt::format("{} * gp.gstride_{}[{}]", clamped, name, d));
@@ -960,6 +1014,10 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
                       : w.ssa("fj_i64",
                               fmt::format("{} * gp.gextent_{}[{}] + {}", linear, name, d, clamped));
     }
+    if (to_smem) {
+      return linear.empty() ? fmt::format("fj_grad_smem + (int)gp.gslice_{}", name)
+                            : fmt::format("fj_grad_smem + ((int)gp.gslice_{} + {})", name, linear);
+    }
     if (ordered) {
       return linear.empty() ? fmt::format("gp.partials + gp.gslice_{}", name)
                             : fmt::format("gp.partials + (gp.gslice_{} + {})", name, linear);
@@ -967,7 +1025,10 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
     const std::string offset = terms.empty() ? "0" : fmt::format("{}", fmt::join(terms, " + "));
     return fmt::format("gp.grad_{} + ({})", name, offset);
   };
-  const char* add = ordered ? "fj_grad_add_ordered" : "fj_grad_add";
+  // The per-element sites' add; the per-head sites' (fj_bufgrad_flush) stays global in smem
+  // mode.
+  const char* add = ordered ? "fj_grad_add_ordered" : (smem ? "fj_grad_add_shared" : "fj_grad_add");
+  const char* head_add = ordered ? "fj_grad_add_ordered" : "fj_grad_add";
   // The diagonal site (Atomic mode only): the first per-element site whose indices depend on
   // q_idx and kv_idx only through q_idx - kv_idx (DiagSite). A kernel that opts in
   // (fj_bufgrad<true>) leaves it out of fj_bufgrad and sums it along the tile's diagonals itself
@@ -1012,7 +1073,7 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
     for (const passes::BufferGrad* g : sites) {
       const std::string reached = lowering.lower(g->reached);
       const std::string deriv = lowering.lower(g->derivative);
-      const std::string addr = address(lowering, *g);
+      const std::string addr = address(lowering, *g, smem);
       w.line(
           fmt::format("{}({}, ({} && ds != 0.0f) ? ds * {} : 0.0f);", add, addr, reached, deriv));
     }
@@ -1084,12 +1145,27 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
       const std::vector<std::string> idx = diag_site_index_values(
           w, math, *diag_site, checks.at(CheckedMod::ScoreMod, CheckPosition::Diagonal));
       std::vector<std::string> terms;
+      std::string linear;  // smem: the row-major element index within the buffer (i32)
       for (size_t d = 0; d < idx.size(); ++d) {
+        if (smem) {
+          const std::string c = w.ssa(
+              "int", fmt::format("fj_clamp_index32({}, (int)gp.gextent_{}[{}])", idx[d], name, d));
+          linear = d == 0 ? c
+                          : w.ssa("int", fmt::format("{} * (int)gp.gextent_{}[{}] + {}", linear,
+                                                     name, d, c));
+          continue;
+        }
         const std::string clamped =
             w.ssa("fj_i64", fmt::format("fj_clamp_index({}, gp.gextent_{}[{}])", idx[d], name, d));
         terms.push_back(fmt::format("{} * gp.gstride_{}[{}]", clamped, name, d));
       }
-      w.line(fmt::format("atomicAdd(gp.grad_{} + ({}), v);", name, fmt::join(terms, " + ")));
+      if (smem) {
+        // Every lane of the warp together (FjDiagGrad::flush passes 0 where it has no sum).
+        w.line(fmt::format("fj_grad_add_shared(fj_grad_smem + ((int)gp.gslice_{} + {}), v);", name,
+                           linear));
+      } else {
+        w.line(fmt::format("atomicAdd(gp.grad_{} + ({}), v);", name, fmt::join(terms, " + ")));
+      }
     }
   }
   w.line("");
@@ -1153,8 +1229,8 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
             : "// Every lane of a warp together: the warp's sums go out in one atomic per site.");
     ExprLowering lowering(w, math, checks.at(CheckedMod::ScoreMod, CheckPosition::Head));
     for (size_t i = 0; i < uniform.size(); ++i) {
-      const std::string addr = address(lowering, *uniform[i]);
-      w.line(fmt::format("{}({}, acc[{}]);", add, addr, i));
+      const std::string addr = address(lowering, *uniform[i], false);
+      w.line(fmt::format("{}({}, acc[{}]);", head_add, addr, i));
       w.line(fmt::format("acc[{}] = 0.0f;", i));
     }
     if (uniform.empty()) w.line("(void)mp, (void)gp, (void)b, (void)h, (void)acc;");
@@ -1162,7 +1238,38 @@ std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math,
   w.line("");
   emit_sink_grad(w, mods, ordered, checks);
   w.line("");
-  emit_slice_functions(w, mods, layout);
+  emit_slice_functions(w, mods, layout, smem);
+  w.line("");
+  w.line(
+      "// The CTA's private copy (kFjGradSmemFloats > 0): zeroed by threads [0, nthreads) before");
+  w.line(
+      "// the first add, flushed by them after the last (each behind a barrier the kernel sets).");
+  {
+    auto fn =
+        w.block("__device__ __forceinline__ void fj_bufgrad_smem_zero(int tid, int nthreads)");
+    if (smem) {
+      w.line("for (int e = tid; e < kFjGradSmemFloats; e += nthreads) fj_grad_smem[e] = 0.0f;");
+    } else {
+      w.line("(void)tid, (void)nthreads;");
+    }
+  }
+  {
+    auto fn = w.block(
+        "__device__ __forceinline__ void fj_bufgrad_smem_flush(const FjGradParams& gp, int tid, "
+        "int nthreads)");
+    if (smem) {
+      w.line(
+          "// One fp32 atomic per element this CTA added to (gp.slice_elems <= kFjGradSmemFloats: "
+          "the");
+      w.line("// host sized the copy from the bound buffers).");
+      auto loop =
+          w.block("for (int e = tid; e < kFjGradSmemFloats && e < gp.slice_elems; e += nthreads)");
+      w.line("const float v = fj_grad_smem[e];");
+      w.line("if (v != 0.0f) fj_bufgrad_add_to(gp, e, v);");
+    } else {
+      w.line("(void)gp, (void)tid, (void)nthreads;");
+    }
+  }
   return w.str();
 }
 

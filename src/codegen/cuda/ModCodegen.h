@@ -136,6 +136,17 @@ enum class GradAccumulation { Atomic, Ordered };
 //   static constexpr bool kFjHasBufferGrads;   // whether fj_bufgrad does anything
 //   static constexpr int kFjUniformGradSites;  // sites summed per head; kFjGradSlots = max(1, ..)
 //   static constexpr int kFjElementGradSites;  // sites added at every element
+//   static constexpr int kFjGradSmemFloats;    // smem_floats (Atomic mode; 0: off)
+//   void fj_bufgrad_smem_zero(int tid, int nthreads);
+//   void fj_bufgrad_smem_flush(const FjGradParams& gp, int tid, int nthreads);
+//       With smem_floats > 0 the per-element sites and the diagonal site add into the CTA's
+//       private copy `fj_grad_smem` (static shared memory, smem_floats floats, the partial
+//       slice's layout: gp.gslice_<name> + the row-major index) with fj_grad_add_shared instead
+//       of global atomics; the kernel zeroes it before its first add (then a CTA barrier) and
+//       flushes it after its last (a barrier first): one fp32 atomic per nonzero element, of
+//       the gp.slice_elems <= smem_floats the buffers hold (fj_bufgrad_add_to: the atomic twin
+//       of fj_bufgrad_store, emitted only then). Without it both are no-ops. The
+//       per-head sites keep their one atomic per warp and head.
 //
 // The layout of FjGradParams is grad_param_layout(); sizeof is static_asserted.
 // The score_mod's derivatives lower with `math` as the score_mod itself does (the backward must
@@ -144,7 +155,8 @@ enum class GradAccumulation { Atomic, Ordered };
 // (which must use the same mode).
 std::string generate_mod_grad_functions(const Mods& mods, MathFunctions math = MathFunctions::Exact,
                                         GradAccumulation accumulation = GradAccumulation::Atomic,
-                                        BufferChecks checks = BufferChecks::Off);
+                                        BufferChecks checks = BufferChecks::Off,
+                                        int smem_floats = 0);
 
 // The byte layout of FjGradParams: per float buffer (index into Mods::buffers), the offset of
 // its pointer; strides, extents and the slice offset follow it (8 bytes each), then
@@ -170,6 +182,11 @@ bool has_mask_mod(const Mods& mods);
 // Whether the sink_mod loads a float buffer, whose gradient the backward adds
 // (kFjHasSinkGrads).
 bool has_sink_grads(const Mods& mods);
+
+// Whether the score_mod has a float load site whose gradient is added at every element (any
+// site but those indexed by b, h and params only: kFjElementGradSites > 0), the sites that the
+// CTA's private shared-memory copy serves (smem_floats above).
+bool has_element_grad_sites(const Mods& mods);
 
 // Exact C literals: an f32 constant in its shortest round-trip decimal form with an `f` suffix
 // ("0.1f", "(-2.5f)", "16777216.0f"; inf and nan as __int_as_float bit patterns), an i32

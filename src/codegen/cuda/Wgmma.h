@@ -15,6 +15,9 @@
 //
 // Overloads differ by the accumulator's extent, so a kernel calls fj_wgmma_ss(s, ...) for any
 // generated N. Operands are bf16 or f16 with f32 accumulation; scale-a/b are +1.
+// For e4m3 (float8_e4m3fn) the same names wrap m64nNk32 .f32.e4m3.e4m3: A (64 x 32) and B
+// (N x 32) 1-byte elements, both shared-memory operands K-major (no fj_wgmma_tt), the register
+// A fragment 4 x 4 e4m3 (CUTLASS ALayout_64x32; forward_sm90.cuh fj_fp8_vt_key).
 #pragma once
 
 #include <flexjit/types.h>
@@ -24,8 +27,8 @@
 
 namespace flexjit::cuda {
 
-// The wrappers for `dtype` (BF16 or F16; InternalError otherwise) and the N of each form
-// (duplicates ignored; each N a multiple of 8 in [8, 256], else InternalError).
+// The wrappers for `dtype` (BF16, F16 or E4M3 without tt_n; InternalError otherwise) and the N of
+// each form (duplicates ignored; each N a multiple of 8 in [8, 256], else InternalError).
 std::string wgmma_wrappers(DType dtype, const std::vector<int>& ss_n, const std::vector<int>& rs_n,
                            const std::vector<int>& tt_n = {});
 

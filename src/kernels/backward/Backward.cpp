@@ -2,6 +2,7 @@
 
 #include <flexjit/error.h>
 
+#include "codegen/cuda/Arch.h"
 #include "device/TensorMap.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/ForwardArgs.h"
@@ -15,6 +16,53 @@ namespace flexjit::kernels {
 
 bool is_deterministic(const KernelDesc& desc) {
   return desc.flags.get(kDeterministicFlag).value_or(0) == 1;
+}
+
+int bufgrad_smem_floats(const KernelDesc& desc) {
+  return static_cast<int>(desc.flags.get(kBufGradSmemFlag).value_or(0));
+}
+
+int64_t bufgrad_smem_request(int64_t slice_elems, bool element_sites, bool deterministic) {
+  if (!element_sites || deterministic || slice_elems <= 0 || slice_elems > kBufGradSmemMaxFloats) {
+    return 0;
+  }
+  int64_t n = 32;
+  while (n < slice_elems)
+    n *= 2;
+  return n;
+}
+
+void check_bufgrad_smem_flag(const KernelDesc& desc) {
+  const auto v = desc.flags.get(kBufGradSmemFlag);
+  if (!v) return;
+  const int64_t n = *v;
+  if (desc.family != Family::BackwardDkDv) {
+    throw UnsupportedError(fmt::format("{}: flag '{}' = {}: only backward_dkdv takes it",
+                                       desc.family_variant(), kBufGradSmemFlag, n));
+  }
+  if (n < 32 || n > kBufGradSmemMaxFloats || (n & (n - 1)) != 0) {
+    throw UnsupportedError(fmt::format(
+        "{}: flag '{}' = {}: the private buffer-gradient copy's size in floats must be a power "
+        "of two from 32 to {}",
+        desc.family_variant(), kBufGradSmemFlag, n, kBufGradSmemMaxFloats));
+  }
+  if (is_deterministic(desc)) {
+    throw UnsupportedError(fmt::format(
+        "{}: flags '{}' and '{}' = 1 exclude each other: deterministic buffer gradients go "
+        "into ordered per-warp slices, not through shared-memory atomics",
+        desc.family_variant(), kBufGradSmemFlag, kDeterministicFlag));
+  }
+}
+
+void fit_bufgrad_smem(KernelDesc& desc, int other_smem_bytes) {
+  const int n = bufgrad_smem_floats(desc);
+  if (n == 0) return;
+  check_bufgrad_smem_flag(desc);
+  if (other_smem_bytes + 4 * n <= cuda::max_smem_per_block(desc.arch)) return;
+  Params kept;  // the flags without it: the description of the global-atomic kernel
+  for (const auto& [name, value] : desc.flags.items())
+    if (name != kBufGradSmemFlag) kept.set(name, value);
+  desc.flags = std::move(kept);
 }
 
 KernelDesc backward_problem(Family family, const cuda::Arch& arch, DType dtype, int head_dim_qk,

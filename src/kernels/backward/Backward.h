@@ -101,6 +101,27 @@ namespace flexjit::kernels {
 inline constexpr const char* kDeterministicFlag = "deterministic";
 bool is_deterministic(const KernelDesc& desc);
 
+// The dK/dV problem flag of small buffer gradients (docs/backward.md "Small buffer gradients in
+// shared memory"): n > 0 floats of static shared memory hold the CTA's private copy of every
+// float buffer's gradient (the partial slice's layout), which the per-element and diagonal sites
+// add into (shared atomics after the warp's lanes combine) and the CTA flushes with one fp32
+// atomic per nonzero element; absent: global fp32 atomics. A power of two from 32 to
+// kBufGradSmemMaxFloats, at least the call's bufgrad_slice_elems. Not with deterministic = 1.
+inline constexpr const char* kBufGradSmemFlag = "bufgrad_smem";
+inline constexpr int64_t kBufGradSmemMaxFloats = 4096;  // 16 KiB per CTA
+int bufgrad_smem_floats(const KernelDesc& desc);        // the flag's value, 0 when absent
+// The flag a call asks for: the power of two >= max(32, slice_elems) when it is at most
+// kBufGradSmemMaxFloats, the mods have a per-element buffer-gradient site
+// (cuda::has_element_grad_sites) and the gradients are not deterministic; else 0 (no flag).
+int64_t bufgrad_smem_request(int64_t slice_elems, bool element_sites, bool deterministic);
+// A variant's specialize: drops the flag when the private copy would not fit beside the config's
+// `other_smem_bytes` (dynamic and static) under the arch's per-block limit (the gradients then
+// take the global atomics), and refuses a malformed value (UnsupportedError naming it).
+void fit_bufgrad_smem(KernelDesc& desc, int other_smem_bytes);
+// validate's check of the flag (UnsupportedError): a power of two in [32,
+// kBufGradSmemMaxFloats], dK/dV only, not with deterministic = 1.
+void check_bufgrad_smem_flag(const KernelDesc& desc);
+
 // The problem of one backward family for a call (no variant, no config yet); dK/dV and dQ get
 // fast_math as MathMode::Auto resolves it (set_math_mode changes it; MathMode.h). dK/dV gets
 // the flag `deterministic` = 1 when `deterministic` (nothing otherwise).

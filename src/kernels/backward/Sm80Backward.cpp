@@ -122,7 +122,7 @@ std::string grads_section(const Mods& mods, const KernelDesc& desc) {
   return cuda::generate_mod_grad_functions(
       mods, math_functions(desc),
       is_deterministic(desc) ? cuda::GradAccumulation::Ordered : cuda::GradAccumulation::Atomic,
-      buffer_checks(desc));
+      buffer_checks(desc), bufgrad_smem_floats(desc));
 }
 
 // Every backward kernel's templates: one file, the entry point picked by a #define.
@@ -368,6 +368,7 @@ void BackwardSm80Mma<F>::validate(const KernelDesc& d) const {
           d.family_variant(), kDeterministicFlag, *v));
     }
   }
+  check_bufgrad_smem_flag(d);
   if (auto r = fast_math_flag_error(d)) throw UnsupportedError(*r);
   const int smem = static_cast<int>(smem_bytes(d));
   const int limit = cuda::max_smem_per_block(d.arch);
@@ -480,6 +481,8 @@ Params BackwardSm80Mma<F>::resolve_config(const KernelDesc& problem, const Param
 
 template <Family F>
 void BackwardSm80Mma<F>::specialize(KernelDesc& d, const InputFacts& facts) const {
+  // The dK/dV kernel's only static shared memory is the private buffer-gradient copy.
+  if constexpr (F == Family::BackwardDkDv) fit_bufgrad_smem(d, dkdv_smem(d));
   if (facts.seqlen_q < 0 || facts.seqlen_kv < 0) return;
   const bool divisible =
       facts.seqlen_q % d.config.at("block_m") == 0 && facts.seqlen_kv % d.config.at("block_n") == 0;
@@ -542,6 +545,8 @@ std::vector<Launch> BackwardSm80Mma<F>::launches(const KernelDesc& desc, const B
     float* partials = backward_bufgrad_partials(in, workspace);
     FJ_ASSERT(!is_deterministic(desc) || in.deterministic,
               "a deterministic dK/dV kernel runs on inputs planned without partial slices");
+    FJ_ASSERT(in.bufgrad_slice_elems <= bufgrad_smem_floats(desc) || bufgrad_smem_floats(desc) == 0,
+              "the dK/dV kernel's private buffer-gradient copy is smaller than the bound buffers");
     if (partials != nullptr) {
       FJ_ASSERT(in.grad_partials_offset >= 0,
                 "deterministic inputs without FjGradParams::partials");

@@ -106,6 +106,16 @@ int sm90_bwd_smem(const KernelDesc& d) {
                                          stages);
 }
 
+// Static shared memory of the dK/dV kernel beside its private buffer-gradient copy, at its
+// largest (the mods are not known here): the consumer warps' diagonal tables
+// (fj_dkdv_sm90_diag_tables) as if the mods had both a diagonal gradient site, FjDiagGrad's
+// (block_m + 22) * 9 floats per warp, and a diagonal load, FjDiagLoads' round_up(block_m + 15,
+// 32); 8 consumer warps.
+int sm90_dkdv_static_smem_bound(const KernelDesc& d) {
+  const int bm = d.config.at_int("block_m");
+  return 4 * 8 * ((bm + 22) * 9 + (bm + 15 + 31) / 32 * 32);
+}
+
 Params make_config(int block_m, int block_n, int num_stages) {
   return {{"block_m", block_m}, {"block_n", block_n}, {"num_stages", num_stages}};
 }
@@ -177,6 +187,7 @@ void BackwardSm90Wgmma<F>::validate(const KernelDesc& d) const {
   } else {
     require_keys(d, {"block_m", "block_n", "num_stages"});
   }
+  check_bufgrad_smem_flag(d);
   const Sm90Tiles& t = tiles_of(F);
   if (auto r = not_in(d, "block_m", d.config.at("block_m"), t.block_m)) throw UnsupportedError(*r);
   if (auto r = not_in(d, "block_n", d.config.at("block_n"), t.block_n)) throw UnsupportedError(*r);
@@ -275,6 +286,7 @@ Params BackwardSm90Wgmma<F>::resolve_config(const KernelDesc& problem, const Par
 template <Family F>
 void BackwardSm90Wgmma<F>::specialize(KernelDesc& d, const InputFacts& facts) const {
   specialize_divisible(d, facts);
+  if constexpr (is_dkdv(F)) fit_bufgrad_smem(d, sm90_bwd_smem(d) + sm90_dkdv_static_smem_bound(d));
 }
 
 template <Family F>
@@ -326,7 +338,7 @@ cuda::GeneratedSource BackwardSm90Wgmma<F>::generate(const Mods& mods,
                  : "backward dQ kernel `flexjit_bwd_dq`",
       "mods",
       cuda::generate_mod_grad_functions(mods, math_functions(desc), cuda::GradAccumulation::Atomic,
-                                        buffer_checks(desc)));
+                                        buffer_checks(desc), bufgrad_smem_floats(desc)));
 }
 
 template <Family F>
@@ -353,6 +365,8 @@ std::vector<Launch> BackwardSm90Wgmma<F>::launches(const KernelDesc& desc, const
   l.args.add(make_bwd_args(in, workspace, desc.flags.at("full_blocks") != 0));
   l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
   if constexpr (is_dkdv(F)) {
+    FJ_ASSERT(in.bufgrad_slice_elems <= bufgrad_smem_floats(desc) || bufgrad_smem_floats(desc) == 0,
+              "the dK/dV kernel's private buffer-gradient copy is smaller than the bound buffers");
     l.entry_point = "flexjit_bwd_dkdv";
     l.grid = {static_cast<unsigned>((s.seqlen_kv + bn - 1) / bn), static_cast<unsigned>(s.heads_kv),
               static_cast<unsigned>(s.batch)};

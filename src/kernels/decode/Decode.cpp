@@ -28,7 +28,7 @@ int64_t decode_row_groups(int64_t gqa_ratio, int64_t seqlen_q, int rows) {
 
 KernelDesc decode_split_problem(const cuda::Arch& arch, DType dtype, int head_dim_qk,
                                 int head_dim_v, int gqa_ratio, int rows, int page_size,
-                                bool full_blocks) {
+                                bool full_blocks, bool kv_fp8) {
   KernelDesc d;
   d.family = Family::DecodeSplit;
   d.arch = arch;
@@ -39,6 +39,7 @@ KernelDesc decode_split_problem(const cuda::Arch& arch, DType dtype, int head_di
   d.flags.set("rows", rows);
   d.flags.set("page_size", page_size);
   d.flags.set("full_blocks", full_blocks ? 1 : 0);
+  if (kv_fp8) d.flags.set("kv_e4m3", 1);
   set_math_mode(d, MathMode::Auto);
   return d;
 }
@@ -64,7 +65,12 @@ FamilyInfo decode_split_family() {
                    num_warps_key(),
                    num_stages_key(),
                    {"num_splits", "splits of the KV range (0: from the SM count and the KV length)",
-                    0, INT32_MAX, /*launch_only=*/true}};
+                    0, INT32_MAX, /*launch_only=*/true},
+                   {"kv_copy",
+                    "K/V loads: 0 cp.async of 16 bytes per thread, 1 cp.async.bulk per key row "
+                    "completing on an mbarrier per stage (sm_90+), 2 the same with an "
+                    "L2::evict_first cache policy",
+                    0, 2}};
   f.kv_pages = true;
   f.problem = [](const KernelQuery& q, const cuda::Arch& arch) {
     if (q.seqlen_q < 1) {

@@ -10,6 +10,8 @@
 //   page_size    0 for contiguous K / V, else the page size of the paged pools (1..256, 2^k)
 //   full_blocks  1 when the block mask carries full_* arrays (full tiles skip the mask_mod)
 //   fast_math    1: the score_mod's transcendentals use hardware approximations (MathMode.h)
+//   kv_e4m3      1: K / V are e4m3 with per-kv-head f32 scales (an e4m3 KV cache); absent for
+//                2-byte K / V (descriptions of bf16 / f16 caches are unchanged)
 // decode_split config: block_n, num_warps, num_stages, and num_splits (0: from the SM count and
 // the KV length at plan time, decode_num_splits; otherwise that many).
 #pragma once
@@ -41,6 +43,11 @@ struct DecodeInputs {
   int64_t page_table_stride_b = 0;
   int page_size = 0;
   const int* seq_lens = nullptr;  // [B] device int32, or null: seqlen_kv for every sequence
+  // An e4m3 KV cache (k, v of dtype E4M3): the [heads_kv] f32 scales (KvCache::k_scale /
+  // v_scale); q and out stay bf16 / f16.
+  bool kv_fp8 = false;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
   const DeviceBlockMask* block_mask = nullptr;
   std::vector<uint64_t> mod_params;  // the FjModParams bytes (binding/ModArgs.h)
   // The device: what the split heuristic reads.
@@ -83,9 +90,10 @@ int64_t decode_row_groups(int64_t gqa_ratio, int64_t seqlen_q, int rows);
 
 // The decode_split problem of a call (no variant, no config yet); fast_math as MathMode::Auto
 // resolves it (set_math_mode changes it; MathMode.h).
+// kv_fp8: e4m3 K / V (flag kv_e4m3; `dtype` stays q's).
 KernelDesc decode_split_problem(const cuda::Arch& arch, DType dtype, int head_dim_qk,
                                 int head_dim_v, int gqa_ratio, int rows, int page_size,
-                                bool full_blocks);
+                                bool full_blocks, bool kv_fp8 = false);
 // The decode_combine problem: only the element type and Dv shape it.
 KernelDesc decode_combine_problem(const cuda::Arch& arch, DType dtype, int head_dim_v);
 

@@ -72,7 +72,32 @@ std::optional<std::string> problem_reason(const KernelDesc& p, std::string_view 
     return fmt::format("decode_split/sm80_mma needs flag 'full_blocks' = 0 or 1 ({})", p.str());
   }
   if (auto r = fast_math_flag_error(p)) return r;
+  if (const int64_t fp8 = p.flags.get("kv_e4m3").value_or(0); fp8 != 0) {
+    if (fp8 != 1) {
+      return fmt::format("decode_split/{} needs flag 'kv_e4m3' = 1 or absent ({})", variant,
+                         p.str());
+    }
+    if (p.arch.cc() < 89) {
+      return fmt::format(
+          "an e4m3 KV cache needs sm_89 or newer (the kernel converts e4m3 with "
+          "cvt.f16x2.e4m3x2), not {}",
+          p.arch.str());
+    }
+    for (auto [what, dim] :
+         {std::pair{"head_dim_qk", p.head_dim_qk}, {"head_dim_v", p.head_dim_v}}) {
+      if (dim % 16 != 0) {
+        return fmt::format(
+            "an e4m3 KV cache needs head dims that are multiples of 16 (16-byte rows of e4m3); "
+            "{} is {}",
+            what, dim);
+      }
+    }
+  }
   return std::nullopt;
+}
+
+bool kv_fp8(const KernelDesc& d) {
+  return d.flags.get("kv_e4m3").value_or(0) != 0;
 }
 
 // The tile dim of a head dim (kDecodeSplitTileDims), or the dim itself when no tile takes it (a
@@ -82,10 +107,10 @@ int tile_of(int head_dim) {
 }
 
 int split_smem(const KernelDesc& d) {
-  return fj_decode_split_smem_bytes(d.flags.at_int("rows"), d.config.at_int("block_n"),
-                                    tile_of(d.head_dim_qk), tile_of(d.head_dim_v),
-                                    dtype_size(d.dtype), d.config.at_int("num_stages"),
-                                    d.config.at_int("num_warps"));
+  return fj_decode_split_smem_bytes_kv(
+      d.flags.at_int("rows"), d.config.at_int("block_n"), tile_of(d.head_dim_qk),
+      tile_of(d.head_dim_v), dtype_size(d.dtype), d.config.at_int("num_stages"),
+      d.config.at_int("num_warps"), d.config.at_int("kv_copy"), kv_fp8(d));
 }
 
 // Warps for `rows` packed rows and `block_n` keys: one per m16 row block, times up to 4 along N
@@ -94,11 +119,21 @@ int default_warps(int rows, int block_n) {
   return std::max(rows / 16, std::min(4, block_n / 16));
 }
 
-Params make_config(int block_n, int num_warps, int num_stages, int num_splits) {
+Params make_config(int block_n, int num_warps, int num_stages, int num_splits, int kv_copy = 0) {
   return {{"block_n", block_n},
           {"num_warps", num_warps},
           {"num_stages", num_stages},
-          {"num_splits", num_splits}};
+          {"num_splits", num_splits},
+          {"kv_copy", kv_copy}};
+}
+
+// The kv_copy modes the tuner searches: cp.async only. The bulk copies (1, 2; sm_90 on, 2-byte
+// K / V) stay selectable by name (`--param kv_copy=N`), but the H100 measured them at 55-59 % of
+// the copy bandwidth against cp.async's 84 % on the anchors' decode shape (docs/kernels/decode.md
+// "Bulk K / V copies", v26 in docs/perf/NOTES.md), so searching them only costs tuning time.
+std::initializer_list<int> kv_copy_modes(const KernelDesc&) {
+  static constexpr std::initializer_list<int> kCpAsync = {0};
+  return kCpAsync;
 }
 
 // Shared memory that leaves room for two CTAs per SM on sm_80 (164 KB) and sm_90 (228 KB).
@@ -156,16 +191,17 @@ std::optional<std::string> DecodeSplitSm80Mma::unsupported(const KernelDesc& pro
 
 void DecodeSplitSm80Mma::validate(const KernelDesc& d) const {
   if (auto r = problem_reason(d, name())) throw UnsupportedError(*r);
-  for (const char* name : {"block_n", "num_warps", "num_stages", "num_splits"}) {
+  for (const char* name : {"block_n", "num_warps", "num_stages", "num_splits", "kv_copy"}) {
     if (!d.config.has(name)) {
       throw UnsupportedError(
           fmt::format("decode_split/sm80_mma needs config '{}' ({})", name, d.str()));
     }
   }
-  if (d.config.items().size() != 4) {
-    throw UnsupportedError(fmt::format(
-        "decode_split/sm80_mma takes block_n, num_warps, num_stages and num_splits; got {}",
-        d.config.str()));
+  if (d.config.items().size() != 5) {
+    throw UnsupportedError(
+        fmt::format("decode_split/sm80_mma takes block_n, num_warps, num_stages, num_splits and "
+                    "kv_copy; got {}",
+                    d.config.str()));
   }
   const int64_t rows = d.flags.at("rows"), bn = d.config.at("block_n");
   const int64_t warps = d.config.at("num_warps"), stages = d.config.at("num_stages");
@@ -173,6 +209,20 @@ void DecodeSplitSm80Mma::validate(const KernelDesc& d) const {
   if (auto r = not_in("block_n", bn, {32, 64, 128})) throw UnsupportedError(*r);
   if (auto r = not_in("num_warps", warps, {2, 4, 8})) throw UnsupportedError(*r);
   if (auto r = not_in("num_stages", stages, {1, 2, 3, 4})) throw UnsupportedError(*r);
+  const int64_t kv_copy = d.config.at("kv_copy");
+  if (auto r = not_in("kv_copy", kv_copy, {0, 1, 2})) throw UnsupportedError(*r);
+  if (kv_copy != 0 && d.arch.cc() < 90) {
+    throw UnsupportedError(fmt::format(
+        "kv_copy = {} (cp.async.bulk K / V copies with mbarriers) needs sm_90 or newer, not {}; "
+        "kv_copy = 0 (cp.async) runs on every arch",
+        kv_copy, d.arch.str()));
+  }
+  if (kv_copy != 0 && kv_fp8(d)) {
+    throw UnsupportedError(fmt::format(
+        "kv_copy = {} does not take an e4m3 KV cache (its tiles are converted from the chunks each "
+        "thread copied); use kv_copy = 0",
+        kv_copy));
+  }
   if (splits < 0 || splits > kMaxSplitsConfig) {
     throw UnsupportedError(fmt::format(
         "num_splits = {} is out of range; 0 (chosen from the SM count and the KV length) or "
@@ -195,7 +245,9 @@ void DecodeSplitSm80Mma::validate(const KernelDesc& d) const {
   }
   const int threads = static_cast<int>(warps) * 32;
   for (int dim : {d.head_dim_qk, d.head_dim_v}) {
-    if (bn * (tile_of(dim) * 2 / 16) % threads != 0) {
+    // 16-byte copies per thread: 2-byte chunks (cp.async); e4m3 chunks (each thread converts
+    // the ones it copied; with more threads than chunks some copy none) always split.
+    if (kv_copy == 0 && !kv_fp8(d) && bn * (tile_of(dim) * 2 / 16) % threads != 0) {
       throw UnsupportedError(fmt::format(
           "a {}-key tile of head dim {} (tile {}) does not split into 16-byte copies over {} "
           "threads",
@@ -206,11 +258,11 @@ void DecodeSplitSm80Mma::validate(const KernelDesc& d) const {
   const int limit = cuda::max_smem_per_block(d.arch);
   if (smem > limit) {
     throw UnsupportedError(fmt::format(
-        "decode config block_n = {} with {} stages needs {} bytes of shared memory for head dims "
-        "{}/{} (tiles {}/{}), more than the {} bytes a block may use on {}; lower num_stages or "
-        "block_n",
-        bn, stages, smem, d.head_dim_qk, d.head_dim_v, tile_of(d.head_dim_qk),
-        tile_of(d.head_dim_v), limit, d.arch.str()));
+        "decode config block_n = {} with {} stages (kv_copy = {}{}) needs {} bytes of shared "
+        "memory for head dims {}/{} (tiles {}/{}), more than the {} bytes a block may use on {}; "
+        "lower num_stages or block_n",
+        bn, stages, kv_copy, kv_fp8(d) ? ", e4m3 K / V" : "", smem, d.head_dim_qk, d.head_dim_v,
+        tile_of(d.head_dim_qk), tile_of(d.head_dim_v), limit, d.arch.str()));
   }
 }
 
@@ -235,9 +287,13 @@ Params DecodeSplitSm80Mma::default_config(const KernelDesc& p) const {
   const int limit = cuda::max_smem_per_block(p.arch);
   const int es = dtype_size(p.dtype == DType::F16 ? DType::F16 : DType::BF16);
   const bool paged = p.flags.get("page_size").value_or(0) != 0;
+  // e4m3 K / V: up to 4 stages (a stage is half the bytes; the ring keeps 3 tiles in flight
+  // within two CTAs per SM at the anchors' shape: 4 x 16 KB + the 32 KB converted pair). Not
+  // measured yet (docs/kernels/decode.md "FP8 KV caches").
+  const bool fp8 = kv_fp8(p);
   int stages = 1;
-  for (int s = wide || paged ? 3 : 2; s > 1; --s) {
-    const int smem = fj_decode_split_smem_bytes(rows, bn, qk, v, es, s, warps);
+  for (int s = fp8 ? 4 : wide || paged ? 3 : 2; s > 1; --s) {
+    const int smem = fj_decode_split_smem_bytes_kv(rows, bn, qk, v, es, s, warps, 0, fp8);
     if (smem <= std::min(limit, kTwoPerSmBytes)) {
       stages = s;
       break;
@@ -252,14 +308,16 @@ std::vector<Params> DecodeSplitSm80Mma::config_space(const KernelDesc& p) const 
     for (int w : {2, 4, 8}) {
       for (int s : {2, 3, 4}) {
         for (int splits : {0, 1, 2, 4, 8, 16, 32, 64, 128}) {
-          KernelDesc d = p;
-          d.config = make_config(bn, w, s, splits);
-          try {
-            validate(d);
-          } catch (const UnsupportedError&) {
-            continue;
+          for (int kv_copy : kv_copy_modes(p)) {
+            KernelDesc d = p;
+            d.config = make_config(bn, w, s, splits, kv_copy);
+            try {
+              validate(d);
+            } catch (const UnsupportedError&) {
+              continue;
+            }
+            out.push_back(d.config);
           }
-          out.push_back(d.config);
         }
       }
     }
@@ -309,7 +367,9 @@ std::string DecodeSplitSm80Mma::config_struct(const Mods& mods, const KernelDesc
                        b(d.flags.at("full_blocks") != 0)));
     w.line(fmt::format("static constexpr bool kHasScoreMod = {}, kHasMaskMod = {};",
                        b(cuda::has_score_mod(mods)), b(cuda::has_mask_mod(mods))));
-    w.line(fmt::format("static constexpr int kKvHint = {};", kv_hint));
+    w.line(fmt::format("static constexpr int kKvHint = {}, kKvCopy = {};", kv_hint,
+                       d.config.at("kv_copy")));
+    w.line(fmt::format("static constexpr bool kKvFp8 = {};", b(kv_fp8(d))));
     w.line(fmt::format("using Element = {};", element_type(d.dtype)));
   }
   return w.str();
@@ -352,6 +412,8 @@ FjDecodeArgs make_decode_args(const DecodeInputs& in, int splits, int rows, void
   a.page_table = in.page_table;
   a.page_table_stride_b = in.page_table_stride_b;
   a.seq_lens = in.seq_lens;
+  a.k_scale = in.kv_fp8 ? in.k_scale : nullptr;
+  a.v_scale = in.kv_fp8 ? in.v_scale : nullptr;
   if (workspace != nullptr) {
     const size_t packed = static_cast<size_t>(in.batch * in.heads_q * in.seqlen_q) * splits;
     a.o_part = static_cast<float*>(workspace);

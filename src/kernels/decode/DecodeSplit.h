@@ -5,7 +5,10 @@
 //
 // Config: block_n {32, 64, 128} keys per tile, num_warps {2, 4, 8} (a multiple of rows / 16; the
 // warps along N get block_n / (num_warps / (rows / 16)) keys each, a multiple of 16),
-// num_stages {1, 2, 3, 4}, num_splits (0: the heuristic, 1..1024: fixed). Needs 16-byte aligned
+// num_stages {1, 2, 3, 4}, num_splits (0: the heuristic, 1..1024: fixed), kv_copy (0: cp.async,
+// 1: cp.async.bulk per key row on an mbarrier per stage, 2: the same with L2::evict_first; 1 and 2
+// on sm_90+; docs/kernels/decode.md "Bulk K / V copies"). Problem flag kv_e4m3: e4m3 K / V
+// converted after the load (sm_89+, head dims multiples of 16, kv_copy 0). Needs 16-byte aligned
 // rows. Head dims: any multiple of 8 up to 256, qk and v independently, computed in tiles of 64 /
 // 128 / 256 (kernels/HeadDims.h).
 #pragma once
@@ -61,8 +64,8 @@ class DecodeSplitSm80Mma : public DecodeSplitVariant {
 
   // struct FjConfig { static constexpr int kRows, kBlockN, kNumWarps, kNumStages, kHeadDimQK,
   //   kHeadDimV (the tile dims), kGqaRatio, kPageSize, kRealDimQK, kRealDimV (the problem's head
-  //   dims), kKvHint; static constexpr bool kHasFullBlocks,
-  //   kHasScoreMod, kHasMaskMod; using Element = fj_bf16 | fj_f16; };
+  //   dims), kKvHint, kKvCopy; static constexpr bool kHasFullBlocks,
+  //   kHasScoreMod, kHasMaskMod, kKvFp8; using Element = fj_bf16 | fj_f16; };
   static std::string config_struct(const Mods& mods, const KernelDesc& desc, int kv_hint = 0);
 
  private:

@@ -88,6 +88,7 @@ FamilyInfo forward_family() {
 const char* element_type(DType dtype) {
   switch (dtype) {
     case DType::BF16:
+    case DType::E4M3:  // the e4m3 forward's output (forward_sm90.cuh, FJ_FWD_FP8)
       return "fj_bf16";
     case DType::F16:
       return "fj_f16";

@@ -17,6 +17,7 @@
 #include <flexjit/device_block_mask.h>
 #include <flexjit/tensor.h>
 
+#include "binding/Fp8Descales.h"
 #include "kernels/Family.h"
 #include "kernels/TuningOutputs.h"
 #include "kernels/Variant.h"
@@ -26,6 +27,9 @@
 #include <vector>
 
 namespace flexjit::kernels {
+
+// The descale factors of e4m3 q, k, v (AttentionOptions::descale; FjFp8Args).
+using Fp8Descales = runtime::Fp8Descales;
 
 // What a forward launch reads and writes, as the runtime validated it.
 struct ForwardInputs {
@@ -53,6 +57,8 @@ struct ForwardInputs {
   // schedule with the mask only where this stream is not capturing a graph (an allocation
   // there would break the capture).
   runtime::CuStream stream = nullptr;
+  // e4m3 q, k, v: their descale factors (out is bf16).
+  Fp8Descales descale;
 };
 
 using ForwardVariant = FamilyVariant<Family::Forward, ForwardInputs>;
@@ -94,7 +100,8 @@ InputFacts forward_facts(const ForwardInputs& in);
 // its math mode and, with a page size, set_kv_cache_flags.
 FamilyInfo forward_family();
 
-// "fj_bf16", "fj_f16", "float": the template's Element type; InternalError for other dtypes.
+// "fj_bf16", "fj_f16", "float": the template's Element type (e4m3: "fj_bf16", its output's);
+// InternalError for other dtypes.
 const char* element_type(DType dtype);
 
 }  // namespace flexjit::kernels

@@ -48,6 +48,9 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
     case DType::I32:
     case DType::Bool:
       return fmt::format("attention inputs must be bf16, f16 or f32, not {}", to_string(p.dtype));
+    case DType::E4M3:
+      return "e4m3 q, k, v are supported only by forward/sm90a_wgmma (an sm_90a GPU); "
+             "forward/sm80_mma takes bf16, f16 or f32";
   }
   if (auto r =
           head_dim_reason("forward/sm80_mma", "head_dim_qk", p.head_dim_qk, kSm80ForwardTileDims)) {

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <functional>
 #include <initializer_list>
+#include <tuple>
 
 namespace flexjit::kernels {
 
@@ -64,17 +65,46 @@ std::optional<std::string> not_in(const char* what, int64_t v, std::initializer_
                      fmt::join(allowed, ", "));
 }
 
-std::optional<std::string> problem_reason(const KernelDesc& p) {
-  return wgmma_problem_reason(p, kSm90ForwardTileDims);
+bool is_fp8(const KernelDesc& d) {
+  return d.dtype == DType::E4M3;
 }
 
-// The tile dims of a problem's head dims (kSm90ForwardTileDims), or the dim itself when no tile
-// takes it (a problem that problem_reason refuses; its checks come first).
+// e4m3 q, k, v (docs/kernels/forward_sm90.md "FP8"): head dims multiples of 16 (16-byte rows),
+// qk up to 256 and v up to 128 (the P V accumulator beside S and P in 128 x 128 tiles), in tiles
+// of 128-byte rows (128 or 256 elements); no KV cache.
+std::optional<std::string> fp8_problem_reason(const KernelDesc& p) {
+  for (auto [what, d, most] :
+       {std::tuple{"head_dim_qk", p.head_dim_qk, 256}, {"head_dim_v", p.head_dim_v, 128}}) {
+    if (d < 16 || d > most || d % 16 != 0) {
+      return fmt::format(
+          "forward/sm90a_wgmma with e4m3 inputs does not support {} = {}; supported: multiples "
+          "of 16 from 16 to {}",
+          what, d, most);
+    }
+  }
+  if (on_kv_cache(p)) {
+    return "forward/sm90a_wgmma does not run e4m3 inputs on a KV cache (page tables or "
+           "per-sequence lengths); e4m3 takes contiguous q, k, v";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> problem_reason(const KernelDesc& p) {
+  if (auto r = wgmma_problem_reason(p, kSm90ForwardTileDims)) return r;
+  if (is_fp8(p)) return fp8_problem_reason(p);
+  return std::nullopt;
+}
+
+// The tile dims of a problem's head dims (kSm90ForwardTileDims; e4m3: kSm90Fp8TileDims), or the
+// dim itself when no tile takes it (a problem that problem_reason refuses; its checks come
+// first).
 int tile_qk(const KernelDesc& d) {
-  return tile_head_dim(d.head_dim_qk, kSm90ForwardTileDims).value_or(d.head_dim_qk);
+  return tile_head_dim(d.head_dim_qk, is_fp8(d) ? kSm90Fp8TileDims : kSm90ForwardTileDims)
+      .value_or(d.head_dim_qk);
 }
 int tile_v(const KernelDesc& d) {
-  return tile_head_dim(d.head_dim_v, kSm90ForwardTileDims).value_or(d.head_dim_v);
+  return tile_head_dim(d.head_dim_v, is_fp8(d) ? kSm90Fp8TileDims : kSm90ForwardTileDims)
+      .value_or(d.head_dim_v);
 }
 
 // q_tiles and persistent may be absent (configs written before they existed): one query tile
@@ -114,6 +144,10 @@ std::optional<std::string> kv_cache_config_reason(const KernelDesc& d) {
 }
 
 int sm90_smem(const KernelDesc& d, int q_bufs) {
+  if (is_fp8(d)) {
+    return fj_forward_sm90_fp8_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
+                                          tile_qk(d), tile_v(d), d.config.at_int("num_stages"));
+  }
   return fj_forward_sm90_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
                                     tile_qk(d), tile_v(d), dtype_size(d.dtype),
                                     d.config.at_int("num_stages"), q_bufs);
@@ -211,6 +245,50 @@ int64_t persistent_bytes(const KernelDesc& d, const ForwardInputs& in) {
          256 * 256;
 }
 
+// e4m3: V^T (FjFp8VtArgs::vt), at the workspace's start (no persistent counter, no union
+// schedule with e4m3).
+int64_t fp8_vt_bytes(const KernelDesc& d, const ForwardInputs& in) {
+  if (!is_fp8(d)) return 0;
+  const QkvShape& s = in.shape;
+  return fj_forward_fp8_vt_bytes(static_cast<int>(s.batch), static_cast<int>(s.heads_kv),
+                                 static_cast<int>(s.seqlen_kv), static_cast<int>(s.head_dim_v));
+}
+
+// The e4m3 forward's pre-pass (V^T into the workspace), its tensor map and FjFp8Args.
+struct Fp8Launch {
+  Launch vt;
+  FjTmaDesc vt_map;
+  FjFp8Args args;
+};
+Fp8Launch fp8_launch(const KernelDesc& d, const ForwardInputs& in, void* workspace) {
+  FJ_ASSERT(workspace != nullptr, "the e4m3 forward launched without its V^T workspace");
+  const QkvShape& s = in.shape;
+  FjFp8VtArgs va{};
+  va.v = static_cast<const unsigned char*>(in.v.data);
+  va.v_stride_b = in.v.strides[0];
+  va.v_stride_h = in.v.strides[1];
+  va.v_stride_s = in.v.strides[2];
+  va.vt = static_cast<unsigned char*>(workspace);
+  va.heads_kv = static_cast<int>(s.heads_kv);
+  va.seqlen_kv = static_cast<int>(s.seqlen_kv);
+  va.skv_pad = static_cast<int>((s.seqlen_kv + 63) / 64 * 64);
+  Fp8Launch f;
+  f.vt.entry_point = "flexjit_forward_fp8_vt";
+  f.vt.grid = {static_cast<unsigned>(va.skv_pad / 64), static_cast<unsigned>(s.heads_kv),
+               static_cast<unsigned>(s.batch)};
+  f.vt.block = {256, 1, 1};
+  f.vt.args.add(va);
+  // V^T [B, Hkv, Dv, skv_pad] e4m3, read as rows of Dv (the v tile's box rows; rows past Dv
+  // read as zeros) and 128 keys a box.
+  const TensorRef vt =
+      TensorRef::contiguous(workspace, DType::E4M3, {s.batch, s.heads_kv, s.head_dim_v, va.skv_pad},
+                            TensorRef::Device::CUDA, in.v.device_index);
+  f.vt_map = runtime::encode_bhsd_tma(vt, tile_v(d), "V^T (the e4m3 forward's workspace)");
+  const Fp8Descales& ds = in.descale;
+  f.args = FjFp8Args{ds.q, ds.k, ds.v, ds.q_stride, ds.k_stride, ds.v_stride};
+  return f;
+}
+
 Params make_config(int block_m, int block_n, int num_stages, int q_tiles, int persistent) {
   return {{"block_m", block_m},
           {"block_n", block_n},
@@ -226,7 +304,13 @@ std::optional<std::string> wgmma_problem_reason(const KernelDesc& p,
   if (!(p.arch.cc() == 90 && p.arch.accelerated)) {
     return fmt::format("wgmma and setmaxnreg need sm_90a, not {}", p.arch.str());
   }
-  if (p.dtype != DType::BF16 && p.dtype != DType::F16) {
+  if (p.dtype == DType::E4M3 && p.family != Family::Forward) {
+    return fmt::format(
+        "e4m3 inputs run only in the forward (forward/sm90a_wgmma); {}/sm90a_wgmma takes bf16 "
+        "and f16",
+        to_string(p.family));
+  }
+  if (p.dtype != DType::BF16 && p.dtype != DType::F16 && p.dtype != DType::E4M3) {
     return fmt::format(
         "{} inputs run on the tf32 tensor cores of sm80_mma (this variant takes bf16 and f16)",
         to_string(p.dtype));
@@ -289,6 +373,11 @@ std::optional<std::string> ForwardSm90Wgmma::unsupported(const KernelDesc& probl
         facts.mask_kv_block);
   }
   if (auto r = kv_cache_reason(problem)) return r;
+  if (is_fp8(problem) && facts.mask_kv_block != 0 && facts.mask_kv_block % 128 != 0) {
+    return fmt::format(
+        "the block mask's kv block size {} is not a multiple of 128 (the e4m3 kernel's KV tile)",
+        facts.mask_kv_block);
+  }
   return std::nullopt;
 }
 
@@ -330,11 +419,19 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
   if (auto r = fast_math_flag_error(d)) throw UnsupportedError(*r);
   if (auto r = kv_cache_reason(d)) throw UnsupportedError(*r);
   if (auto r = kv_cache_config_reason(d)) throw UnsupportedError(*r);
+  if (is_fp8(d) && (d.config.at("block_m") != 128 || d.config.at("block_n") != 128 ||
+                    q_tiles_of(d) != 1 || persistent_of(d) != 0)) {
+    throw UnsupportedError(fmt::format(
+        "forward/sm90a_wgmma with e4m3 inputs runs block_m = 128, block_n = 128 (V^T tiles of "
+        "128-byte rows), q_tiles = 1, persistent = 0; got {}",
+        d.config.str()));
+  }
   // Accumulators of S (block_n / 2) and O (the v tile dim / 2) plus P (block_n / 4) per thread
   // must fit the consumers' registers (240 with two consumer warpgroups, 160 with three) with
   // room for addresses and the softmax state.
   const bool three = d.config.at("block_m") == 192;
-  const int64_t live = d.config.at("block_n") / 2 + tile_v(d) / 2 + d.config.at("block_n") / 4;
+  const int64_t live = d.config.at("block_n") / 2 + tile_v(d) / 2 +
+                       d.config.at("block_n") / (is_fp8(d) ? 8 : 4);  // e4m3 P: 4 per register
   const int64_t budget = three ? 128 : 200;
   if (live > budget) {
     throw UnsupportedError(fmt::format(
@@ -358,6 +455,9 @@ Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
   // By the tile dims: a head dim runs in its tile's layouts (kSm90ForwardTileDims).
   const int qk = tile_qk(p), v = tile_v(p);
   const int d = std::max(qk, v);
+  // e4m3: 128 x 128 tiles (V^T's 128-byte rows), as many of 4 stages as fit (resolve_config);
+  // half the bytes of a bf16 stage, so two more stages than bf16's 128 x 128 at d 128 fit.
+  if (is_fp8(p)) return make_config(128, 128, 4, 1, 0);
   // Measured on an H100 (docs/kernels/forward_sm90.md "Design notes"): d = 128 noop 581 TFLOP/s
   // with 3 stages, 511 with 2 (causal 489 / 448), block_n 176 (2 stages fit) 520; d = 64 noop 396
   // with 4 stages, 378 with 3, 323 with 2 (causal 296-297 with 3 or 4). Persistent CTAs: d = 64
@@ -373,6 +473,11 @@ Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
 
 std::vector<Params> ForwardSm90Wgmma::config_space(const KernelDesc& p) const {
   std::vector<Params> grid;
+  if (is_fp8(p)) {
+    for (int s : kStages)
+      grid.push_back(make_config(128, 128, s, 1, 0));
+    return valid_configs(*this, p, grid);
+  }
   for (int bm : kBlockMs)
     for (int bn : kBlockNs)
       for (int s : kStages)
@@ -411,8 +516,8 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   // at 192 rows chunked_local ran 122 TFLOP/s against 174 with 128 (docs/kernels/forward_sm90.md
   // "Design notes").
   if (!overrides.has("block_m") && !overrides.has("block_n") && facts.seqlen_q > 0 && !kv_cache &&
-      !facts.mask_mod_divides && std::max(problem.head_dim_qk, problem.head_dim_v) <= 64 &&
-      8 * rows192 <= 9 * rows128 &&
+      !is_fp8(problem) && !facts.mask_mod_divides &&
+      std::max(problem.head_dim_qk, problem.head_dim_v) <= 64 && 8 * rows192 <= 9 * rows128 &&
       (facts.mask_kv_block == 0 ||
        (facts.mask_mod && union_tiles(facts, c.at("block_n")) <= kFjUnionMaxTiles))) {
     c.set("block_m", 192);
@@ -493,6 +598,9 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
   // The union schedule's kernel only where launches() can run it (block_m 192 over a block mask,
   // which takes a mask_mod: kFjUnionSchedule): elsewhere it would be compiled for nothing.
   if (bm == 192 && cuda::has_mask_mod(mods)) config = "#define FJ_FWD_UNION_SCHEDULE 1\n" + config;
+  // e4m3 q, k, v: the kernel takes FjFp8Args and the module has the V^T pre-pass
+  // (forward_sm90.cuh, FJ_FWD_FP8); without it the source is what it always was.
+  if (is_fp8(desc)) config = "#define FJ_FWD_FP8 1\n" + config;
   const std::string wrappers =
       cuda::wgmma_wrappers(desc.dtype, {desc.config.at_int("block_n")}, {tile_v(desc)});
   config.push_back('\n');
@@ -509,7 +617,8 @@ unsigned ForwardSm90Wgmma::smem_bytes(const KernelDesc& desc) const {
 size_t ForwardSm90Wgmma::workspace_bytes(const KernelDesc& desc, const ForwardInputs& in) const {
   const UnionShape u = union_shape(desc, in);
   return static_cast<size_t>(persistent_bytes(desc, in) +
-                             (u.used() ? fj_forward_sm90_union_bytes(u.rows, u.max_tiles) : 0));
+                             (u.used() ? fj_forward_sm90_union_bytes(u.rows, u.max_tiles) : 0) +
+                             fp8_vt_bytes(desc, in));
 }
 
 std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const ForwardInputs& in,
@@ -529,6 +638,26 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   FjKvCacheArgs cache{};
   FjFwdTmaMaps maps;
   maps.q = runtime::encode_bhsd_tma(in.q, bm, "q");
+  if (is_fp8(desc)) {
+    // Contiguous K / V only (fp8_problem_reason); V is read as V^T, written first.
+    Fp8Launch f = fp8_launch(desc, in, workspace);
+    maps.k = runtime::encode_bhsd_tma(in.k, bn, "k");
+    maps.v = f.vt_map;
+    Launch l;
+    l.entry_point = "flexjit_forward";
+    l.grid = {static_cast<unsigned>((s.seqlen_q + bm - 1) / bm), static_cast<unsigned>(s.heads_q),
+              static_cast<unsigned>(s.batch)};
+    l.block = {static_cast<unsigned>((bm / 64 + 1) * 128), 1, 1};
+    l.smem_bytes = smem_bytes(desc);
+    l.args.add(a);
+    l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
+    l.args.add(maps);
+    l.args.add(f.args);
+    std::vector<Launch> out;
+    out.push_back(std::move(f.vt));
+    out.push_back(std::move(l));
+    return out;
+  }
   if (in.page_table != nullptr) {
     // Pools [num_pages, page_size, Hkv, D] (any strides, D contiguous): the kernel's K / V
     // strides are the page's (b) and the slot's (s), and the tensor maps view the pool as

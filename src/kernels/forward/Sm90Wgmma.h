@@ -3,6 +3,9 @@
 // register reallocation, wgmma for Q K^T (both operands in shared memory) and P V (P from
 // registers) (templates/wgmma_sm90.cuh + forward_sm90.cuh; docs/kernels/forward_sm90.md).
 //
+// With e4m3 (float8_e4m3fn) q, k, v and descale factors it computes a bf16 out (FJ_FWD_FP8: wgmma
+// m64nNk32 e4m3, V^T written by a pre-pass into the workspace, 128 x 128 tiles, head dims
+// multiples of 16, qk up to 256 and v up to 128; docs/kernels/forward_sm90.md "FP8").
 // Serves sm_90a only, bf16 and f16 (f32 inputs stay on sm80_mma's tf32 path), head dims qk and
 // v (independently) any multiple of 8 up to 256, computed in tile dims 64 / 128 / 192 / 256
 // (kernels/HeadDims.h; docs/kernels/forward_sm90.md "Head dims"), inputs a TMA tensor map can
@@ -26,6 +29,9 @@ namespace flexjit::kernels {
 // the 128-byte swizzle): a head dim runs in the smallest at least as large, so at most 56
 // columns of a tile are padding and no 64-column chunk is padding alone.
 inline constexpr std::initializer_list<int> kSm90ForwardTileDims = {64, 128, 192, 256};
+// With e4m3 q, k, v a 128-byte swizzle row holds 128 elements: tiles of whole rows
+// (docs/kernels/forward_sm90.md "FP8").
+inline constexpr std::initializer_list<int> kSm90Fp8TileDims = {128, 256};
 
 // Why a wgmma kernel (the sm90a_wgmma variant of any family) cannot serve `problem`: not sm_90a,
 // not bf16 / f16, a head dim that is not a multiple of 8 up to the largest of `head_dims` (its
@@ -60,13 +66,14 @@ class ForwardSm90Wgmma : public ForwardVariant {
   void specialize(KernelDesc& desc, const InputFacts& facts) const override;
   std::vector<TemplateText> templates() const override;
   // flexjit_forward_union_schedule runs first where block_m 192 meets a block mask.
+  // e4m3: flexjit_forward_fp8_vt (V^T into the workspace) runs first.
   std::vector<std::string> entry_points() const override {
-    return {"flexjit_forward", "flexjit_forward_union_schedule"};
+    return {"flexjit_forward", "flexjit_forward_union_schedule", "flexjit_forward_fp8_vt"};
   }
   cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
   unsigned smem_bytes(const KernelDesc& desc) const override;
   // persistent = 1: the work counter (zeroed before each launch); block_m 192 with a block
-  // mask: the union schedule.
+  // mask: the union schedule; e4m3: V^T (fj_forward_fp8_vt_bytes).
   size_t workspace_bytes(const KernelDesc& desc, const ForwardInputs& in) const override;
   std::vector<Launch> launches(const KernelDesc& desc, const ForwardInputs& in,
                                void* workspace) const override;

@@ -1,0 +1,403 @@
+// Decoding on e4m3 KV caches (include/flexjit/paged_kv.h, "FP8 caches"): K / V pools or
+// contiguous K / V in e4m3 with per-kv-head f32 scales, q and out bf16 / f16. Fresh random inputs
+// every run (the seed is printed on failure), against the CPU backend's fp64 reference on the
+// dequantized cache (k_e4m3 * k_scale[h], v_e4m3 * v_scale[h] in f32; docs/math.md "FP8 KV
+// caches"), and the CPU backend's own e4m3 cache path (flex_attention_cpu, which dequantizes
+// while gathering) against the same reference. Skips without a GPU, and below sm_89 (the
+// kernel's e4m3 conversion) after checking the error.
+#include <flexjit/attention.h>
+#include <flexjit/cpu.h>
+#include <flexjit/error.h>
+#include <flexjit/paged_kv.h>
+
+#include "gpu/GpuTestUtil.h"
+#include "gpu/StandardBindings.h"
+#include "ir/Evaluate.h"
+#include "support/CpuReference.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+using namespace flexjit;
+using namespace flexjit::test;
+
+namespace {
+
+struct Fp8Case {
+  std::string mods = "noop";
+  DType dtype = DType::BF16;  // q and out
+  int batch = 1, heads_kv = 1, gqa = 1, seqlen_q = 1, dim_qk = 128, dim_v = 128;
+  int capacity = 1;       // Skv (contiguous) or max_pages * page_size
+  std::vector<int> lens;  // per sequence (a KvCache is always passed)
+  int page_size = 0;      // 0: contiguous [B, Hkv, Skv, D] with seq_lens
+  std::map<std::string, int64_t> config;
+};
+
+constexpr uint8_t kE4m3Nan = 0x7f;
+
+// An e4m3 tensor's bytes and their dequantized values (times the kv head's scale).
+struct E4m3Tensor {
+  std::vector<uint8_t> bytes;
+  std::vector<float> dequantized;
+};
+
+// Logical [B, Hkv, cap, D] e4m3 keys: N(0, 1) / scale[h] rounded to e4m3 (|x| <= 448: a
+// per-head quantizer's values), NaN bytes past each sequence's length (never read).
+E4m3Tensor random_e4m3(std::mt19937_64& rng, const Fp8Case& c, int dim,
+                       const std::vector<float>& scale) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t n = static_cast<size_t>(c.batch) * c.heads_kv * c.capacity * dim;
+  E4m3Tensor t;
+  t.bytes.resize(n);
+  t.dequantized.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int key = static_cast<int>(i / dim % c.capacity);
+    const int h = static_cast<int>(i / dim / c.capacity % c.heads_kv);
+    const int b = static_cast<int>(i / dim / c.capacity / c.heads_kv);
+    if (key >= c.lens[b]) {
+      t.bytes[i] = kE4m3Nan;
+      t.dequantized[i] = 0.0f;  // masked in the reference
+      continue;
+    }
+    t.bytes[i] = ir::float_to_e4m3_bits(normal(rng) / scale[h]);
+    t.dequantized[i] = ir::e4m3_bits_to_float(t.bytes[i]) * scale[h];
+  }
+  return t;
+}
+
+// Pools [num_pages, page_size, Hkv, D] of `logical` [B, Hkv, cap, D] through `table` (entries < 0
+// unused); spare pages hold NaN bytes.
+std::vector<uint8_t> to_pool(const std::vector<uint8_t>& logical, const Fp8Case& c, int dim,
+                             const std::vector<int>& table, int num_pages) {
+  const int ps = c.page_size, max_pages = c.capacity / ps;
+  std::vector<uint8_t> pool(static_cast<size_t>(num_pages) * ps * c.heads_kv * dim, kE4m3Nan);
+  for (int b = 0; b < c.batch; ++b)
+    for (int p = 0; p < max_pages; ++p) {
+      const int e = table[static_cast<size_t>(b) * max_pages + p];
+      if (e < 0) continue;
+      for (int slot = 0; slot < ps; ++slot)
+        for (int h = 0; h < c.heads_kv; ++h)
+          std::copy_n(
+              &logical[((static_cast<size_t>(b) * c.heads_kv + h) * c.capacity + p * ps + slot) *
+                       dim],
+              dim, &pool[((static_cast<size_t>(e) * ps + slot) * c.heads_kv + h) * dim]);
+    }
+  return pool;
+}
+
+struct Fp8Result {
+  ErrorStats gpu, cpu;
+  double lse_max_err = 0;
+  int64_t lse_mismatched_inf = 0;
+};
+
+Fp8Result run_case(Context& ctx, Fp8Case c, std::mt19937_64& rng) {
+  const int B = c.batch, Hkv = c.heads_kv, Hq = Hkv * c.gqa, Sq = c.seqlen_q, cap = c.capacity;
+  REQUIRE(static_cast<int>(c.lens.size()) == B);
+  std::uniform_real_distribution<float> scale_dist(0.002f, 0.05f);
+  std::vector<float> k_scale(Hkv), v_scale(Hkv);
+  for (int h = 0; h < Hkv; ++h) {
+    k_scale[h] = scale_dist(rng);
+    v_scale[h] = scale_dist(rng);
+  }
+  const HostTensor q = random_tensor(rng, c.dtype, {B, Hq, Sq, c.dim_qk});
+  // A shared prefix: sequence 1 starts with sequence 0's first full pages (same keys).
+  const int ps = c.page_size;
+  const int shared_pages = ps > 0 && B >= 2 ? std::min(c.lens[0], c.lens[1]) / ps : 0;
+  E4m3Tensor k = random_e4m3(rng, c, c.dim_qk, k_scale);
+  E4m3Tensor v = random_e4m3(rng, c, c.dim_v, v_scale);
+  for (E4m3Tensor* t : {&k, &v}) {
+    const size_t dim = t == &k ? c.dim_qk : c.dim_v;
+    for (int h = 0; h < Hkv; ++h) {
+      const size_t src = static_cast<size_t>(h) * cap * dim;
+      const size_t dst = (static_cast<size_t>(Hkv) + h) * cap * dim;
+      std::copy_n(&t->bytes[src], shared_pages * ps * dim, &t->bytes[dst]);
+      std::copy_n(&t->dequantized[src], shared_pages * ps * dim, &t->dequantized[dst]);
+    }
+  }
+
+  // The cache on the host (the CPU backend's input) and on the device.
+  std::vector<int> table;
+  int num_pages = 0;
+  std::vector<uint8_t> k_store = k.bytes, v_store = v.bytes;
+  std::vector<int64_t> k_shape{B, Hkv, cap, c.dim_qk}, v_shape{B, Hkv, cap, c.dim_v};
+  if (ps > 0) {
+    const int max_pages = cap / ps;
+    num_pages = B * max_pages - shared_pages + 2;
+    std::vector<int> perm(num_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    table.assign(static_cast<size_t>(B) * max_pages, -1);
+    int next = 0;
+    for (int b = 0; b < B; ++b)
+      for (int p = 0; p < max_pages; ++p) {
+        int& e = table[static_cast<size_t>(b) * max_pages + p];
+        e = b == 1 && p < shared_pages ? table[p] : perm[next++];
+        if (p * ps >= c.lens[b] && rng() % 2 == 0) e = -5;  // never read
+      }
+    k_store = to_pool(k.bytes, c, c.dim_qk, table, num_pages);
+    v_store = to_pool(v.bytes, c, c.dim_v, table, num_pages);
+    k_shape = {num_pages, ps, Hkv, c.dim_qk};
+    v_shape = {num_pages, ps, Hkv, c.dim_v};
+  }
+  const std::vector<char> q_bytes = q.bytes();
+  KvCache host_cache;
+  host_cache.seq_lens = TensorRef::contiguous(c.lens.data(), DType::I32, {B});
+  if (ps > 0) {
+    host_cache.page_table = TensorRef::contiguous(table.data(), DType::I32, {B, cap / ps});
+  }
+  host_cache.k_scale = TensorRef::contiguous(k_scale.data(), DType::F32, {Hkv});
+  host_cache.v_scale = TensorRef::contiguous(v_scale.data(), DType::F32, {Hkv});
+
+  std::vector<DeviceTensor> keep;
+  auto dev = [&](DType dtype, std::vector<int64_t> shape, const void* data) {
+    keep.push_back(DeviceTensor::from_host(ctx, dtype, std::move(shape), data));
+    return keep.back().ref();
+  };
+  KvCache cache;
+  cache.seq_lens = dev(DType::I32, {B}, c.lens.data());
+  if (ps > 0) cache.page_table = dev(DType::I32, {B, cap / ps}, table.data());
+  cache.k_scale = dev(DType::F32, {Hkv}, k_scale.data());
+  cache.v_scale = dev(DType::F32, {Hkv}, v_scale.data());
+  const TensorRef dq = dev(c.dtype, {B, Hq, Sq, c.dim_qk}, q_bytes.data());
+  const TensorRef dk = dev(DType::E4M3, k_shape, k_store.data());
+  const TensorRef dv = dev(DType::E4M3, v_shape, v_store.data());
+
+  AttentionShape s;
+  s.batch = B, s.heads_q = Hq, s.heads_kv = Hkv, s.seqlen_q = Sq, s.seqlen_kv = cap;
+  s.head_dim_qk = c.dim_qk, s.head_dim_v = c.dim_v;
+  Mods mods = standard_mods(c.mods);
+  std::map<std::string, HostBuffer> buffers;
+  std::vector<std::pair<std::string, double>> params;
+  bind_standard_mods(mods, s, rng, buffers, params);
+  ModBindings bindings, host_bindings;
+  ir::EvalEnv env;
+  for (auto& [name, hb] : buffers) {
+    bindings.buffers.emplace_back(name, dev(hb.dtype, hb.shape, hb.bytes.data()));
+    host_bindings.buffers.emplace_back(name,
+                                       TensorRef::contiguous(hb.bytes.data(), hb.dtype, hb.shape));
+    env.buffers[name] = ir::BufferView{hb.bytes.data(), hb.dtype, hb.shape, {}};
+  }
+  bindings.params = host_bindings.params = params;
+  for (auto& [n, val] : params)
+    env.params[n] = val;
+
+  DeviceTensor out = DeviceTensor::empty(ctx, c.dtype, {B, Hq, Sq, c.dim_v});
+  DeviceTensor lse = DeviceTensor::empty(ctx, DType::F32, {B, Hq, Sq});
+  out.fill_bytes(0xFF);  // NaN: an element the kernels do not write fails
+  lse.fill_bytes(0xFF);
+  AttentionOptions o;
+  o.mods = mods;
+  o.bindings = bindings;
+  o.kv_cache = &cache;
+  o.config.params = c.config;
+  CHECK(flex_attention_workspace_bytes(ctx, dq, dk, dv, o) > 0);  // the decode plan
+  flex_attention_into(ctx, dq, dk, dv, out, &lse.ref(), o);
+  ctx.synchronize();
+  const std::vector<float> got = download(out), got_lse = download(lse);
+
+  // The reference: fp64 on the dequantized logical cache, the lengths as a mask.
+  Mods ref_mods = combine(mods, parse_mods("buffer fj_ref_len: i32[B]\n"
+                                           "mask_mod = kv_idx < fj_ref_len[b]",
+                                           "reference_lengths.fx"));
+  ir::EvalEnv ref_env = env;
+  ref_env.buffers["fj_ref_len"] = ir::BufferView{c.lens.data(), DType::I32, {B}, {}};
+  const ReferenceResult rr =
+      cpu_reference_attention(ref_mods, s, q.values, k.dequantized, v.dequantized,
+                              1.0f / std::sqrt(static_cast<float>(c.dim_qk)), ref_env);
+
+  // The CPU backend on the same host cache (its gather dequantizes).
+  AttentionOptions ho;
+  ho.mods = mods;
+  ho.bindings = host_bindings;
+  ho.kv_cache = &host_cache;
+  CpuRunOptions cro;
+  cro.reference_f64 = true;
+  const TensorRef hq =
+      TensorRef::contiguous(const_cast<char*>(q_bytes.data()), c.dtype, {B, Hq, Sq, c.dim_qk});
+  const CpuAttentionResult cpu =
+      flex_attention_cpu(hq, TensorRef::contiguous(k_store.data(), DType::E4M3, k_shape),
+                         TensorRef::contiguous(v_store.data(), DType::E4M3, v_shape), ho, cro);
+
+  Fp8Result r;
+  r.gpu = compare(got, rr.out);
+  r.cpu = compare(cpu.out, rr.out);
+  for (size_t i = 0; i < rr.lse.size(); ++i) {
+    const bool ref_inf = std::isinf(rr.lse[i]) && rr.lse[i] < 0;
+    const bool out_inf = std::isinf(got_lse[i]) && got_lse[i] < 0;
+    if (ref_inf != out_inf || std::isnan(got_lse[i])) {
+      ++r.lse_mismatched_inf;
+    } else if (!ref_inf) {
+      r.lse_max_err = std::max(
+          r.lse_max_err, std::abs(got_lse[i] - rr.lse[i]) / std::max(1.0, std::abs(rr.lse[i])));
+    }
+  }
+  return r;
+}
+
+void check_case(Context& ctx, const Fp8Case& c, std::mt19937_64& rng, uint64_t seed) {
+  const Fp8Result r = run_case(ctx, c, rng);
+  const std::string summary = fmt::format(
+      "e4m3 cache {} q {} B={} Hkv={} gqa={} Sq={} cap={} lens=[{}] page={} D={}/{} [{}]: out {}; "
+      "cpu backend {}; lse max rel err {:.3e}, {} -inf mismatches (seed {})",
+      c.mods, to_string(c.dtype), c.batch, c.heads_kv, c.gqa, c.seqlen_q, c.capacity,
+      fmt::join(c.lens, ","), c.page_size, c.dim_qk, c.dim_v, fmt::join(c.config, " "), r.gpu.str(),
+      r.cpu.str(), r.lse_max_err, r.lse_mismatched_inf, seed);
+  INFO(summary);
+  // docs/math.md "FP8 KV caches": the dequantization is exact, so the bf16 / f16 rule holds.
+  CHECK(r.gpu.nonfinite == 0);
+  CHECK(r.gpu.rel <= tolerance(c.dtype));
+  CHECK(r.cpu.nonfinite == 0);
+  CHECK(r.cpu.rel <= 1e-5);
+  CHECK(r.lse_mismatched_inf == 0);
+  CHECK(r.lse_max_err <= 1e-2);
+  std::printf("  %s\n", summary.c_str());
+}
+
+bool device_takes_e4m3(Context& ctx) {
+  const std::string a = ctx.arch();
+  return a == "sm_89" || a == "sm_90" || a == "sm_90a";
+}
+
+}  // namespace
+
+TEST_CASE("decode fp8: e4m3 caches of every page size, ragged lengths, shared pages, GQA",
+          "[gpu][decode][fp8]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  if (!device_takes_e4m3(*ctx)) {
+    Fp8Case c;
+    c.lens = {1};
+    CHECK_THROWS_WITH(run_case(*ctx, c, rng), Catch::Contains("needs sm_89 or newer"));
+    return;
+  }
+  struct Shape {
+    int page, gqa, sq, cap;
+    std::vector<int> lens;
+    const char* mods;
+    int dqk, dv;
+    std::map<std::string, int64_t> config;
+  };
+  const std::vector<Shape> shapes = {
+      // The anchors' decode shape (GQA 4, one token), full and ragged, 1 and 4 tokens.
+      {0, 4, 1, 8192, {8192, 8192}, "noop", 128, 128, {}},
+      {0, 4, 4, 2048, {2048, 1000, 0, 1}, "alibi", 128, 128, {}},
+      {16, 4, 1, 8192, {8192, 8191, 17}, "noop", 128, 128, {}},
+      {16, 4, 4, 1024, {1000, 1024, 16, 0}, "causal", 128, 128, {}},
+      // Page sizes 1 .. 256, GQA 1 .. 8, head dims 64 .. 256 and qk != v.
+      {1, 5, 1, 64, {17, 64, 1}, "softcap", 128, 128, {}},
+      {2, 3, 2, 96, {95, 3}, "relative_bias", 64, 64, {}},
+      {32, 7, 3, 512, {511, 300, 33}, "sliding_window", 128, 64, {}},
+      {64, 8, 16, 512, {511, 400}, "document_causal", 64, 64, {}},
+      {128, 2, 8, 1024, {1024, 129, 0}, "t5_bucketed_bias", 96, 96, {}},
+      {256, 1, 1, 8448, {8193, 8193, 300}, "noop", 256, 256, {}},
+      // Config corners: 1 stage, 32-key tiles on 2 warps, 128-key tiles, a fixed split count.
+      {16, 4, 1, 2048, {2048, 2000}, "noop", 128, 128, {{"num_stages", 1}}},
+      {0, 4, 1, 2048, {2048, 1}, "alibi", 128, 128, {{"block_n", 32}, {"num_warps", 2}}},
+      {0,
+       4,
+       1,
+       4096,
+       {4096, 4000},
+       "noop",
+       128,
+       128,
+       {{"block_n", 128}, {"num_stages", 2}, {"num_splits", 7}}},
+      // A chunk of 40 query tokens (more than the 16 of the decode dispatch): the forward does not
+      // read e4m3 caches, so the decode kernels run it (docs/kernels/decode.md "FP8 KV caches").
+      {16, 2, 40, 256, {256, 100}, "noop", 128, 128, {}},
+  };
+  for (const Shape& sh : shapes) {
+    Fp8Case c;
+    c.mods = sh.mods;
+    c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+    c.batch = static_cast<int>(sh.lens.size());
+    c.heads_kv = 1 + static_cast<int>(rng() % 2);
+    c.gqa = sh.gqa;
+    c.seqlen_q = sh.sq;
+    c.capacity = sh.cap;
+    c.lens = sh.lens;
+    c.page_size = sh.page;
+    c.dim_qk = sh.dqk;
+    c.dim_v = sh.dv;
+    c.config = sh.config;
+    check_case(*ctx, c, rng, seed);
+  }
+}
+
+TEST_CASE("decode fp8: e4m3 caches at small shapes (compute-sanitizer)",
+          "[gpu][decode][fp8][small]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  if (!device_takes_e4m3(*ctx)) return;  // the test case above checks the error
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (int page : {0, 1, 16}) {
+    Fp8Case c;
+    c.mods = "alibi";
+    c.batch = 3;
+    c.heads_kv = 2;
+    c.gqa = 3;
+    c.seqlen_q = 2;
+    c.capacity = 272;
+    c.lens = {272, 0, 97};
+    c.page_size = page;
+    c.dim_qk = c.dim_v = 64;
+    c.config = {{"num_stages", page == 16 ? 1 : 3}, {"num_splits", 3}};
+    check_case(*ctx, c, rng, seed);
+  }
+}
+
+TEST_CASE("decode fp8: bad e4m3 caches fail before any launch, naming the tensor",
+          "[gpu][decode][fp8]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const int B = 2, Hkv = 2, Hq = 4, D = 128, P = 4, ps = 16;
+  DeviceTensor q = DeviceTensor::empty(*ctx, DType::BF16, {B, Hq, 1, D});
+  DeviceTensor k = DeviceTensor::empty(*ctx, DType::E4M3, {P, ps, Hkv, D});
+  DeviceTensor v = DeviceTensor::empty(*ctx, DType::E4M3, {P, ps, Hkv, D});
+  DeviceTensor v16 = DeviceTensor::empty(*ctx, DType::BF16, {P, ps, Hkv, D});
+  DeviceTensor table = DeviceTensor::empty(*ctx, DType::I32, {B, 2});
+  DeviceTensor lens = DeviceTensor::empty(*ctx, DType::I32, {B});
+  DeviceTensor scale = DeviceTensor::empty(*ctx, DType::F32, {Hkv});
+  DeviceTensor scale3 = DeviceTensor::empty(*ctx, DType::F32, {3});
+  DeviceTensor scale16 = DeviceTensor::empty(*ctx, DType::BF16, {Hkv});
+  std::vector<float> host_scale(Hkv, 1.0f);
+  KvCache cache;
+  cache.seq_lens = lens.ref();
+  cache.page_table = table.ref();
+  cache.k_scale = scale.ref();
+  cache.v_scale = scale.ref();
+  auto call = [&](const KvCache& c, const DeviceTensor& vv) {
+    AttentionOptions o;
+    o.kv_cache = &c;
+    (void)flex_attention(*ctx, q, k, vv, o);
+  };
+  KvCache c = cache;
+  c.k_scale = {};
+  CHECK_THROWS_WITH(call(c, v), Catch::Contains("an e4m3 KV cache needs k_scale: [Hkv] = [2] f32"));
+  c = cache;
+  c.v_scale = scale3.ref();
+  CHECK_THROWS_WITH(call(c, v), Catch::Contains("v_scale has shape [3]; expected [Hkv] = [2]"));
+  c = cache;
+  c.k_scale = scale16.ref();
+  CHECK_THROWS_WITH(call(c, v), Catch::Contains("k_scale has dtype bf16; expected f32"));
+  c = cache;
+  c.k_scale = TensorRef::contiguous(host_scale.data(), DType::F32, {Hkv});
+  CHECK_THROWS_WITH(call(c, v), Catch::Contains("k_scale is on cpu but q is on cuda"));
+  CHECK_THROWS_WITH(call(cache, v16),
+                    Catch::Contains("k is e4m3 and v is bf16; an e4m3 KV cache has both"));
+  // Scales with a bf16 cache are refused rather than ignored.
+  DeviceTensor k16 = DeviceTensor::empty(*ctx, DType::BF16, {P, ps, Hkv, D});
+  AttentionOptions o;
+  o.kv_cache = &cache;
+  CHECK_THROWS_WITH(flex_attention(*ctx, q, k16, v16, o),
+                    Catch::Contains("the KV cache has k_scale but k and v are bf16"));
+}
