@@ -7,6 +7,7 @@
 #include <flexjit/flexjit.h>
 #include <flexjit/kernel.h>
 
+#include "Pipeline.h"                  // KernelBuilder::stop_all_background at exit
 #include "cpu/BackwardKernel.h"        // the CPU backward (no public header yet)
 #include "cpu/BufferIndexCheck.h"      // check_buffers before the CPU backward
 #include "cpu/InterpretedBlockMask.h"  // no public host builder from a mask_mod yet
@@ -1073,7 +1074,8 @@ NB_MODULE(_flexjit, m) {
          uintptr_t stream, int num_threads, std::optional<Array> seq_lens,
          std::optional<Array> page_table, bool check_pages, std::optional<nb::dict> config,
          std::optional<Array> q_descale, std::optional<Array> k_descale,
-         std::optional<Array> v_descale) {
+         std::optional<Array> v_descale, std::optional<Array> k_scale,
+         std::optional<Array> v_scale) {
         const CallConfig cfg = parse_config(config, /*backward=*/false);
         // cfg applies to the GPU kernels only: the CPU backend has one kernel, always exact.
         ForwardCall call =
@@ -1085,11 +1087,21 @@ NB_MODULE(_flexjit, m) {
         const TensorRef &tq = call.q, &tk = call.k, &tv = call.v, &tout = call.out;
         const std::optional<TensorRef>& tlse = call.lse;
         AttentionOptions& o = call.options;
-        // A KV cache (paged_kv.h): ragged lengths, and pools read through a page table.
+        // A KV cache (paged_kv.h): ragged lengths, and pools read through a page table; an
+        // e4m3 cache's per-kv-head scales (validate_kv_cache checks them against k and v).
         KvCache cache;
+        if ((k_scale || v_scale) && !seq_lens && !page_table) {
+          throw RuntimeError(std::string(k_scale ? "k_scale" : "v_scale") +
+                             " given without seq_lens or page_table: k_scale / v_scale "
+                             "dequantize an e4m3 KV cache (give its seq_lens, and page_table for "
+                             "page pools); e4m3 q, k, v of the forward take "
+                             "descale=(q_descale, k_descale, v_descale)");
+        }
         if (seq_lens || page_table) {
           if (seq_lens) cache.seq_lens = to_tensor(*seq_lens, "seq_lens", kTakesInt32);
           if (page_table) cache.page_table = to_tensor(*page_table, "page_table", kTakesInt32);
+          if (k_scale) cache.k_scale = to_tensor(*k_scale, "k_scale", kTakesF32);
+          if (v_scale) cache.v_scale = to_tensor(*v_scale, "v_scale", kTakesF32);
           cache.check_pages = check_pages;
           o.kv_cache = &cache;
         }
@@ -1111,7 +1123,8 @@ NB_MODULE(_flexjit, m) {
       "params"_a, "scale"_a.none(), "stream"_a, "num_threads"_a, "seq_lens"_a.none() = nb::none(),
       "page_table"_a.none() = nb::none(), "check_pages"_a = false, "config"_a.none() = nb::none(),
       "q_descale"_a.none() = nb::none(), "k_descale"_a.none() = nb::none(),
-      "v_descale"_a.none() = nb::none());
+      "v_descale"_a.none() = nb::none(), "k_scale"_a.none() = nb::none(),
+      "v_scale"_a.none() = nb::none());
 
   m.def(
       "_flex_attention_backward_into",
@@ -1200,6 +1213,43 @@ NB_MODULE(_flexjit, m) {
       "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a, "dlse"_a.none(), "dq"_a, "dk"_a, "dv"_a,
       "mods"_a, "block_mask"_a.none(), "buffers"_a, "params"_a, "buffer_grads"_a, "scale"_a.none(),
       "stream"_a, "num_threads"_a, "deterministic"_a = false, "config"_a.none() = nb::none());
+
+  // The backward's early start (flex_attention_backward_prepare): its kernels queued to build on
+  // the device's context in the background; the arguments are _backward_into's that shape its
+  // kernels. How many kernels it queued; 0 for CPU tensors.
+  m.def(
+      "_flex_attention_backward_prepare",
+      [](const Array& q, const Array& k, const Array& v, const Mods& mods,
+         const PyBlockMask* block_mask, const std::vector<std::pair<std::string, Array>>& buffers,
+         const std::vector<std::pair<std::string, double>>& params, std::optional<float> scale,
+         bool deterministic, std::optional<nb::dict> config) -> size_t {
+        const CallConfig cfg = parse_config(config, /*backward=*/true);
+        const TensorRef tq = to_tensor(q, "q", kTakesFloat);
+        const TensorRef tk = to_tensor(k, "k", kTakesFloat);
+        const TensorRef tv = to_tensor(v, "v", kTakesFloat);
+        if (tq.device == TensorRef::Device::CPU) return 0;
+        AttentionOptions o;
+        o.mods = mods;
+        o.bindings = to_bindings(mods, buffers, params);
+        o.scale = scale;
+        cfg.apply(o);
+        BackwardOptions backward;
+        backward.deterministic = deterministic;
+        backward.dq_mode = cfg.dq_mode;
+        nb::gil_scoped_release release;
+        Context& ctx = context_for(tq.device_index);
+        std::optional<DeviceBlockMask> uploaded;
+        o.block_mask = device_block_mask(ctx, tq.device_index, block_mask, uploaded);
+        return flex_attention_backward_prepare(ctx, tq, tk, tv, o, backward);
+      },
+      "q"_a, "k"_a, "v"_a, "mods"_a, "block_mask"_a.none(), "buffers"_a, "params"_a,
+      "scale"_a.none(), "deterministic"_a = false, "config"_a.none() = nb::none());
+  // The contexts are never destroyed (context_for): their background compiles are stopped at
+  // interpreter exit, before anything they use is torn down.
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function([] {
+    nb::gil_scoped_release release;
+    KernelBuilder::stop_all_background();
+  }));
 
   // --- context parallelism over NCCL (include/flexjit/context_parallel.h) ---
   m.def(

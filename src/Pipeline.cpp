@@ -9,8 +9,11 @@
 
 #include <flexjit/error.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <system_error>
 #include <thread>
@@ -21,6 +24,39 @@ namespace {
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Every KernelBuilder alive, for stop_all_background. Never destroyed: a builder that outlives
+// static destruction (the Python module's contexts are never freed) still finds them.
+std::mutex& live_mutex() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+std::unordered_set<KernelBuilder*>& live_builders() {
+  static auto* live = new std::unordered_set<KernelBuilder*>;
+  return *live;
+}
+
+// Once per process, before the first background thread starts: an atexit handler that stops every
+// background build before static destruction reaches what the compiles use. Handlers and static
+// destructors run in the reverse order of their registration, so the statics of the compile path
+// are made first (NVRTC's version query loads it), then the handler registered after them.
+void register_exit_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    (void)jit::nvrtc_version();
+    std::atexit([] { KernelBuilder::stop_all_background(); });
+  });
+}
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
 }
 
 }  // namespace
@@ -52,6 +88,16 @@ cuda::GeneratedSource emit_source(const Mods& mods, const kernels::KernelDesc& d
 KernelBuilder::KernelBuilder(jit::CacheSettings settings, size_t max_memo_entries)
     : compiler_(std::move(settings)), max_memo_(max_memo_entries) {
   compile_threads_ = static_cast<size_t>(env::get_u64("FLEXJIT_COMPILE_THREADS").value_or(0));
+  std::lock_guard<std::mutex> lock(live_mutex());
+  live_builders().insert(this);
+}
+
+KernelBuilder::~KernelBuilder() {
+  {
+    std::lock_guard<std::mutex> lock(live_mutex());
+    live_builders().erase(this);
+  }
+  halt_background();
 }
 
 uint64_t KernelBuilder::memo_key(const Mods& mods, const kernels::KernelDesc& desc) {
@@ -91,6 +137,15 @@ BuiltKernel KernelBuilder::build_miss(const Mods& mods, const kernels::KernelDes
   std::lock_guard<std::mutex> lock(mu_);
   if (max_memo_ == 0) return k;
   const uint64_t key = memo_key(mods, desc);
+  // Built meanwhile by another thread (a background build, or the same request twice in one
+  // batch): the compiler's single flight gave both the one kernel; keep one entry.
+  auto [same_lo, same_hi] = memo_.equal_range(key);
+  for (auto it = same_lo; it != same_hi; ++it) {
+    if (it->second->kernel.desc == desc && equal(it->second->mods, mods)) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return k;
+    }
+  }
   lru_.push_front(Entry{key, mods, k});
   memo_.emplace(key, lru_.begin());
   while (lru_.size() > max_memo_) {
@@ -132,10 +187,31 @@ std::vector<BuiltKernel> KernelBuilder::build_all(const std::vector<BuildRequest
   }
   if (misses.empty()) return out;
   std::vector<std::exception_ptr> errors(requests.size());
+  const size_t threads = build_each(requests, misses, compile_threads(), out, errors, nullptr);
+  const double ms = ms_since(t0);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    totals_.kernels += misses.size();
+    totals_.concurrent_batches += threads > 1 ? 1 : 0;
+    totals_.wall_ms += ms;
+  }
+  FJ_LOG("pipeline", "built {} new kernel(s) of {} on {} thread(s) in {:.1f} ms", misses.size(),
+         requests.size(), threads, ms);
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  return out;
+}
+
+size_t KernelBuilder::build_each(const std::vector<BuildRequest>& requests,
+                                 const std::vector<size_t>& which, size_t threads,
+                                 std::vector<BuiltKernel>& out,
+                                 std::vector<std::exception_ptr>& errors,
+                                 const std::atomic<bool>* stop) {
   std::atomic<size_t> next{0};
   auto work = [&] {
-    for (size_t m; (m = next.fetch_add(1)) < misses.size();) {
-      const size_t i = misses[m];
+    for (size_t m; (stop == nullptr || !stop->load()) && (m = next.fetch_add(1)) < which.size();) {
+      const size_t i = which[m];
       try {
         out[i] = build_miss(*requests[i].mods, *requests[i].desc);
       } catch (...) {
@@ -144,7 +220,7 @@ std::vector<BuiltKernel> KernelBuilder::build_all(const std::vector<BuildRequest
     }
   };
   // The calling thread builds too; helpers only where two or more kernels are new.
-  const size_t threads = std::min(misses.size(), compile_threads());
+  threads = std::max<size_t>(1, std::min(which.size(), threads));
   std::vector<std::thread> helpers;
   helpers.reserve(threads - 1);  // before any thread: no reallocation among running ones
   for (size_t t = 1; t < threads; ++t) {
@@ -157,19 +233,134 @@ std::vector<BuiltKernel> KernelBuilder::build_all(const std::vector<BuildRequest
   work();
   for (std::thread& t : helpers)
     t.join();
-  const double ms = ms_since(t0);
+  return helpers.size() + 1;
+}
+
+size_t KernelBuilder::build_in_background(std::vector<OwnedBuildRequest> requests) {
+  if (!compiler_.settings().enabled || compile_threads() < 2 || bg_stop_.load()) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<OwnedBuildRequest> batch;
+  for (OwnedBuildRequest& r : requests) {
+    if (!memo_get(r.mods, r.desc, t0)) batch.push_back(std::move(r));
+  }
+  if (batch.empty()) return 0;
+  register_exit_handler();
+  std::lock_guard<std::mutex> lock(bg_mu_);
+  if (bg_stop_.load()) return 0;
+  std::vector<OwnedBuildRequest> queued;
+  for (OwnedBuildRequest& r : batch) {
+    if (bg_keys_.insert(memo_key(r.mods, r.desc)).second) queued.push_back(std::move(r));
+  }
+  const size_t n = queued.size();
+  if (n == 0) return 0;
+  if (!bg_thread_.joinable()) {
+    try {
+      bg_thread_ = std::thread([this] { background_loop(); });
+      bg_pid_ = static_cast<int>(::getpid());
+    } catch (const std::system_error& e) {
+      for (const OwnedBuildRequest& r : queued)
+        bg_keys_.erase(memo_key(r.mods, r.desc));
+      FJ_LOG("pipeline", "no background thread ({}): {} kernel(s) left to the calls that need them",
+             e.what(), n);
+      return 0;
+    }
+  }
+  bg_queue_.push_back(std::move(queued));
+  bg_cv_.notify_one();
+  FJ_LOG("pipeline", "queued {} kernel(s) to build in the background", n);
+  return n;
+}
+
+void KernelBuilder::background_loop() {
+  std::unique_lock<std::mutex> lock(bg_mu_);
+  for (;;) {
+    bg_cv_.wait(lock, [&] { return bg_stop_.load() || !bg_queue_.empty(); });
+    if (bg_stop_.load()) return;
+    std::vector<OwnedBuildRequest> batch = std::move(bg_queue_.front());
+    bg_queue_.pop_front();
+    bg_busy_ = true;
+    lock.unlock();
+    // Nothing may escape this thread: every failure is the kernel's own, logged and dropped.
+    try {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<BuildRequest> requests;
+      requests.reserve(batch.size());
+      std::vector<size_t> misses;
+      for (const OwnedBuildRequest& r : batch) {
+        // Built meanwhile by the call that needed it: nothing left to do.
+        if (!memo_get(r.mods, r.desc, t0)) misses.push_back(requests.size());
+        requests.push_back({&r.mods, &r.desc});
+      }
+      std::vector<BuiltKernel> out(requests.size());
+      std::vector<std::exception_ptr> errors(requests.size());
+      // One thread fewer than build_all may use: the caller's own compiles keep one.
+      const size_t threads =
+          build_each(requests, misses, compile_threads() - 1, out, errors, &bg_stop_);
+      uint64_t done = 0;
+      for (size_t i : misses) {
+        if (errors[i]) {
+          FJ_LOG("pipeline",
+                 "background build of {} failed (the call that needs it builds it again and "
+                 "reports the error): {}",
+                 requests[i].desc->str(), what_of(errors[i]));
+        }
+        done += (errors[i] || out[i].compiled.kernel) ? 1 : 0;
+      }
+      {
+        std::lock_guard<std::mutex> totals_lock(mu_);
+        totals_.background_kernels += done;
+      }
+      FJ_LOG("pipeline", "built {} kernel(s) in the background on {} thread(s) in {:.1f} ms", done,
+             threads, ms_since(t0));
+    } catch (const std::exception& e) {
+      FJ_LOG("pipeline", "background build stopped: {}", e.what());
+    } catch (...) {
+      FJ_LOG("pipeline", "background build stopped by an exception that is not a std::exception");
+    }
+    lock.lock();
+    for (const OwnedBuildRequest& r : batch)
+      bg_keys_.erase(memo_key(r.mods, r.desc));
+    bg_busy_ = false;
+    bg_idle_.notify_all();
+  }
+}
+
+void KernelBuilder::wait_background() {
+  std::unique_lock<std::mutex> lock(bg_mu_);
+  bg_idle_.wait(lock, [&] { return bg_queue_.empty() && !bg_busy_; });
+}
+
+void KernelBuilder::stop_background() {
+  halt_background();
+}
+
+void KernelBuilder::halt_background() {
+  std::lock_guard<std::mutex> join_lock(bg_join_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    totals_.kernels += misses.size();
-    totals_.concurrent_batches += helpers.empty() ? 0 : 1;
-    totals_.wall_ms += ms;
+    std::lock_guard<std::mutex> lock(bg_mu_);
+    bg_stop_.store(true);
+    for (const std::vector<OwnedBuildRequest>& batch : bg_queue_) {
+      for (const OwnedBuildRequest& r : batch)
+        bg_keys_.erase(memo_key(r.mods, r.desc));
+    }
+    bg_queue_.clear();
   }
-  FJ_LOG("pipeline", "built {} new kernel(s) of {} on {} thread(s) in {:.1f} ms", misses.size(),
-         requests.size(), helpers.size() + 1, ms);
-  for (const std::exception_ptr& e : errors) {
-    if (e) std::rethrow_exception(e);
+  bg_cv_.notify_all();
+  bg_idle_.notify_all();
+  if (!bg_thread_.joinable()) return;
+  if (bg_pid_ != static_cast<int>(::getpid())) {
+    // A forked child: the thread was the parent's and does not run here. Destroying a joinable
+    // std::thread terminates and joining it waits forever: its handle is left behind.
+    new std::thread(std::move(bg_thread_));
+    return;
   }
-  return out;
+  bg_thread_.join();
+}
+
+void KernelBuilder::stop_all_background() {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  for (KernelBuilder* b : live_builders())
+    b->halt_background();
 }
 
 size_t KernelBuilder::compile_threads() const {

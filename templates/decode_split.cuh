@@ -23,7 +23,9 @@
 // kRealDimV floats.
 // Shared memory (bytes, E = 2): Q tile kRows x kHeadDimQK, then kNumStages x {K tile kBlockN x
 // kHeadDimQK, V tile kBlockN x kHeadDimV}, all swizzled (FjSwizzledTile); the epilogue reuses it
-// for kNumWarps x 16 x (kHeadDimV + 2) floats. That is fj_decode_split_smem_bytes().
+// for kNumWarps x 16 x (kHeadDimV + 2) floats. That is fj_decode_split_smem_bytes(). e4m3 K / V
+// (kKvFp8): the stages hold e4m3 tiles (E = 1 for K and V, FjDecFp8Tile), which the mainloop
+// reads with ldmatrix and converts in registers (FjDecWarp::qk_fp8 / pv_fp8).
 #ifndef FLEXJIT_DECODE_SPLIT_CUH_
 #define FLEXJIT_DECODE_SPLIT_CUH_
 
@@ -54,15 +56,54 @@ struct FjDecKvTile<true, kDim, kRealDim> {
   using Addr = FjDecPaddedAddr<FjDecKvTile>;
 };
 
-// An e4m3 K or V tile as it lands (kKvFp8): rows of kDim bytes, unswizzled (each thread
-// converts the 16-byte chunks it copied itself), 16 elements per chunk.
+// An e4m3 K or V tile (kKvFp8): rows of kDim bytes, 16 elements per 16-byte chunk, chunks
+// swizzled so that the 8 rows of an ldmatrix (8 consecutive keys, one logical chunk) hit 8
+// different 16-byte bank groups: chunk ^ (row % 8) for rows of 128 bytes and more, chunk ^
+// ((row / 2) % 4) for 64-byte rows (two rows per 128 bytes). The mainloop reads it with ldmatrix
+// as a tile of b16 (byte pairs) and converts in registers (fj_dec_e4m3x4).
 template <int kDim, int kRealDim>
 struct FjDecFp8Tile {
   static constexpr int kElemsPerChunk = 16;
   static constexpr int kChunks = kDim / 16;
   static constexpr int kValidChunks = kRealDim / 16;
   static constexpr int kRowBytes = kDim;
-  static FJ_DEVICE int offset(int row, int chunk) { return row * kRowBytes + chunk * 16; }
+  static_assert(kChunks == 4 || kChunks == 8 || kChunks == 16,
+                "flexjit decode_split: e4m3 tile dims must be 64, 128 or 256");
+  static FJ_DEVICE int swizzle(int row) { return kChunks >= 8 ? (row & 7) : ((row >> 1) & 3); }
+  static FJ_DEVICE int offset(int row, int chunk) {
+    return row * kRowBytes + ((chunk ^ swizzle(row)) << 4);
+  }
+};
+
+// Addresses of the ldmatrix operands of an e4m3 tile (the FjLdsmAddr interface): rows row0 + 16
+// * i (row0 % 8 fixed per lane), logical chunks 2 * j + c (c = 0 or 1 fixed per lane). The
+// swizzle depends on row0 % 8 only, so as in FjLdsmAddr only j % 4 (j % 2 for 4 chunks) needs a
+// register.
+template <class Tile>
+struct FjDecFp8Addr {
+  static constexpr int kBases = Tile::kChunks >= 8 ? 4 : 2;
+  fj_u32 base[kBases];
+  FJ_DEVICE FjDecFp8Addr(fj_u32 smem, int row0, int c) {
+    const int z = c ^ Tile::swizzle(row0);
+#pragma unroll
+    for (int jm = 0; jm < kBases; ++jm)
+      base[jm] = smem + row0 * Tile::kRowBytes + (((2 * jm) ^ z) << 4);
+  }
+  FJ_DEVICE fj_u32 at(int i, int j) const {
+    return base[j % kBases] + i * 16 * Tile::kRowBytes + (j / kBases) * kBases * 32;
+  }
+};
+
+// The K / V tile type: 2-byte elements (FjDecKvTile), or e4m3 (FjDecFp8Tile).
+template <bool kFp8, bool kPadded, int kDim, int kRealDim>
+struct FjDecKvTileOf {
+  using type = FjDecKvTile<kPadded, kDim, kRealDim>;
+};
+template <bool kPadded, int kDim, int kRealDim>
+struct FjDecKvTileOf<true, kPadded, kDim, kRealDim> {
+  struct type : FjDecFp8Tile<kDim, kRealDim> {
+    using Addr = FjDecFp8Addr<FjDecFp8Tile<kDim, kRealDim>>;
+  };
 };
 
 template <class Element>
@@ -74,23 +115,34 @@ struct FjDecIsF16<fj_f16> {
   static constexpr bool value = true;
 };
 
-// Two e4m3 values (low byte first) as two Elements (exact: every e4m3 value is a bf16 and an
-// f16), by the sm_89 conversion to f16x2.
+// Four e4m3 values (bytes 0..3 of x) as two Element pairs: lo = bytes 0, 1, hi = bytes 2, 3 (low
+// byte in the low half), by the sm_89 conversion to f16x2 (exact: every e4m3 value is an f16 and
+// a bf16). bf16: each f16 to f32 (exact), whose upper 16 bits are the bf16 (an e4m3 value has 4
+// significant bits, so the lower 16 are zero): one prmt per pair instead of a second conversion
+// instruction (F2FP.BF16.F32.PACK_AB). Only the bf16 mainloop (bf16 q at head_dim_qk 256) takes
+// that path; the others run in f16 (FjDecTraits::kFp8F16).
 template <class Element>
-FJ_DEVICE fj_u32 fj_dec_e4m3x2(fj_u32 two) {
-  fj_u32 h2;
-  asm("{\n .reg .b16 t;\n cvt.u16.u32 t, %1;\n cvt.rn.f16x2.e4m3x2 %0, t;\n}\n"
-      : "=r"(h2)
-      : "r"(two));
-  if constexpr (FjDecIsF16<Element>::value) {
-    return h2;
-  } else {
-    float lo, hi;
-    asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}\n"
-        : "=f"(lo), "=f"(hi)
-        : "r"(h2));
-    return FjMma<Element>::pack(lo, hi);
+FJ_DEVICE void fj_dec_e4m3x4(fj_u32 x, fj_u32& lo, fj_u32& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(x));
+  if constexpr (!FjDecIsF16<Element>::value) {
+    asm("{\n .reg .f16 a, b, c, d;\n .reg .b32 fa, fb, fc, fd;\n mov.b32 {a, b}, %0;\n"
+        " mov.b32 {c, d}, %1;\n cvt.f32.f16 fa, a;\n cvt.f32.f16 fb, b;\n cvt.f32.f16 fc, c;\n"
+        " cvt.f32.f16 fd, d;\n prmt.b32 %0, fa, fb, 0x7632;\n prmt.b32 %1, fc, fd, 0x7632;\n}\n"
+        : "+r"(lo), "+r"(hi));
   }
+}
+
+// The B fragments of V for one n8 tile pair out of an ldmatrix.trans register of an e4m3 tile
+// read as b16: x holds (key 2t: dims 2g, 2g + 1) in its low half and (key 2t + 1: the same dims)
+// in its high half; `even` gets keys (2t, 2t + 1) of dim 2g, `odd` those of dim 2g + 1.
+template <class Element>
+FJ_DEVICE void fj_dec_e4m3_keys(fj_u32 x, fj_u32& even, fj_u32& odd) {
+  fj_u32 y;
+  asm("prmt.b32 %0, %1, %1, 0x3120;\n" : "=r"(y) : "r"(x));
+  fj_dec_e4m3x4<Element>(y, even, odd);
 }
 
 // Pointer type of the K / V elements: 2-byte elements, or e4m3 bytes.
@@ -101,6 +153,15 @@ struct FjDecKvElem {
 template <>
 struct FjDecKvElem<true> {
   using type = unsigned char;
+};
+
+template <bool kFirst, class A, class B>
+struct FjDecSelect {
+  using type = A;
+};
+template <class A, class B>
+struct FjDecSelect<false, A, B> {
+  using type = B;
 };
 
 template <class Cfg>
@@ -129,30 +190,30 @@ struct FjDecTraits {
   static constexpr int kKSteps = (kRealQK + 15) / 16;  // k16 steps over the real qk dim
   static constexpr bool kQInRegs = kKSteps * 4 <= 32;
   static constexpr int kQBytes = kRows * kDimQK * kElemBytes;
-  static constexpr int kKBytes = kBlockN * FjDecKvTile<kKvCopy != 0, kDimQK, kRealQK>::kRowBytes;
-  static constexpr int kVBytes = kBlockN * FjDecKvTile<kKvCopy != 0, kDimV, kRealV>::kRowBytes;
-  // The ring's stage: K + V tiles, or with kKvFp8 their e4m3 copies (after the one 2-byte K and
-  // V tile).
-  static constexpr int kStageBytes = kKvFp8 ? kBlockN * (kDimQK + kDimV) : kKBytes + kVBytes;
-  static constexpr int kRingOffset = kKvFp8 ? kKBytes + kVBytes : 0;  // after Q
+  // K / V tiles: swizzled for cp.async (kKvCopy == 0), padded rows for the bulk copies (one per
+  // key row; a row lands contiguously, so it cannot be swizzled), e4m3 rows (kKvFp8: cp.async,
+  // swizzled; the mainloop converts what it reads in registers).
+  using TileK = typename FjDecKvTileOf<kKvFp8, kKvCopy != 0, kDimQK, kRealQK>::type;
+  using TileV = typename FjDecKvTileOf<kKvFp8, kKvCopy != 0, kDimV, kRealV>::type;
+  static constexpr int kKBytes = kBlockN * TileK::kRowBytes;
+  static constexpr int kVBytes = kBlockN * TileV::kRowBytes;
+  static constexpr int kStageBytes = kKBytes + kVBytes;  // the ring's stage, after Q
   static constexpr int kRedBytes = kNumWarps * 16 * (kDimV + 2) * 4;
   // Bulk copies: the stages' mbarriers (8 bytes each) after everything else, the epilogue's
   // reduction buffers included (they reuse the ring, never the barriers).
-  static constexpr int kBarOffset = kQBytes + kRingOffset + kNumStages * kStageBytes > kRedBytes
-                                        ? kQBytes + kRingOffset + kNumStages* kStageBytes
+  static constexpr int kBarOffset = kQBytes + kNumStages * kStageBytes > kRedBytes
+                                        ? kQBytes + kNumStages* kStageBytes
                                         : kRedBytes;
   using TileQK = FjSwizzledTile<kDimQK, 2, kRealQK>;
-  // K / V tiles: swizzled for cp.async (kKvCopy == 0), padded rows for the bulk copies (one per
-  // key row; a row lands contiguously, so it cannot be swizzled).
-  // e4m3 K / V (kKvFp8): cp.async into an e4m3 ring of kNumStages stages, converted by each
-  // thread (its own chunks) into one 2-byte K tile and V tile, the mainloop's operands.
   using KvElem = typename FjDecKvElem<kKvFp8>::type;
-  using Tile8K = FjDecFp8Tile<kDimQK, kRealQK>;
-  using Tile8V = FjDecFp8Tile<kDimV, kRealV>;
+  // e4m3 K / V with Q in registers: the mainloop's operands are f16 whatever q's dtype (bf16 Q
+  // is scaled by a power of two into f16 once, FjDecWarp::q_to_f16; docs/math.md "FP8 KV
+  // caches"), so the e4m3 values need one conversion (cvt.rn.f16x2.e4m3x2) and no bf16 step.
+  static constexpr bool kFp8F16 = kKvFp8 && kQInRegs;
+  using Elem8 = typename FjDecSelect<kFp8F16, fj_f16, Element>::type;
+  using Mma8 = FjMma<Elem8>;
   // The L2 policy of the K / V copies: the variant's kKvHint, or evict_first for kKvCopy == 2.
   static constexpr int kPolicy = Cfg::kKvHint != 0 ? Cfg::kKvHint : (kKvCopy == 2 ? 1 : 0);
-  using TileK = FjDecKvTile<kKvCopy != 0, kDimQK, kRealQK>;
-  using TileV = FjDecKvTile<kKvCopy != 0, kDimV, kRealV>;
   using KAddr = typename TileK::Addr;
   using VAddr = typename TileV::Addr;
 
@@ -170,8 +231,9 @@ struct FjDecTraits {
   static_assert(kPageSize == 0 || (kPageSize & (kPageSize - 1)) == 0,
                 "flexjit decode_split: the page size must be a power of two");
   static_assert(kKvCopy >= 0 && kKvCopy <= 2, "flexjit decode_split: kKvCopy 0..2");
-  static_assert(kKvCopy != 0 || (kBlockN * TileQK::kChunks % kThreads == 0 &&
-                                 kBlockN * TileV::kChunks % kThreads == 0),
+  static_assert(kKvCopy != 0 || kKvFp8 ||
+                    (kBlockN * TileQK::kChunks % kThreads == 0 &&
+                     kBlockN * TileV::kChunks % kThreads == 0),
                 "flexjit decode_split: KV tiles must split evenly into 16-byte copies per thread");
   static_assert(kBlockN % 32 == 0, "flexjit decode_split: whole key rows per lane of warp 0");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -185,7 +247,7 @@ struct FjDecTraits {
   static_assert(!kKvFp8 || kKvCopy == 0, "flexjit decode_split: e4m3 K / V load with cp.async");
   static_assert(!kKvFp8 || (kRealQK % 16 == 0 && kRealV % 16 == 0),
                 "flexjit decode_split: e4m3 K / V need head dims that are multiples of 16");
-  static_assert(!kKvFp8 || (kThreads % Tile8K::kChunks == 0 && kThreads % Tile8V::kChunks == 0),
+  static_assert(!kKvFp8 || (kThreads % TileK::kChunks == 0 && kThreads % TileV::kChunks == 0),
                 "flexjit decode_split: e4m3 KV tiles must split evenly into 16-byte copies");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
   static_assert(!kKvFp8, "flexjit decode_split: e4m3 K / V need sm_89 (cvt.f16x2.e4m3x2)");
@@ -463,12 +525,12 @@ struct FjDecLoader {
       const int n_start = tile * T::kBlockN;
       if (n_start >= len) return;  // past the end of a ragged sparse block: skipped
       if constexpr (T::kKvFp8) {
-        const fj_u32 s8 = skv + T::kRingOffset + stage * T::kStageBytes;
-        fj_dec_load_tile<typename T::Tile8K, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
+        const fj_u32 s8 = skv + stage * T::kStageBytes;
+        fj_dec_load_tile<typename T::TileK, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
             s8, kv.k, kv.k_stride_s, kv.k_stride_pg, kv.table, n_start, len, tid, policy);
-        fj_dec_load_tile<typename T::Tile8V, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
-            s8 + T::kBlockN * T::kDimQK, kv.v, kv.v_stride_s, kv.v_stride_pg, kv.table, n_start,
-            len, tid, policy);
+        fj_dec_load_tile<typename T::TileV, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
+            s8 + T::kKBytes, kv.v, kv.v_stride_s, kv.v_stride_pg, kv.table, n_start, len, tid,
+            policy);
       } else {
         const fj_u32 sk = skv + stage * T::kStageBytes;
         fj_dec_load_tile<typename T::TileQK, T::kBlockN, T::kThreads, T::kPageSize, Cfg::kKvHint>(
@@ -478,46 +540,6 @@ struct FjDecLoader {
             policy);
       }
     }
-  }
-
-  // e4m3 K / V: this thread's chunks of the e4m3 tiles in stage `stage` (the ones fj_dec_load_tile
-  // had it copy, so its own cp.async wait makes them visible) into the 2-byte K and V tiles at
-  // skv; zero-filled chunks (rows past the length, columns past the head dim) become zeros.
-  template <class Tile8, class Tile>
-  FJ_DEVICE void convert_tile(fj_u32 src, fj_u32 dst) const {
-    constexpr int kRowStep = T::kThreads / Tile8::kChunks;
-    const int r0 = tid / Tile8::kChunks;
-    const int c = tid % Tile8::kChunks;
-    if constexpr (kRowStep > T::kBlockN) {  // as fj_dec_load_tile: the threads that copied none
-      if (r0 >= T::kBlockN) return;
-    }
-#pragma unroll
-    for (int i = 0; i < (kRowStep > T::kBlockN ? 1 : T::kBlockN / kRowStep); ++i) {
-      const int r = r0 + i * kRowStep;
-      fj_u32 x[4], y[8];
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
-                   : "r"(src + Tile8::offset(r, c)));
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        y[2 * w] = fj_dec_e4m3x2<typename T::Element>(x[w] & 0xFFFFu);
-        y[2 * w + 1] = fj_dec_e4m3x2<typename T::Element>(x[w] >> 16);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        asm volatile(
-            "st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + Tile::offset(r, 2 * c + h)),
-            "r"(y[4 * h]), "r"(y[4 * h + 1]), "r"(y[4 * h + 2]), "r"(y[4 * h + 3])
-            : "memory");
-      }
-    }
-  }
-
-  FJ_DEVICE void convert(int stage) const {
-    const fj_u32 s8 = skv + T::kRingOffset + stage * T::kStageBytes;
-    convert_tile<typename T::Tile8K, typename T::TileQK>(s8, skv);
-    convert_tile<typename T::Tile8V, typename T::TileV>(s8 + T::kBlockN * T::kDimQK,
-                                                        skv + T::kKBytes);
   }
 
   // Bulk copies: warp 0 issues one cp.async.bulk per K row and per V row of the tile's keys
@@ -616,6 +638,18 @@ struct FjDecWarp {
     }
   }
 
+  // Q's A fragment of k16 step kk: from registers, or from the Q tile.
+  FJ_DEVICE void q_frag(fj_u32 (&qa)[4], const fj_u32 (&q_regs)[T::kQInRegs ? T::kKSteps : 1][4],
+                        const FjLdsmAddr<typename T::TileQK>& qa_addr, int kk) const {
+    if constexpr (T::kQInRegs) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        qa[e] = q_regs[kk][e];
+    } else {
+      fj_ldsm_x4(qa, qa_addr.at(0, kk));
+    }
+  }
+
   // S = Q K^T for the warp's 16 rows and kWarpN keys of the K tile at sk.
   FJ_DEVICE void qk(float (&s)[T::kNTiles][4],
                     const fj_u32 (&q_regs)[T::kQInRegs ? T::kKSteps : 1][4], fj_u32 sk) const {
@@ -642,6 +676,70 @@ struct FjDecWarp {
         fj_ldsm_x4(kb, kb_addr.at(np, kk));
         T::Mma::mma(s[2 * np], qa, kb[0], kb[1]);
         T::Mma::mma(s[2 * np + 1], qa, kb[2], kb[3]);
+      }
+    }
+  }
+
+  // bf16 Q with e4m3 K / V (kFp8F16): the Q fragments to f16 times 2^-e, where 2^e brings the
+  // largest |q| of the warp's 16 rows into [2^14, 2^15) (e clamped to -126 .. 126); returns
+  // 2^e, which the score scale takes back (exact: a power of two). Every element at least
+  // 2^-28 times that largest one converts exactly (bf16's 8 significant bits fit f16's 11); a
+  // smaller one is an f16 subnormal, off by at most 2^-39 times the largest (docs/math.md "FP8
+  // KV caches"). The warps of one row block see the same rows, so they take the same e.
+  FJ_DEVICE float q_to_f16(fj_u32 (&q_regs)[T::kQInRegs ? T::kKSteps : 1][4]) const {
+    float mx = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < T::kKSteps; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        mx = fmaxf(mx, fmaxf(fabsf(__uint_as_float(q_regs[kk][e] << 16)),
+                             fabsf(__uint_as_float(q_regs[kk][e] & 0xFFFF0000u))));
+#pragma unroll
+    for (int m = 16; m >= 1; m /= 2)
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
+    // The exponent field of the largest |q| (0 for 0 and subnormals, 255 for inf / NaN).
+    const int e = fj_imax(-126, fj_imin(126, ((__float_as_uint(mx) >> 23) & 0xFF) - 127 - 14));
+    const float down = __uint_as_float((fj_u32)(127 - e) << 23);
+#pragma unroll
+    for (int kk = 0; kk < T::kKSteps; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        q_regs[kk][i] = FjMma<fj_f16>::pack(__uint_as_float(q_regs[kk][i] << 16) * down,
+                                            __uint_as_float(q_regs[kk][i] & 0xFFFF0000u) * down);
+    return __uint_as_float((fj_u32)(127 + e) << 23);
+  }
+
+  // e4m3 K: one ldmatrix.x4 of the e4m3 tile read as b16 gives lane (g, t) key g's bytes 4t ..
+  // 4t + 3 of four 16-dim chunks (matrices: keys 16 np + 0..7 / 8..15 times chunks 2 kp, 2 kp +
+  // 1). Converted in registers, bytes 4t, 4t + 1 are the B fragment's k = 2t, 2t + 1 and bytes 4t
+  // + 2, 4t + 3 its k = 2t + 8, 2t + 9: the k order of every 16 dims is permuted, and so are Q's
+  // columns (fj_dec_fp8_q), which leaves the dot products unchanged. An odd chunk count reads the
+  // zero-filled chunk after the real dim (inside the tile) and skips its mma.
+  FJ_DEVICE void qk_fp8(float (&s)[T::kNTiles][4],
+                        const fj_u32 (&q_regs)[T::kQInRegs ? T::kKSteps : 1][4], fj_u32 sk) const {
+#pragma unroll
+    for (int nt = 0; nt < T::kNTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[nt][e] = 0.0f;
+    const FjLdsmAddr<typename T::TileQK> qa_addr = q_addr();
+    const typename T::KAddr kb_addr(sk, (lane >> 4) * 8 + (lane & 7), (lane >> 3) & 1);
+#pragma unroll
+    for (int kp = 0; kp < (T::kKSteps + 1) / 2; ++kp) {
+#pragma unroll
+      for (int np = 0; np < T::kNTiles / 2; ++np) {
+        fj_u32 kb[4];
+        fj_ldsm_x4(kb, kb_addr.at(np, kp));
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int kk = 2 * kp + (m & 1);
+          if (kk < T::kKSteps) {
+            fj_u32 qa[4], b0, b1;
+            q_frag(qa, q_regs, qa_addr, kk);
+            fj_dec_e4m3x4<typename T::Elem8>(kb[m], b0, b1);
+            T::Mma8::mma(s[2 * np + (m >> 1)], qa, b0, b1);
+          }
+        }
       }
     }
   }
@@ -702,10 +800,15 @@ struct FjDecWarp {
         }
       }
       row_sum[hr] = row_sum[hr] * alpha + sum;
+      // e4m3 K / V: the rescale is skipped when no row of the warp got a new max (alpha == 1
+      // exactly, the common case once the max has settled): a vote against kDTiles x 2 FMULs in
+      // a loop where they are ~10 % of the issue (docs/kernels/decode.md "FP8 KV caches").
+      if (!T::kKvFp8 || __any_sync(0xffffffffu, alpha != 1.0f)) {
 #pragma unroll
-      for (int dt = 0; dt < T::kDTiles; ++dt) {
-        o[dt][hr * 2] *= alpha;
-        o[dt][hr * 2 + 1] *= alpha;
+        for (int dt = 0; dt < T::kDTiles; ++dt) {
+          o[dt][hr * 2] *= alpha;
+          o[dt][hr * 2 + 1] *= alpha;
+        }
       }
     }
   }
@@ -730,7 +833,75 @@ struct FjDecWarp {
       }
     }
   }
+
+  // e4m3 V, k16 step j: one ldmatrix.x4.trans of the e4m3 tile read as b16 (matrices: keys 16 j
+  // + 0..7 / 8..15 times chunks 2 dq, 2 dq + 1) gives lane (g, t), per matrix, keys 2t and 2t + 1
+  // of dims 2g, 2g + 1 of the chunk; a prmt regroups them by dim and the conversion makes the B
+  // fragments of two n8 tiles: O tile 2c holds chunk c's even dims (column n = dim 16c + 2n),
+  // tile 2c + 1 its odd dims (16c + 2n + 1); FjDecEpilogue::publish puts them back in order. An
+  // odd chunk count reads the zero-filled chunk after the real dim and skips its mma.
+  FJ_DEVICE void pv_fp8(float (&o)[T::kDTiles][4], const float (&s)[T::kNTiles][4],
+                        fj_u32 sv) const {
+    const typename T::VAddr vb_addr(sv, ((lane >> 3) & 1) * 8 + (lane & 7), lane >> 4);
+#pragma unroll
+    for (int j = 0; j < T::kNTiles / 2; ++j) {
+      fj_u32 pa[4];
+      pa[0] = T::Mma8::pack(s[2 * j][0], s[2 * j][1]);
+      pa[1] = T::Mma8::pack(s[2 * j][2], s[2 * j][3]);
+      pa[2] = T::Mma8::pack(s[2 * j + 1][0], s[2 * j + 1][1]);
+      pa[3] = T::Mma8::pack(s[2 * j + 1][2], s[2 * j + 1][3]);
+#pragma unroll
+      for (int dq = 0; dq < (T::kDTiles / 2 + 1) / 2; ++dq) {
+        fj_u32 vb[4];
+        fj_ldsm_x4_trans(vb, vb_addr.at(j, dq));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = 2 * dq + h;
+          if (2 * c < T::kDTiles) {
+            fj_u32 b0e, b0o, b1e, b1o;
+            fj_dec_e4m3_keys<typename T::Elem8>(vb[2 * h], b0e, b0o);
+            fj_dec_e4m3_keys<typename T::Elem8>(vb[2 * h + 1], b1e, b1o);
+            T::Mma8::mma(o[2 * c], pa, b0e, b1e);
+            T::Mma8::mma(o[2 * c + 1], pa, b0o, b1o);
+          }
+        }
+      }
+    }
+  }
 };
+
+// e4m3 K (FjDecWarp::qk_fp8): permutes the columns of the Q tile in place, once the Q group has
+// landed, so that the mma's k index matches the order in which one 4-byte read of an e4m3 K row
+// delivers the dims. Within every 16 dims (two chunks, words w0 .. w7 of 2 elements), the
+// permuted row holds words w0 w2 w4 w6 | w1 w3 w5 w7: k = 2t, 2t + 1 (word t) take dims 4t, 4t +
+// 1, and k = 2t + 8, 2t + 9 (word 4 + t) dims 4t + 2, 4t + 3.
+template <class T>
+FJ_DEVICE void fj_dec_fp8_q(fj_u32 sq, int tid) {
+  using TileQ = typename T::TileQK;
+  constexpr int kGroups = T::kDimQK / 16;
+  fj_cp_async_wait<T::kNumStages - 1>();  // the Q group (kNumStages - 1 KV groups are younger)
+  __syncthreads();
+  for (int i = tid; i < T::kRows * kGroups; i += T::kThreads) {
+    const int r = i / kGroups;
+    const int g = i % kGroups;
+    const fj_u32 a = sq + TileQ::offset(r, 2 * g);
+    const fj_u32 b = sq + TileQ::offset(r, 2 * g + 1);
+    fj_u32 w[8];
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "r"(a));
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(w[4]), "=r"(w[5]), "=r"(w[6]), "=r"(w[7])
+                 : "r"(b));
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(w[0]), "r"(w[2]),
+                 "r"(w[4]), "r"(w[6])
+                 : "memory");
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(b), "r"(w[1]), "r"(w[3]),
+                 "r"(w[5]), "r"(w[7])
+                 : "memory");
+  }
+  __syncthreads();
+}
 
 // ---- the KV pipeline: kNumStages cp.async groups ahead of the tile being computed --------------
 
@@ -800,11 +971,24 @@ struct FjDecEpilogue {
         red_m[w.warp * 16 + r] = row_max[hr];
         red_s[w.warp * 16 + r] = sum;
       }
+      if constexpr (T::kKvFp8) {
+        // e4m3 V (FjDecWarp::pv_fp8): tiles 2c / 2c + 1 hold chunk c's even / odd dims, so lane
+        // t's four values are dims 16c + 4t .. 4t + 3.
 #pragma unroll
-      for (int dt = 0; dt < T::kDTiles; ++dt) {
-        float* dst = red_o + (w.warp * 16 + r) * T::kDimV + dt * 8 + (w.lane & 3) * 2;
-        dst[0] = o[dt][hr * 2];
-        dst[1] = o[dt][hr * 2 + 1];
+        for (int c = 0; c < T::kDTiles / 2; ++c) {
+          float* dst = red_o + (w.warp * 16 + r) * T::kDimV + c * 16 + (w.lane & 3) * 4;
+          dst[0] = o[2 * c][hr * 2];
+          dst[1] = o[2 * c + 1][hr * 2];
+          dst[2] = o[2 * c][hr * 2 + 1];
+          dst[3] = o[2 * c + 1][hr * 2 + 1];
+        }
+      } else {
+#pragma unroll
+        for (int dt = 0; dt < T::kDTiles; ++dt) {
+          float* dst = red_o + (w.warp * 16 + r) * T::kDimV + dt * 8 + (w.lane & 3) * 2;
+          dst[0] = o[dt][hr * 2];
+          dst[1] = o[dt][hr * 2 + 1];
+        }
       }
     }
   }
@@ -875,6 +1059,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   cta.rows<Cfg>(row_h, row_q, args);
   const FjDecWarp<T, Cfg> w(cta, sq);
   fj_u32 q_regs[T::kQInRegs ? T::kKSteps : 1][4];
+  if constexpr (T::kKvFp8) fj_dec_fp8_q<T>(sq, cta.tid);
   w.load_q(q_regs);
   float o[T::kDTiles][4];
   float row_max[2] = {fj_neg_inf(), fj_neg_inf()};
@@ -884,8 +1069,11 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       o[dt][e] = 0.0f;
-  // e4m3 K / V: q . (k * k_scale) = k_scale * (q . k), folded into the score scale.
-  const float scale = T::kKvFp8 ? args.scale * args.k_scale[cta.hkv] : args.scale;
+  // e4m3 K / V: q . (k * k_scale) = k_scale * (q . k), folded into the score scale, and with
+  // bf16 q run in f16 the power of two Q was scaled by (FjDecWarp::q_to_f16).
+  float q_pow2 = 1.0f;
+  if constexpr (T::kFp8F16 && !FjDecIsF16<typename T::Element>::value) q_pow2 = w.q_to_f16(q_regs);
+  const float scale = T::kKvFp8 ? args.scale * args.k_scale[cta.hkv] * q_pow2 : args.scale;
   for (int i = 0; i < num_steps; ++i) {
     if constexpr (T::kKvCopy != 0) {
       // Bulk copies: tile i landed when its stage's barrier completes phase i / kNumStages.
@@ -898,9 +1086,6 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
     } else {
       fj_cp_async_wait<T::kNumStages - 2>();
     }
-    // e4m3: this thread's chunks of tile i into the 2-byte tiles (every warp is done with tile
-    // i - 1's: the barrier at the end of the last step).
-    if constexpr (T::kKvFp8) loads.convert(i % T::kNumStages);
     __syncthreads();  // tile i is visible to all; every warp is done with tile i - 1's stage
     if constexpr (T::kNumStages > 1) {
       const int next = i + T::kNumStages - 1;
@@ -917,17 +1102,24 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
       // A full tile of the block mask skips the mask_mod. (Passed as `full`: the scores' test as
       // `partial && !mask` compiled to other predicate code, with more registers for some mods.)
       const bool full = !(sched.begin + i < sched.num_partial || sched.partial_idx == nullptr);
-      // The stage's tiles, or with e4m3 K / V the one converted pair.
-      const fj_u32 stage = T::kKvFp8 ? 0 : (i % T::kNumStages) * T::kStageBytes;
+      const fj_u32 stage = (i % T::kNumStages) * T::kStageBytes;
       const fj_u32 sk = loads.skv + stage + w.warp_n * T::kWarpN * T::TileK::kRowBytes;
       const fj_u32 sv = loads.skv + stage + T::kKBytes + w.warp_n * T::kWarpN * T::TileV::kRowBytes;
       float s[T::kNTiles][4];
-      w.qk(s, q_regs, sk);
+      if constexpr (T::kKvFp8) {
+        w.qk_fp8(s, q_regs, sk);
+      } else {
+        w.qk(s, q_regs, sk);
+      }
       w.scores(s, row_h, row_q, mods, scale, cta.b, n_start, cta.len, full);
       w.softmax(s, o, row_max, row_sum);
-      w.pv(o, s, sv);
+      if constexpr (T::kKvFp8) {
+        w.pv_fp8(o, s, sv);
+      } else {
+        w.pv(o, s, sv);
+      }
     }
-    if constexpr (T::kNumStages == 1 || T::kKvFp8) __syncthreads();
+    if constexpr (T::kNumStages == 1) __syncthreads();
   }
   fj_cp_async_wait<0>();
   __syncthreads();  // every warp is done with Q / K / V in shared memory

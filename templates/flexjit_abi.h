@@ -436,8 +436,8 @@ FJ_HOST_DEVICE inline constexpr int fj_decode_split_smem_bytes(int rows, int blo
 // The same for a K / V copy mode (the decode_split config key kv_copy) and K / V element type:
 // kv_copy 0 with 2-byte K / V is the layout above; kv_copy 1 and 2 (cp.async.bulk per key row)
 // pad every K / V row by 16 bytes and put one 8-byte mbarrier per stage after the rest; e4m3
-// K / V (kv_fp8, with kv_copy 0) keep one 2-byte K and V tile (the converted operands) after Q,
-// then num_stages stages of e4m3 tiles (1 byte per element).
+// K / V (kv_fp8, with kv_copy 0) are num_stages stages of e4m3 tiles (1 byte per element) after
+// Q, which the mainloop converts in registers.
 FJ_HOST_DEVICE inline constexpr int fj_decode_split_smem_bytes_kv(int rows, int block_n,
                                                                   int head_dim_qk, int head_dim_v,
                                                                   int elem_bytes, int num_stages,
@@ -445,7 +445,7 @@ FJ_HOST_DEVICE inline constexpr int fj_decode_split_smem_bytes_kv(int rows, int 
                                                                   bool kv_fp8) {
   const int red = num_warps * 16 * (head_dim_v + 2) * 4;
   const int q = elem_bytes * rows * head_dim_qk;
-  const int ring = kv_fp8 ? block_n * (head_dim_qk + head_dim_v) * (elem_bytes + num_stages)
+  const int ring = kv_fp8 ? num_stages * block_n * (head_dim_qk + head_dim_v)
                    : kv_copy == 0
                        ? num_stages * block_n * elem_bytes * (head_dim_qk + head_dim_v)
                        : num_stages * block_n * (elem_bytes * (head_dim_qk + head_dim_v) + 32);

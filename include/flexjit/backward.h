@@ -86,6 +86,33 @@ FLEXJIT_API void flex_attention_backward_into(Context& ctx, const TensorRef& q, 
                                               const AttentionOptions& options = {},
                                               const BackwardOptions& backward = {});
 
+// Starts building the kernels that flex_attention_backward(_into) will need for this call on a
+// background thread of the context, and returns at once: how many kernels it queued (0 when
+// they are built or queued already, or the early start is off). Call it as soon as the
+// backward's arguments are known, before the forward (a training step: the forward and the
+// rest of the model run while the backward's kernels compile); the backward then finds them
+// built, or waits for the compiles in flight, never compiling one twice. It changes no result:
+// the backward plans and checks its call itself and gets the kernels it would have built.
+//
+//   flex_attention_backward_prepare(ctx, q, k, v, opts, bwd);   // returns at once
+//   auto [out, lse] = flex_attention(ctx, q, k, v, opts);       // compiles meanwhile
+//   ... the rest of the model, the loss ...
+//   flex_attention_backward(ctx, q, k, v, out, lse, dout, opts, bwd);
+//
+// The arguments are the backward's (the forward's options, with the backward's config); only
+// q, k and v's shapes, dtypes and layouts are read, not their data. The background thread
+// compiles on up to FLEXJIT_COMPILE_THREADS - 1 threads (one is the forward's); nothing is queued
+// with FLEXJIT_COMPILE_THREADS=1, with caching disabled (FLEXJIT_DISABLE_CACHE=1,
+// ContextOptions::disable_cache), for CPU tensors or an empty call. Tuned configs are looked up,
+// never searched. A kernel that fails to build is reported by the backward, not here; invalid
+// inputs throw what the backward would. The Context's destructor waits for the compiles in
+// flight (at most one compile's time) and drops the queued ones; so does process exit.
+// docs/caching.md "First call".
+FLEXJIT_API size_t flex_attention_backward_prepare(Context& ctx, const TensorRef& q,
+                                                   const TensorRef& k, const TensorRef& v,
+                                                   const AttentionOptions& options = {},
+                                                   const BackwardOptions& backward = {});
+
 // The workspace bytes flex_attention_backward_into needs for this call (AttentionOptions::
 // workspace): the lse2 / delta arrays, 8 * B * Hq * round_up(Sq, 128), the dQ accumulator
 // when dQ is added with atomics, and the partial buffer gradients with `deterministic`.

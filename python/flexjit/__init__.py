@@ -284,7 +284,8 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
                    return_lse: bool = False, num_threads: int = 0, seq_lens: Any = None,
                    page_table: Any = None, check_pages: bool = False, sink_mod: ModSpec = None,
                    config: Optional[Mapping[str, Any]] = None, check_buffers: bool = False,
-                   descale: Optional[Tuple[Any, Any, Any]] = None):
+                   descale: Optional[Tuple[Any, Any, Any]] = None, k_scale: Any = None,
+                   v_scale: Any = None):
     """softmax(score_mod(scale · q kᵀ) masked by mask_mod) · v, as torch's flex_attention.
 
     q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv]: DLPack arrays on one device,
@@ -300,7 +301,10 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
     attends to its first seq_lens[b] keys); with ``page_table`` [B, max_pages] int32 too, k and v
     are page pools [num_pages, page_size, Hkv, D]. Both on q's device; up to 16 query tokens
     take the split-KV decode kernels on a GPU. ``check_pages`` checks every length and page
-    entry first (RuntimeError naming the first bad one).
+    entry first (RuntimeError naming the first bad one). An e4m3 cache: k and v (pools or
+    contiguous) of dtype float8_e4m3fn with ``k_scale`` / ``v_scale``, [Hkv] f32 arrays on q's
+    device (key n of kv head h is k[n] * k_scale[h], its value v[n] * v_scale[h]); q is bf16 or
+    f16 and out has q's dtype on a GPU (docs/kernels/decode.md "FP8 KV caches").
 
     ``check_buffers``: check every captured-buffer index against its buffer's extent — on a GPU
     in the kernels, which then read 0 there, and the call synchronizes and raises RuntimeError
@@ -323,7 +327,7 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
     """
     mods = make_mods(score_mod, mask_mod, sink_mod)
     _check_names(mods, block_mask, buffers, params)
-    if seq_lens is None and page_table is None:
+    if seq_lens is None and page_table is None and k_scale is None and v_scale is None:
         out_shape, lse_shape = _output_shapes(q, k, v)
     else:  # pools or ragged k / v: out has q's rows and v's head dim (validated in the call)
         qs = tuple(q.shape)
@@ -340,11 +344,12 @@ def flex_attention(q: Any, k: Any, v: Any, score_mod: ModSpec = None, mask_mod: 
         raise ValueError("descale must be (q_descale, k_descale, v_descale), each an f32 array "
                          "or None")
     qd, kd, vd = _arrays(*(tuple(descale) if descale is not None else (None, None, None)))
+    ks, vs = _arrays(k_scale, v_scale)
     _C._flex_attention_into(q_, k_, v_, out_, lse_, mods, block_mask, _buffers(buffers),
                             _params(params), scale, _stream(q, device), num_threads,
                             seq_lens_, page_table_, check_pages,
                             config=_config(config, check_buffers), q_descale=qd, k_descale=kd,
-                            v_descale=vd)
+                            v_descale=vd, k_scale=ks, v_scale=vs)
     return (out, lse) if return_lse else out
 
 

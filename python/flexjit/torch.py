@@ -47,6 +47,8 @@ __all__ = ["AuxOutput", "AuxRequest", "BlockMask", "and_masks", "create_block_ma
 
 _FLOAT_DTYPES = ("f32", "f16", "bf16")
 _QKV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# e4m3 query / key / value: flex_attention's inference forward (docs/python.md, "FP8").
+_FP8 = getattr(torch, "float8_e4m3fn", None)
 
 
 class AuxRequest(NamedTuple):
@@ -420,11 +422,12 @@ def _stream_of(t: Tensor) -> int:
 
 
 def _forward_impl(q, k, v, mods_text, buffer_names, buffers, param_names, param_values, scale,
-                  return_lse, deterministic, mask_tensors, mask_sizes, config):
+                  return_lse, deterministic, mask_tensors, mask_sizes, config, descales=None):
     """The forward (the op's body; eager calls run it without the op's dispatch). It calls the
     binding directly (the public function validated the call) with few Python calls of its own:
     each costs more inside a compiled graph, and flexjit.flex_attention's generality (every
-    framework, name checks) ~10 us a call (docs/python.md "Overhead")."""
+    framework, name checks) ~10 us a call (docs/python.md "Overhead"). descales: e4m3 inputs'
+    [q, k, v] descale factors (None each for 1), or None."""
     mods = _mods_by_text.get(mods_text) or _mods(mods_text)
     names = buffer_names.split(",") if buffer_names else []
     params = list(zip(param_names.split(","), param_values)) if param_names else []
@@ -434,16 +437,25 @@ def _forward_impl(q, k, v, mods_text, buffer_names, buffers, param_names, param_
         block_mask = _native_block_mask(mask_tensors, mask_sizes, mods_text) \
             if mask_tensors else _auto_block_mask(mods_text, q, k, dict(params))
     qs = q.shape
-    out = q.new_empty((qs[0], qs[1], qs[2], v.shape[3]),
-                      dtype=q.dtype if cuda else torch.float32)
+    out = q.new_empty((qs[0], qs[1], qs[2], v.shape[3]), dtype=_out_dtype(q))
     lse = q.new_empty((qs[0], qs[1], qs[2]), dtype=torch.float32)
     cfg = _configs[(config, False)] if (config, False) in _configs else _config(config, False)
+    qd = kd = vd = None
+    if descales is not None:
+        qd, kd, vd = (None if d is None else _to_dlpack(d) for d in descales)
     flexjit._C._flex_attention_into(
         _to_dlpack(q), _to_dlpack(k), _to_dlpack(v), _to_dlpack(out), _to_dlpack(lse), mods,
         block_mask, [(n, _to_dlpack(t)) for n, t in zip(names, buffers)], params, scale,
         _raw_stream(q.get_device()) if cuda and _raw_stream is not None else _stream_of(q), 0,
-        None, None, False, config=cfg)
+        None, None, False, config=cfg, q_descale=qd, k_descale=kd, v_descale=vd)
     return out, lse
+
+
+def _out_dtype(q: Tensor) -> torch.dtype:
+    """The dtype the kernels write out in: q's on a GPU (bf16 for e4m3 q), f32 on the CPU."""
+    if q.device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if q.dtype == _FP8 else q.dtype
 
 
 # The ops are defined with torch.library's low-level API (a schema, then Python kernels for the
@@ -481,8 +493,7 @@ for _key in ("CPU", "CUDA"):
 def _(q, k, v, mods_text, buffer_names, buffers, param_names, param_values, scale, return_lse,
       deterministic, mask_tensors, mask_sizes, config):
     b, hq, sq, _ = q.shape
-    out = q.new_empty((b, hq, sq, v.shape[-1]),
-                      dtype=q.dtype if q.device.type == "cuda" else torch.float32)
+    out = q.new_empty((b, hq, sq, v.shape[-1]), dtype=_out_dtype(q))
     lse = q.new_empty((b, hq, sq), dtype=torch.float32)
     return out, lse
 
@@ -590,8 +601,8 @@ torch.library.register_autograd("flexjit::flex_attention", _backward,
 # Python kernel rather than two: the public op's `register_autograd` kernel and its redispatch
 # cost more than the rest of the call (docs/python.md, "Overhead").
 _LIB.define("_flex_attention_fwd(Tensor q, Tensor k, Tensor v, str call, Tensor[] buffers, "
-            "float[] param_values, Tensor?[] mask_tensors, SymInt[] mask_sizes) "
-            "-> (Tensor, Tensor)")
+            "float[] param_values, Tensor?[] mask_tensors, SymInt[] mask_sizes, "
+            "bool prepare_backward=False) -> (Tensor, Tensor)")
 
 _calls: Dict[str, tuple] = {}
 _MAX_CALLS = 256
@@ -615,9 +626,15 @@ def _call_parts(call: str) -> tuple:
 
 def _flex_attention_fwd_op(q: Tensor, k: Tensor, v: Tensor, call: str, buffers: List[Tensor],
                            param_values: List[float], mask_tensors: List[Optional[Tensor]],
-                           mask_sizes: List[int]) -> Tuple[Tensor, Tensor]:
+                           mask_sizes: List[int],
+                           prepare_backward: bool = False) -> Tuple[Tensor, Tensor]:
+    """prepare_backward: a gradient is wanted (the graph's _Attention), so the backward's
+    kernels start compiling first (_prepare_backward)."""
     mods_text, buffer_names, param_names, scale, return_lse, deterministic, config = \
         _calls[call] if call in _calls else _call_parts(call)
+    if prepare_backward:
+        _prepare_backward(q, k, v, mods_text, buffer_names, buffers, param_names, param_values,
+                          scale, deterministic, mask_tensors, mask_sizes, config)
     return _forward_impl(q, k, v, mods_text, buffer_names, buffers, param_names, param_values,
                          scale, return_lse, deterministic, mask_tensors, mask_sizes, config)
 
@@ -627,12 +644,77 @@ for _key in ("CPU", "CUDA"):
 
 
 @torch.library.register_fake("flexjit::_flex_attention_fwd")
-def _(q, k, v, call, buffers, param_values, mask_tensors, mask_sizes):
+def _(q, k, v, call, buffers, param_values, mask_tensors, mask_sizes, prepare_backward=False):
     b, hq, sq, _ = q.shape
-    out = q.new_empty((b, hq, sq, v.shape[-1]),
-                      dtype=q.dtype if q.device.type == "cuda" else torch.float32)
+    out = q.new_empty((b, hq, sq, v.shape[-1]), dtype=_out_dtype(q))
     lse = q.new_empty((b, hq, sq), dtype=torch.float32)
     return out, lse
+
+
+# e4m3 query / key / value under torch.compile: the private forward op with the descale factors
+# (None each: 1). FP8 has no backward, so no autograd.Function goes around it.
+_LIB.define("_flex_attention_fp8(Tensor q, Tensor k, Tensor v, str call, Tensor[] buffers, "
+            "float[] param_values, Tensor?[] mask_tensors, SymInt[] mask_sizes, "
+            "Tensor?[] descales) -> (Tensor, Tensor)")
+
+
+def _flex_attention_fp8_op(q: Tensor, k: Tensor, v: Tensor, call: str, buffers: List[Tensor],
+                           param_values: List[float], mask_tensors: List[Optional[Tensor]],
+                           mask_sizes: List[int],
+                           descales: List[Optional[Tensor]]) -> Tuple[Tensor, Tensor]:
+    mods_text, buffer_names, param_names, scale, return_lse, deterministic, config = \
+        _calls[call] if call in _calls else _call_parts(call)
+    return _forward_impl(q, k, v, mods_text, buffer_names, buffers, param_names, param_values,
+                         scale, return_lse, deterministic, mask_tensors, mask_sizes, config,
+                         descales)
+
+
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("_flex_attention_fp8", _flex_attention_fp8_op, _key)
+
+
+@torch.library.register_fake("flexjit::_flex_attention_fp8")
+def _(q, k, v, call, buffers, param_values, mask_tensors, mask_sizes, descales):
+    b, hq, sq, _ = q.shape
+    out = q.new_empty((b, hq, sq, v.shape[-1]), dtype=_out_dtype(q))
+    lse = q.new_empty((b, hq, sq), dtype=torch.float32)
+    return out, lse
+
+
+# The backward calls whose kernels were queued already, by what shapes those kernels: a training
+# loop's later steps skip the backward's planning. A key that misses a difference (strides, a
+# buffer's dtype) only costs an early start; the backward plans its own call.
+_prepared: Dict[Any, bool] = {}
+_MAX_PREPARED = 256
+
+
+def _prepare_backward(q, k, v, mods_text, buffer_names, buffers, param_names, param_values, scale,
+                      deterministic, mask_tensors, mask_sizes, config) -> None:
+    """The backward's early start (flex_attention_backward_prepare, docs/caching.md "First
+    call"): before a forward whose gradient is wanted, the backward's kernels are queued to
+    compile on a background thread while the forward and the rest of the model run. Once per
+    distinct call; CPU tensors have no kernels to build."""
+    if not q.is_cuda:
+        return
+    # Flat, without generators: ~2 us a call where the build machine's tuples of tuples took 8.
+    key = (mods_text, buffer_names, config, deterministic, q.shape, k.shape, v.shape, q.dtype,
+           q.device, *[b.shape for b in buffers], *mask_sizes,
+           len(mask_tensors) > 2 and mask_tensors[2] is not None)
+    if key in _prepared:
+        return
+    mods = _mods_by_text.get(mods_text) or _mods(mods_text)
+    names = _names(buffer_names)
+    params = list(zip(_names(param_names), param_values))
+    block_mask = _native_block_mask(mask_tensors, mask_sizes, mods_text) \
+        if mask_tensors else _auto_block_mask(mods_text, q, k, dict(params))
+    try:
+        flexjit._C._flex_attention_backward_prepare(
+            _to_dlpack(q), _to_dlpack(k), _to_dlpack(v), mods, block_mask,
+            [(n, _to_dlpack(t)) for n, t in zip(names, buffers)], params, scale, deterministic,
+            config=_config(config, backward=True))
+    except flexjit.Error:
+        pass  # what the backward cannot build, it reports itself (if it is ever called)
+    _remember(_prepared, key, True, _MAX_PREPARED)
 
 
 class _Attention(torch.autograd.Function):
@@ -651,8 +733,10 @@ class _Attention(torch.autograd.Function):
             out, lse = torch.ops.flexjit._flex_attention_fwd(
                 q, k, v, _call_text(mods_text, buffer_names, param_names, scale, return_lse,
                                     deterministic, config),
-                list(buffers), param_values, list(mask_tensors), mask_sizes)
+                list(buffers), param_values, list(mask_tensors), mask_sizes, True)
         else:
+            _prepare_backward(q, k, v, mods_text, buffer_names, buffers, param_names,
+                              param_values, scale, deterministic, mask_tensors, mask_sizes, config)
             out, lse = _forward_impl(q, k, v, mods_text, buffer_names, list(buffers),
                                      param_names, param_values, scale, return_lse,
                                      deterministic, list(mask_tensors), mask_sizes, config)
@@ -703,11 +787,20 @@ def _distinct(*tensors: Tensor) -> List[Tensor]:
     return result
 
 
-def _attention(q, k, v, *args):
+def _attention(q, k, v, *args, descales=None):
     """The forward of a call: _Attention when a gradient is needed (eager or compiled), else the
-    op's body (eager) or the private forward op (compiled)."""
+    op's body (eager) or the private forward op (compiled). descales (e4m3 inputs: [q, k, v]
+    factors, None each for 1; flex_attention checked that no gradient is wanted): the forward
+    alone, in eager mode or through the private FP8 op."""
     (mods_text, buffer_names, buffers, param_names, param_values, scale, return_lse,
      deterministic, mask_tensors, mask_sizes, config) = args
+    if descales is not None:
+        if torch.compiler.is_compiling():
+            return torch.ops.flexjit._flex_attention_fp8(
+                q, k, v, _call_text(mods_text, buffer_names, param_names, scale, return_lse,
+                                    deterministic, config),
+                buffers, param_values, mask_tensors, mask_sizes, descales)
+        return _forward_impl(q, k, v, *args, descales)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or any(
             b.requires_grad for b in buffers)):
         if torch.compiler.is_compiling():
@@ -744,8 +837,31 @@ _IGNORED_KEYS = {"PRESCALE_QK", "ROWS_GUARANTEED_SAFE", "BLOCKS_ARE_CONTIGUOUS",
                  "SPARSE_KV_BLOCK_SIZE", "GQA_SHARED_HEADS", "SAFE_HEAD_DIM", "IS_DIVISIBLE"}
 
 
+# e4m3 inputs' descale factors (flex_attention; read by _descales, not by _kernel_options).
+_DESCALE_KEYS = ("q_descale", "k_descale", "v_descale")
+
+
+def _descales(options: Optional[Mapping[str, Any]], query: Tensor):
+    """(kernel_options without the descale keys, [q, k, v] descale factors or None when no key
+    is given). A factor is a tensor (the call checks float32 [1] or one per head on query's
+    device) or a number (a float32 [1] tensor on query's device); None or absent: 1."""
+    if not options or not any(key in options for key in _DESCALE_KEYS):
+        return options, None
+    factors: List[Optional[Tensor]] = []
+    for key in _DESCALE_KEYS:
+        x = options.get(key)
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            x = torch.tensor([float(x)], dtype=torch.float32, device=query.device)
+        elif x is not None and not isinstance(x, Tensor):
+            raise TypeError(f"kernel_options[{key!r}] must be a torch.Tensor (float32 [1], or "
+                            f"one factor per head) or a number, not {type(x).__name__}")
+        factors.append(x)
+    return {k: v for k, v in options.items() if k not in _DESCALE_KEYS}, factors
+
+
 def _kernel_options(options: Optional[Mapping[str, Any]]) -> Tuple[str, str, bool]:
-    """(forward config, backward config, deterministic) from torch's kernel_options."""
+    """(forward config, backward config, deterministic) from torch's kernel_options (less the
+    descale keys, which flex_attention takes out first: _descales)."""
     if not options:
         return "", "", False
     fwd: Dict[str, Any] = {}
@@ -771,6 +887,9 @@ def _kernel_options(options: Optional[Mapping[str, Any]]) -> Tuple[str, str, boo
                 bwd[key] = fwd[key]
         elif base in _IGNORED_KEYS:
             continue
+        elif key in _DESCALE_KEYS:
+            raise ValueError(f"kernel_options: {key!r} (a descale factor of float8_e4m3fn "
+                             f"inputs) is read by flexjit.torch.flex_attention only")
         else:
             known = sorted(set(_CONFIG_KEYS) | set(_FLEXJIT_KEYS))
             known.append("fwd_ / bwd_ forms of " + ", ".join(_CONFIG_KEYS))
@@ -787,12 +906,14 @@ def _kernel_options(options: Optional[Mapping[str, Any]]) -> Tuple[str, str, boo
 # --- the public functions -------------------------------------------------------------------
 
 
-def _check_tensor(name: str, t: Any) -> None:
+def _check_tensor(name: str, t: Any, fp8: bool = False) -> None:
+    """fp8: also take float8_e4m3fn (flex_attention's forward)."""
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
-    if t.dtype not in _QKV_DTYPES:
+    if t.dtype not in _QKV_DTYPES and not (fp8 and _FP8 is not None and t.dtype == _FP8):
         raise ValueError(f"{name} has dtype {t.dtype}; flexjit takes torch.float32, "
                          f"torch.float16 and torch.bfloat16"
+                         + (" (and torch.float8_e4m3fn for an inference forward)" if fp8 else "")
                          + (" (convert with .float())" if t.dtype == torch.float64 else ""))
     if t.dim() != 4:
         raise ValueError(f"{name} must be 4-D [B, H, S, D]; it has shape {list(t.shape)}")
@@ -837,6 +958,20 @@ def _check_block_mask(block_mask: Any, query: Tensor, key: Tensor) -> None:
                          f"B={qs[0]}, 1 or Hq={qs[1]}")
 
 
+def _check_no_grad(query, key, value, names, tensors, descales) -> None:
+    """e4m3 inputs run the forward only: UnsupportedError naming the first tensor that wants a
+    gradient."""
+    named = [("query", query), ("key", key), ("value", value)]
+    named += [(f"buffer {n!r}", t) for n, t in zip(names, tensors)]
+    named += [(f"kernel_options[{k!r}]", t) for k, t in zip(_DESCALE_KEYS, descales or ())]
+    for name, t in named:
+        if t is not None and t.requires_grad:
+            raise flexjit.UnsupportedError(
+                f"{name} requires grad, but float8_e4m3fn inputs run the forward only (flexjit "
+                f"has no FP8 backward): call under torch.no_grad() or torch.inference_mode(), "
+                f"or detach() it")
+
+
 def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod: Any = None,
                    block_mask: Optional[BlockMask] = None, scale: Optional[float] = None,
                    enable_gqa: bool = False, return_lse: bool = False,
@@ -856,10 +991,15 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod: Any = N
     flexjit's variant, autotune, math, deterministic, check_buffers ...; torch's Triton-only
     hints are ignored; an unknown key is an error. Keyword-only flexjit extensions: ``mask_mod`` (a
     mask without a block mask: applied everywhere, or with one), ``sink_mod`` (attention
-    sinks), ``buffers`` / ``params`` (for mods in flexjit's forms), ``deterministic``."""
-    _check_tensor("query", query)
-    _check_tensor("key", key)
-    _check_tensor("value", value)
+    sinks), ``buffers`` / ``params`` (for mods in flexjit's forms), ``deterministic``.
+
+    FP8: float8_e4m3fn query, key and value run the forward (sm_90a; the CPU backend) with
+    descale factors in ``kernel_options`` (``q_descale``, ``k_descale``, ``v_descale``: float32
+    tensors of shape [1] or one per head, or numbers; absent: 1); out is bfloat16. There is no
+    FP8 backward: a tensor that requires grad is an UnsupportedError outside torch.no_grad()."""
+    _check_tensor("query", query, fp8=True)
+    _check_tensor("key", key, fp8=True)
+    _check_tensor("value", value, fp8=True)
     if not (query.device == key.device == value.device):
         raise RuntimeError(f"query, key and value must be on one device; got {query.device}, "
                            f"{key.device}, {value.device}")
@@ -885,6 +1025,7 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod: Any = N
         raise flexjit.UnsupportedError("return_aux: max_scores is not computed by flexjit "
                                        "(lse is)")
     want_lse = return_lse or (return_aux is not None and bool(getattr(return_aux, "lse", False)))
+    kernel_options, descales = _descales(kernel_options, query)
     fwd_config, bwd_config, det = _kernel_options(kernel_options)
     deterministic = deterministic or det
 
@@ -912,17 +1053,26 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod: Any = N
         flexjit._check_names(_mods(plan.text), None, buffers, params)
     names, tensors, pnames, pvalues = _bind(plan, specs, buffers, params)
     scale = float(scale) if scale is not None else None
+    # e4m3 inputs: the forward alone, out in bf16 (the descales of other dtypes are an error of
+    # the call).
+    fp8 = _FP8 is not None and _FP8 in (query.dtype, key.dtype, value.dtype)
+    if fp8 and torch.is_grad_enabled():
+        _check_no_grad(query, key, value, names, tensors, descales)
+    if fp8 and descales is None:
+        descales = [None, None, None]
+    out_dtype = torch.bfloat16 if fp8 else query.dtype
 
     if qs[2] == 0:  # no queries: nothing to compute
-        out = query.new_empty((qs[0], hq, 0, vs[3]))
+        out = query.new_empty((qs[0], hq, 0, vs[3]), dtype=out_dtype)
         lse = query.new_empty((qs[0], hq, 0), dtype=torch.float32)
     else:
         out, lse = _attention(
             query, key, value, plan.text, ",".join(names), tensors, ",".join(pnames), pvalues,
             scale, want_lse, deterministic, mask_tensors, mask_sizes,
-            f"{fwd_config}|{bwd_config}" if fwd_config or bwd_config else "")
-        if out.dtype != query.dtype:  # the CPU backend computes in f32
-            out = out.to(query.dtype)
+            f"{fwd_config}|{bwd_config}" if fwd_config or bwd_config else "",
+            descales=descales)
+        if out.dtype != out_dtype:  # the CPU backend computes in f32
+            out = out.to(out_dtype)
     if return_aux is not None:
         return out, AuxOutput(lse=lse if want_lse else None)
     return (out, lse) if return_lse else out

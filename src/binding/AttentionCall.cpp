@@ -161,6 +161,17 @@ void zero_fill(const TensorRef& t, CUstream stream) {
   }
 }
 
+void check_no_descales_on_kv_cache(const Fp8Descale& d) {
+  if (!d.q && !d.k && !d.v) return;
+  throw RuntimeError(fmt::format(
+      "descale.{} was given with a KV cache: descale factors apply to e4m3 q, k, v without one; "
+      "an e4m3 KV cache keeps q in bf16 / f16 and takes KvCache::k_scale / v_scale (per kv "
+      "head)",
+      d.q   ? "q"
+      : d.k ? "k"
+            : "v"));
+}
+
 Fp8Descales check_descales(const Fp8Descale& d, const TensorRef& q, const QkvShape& s) {
   const bool given = d.q || d.k || d.v;
   if (q.dtype != DType::E4M3) {

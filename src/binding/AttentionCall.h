@@ -52,5 +52,8 @@ void zero_fill(const TensorRef& t, CUstream stream);
 // RuntimeError naming the factor unless each given one is f32[1] or f32[heads] (q: Hq, k and v:
 // Hkv), contiguous, on q's device; and unless q is e4m3 when any is given. None for other dtypes.
 Fp8Descales check_descales(const Fp8Descale& d, const TensorRef& q, const QkvShape& s);
+// A call on a KV cache takes no descale factors: an e4m3 cache keeps q in bf16 / f16 and carries
+// its own per-kv-head scales (KvCache::k_scale / v_scale). RuntimeError naming the factor given.
+void check_no_descales_on_kv_cache(const Fp8Descale& d);
 
 }  // namespace flexjit::runtime

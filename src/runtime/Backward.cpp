@@ -8,6 +8,7 @@
 #include "binding/AttentionCall.h"
 #include "binding/ModArgs.h"
 #include "codegen/cuda/ModCodegen.h"
+#include "kernels/BufferChecks.h"
 #include "kernels/Family.h"
 #include "kernels/MathMode.h"
 #include "kernels/backward/Backward.h"
@@ -387,6 +388,29 @@ size_t flex_attention_backward_workspace_bytes(Context& ctx, const TensorRef& q,
   if (q.device == TensorRef::Device::CPU) return 0;
   if (s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0 || s.seqlen_kv == 0) return 0;
   return stand_in_backward_plan(ctx, q, k, v, options, backward).workspace_bytes;
+}
+
+size_t flex_attention_backward_prepare(Context& ctx, const TensorRef& q, const TensorRef& k,
+                                       const TensorRef& v, const AttentionOptions& options,
+                                       const BackwardOptions& backward) {
+  reject_kv_cache(options);
+  validate_qkv(q, k, v);
+  if (q.device == TensorRef::Device::CPU) return 0;
+  ContextImpl& impl = impl_of(ctx);
+  KernelBuilder& builder = impl.builder;
+  // Nothing could be queued: skip the planning.
+  if (!builder.compiler().settings().enabled || builder.compile_threads() < 2) return 0;
+  runtime::Plan plan = stand_in_backward_plan(ctx, q, k, v, options, backward);
+  // A checked call runs its kernels with the buffer checks (DeviceBufferCheck::arm).
+  if (options.check_buffers && !runtime::effective_mods(options).buffers.empty()) {
+    for (runtime::PlanStep& step : plan.steps)
+      kernels::set_buffer_checks(step.desc);
+  }
+  std::vector<OwnedBuildRequest> requests;
+  requests.reserve(plan.steps.size());
+  for (runtime::PlanStep& step : plan.steps)
+    requests.push_back({std::move(step.mods), std::move(step.desc)});
+  return builder.build_in_background(std::move(requests));
 }
 
 std::string runtime::describe_backward_plan(Context& ctx, const TensorRef& q, const TensorRef& k,

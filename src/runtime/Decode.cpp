@@ -306,6 +306,7 @@ KvCacheCall validate_kv_cache_call(Context& ctx, const TensorRef& q, const Tenso
   const KvCache& cache = *options.kv_cache;
   KvCacheCall call;
   call.shape = validate_kv_cache(q, k, v, cache);
+  check_no_descales_on_kv_cache(options.descale);
   const QkvShape& s = call.shape.qkv;
   ContextImpl& impl = impl_of(ctx);
   const int device_index = impl.device->index();

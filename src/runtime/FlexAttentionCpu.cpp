@@ -54,6 +54,7 @@ void flex_attention_cpu_into(const TensorRef& q, const TensorRef& k, const Tenso
                              const AttentionOptions& options, const CpuRunOptions& cpu) {
   if (options.kv_cache != nullptr) {  // gathered to contiguous K / V, the lengths as a mask
     const KvCacheShape shape = validate_kv_cache(q, k, v, *options.kv_cache);
+    runtime::check_no_descales_on_kv_cache(options.descale);
     for (auto [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
       if (t->device != TensorRef::Device::CPU) {
         throw RuntimeError(

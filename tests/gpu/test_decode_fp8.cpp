@@ -23,6 +23,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <utility>
 
 using namespace flexjit;
 using namespace flexjit::test;
@@ -37,6 +38,10 @@ struct Fp8Case {
   std::vector<int> lens;  // per sequence (a KvCache is always passed)
   int page_size = 0;      // 0: contiguous [B, Hkv, Skv, D] with seq_lens
   std::map<std::string, int64_t> config;
+  // q's standard deviation; the score scale is 1 / (sqrt(dim_qk) q_gain), so the scores keep
+  // their spread while q's magnitude leaves f16's range (bf16 q runs in f16 scaled by a power of
+  // two: docs/math.md "FP8 KV caches").
+  float q_gain = 1.0f;
 };
 
 constexpr uint8_t kE4m3Nan = 0x7f;
@@ -106,7 +111,8 @@ Fp8Result run_case(Context& ctx, Fp8Case c, std::mt19937_64& rng) {
     k_scale[h] = scale_dist(rng);
     v_scale[h] = scale_dist(rng);
   }
-  const HostTensor q = random_tensor(rng, c.dtype, {B, Hq, Sq, c.dim_qk});
+  const HostTensor q = random_tensor(rng, c.dtype, {B, Hq, Sq, c.dim_qk}, c.q_gain);
+  const float scale = 1.0f / (std::sqrt(static_cast<float>(c.dim_qk)) * c.q_gain);
   // A shared prefix: sequence 1 starts with sequence 0's first full pages (same keys).
   const int ps = c.page_size;
   const int shared_pages = ps > 0 && B >= 2 ? std::min(c.lens[0], c.lens[1]) / ps : 0;
@@ -197,6 +203,7 @@ Fp8Result run_case(Context& ctx, Fp8Case c, std::mt19937_64& rng) {
   o.bindings = bindings;
   o.kv_cache = &cache;
   o.config.params = c.config;
+  o.scale = scale;
   CHECK(flex_attention_workspace_bytes(ctx, dq, dk, dv, o) > 0);  // the decode plan
   flex_attention_into(ctx, dq, dk, dv, out, &lse.ref(), o);
   ctx.synchronize();
@@ -209,14 +216,14 @@ Fp8Result run_case(Context& ctx, Fp8Case c, std::mt19937_64& rng) {
   ir::EvalEnv ref_env = env;
   ref_env.buffers["fj_ref_len"] = ir::BufferView{c.lens.data(), DType::I32, {B}, {}};
   const ReferenceResult rr =
-      cpu_reference_attention(ref_mods, s, q.values, k.dequantized, v.dequantized,
-                              1.0f / std::sqrt(static_cast<float>(c.dim_qk)), ref_env);
+      cpu_reference_attention(ref_mods, s, q.values, k.dequantized, v.dequantized, scale, ref_env);
 
   // The CPU backend on the same host cache (its gather dequantizes).
   AttentionOptions ho;
   ho.mods = mods;
   ho.bindings = host_bindings;
   ho.kv_cache = &host_cache;
+  ho.scale = scale;
   CpuRunOptions cro;
   cro.reference_f64 = true;
   const TensorRef hq =
@@ -244,9 +251,9 @@ Fp8Result run_case(Context& ctx, Fp8Case c, std::mt19937_64& rng) {
 void check_case(Context& ctx, const Fp8Case& c, std::mt19937_64& rng, uint64_t seed) {
   const Fp8Result r = run_case(ctx, c, rng);
   const std::string summary = fmt::format(
-      "e4m3 cache {} q {} B={} Hkv={} gqa={} Sq={} cap={} lens=[{}] page={} D={}/{} [{}]: out {}; "
-      "cpu backend {}; lse max rel err {:.3e}, {} -inf mismatches (seed {})",
-      c.mods, to_string(c.dtype), c.batch, c.heads_kv, c.gqa, c.seqlen_q, c.capacity,
+      "e4m3 cache {} q {} (x{}) B={} Hkv={} gqa={} Sq={} cap={} lens=[{}] page={} D={}/{} [{}]: "
+      "out {}; cpu backend {}; lse max rel err {:.3e}, {} -inf mismatches (seed {})",
+      c.mods, to_string(c.dtype), c.q_gain, c.batch, c.heads_kv, c.gqa, c.seqlen_q, c.capacity,
       fmt::join(c.lens, ","), c.page_size, c.dim_qk, c.dim_v, fmt::join(c.config, " "), r.gpu.str(),
       r.cpu.str(), r.lse_max_err, r.lse_mismatched_inf, seed);
   INFO(summary);
@@ -329,6 +336,51 @@ TEST_CASE("decode fp8: e4m3 caches of every page size, ragged lengths, shared pa
     c.dim_qk = sh.dqk;
     c.dim_v = sh.dv;
     c.config = sh.config;
+    check_case(*ctx, c, rng, seed);
+  }
+}
+
+// The mainloop converts e4m3 in registers (docs/kernels/decode.md "FP8 KV caches"): K's dims are
+// read in a permuted order that Q's columns follow, V's output columns come out as even / odd
+// dims that the epilogue reorders, an odd count of 16-dim chunks reads the zero chunk after the
+// real dim. Every tile dim with even and odd chunk counts, qk != v, with bf16 and with f16 q.
+TEST_CASE("decode fp8: head dims 48 .. 256 with bf16 and f16 q", "[gpu][decode][fp8]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  if (!device_takes_e4m3(*ctx)) return;  // the first test case checks the error
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const std::vector<std::pair<int, int>> dims = {{64, 64},  {128, 128}, {256, 256}, {48, 48},
+                                                 {80, 112}, {208, 96},  {240, 256}, {128, 64}};
+  for (const auto& [dqk, dv] : dims) {
+    for (const DType dtype : {DType::BF16, DType::F16}) {
+      Fp8Case c;
+      c.mods = dqk == 80 ? "alibi" : "noop";
+      c.dtype = dtype;
+      c.batch = 2;
+      c.heads_kv = 2;
+      c.gqa = 4;
+      c.seqlen_q = dqk == 48 ? 3 : 1;
+      c.capacity = 1040;
+      c.lens = {1040, 333};
+      c.page_size = dqk == 208 ? 16 : 0;
+      c.dim_qk = dqk;
+      c.dim_v = dv;
+      check_case(*ctx, c, rng, seed);
+    }
+  }
+  // bf16 q far outside f16's range (up to ~5e6) and deep in its subnormals (~1e-7): the power of
+  // two of the f16 mainloop keeps both exact; f16 q itself cannot hold them (bf16 only).
+  for (const float gain : {1e6f, 1e-7f, 3e-30f}) {
+    Fp8Case c;
+    c.dtype = DType::BF16;
+    c.batch = 2;
+    c.heads_kv = 2;
+    c.gqa = 4;
+    c.capacity = 1040;
+    c.lens = {1040, 333};
+    c.page_size = 16;
+    c.q_gain = gain;
     check_case(*ctx, c, rng, seed);
   }
 }

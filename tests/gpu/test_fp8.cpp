@@ -15,6 +15,7 @@
 #include <flexjit/attention.h>
 #include <flexjit/backward.h>
 #include <flexjit/error.h>
+#include <flexjit/paged_kv.h>
 
 #include "gpu/GpuTestUtil.h"
 #include "gpu/StandardBindings.h"
@@ -244,4 +245,33 @@ TEST_CASE("e4m3 inputs: the calls that cannot run them say so", "[gpu][fp8]") {
     CHECK_THROWS_WITH(flex_attention_into(*ctx, dq.ref(), dq.ref(), dq.ref(), out, nullptr, o),
                       Catch::Contains("e4m3"));
   }
+}
+
+TEST_CASE("a GPU call on an e4m3 KV cache refuses the forward's descale factors", "[gpu][fp8]") {
+  // The decode and forward paths on a cache read KvCache::k_scale / v_scale; descale factors
+  // beside them were once ignored without a word (a wrong answer for whoever meant them).
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const int64_t B = 1, Hq = 2, Hkv = 1, Sq = 1, S = 16, D = 64;
+  std::vector<uint16_t> qb(static_cast<size_t>(B * Hq * Sq * D), 0x3f80);  // bf16 1.0
+  std::vector<uint8_t> kvb(static_cast<size_t>(B * Hkv * S * D), 0x38);    // e4m3 1.0
+  const std::vector<int32_t> lens = {static_cast<int32_t>(S)};
+  const std::vector<float> scale = {1.0f};
+  const DeviceTensor q = DeviceTensor::from_host(*ctx, DType::BF16, {B, Hq, Sq, D}, qb.data());
+  const DeviceTensor k = DeviceTensor::from_host(*ctx, DType::E4M3, {B, Hkv, S, D}, kvb.data());
+  const DeviceTensor v = DeviceTensor::from_host(*ctx, DType::E4M3, {B, Hkv, S, D}, kvb.data());
+  const DeviceTensor sl = DeviceTensor::from_host(*ctx, DType::I32, {B}, lens.data());
+  const DeviceTensor ks = DeviceTensor::from_host(*ctx, DType::F32, {Hkv}, scale.data());
+  KvCache cache;
+  cache.seq_lens = sl;
+  cache.k_scale = ks;
+  cache.v_scale = ks;
+  AttentionOptions o;
+  o.kv_cache = &cache;
+  o.descale.v = ks.ref();
+  CHECK_THROWS_WITH(flex_attention(*ctx, q, k, v, o),
+                    Catch::Contains("descale.v was given with a KV cache"));
+  o.descale = {};
+  const AttentionResult r = flex_attention(*ctx, q, k, v, o);  // the same call without them runs
+  for (float x : download(r.out))
+    REQUIRE(x == 1.0f);
 }

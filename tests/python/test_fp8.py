@@ -78,3 +78,99 @@ def test_gpu_e4m3_forward_within_the_fp8_rule(causal):
     bound = ref_abs * 2.0 ** -4 + v.abs().max().double() * 2.0 ** -7
     assert bool((err <= bound).all()), f"worst error / bound {(err / bound).max().item():.3f}"
     assert (err.norm() / ref.norm()).item() <= 5e-2
+
+
+# --- the PyTorch drop-in: e4m3 inputs with descales in kernel_options -----------------------
+
+
+def _dropin_inputs(per_head):
+    q8, qs, q = _quantized((2, 4, 40, 32), per_head, 11)
+    k8, ks, k = _quantized((2, 2, 56, 32), per_head, 12)
+    v8, vs, v = _quantized((2, 2, 56, 32), per_head, 13)
+    return (q8, k8, v8), {"q_descale": qs, "k_descale": ks, "v_descale": vs}, (q, k, v)
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_dropin_cpu_e4m3_is_the_bf16_attention_of_the_dequantized_values(per_head):
+    import flexjit.torch as fjt
+
+    qkv8, descales, (q, k, v) = _dropin_inputs(per_head)
+    out = fjt.flex_attention(*qkv8, enable_gqa=True, kernel_options=descales,
+                             mask_mod="causal")
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 4, 40, 32)
+    want = flexjit.flex_attention(q, k, v, mask_mod="causal").to(torch.bfloat16)
+    assert torch.equal(out, want)
+    ref = _sdpa(q, k, v, True, 32 ** -0.5)
+    assert ((out.double() - ref).norm() / ref.norm()).item() <= 1e-2  # bf16 rounding of out
+    if not per_head:  # numbers work as per-tensor factors
+        numbers = {key: float(t) for key, t in descales.items()}
+        assert torch.equal(fjt.flex_attention(*qkv8, enable_gqa=True, mask_mod="causal",
+                                              kernel_options=numbers), out)
+
+
+def test_dropin_e4m3_under_torch_compile_matches_eager():
+    import flexjit.torch as fjt
+
+    qkv8, descales, _ = _dropin_inputs(True)
+
+    def f(q, k, v, qs, ks, vs):
+        return fjt.flex_attention(q, k, v, score_mod="softcap", mask_mod="causal",
+                                  enable_gqa=True, kernel_options={"q_descale": qs,
+                                                                   "k_descale": ks,
+                                                                   "v_descale": vs})
+
+    eager = f(*qkv8, *descales.values())
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(*qkv8, *descales.values())
+    assert compiled.dtype == torch.bfloat16 and torch.equal(compiled, eager)
+
+
+def test_dropin_e4m3_errors_name_the_tensor():
+    import flexjit.torch as fjt
+
+    (q8, k8, v8), descales, (q, k, v) = _dropin_inputs(False)
+    with pytest.raises(flexjit.UnsupportedError, match="query requires grad, but "
+                       "float8_e4m3fn inputs run the forward only \\(flexjit has no FP8 backward"):
+        fjt.flex_attention(q8.clone().requires_grad_(), k8, v8, enable_gqa=True,
+                           kernel_options=descales)
+    with pytest.raises(flexjit.UnsupportedError,
+                       match="kernel_options\\['k_descale'\\] requires grad"):
+        fjt.flex_attention(q8, k8, v8, enable_gqa=True, kernel_options={
+            **descales, "k_descale": descales["k_descale"].clone().requires_grad_()})
+    with torch.no_grad():  # inference: fine
+        fjt.flex_attention(q8.clone().requires_grad_(), k8, v8, enable_gqa=True,
+                           kernel_options=descales)
+    with pytest.raises(TypeError, match="kernel_options\\['v_descale'\\] must be a torch.Tensor"):
+        fjt.flex_attention(q8, k8, v8, enable_gqa=True, kernel_options={"v_descale": "1"})
+    with pytest.raises(flexjit.RuntimeError, match="descale factors were given for bf16 inputs"):
+        fjt.flex_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), enable_gqa=True,
+                           kernel_options=descales)
+    with pytest.raises(flexjit.RuntimeError, match="q is bf16, k is e4m3"):
+        fjt.flex_attention(q.bfloat16(), k8, v8, enable_gqa=True)
+    with pytest.raises(flexjit.RuntimeError, match="descale.k is f32\\[3\\]"):
+        fjt.flex_attention(q8, k8, v8, enable_gqa=True, kernel_options={"k_descale":
+                                                                        torch.ones(3)})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="skipped: no GPU")
+def test_gpu_dropin_e4m3_matches_flexjit_flex_attention():
+    import flexjit.torch as fjt
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("e4m3 runs on sm_90a")
+    qkv8, descales, (q, k, v) = _dropin_inputs(True)
+    dev = [t.cuda() for t in qkv8]
+    ds = {key: t.cuda() for key, t in descales.items()}
+
+    def f(q8, k8, v8):
+        return fjt.flex_attention(q8, k8, v8, enable_gqa=True, mask_mod="causal",
+                                  kernel_options=ds)
+
+    with torch.inference_mode():
+        out = f(*dev)
+        compiled = torch.compile(f, fullgraph=True)(*dev)
+    want = flexjit.flex_attention(*dev, mask_mod="causal", descale=tuple(ds.values()))
+    assert out.dtype == compiled.dtype == torch.bfloat16
+    assert (out.float() - want.float()).abs().max().item() <= 1e-2
+    assert torch.equal(compiled, out)
+    ref = _sdpa(q, k, v, True, 32 ** -0.5)
+    assert ((out.double().cpu() - ref).norm() / ref.norm()).item() <= 5e-2

@@ -8,7 +8,6 @@
 #include "Pipeline.h"
 #include "jit/Nvrtc.h"
 #include "kernels/Registry.h"
-#include "kernels/backward/Backward.h"
 #include "support/CacheTest.h"
 #include "support/KernelDescs.h"
 
@@ -20,22 +19,6 @@ using namespace flexjit;
 using namespace flexjit::kernels;
 
 namespace {
-
-// The kernels of the default backward plan at head dim 128 as plan_backward completes them:
-// preprocess, dK/dV, and dQ (the conversion of the dK/dV kernel's accumulator where it adds dQ
-// by atomics or bulk reductions, sm90a_wgmma's default, else the dQ kernel).
-std::vector<KernelDesc> backward_plan_descs(const char* arch) {
-  const cuda::Arch a = cuda::Arch::parse(arch);
-  const Registry& reg = Registry::global();
-  auto problem = [&](Family f) { return backward_problem(f, a, DType::BF16, 128, 128, 1, true); };
-  const KernelDesc dkdv = reg.complete(problem(Family::BackwardDkDv), {});
-  const bool dq_atomic = dkdv.config.get("dq_atomic").value_or(0) == 1;
-  const KernelDesc dq = dq_atomic
-                            ? reg.complete(problem(Family::BackwardDq), {},
-                                           {{"dq_layout", dq_accum_layout(dkdv)}}, "atomic_convert")
-                            : reg.complete(problem(Family::BackwardDq), {});
-  return {reg.complete(problem(Family::BackwardPreprocess), {}), dkdv, dq};
-}
 
 std::vector<BuildRequest> requests_of(const Mods& mods, const std::vector<KernelDesc>& descs) {
   std::vector<BuildRequest> out;
@@ -57,7 +40,7 @@ TEST_CASE(
     "at a time",
     "[pipeline][build_all][nvrtc]") {
   const Mods mods = standard_mods("causal");
-  const std::vector<KernelDesc> descs = backward_plan_descs("sm_90a");
+  const std::vector<KernelDesc> descs = test::backward_plan_descs("sm_90a");
   REQUIRE(descs[1].variant == "sm90a_wgmma");
   REQUIRE(descs[2].variant == "atomic_convert");
   const std::vector<BuildRequest> requests = requests_of(mods, descs);

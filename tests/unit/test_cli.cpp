@@ -129,7 +129,10 @@ TEST_CASE("bad input exits with 1 and says what and where", "[cli][errors]") {
       {"bench --shape 8,16,15,2048,64", "Hq = 16 is not a multiple of Hkv = 15"},
       {"bench --shape 8,16,16,2048,192/x", "Dv must be a positive integer"},
       {"bench --shape 8,16,16,2048,192/128,1", "Dv must be a positive integer"},
-      {"bench --shape 8,16,16,2048,64 --only-extra", "--shape replaces the standard shapes"},
+      {"bench --shape 8,16,16,2048,64 --only-extra", "--shape replaces the standard cases"},
+      {"bench --shape 8,16,16,2048,64 --fp8", "--shape replaces the standard cases"},
+      // --mods without --shape: one case at the main shape, so the standard groups conflict.
+      {"bench --mods causal --extra", "--mods / --score-mod / --mask-mod replaces the standard"},
   };
   for (const auto& c : cases) {
     Result r = run_cli(c.args, "FLEXJIT_CACHE_DIR='" + dir.string() + "/cache'");

@@ -8,6 +8,7 @@
 #include <flexjit/error.h>
 #include <flexjit/kernel.h>
 #include <flexjit/mods.h>
+#include <flexjit/paged_kv.h>
 
 #include "Pipeline.h"
 #include "codegen/cuda/Wgmma.h"
@@ -311,4 +312,35 @@ TEST_CASE("e4m3 on the CPU backend: the f32 attention of the dequantized inputs"
       Catch::Contains("q, k and v must share one dtype"));
   CHECK_THROWS_AS(validate_qkv(q, k, v), UnsupportedError);
   CHECK_THROWS_WITH(validate_qkv(q, k, v), Catch::Contains("run only in the forward"));
+}
+
+TEST_CASE("a call on a KV cache refuses the forward's descale factors, naming them", "[fp8][cpu]") {
+  // An e4m3 cache carries its own per-kv-head scales (KvCache::k_scale / v_scale); descale
+  // factors given beside one used to be ignored by the GPU path.
+  const int64_t B = 1, Hq = 2, Hkv = 1, Sq = 1, S = 16, D = 16;
+  std::vector<uint16_t> qb(static_cast<size_t>(B * Hq * Sq * D), 0x3f80);        // bf16 1.0
+  std::vector<uint8_t> kb(static_cast<size_t>(B * Hkv * S * D), 0x38), vb = kb;  // e4m3 1.0
+  std::vector<int32_t> lens = {static_cast<int32_t>(S)};
+  std::vector<float> ks = {0.5f}, vs = {2.0f}, one = {1.0f};
+  const TensorRef q = TensorRef::contiguous(qb.data(), DType::BF16, {B, Hq, Sq, D});
+  const TensorRef k = TensorRef::contiguous(kb.data(), DType::E4M3, {B, Hkv, S, D});
+  const TensorRef v = TensorRef::contiguous(vb.data(), DType::E4M3, {B, Hkv, S, D});
+  KvCache cache;
+  cache.seq_lens = TensorRef::contiguous(lens.data(), DType::I32, {B});
+  cache.k_scale = TensorRef::contiguous(ks.data(), DType::F32, {Hkv});
+  cache.v_scale = TensorRef::contiguous(vs.data(), DType::F32, {Hkv});
+  AttentionOptions o;
+  o.kv_cache = &cache;
+  // Every value is 1 * v_scale: out is 2 everywhere.
+  const CpuAttentionResult good = flex_attention_cpu(q, k, v, o);
+  for (float x : good.out)
+    REQUIRE(x == 2.0f);
+  o.descale.k = TensorRef::contiguous(one.data(), DType::F32, {1});
+  CHECK_THROWS_WITH(flex_attention_cpu(q, k, v, o),
+                    Catch::Contains("descale.k was given with a KV cache") &&
+                        Catch::Contains("KvCache::k_scale / v_scale"));
+  o.descale = {};
+  o.descale.q = TensorRef::contiguous(one.data(), DType::F32, {1});
+  CHECK_THROWS_WITH(flex_attention_cpu(q, k, v, o),
+                    Catch::Contains("descale.q was given with a KV cache"));
 }

@@ -89,11 +89,10 @@ std::vector<BenchCase> standard_cases(const CaseSelection& sel) {
     add_shape(out, "custom", *sel.custom, sel.quick);
     return out;
   }
-  if (sel.main) add_shape(out, "main", {4, 16, 16, 4096, 4096, 128}, sel.quick);
+  if (sel.main) add_shape(out, "main", kMainShape, sel.quick);
   if (sel.fp8) {
-    const BenchShape main{4, 16, 16, 4096, 4096, 128};
     for (auto [mods, mask] : {std::pair{"noop", false}, {"causal", true}}) {
-      BenchCase c{mods, "fp8", main, mods, mask, {}};
+      BenchCase c{mods, "fp8", kMainShape, mods, mask, {}};
       c.dtype = DType::E4M3;
       out.push_back(c);
     }

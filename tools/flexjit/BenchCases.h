@@ -48,6 +48,9 @@ struct BenchCase {
 // captured as a buffer (q_pos[b] = Skv - Sq), as a serving engine prefills against its cache.
 inline constexpr const char* kOffsetCausal = "offset_causal";
 
+// The anchors' main shape: B=4, Hq=Hkv=16, S=4096, D=128.
+inline constexpr BenchShape kMainShape{4, 16, 16, 4096, 4096, 128};
+
 // Which cases standard_cases returns.
 struct CaseSelection {
   bool main = true;    // B=4 H=16 S=4096 D=128

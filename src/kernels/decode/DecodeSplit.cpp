@@ -288,8 +288,8 @@ Params DecodeSplitSm80Mma::default_config(const KernelDesc& p) const {
   const int es = dtype_size(p.dtype == DType::F16 ? DType::F16 : DType::BF16);
   const bool paged = p.flags.get("page_size").value_or(0) != 0;
   // e4m3 K / V: up to 4 stages (a stage is half the bytes; the ring keeps 3 tiles in flight
-  // within two CTAs per SM at the anchors' shape: 4 x 16 KB + the 32 KB converted pair). Not
-  // measured yet (docs/kernels/decode.md "FP8 KV caches").
+  // within two CTAs per SM at the anchors' shape: 4 KB of Q + 4 x 16 KB, converted in registers).
+  // Not measured yet (docs/kernels/decode.md "FP8 KV caches").
   const bool fp8 = kv_fp8(p);
   int stages = 1;
   for (int s = fp8 ? 4 : wide || paged ? 3 : 2; s > 1; --s) {
