@@ -427,6 +427,18 @@ FJ_DEVICE FjKvSchedule fj_union_entries(const FjBlockMaskArgs& bm, int b, int h,
   return s;
 }
 
+// The schedule's entry that a 128-row query tile visits i-th: its full tiles first, the last one
+// listed first (next to a causal mask's diagonal), then the partial ones (the mask_mod's work, a
+// causal mask's diagonal tile). The first tile's scores and softmax run alone, before any P V
+// they could overlap; a partial tile visited last runs its mask under the P V of the tile before
+// (docs/kernels/forward_sm90.md "Causal at d 128"). The nearest keys first set each row's max
+// early where a score_mod favours them (ALiBi), so the conditional rescale still skips. Without a
+// block mask every tile is partial and the order is the schedule's.
+FJ_DEVICE int fj_sm90_visit(const FjKvSchedule& s, int i) {
+  const int num_full = s.num_total - s.num_partial;
+  return i < num_full ? s.num_total - 1 - i : i - num_full;
+}
+
 // The KV tiles of query tile (b, h, m_block) over kv_len keys (seqlen_kv, or on a KV cache the
 // sequence's length): with three consumer warpgroups and a block mask, the union schedule's
 // entries (each a tile with status bits above it, as partial tiles); otherwise the block mask's
@@ -906,11 +918,13 @@ struct FjSm90Producer {
     // epilogue. Then the first K / V tile goes first (its stage frees before that last S).
     const bool q_first = T::kQBufs == 2 || item == 0 || sched.num_total == 0;
     if (q_first) load_q(tiles, item, u, runs, b, h, m_block);
-    int next_tile = sched.num_total > 0 ? sched.tile(0) : 0;
+    // Three warpgroups: the union schedule's order; else full tiles first (fj_sm90_visit).
+    auto visit = [&](int i) { return kFjUnionSchedule<T, Cfg> ? i : fj_sm90_visit(sched, i); };
+    int next_tile = sched.num_total > 0 ? sched.tile(visit(0)) : 0;
     for (int i = 0; i < sched.num_total; ++i, ++g) {
       // Three warpgroups: a block mask comes as a union schedule (status bits above the tile).
       const int tile = kFjUnionSchedule<T, Cfg> ? next_tile & kFjUnionTileMask : next_tile;
-      if (i + 1 < sched.num_total) next_tile = sched.tile(i + 1);
+      if (i + 1 < sched.num_total) next_tile = sched.tile(visit(i + 1));
       const int stage = g % T::kNumStages;
       if (g >= T::kNumStages) fj_mbar_wait(sm.bar_e + 8 * stage, ((g / T::kNumStages) & 1) ^ 1);
       load_kv(stage, tile, kv_len, b, h_kv);
@@ -1356,16 +1370,19 @@ struct FjSm90Consumer {
   // tile i with P V of tile i - 1; then the last P V.
   FJ_DEVICE void mainloop_overlap(const FjSm90QTile& t, const FjKvSchedule& sched) {
     const int num_total = sched.num_total;
-    int next_tile = num_total > 1 ? sched.tile(1) : 0;  // read one tile ahead
+    // Full tiles first (fj_sm90_visit): visit i is the schedule's entry v(i).
+    const int v0 = fj_sm90_visit(sched, 0);
+    int next_tile = num_total > 1 ? sched.tile(fj_sm90_visit(sched, 1)) : 0;  // one tile ahead
     float alpha[2];
     // On a KV cache the tile before (its V may be gathered); without one it stays 0, and the loop
     // is the one measured.
-    int prev_tile = kFjKvCache ? sched.tile(0) : 0;
-    first_s(t, g, sched.tile(0), 0 < sched.num_partial, alpha, num_total == 1);
+    int prev_tile = kFjKvCache ? sched.tile(v0) : 0;
+    first_s(t, g, sched.tile(v0), v0 < sched.num_partial, alpha, num_total == 1);
     for (int i = 1; i < num_total; ++i) {
       const int tile = next_tile;
-      if (i + 1 < num_total) next_tile = sched.tile(i + 1);
-      next_s_pv(t, g + i, tile, prev_tile, i < sched.num_partial, alpha, i + 1 == num_total);
+      if (i + 1 < num_total) next_tile = sched.tile(fj_sm90_visit(sched, i + 1));
+      next_s_pv(t, g + i, tile, prev_tile, fj_sm90_visit(sched, i) < sched.num_partial, alpha,
+                i + 1 == num_total);
       if constexpr (kFjKvCache) prev_tile = tile;
     }
     last_pv(t, g + num_total - 1, prev_tile);
@@ -1375,10 +1392,10 @@ struct FjSm90Consumer {
   // registers; num_total > 0).
   FJ_DEVICE void mainloop_serial(const FjSm90QTile& t, const FjKvSchedule& sched) {
     const int num_total = sched.num_total;
-    int next_tile = sched.tile(0);
+    int next_tile = sched.tile(fj_sm90_visit(sched, 0));
     for (int i = 0; i < num_total; ++i) {
       const int tile = next_tile;
-      if (i + 1 < num_total) next_tile = sched.tile(i + 1);
+      if (i + 1 < num_total) next_tile = sched.tile(fj_sm90_visit(sched, i + 1));
       const int gi = g + i;
       const int stage = gi % T::kNumStages;
       const int parity = (gi / T::kNumStages) & 1;
@@ -1393,7 +1410,7 @@ struct FjSm90Consumer {
       fj_wgmma_wait<0>();
       fj_fence_regs(s[0]);
       if (i + 1 == num_total) release_q();
-      softmax(t, i < sched.num_partial, tile * T::kBlockN, alpha);
+      softmax(t, fj_sm90_visit(sched, i) < sched.num_partial, tile * T::kBlockN, alpha);
       rescale_o(alpha);
       pack_p();
       fj_mbar_wait(sm.bar_v + 8 * stage, parity);
