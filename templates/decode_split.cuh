@@ -269,22 +269,43 @@ struct FjDecKv {
 // cp.async.cg; 1 with an L2::evict_first cache policy (K and V are read once: the lines they
 // occupy in the L2 go first, so the streaming reads do not push out other data, dirty lines
 // that would need a write-back included); 2 the same plus the L2::256B prefetch-size hint.
+//
+// The hinted copies take their shared address through `xor` with %dynamic_smem_size >> 31: zero
+// (a block's shared memory is far below 2^31 bytes), but ptxas cannot fold it, and an xor cannot
+// be split into a register, the pipeline stage's uniform register and an immediate. ptxas (CUDA
+// 13.0) addresses some hinted copies in that form otherwise (`LDGSTS [R19+UR0+0x8000],
+// desc[UR1][R26.64]`), and there it encodes the cache-policy descriptor in an odd uniform
+// register: an illegal pair, which faults with CUDA_ERROR_ILLEGAL_INSTRUCTION. With the xor the
+// copies read `LDGSTS [R23], desc[UR6][R26.64]` (docs/kernels/decode.md "The odd-register
+// descriptor and its workaround"; tests/unit/test_decode_l2_hint.cpp scans the SASS where
+// cuobjdump is found). The xor is in each copy's asm statement: one on the tile's first-row
+// address instead, with immediates for the other rows, saves instructions but costs registers
+// (spills at d = 256).
+#define FJ_DEC_OPAQUE_DST                                                                      \
+  "{\n .reg .u32 fj_z, fj_d;\n mov.u32 fj_z, %%dynamic_smem_size;\n shr.u32 fj_z, fj_z, 31;\n" \
+  " xor.b32 fj_d, %0, fj_z;\n"
+
 template <int kKvHint>
 FJ_DEVICE void fj_dec_cp_async_16(fj_u32 dst, const void* src, bool valid,
                                   unsigned long long policy) {
   if constexpr (kKvHint == 0) {
     fj_cp_async_16(dst, src, valid);
   } else if constexpr (kKvHint == 1) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-                 "l"(src), "r"(valid ? 16 : 0), "l"(policy)
-                 : "memory");
+    asm volatile(
+        FJ_DEC_OPAQUE_DST
+        " cp.async.cg.shared.global.L2::cache_hint [fj_d], [%1], 16, %2, %3;\n}\n" ::"r"(dst),
+        "l"(src), "r"(valid ? 16 : 0), "l"(policy)
+        : "memory");
   } else {
     asm volatile(
-        "cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+        FJ_DEC_OPAQUE_DST
+        " cp.async.cg.shared.global.L2::cache_hint.L2::256B [fj_d], [%1], 16, %2, %3;\n}\n" ::"r"(
+            dst),
         "l"(src), "r"(valid ? 16 : 0), "l"(policy)
         : "memory");
   }
 }
+#undef FJ_DEC_OPAQUE_DST
 
 // The L2 cache policy of the K / V copies (unused when kKvHint == 0).
 template <int kKvHint>
