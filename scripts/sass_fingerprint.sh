@@ -155,6 +155,11 @@ one() {
   local line=$1 name args
   name=${line%%|*}
   args=${line#*|}
+  # The decode lines that name no variant are the default's: with the hinted variants enabled
+  # (below) the planner would pick one of those for them instead.
+  if [ "$lead" = "--kernel decode_split" ] && [[ "$args" != *--variant* ]]; then
+    args="--variant sm80_mma $args"
+  fi
   if ! eval "\"\$bin\" inspect $lead --json -o \"\$work/\$name.cubin\" $args" \
     >"$work/$name.json" 2>"$work/$name.err"; then
     printf '%s\tERROR\t%s\n' "$name" "$(head -c 300 "$work/$name.err" | tr '\n\t' '  ')" \
