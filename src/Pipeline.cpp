@@ -236,8 +236,12 @@ size_t KernelBuilder::build_each(const std::vector<BuildRequest>& requests,
   return helpers.size() + 1;
 }
 
+bool KernelBuilder::background_enabled() const {
+  return compiler_.settings().enabled && compile_threads() >= 2 && !bg_stop_.load();
+}
+
 size_t KernelBuilder::build_in_background(std::vector<OwnedBuildRequest> requests) {
-  if (!compiler_.settings().enabled || compile_threads() < 2 || bg_stop_.load()) return 0;
+  if (!background_enabled()) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<OwnedBuildRequest> batch;
   for (OwnedBuildRequest& r : requests) {

@@ -105,6 +105,9 @@ class KernelBuilder {
   // that fails to build is dropped (logged under FLEXJIT_LOG=pipeline): the call that needs it
   // builds it again and reports the error.
   size_t build_in_background(std::vector<OwnedBuildRequest> requests);
+  // Whether build_in_background would queue anything now (caches enabled, two or more compile
+  // threads, not stopped): a caller may skip preparing its requests when not.
+  bool background_enabled() const;
   // Blocks until every kernel queued so far is built (or failed).
   void wait_background();
   // Drops the queued kernels and waits for the ones being compiled (at most one compile's time);

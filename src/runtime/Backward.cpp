@@ -8,7 +8,6 @@
 #include "binding/AttentionCall.h"
 #include "binding/ModArgs.h"
 #include "codegen/cuda/ModCodegen.h"
-#include "kernels/BufferChecks.h"
 #include "kernels/Family.h"
 #include "kernels/MathMode.h"
 #include "kernels/backward/Backward.h"
@@ -398,14 +397,11 @@ size_t flex_attention_backward_prepare(Context& ctx, const TensorRef& q, const T
   if (q.device == TensorRef::Device::CPU) return 0;
   ContextImpl& impl = impl_of(ctx);
   KernelBuilder& builder = impl.builder;
-  // Nothing could be queued: skip the planning.
-  if (!builder.compiler().settings().enabled || builder.compile_threads() < 2) return 0;
+  if (!builder.background_enabled()) return 0;  // nothing could be queued: skip the planning
   runtime::Plan plan = stand_in_backward_plan(ctx, q, k, v, options, backward);
-  // A checked call runs its kernels with the buffer checks (DeviceBufferCheck::arm).
-  if (options.check_buffers && !runtime::effective_mods(options).buffers.empty()) {
-    for (runtime::PlanStep& step : plan.steps)
-      kernels::set_buffer_checks(step.desc);
-  }
+  // A checked call runs its kernels with the buffer checks.
+  if (runtime::DeviceBufferCheck::wanted(options.check_buffers, runtime::effective_mods(options)))
+    runtime::DeviceBufferCheck::arm_steps(plan);
   std::vector<OwnedBuildRequest> requests;
   requests.reserve(plan.steps.size());
   for (runtime::PlanStep& step : plan.steps)

@@ -15,7 +15,7 @@ namespace flexjit::runtime {
 
 DeviceBufferCheck::DeviceBufferCheck(Context& ctx, bool enabled, const Mods& mods, void* stream)
     : stream_(stream) {
-  if (!enabled || mods.buffers.empty()) return;
+  if (!wanted(enabled, mods)) return;
   impl_of(ctx).device->make_current();
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   if (Driver::get().cuStreamIsCapturing_(static_cast<CUstream>(stream), &status) == CUDA_SUCCESS &&
@@ -33,7 +33,10 @@ DeviceBufferCheck::DeviceBufferCheck(Context& ctx, bool enabled, const Mods& mod
 }
 
 void DeviceBufferCheck::arm(Plan& plan) const {
-  if (!on()) return;
+  if (on()) arm_steps(plan);
+}
+
+void DeviceBufferCheck::arm_steps(Plan& plan) {
   for (PlanStep& step : plan.steps)
     kernels::set_buffer_checks(step.desc);
 }

@@ -23,6 +23,11 @@ class DeviceBufferCheck {
   // check, and the call runs its unchecked kernels). On: allocates the record and zeroes it on
   // `stream`; RuntimeError if `stream` is capturing a CUDA graph (the check synchronizes it).
   DeviceBufferCheck(Context& ctx, bool enabled, const Mods& mods, void* stream);
+  // Whether a call with `enabled` and `mods` runs checked kernels (the constructor's "on").
+  static bool wanted(bool enabled, const Mods& mods) { return enabled && !mods.buffers.empty(); }
+  // Sets the check_buffers flag on every step of `plan` (arm's work, for a caller that plans a
+  // checked call's kernels without running them: the backward's early start).
+  static void arm_steps(Plan& plan);
 
   bool on() const { return record_.defined(); }
   // The record's device address for pack_mod_params; null when off.

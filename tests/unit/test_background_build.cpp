@@ -8,6 +8,7 @@
 
 #include "Pipeline.h"
 #include "jit/Nvrtc.h"
+#include "support/BuildRequests.h"
 #include "support/CacheTest.h"
 #include "support/KernelDescs.h"
 
@@ -36,13 +37,6 @@ std::vector<OwnedBuildRequest> owned(const Mods& mods, const std::vector<KernelD
   return out;
 }
 
-std::vector<BuildRequest> requests_of(const Mods& mods, const std::vector<KernelDesc>& descs) {
-  std::vector<BuildRequest> out;
-  for (const KernelDesc& d : descs)
-    out.push_back({&mods, &d});
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE(
@@ -62,12 +56,12 @@ TEST_CASE(
   CHECK(builder.build_in_background(owned(mods, descs)) == 0);
   // The backward's own build while the background one runs: it waits for the compiles in flight
   // (or compiles one that has not started; then the background thread finds it built).
-  const std::vector<BuiltKernel> got = builder.build_all(requests_of(mods, descs));
+  const std::vector<BuiltKernel> got = builder.build_all(test::build_requests(mods, descs));
   builder.wait_background();
   CHECK(jit::nvrtc_compile_count() == compiles + 3);  // each kernel once
   CHECK(builder.memo_size() == 3);                    // one memo entry per kernel
   REQUIRE(got.size() == 3);
-  const std::vector<BuiltKernel> again = builder.build_all(requests_of(mods, descs));
+  const std::vector<BuiltKernel> again = builder.build_all(test::build_requests(mods, descs));
   for (size_t i = 0; i < 3; ++i) {
     INFO(descs[i].str());
     CHECK(got[i].desc == descs[i]);

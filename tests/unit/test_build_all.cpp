@@ -8,6 +8,7 @@
 #include "Pipeline.h"
 #include "jit/Nvrtc.h"
 #include "kernels/Registry.h"
+#include "support/BuildRequests.h"
 #include "support/CacheTest.h"
 #include "support/KernelDescs.h"
 
@@ -19,13 +20,6 @@ using namespace flexjit;
 using namespace flexjit::kernels;
 
 namespace {
-
-std::vector<BuildRequest> requests_of(const Mods& mods, const std::vector<KernelDesc>& descs) {
-  std::vector<BuildRequest> out;
-  for (const KernelDesc& d : descs)
-    out.push_back({&mods, &d});
-  return out;
-}
 
 jit::CacheSettings no_cache() {
   jit::CacheSettings s;
@@ -43,7 +37,7 @@ TEST_CASE(
   const std::vector<KernelDesc> descs = test::backward_plan_descs("sm_90a");
   REQUIRE(descs[1].variant == "sm90a_wgmma");
   REQUIRE(descs[2].variant == "atomic_convert");
-  const std::vector<BuildRequest> requests = requests_of(mods, descs);
+  const std::vector<BuildRequest> requests = test::build_requests(mods, descs);
 
   KernelBuilder one_at_a_time(no_cache());
   one_at_a_time.set_compile_threads(1);
