@@ -433,8 +433,11 @@ FJ_DEVICE FjKvSchedule fj_union_entries(const FjBlockMaskArgs& bm, int b, int h,
 // they could overlap; a partial tile visited last runs its mask under the P V of the tile before
 // (docs/kernels/forward_sm90.md "Causal at d 128"). The nearest keys first set each row's max
 // early where a score_mod favours them (ALiBi), so the conditional rescale still skips. Without a
-// block mask every tile is partial and the order is the schedule's.
+// block mask every tile is partial and the order is the schedule's. e4m3 q, k, v (kFjFp8) keep the
+// schedule's order, partial tiles first: full tiles first measured 5 % slower on causal there
+// (H100, ncu: 551 against 524 us; docs/kernels/forward_sm90.md "FP8").
 FJ_DEVICE int fj_sm90_visit(const FjKvSchedule& s, int i) {
+  if constexpr (kFjFp8) return i;
   const int num_full = s.num_total - s.num_partial;
   return i < num_full ? s.num_total - 1 - i : i - num_full;
 }

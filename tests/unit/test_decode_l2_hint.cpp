@@ -385,6 +385,9 @@ TEST_CASE("decode L2 hint: the evict_first splits compile for the GPU tests' con
     jobs.push_back({v, "sliding_window", a, DType::F16, 64, 64, 8, 16, 256, false, none});
     jobs.push_back({v, "noop", a, DType::BF16, 128, 128, 5, 16, 0, false, none});
   }
+  // The default variant hints its e4m3 copies too (decode_split.cuh's kPolicy).
+  for (HintJob& j : fp8_jobs("sm80_mma"))
+    if (j.arch == "sm_90a" && j.dtype == DType::BF16) jobs.push_back(j);
   check_jobs(jobs);
 }
 
@@ -401,5 +404,7 @@ TEST_CASE("decode L2 hint: the sweep of mods, head dims, rows, pages and tuner c
         jobs.push_back(j);
     }
   }
+  for (HintJob& j : fp8_jobs("sm80_mma"))  // the default hints e4m3 copies too
+    jobs.push_back(j);
   check_jobs(jobs, /*spill_slack=*/4);
 }

@@ -162,8 +162,8 @@ std::string_view DecodeSplitSm80Mma::summary() const {
              "and the L2::256B prefetch size (experimental)";
     default:
       return "split-KV decoding: GQA group x query tokens packed into mma.sync M, cp.async K/V "
-             "pipeline, contiguous or paged K/V; bf16/f16; head dims multiples of 8 up to 256 "
-             "(tiles 64/128/256); sm_80 and newer";
+             "pipeline (e4m3 K/V with an L2::evict_first policy), contiguous or paged K/V; "
+             "bf16/f16; head dims multiples of 8 up to 256 (tiles 64/128/256); sm_80 and newer";
   }
 }
 

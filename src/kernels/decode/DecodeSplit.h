@@ -38,8 +38,9 @@ class DecodeSplitSm80Mma : public DecodeSplitVariant {
   static constexpr const char* kEntry = "flexjit_decode_split";
   static constexpr int kMaxSplitsConfig = 1024;
 
-  // kv_hint: 0 plain cp.async (the default variant), 1 L2::evict_first, 2 L2::evict_first and
-  // the L2::256B prefetch size.
+  // kv_hint: 0 plain cp.async (the default variant; e4m3 K / V still take L2::evict_first,
+  // decode_split.cuh's kPolicy), 1 L2::evict_first, 2 L2::evict_first and the L2::256B prefetch
+  // size.
   explicit DecodeSplitSm80Mma(int kv_hint = 0) : kv_hint_(kv_hint) {}
 
   std::string_view name() const override;
