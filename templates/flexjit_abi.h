@@ -74,6 +74,26 @@ struct FjKvCacheArgs {
   const int* seq_lens;         // [B] keys of each sequence (clamped to seqlen_kv); null: seqlen_kv
 };
 
+// The fifth parameter of the sm_90a forward on an e4m3 KV cache (forward_sm90.cuh with
+// FJ_FWD_KV_CACHE and FJ_FWD_KV_FP8; problem flag kv_e4m3; docs/kernels/forward_sm90.md "e4m3 KV
+// caches"): `flexjit_forward(const FjFwdArgs, const FjModParams, const __grid_constant__
+// FjFwdTmaMaps, const FjKvCacheArgs, const FjFwdKvFp8Args)`. FjFwdArgs::k / v hold e4m3 bytes
+// (strides in elements, i.e. bytes); key n of kv head h is k[n] * k_scale[h], its value
+// v[n] * v_scale[h]. q and out stay bf16 / f16.
+struct FjFwdKvFp8Args {
+  const float* k_scale;  // [heads_kv] f32
+  const float* v_scale;  // [heads_kv] f32
+};
+
+// The e4m3 staging tile of the sm_90a forward on an e4m3 KV cache: one KV tile of K and V as
+// e4m3 bytes (block_n rows of head_dim_qk, then of head_dim_v; tile dims), after the rest of
+// fj_forward_sm90_smem_bytes' layout.
+FJ_HOST_DEVICE inline constexpr int fj_forward_sm90_kv_fp8_staging_bytes(int block_n,
+                                                                         int head_dim_qk,
+                                                                         int head_dim_v) {
+  return block_n * (head_dim_qk + head_dim_v);
+}
+
 // Dynamic shared memory of the forward kernel for a configuration (bytes). The kernel's layout
 // and this formula live together in forward_sm80.cuh's description; keep them in step.
 FJ_HOST_DEVICE inline constexpr int fj_forward_smem_bytes(int block_m, int block_n, int head_dim_qk,

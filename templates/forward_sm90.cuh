@@ -54,6 +54,18 @@ constexpr bool kFjKvCache = false;
 constexpr int kFjKvPageSize = 0;
 #endif
 
+// An e4m3 KV cache (FJ_FWD_KV_FP8, with FJ_FWD_KV_CACHE; FjFwdKvFp8Args; docs/kernels/
+// forward_sm90.md "e4m3 KV caches"): every KV tile goes through the loaders, which copy its e4m3
+// bytes into a staging tile (cp.async) and write them converted to Element (bf16 / f16, q's type;
+// exact) into the stage's 128-byte swizzled layout, so that the mainloop is the bf16 / f16 one.
+// k_scale folds into the score scale, v_scale into the epilogue's normalization.
+#if defined(FJ_FWD_KV_FP8)
+static_assert(kFjKvCache, "flexjit forward_sm90: FJ_FWD_KV_FP8 comes with FJ_FWD_KV_CACHE");
+constexpr bool kFjKvFp8 = true;
+#else
+constexpr bool kFjKvFp8 = false;
+#endif
+
 // e4m3 q, k, v (FJ_FWD_FP8, FjFp8Args; docs/kernels/forward_sm90.md "FP8"): FjConfig::Element is
 // the output's bf16. Q and K tiles hold 1-byte elements, so a 128-byte swizzle row holds 128 of
 // them: the layouts below are those of a 16-bit tile half as wide (kQKUnits), whose k16 steps of
@@ -159,6 +171,8 @@ struct FjSm90Traits {
   static constexpr int kOffBar = kOffV + kNumStages * kVBytes;
   static constexpr int kOffSlot = kOffBar + (8 * (2 * kQBufs + 3 * kNumStages) + 15) / 16 * 16;
   static constexpr int kOffEnd = kOffSlot + 16 * kQBufs;
+  // An e4m3 KV cache (kFjKvFp8): the loaders' staging tile (fj_forward_sm90_kv_fp8_staging_bytes)
+  // at kOffEnd, after the rest; the host adds its bytes to fj_forward_sm90_smem_bytes.
   // Register split (65536 per SM, one CTA): the producer keeps few, the consumers take the rest
   // (FlashAttention-3's 24 / 240 with two consumer warpgroups, 32 / 160 with three).
   // A persistent producer also carries its tile and claimed pair (40 / 232: at 24 it spilled).
@@ -209,6 +223,12 @@ struct FjSm90Traits {
                 "flexjit forward_sm90: register split exceeds the register file");
   static_assert(!kFjKvCache || (kConsumers == 2 && !kPersistent),
                 "flexjit forward_sm90: a KV cache runs 128-row tiles, one CTA per query tile "
+                "(ForwardSm90Wgmma::validate)");
+  static_assert(!kFjKvFp8 ||
+                    (!kFp8 && (kBlockN * kDimQK / 16) % 128 == 0 &&
+                     (kBlockN * kDimV / 16) % 128 == 0 && kRealQK % 16 == 0 && kRealV % 16 == 0),
+                "flexjit forward_sm90: an e4m3 KV cache takes bf16 / f16 q, head dims multiples "
+                "of 16 and KV tiles whose 16-byte units split over the 128 loaders "
                 "(ForwardSm90Wgmma::validate)");
 };
 
@@ -600,6 +620,35 @@ struct FjSm90Smem {
 //     included, and 0 * NaN in P V is NaN).
 // The consumers know which way a tile came (gathered()): cp.async writes through the generic
 // proxy, so they fence (fence.proxy.async) after the wait and before wgmma reads the stage.
+#if defined(FJ_FWD_KV_FP8)
+template <class E>
+struct FjSm90IsF16 {
+  static constexpr bool value = false;
+};
+template <>
+struct FjSm90IsF16<fj_f16> {
+  static constexpr bool value = true;
+};
+
+// Four e4m3 values (bytes 0..3 of x) as two Element pairs: lo = bytes 0, 1, hi = bytes 2, 3 (low
+// byte in the low half). cvt.rn.f16x2.e4m3x2 is exact (every e4m3 value is an f16); for bf16
+// each f16 is widened to f32 (exact) and the bf16 is the f32's upper half (an e4m3 value has 4
+// significant bits: the lower 16 bits are zero), one prmt per pair. NaN stays NaN.
+template <class Element>
+FJ_DEVICE void fj_sm90_e4m3x4(fj_u32 x, fj_u32& lo, fj_u32& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(x));
+  if constexpr (!FjSm90IsF16<Element>::value) {
+    asm("{\n .reg .f16 a, b, c, d;\n .reg .b32 fa, fb, fc, fd;\n mov.b32 {a, b}, %0;\n"
+        " mov.b32 {c, d}, %1;\n cvt.f32.f16 fa, a;\n cvt.f32.f16 fb, b;\n cvt.f32.f16 fc, c;\n"
+        " cvt.f32.f16 fd, d;\n prmt.b32 %0, fa, fb, 0x7632;\n prmt.b32 %1, fc, fd, 0x7632;\n}\n"
+        : "+r"(lo), "+r"(hi));
+  }
+}
+#endif
+
 template <class T, class Cfg>
 struct FjSm90KvCache {
   static constexpr int kPage = kFjKvPageSize;
@@ -612,7 +661,9 @@ struct FjSm90KvCache {
   static_assert(kPagesPerTile <= 32, "flexjit forward_sm90: one lane of a warp per page box");
   // Pages of 1, 2 or 4 keys, and pages that a tile neither spans whole nor fits in (a 176-key
   // tile over 32-key pages): every tile gathered.
-  static constexpr bool kGatherAll = kPage > 0 && kPage % T::kBlockN != 0 && !kBoxPerPage;
+  // An e4m3 cache (kFjKvFp8): every tile, converted by the loaders (stage_e4m3, convert_e4m3).
+  static constexpr bool kGatherAll =
+      kFjKvFp8 || (kPage > 0 && kPage % T::kBlockN != 0 && !kBoxPerPage);
   static_assert(kPage == 0 || (kPage & (kPage - 1)) == 0,
                 "flexjit forward_sm90: pages of a power of two keys");
   // 16-byte units per 128-byte row of a 64-column chunk: a loader copies unit ltid % 8 of rows
@@ -708,6 +759,82 @@ struct FjSm90KvCache {
     }
     fj_cp_async_mbar_arrive(bar);
   }
+
+#if defined(FJ_FWD_KV_FP8)
+  // An e4m3 cache: 16-byte units of e4m3 (16 columns) per row of a kDim-column tile; loader ltid
+  // takes units ltid + 128 j (row (ltid + 128 j) / units8(kDim)), the same ones in stage_e4m3 and
+  // convert_e4m3, so that each reads back only its own copies (no barrier on the staging tile).
+  FJ_HOST_DEVICE static constexpr int units8(int dim) {
+    return dim / 16;
+  }
+  FJ_HOST_DEVICE static constexpr int per8(int dim) {
+    return T::kBlockN * units8(dim) / 128;
+  }
+
+  // One loader's cp.async copies of a KV tile of kDim columns (kReal real) as e4m3 bytes into the
+  // staging tile `staging` (rows of kDim bytes, unswizzled: a warp's units are 512 consecutive
+  // bytes). Rows past the length and columns past kReal are zero-filled and read nothing (not
+  // even the table). `head`: the kv head's origin (batch b's, or page 0's), strides in bytes.
+  template <int kDim, int kReal>
+  FJ_DEVICE void stage_e4m3(fj_u32 staging, const unsigned char* head, fj_i64 page_stride,
+                            fj_i64 row_stride, int b, int n_start, int len, int ltid) const {
+#pragma unroll(kDim > 64 ? 4 : 2)
+    for (int j = 0; j < per8(kDim); ++j) {
+      const int idx = ltid + 128 * j;
+      const int r = idx / units8(kDim), u = idx % units8(kDim);
+      const int n = n_start + r;
+      const bool valid = n < len && u * 16 < kReal;
+      fj_i64 off = 0;
+      if (valid) {
+        if constexpr (kPage == 0) {
+          off = (fj_i64)n * row_stride;
+        } else {
+          off = (fj_i64)table_row(b)[n / kPage] * page_stride + (fj_i64)(n % kPage) * row_stride;
+        }
+      }
+      // A zero-filled unit reads nothing; its address is the head's origin, which exists.
+      fj_cp_async_16(staging + r * kDim + u * 16, valid ? head + off + u * 16 : head, valid);
+    }
+  }
+
+  // After this loader's copies landed (cp.async.wait_group): its units of the staging tile
+  // converted to Element (fj_sm90_e4m3x4: exact) into the swizzled stage at `dst` (e4m3 unit u of
+  // row r is 2-byte units 2u, 2u + 1 of that row, the layout TMA writes), then a proxy fence
+  // (the consumers' wgmma reads the stage through the async proxy) and its arrival on `bar`.
+  template <int kDim>
+  FJ_DEVICE void convert_e4m3(fj_u32 dst, fj_u32 staging, int ltid, fj_u32 bar) const {
+#pragma unroll 2
+    for (int j = 0; j < per8(kDim); ++j) {
+      const int idx = ltid + 128 * j;
+      const int r = idx / units8(kDim), u = idx % units8(kDim);
+      fj_u32 x[4];
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                   : "r"(staging + r * kDim + u * 16)
+                   : "memory");
+      // The unit's halves (8 e4m3 each) become 2-byte units 2u and 2u + 1; a thread with bit 2
+      // of u set stores its second half first. The eight threads of a quarter-warp store one
+      // row's units u = 0..7 (d 128; d 256: 0..7 or 8..15) into two 64-column chunks, whose
+      // swizzled units share banks: so the first store's units are even in one chunk and odd in
+      // the other (distinct banks), not even in both (a 2-way conflict on every store).
+      const bool swap = ((u >> 2) & 1) != 0;
+      const fj_u32 w[4] = {swap ? x[2] : x[0], swap ? x[3] : x[1], swap ? x[0] : x[2],
+                           swap ? x[1] : x[3]};
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        fj_u32 y[4];
+        fj_sm90_e4m3x4<typename T::Element>(w[2 * k], y[0], y[1]);
+        fj_sm90_e4m3x4<typename T::Element>(w[2 * k + 1], y[2], y[3]);
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         fj_sw128_unit<T::kBlockN>(dst, r, 2 * u + (k ^ (swap ? 1 : 0)))),
+                     "r"(y[0]), "r"(y[1]), "r"(y[2]), "r"(y[3])
+                     : "memory");
+      }
+    }
+    fj_fence_proxy_async();
+    fj_mbar_arrive(bar);
+  }
+#endif
 };
 
 // The tile scheduler's producer side: the CTA's query tiles in order (FjWorkItems); with
@@ -835,7 +962,17 @@ struct FjSm90Producer {
   FJ_DEVICE void load_kv(int stage, int tile, int kv_len, int b, int h_kv) const {
     const int n_start = tile * T::kBlockN;
     const fj_u32 bar_k = sm.bar_k + 8 * stage, bar_v = sm.bar_v + 8 * stage;
-    if constexpr (kFjKvCache) {
+    if constexpr (kFjKvFp8) {
+#if defined(FJ_FWD_KV_FP8)
+      // An e4m3 cache: the tile's copies were issued one tile ahead (stage_kv); once they have
+      // landed, every loader converts its units into the stage and arrives on K full, V full.
+      fj_cp_async_wait<0>();
+      const fj_u32 staging = sm.sq + T::kOffEnd;
+      cache.template convert_e4m3<T::kDimQK>(sm.sk + stage * T::kKBytes, staging, ltid, bar_k);
+      cache.template convert_e4m3<T::kDimV>(sm.sv + stage * T::kVBytes,
+                                            staging + T::kBlockN * T::kDimQK, ltid, bar_v);
+#endif
+    } else if constexpr (kFjKvCache) {
       if (cache.gathered(n_start, kv_len)) {
         // Every loader copies its rows (FjSm90KvCache::gather); pools: page_table picks the page.
         const fj_i64 kv_b = cache.kPage > 0 ? 0 : b;  // contiguous: batch b; pools: page 0
@@ -906,6 +1043,26 @@ struct FjSm90Producer {
     }
   }
 
+#if defined(FJ_FWD_KV_FP8)
+  // An e4m3 cache: this loader's cp.async copies of KV tile `tile`'s e4m3 K and V into the
+  // staging tile, one commit group (load_kv converts them when the tile's stage is free).
+  FJ_DEVICE void stage_kv(int tile, int kv_len, int b, int h_kv) const {
+    const int n_start = tile * T::kBlockN;
+    const fj_i64 kv_b = cache.kPage > 0 ? 0 : b;  // contiguous: batch b; pools: page 0
+    const unsigned char* k_head = static_cast<const unsigned char*>(args.k) +
+                                  kv_b * args.k_stride_b + (fj_i64)h_kv * args.k_stride_h;
+    const unsigned char* v_head = static_cast<const unsigned char*>(args.v) +
+                                  kv_b * args.v_stride_b + (fj_i64)h_kv * args.v_stride_h;
+    const fj_u32 staging = sm.sq + T::kOffEnd;
+    cache.template stage_e4m3<T::kDimQK, T::kRealQK>(staging, k_head, args.k_stride_b,
+                                                     args.k_stride_s, b, n_start, kv_len, ltid);
+    cache.template stage_e4m3<T::kDimV, T::kRealV>(staging + T::kBlockN * T::kDimQK, v_head,
+                                                   args.v_stride_b, args.v_stride_s, b, n_start,
+                                                   kv_len, ltid);
+    fj_cp_async_commit();
+  }
+#endif
+
   // The loads of the item-th query tile (b, h, m_block; Q buffer u): Q and its KV schedule's
   // K / V tiles.
   FJ_DEVICE void load_tile(const FjSm90ProducerTiles<T, Cfg>& tiles, int item, int u, int b, int h,
@@ -924,6 +1081,10 @@ struct FjSm90Producer {
     // Three warpgroups: the union schedule's order; else full tiles first (fj_sm90_visit).
     auto visit = [&](int i) { return kFjUnionSchedule<T, Cfg> ? i : fj_sm90_visit(sched, i); };
     int next_tile = sched.num_total > 0 ? sched.tile(visit(0)) : 0;
+#if defined(FJ_FWD_KV_FP8)
+    // An e4m3 cache: the copies run one tile ahead of the conversion (the staging tile holds one).
+    if (sched.num_total > 0) stage_kv(next_tile, kv_len, b, h_kv);
+#endif
     for (int i = 0; i < sched.num_total; ++i, ++g) {
       // Three warpgroups: a block mask comes as a union schedule (status bits above the tile).
       const int tile = kFjUnionSchedule<T, Cfg> ? next_tile & kFjUnionTileMask : next_tile;
@@ -931,6 +1092,9 @@ struct FjSm90Producer {
       const int stage = g % T::kNumStages;
       if (g >= T::kNumStages) fj_mbar_wait(sm.bar_e + 8 * stage, ((g / T::kNumStages) & 1) ^ 1);
       load_kv(stage, tile, kv_len, b, h_kv);
+#if defined(FJ_FWD_KV_FP8)
+      if (i + 1 < sched.num_total) stage_kv(next_tile, kv_len, b, h_kv);
+#endif
       if (!q_first && i == 0) load_q(tiles, item, u, runs, b, h, m_block);
     }
   }
@@ -1451,7 +1615,8 @@ struct FjSm90Consumer {
         inv = fj_softmax_finish(row_max[0][hr], sum, sink, lse);
       }
       // e4m3: O in units of V's descale factor (the kernel left it in the tile slot).
-      if constexpr (T::kFp8) inv *= __int_as_float(fj_lds_b32(sm.tile_slot));
+      // An e4m3 KV cache (kFjKvFp8): likewise v_scale of the kv head.
+      if constexpr (T::kFp8 || kFjKvFp8) inv *= __int_as_float(fj_lds_b32(sm.tile_slot));
       if (args.lse != nullptr && (etid & 3) == 0 && row < args.seqlen_q) {
         args.lse[(fj_i64)t.b * args.lse_stride_b + (fj_i64)t.h * args.lse_stride_h + row] = lse;
       }
@@ -1557,7 +1722,15 @@ struct FjSm90Consumer {
 // the others as consumers (the header describes the design).
 // On a KV cache (FJ_FWD_KV_CACHE) it takes the cache's table and lengths as a fourth parameter.
 extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128, 1)
-#if defined(FJ_FWD_KV_CACHE)
+#if defined(FJ_FWD_KV_FP8)
+    flexjit_forward(const FjFwdArgs args_in, const FjModParams mods,
+                    const __grid_constant__ FjFwdTmaMaps maps, const FjKvCacheArgs kv_cache,
+                    const FjFwdKvFp8Args kv_fp8) {
+  // One query tile, so one (b, h), per CTA (grid (m blocks, Hq, B)): k_scale of the kv head folds
+  // into the scale, so that the mods see the score of the dequantized keys.
+  FjFwdArgs args = args_in;
+  args.scale *= __ldg(kv_fp8.k_scale + blockIdx.y / FjConfig::kGqaRatio);
+#elif defined(FJ_FWD_KV_CACHE)
     flexjit_forward(const FjFwdArgs args, const FjModParams mods,
                     const __grid_constant__ FjFwdTmaMaps maps, const FjKvCacheArgs kv_cache) {
 #elif defined(FJ_FWD_FP8)
@@ -1587,6 +1760,12 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   if (tid == 0) {
     fj_sts_b32(sm.tile_slot, __float_as_int(fj_fp8_descale(fp8.v_descale, fp8.v_descale_stride,
                                                            blockIdx.y / FjConfig::kGqaRatio)));
+  }
+#elif defined(FJ_FWD_KV_FP8)
+  // v_scale of the kv head for the epilogue, in the tile slot (unused without persistent CTAs).
+  if (tid == 0) {
+    fj_sts_b32(sm.tile_slot,
+               __float_as_int(__ldg(kv_fp8.v_scale + blockIdx.y / FjConfig::kGqaRatio)));
   }
 #endif
   __syncthreads();

@@ -121,6 +121,7 @@ kernels::KernelDesc runtime::forward_problem_of(const cuda::Arch& arch,
   kernels::set_math_mode(problem, options.math);
   if (in.seq_lens != nullptr || in.page_table != nullptr) {
     kernels::set_kv_cache_flags(problem, in.page_table != nullptr ? in.page_size : 0);
+    if (in.k_scale != nullptr) kernels::set_kv_e4m3_flag(problem);
   }
   return problem;
 }

@@ -296,6 +296,10 @@ kernels::ForwardInputs forward_inputs(const kernels::DecodeInputs& d, const KvCa
   f.page_table_stride_b = d.page_table_stride_b;
   f.page_size = d.page_size;
   f.seq_lens = d.seq_lens;
+  if (d.kv_fp8) {
+    f.k_scale = d.k_scale;
+    f.v_scale = d.v_scale;
+  }
   f.sm_count = d.sm_count;
   return f;
 }
@@ -336,12 +340,10 @@ KvCacheCall validate_kv_cache_call(Context& ctx, const TensorRef& q, const Tenso
   }
   call.forward = forward_inputs(call.inputs, call.shape);
   const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
-  // The forward does not read e4m3 caches (yet): a chunked prefill on one runs on the decode
-  // kernels, which take any Sq (docs/kernels/decode.md, "FP8 KV caches").
-  const std::optional<std::string> forward_why =
-      call.shape.fp8 ? std::optional<std::string>(
-                           "the forward kernels do not read e4m3 KV caches (k_scale / v_scale)")
-                     : forward_unsupported(arch, call.forward, options);
+  // An e4m3 cache: the forward reads it on sm_90a (forward/sm90a_wgmma, flag kv_e4m3); elsewhere
+  // the registry's reasons say so, and the decode kernels, which take any Sq, run the call
+  // (docs/kernels/decode.md, "FP8 KV caches").
+  const std::optional<std::string> forward_why = forward_unsupported(arch, call.forward, options);
   const KvCachePlanChoice choice = choose_kv_cache_plan(
       s.seqlen_q, decode_unsupported(arch, call.inputs, options, false), forward_why);
   call.use_forward = choice.forward;

@@ -128,6 +128,13 @@ std::vector<BenchCase> standard_cases(const CaseSelection& sel) {
     out.push_back({"offset_causal", "prefill", prefill, kOffsetCausal, true, {}});
     out.push_back({"offset_causal ragged", "prefill", prefill, kOffsetCausal, true, {}, 0, true});
     out.push_back({"offset_causal paged16", "prefill", prefill, kOffsetCausal, true, {}, 16});
+    // The same chunks on an e4m3 cache (group prefill_e4m3; on sm_90a the forward converts the
+    // tiles in its producer: docs/kernels/forward_sm90.md "e4m3 KV caches"): contiguous K / V with
+    // lengths and 16-key pages, against the bf16 rows of the same names.
+    out.push_back(
+        e4m3({"offset_causal ragged", "prefill_e4m3", prefill, kOffsetCausal, true, {}, 0, true}));
+    out.push_back(
+        e4m3({"offset_causal paged16", "prefill_e4m3", prefill, kOffsetCausal, true, {}, 16}));
   }
   return out;
 }

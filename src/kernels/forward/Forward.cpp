@@ -39,6 +39,14 @@ bool on_kv_cache(const KernelDesc& d) {
   return kv_page_size(d) != 0 || d.flags.get("seq_lens").value_or(0) != 0;
 }
 
+void set_kv_e4m3_flag(KernelDesc& d) {
+  d.flags.set("kv_e4m3", 1);
+}
+
+bool on_kv_e4m3(const KernelDesc& d) {
+  return d.flags.get("kv_e4m3").value_or(0) != 0;
+}
+
 InputFacts forward_facts(const ForwardInputs& in) {
   InputFacts f;
   f.aligned16 = in.shape.fast_path;

@@ -11,6 +11,8 @@
 // their text and tuning keys):
 //   page_size    the page size of K / V pools read through a page table (1..256, 2^k)
 //   seq_lens     1: per-sequence KV lengths bound each sequence's keys (include/flexjit/paged_kv.h)
+//   kv_e4m3      1: K / V are e4m3 with per-kv-head f32 scales (an e4m3 KV cache; `dtype` stays
+//                q's; forward/sm90a_wgmma only, docs/kernels/forward_sm90.md "e4m3 KV caches")
 #pragma once
 
 #include <flexjit/attention.h>
@@ -46,6 +48,10 @@ struct ForwardInputs {
   int64_t page_table_stride_b = 0;
   int page_size = 0;
   const int* seq_lens = nullptr;
+  // An e4m3 KV cache (flag kv_e4m3; k and v of dtype E4M3): the [heads_kv] f32 scales
+  // (KvCache::k_scale / v_scale) on the device.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
   // The device's SM count (0: unknown): persistent kernels launch about one CTA per SM.
   int sm_count = 0;
   // The call's mods have a mask_mod (known where the runtime planned the call): sm90a_wgmma's
@@ -91,6 +97,9 @@ void set_kv_cache_flags(KernelDesc& desc, int page_size);
 // The flags back: the page size (0 when absent) and whether the kernel runs on a KV cache.
 int64_t kv_page_size(const KernelDesc& desc);
 bool on_kv_cache(const KernelDesc& desc);
+// Marks a KV cache problem as one on an e4m3 cache (flag kv_e4m3 = 1), and reads it back.
+void set_kv_e4m3_flag(KernelDesc& desc);
+bool on_kv_e4m3(const KernelDesc& desc);
 
 // The input facts of a call: alignment, the block mask's tile size, the lengths.
 InputFacts forward_facts(const ForwardInputs& in);

@@ -63,6 +63,12 @@ std::optional<std::string> problem_reason(const KernelDesc& p) {
   if (p.gqa_ratio < 1) {
     return fmt::format("gqa_ratio (heads_q / heads_kv) must be at least 1, not {}", p.gqa_ratio);
   }
+  if (on_kv_e4m3(p)) {
+    return fmt::format(
+        "forward/sm80_mma does not read e4m3 KV caches (flag kv_e4m3 = {}); forward/sm90a_wgmma "
+        "reads them on sm_90a, the decode kernels on sm_89 and newer",
+        p.flags.at("kv_e4m3"));
+  }
   return std::nullopt;
 }
 

@@ -37,6 +37,33 @@ constexpr std::initializer_list<int> kQTiles = {1, 2};
 // the next tile's loads under the last one's end (forward_sm90.cuh, FjWorkItems).
 constexpr std::initializer_list<int> kPersistent = {0, 1};
 
+// An e4m3 KV cache (flag kv_e4m3; docs/kernels/forward_sm90.md "e4m3 KV caches"): bf16 / f16 q,
+// head dims multiples of 16 (16-byte units of e4m3), on a KV cache.
+std::optional<std::string> kv_e4m3_reason(const KernelDesc& p) {
+  const int64_t fp8 = p.flags.get("kv_e4m3").value_or(0);
+  if (fp8 == 0) return std::nullopt;
+  if (fp8 != 1) {
+    return fmt::format("forward/sm90a_wgmma needs flag 'kv_e4m3' = 0 or 1, not {}", fp8);
+  }
+  if (!on_kv_cache(p)) {
+    return "forward/sm90a_wgmma reads e4m3 K / V (flag kv_e4m3) only on a KV cache (flags "
+           "page_size / seq_lens); contiguous e4m3 inputs take dtype e4m3";
+  }
+  if (p.dtype != DType::BF16 && p.dtype != DType::F16) {
+    return fmt::format("forward/sm90a_wgmma on an e4m3 KV cache takes bf16 or f16 q, not {}",
+                       to_string(p.dtype));
+  }
+  for (auto [what, d] : {std::pair{"head_dim_qk", p.head_dim_qk}, {"head_dim_v", p.head_dim_v}}) {
+    if (d % 16 != 0) {
+      return fmt::format(
+          "forward/sm90a_wgmma on an e4m3 KV cache does not support {} = {}; supported: "
+          "multiples of 16 (16-byte rows of e4m3) up to 256",
+          what, d);
+    }
+  }
+  return std::nullopt;
+}
+
 // A KV cache (chunked prefill: the page_size / seq_lens flags, kernels/forward/Forward.h): any
 // power-of-two page size from 1 to 256 (TMA boxes where a page holds whole KV tiles, cp.async
 // gathers otherwise; docs/kernels/forward_sm90.md "KV caches"), seq_lens 0 or 1.
@@ -52,7 +79,7 @@ std::optional<std::string> kv_cache_reason(const KernelDesc& p) {
   if (lens != 0 && lens != 1) {
     return fmt::format("forward/sm90a_wgmma needs flag 'seq_lens' = 0 or 1, not {}", lens);
   }
-  return std::nullopt;
+  return kv_e4m3_reason(p);
 }
 
 bool one_of(int64_t v, std::initializer_list<int> allowed) {
@@ -144,6 +171,13 @@ std::optional<std::string> kv_cache_config_reason(const KernelDesc& d) {
 }
 
 int sm90_smem(const KernelDesc& d, int q_bufs) {
+  if (on_kv_e4m3(d)) {
+    // The loaders' e4m3 staging tile after the bf16 / f16 layout.
+    return fj_forward_sm90_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
+                                      tile_qk(d), tile_v(d), dtype_size(d.dtype),
+                                      d.config.at_int("num_stages"), q_bufs) +
+           fj_forward_sm90_kv_fp8_staging_bytes(d.config.at_int("block_n"), tile_qk(d), tile_v(d));
+  }
   if (is_fp8(d)) {
     return fj_forward_sm90_fp8_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
                                           tile_qk(d), tile_v(d), d.config.at_int("num_stages"));
@@ -354,7 +388,7 @@ std::string sm90_config_struct(const Mods& mods, const KernelDesc& desc, int til
 std::string_view ForwardSm90Wgmma::summary() const {
   return "FlashAttention-3 structure: TMA, wgmma, producer/consumer warpgroups with setmaxnreg; "
          "bf16/f16; head dims multiples of 8 up to 256 (tiles 64/128/192/256); KV caches (ragged "
-         "lengths, pages of 1..256 keys); sm_90a";
+         "lengths, pages of 1..256 keys; e4m3 K / V with bf16 / f16 q); sm_90a";
 }
 
 std::optional<std::string> ForwardSm90Wgmma::unsupported(const KernelDesc& problem,
@@ -419,6 +453,12 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
   if (auto r = fast_math_flag_error(d)) throw UnsupportedError(*r);
   if (auto r = kv_cache_reason(d)) throw UnsupportedError(*r);
   if (auto r = kv_cache_config_reason(d)) throw UnsupportedError(*r);
+  if (on_kv_e4m3(d) && !one_of(d.config.at("block_n"), {64, 128, 192})) {
+    throw UnsupportedError(fmt::format(
+        "forward/sm90a_wgmma on an e4m3 KV cache does not support block_n = {}; supported: 64, "
+        "128, 192 (a KV tile's 16-byte units of e4m3 split over the 128 loader threads)",
+        d.config.at("block_n")));
+  }
   if (is_fp8(d) && (d.config.at("block_m") != 128 || d.config.at("block_n") != 128 ||
                     q_tiles_of(d) != 1 || persistent_of(d) != 0)) {
     throw UnsupportedError(fmt::format(
@@ -530,6 +570,12 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
       c.set("num_stages", c.at("num_stages") - 1);
       d.config = c;
     }
+    // An e4m3 cache's staging tile on top: where two stages of the default block_n do not fit
+    // (head dims 192 / 128), 64-key tiles.
+    if (on_kv_e4m3(problem) && !overrides.has("block_n") && c.at("block_n") > 64 &&
+        sm90_smem(d) > cuda::max_smem_per_block(problem.arch)) {
+      c.set("block_n", 64);
+    }
   }
   if (facts.mask_kv_block == 0) return c;
   fit_tile_to_block(c, "block_n", facts.mask_kv_block, overrides, {128, 64});
@@ -595,6 +641,8 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
   }
   std::string config = sm90_config_struct(mods, d, tile_qk(desc), tile_v(desc), extra);
   if (kv_cache) config = "#define FJ_FWD_KV_CACHE 1\n" + config;
+  // An e4m3 cache: the loaders convert its tiles, the kernel takes FjFwdKvFp8Args.
+  if (on_kv_e4m3(desc)) config = "#define FJ_FWD_KV_FP8 1\n" + config;
   // The union schedule's kernel only where launches() can run it (block_m 192 over a block mask,
   // which takes a mask_mod: kFjUnionSchedule): elsewhere it would be compiled for nothing.
   if (bm == 192 && cuda::has_mask_mod(mods)) config = "#define FJ_FWD_UNION_SCHEDULE 1\n" + config;
@@ -606,8 +654,10 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
   config.push_back('\n');
   config.append(wrappers);
   return assemble_variant_source(*this, desc, mods, config,
-                                 kv_cache ? "forward kernel `flexjit_forward` on a KV cache"
-                                          : "forward kernel `flexjit_forward`");
+                                 on_kv_e4m3(desc)
+                                     ? "forward kernel `flexjit_forward` on an e4m3 KV cache"
+                                 : kv_cache ? "forward kernel `flexjit_forward` on a KV cache"
+                                            : "forward kernel `flexjit_forward`");
 }
 
 unsigned ForwardSm90Wgmma::smem_bytes(const KernelDesc& desc) const {
@@ -658,6 +708,10 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
     out.push_back(std::move(l));
     return out;
   }
+  const bool kv_e4m3 = on_kv_e4m3(desc);
+  FJ_ASSERT(kv_e4m3 == (in.k_scale != nullptr) && kv_e4m3 == (in.v_scale != nullptr),
+            "forward/sm90a_wgmma launched with e4m3 KV cache scales that its description does "
+            "not match");
   if (in.page_table != nullptr) {
     // Pools [num_pages, page_size, Hkv, D] (any strides, D contiguous): the kernel's K / V
     // strides are the page's (b) and the slot's (s), and the tensor maps view the pool as
@@ -674,11 +728,18 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
       return t;
     };
     const int box = std::min(in.page_size, bn);
-    maps.k = runtime::encode_bhsd_tma(pages_view(in.k), box, "k");
-    maps.v = runtime::encode_bhsd_tma(pages_view(in.v), box, "v");
-  } else {
+    if (!kv_e4m3) {
+      maps.k = runtime::encode_bhsd_tma(pages_view(in.k), box, "k");
+      maps.v = runtime::encode_bhsd_tma(pages_view(in.v), box, "v");
+    }
+  } else if (!kv_e4m3) {
     maps.k = runtime::encode_bhsd_tma(in.k, bn, "k");
     maps.v = runtime::encode_bhsd_tma(in.v, bn, "v");
+  }
+  if (kv_e4m3) {
+    // The loaders copy every e4m3 tile with cp.async: the K / V maps are not read.
+    maps.k = FjTmaDesc{};
+    maps.v = FjTmaDesc{};
   }
   cache.seq_lens = in.seq_lens;
   std::vector<Launch> out;
@@ -755,6 +816,7 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
   l.args.add(maps);
   if (kv_cache) l.args.add(cache);
+  if (kv_e4m3) l.args.add(FjFwdKvFp8Args{in.k_scale, in.v_scale});
   l.before = std::move(wait_for_schedule);
   out.push_back(std::move(l));
   return out;

@@ -1,0 +1,362 @@
+// Chunked prefill on e4m3 KV caches (issue 31; docs/kernels/forward_sm90.md "e4m3 KV caches"):
+// more than 16 query tokens against K / V pools or contiguous K / V in e4m3 with per-kv-head f32
+// scales, q and out bf16 / f16, which on an sm_90a device run forward/sm90a_wgmma (its producer
+// converts the tiles). Fresh random inputs every run (the seed is printed on failure), against
+// the fp64 reference on the dequantized cache (k_e4m3 * k_scale[h], v_e4m3 * v_scale[h]); the
+// conversion is exact, so the bf16 / f16 rule holds (docs/math.md "FP8 KV caches"). Page sizes 1
+// .. 256, lengths 0 and inside a tile, shared and shuffled pages, GQA 1 / 4 / 8, mods that read
+// buffers (ALiBi slopes, document ids, the chunk's offset). Skips without an sm_90a GPU (elsewhere
+// the decode kernels run these calls: tests/gpu/test_decode_fp8.cpp).
+#include <flexjit/attention.h>
+#include <flexjit/error.h>
+#include <flexjit/paged_kv.h>
+
+#include "gpu/GpuTestUtil.h"
+#include "gpu/StandardBindings.h"
+#include "ir/Evaluate.h"
+#include "runtime/Decode.h"
+#include "support/CpuReference.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <utility>
+
+using namespace flexjit;
+using namespace flexjit::test;
+
+namespace {
+
+struct PrefillCase {
+  std::string mods = "offset_causal";  // a standard mods name, or offset_causal (q_pos buffer)
+  DType dtype = DType::BF16;           // q and out
+  int batch = 1, heads_kv = 1, gqa = 1, seqlen_q = 64, dim_qk = 128, dim_v = 128;
+  int capacity = 128;     // Skv (contiguous) or max_pages * page_size
+  std::vector<int> lens;  // per sequence
+  int page_size = 0;      // 0: contiguous [B, Hkv, Skv, D] with seq_lens
+  std::map<std::string, int64_t> config;
+};
+
+constexpr uint8_t kE4m3Nan = 0x7f;
+
+// The chunk at the end of each sequence: causal with the offset q_pos[b] = len[b] - Sq.
+const char* kOffsetCausal = "buffer q_pos: i32[B]\nmask_mod = q_idx + q_pos[b] >= kv_idx";
+
+struct E4m3Tensor {
+  std::vector<uint8_t> bytes;
+  std::vector<float> dequantized;
+};
+
+// Logical [B, Hkv, cap, D] e4m3 values: N(0, 1) / scale[h] rounded to e4m3, NaN bytes past each
+// sequence's length (never read: a tile the length cuts is zero-filled there).
+E4m3Tensor random_e4m3(std::mt19937_64& rng, const PrefillCase& c, int dim,
+                       const std::vector<float>& scale) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t n = static_cast<size_t>(c.batch) * c.heads_kv * c.capacity * dim;
+  E4m3Tensor t;
+  t.bytes.resize(n);
+  t.dequantized.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int key = static_cast<int>(i / dim % c.capacity);
+    const int h = static_cast<int>(i / dim / c.capacity % c.heads_kv);
+    const int b = static_cast<int>(i / dim / c.capacity / c.heads_kv);
+    if (key >= c.lens[b]) {
+      t.bytes[i] = kE4m3Nan;
+      t.dequantized[i] = 0.0f;  // masked in the reference
+      continue;
+    }
+    t.bytes[i] = ir::float_to_e4m3_bits(normal(rng) / scale[h]);
+    t.dequantized[i] = ir::e4m3_bits_to_float(t.bytes[i]) * scale[h];
+  }
+  return t;
+}
+
+// Pools [num_pages, page_size, Hkv, D] of `logical` through `table` (entries < 0 unused); spare
+// pages hold NaN bytes.
+std::vector<uint8_t> to_pool(const std::vector<uint8_t>& logical, const PrefillCase& c, int dim,
+                             const std::vector<int>& table, int num_pages) {
+  const int ps = c.page_size, max_pages = c.capacity / ps;
+  std::vector<uint8_t> pool(static_cast<size_t>(num_pages) * ps * c.heads_kv * dim, kE4m3Nan);
+  for (int b = 0; b < c.batch; ++b)
+    for (int p = 0; p < max_pages; ++p) {
+      const int e = table[static_cast<size_t>(b) * max_pages + p];
+      if (e < 0) continue;
+      for (int slot = 0; slot < ps; ++slot)
+        for (int h = 0; h < c.heads_kv; ++h)
+          std::copy_n(
+              &logical[((static_cast<size_t>(b) * c.heads_kv + h) * c.capacity + p * ps + slot) *
+                       dim],
+              dim, &pool[((static_cast<size_t>(e) * ps + slot) * c.heads_kv + h) * dim]);
+    }
+  return pool;
+}
+
+struct PrefillResult {
+  ErrorStats out;
+  double lse_max_err = 0;
+  int64_t lse_mismatched_inf = 0;
+  std::string plan;
+};
+
+PrefillResult run_case(Context& ctx, const PrefillCase& c, std::mt19937_64& rng) {
+  const int B = c.batch, Hkv = c.heads_kv, Hq = Hkv * c.gqa, Sq = c.seqlen_q, cap = c.capacity;
+  REQUIRE(static_cast<int>(c.lens.size()) == B);
+  std::uniform_real_distribution<float> scale_dist(0.002f, 0.05f);
+  std::vector<float> k_scale(Hkv), v_scale(Hkv);
+  for (int h = 0; h < Hkv; ++h) {
+    k_scale[h] = scale_dist(rng);
+    v_scale[h] = scale_dist(rng);
+  }
+  const HostTensor q = random_tensor(rng, c.dtype, {B, Hq, Sq, c.dim_qk});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.dim_qk));
+  // Sequence 1 starts with sequence 0's first full pages (a shared prefix: the same keys).
+  const int ps = c.page_size;
+  const int shared_pages = ps > 0 && B >= 2 ? std::min(c.lens[0], c.lens[1]) / ps : 0;
+  E4m3Tensor k = random_e4m3(rng, c, c.dim_qk, k_scale);
+  E4m3Tensor v = random_e4m3(rng, c, c.dim_v, v_scale);
+  for (E4m3Tensor* t : {&k, &v}) {
+    const size_t dim = t == &k ? c.dim_qk : c.dim_v;
+    for (int h = 0; h < Hkv; ++h) {
+      const size_t src = static_cast<size_t>(h) * cap * dim;
+      const size_t dst = (static_cast<size_t>(Hkv) + h) * cap * dim;
+      std::copy_n(&t->bytes[src], shared_pages * ps * dim, &t->bytes[dst]);
+      std::copy_n(&t->dequantized[src], shared_pages * ps * dim, &t->dequantized[dst]);
+    }
+  }
+
+  // The pools: pages in a shuffled order, the shared prefix's entries the same in both rows,
+  // entries past a sequence's length sometimes invalid (never read).
+  std::vector<int> table;
+  int num_pages = 0;
+  std::vector<uint8_t> k_store = k.bytes, v_store = v.bytes;
+  std::vector<int64_t> k_shape{B, Hkv, cap, c.dim_qk}, v_shape{B, Hkv, cap, c.dim_v};
+  if (ps > 0) {
+    const int max_pages = cap / ps;
+    num_pages = B * max_pages - shared_pages + 2;
+    std::vector<int> perm(num_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    table.assign(static_cast<size_t>(B) * max_pages, -1);
+    int next = 0;
+    for (int b = 0; b < B; ++b)
+      for (int p = 0; p < max_pages; ++p) {
+        int& e = table[static_cast<size_t>(b) * max_pages + p];
+        e = b == 1 && p < shared_pages ? table[p] : perm[next++];
+        if (p * ps >= c.lens[b] && rng() % 2 == 0) e = -5;
+      }
+    k_store = to_pool(k.bytes, c, c.dim_qk, table, num_pages);
+    v_store = to_pool(v.bytes, c, c.dim_v, table, num_pages);
+    k_shape = {num_pages, ps, Hkv, c.dim_qk};
+    v_shape = {num_pages, ps, Hkv, c.dim_v};
+  }
+
+  std::vector<DeviceTensor> keep;
+  auto dev = [&](DType dtype, std::vector<int64_t> shape, const void* data) {
+    keep.push_back(DeviceTensor::from_host(ctx, dtype, std::move(shape), data));
+    return keep.back().ref();
+  };
+  KvCache cache;
+  cache.seq_lens = dev(DType::I32, {B}, c.lens.data());
+  if (ps > 0) cache.page_table = dev(DType::I32, {B, cap / ps}, table.data());
+  cache.k_scale = dev(DType::F32, {Hkv}, k_scale.data());
+  cache.v_scale = dev(DType::F32, {Hkv}, v_scale.data());
+  const std::vector<char> q_bytes = q.bytes();
+  const TensorRef dq = dev(c.dtype, {B, Hq, Sq, c.dim_qk}, q_bytes.data());
+  const TensorRef dk = dev(DType::E4M3, k_shape, k_store.data());
+  const TensorRef dv = dev(DType::E4M3, v_shape, v_store.data());
+
+  AttentionShape s;
+  s.batch = B, s.heads_q = Hq, s.heads_kv = Hkv, s.seqlen_q = Sq, s.seqlen_kv = cap;
+  s.head_dim_qk = c.dim_qk, s.head_dim_v = c.dim_v;
+  const Mods mods = c.mods == "offset_causal" ? parse_mods(kOffsetCausal, "offset_causal.fx")
+                                              : standard_mods(c.mods);
+  std::map<std::string, HostBuffer> buffers;
+  if (c.mods == "offset_causal") {
+    std::vector<int32_t> q_pos(B);
+    for (int b = 0; b < B; ++b)
+      q_pos[b] = c.lens[b] - Sq;
+    buffers["q_pos"] = host_buffer(DType::I32, {B}, q_pos);
+  }
+  std::vector<std::pair<std::string, double>> params;
+  bind_standard_mods(mods, s, rng, buffers, params);
+  ModBindings bindings;
+  ir::EvalEnv env;
+  for (auto& [name, hb] : buffers) {
+    bindings.buffers.emplace_back(name, dev(hb.dtype, hb.shape, hb.bytes.data()));
+    env.buffers[name] = ir::BufferView{hb.bytes.data(), hb.dtype, hb.shape, {}};
+  }
+  bindings.params = params;
+  for (auto& [n, val] : params)
+    env.params[n] = val;
+
+  DeviceTensor out = DeviceTensor::empty(ctx, c.dtype, {B, Hq, Sq, c.dim_v});
+  DeviceTensor lse = DeviceTensor::empty(ctx, DType::F32, {B, Hq, Sq});
+  out.fill_bytes(0xFF);  // NaN: an element the kernel does not write fails
+  lse.fill_bytes(0xFF);
+  AttentionOptions o;
+  o.mods = mods;
+  o.bindings = bindings;
+  o.kv_cache = &cache;
+  o.config.params = c.config;
+  o.scale = scale;
+  PrefillResult r;
+  r.plan = runtime::describe_kv_cache_plan(ctx, dq, dk, dv, o);
+  flex_attention_into(ctx, dq, dk, dv, out, &lse.ref(), o);
+  ctx.synchronize();
+  const std::vector<float> got = download(out), got_lse = download(lse);
+
+  // The reference: fp64 on the dequantized logical cache, the lengths as a mask.
+  const Mods ref_mods = combine(mods, parse_mods("buffer fj_ref_len: i32[B]\n"
+                                                 "mask_mod = kv_idx < fj_ref_len[b]",
+                                                 "reference_lengths.fx"));
+  ir::EvalEnv ref_env = env;
+  ref_env.buffers["fj_ref_len"] = ir::BufferView{c.lens.data(), DType::I32, {B}, {}};
+  const ReferenceResult rr =
+      cpu_reference_attention(ref_mods, s, q.values, k.dequantized, v.dequantized, scale, ref_env);
+  r.out = compare(got, rr.out);
+  for (size_t i = 0; i < rr.lse.size(); ++i) {
+    const bool ref_inf = std::isinf(rr.lse[i]) && rr.lse[i] < 0;
+    const bool out_inf = std::isinf(got_lse[i]) && got_lse[i] < 0;
+    if (ref_inf != out_inf || std::isnan(got_lse[i])) {
+      ++r.lse_mismatched_inf;
+    } else if (!ref_inf) {
+      r.lse_max_err = std::max(
+          r.lse_max_err, std::abs(got_lse[i] - rr.lse[i]) / std::max(1.0, std::abs(rr.lse[i])));
+    }
+  }
+  return r;
+}
+
+void check_case(Context& ctx, const PrefillCase& c, std::mt19937_64& rng, uint64_t seed) {
+  const PrefillResult r = run_case(ctx, c, rng);
+  const std::string summary = fmt::format(
+      "e4m3 cache prefill {} q {} B={} Hkv={} gqa={} Sq={} cap={} lens=[{}] page={} D={}/{} [{}]: "
+      "out {}; lse max rel err {:.3e}, {} -inf mismatches (seed {})\n  plan: {}",
+      c.mods, to_string(c.dtype), c.batch, c.heads_kv, c.gqa, c.seqlen_q, c.capacity,
+      fmt::join(c.lens, ","), c.page_size, c.dim_qk, c.dim_v, fmt::join(c.config, " "), r.out.str(),
+      r.lse_max_err, r.lse_mismatched_inf, seed, r.plan);
+  INFO(summary);
+  // A prefill chunk (more than 16 query tokens) takes the forward on the cache, with the e4m3
+  // flag (src/runtime/Decode.cpp, choose_kv_cache_plan).
+  CHECK_THAT(r.plan, Catch::Contains("forward/sm90a_wgmma") && Catch::Contains("kv_e4m3=1"));
+  // docs/math.md "FP8 KV caches": the conversion is exact, so the bf16 / f16 rule holds.
+  CHECK(r.out.nonfinite == 0);
+  CHECK(r.out.rel <= tolerance(c.dtype));
+  CHECK(r.lse_mismatched_inf == 0);
+  CHECK(r.lse_max_err <= 1e-2);
+  std::printf("  %s\n", summary.c_str());
+}
+
+bool on_sm90a(Context& ctx) {
+  return ctx.arch() == "sm_90a";
+}
+
+}  // namespace
+
+TEST_CASE("fp8 prefill: e4m3 caches of every page size, lengths 0 and inside a tile, GQA 1/4/8",
+          "[gpu][prefill][fp8]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  if (!on_sm90a(*ctx)) {
+    WARN("skipped: the forward reads e4m3 KV caches on sm_90a only (this GPU: " << ctx->arch()
+                                                                                << ")");
+    return;
+  }
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  struct Shape {
+    int page, gqa, sq, cap;
+    std::vector<int> lens;
+    const char* mods;
+    int dqk, dv;
+  };
+  const std::vector<Shape> shapes = {
+      // Contiguous K / V with lengths: full, cut inside a tile, 0, shorter than the chunk.
+      {0, 4, 300, 1024, {1024, 700, 0, 129}, "offset_causal", 128, 128},
+      // Every power-of-two page size: 1 .. 4 keys (gathered), 8 .. 64 (per-page boxes on bf16;
+      // here converted like every e4m3 tile), 128 and 256 (a page holds whole tiles).
+      {1, 1, 200, 256, {256, 255, 77}, "alibi", 128, 128},
+      {2, 8, 130, 512, {511, 3}, "document", 64, 64},
+      {4, 4, 64, 512, {512, 400}, "offset_causal", 96, 96},
+      {8, 4, 257, 768, {768, 760, 0}, "offset_causal", 128, 128},
+      {16, 4, 2048 / 8, 1024, {1024, 1024, 500}, "offset_causal", 128, 128},
+      {32, 8, 100, 512, {300, 511}, "softcap", 128, 64},
+      {64, 1, 129, 1024, {1000, 1024}, "alibi_causal", 256, 256},
+      {128, 4, 96, 1024, {1024, 129, 0}, "relative_bias", 192, 128},
+      {256, 8, 333, 1024, {1024, 1023, 1}, "offset_causal", 64, 64},
+  };
+  for (const Shape& sh : shapes) {
+    PrefillCase c;
+    c.mods = sh.mods;
+    c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+    c.batch = static_cast<int>(sh.lens.size());
+    c.heads_kv = 1 + static_cast<int>(rng() % 2);
+    c.gqa = sh.gqa;
+    c.seqlen_q = sh.sq;
+    c.capacity = sh.cap;
+    c.lens = sh.lens;
+    c.page_size = sh.page;
+    c.dim_qk = sh.dqk;
+    c.dim_v = sh.dv;
+    check_case(*ctx, c, rng, seed);
+  }
+}
+
+TEST_CASE("fp8 prefill: both q dtypes, KV tiles of 64 and 192 keys, 2 and 3 stages",
+          "[gpu][prefill][fp8]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  if (!on_sm90a(*ctx)) {
+    WARN("skipped: the forward reads e4m3 KV caches on sm_90a only");
+    return;
+  }
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    for (const std::map<std::string, int64_t>& config : std::vector<std::map<std::string, int64_t>>{
+             {}, {{"block_n", 64}}, {{"block_n", 192}, {"num_stages", 2}}, {{"num_stages", 3}}}) {
+      PrefillCase c;
+      c.dtype = dtype;
+      c.batch = 2;
+      c.heads_kv = 2;
+      c.gqa = 4;
+      c.seqlen_q = 200;
+      c.capacity = 768;
+      c.lens = {768, 450};
+      c.page_size = 16;
+      c.dim_qk = c.dim_v = 64;
+      c.config = config;
+      check_case(*ctx, c, rng, seed);
+    }
+  }
+}
+
+TEST_CASE("fp8 prefill: e4m3 caches at small shapes (compute-sanitizer)",
+          "[gpu][prefill][fp8][small]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  if (!on_sm90a(*ctx)) {
+    WARN("skipped: the forward reads e4m3 KV caches on sm_90a only");
+    return;
+  }
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (int page : {0, 1, 16, 128}) {
+    PrefillCase c;
+    c.dtype = page % 2 ? DType::F16 : DType::BF16;
+    c.batch = 3;
+    c.heads_kv = 1;
+    c.gqa = 4;
+    c.seqlen_q = 40;
+    c.capacity = 256;
+    c.lens = {256, 0, 131};
+    c.page_size = page;
+    c.dim_qk = c.dim_v = 64;
+    check_case(*ctx, c, rng, seed);
+  }
+}
