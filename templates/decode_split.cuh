@@ -60,7 +60,7 @@ struct FjDecKvTile<true, kDim, kRealDim> {
 // swizzled so that the 8 rows of an ldmatrix (8 consecutive keys, one logical chunk) hit 8
 // different 16-byte bank groups: chunk ^ (row % 8) for rows of 128 bytes and more, chunk ^
 // ((row / 2) % 4) for 64-byte rows (two rows per 128 bytes). The mainloop reads it with ldmatrix
-// as a tile of b16 (byte pairs) and converts in registers (fj_dec_e4m3x4).
+// as a tile of b16 (byte pairs) and converts in registers (fj_e4m3x4, prelude.cuh).
 template <int kDim, int kRealDim>
 struct FjDecFp8Tile {
   static constexpr int kElemsPerChunk = 16;
@@ -106,35 +106,6 @@ struct FjDecKvTileOf<true, kPadded, kDim, kRealDim> {
   };
 };
 
-template <class Element>
-struct FjDecIsF16 {
-  static constexpr bool value = false;
-};
-template <>
-struct FjDecIsF16<fj_f16> {
-  static constexpr bool value = true;
-};
-
-// Four e4m3 values (bytes 0..3 of x) as two Element pairs: lo = bytes 0, 1, hi = bytes 2, 3 (low
-// byte in the low half), by the sm_89 conversion to f16x2 (exact: every e4m3 value is an f16 and
-// a bf16). bf16: each f16 to f32 (exact), whose upper 16 bits are the bf16 (an e4m3 value has 4
-// significant bits, so the lower 16 are zero): one prmt per pair instead of a second conversion
-// instruction (F2FP.BF16.F32.PACK_AB). Only the bf16 mainloop (bf16 q at head_dim_qk 256) takes
-// that path; the others run in f16 (FjDecTraits::kFp8F16).
-template <class Element>
-FJ_DEVICE void fj_dec_e4m3x4(fj_u32 x, fj_u32& lo, fj_u32& hi) {
-  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
-      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(x));
-  if constexpr (!FjDecIsF16<Element>::value) {
-    asm("{\n .reg .f16 a, b, c, d;\n .reg .b32 fa, fb, fc, fd;\n mov.b32 {a, b}, %0;\n"
-        " mov.b32 {c, d}, %1;\n cvt.f32.f16 fa, a;\n cvt.f32.f16 fb, b;\n cvt.f32.f16 fc, c;\n"
-        " cvt.f32.f16 fd, d;\n prmt.b32 %0, fa, fb, 0x7632;\n prmt.b32 %1, fc, fd, 0x7632;\n}\n"
-        : "+r"(lo), "+r"(hi));
-  }
-}
-
 // The B fragments of V for one n8 tile pair out of an ldmatrix.trans register of an e4m3 tile
 // read as b16: x holds (key 2t: dims 2g, 2g + 1) in its low half and (key 2t + 1: the same dims)
 // in its high half; `even` gets keys (2t, 2t + 1) of dim 2g, `odd` those of dim 2g + 1.
@@ -142,7 +113,7 @@ template <class Element>
 FJ_DEVICE void fj_dec_e4m3_keys(fj_u32 x, fj_u32& even, fj_u32& odd) {
   fj_u32 y;
   asm("prmt.b32 %0, %1, %1, 0x3120;\n" : "=r"(y) : "r"(x));
-  fj_dec_e4m3x4<Element>(y, even, odd);
+  fj_e4m3x4<Element>(y, even, odd);
 }
 
 // Pointer type of the K / V elements: 2-byte elements, or e4m3 bytes.
@@ -761,7 +732,7 @@ struct FjDecWarp {
           if (kk < T::kKSteps) {
             fj_u32 qa[4], b0, b1;
             q_frag(qa, q_regs, qa_addr, kk);
-            fj_dec_e4m3x4<typename T::Elem8>(kb[m], b0, b1);
+            fj_e4m3x4<typename T::Elem8>(kb[m], b0, b1);
             T::Mma8::mma(s[2 * np + (m >> 1)], qa, b0, b1);
           }
         }
@@ -1097,7 +1068,7 @@ extern "C" __global__ void __launch_bounds__(FjConfig::kNumWarps * 32, 1)
   // e4m3 K / V: q . (k * k_scale) = k_scale * (q . k), folded into the score scale, and with
   // bf16 q run in f16 the power of two Q was scaled by (FjDecWarp::q_to_f16).
   float q_pow2 = 1.0f;
-  if constexpr (T::kFp8F16 && !FjDecIsF16<typename T::Element>::value) q_pow2 = w.q_to_f16(q_regs);
+  if constexpr (T::kFp8F16 && !FjIsF16<typename T::Element>::value) q_pow2 = w.q_to_f16(q_regs);
   const float scale = T::kKvFp8 ? args.scale * args.k_scale[cta.hkv] * q_pow2 : args.scale;
   for (int i = 0; i < num_steps; ++i) {
     if constexpr (T::kKvCopy != 0) {

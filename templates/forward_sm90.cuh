@@ -620,34 +620,6 @@ struct FjSm90Smem {
 //     included, and 0 * NaN in P V is NaN).
 // The consumers know which way a tile came (gathered()): cp.async writes through the generic
 // proxy, so they fence (fence.proxy.async) after the wait and before wgmma reads the stage.
-#if defined(FJ_FWD_KV_FP8)
-template <class E>
-struct FjSm90IsF16 {
-  static constexpr bool value = false;
-};
-template <>
-struct FjSm90IsF16<fj_f16> {
-  static constexpr bool value = true;
-};
-
-// Four e4m3 values (bytes 0..3 of x) as two Element pairs: lo = bytes 0, 1, hi = bytes 2, 3 (low
-// byte in the low half). cvt.rn.f16x2.e4m3x2 is exact (every e4m3 value is an f16); for bf16
-// each f16 is widened to f32 (exact) and the bf16 is the f32's upper half (an e4m3 value has 4
-// significant bits: the lower 16 bits are zero), one prmt per pair. NaN stays NaN.
-template <class Element>
-FJ_DEVICE void fj_sm90_e4m3x4(fj_u32 x, fj_u32& lo, fj_u32& hi) {
-  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
-      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(x));
-  if constexpr (!FjSm90IsF16<Element>::value) {
-    asm("{\n .reg .f16 a, b, c, d;\n .reg .b32 fa, fb, fc, fd;\n mov.b32 {a, b}, %0;\n"
-        " mov.b32 {c, d}, %1;\n cvt.f32.f16 fa, a;\n cvt.f32.f16 fb, b;\n cvt.f32.f16 fc, c;\n"
-        " cvt.f32.f16 fd, d;\n prmt.b32 %0, fa, fb, 0x7632;\n prmt.b32 %1, fc, fd, 0x7632;\n}\n"
-        : "+r"(lo), "+r"(hi));
-  }
-}
-#endif
 
 template <class T, class Cfg>
 struct FjSm90KvCache {
@@ -798,7 +770,7 @@ struct FjSm90KvCache {
   }
 
   // After this loader's copies landed (cp.async.wait_group): its units of the staging tile
-  // converted to Element (fj_sm90_e4m3x4: exact) into the swizzled stage at `dst` (e4m3 unit u of
+  // converted to Element (fj_e4m3x4: exact) into the swizzled stage at `dst` (e4m3 unit u of
   // row r is 2-byte units 2u, 2u + 1 of that row, the layout TMA writes), then a proxy fence
   // (the consumers' wgmma reads the stage through the async proxy) and its arrival on `bar`.
   template <int kDim>
@@ -823,8 +795,8 @@ struct FjSm90KvCache {
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
         fj_u32 y[4];
-        fj_sm90_e4m3x4<typename T::Element>(w[2 * k], y[0], y[1]);
-        fj_sm90_e4m3x4<typename T::Element>(w[2 * k + 1], y[2], y[3]);
+        fj_e4m3x4<typename T::Element>(w[2 * k], y[0], y[1]);
+        fj_e4m3x4<typename T::Element>(w[2 * k + 1], y[2], y[3]);
         asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(
                          fj_sw128_unit<T::kBlockN>(dst, r, 2 * u + (k ^ (swap ? 1 : 0)))),
                      "r"(y[0]), "r"(y[1]), "r"(y[2]), "r"(y[3])

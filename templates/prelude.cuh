@@ -25,6 +25,35 @@ typedef unsigned int fj_u32;
 
 #define FJ_DEVICE __device__ __forceinline__
 
+// ---- e4m3 KV caches (decode_split.cuh, forward_sm90.cuh) -------------------------------------
+template <class Element>
+struct FjIsF16 {
+  static constexpr bool value = false;
+};
+template <>
+struct FjIsF16<fj_f16> {
+  static constexpr bool value = true;
+};
+
+// Four e4m3 values (bytes 0..3 of x) as two Element pairs: lo = bytes 0, 1, hi = bytes 2, 3 (low
+// byte in the low half), by the sm_89 conversion to f16x2 (exact: every e4m3 value is an f16 and
+// a bf16). bf16: each f16 to f32 (exact), whose upper 16 bits are the bf16 (an e4m3 value has 4
+// significant bits, so the lower 16 are zero): one prmt per pair instead of a second conversion
+// instruction (F2FP.BF16.F32.PACK_AB). NaN stays NaN. sm_89 and newer (instantiated only there).
+template <class Element>
+FJ_DEVICE void fj_e4m3x4(fj_u32 x, fj_u32& lo, fj_u32& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(x));
+  if constexpr (!FjIsF16<Element>::value) {
+    asm("{\n .reg .f16 a, b, c, d;\n .reg .b32 fa, fb, fc, fd;\n mov.b32 {a, b}, %0;\n"
+        " mov.b32 {c, d}, %1;\n cvt.f32.f16 fa, a;\n cvt.f32.f16 fb, b;\n cvt.f32.f16 fc, c;\n"
+        " cvt.f32.f16 fd, d;\n prmt.b32 %0, fa, fb, 0x7632;\n prmt.b32 %1, fc, fd, 0x7632;\n}\n"
+        : "+r"(lo), "+r"(hi));
+  }
+}
+
 // ---- float math ----------------------------------------------------------------------------
 FJ_DEVICE float fj_exp(float x) {
   return expf(x);
