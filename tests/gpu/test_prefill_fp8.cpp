@@ -56,54 +56,10 @@ struct PrefillResult {
 PrefillResult run_case(Context& ctx, const PrefillCase& c, std::mt19937_64& rng) {
   const int B = c.batch, Hkv = c.heads_kv, Hq = Hkv * c.gqa, Sq = c.seqlen_q, cap = c.capacity;
   REQUIRE(static_cast<int>(c.lens.size()) == B);
-  std::uniform_real_distribution<float> scale_dist(0.002f, 0.05f);
-  std::vector<float> k_scale(Hkv), v_scale(Hkv);
-  for (int h = 0; h < Hkv; ++h) {
-    k_scale[h] = scale_dist(rng);
-    v_scale[h] = scale_dist(rng);
-  }
+  const E4m3Cache kv = random_e4m3_cache(rng, c);
   const HostTensor q = random_tensor(rng, c.dtype, {B, Hq, Sq, c.dim_qk});
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.dim_qk));
-  // Sequence 1 starts with sequence 0's first full pages (a shared prefix: the same keys).
   const int ps = c.page_size;
-  const int shared_pages = ps > 0 && B >= 2 ? std::min(c.lens[0], c.lens[1]) / ps : 0;
-  E4m3Tensor k = random_e4m3(rng, c, c.dim_qk, k_scale);
-  E4m3Tensor v = random_e4m3(rng, c, c.dim_v, v_scale);
-  for (E4m3Tensor* t : {&k, &v}) {
-    const size_t dim = t == &k ? c.dim_qk : c.dim_v;
-    for (int h = 0; h < Hkv; ++h) {
-      const size_t src = static_cast<size_t>(h) * cap * dim;
-      const size_t dst = (static_cast<size_t>(Hkv) + h) * cap * dim;
-      std::copy_n(&t->bytes[src], shared_pages * ps * dim, &t->bytes[dst]);
-      std::copy_n(&t->dequantized[src], shared_pages * ps * dim, &t->dequantized[dst]);
-    }
-  }
-
-  // The pools: pages in a shuffled order, the shared prefix's entries the same in both rows,
-  // entries past a sequence's length sometimes invalid (never read).
-  std::vector<int> table;
-  int num_pages = 0;
-  std::vector<uint8_t> k_store = k.bytes, v_store = v.bytes;
-  std::vector<int64_t> k_shape{B, Hkv, cap, c.dim_qk}, v_shape{B, Hkv, cap, c.dim_v};
-  if (ps > 0) {
-    const int max_pages = cap / ps;
-    num_pages = B * max_pages - shared_pages + 2;
-    std::vector<int> perm(num_pages);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    table.assign(static_cast<size_t>(B) * max_pages, -1);
-    int next = 0;
-    for (int b = 0; b < B; ++b)
-      for (int p = 0; p < max_pages; ++p) {
-        int& e = table[static_cast<size_t>(b) * max_pages + p];
-        e = b == 1 && p < shared_pages ? table[p] : perm[next++];
-        if (p * ps >= c.lens[b] && rng() % 2 == 0) e = -5;
-      }
-    k_store = to_pool(k.bytes, c, c.dim_qk, table, num_pages);
-    v_store = to_pool(v.bytes, c, c.dim_v, table, num_pages);
-    k_shape = {num_pages, ps, Hkv, c.dim_qk};
-    v_shape = {num_pages, ps, Hkv, c.dim_v};
-  }
 
   std::vector<DeviceTensor> keep;
   auto dev = [&](DType dtype, std::vector<int64_t> shape, const void* data) {
@@ -112,13 +68,13 @@ PrefillResult run_case(Context& ctx, const PrefillCase& c, std::mt19937_64& rng)
   };
   KvCache cache;
   cache.seq_lens = dev(DType::I32, {B}, c.lens.data());
-  if (ps > 0) cache.page_table = dev(DType::I32, {B, cap / ps}, table.data());
-  cache.k_scale = dev(DType::F32, {Hkv}, k_scale.data());
-  cache.v_scale = dev(DType::F32, {Hkv}, v_scale.data());
+  if (ps > 0) cache.page_table = dev(DType::I32, {B, cap / ps}, kv.table.data());
+  cache.k_scale = dev(DType::F32, {Hkv}, kv.k_scale.data());
+  cache.v_scale = dev(DType::F32, {Hkv}, kv.v_scale.data());
   const std::vector<char> q_bytes = q.bytes();
   const TensorRef dq = dev(c.dtype, {B, Hq, Sq, c.dim_qk}, q_bytes.data());
-  const TensorRef dk = dev(DType::E4M3, k_shape, k_store.data());
-  const TensorRef dv = dev(DType::E4M3, v_shape, v_store.data());
+  const TensorRef dk = dev(DType::E4M3, kv.k_shape, kv.k_store.data());
+  const TensorRef dv = dev(DType::E4M3, kv.v_shape, kv.v_store.data());
 
   AttentionShape s;
   s.batch = B, s.heads_q = Hq, s.heads_kv = Hkv, s.seqlen_q = Sq, s.seqlen_kv = cap;
@@ -166,8 +122,8 @@ PrefillResult run_case(Context& ctx, const PrefillCase& c, std::mt19937_64& rng)
                                                  "reference_lengths.fx"));
   ir::EvalEnv ref_env = env;
   ref_env.buffers["fj_ref_len"] = ir::BufferView{c.lens.data(), DType::I32, {B}, {}};
-  const ReferenceResult rr =
-      cpu_reference_attention(ref_mods, s, q.values, k.dequantized, v.dequantized, scale, ref_env);
+  const ReferenceResult rr = cpu_reference_attention(ref_mods, s, q.values, kv.k.dequantized,
+                                                     kv.v.dequantized, scale, ref_env);
   r.out = compare(got, rr.out);
   for (size_t i = 0; i < rr.lse.size(); ++i) {
     const bool ref_inf = std::isinf(rr.lse[i]) && rr.lse[i] < 0;
