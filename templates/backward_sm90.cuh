@@ -128,12 +128,13 @@ FJ_DEVICE void fj_bwd_sm90_elements(float (&s)[kN8][4], float (&dp)[kN8][4], con
 // of a kRowsA-row swizzled tile, B = the kN rows of a kN-row tile (both K-major).
 template <int kDim, int kRowsA, int kN>
 FJ_DEVICE void fj_bwd_sm90_ss(float (&d)[kN / 8][4], fj_u32 tile_a, int a_row0, fj_u32 tile_b) {
+  const fj_u64 da0 = fj_smem_desc_sw128(tile_a + a_row0 * 128, 16, 1024);
+  const fj_u64 db0 = fj_smem_desc_sw128(tile_b, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < kDim / 16; ++kk) {
     const int chunk = kk / 4, sub = kk % 4;
-    const fj_u64 da =
-        fj_smem_desc_sw128(tile_a + chunk * kRowsA * 128 + a_row0 * 128 + sub * 32, 16, 1024);
-    const fj_u64 db = fj_smem_desc_sw128(tile_b + chunk * kN * 128 + sub * 32, 16, 1024);
+    const fj_u64 da = fj_desc_add(da0, chunk * kRowsA * 128 + sub * 32);
+    const fj_u64 db = fj_desc_add(db0, chunk * kN * 128 + sub * 32);
     fj_wgmma_ss(d, da, db, kk > 0 ? 1 : 0);
   }
 }
@@ -143,9 +144,10 @@ FJ_DEVICE void fj_bwd_sm90_ss(float (&d)[kN / 8][4], fj_u32 tile_a, int a_row0, 
 template <int kK, int kDim>
 FJ_DEVICE void fj_bwd_sm90_rs(float (&d)[kDim / 8][4], const fj_u32 (&a)[kK / 16][4],
                               fj_u32 tile_b) {
+  const fj_u64 db0 = fj_smem_desc_sw128(tile_b, kK * 128, 1024);
 #pragma unroll
   for (int j = 0; j < kK / 16; ++j) {
-    const fj_u64 db = fj_smem_desc_sw128(tile_b + j * 16 * 128, kK * 128, 1024);
+    const fj_u64 db = fj_desc_add(db0, j * 16 * 128);
     fj_wgmma_rs(d, a[j], db, 1);
   }
 }
@@ -158,10 +160,12 @@ FJ_DEVICE void fj_bwd_sm90_rs(float (&d)[kDim / 8][4], const fj_u32 (&a)[kK / 16
 template <int kBN, int kW>
 FJ_DEVICE void fj_bwd_sm90_dq_piece(float (&d)[kW / 8][4], fj_u32 tile_ds, fj_u32 tile_k, int c0) {
   const fj_u32 k_cols = tile_k + (c0 / 64) * kBN * 128 + (c0 % 64) * 2;
+  const fj_u64 da0 = fj_smem_desc_sw128(tile_ds, kBN * 128, 1024);
+  const fj_u64 db0 = fj_smem_desc_sw128(k_cols, kBN * 128, 1024);
 #pragma unroll
   for (int j = 0; j < kBN / 16; ++j) {
-    const fj_u64 da = fj_smem_desc_sw128(tile_ds + j * 16 * 128, kBN * 128, 1024);
-    const fj_u64 db = fj_smem_desc_sw128(k_cols + j * 16 * 128, kBN * 128, 1024);
+    const fj_u64 da = fj_desc_add(da0, j * 16 * 128);
+    const fj_u64 db = fj_desc_add(db0, j * 16 * 128);
     fj_wgmma_tt(d, da, db, j > 0 ? 1 : 0);
   }
 }

@@ -1271,12 +1271,12 @@ struct FjSm90Consumer {
     fj_u32 q_base = sq_wg;
     if constexpr (kRebuildQDesc) asm volatile("mov.b32 %0, %1;\n" : "=r"(q_base) : "r"(sq_wg));
     const fj_u64 da0 = fj_smem_desc_sw128(q_base, 16, 1024);
+    const fj_u64 db0 = fj_smem_desc_sw128(sk_stage, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < T::kStepsQK; ++kk) {  // the steps past kRealQK add zeros
       const int chunk = kk / 4, sub = kk % 4;
-      const fj_u64 da = da0 + (fj_u64)((chunk * T::kBlockM * 128 + sub * 32) >> 4);
-      const fj_u64 db =
-          fj_smem_desc_sw128(sk_stage + chunk * T::kBlockN * 128 + sub * 32, 16, 1024);
+      const fj_u64 da = fj_desc_add(da0, chunk * T::kBlockM * 128 + sub * 32);
+      const fj_u64 db = fj_desc_add(db0, chunk * T::kBlockN * 128 + sub * 32);
       fj_wgmma_ss(s[0], da, db, kk > 0 ? 1 : 0);
     }
     fj_wgmma_commit();
@@ -1289,16 +1289,17 @@ struct FjSm90Consumer {
   FJ_DEVICE void issue_pv(int stage) {
     const fj_u32 sv_stage = sm.sv + stage * T::kVBytes;
     if constexpr (T::kFp8) {
+      const fj_u64 dv0 = fj_smem_desc_sw128(sv_stage, 16, 1024);
 #pragma unroll
       for (int j = 0; j < T::kPSteps; ++j) {
-        const fj_u64 dv =
-            fj_smem_desc_sw128(sv_stage + (j / 4) * T::kDimV * 128 + (j % 4) * 32, 16, 1024);
+        const fj_u64 dv = fj_desc_add(dv0, (j / 4) * T::kDimV * 128 + (j % 4) * 32);
         fj_wgmma_rs(o[0], pa[j], dv, 1);
       }
     } else {
+      const fj_u64 dv0 = fj_smem_desc_sw128(sv_stage, T::kBlockN * 128, 1024);
 #pragma unroll
       for (int j = 0; j < T::kBlockN / 16; ++j) {
-        const fj_u64 dv = fj_smem_desc_sw128(sv_stage + j * 16 * 128, T::kBlockN * 128, 1024);
+        const fj_u64 dv = fj_desc_add(dv0, j * 16 * 128);
         fj_wgmma_rs(o[0], pa[j], dv, 1);
       }
     }

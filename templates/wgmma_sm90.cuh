@@ -143,6 +143,21 @@ FJ_DEVICE fj_u64 fj_smem_desc_sw128(fj_u32 addr, fj_u32 lbo_bytes, fj_u32 sbo_by
   return d;
 }
 
+// A descriptor of fj_smem_desc_sw128 moved `bytes` (a multiple of 16) further into shared
+// memory: the start address field (bits 0-13, address >> 4) plus bytes >> 4, in the low word
+// alone. Exact while the address stays inside the shared window (below 256 KB: the field cannot
+// carry into bit 14). A wgmma sequence's steps then cost one add each from a descriptor built
+// once, where a descriptor built per step is a chain of four dependent uniform-datapath
+// instructions (add, mask, shift, or) in front of each wgmma.
+FJ_DEVICE fj_u64 fj_desc_add(fj_u64 desc, fj_u32 bytes) {
+  fj_u32 lo, hi;
+  asm("mov.b64 {%0, %1}, %2;" : "=r"(lo), "=r"(hi) : "l"(desc));
+  lo += bytes >> 4;
+  fj_u64 r;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(r) : "r"(lo), "r"(hi));
+  return r;
+}
+
 // The A fragments of a register-operand wgmma (fj_wgmma_rs) from an m64nN accumulator: the C
 // fragments of n8 tiles 2j, 2j + 1 are the A fragment of k16 step j, packed to 16 bits.
 template <class E, int kN8>

@@ -650,7 +650,8 @@ TEST_CASE("forward: uploaded block masks give the dense-mask result", "[gpu][for
 // gives each warpgroup its own block's tiles and statuses. Masks where warpgroups of one tile
 // differ (causal, a narrow window, documents), per-(b, h) masks with fully masked rows, a mask
 // without full blocks, 256 x 256 sparse blocks, Sq != Skv, ragged lengths (the last tile's
-// third warpgroup without rows), persistent and one-tile CTAs, block_n 64.
+// third warpgroup without rows), persistent and one-tile CTAs, block_n 64; and 128-row tiles
+// in pairs per CTA (chained query tiles) over the same masks, one with an empty first q block.
 TEST_CASE("forward: sm90a_wgmma's 192-row tiles over block masks match the reference",
           "[gpu][forward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
@@ -683,6 +684,11 @@ TEST_CASE("forward: sm90a_wgmma's 192-row tiles over block masks match the refer
   cases.push_back({"document", S, S, block_mask_from_document_ids(docs, true), Mods{}});
   cases.push_back({"per (b, h)", S, S, block_mask_from_predicate(per_head, 2, 4, S, S),
                    parse_mods("mask_mod = kv_idx + 40 * h <= q_idx + 90 * b")});
+  // The first q block without keys (an empty row of the mask), the second partial.
+  cases.push_back({"keys 200 behind", S, S,
+                   block_mask_from_predicate([](int, int, int q, int kv) { return kv + 200 <= q; },
+                                             1, 1, S, S),
+                   parse_mods("mask_mod = kv_idx + 200 <= q_idx")});
   cases.push_back({"causal, 256 x 256 blocks", S, S,
                    block_mask_from_predicate(causal, 1, 1, S, S, 256, 256),
                    standard_mods("causal")});
@@ -702,8 +708,10 @@ TEST_CASE("forward: sm90a_wgmma's 192-row tiles over block masks match the refer
     int block_m, block_n, num_stages, q_tiles, persistent;
   };
   // block_m 0: the default, 192 rows at head dim 64 (checked below through the picked config).
-  const std::vector<Cfg> configs = {
-      {0, 0, 0, 0, -1}, {192, 128, 2, 1, -1}, {192, 64, 4, 2, 1}, {192, 128, 4, 2, 0}};
+  // 128-row tiles with two query tiles per CTA, persistent or not: chained query tiles
+  // (run_chained), whose boundaries meet tiles without KV tiles under the masks with empty rows.
+  const std::vector<Cfg> configs = {{0, 0, 0, 0, -1},   {192, 128, 2, 1, -1}, {192, 64, 4, 2, 1},
+                                    {192, 128, 4, 2, 0}, {128, 128, 4, 2, 0},  {128, 128, 4, 2, 1}};
   {
     // The default at head dim 64 takes 192-row tiles over the block mask: its workspace holds the
     // union schedule (4 query tiles of 192 rows, 6 KV tiles) beside what the same call without
