@@ -685,10 +685,10 @@ TEST_CASE("forward: sm90a_wgmma's 192-row tiles over block masks match the refer
   cases.push_back({"per (b, h)", S, S, block_mask_from_predicate(per_head, 2, 4, S, S),
                    parse_mods("mask_mod = kv_idx + 40 * h <= q_idx + 90 * b")});
   // The first q block without keys (an empty row of the mask), the second partial.
-  cases.push_back({"keys 200 behind", S, S,
-                   block_mask_from_predicate([](int, int, int q, int kv) { return kv + 200 <= q; },
-                                             1, 1, S, S),
-                   parse_mods("mask_mod = kv_idx + 200 <= q_idx")});
+  cases.push_back(
+      {"keys 200 behind", S, S,
+       block_mask_from_predicate([](int, int, int q, int kv) { return kv + 200 <= q; }, 1, 1, S, S),
+       parse_mods("mask_mod = kv_idx + 200 <= q_idx")});
   cases.push_back({"causal, 256 x 256 blocks", S, S,
                    block_mask_from_predicate(causal, 1, 1, S, S, 256, 256),
                    standard_mods("causal")});
@@ -710,7 +710,7 @@ TEST_CASE("forward: sm90a_wgmma's 192-row tiles over block masks match the refer
   // block_m 0: the default, 192 rows at head dim 64 (checked below through the picked config).
   // 128-row tiles with two query tiles per CTA, persistent or not: chained query tiles
   // (run_chained), whose boundaries meet tiles without KV tiles under the masks with empty rows.
-  const std::vector<Cfg> configs = {{0, 0, 0, 0, -1},   {192, 128, 2, 1, -1}, {192, 64, 4, 2, 1},
+  const std::vector<Cfg> configs = {{0, 0, 0, 0, -1},    {192, 128, 2, 1, -1}, {192, 64, 4, 2, 1},
                                     {192, 128, 4, 2, 0}, {128, 128, 4, 2, 0},  {128, 128, 4, 2, 1}};
   {
     // The default at head dim 64 takes 192-row tiles over the block mask: its workspace holds the
