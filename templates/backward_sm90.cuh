@@ -369,6 +369,15 @@ FJ_DEVICE void fj_dkdv_sm90_producer(const FjBwdArgs& args, const FjBwdTmaMaps& 
       fj_mbar_arrive_expect_tx(bar, kQBytes + kDoBytes);
       fj_tma_load_tile<T::kDimQK, kBM>(sq + stage * kQBytes, &maps.q, m0, h, b, bar);
       fj_tma_load_tile<T::kDimV, kBM>(sdo + stage * kDoBytes, &maps.dout, m0, h, b, bar);
+      // The tile's lse2 and delta (kBM floats each, rows < seqlen_q_pad) into the L1, a stage or
+      // more before the consumers' element step reads them: read cold, its loads waited for the
+      // L2 right after the S^T / dP^T wait, in front of the step's first ex2.
+      const fj_i64 row = ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad + m0;
+#pragma unroll
+      for (int o = 0; o < kBM; o += 32) {
+        fj_prefetch_l1(args.lse2 + row + o);
+        fj_prefetch_l1(args.delta + row + o);
+      }
       ++i;
     }
   }
