@@ -160,12 +160,12 @@ FJ_DEVICE void fj_bwd_sm90_rs(float (&d)[kDim / 8][4], const fj_u32 (&a)[kK / 16
 template <int kBN, int kW>
 FJ_DEVICE void fj_bwd_sm90_dq_piece(float (&d)[kW / 8][4], fj_u32 tile_ds, fj_u32 tile_k, int c0) {
   const fj_u32 k_cols = tile_k + (c0 / 64) * kBN * 128 + (c0 % 64) * 2;
-  const fj_u64 da0 = fj_smem_desc_sw128(tile_ds, kBN * 128, 1024);
-  const fj_u64 db0 = fj_smem_desc_sw128(k_cols, kBN * 128, 1024);
+  // (Descriptors built per step, unlike the GEMMs above: moved by fj_desc_add from one built per
+  // GEMM, alibi's dK/dV kernel at d 128 spilled 44 B against 16.)
 #pragma unroll
   for (int j = 0; j < kBN / 16; ++j) {
-    const fj_u64 da = fj_desc_add(da0, j * 16 * 128);
-    const fj_u64 db = fj_desc_add(db0, j * 16 * 128);
+    const fj_u64 da = fj_smem_desc_sw128(tile_ds + j * 16 * 128, kBN * 128, 1024);
+    const fj_u64 db = fj_smem_desc_sw128(k_cols + j * 16 * 128, kBN * 128, 1024);
     fj_wgmma_tt(d, da, db, j > 0 ? 1 : 0);
   }
 }
