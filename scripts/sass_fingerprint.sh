@@ -26,7 +26,8 @@
 #   forward_sm90 (the default): forward/sm90a_wgmma on sm_90a, those the unit tests compile
 #     (tests/unit/test_forward_sm90.cpp) plus the bench's and the sinks': every standard mod,
 #     head dims 40..256 and q != v, 128- and 192-row tiles, q_tiles 2, persistent CTAs,
-#     bf16 / f16, GQA, divisible lengths, diagonal loads.
+#     bf16 / f16, GQA, divisible lengths, diagonal loads; on a KV cache (16-key pages, bf16;
+#     e4m3 caches: --kv-e4m3) and e4m3 q, k, v.
 #   backward_sm90: backward_dkdv and backward_dq /sm90a_wgmma on sm_90a
 #     (tests/unit/test_backward_sm90.cpp, test_backward_kernels.cpp): every standard mod at
 #     d 128, f16 d 64, q != v, d 40-96, GQA, block_m 128 (dQ in the second pass, dq_atomic 0),
@@ -37,7 +38,7 @@
 #   decode: decode_split /sm80_mma (and the sm80_ef / sm80_ef256 L2-hint variants) on sm_80 and
 #     sm_90a (tests/unit/test_decode.cpp): every standard mod, head dims 64-256 and q != v, GQA
 #     1-8, 1-16 query tokens (16-128 packed rows), contiguous and paged caches (page sizes
-#     1-256), the block_n / warps / stages overrides.
+#     1-256), the block_n / warps / stages overrides, e4m3 caches (--kv-e4m3) on sm_89 and sm_90a.
 # Needs cuobjdump (CUDA's, else set CUOBJDUMP).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -315,6 +316,12 @@ diag2-64-div|--mods "$DIAG2" -d 64 --divisible
 diag2-128|--mods "$DIAG2" -d 128
 diag2-128-div|--mods "$DIAG2" -d 128 --divisible
 diag2-64-bm192|--mods "$DIAG2" -d 64 --block-m 192
+cache-causal-128-gqa4-p16|--kernel forward --mods causal -d 128 --gqa 4 --page-size 16
+e4m3-cache-causal-128-gqa4-p16|--kernel forward --mods causal -d 128 --gqa 4 --page-size 16 --kv-e4m3
+e4m3-cache-offset_causal-128-gqa4|--kernel forward --mods "$OFFSET_CAUSAL" -d 128 --gqa 4 --kv-e4m3
+e4m3-cache-alibi_causal-f16-64-p1|--kernel forward --mods alibi_causal --dtype f16 -d 64 --page-size 1 --kv-e4m3
+e4m3-qkv-causal-128|--mods causal --dtype e4m3 -d 128
+e4m3-qkv-noop-128|--mods noop --dtype e4m3 -d 128
 LIST
 }
 
@@ -505,6 +512,12 @@ sm80-causal-128-st1|--arch sm_80 --mods causal -d 128 --gqa 4 --stages 1
 sm80-causal-256-g1|--arch sm_80 --mods causal -d 256
 sm80-noop-128-g8-q16|--arch sm_80 --mods noop -d 128 --gqa 8 --queries 16
 sm90a-causal-128-nofull|--arch sm_90a --mods causal -d 128 --gqa 4 --no-full-blocks
+e4m3-sm89-noop-128-g4|--arch sm_89 --mods noop -d 128 --gqa 4 --kv-e4m3
+e4m3-noop-128-g4|--arch sm_90a --mods noop -d 128 --gqa 4 --kv-e4m3
+e4m3-noop-128-g4-p16|--arch sm_90a --mods noop -d 128 --gqa 4 --page-size 16 --kv-e4m3
+e4m3-noop-128-g4-q8|--arch sm_90a --mods noop -d 128 --gqa 4 --queries 8 --kv-e4m3
+e4m3-alibi_causal-f16-64-g3-q5-p1|--arch sm_90a --mods alibi_causal --dtype f16 -d 64 --gqa 3 --queries 5 --page-size 1 --kv-e4m3
+e4m3-sinks-256x128-g8-p256|--arch sm_90a --mods sinks -d 256 --head-dim-v 128 --gqa 8 --page-size 256 --kv-e4m3
 LIST
 }
 

@@ -42,6 +42,9 @@ struct KernelQuery {
   int seqlen_q = 1;                // decode_split: query tokens (with gqa_ratio: the packed rows)
   int page_size = 0;               // decode_split, forward: 0 contiguous K / V, else the page
                                    // size (forward: a paged KV cache, chunked prefill)
+  bool kv_e4m3 = false;            // decode_split, forward: K / V of an e4m3 KV cache with
+                                   // per-kv-head scales (forward: on the cache, page_size 0
+                                   // its contiguous ragged layout; docs/kernels/decode.md)
   MathMode math = MathMode::Auto;  // forward, backward_dkdv / dq, decode_split (docs/math.md)
   bool deterministic = false;      // backward_dkdv: ordered buffer gradients (docs/backward.md)
 };

@@ -415,3 +415,43 @@ TEST_CASE("decode fp8: flexjit run --device cpu reads an e4m3 cache with --k-sca
   CHECK_THAT(out, Catch::Contains("an e4m3 KV cache needs k_scale"));
   std::filesystem::remove_all(dir);
 }
+
+// KernelQuery::kv_e4m3 and `flexjit emit / inspect --kv-e4m3`: the e4m3-cache kernels of the
+// decode and the chunked-prefill forward, as a call on such a cache builds them (the same
+// description), and an error for the families that do not read a KV cache.
+TEST_CASE("decode fp8: emit and inspect build the e4m3-cache kernels (--kv-e4m3)",
+          "[decode][fp8][cli]") {
+  KernelQuery q;
+  q.family = "decode_split";
+  q.arch = "sm_90a";
+  q.gqa_ratio = 4;
+  q.page_size = 16;
+  q.kv_e4m3 = true;
+  const KernelSource split = emit_kernel(standard_mods("alibi"), q);
+  CHECK(split.description == fp8_desc("sm_90a", 128, 128, 4, 1, 16).str());
+  CHECK_THAT(split.source, Catch::Contains("kKvFp8 = true;"));
+  q.family = "forward";
+  const KernelSource fwd = emit_kernel(standard_mods("causal"), q);
+  CHECK_THAT(fwd.description,
+             Catch::StartsWith("forward/sm90a_wgmma sm_90a bf16 d=128/128 gqa=4") &&
+                 Catch::Contains("kv_e4m3=1 page_size=16 seq_lens=1"));
+  CHECK_THAT(fwd.source, Catch::Contains("#define FJ_FWD_KV_FP8"));
+  q.page_size = 0;  // the cache's contiguous ragged layout
+  CHECK_THAT(emit_kernel(standard_mods("causal"), q).description,
+             Catch::Contains("kv_e4m3=1 seq_lens=1") && !Catch::Contains("page_size"));
+
+  std::string out;
+  REQUIRE(test::run_cli("emit --kernel decode_split --kv-e4m3 --gqa 4 --page-size 16 --arch sm_89",
+                        &out) == 0);
+  CHECK_THAT(out, Catch::Contains("decode_split/sm80_mma sm_89") && Catch::Contains("kv_e4m3=1"));
+  REQUIRE(test::run_cli("emit --kernel forward --mods causal --kv-e4m3 --page-size 16 --arch "
+                        "sm_90a",
+                        &out) == 0);
+  CHECK_THAT(out, Catch::Contains("forward/sm90a_wgmma") && Catch::Contains("kv_e4m3=1"));
+  // sm80_mma does not read e4m3 caches: the refusal says where they run.
+  REQUIRE(test::run_cli("emit --kernel forward --kv-e4m3 --page-size 16 --arch sm_80", &out) == 1);
+  CHECK_THAT(out, Catch::Contains("does not read e4m3 KV caches"));
+  REQUIRE(test::run_cli("emit --kernel backward_dkdv --kv-e4m3 --arch sm_90a", &out) == 1);
+  CHECK_THAT(out, Catch::Contains("--kv-e4m3 (an e4m3 KV cache) applies to --kernel forward | "
+                                  "decode_split, not backward_dkdv"));
+}

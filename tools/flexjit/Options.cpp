@@ -31,6 +31,10 @@ void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
                    "--kernel decode_split | forward: page size of a paged KV cache (0: "
                    "contiguous K/V; forward: the chunked-prefill kernel on the cache)")
         ->capture_default_str();
+    app.add_flag("--kv-e4m3", o.kv_e4m3,
+                 "--kernel decode_split | forward: K / V of an e4m3 KV cache with per-kv-head "
+                 "scales (forward: the chunked-prefill kernel on the cache, sm_90a; with "
+                 "--page-size 0 the cache's contiguous ragged layout)");
     app.add_option("--splits", o.splits,
                    "--kernel decode_split: KV splits (default 0: from the SM count and length)")
         ->check(CLI::Range(0, 1024));
@@ -175,6 +179,12 @@ KernelQuery make_query(const KernelOptions& o) {
   q.config = block_config(o);
   q.seqlen_q = o.queries;
   q.page_size = o.page_size;
+  if (o.kv_e4m3 && q.family != "forward" && q.family != "decode_split") {
+    throw UnsupportedError(fmt::format(
+        "--kv-e4m3 (an e4m3 KV cache) applies to --kernel forward | decode_split, not {}",
+        q.family));
+  }
+  q.kv_e4m3 = o.kv_e4m3;
   q.block_size = o.block_size;
   q.divisible = o.divisible;
   q.full_blocks = !o.no_full_blocks;

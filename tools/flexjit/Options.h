@@ -32,6 +32,7 @@ struct KernelOptions {
   bool deterministic = false;  // backward_dkdv (and bench --backward): ordered buffer gradients
   int queries = 1;             // --kernel decode_split: query tokens per sequence
   int page_size = 0;           // --kernel decode_split: 0 contiguous K / V, else the page size
+  bool kv_e4m3 = false;        // --kernel decode_split | forward: an e4m3 KV cache
   int splits = 0;              // --kernel decode_split: 0 = from the SM count and the KV length
   int q_tiles = 0;             // forward/sm90a_wgmma: query tiles per CTA (0: the default)
   int persistent = -1;         // forward/sm90a_wgmma: 1 persistent CTAs, 0 not (-1: the default)

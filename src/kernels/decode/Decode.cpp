@@ -78,7 +78,7 @@ FamilyInfo decode_split_family() {
     }
     KernelDesc problem = decode_split_problem(
         arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk, q.gqa_ratio,
-        decode_rows(q.gqa_ratio, q.seqlen_q), q.page_size, q.full_blocks);
+        decode_rows(q.gqa_ratio, q.seqlen_q), q.page_size, q.full_blocks, q.kv_e4m3);
     set_math_mode(problem, q.math);
     return problem;
   };

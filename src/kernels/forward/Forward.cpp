@@ -87,7 +87,8 @@ FamilyInfo forward_family() {
         forward_problem(arch, q.dtype, q.head_dim_qk, q.head_dim_v ? q.head_dim_v : q.head_dim_qk,
                         q.gqa_ratio, q.divisible, q.full_blocks);
     set_math_mode(problem, q.math);
-    if (q.page_size != 0) set_kv_cache_flags(problem, q.page_size);
+    if (q.page_size != 0 || q.kv_e4m3) set_kv_cache_flags(problem, q.page_size);
+    if (q.kv_e4m3) set_kv_e4m3_flag(problem);
     return problem;
   };
   return f;
