@@ -1296,10 +1296,11 @@ struct FjSm90Consumer {
         fj_wgmma_rs(o[0], pa[j], dv, 1);
       }
     } else {
-      const fj_u64 dv0 = fj_smem_desc_sw128(sv_stage, T::kBlockN * 128, 1024);
+      // (Built per step: moved by fj_desc_add from one built per GEMM, as Q K^T's are,
+      // relative_bias at d 64 with 192-row persistent tiles spilled 4 B.)
 #pragma unroll
       for (int j = 0; j < T::kBlockN / 16; ++j) {
-        const fj_u64 dv = fj_desc_add(dv0, j * 16 * 128);
+        const fj_u64 dv = fj_smem_desc_sw128(sv_stage + j * 16 * 128, T::kBlockN * 128, 1024);
         fj_wgmma_rs(o[0], pa[j], dv, 1);
       }
     }
