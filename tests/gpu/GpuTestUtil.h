@@ -58,6 +58,14 @@ struct ErrorStats {
 template <typename R>
 ErrorStats compare(const std::vector<float>& out, const std::vector<R>& ref);
 
+// How far an LSE is from the reference's: the rows where one is -inf and the other not (or the
+// kernel's is NaN), and the worst |lse - ref| / max(1, |ref|) over the other finite rows.
+struct LseStats {
+  double max_err = 0;
+  int64_t mismatched_inf = 0;
+};
+LseStats compare_lse(const std::vector<float>& lse, const std::vector<double>& ref);
+
 // Options of a Context whose kernel and tuning caches live in `dir` (a test::TempDir's path).
 ContextOptions cache_in(const std::filesystem::path& dir);
 

@@ -145,16 +145,9 @@ Fp8Result run_case(Context& ctx, Fp8Case c, std::mt19937_64& rng) {
   Fp8Result r;
   r.gpu = compare(got, rr.out);
   r.cpu = compare(cpu.out, rr.out);
-  for (size_t i = 0; i < rr.lse.size(); ++i) {
-    const bool ref_inf = std::isinf(rr.lse[i]) && rr.lse[i] < 0;
-    const bool out_inf = std::isinf(got_lse[i]) && got_lse[i] < 0;
-    if (ref_inf != out_inf || std::isnan(got_lse[i])) {
-      ++r.lse_mismatched_inf;
-    } else if (!ref_inf) {
-      r.lse_max_err = std::max(
-          r.lse_max_err, std::abs(got_lse[i] - rr.lse[i]) / std::max(1.0, std::abs(rr.lse[i])));
-    }
-  }
+  const LseStats lse_err = compare_lse(got_lse, rr.lse);
+  r.lse_max_err = lse_err.max_err;
+  r.lse_mismatched_inf = lse_err.mismatched_inf;
   return r;
 }
 

@@ -125,16 +125,9 @@ PrefillResult run_case(Context& ctx, const PrefillCase& c, std::mt19937_64& rng)
   const ReferenceResult rr = cpu_reference_attention(ref_mods, s, q.values, kv.k.dequantized,
                                                      kv.v.dequantized, scale, ref_env);
   r.out = compare(got, rr.out);
-  for (size_t i = 0; i < rr.lse.size(); ++i) {
-    const bool ref_inf = std::isinf(rr.lse[i]) && rr.lse[i] < 0;
-    const bool out_inf = std::isinf(got_lse[i]) && got_lse[i] < 0;
-    if (ref_inf != out_inf || std::isnan(got_lse[i])) {
-      ++r.lse_mismatched_inf;
-    } else if (!ref_inf) {
-      r.lse_max_err = std::max(
-          r.lse_max_err, std::abs(got_lse[i] - rr.lse[i]) / std::max(1.0, std::abs(rr.lse[i])));
-    }
-  }
+  const LseStats lse_err = compare_lse(got_lse, rr.lse);
+  r.lse_max_err = lse_err.max_err;
+  r.lse_mismatched_inf = lse_err.mismatched_inf;
   return r;
 }
 
