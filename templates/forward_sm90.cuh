@@ -1295,9 +1295,16 @@ struct FjSm90Consumer {
         const fj_u64 dv = fj_desc_add(dv0, (j / 4) * T::kDimV * 128 + (j % 4) * 32);
         fj_wgmma_rs(o[0], pa[j], dv, 1);
       }
+    } else if constexpr (T::kConsumers == 2) {
+      // One descriptor moved by one add per k16 step (fj_desc_add), as Q K^T's.
+      const fj_u64 dv0 = fj_smem_desc_sw128(sv_stage, T::kBlockN * 128, 1024);
+#pragma unroll
+      for (int j = 0; j < T::kBlockN / 16; ++j) {
+        fj_wgmma_rs(o[0], pa[j], fj_desc_add(dv0, j * 16 * 128), 1);
+      }
     } else {
-      // (Built per step: moved by fj_desc_add from one built per GEMM, as Q K^T's are,
-      // relative_bias at d 64 with 192-row persistent tiles spilled 4 B.)
+      // Three consumers: built per step (moved by fj_desc_add, relative_bias at d 64 with
+      // 192-row persistent tiles spilled 4 B).
 #pragma unroll
       for (int j = 0; j < T::kBlockN / 16; ++j) {
         const fj_u64 dv = fj_smem_desc_sw128(sv_stage + j * 16 * 128, T::kBlockN * 128, 1024);
@@ -1430,10 +1437,15 @@ struct FjSm90Consumer {
     // sums) measured 2-4 % slower (docs/kernels/forward_sm90.md "Design notes").
     fj_wgmma_wait<0>();
     fj_fence_regs(o[0]);
+    // 16-bit P is packed here, in the exponentials' basic block (before the rescale's vote and
+    // branch), so ptxas interleaves its F2FP with the MUFU.EX2 stream instead of issuing 32 of
+    // them after it: under ncu every main case 1-3 % faster. e4m3's pack (F2FP and PRMT) there
+    // measured 5-8 % slower (bench --fp8), so it keeps its place after the rescale.
+    if constexpr (!T::kFp8) pack_p();
     if (q_done) release_q();
     release(prev);
     rescale_o(alpha);
-    pack_p();
+    if constexpr (T::kFp8) pack_p();
   }
 
   FJ_DEVICE void last_pv(const FjSm90QTile& t, int gl, int tile) {
