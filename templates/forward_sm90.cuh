@@ -1171,6 +1171,19 @@ struct FjSm90QTile {
   int kv_len;      // kFjKvCache: its sequence's keys (FjSm90Consumer::kv_end)
 };
 
+// A position g of the consumers' stage ring: its stage (g % kStages) and the parity of its round
+// ((g / kStages) & 1), moved one position on by a compare and selects. The mainloops carry it
+// from tile to tile instead of dividing the position by a stage count that is 3 at d 128 (a
+// multiply-high, shifts and a multiply-subtract per barrier, in the loop's head).
+template <int kStages>
+struct FjRingPos {
+  int stage, parity;
+  FJ_DEVICE static FjRingPos at(int g) { return {g % kStages, (g / kStages) & 1}; }
+  FJ_DEVICE FjRingPos next() const {
+    return stage + 1 == kStages ? FjRingPos{0, parity ^ 1} : FjRingPos{stage + 1, parity};
+  }
+};
+
 // A consumer warpgroup (query rows [64 cw, 64 cw + 64) of every query tile): the mainloop over
 // a query tile's KV tiles (S = Q K^T and O += P V by wgmma, the turns between warpgroups), the
 // scores and online softmax of a KV tile, and the epilogue (O normalized, LSE).
@@ -1415,12 +1428,14 @@ struct FjSm90Consumer {
   }
 
   // `prev_tile`: the tile whose P V goes with this one's S (kFjKvCache: its V may be gathered).
-  FJ_DEVICE void next_s_pv(const FjSm90QTile& t, int gi, int tile, int prev_tile, bool partial,
+  // `pos`: this tile's ring position, `pos_prev` the one before (prev_tile's).
+  FJ_DEVICE void next_s_pv(const FjSm90QTile& t, FjRingPos<T::kNumStages> pos,
+                           FjRingPos<T::kNumStages> pos_prev, int tile, int prev_tile, bool partial,
                            float (&alpha)[2], bool q_done) {
-    const int stage = gi % T::kNumStages;
-    const int prev = (gi - 1) % T::kNumStages;
-    fj_mbar_wait(sm.bar_k + 8 * stage, (gi / T::kNumStages) & 1);
-    fj_mbar_wait(sm.bar_v + 8 * prev, ((gi - 1) / T::kNumStages) & 1);
+    const int stage = pos.stage;
+    const int prev = pos_prev.stage;
+    fj_mbar_wait(sm.bar_k + 8 * stage, pos.parity);
+    fj_mbar_wait(sm.bar_v + 8 * prev, pos_prev.parity);
     gather_fence(t, tile, prev_tile);
     turns.begin();
     fj_wgmma_fence();
@@ -1507,10 +1522,13 @@ struct FjSm90Consumer {
       int next_e = run_begin + 1 < run_end ? sched.tile(run_begin + 1) : 0;  // one ahead
       first_s(t, g + run_begin, e & kFjUnionTileMask, partial_of(e), alpha, false);
       // (No KV cache runs three consumer warpgroups: the tiles gather_fence would test are 0.)
+      // Ring positions from the index here: carried from tile to tile (FjRingPos), as
+      // mainloop_overlap does, document_causal at 192 rows spilled 8 B.
       for (int i = run_begin + 1; i < run_end; ++i) {
         e = fj_warp_uniform(next_e);
         if (i + 1 < run_end) next_e = sched.tile(i + 1);
-        next_s_pv(t, g + i, e & kFjUnionTileMask, 0, partial_of(e), alpha, false);
+        next_s_pv(t, FjRingPos<T::kNumStages>::at(g + i), FjRingPos<T::kNumStages>::at(g + i - 1),
+                  e & kFjUnionTileMask, 0, partial_of(e), alpha, false);
       }
       last_pv(t, g + run_end - 1, 0);
     }
@@ -1531,11 +1549,14 @@ struct FjSm90Consumer {
     // is the one measured.
     int prev_tile = kFjKvCache ? sched.tile(v0) : 0;
     first_s(t, g, sched.tile(v0), v0 < sched.num_partial, alpha, num_total == 1);
+    auto pos = FjRingPos<T::kNumStages>::at(g);
     for (int i = 1; i < num_total; ++i) {
       const int tile = next_tile;
       if (i + 1 < num_total) next_tile = sched.tile(fj_sm90_visit(sched, i + 1));
-      next_s_pv(t, g + i, tile, prev_tile, fj_sm90_visit(sched, i) < sched.num_partial, alpha,
-                i + 1 == num_total);
+      const auto pos_next = pos.next();
+      next_s_pv(t, pos_next, pos, tile, prev_tile, fj_sm90_visit(sched, i) < sched.num_partial,
+                alpha, i + 1 == num_total);
+      pos = pos_next;
       if constexpr (kFjKvCache) prev_tile = tile;
     }
     last_pv(t, g + num_total - 1, prev_tile);
