@@ -1171,6 +1171,10 @@ struct FjSm90QTile {
   int kv_len;      // kFjKvCache: its sequence's keys (FjSm90Consumer::kv_end)
 };
 
+// The kernel multiplies the call's scale by factors on the device (e4m3 q / k descales, an e4m3
+// KV cache's k_scale): its sign is known only there.
+constexpr bool kFjScaledOnDevice = kFjFp8 || kFjKvFp8;
+
 // A position g of the consumers' stage ring: its stage (g % kStages) and the parity of its round
 // ((g / kStages) & 1), moved one position on by a compare and selects. The mainloops carry it
 // from tile to tile instead of dividing the position by a stage count that is 3 at d 128 (a
@@ -1386,8 +1390,14 @@ struct FjSm90Consumer {
       fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start,
                                                 kv_end(t), kv_col0, dl, lane);
       if (partial) fj_sm90_mask<Cfg, T>(s, args, mods, t.b, t.h, t.q_row0, kv_end(t), kv_col0);
-    } else if (!Cfg::kHasScoreMod && !(Cfg::kHasMaskMod && partial) && args.scale > 0.0f) {
-      // No mod to call on this tile: the scale goes into the exponent's factor too.
+    } else if (!Cfg::kHasScoreMod && !(Cfg::kHasMaskMod && partial) &&
+               ((!kFjScaledOnDevice && !kUnion) || args.scale > 0.0f)) {
+      // No mod to call on this tile: the scale goes into the exponent's factor too (the row
+      // max of the raw scores times a positive c is that of the scaled ones). The host runs
+      // this kernel only with a positive scale (InputFacts::scale_positive), so no path for
+      // another sign is compiled (a cold compile of noop 9-17 % less CPU). Kept: where the
+      // kernel multiplies the scale by device values (e4m3 descales, an e4m3 cache's k_scale),
+      // and in the union kernels (192-row tiles: without it document_causal spilled 8 B).
       fj_sm90_scores<Cfg, T, false, true, false>(s, args, mods, t.b, t.h, t.q_row0, n_start,
                                                  kv_end(t), kv_col0, dl, lane);
       c = args.scale * kLog2e;

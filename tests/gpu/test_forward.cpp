@@ -259,6 +259,28 @@ TEST_CASE("forward: every standard mod matches the reference", "[gpu][forward]")
   }
 }
 
+TEST_CASE("forward: a zero or negative softmax scale matches the reference",
+          "[gpu][forward][small]") {
+  // The Hopper forward takes positive scales only (InputFacts::scale_positive); these run on
+  // the sm_80 kernel there and must give the reference's answer everywhere.
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (const char* name : {"noop", "causal", "alibi_causal"}) {
+    for (float scale : {-0.125f, 0.0f}) {
+      Case c;
+      c.label = fmt::format("{} scale {}", name, scale);
+      c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+      c.mods = standard_mods(name);
+      c.shape = make_shape(1, 2, 1, 129, 200, 128, 128);
+      c.scale = scale;
+      bind_standard(c, rng);
+      check_case(*ctx, c, rng, seed);
+    }
+  }
+}
+
 TEST_CASE("forward: random shapes, GQA, head dims, dtypes and layouts", "[gpu][forward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
   const std::string family = GENERATE_COPY(from_range(test::forward_families(*ctx)));
@@ -293,8 +315,8 @@ TEST_CASE("forward: random shapes, GQA, head dims, dtypes and layouts", "[gpu][f
 
 // The sm90a_wgmma configs that no default selects (the head-dim-64 candidates of issue 10:
 // three consumer warpgroups with block_m 192, block_n 176 / 192, 2 or 4 stages) on ragged
-// lengths, GQA, every mod kind (none, mask only, score_mod, buffer loads) and a negative scale
-// (the folded-scale softmax's fallback); docs/kernels/forward_sm90.md "Configs". Three test
+// lengths, GQA, every mod kind (none, mask only, score_mod, buffer loads) and a scale other
+// than the default; docs/kernels/forward_sm90.md "Configs". Three test
 // cases share them out (tile shapes / q tiles / persistent), so that scripts/gpu_suite.sh's
 // parallel shards run them side by side.
 namespace {
@@ -330,7 +352,9 @@ void check_sm90_configs(Context& ctx, const std::vector<Sm90Cfg>& configs) {
       }
       c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
       c.mods = standard_mods(mods[m]);
-      if (m == 1) c.scale = -0.1f;  // the folded softmax takes only a positive scale
+      // A scale other than the default (the kernel takes positive ones only; zero and negative
+      // scales run elsewhere: "a zero or negative softmax scale" above).
+      if (m == 1) c.scale = 0.3f;
       c.config.block_m = k.block_m;
       c.config.block_n = k.block_n;
       c.config.num_stages = k.num_stages;

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <mutex>
 
 using namespace flexjit;
@@ -62,6 +63,24 @@ TEST_CASE("sm90a_wgmma serves sm_90a bf16 / f16 and says why it cannot serve the
   InputFacts facts;
   facts.tma_blocker = "k's sequence stride is 0 bytes; ...";
   CHECK(v.unsupported(problem("sm_90a", DType::BF16), facts).value() == facts.tma_blocker);
+  // A softmax scale that is not positive runs elsewhere (the kernel folds a positive one into
+  // the exponent after the row max); the call's scale sets the fact (default 1 / sqrt(d): > 0).
+  InputFacts nonpositive;
+  nonpositive.scale_positive = false;
+  CHECK_THAT(v.unsupported(problem("sm_90a", DType::BF16), nonpositive).value(),
+             Catch::Contains("softmax scale is not positive"));
+  // e4m3 q, k, v (whose scale meets the descales on the device) keep any sign: nothing else
+  // runs them.
+  CHECK_FALSE(v.unsupported(problem("sm_90a", DType::E4M3), nonpositive).has_value());
+  ForwardInputs scaled;
+  CHECK(forward_facts(scaled).scale_positive);
+  for (float sc : {0.0f, -0.125f, std::numeric_limits<float>::quiet_NaN()}) {
+    INFO("scale " << sc);
+    scaled.scale = sc;
+    CHECK_FALSE(forward_facts(scaled).scale_positive);
+  }
+  scaled.scale = 1e-6f;
+  CHECK(forward_facts(scaled).scale_positive);
   InputFacts mask64;
   mask64.mask_q_block = mask64.mask_kv_block = 64;
   CHECK_THAT(v.unsupported(problem("sm_90a", DType::BF16), mask64).value(),

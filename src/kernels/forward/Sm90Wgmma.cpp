@@ -395,6 +395,14 @@ std::optional<std::string> ForwardSm90Wgmma::unsupported(const KernelDesc& probl
                                                          const InputFacts& facts) const {
   if (auto r = problem_reason(problem)) return r;
   if (auto r = wgmma_input_reason(facts)) return r;
+  if (!facts.scale_positive && !is_fp8(problem) && !on_kv_e4m3(problem)) {
+    // Its softmax takes the row max of the raw scores and multiplies it by scale · log2(e):
+    // the max of the scaled scores only where the scale is positive. (The e4m3 kernels, whose
+    // scale meets its descales on the device, keep the path for any sign.)
+    return std::string(
+        "the softmax scale is not positive (this kernel folds a positive scale into the "
+        "exponent after the row max)");
+  }
   if (facts.mask_q_block != 0 && facts.mask_q_block % 128 != 0) {
     return fmt::format(
         "the block mask's q block size {} is not a multiple of this kernel's 128-row tiles",
