@@ -318,17 +318,11 @@ RunResult run_case(Context& ctx, const BufferCase& c, DType in_dtype, std::mt199
   RunResult r;
   r.out_err = compare(download(out), ref.out);
   const std::vector<float> got_lse = download(lse);
-  for (size_t i = 0; i < ref.lse.size(); ++i) {
-    const bool ref_inf = std::isinf(ref.lse[i]) && ref.lse[i] < 0;
-    const bool out_inf = std::isinf(got_lse[i]) && got_lse[i] < 0;
-    r.ref_masked_rows += ref_inf;
-    if (ref_inf != out_inf || std::isnan(got_lse[i])) {
-      ++r.lse_mismatched_inf;
-    } else if (!ref_inf) {
-      r.lse_max_err = std::max(
-          r.lse_max_err, std::abs(got_lse[i] - ref.lse[i]) / std::max(1.0, std::abs(ref.lse[i])));
-    }
-  }
+  const LseStats lse_err = compare_lse(got_lse, ref.lse);
+  r.lse_max_err = lse_err.max_err;
+  r.lse_mismatched_inf = lse_err.mismatched_inf;
+  r.ref_masked_rows = std::count_if(ref.lse.begin(), ref.lse.end(),
+                                    [](double x) { return std::isinf(x) && x < 0; });
   return r;
 }
 

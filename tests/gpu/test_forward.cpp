@@ -181,16 +181,9 @@ CaseResult run_case(Context& ctx, Case& c, std::mt19937_64& rng) {
   for (double x : ref_out)
     r.ref_finite &= std::isfinite(x);
   r.out_err = compare(r.out, ref_out);
-  for (size_t i = 0; i < ref_lse.size(); ++i) {
-    const bool ref_inf = std::isinf(ref_lse[i]) && ref_lse[i] < 0;
-    const bool out_inf = std::isinf(r.lse[i]) && r.lse[i] < 0;
-    if (ref_inf != out_inf || std::isnan(r.lse[i])) {
-      ++r.lse_mismatched_inf;
-    } else if (!ref_inf && std::isfinite(ref_lse[i])) {
-      r.lse_max_err = std::max(
-          r.lse_max_err, std::abs(r.lse[i] - ref_lse[i]) / std::max(1.0, std::abs(ref_lse[i])));
-    }
-  }
+  const LseStats lse_err = compare_lse(r.lse, ref_lse);
+  r.lse_max_err = lse_err.max_err;
+  r.lse_mismatched_inf = lse_err.mismatched_inf;
   return r;
 }
 
