@@ -1513,6 +1513,7 @@ NB_MODULE(_flexjit, m) {
         d["spill_load_bytes"] = b.spill_load_bytes;
         d["stack_frame_bytes"] = b.stack_frame_bytes;
         d["static_shared_bytes"] = b.static_shared_bytes;
+        d["wgmma_serialized"] = b.wgmma_serialized;
         return d;
       },
       "mods"_a, "family"_a, "variant"_a, "arch"_a, "dtype"_a, "head_dim_qk"_a, "head_dim_v"_a,

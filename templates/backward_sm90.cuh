@@ -80,7 +80,8 @@ struct FjBwdSm90Traits {
 // the row half in dQ).
 // kDiag (dK/dV only): the diagonal buffer-gradient site goes into `diag` (FjDiagGrad). kDl: the
 // score_mod's diagonal load comes from `dl` (FjDiagLoads::mine).
-template <class Cfg, bool kApplyMask, bool kRowsAreKv, bool kDiag, bool kDl, int kN8>
+template <class Cfg, bool kApplyMask, bool kRowsAreKv, bool kDiag, bool kDl, int kN8,
+          bool kCheck = !Cfg::kIsDivisible>
 FJ_DEVICE void fj_bwd_sm90_elements(float (&s)[kN8][4], float (&dp)[kN8][4], const FjBwdArgs& args,
                                     const FjModParams& mods, const FjGradParams& grads,
                                     const float* col_lse2, const float* col_delta,
@@ -89,7 +90,6 @@ FJ_DEVICE void fj_bwd_sm90_elements(float (&s)[kN8][4], float (&dp)[kN8][4], con
                                     float (&grad_acc)[kFjGradSlots], FjDiagGrad<kN8>* diag,
                                     const float* dl) {
   static_assert(!kDiag || kRowsAreKv, "flexjit backward_sm90: diagonal sums in dK/dV only");
-  constexpr bool kCheck = !Cfg::kIsDivisible;
 #pragma unroll
   for (int nt = 0; nt < kN8; ++nt) {
 #pragma unroll
@@ -384,24 +384,33 @@ FJ_DEVICE void fj_dkdv_sm90_producer(const FjBwdArgs& args, const FjBwdTmaMaps& 
 }
 
 // P^T and dS^T of a consumer warp's 16 kv rows over one q tile (from m0; lse2 / delta of its
-// rows), the buffer gradients out; a partial tile applies mask_mod (without one, both branches
-// would be the same code).
+// rows), the buffer gradients out. A partial tile applies mask_mod (without one, both branches
+// would be the same code). Without `divisible` and with dQ added here (dq_atomic), only a tile at
+// the end of either sequence (`edge`) checks the bounds per element: checked in every tile, the
+// kernels without a mask_mod ran short of registers and ptxas serialized their wgmma (C7512:
+// noop, alibi, sinks at d 128). Without dQ (dq_atomic 0) every tile checks: split there, three
+// configurations spilled 4-68 bytes.
 template <class Cfg, int kN8>
 FJ_DEVICE void fj_dkdv_sm90_elements(float (&s)[kN8][4], float (&dp)[kN8][4], const FjBwdArgs& args,
                                      const FjModParams& mods, const FjGradParams& grads,
                                      const float* lse2, const float* delta, int b, int h,
                                      int kv_row0, int m0, int lane, float (&grad_acc)[kFjGradSlots],
-                                     FjDiagGrad<kN8>& diag, const float* dl, bool partial) {
+                                     FjDiagGrad<kN8>& diag, const float* dl, bool partial,
+                                     bool edge) {
   constexpr bool kDiag = kFjDiagGradSite, kDl = kFjDiagLoad;
   const float no_rows[2] = {0.0f, 0.0f};
-  if (!(Cfg::kHasMaskMod && partial)) {
-    fj_bwd_sm90_elements<Cfg, false, true, kDiag, kDl>(s, dp, args, mods, grads, lse2, delta,
-                                                       no_rows, no_rows, b, h, kv_row0, m0, lane,
-                                                       true, grad_acc, &diag, dl);
-  } else {
+  if (Cfg::kHasMaskMod && partial) {
     fj_bwd_sm90_elements<Cfg, true, true, kDiag, kDl>(s, dp, args, mods, grads, lse2, delta,
                                                       no_rows, no_rows, b, h, kv_row0, m0, lane,
                                                       true, grad_acc, &diag, dl);
+  } else if (!Cfg::kIsDivisible && (edge || !FjDkDvSm90Layout<Cfg>::kDqAtomic)) {
+    fj_bwd_sm90_elements<Cfg, false, true, kDiag, kDl, kN8, true>(
+        s, dp, args, mods, grads, lse2, delta, no_rows, no_rows, b, h, kv_row0, m0, lane, true,
+        grad_acc, &diag, dl);
+  } else {
+    fj_bwd_sm90_elements<Cfg, false, true, kDiag, kDl, kN8, false>(
+        s, dp, args, mods, grads, lse2, delta, no_rows, no_rows, b, h, kv_row0, m0, lane, true,
+        grad_acc, &diag, dl);
   }
 }
 
@@ -538,6 +547,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   fj_zero_acc(dk);
   fj_zero_acc(dv);
   const int kv_row0 = n_start + cw * 64 + warp * 16;  // this warp's first kv row
+  const bool edge = n_start + kBN > args.seqlen_kv;   // the last kv tile: checked elements
   float grad_acc[kFjGradSlots];
   constexpr bool kDiag = kFjDiagGradSite, kDl = kFjDiagLoad;
   FjDiagGrad<kBM / 8> diag;
@@ -581,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       // lse2 / delta of the tile's q rows m0 .. m0 + kBM - 1 < seqlen_q_pad (a multiple of 128).
       fj_dkdv_sm90_elements<Cfg>(s, dp, args, mods, grads, lse2_row + m0, delta_row + m0, b, h,
                                  kv_row0, m0, lane, grad_acc, diag, loads.mine(lane),
-                                 j < sched.num_partial);
+                                 j < sched.num_partial, edge || m0 + kBM > args.seqlen_q);
       fj_u32 pa[kBM / 16][4], dsa[kBM / 16][4];
       fj_wgmma_pack_a<E>(pa, s);
       fj_wgmma_pack_a<E>(dsa, dp);

@@ -71,6 +71,9 @@ struct KernelBinary {
   std::vector<char> cubin;  // -1 below: not reported
   int registers = -1, spill_store_bytes = -1, spill_load_bytes = -1, stack_frame_bytes = -1,
       static_shared_bytes = -1;
+  // Non-empty when ptxas serialized the kernel's wgmma instructions (its remark, e.g. "C7512:
+  // insufficient register resources"): a Hopper kernel that runs far below its speed.
+  std::string wgmma_serialized;
 };
 
 // The source of the kernel `query` describes for `mods` (no compilation; no GPU needed when

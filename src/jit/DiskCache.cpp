@@ -76,7 +76,8 @@ json usage_json(const ResourceUsage& u) {
           {"stack_frame_bytes", u.stack_frame_bytes},
           {"spill_store_bytes", u.spill_store_bytes},
           {"spill_load_bytes", u.spill_load_bytes},
-          {"max_threads_per_block", u.max_threads_per_block}};
+          {"max_threads_per_block", u.max_threads_per_block},
+          {"wgmma_serialized", u.wgmma_serialized}};
 }
 
 ResourceUsage usage_from_json(const json& j) {
@@ -87,6 +88,8 @@ ResourceUsage usage_from_json(const json& j) {
   u.spill_store_bytes = j.at("spill_store_bytes").get<int>();
   u.spill_load_bytes = j.at("spill_load_bytes").get<int>();
   u.max_threads_per_block = j.at("max_threads_per_block").get<int>();
+  // Entries written before the field existed: not known, read as not serialized.
+  u.wgmma_serialized = j.value("wgmma_serialized", std::string());
   return u;
 }
 

@@ -17,8 +17,11 @@ std::string ResourceUsage::str() const {
   int spills = spill_store_bytes < 0 && spill_load_bytes < 0
                    ? -1
                    : std::max(spill_store_bytes, 0) + std::max(spill_load_bytes, 0);
-  return fmt::format("{} registers, {} B spills, {} B stack, {} B static smem", num(registers),
-                     num(spills), num(stack_frame_bytes), num(static_shared_bytes));
+  std::string out =
+      fmt::format("{} registers, {} B spills, {} B stack, {} B static smem", num(registers),
+                  num(spills), num(stack_frame_bytes), num(static_shared_bytes));
+  if (!wgmma_serialized.empty()) out += fmt::format(", wgmma serialized ({})", wgmma_serialized);
+  return out;
 }
 
 namespace {
@@ -36,6 +39,10 @@ std::optional<int> find_int(const std::string& line, const std::regex& re) {
 //   ptxas info    : Function properties for flexjit_forward
 //   ptxas         .     32 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 //   ptxas info    : Used 243 registers, used 1 barriers, 4096 bytes smem, 624 bytes cmem[0]
+// and, where ptxas gave up on asynchronous wgmma (CUDA 13.0's wording),
+//   ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are
+//   serialized due to insufficient register resources for the function 'flexjit_bwd_dkdv'
+// (one line), which names its function itself.
 ResourceUsage usage_from_ptxas_log(std::string_view log, std::string_view kernel) {
   static const std::regex kEntry(R"(Compiling entry function '([^']+)')");
   static const std::regex kProperties(R"(Function properties for (\S+))");
@@ -44,12 +51,19 @@ ResourceUsage usage_from_ptxas_log(std::string_view log, std::string_view kernel
   static const std::regex kSpillLoads(R"((\d+) bytes spill loads)");
   static const std::regex kRegisters(R"(Used (\d+) registers)");
   static const std::regex kSmem(R"((\d+) bytes smem)");
+  static const std::regex kSerialized(
+      R"(\((C\d+)\)[^:]*: wgmma\.mma_async instructions are serialized(?: due to)? (.*?)(?: (?:for|in) (?:the )?function '([^']+)')?\s*$)");
   ResourceUsage u;
   std::string current;
   std::istringstream in{std::string(log)};
   std::string line;
   while (std::getline(in, line)) {
     std::smatch m;
+    if (std::regex_search(line, m, kSerialized)) {
+      const std::string fn = m[3].matched ? m[3].str() : current;
+      if (fn == kernel) u.wgmma_serialized = fmt::format("{}: {}", m[1].str(), m[2].str());
+      continue;
+    }
     if (std::regex_search(line, m, kEntry) || std::regex_search(line, m, kProperties)) {
       current = m[1].str();
       continue;

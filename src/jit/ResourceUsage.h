@@ -15,13 +15,18 @@ struct ResourceUsage {
   int spill_store_bytes = -1;
   int spill_load_bytes = -1;
   int max_threads_per_block = -1;  // from __launch_bounds__, when the kernel has one
-  // "168 registers, 0 B spills, 0 B stack, 0 B static smem"
+  // Why ptxas serialized the kernel's wgmma (each one waited for before the next issues: a
+  // Hopper kernel at a fraction of its speed), e.g. "C7512: insufficient register resources";
+  // empty when it did not (or the log did not say).
+  std::string wgmma_serialized;
+  // "168 registers, 0 B spills, 0 B stack, 0 B static smem" (+ ", wgmma serialized (...)")
   std::string str() const;
 };
 
 // Reads the usage of entry function `kernel` (its symbol name) from the ptxas verbose output
 // that NVRTC puts in the program log when compiled with --ptxas-options=-v. Fields the log does
-// not mention stay -1.
+// not mention stay -1. ptxas's "Potential Performance Loss: wgmma.mma_async instructions are
+// serialized ..." remark for the kernel fills wgmma_serialized.
 ResourceUsage usage_from_ptxas_log(std::string_view log, std::string_view kernel);
 
 // Reads what the cubin's ELF records for `kernel`: registers and stack frame (.nv.info

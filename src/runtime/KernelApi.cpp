@@ -99,6 +99,7 @@ KernelBinary compile_kernel(const Mods& mods, const KernelQuery& query) {
   out.spill_load_bytes = ck.usage.spill_load_bytes;
   out.stack_frame_bytes = ck.usage.stack_frame_bytes;
   out.static_shared_bytes = ck.usage.static_shared_bytes;
+  out.wgmma_serialized = ck.usage.wgmma_serialized;
   return out;
 }
 

@@ -444,6 +444,11 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
         failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),
                                        j.mods, u.spill_store_bytes, u.spill_load_bytes));
       }
+      // Nor wgmma serialized by ptxas (which it may do instead of spilling).
+      if (!u.wgmma_serialized.empty()) {
+        failures.push_back(
+            fmt::format("{} {}: wgmma serialized ({})", d.str(), j.mods, u.wgmma_serialized));
+      }
       for (const char* needle :
            {"wgmma.mma_async", "cp.async.bulk.tensor.4d", "setmaxnreg.inc", "mbarrier.try_wait"}) {
         if (k.source->source.find(needle) == std::string::npos)

@@ -554,6 +554,34 @@ TEST_CASE("ptxas log parsing picks the requested entry function", "[jit]") {
   CHECK(o.spill_store_bytes == 4);
   CHECK(o.str() == "40 registers, 8 B spills, 8 B stack, 4096 B static smem");
   CHECK(usage_from_ptxas_log(log, "absent").registers == -1);
+  CHECK(u.wgmma_serialized.empty());
+}
+
+TEST_CASE("ptxas's serialized-wgmma remark is read for the function it names", "[jit]") {
+  // CUDA 13.0's wording (the sm_90a dK/dV kernel of 2026-11-28 without `divisible`).
+  const char* log =
+      "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are "
+      "serialized due to insufficient register resources for the function 'flexjit_bwd_dkdv'\n"
+      "ptxas info    : Compiling entry function 'flexjit_bwd_dkdv' for 'sm_90a'\n"
+      "ptxas info    : Function properties for flexjit_bwd_dkdv\n"
+      "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 168 registers, used 1 barriers, 360 bytes cmem[0]\n"
+      "ptxas info    : Compiling entry function 'flexjit_forward' for 'sm_90a'\n"
+      "ptxas info    : Used 168 registers, used 1 barriers, 360 bytes cmem[0]\n";
+  const ResourceUsage u = usage_from_ptxas_log(log, "flexjit_bwd_dkdv");
+  CHECK(u.wgmma_serialized == "C7512: insufficient register resources");
+  CHECK(u.registers == 168);
+  CHECK(u.str() ==
+        "168 registers, 0 B spills, 0 B stack, 0 B static smem, wgmma serialized (C7512: "
+        "insufficient register resources)");
+  CHECK(usage_from_ptxas_log(log, "flexjit_forward").wgmma_serialized.empty());
+  // A remark without a function name belongs to the function being compiled.
+  const char* unnamed =
+      "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+      "ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are "
+      "serialized due to program dependence on compiler-inserted WG.AR in divergent path\n";
+  CHECK(usage_from_ptxas_log(unnamed, "k").wgmma_serialized ==
+        "C7520: program dependence on compiler-inserted WG.AR in divergent path");
 }
 
 TEST_CASE("resource usage of a static shared memory kernel matches nvcc", "[jit]") {

@@ -49,6 +49,7 @@ nlohmann::json to_json(const KernelBinary& k) {
           {"spill_load_bytes", k.spill_load_bytes},
           {"stack_frame_bytes", k.stack_frame_bytes},
           {"static_shared_bytes", k.static_shared_bytes},
+          {"wgmma_serialized", k.wgmma_serialized},
           {"dynamic_shared_bytes", k.source.dynamic_smem_bytes}};
 }
 
@@ -150,6 +151,12 @@ void register_one(CLI::App& app, bool inspect) {
           "static smem\n",
           k.registers, k.spill_store_bytes, k.spill_load_bytes, k.stack_frame_bytes,
           k.static_shared_bytes);
+      if (!k.wgmma_serialized.empty()) {
+        fmt::print(
+            "warning   ptxas serialized the kernel's wgmma ({}): it runs far below its "
+            "speed\n",
+            k.wgmma_serialized);
+      }
       fmt::print("dyn smem  {} bytes\n", k.source.dynamic_smem_bytes);
     }
     if (inspect && st.sass && !disassemble(k.cubin, "cuobjdump", "--dump-sass") &&
