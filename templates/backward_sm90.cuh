@@ -326,7 +326,14 @@ struct FjDkDvSm90Layout {
   static constexpr int kStageBytes = kDqW / 8 * 32 * 16;  // a warp's dQ rows on their way out (f32)
   static constexpr int kOffDs = kOffDo + kS * kDoBytes;
   static constexpr int kOffStage = kOffDs + (kDqAtomic ? 2 * kDsBytes : 0);
-  static constexpr int kOffBar = kOffStage + (kDqAtomic ? 4 * T::kConsumers * kStageBytes : 0);
+  // Per stage, the q tile's lse2 then delta (kBM floats each), loaded with Q and dO.
+  static constexpr int kStatBytes = 2 * 4 * kBM;
+  static constexpr int kOffStats = kOffStage + (kDqAtomic ? 4 * T::kConsumers * kStageBytes : 0);
+  static constexpr int kOffBar = kOffStats + kS * kStatBytes;
+  // Named barriers kStatBar + s (s < kS): the consumers' reads of stage s's lse2 / delta before
+  // the producer's next bulk copy into it (1, 2: epilogues; 3, 4: turns; 5, 6: the meetings).
+  static constexpr int kStatBar = 7;
+  static_assert(kStatBar + kS <= 16, "flexjit bwd_dkdv sm90: 16 named barriers");
   static constexpr int kOffEnd = kOffBar + 8 * (1 + 2 * kS);
   static_assert(kOffEnd + 1024 == fj_bwd_dkdv_sm90_smem_bytes(kBM, kBN, T::kDimQK, T::kDimV, 2, kS,
                                                               kDqAtomic ? 1 : 0),
@@ -338,7 +345,7 @@ struct FjDkDvSm90Layout {
 // consumers' order and streams Q and dO into the ring's stages (full / empty).
 template <class Cfg>
 FJ_DEVICE void fj_dkdv_sm90_producer(const FjBwdArgs& args, const FjBwdTmaMaps& maps, fj_u32 sk,
-                                     fj_u32 sv, fj_u32 sq, fj_u32 sdo, fj_u32 bar_kv,
+                                     fj_u32 sv, fj_u32 sq, fj_u32 sdo, fj_u32 sstats, fj_u32 bar_kv,
                                      fj_u32 bar_full, fj_u32 bar_empty, int n_block, int n_start,
                                      int h_kv, int b) {
   using T = FjBwdSm90Traits<Cfg>;
@@ -364,23 +371,32 @@ FJ_DEVICE void fj_dkdv_sm90_producer(const FjBwdArgs& args, const FjBwdTmaMaps& 
       // delta would lie past the workspace row.
       if (m0 >= args.seqlen_q) continue;
       const int stage = i % kS;
-      if (i >= kS) fj_mbar_wait(bar_empty + 8 * stage, ((i / kS) & 1) ^ 1);
+      if (i >= kS) {
+        fj_mbar_wait(bar_empty + 8 * stage, ((i / kS) & 1) ^ 1);
+        // The consumers' reads of the stage's lse2 / delta, before the bulk copy overwrites
+        // them: the empty mbarrier orders them too, but compute-sanitizer's racecheck follows a
+        // generic read before an async-proxy write only through a named barrier. The producer
+        // warp's other lanes have exited, so this thread's bar.sync counts as the warp's 32.
+        fj_bar_sync(L::kStatBar + stage, 32 + 128 * T::kConsumers);
+      }
       const fj_u32 bar = bar_full + 8 * stage;
-      fj_mbar_arrive_expect_tx(bar, kQBytes + kDoBytes);
+      fj_mbar_arrive_expect_tx(bar, kQBytes + kDoBytes + L::kStatBytes);
       fj_tma_load_tile<T::kDimQK, kBM>(sq + stage * kQBytes, &maps.q, m0, h, b, bar);
       fj_tma_load_tile<T::kDimV, kBM>(sdo + stage * kDoBytes, &maps.dout, m0, h, b, bar);
-      // The tile's lse2 and delta (kBM floats each, rows < seqlen_q_pad) into the L1, a stage or
-      // more before the consumers' element step reads them: read cold, its loads waited for the
-      // L2 right after the S^T / dP^T wait, in front of the step's first ex2.
+      // The tile's lse2 and delta (kBM floats each, rows < seqlen_q_pad) with them, into the
+      // stage: read from global memory in the element step, they waited there for the L1 or the
+      // L2 (ncu: 10 % of the consumers' stall samples at noop, after the v35 prefetch into L1).
       const fj_i64 row = ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad + m0;
-#pragma unroll
-      for (int o = 0; o < kBM; o += 32) {
-        fj_prefetch_l1(args.lse2 + row + o);
-        fj_prefetch_l1(args.delta + row + o);
-      }
+      const fj_u32 st = sstats + stage * L::kStatBytes;
+      fj_bulk_load(st, args.lse2 + row, 4 * kBM, bar);
+      fj_bulk_load(st + 4 * kBM, args.delta + row, 4 * kBM, bar);
       ++i;
     }
   }
+  // The consumers' arrivals after the last (up to kS) steps, taken so that none is pending when
+  // the CTA exits.
+  for (int t = i > kS ? i - kS : 0; t < i; ++t)
+    fj_bar_sync(L::kStatBar + t % kS, 32 + 128 * T::kConsumers);
 }
 
 // P^T and dS^T of a consumer warp's 16 kv rows over one q tile (from m0; lse2 / delta of its
@@ -516,9 +532,11 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const fj_u32 base = (fj_smem_addr(fj_smem_raw) + 1023u) & ~1023u;
   const fj_u32 sk = base, sv = base + L::kOffV, sq = base + L::kOffQ, sdo = base + L::kOffDo;
   const fj_u32 sds = base + L::kOffDs, sstage = base + L::kOffStage;
-  // once: K and V; full: Q and dO of a stage. The consumers read a tile's lse2 and delta from
-  // global memory (L1): staged in shared memory by bulk copies, their generic-proxy reads and
-  // the next copy's async-proxy writes were a race to compute-sanitizer's racecheck.
+  const fj_u32 sstats = base + L::kOffStats;
+  // The stats as generic pointers (the consumers' loads of them are LDS).
+  const float* const stats = reinterpret_cast<const float*>(
+      fj_smem_raw + (base - fj_smem_addr(fj_smem_raw)) + L::kOffStats);
+  // once: K and V; full: Q, dO, lse2 and delta of a stage.
   const FjBwdRing<kS, T::kConsumers> ring(base + L::kOffBar);
   const fj_u32 bar_kv = ring.once, bar_full = ring.full, bar_empty = ring.empty;
 
@@ -534,8 +552,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   if (wg == 0) {
     fj_setmaxnreg_dec<T::kProducerRegs>();
     if (tid != 0) return;
-    fj_dkdv_sm90_producer<Cfg>(args, maps, sk, sv, sq, sdo, bar_kv, bar_full, bar_empty, n_block,
-                               n_start, h_kv, b);
+    fj_dkdv_sm90_producer<Cfg>(args, maps, sk, sv, sq, sdo, sstats, bar_kv, bar_full, bar_empty,
+                               n_block, n_start, h_kv, b);
     return;
   }
 
@@ -565,8 +583,6 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   int i = 0;
   for (int g = 0; g < Cfg::kGqaRatio; ++g) {
     const int h = h_kv * Cfg::kGqaRatio + g;
-    const float* lse2_row = args.lse2 + ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
-    const float* delta_row = args.delta + ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad;
 #pragma unroll
     for (int k = 0; k < kFjGradSlots; ++k)
       grad_acc[k] = 0.0f;
@@ -588,10 +604,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       float s[kBM / 8][4], dp[kBM / 8][4];
       fj_bwd_sm90_s_dp<T::kKQK, T::kKV, kBN, kBM>(s, dp, turns, sk, sv, cw * 64, sq_st, sdo_st);
       if constexpr (kDl) loads.commit(lane);
-      // lse2 / delta of the tile's q rows m0 .. m0 + kBM - 1 < seqlen_q_pad (a multiple of 128).
-      fj_dkdv_sm90_elements<Cfg>(s, dp, args, mods, grads, lse2_row + m0, delta_row + m0, b, h,
-                                 kv_row0, m0, lane, grad_acc, diag, loads.mine(lane),
-                                 j < sched.num_partial, edge || m0 + kBM > args.seqlen_q);
+      // lse2 / delta of the tile's q rows m0 .. m0 + kBM - 1 (< seqlen_q_pad, a multiple of 128)
+      // from the stage.
+      const float* const st = stats + stage * (L::kStatBytes / 4);
+      fj_dkdv_sm90_elements<Cfg>(s, dp, args, mods, grads, st, st + kBM, b, h, kv_row0, m0, lane,
+                                 grad_acc, diag, loads.mine(lane), j < sched.num_partial,
+                                 edge || m0 + kBM > args.seqlen_q);
       fj_u32 pa[kBM / 16][4], dsa[kBM / 16][4];
       fj_wgmma_pack_a<E>(pa, s);
       fj_wgmma_pack_a<E>(dsa, dp);
@@ -601,9 +619,12 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       float dq[kDqW / 8][4];  // live from its issue to its reductions only
       if constexpr (kDqAtomic) {
         fj_sw128_store_packed<kBN>(sds + (i & 1) * kDsBytes, cw * 64 + warp * 16, lane, dsa);
-        fj_fence_proxy_async();  // the stores, before the wgmma (async proxy) that read them
         prev_block = q_block(h, m0);
       }
+      // The dS^T stores before the wgmma (async proxy) that read them, and the stage's lse2 /
+      // delta reads before the producer's next bulk copy into it (its named barrier).
+      fj_fence_proxy_async();
+      fj_bar_arrive(L::kStatBar + stage, 32 + 128 * T::kConsumers);
       turns.begin();
       fj_wgmma_fence();
       if constexpr (kDqAtomic) {

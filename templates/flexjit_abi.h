@@ -342,15 +342,15 @@ struct FjBwdTmaMaps {
 // Dynamic shared memory of the sm_90a dK/dV kernel: 1024 bytes of alignment slack, the K and V
 // tiles, num_stages Q tiles, num_stages dO tiles, with dq_atomic two dS^T tiles (block_n x
 // block_m, the dQ products' A operand, double-buffered) and the f32 dQ rows of a step on their
-// way to the bulk reductions (block_m x head_dim_qk), then the mbarriers (K/V full; per stage
-// full, empty). lse2 and delta are read from global memory.
+// way to the bulk reductions (block_m x head_dim_qk), per stage the q tile's lse2 and delta
+// (block_m floats each), then the mbarriers (K/V full; per stage full, empty).
 FJ_HOST_DEVICE inline constexpr int fj_bwd_dkdv_sm90_smem_bytes(int block_m, int block_n,
                                                                 int head_dim_qk, int head_dim_v,
                                                                 int elem_bytes, int num_stages,
                                                                 int dq_atomic) {
   return 1024 + elem_bytes * (block_n + num_stages * block_m) * (head_dim_qk + head_dim_v) +
          (dq_atomic ? 2 * elem_bytes * block_n * block_m + 4 * block_m * head_dim_qk : 0) +
-         8 * (1 + 2 * num_stages);
+         num_stages * 2 * 4 * block_m + 8 * (1 + 2 * num_stages);
 }
 
 // Dynamic shared memory of the sm_90a dQ kernel: 1024 bytes of slack, the Q and dO tiles (Q is

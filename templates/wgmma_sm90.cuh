@@ -54,6 +54,14 @@ FJ_DEVICE void fj_bulk_load16(fj_u32 smem_dst, const void* gmem_src, fj_u32 bar)
       "l"(gmem_src), "r"(bar)
       : "memory");
 }
+// `bytes` (a multiple of 16) of global memory into shared memory the same way.
+FJ_DEVICE void fj_bulk_load(fj_u32 smem_dst, const void* gmem_src, int bytes, fj_u32 bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_dst),
+      "l"(gmem_src), "r"(bytes), "r"(bar)
+      : "memory");
+}
 FJ_DEVICE void fj_fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }

@@ -228,12 +228,13 @@ TEST_CASE("sm90a_wgmma backward configs: defaults, the space, and precise refusa
                     Catch::Contains("block_n = 64") && Catch::Contains("supported: 128"));
   CHECK_THROWS_WITH(sm90_desc(Family::BackwardDq, DType::BF16, 128, 128, {{"num_warps", 8}}),
                     Catch::Contains("num_warps"));
-  // The layout formulas: slack, tiles, the mbarriers.
+  // The layout formulas: slack, tiles, each stage's lse2 and delta (64 floats each), the
+  // mbarriers.
   CHECK(fj_bwd_dkdv_sm90_smem_bytes(64, 128, 128, 128, 2, 2, 0) ==
-        1024 + 2 * (128 + 2 * 64) * 256 + 8 * 5);
+        1024 + 2 * (128 + 2 * 64) * 256 + 2 * 2 * 4 * 64 + 8 * 5);
   // dq_atomic: two 128 x 64 dS^T tiles and 64 x 128 f32 dQ rows.
   CHECK(fj_bwd_dkdv_sm90_smem_bytes(64, 128, 128, 128, 2, 2, 1) ==
-        1024 + 2 * (128 + 2 * 64) * 256 + 2 * 2 * 128 * 64 + 4 * 64 * 128 + 8 * 5);
+        1024 + 2 * (128 + 2 * 64) * 256 + 2 * 2 * 128 * 64 + 4 * 64 * 128 + 2 * 2 * 4 * 64 + 8 * 5);
   CHECK(fj_bwd_dq_sm90_smem_bytes(128, 64, 128, 128, 2, 2) ==
         1024 + 2 * (128 + 2 * 64) * 256 + 8 * 5);
 }
