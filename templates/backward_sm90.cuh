@@ -179,8 +179,7 @@ FJ_DEVICE void fj_bwd_sm90_dq_piece(float (&d)[kW / 8][4], fj_u32 tile_ds, fj_u3
 // bulk reduction moves whole lines through the async proxy. Lane 0 waits until its previous
 // reduction has read the stage before the warp overwrites it.
 template <int kW>
-FJ_DEVICE void fj_bwd_sm90_dq_bulk_add(float* gdst, fj_u32 stage, int lane,
-                                       const float (&d)[kW / 8][4]) {
+FJ_DEVICE void fj_bwd_sm90_dq_stage(fj_u32 stage, int lane, const float (&d)[kW / 8][4]) {
   if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
   __syncwarp();
 #pragma unroll
@@ -189,7 +188,11 @@ FJ_DEVICE void fj_bwd_sm90_dq_bulk_add(float* gdst, fj_u32 stage, int lane,
                  "f"(d[k][0]), "f"(d[k][1]), "f"(d[k][2]), "f"(d[k][3])
                  : "memory");
   }
-  fj_fence_proxy_async();  // the stores, before the bulk copy (async proxy) reads them
+}
+// The bulk reduction of the warp's stage into `gdst`, once every lane's stores are ordered
+// before the async proxy (fj_fence_proxy_async by each lane since its stores).
+template <int kW>
+FJ_DEVICE void fj_bwd_sm90_dq_reduce(float* gdst, fj_u32 stage, int lane) {
   __syncwarp();
   if (lane == 0) {
     asm volatile(
@@ -198,6 +201,13 @@ FJ_DEVICE void fj_bwd_sm90_dq_bulk_add(float* gdst, fj_u32 stage, int lane,
         "r"(stage), "n"(kW / 8 * 32 * 16)
         : "memory");
   }
+}
+template <int kW>
+FJ_DEVICE void fj_bwd_sm90_dq_bulk_add(float* gdst, fj_u32 stage, int lane,
+                                       const float (&d)[kW / 8][4]) {
+  fj_bwd_sm90_dq_stage<kW>(stage, lane, d);
+  fj_fence_proxy_async();  // the stores, before the bulk copy (async proxy) reads them
+  fj_bwd_sm90_dq_reduce<kW>(gdst, stage, lane);
 }
 
 // The dK/dV kernel's walk over a head's q tiles: step jw takes the schedule's tile j. With dQ
@@ -458,17 +468,27 @@ FJ_DEVICE float* fj_dkdv_sm90_dq_block(const FjBwdArgs& args, int b, int cw, int
          (cw * 4 + warp) * 16 * FjDkDvSm90Layout<Cfg>::kDqW;
 }
 
-// dq_atomic, after a turn: waits for the dQ piece (its own wgmma group, issued first) and adds
-// it into the accumulator's block `blk` (-1: none, consumer 0's first step).
+// dq_atomic, after a turn: waits for the dQ piece (its own wgmma group, issued first) and stores
+// its rows into the warp's stage if they belong to a block (`blk` >= 0; -1: none, consumer 0's
+// first step). The reduction into the accumulator goes out at the next step's top, after the
+// fence.proxy.async that the step's dS^T stores need anyway (fj_dkdv_sm90_dq_flush): with a
+// fence of its own here, the fence waited on the stores (10 % of the consumers' stall samples).
 template <class Cfg>
-FJ_DEVICE void fj_dkdv_sm90_dq_out(float (&dq)[FjDkDvSm90Layout<Cfg>::kDqW / 8][4],
-                                   const FjBwdArgs& args, fj_u32 my_stage, int blk, int b, int cw,
-                                   int warp, int lane) {
+FJ_DEVICE void fj_dkdv_sm90_dq_out(float (&dq)[FjDkDvSm90Layout<Cfg>::kDqW / 8][4], fj_u32 my_stage,
+                                   int blk, int lane) {
   fj_wgmma_wait<1>();
   fj_fence_regs(dq);
+  if (blk >= 0) fj_bwd_sm90_dq_stage<FjDkDvSm90Layout<Cfg>::kDqW>(my_stage, lane, dq);
+}
+
+// dq_atomic: the rows in the warp's stage (of block `blk`, -1: none) into the accumulator, after
+// a fence.proxy.async of every lane.
+template <class Cfg>
+FJ_DEVICE void fj_dkdv_sm90_dq_flush(const FjBwdArgs& args, fj_u32 my_stage, int blk, int b, int cw,
+                                     int warp, int lane) {
   if (blk >= 0) {
-    fj_bwd_sm90_dq_bulk_add<FjDkDvSm90Layout<Cfg>::kDqW>(
-        fj_dkdv_sm90_dq_block<Cfg>(args, b, cw, warp, blk), my_stage, lane, dq);
+    fj_bwd_sm90_dq_reduce<FjDkDvSm90Layout<Cfg>::kDqW>(
+        fj_dkdv_sm90_dq_block<Cfg>(args, b, cw, warp, blk), my_stage, lane);
   }
 }
 
@@ -478,8 +498,12 @@ FJ_DEVICE void fj_dkdv_sm90_dq_out(float (&dq)[FjDkDvSm90Layout<Cfg>::kDqW / 8][
 // consumers meet before either epilogue overwrites K rows that the other's dQ products read.
 template <class Cfg>
 FJ_DEVICE void fj_dkdv_sm90_last_dq(const FjBwdArgs& args, fj_u32 sk, fj_u32 sds, fj_u32 my_stage,
-                                    int i, int prev_block, int b, int cw, int warp, int lane) {
+                                    int i, int prev_block, int pending, int b, int cw, int warp,
+                                    int lane) {
   using L = FjDkDvSm90Layout<Cfg>;
+  // The last step's rows (block `pending`) still in the stage.
+  fj_fence_proxy_async();
+  fj_dkdv_sm90_dq_flush<Cfg>(args, my_stage, pending, b, cw, warp, lane);
   float dq[L::kDqW / 8][4];
   fj_wgmma_fence();
   fj_bwd_sm90_dq_piece<L::kBN, L::kDqW>(dq, sds + ((i + 1) & 1) * L::kDsBytes, sk, 0);
@@ -576,7 +600,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   // alibi's kernel spilled with two), the index of its 64-row block among batch b's rows of the
   // workspace; -1 for none.
   auto q_block = [&](int h, int m0) { return h * (args.seqlen_q_pad / 64) + m0 / 64; };
-  int prev_block = -1;                                                // the previous step's
+  int prev_block = -1;  // the previous step's
+  int pending = -1;     // the q block of the dQ rows in this warp's stage, not yet reduced
   const fj_u32 my_stage = sstage + (cw * 4 + warp) * L::kStageBytes;  // this warp's dQ stage
   turns.start();
   fj_mbar_wait(bar_kv, 0);
@@ -625,6 +650,11 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       // delta reads before the producer's next bulk copy into it (its named barrier).
       fj_fence_proxy_async();
       fj_bar_arrive(L::kStatBar + stage, 32 + 128 * T::kConsumers);
+      // ... and the previous step's dQ rows, stored before this fence, into the accumulator.
+      if constexpr (kDqAtomic) {
+        fj_dkdv_sm90_dq_flush<Cfg>(args, my_stage, pending, b, cw, warp, lane);
+        pending = dq_blk;
+      }
       turns.begin();
       fj_wgmma_fence();
       if constexpr (kDqAtomic) {
@@ -637,8 +667,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
       fj_bwd_sm90_rs<kBM, T::kDimQK>(dk, dsa, sq_st);
       fj_wgmma_commit();
       turns.end();
-      if constexpr (kDqAtomic)
-        fj_dkdv_sm90_dq_out<Cfg>(dq, args, my_stage, dq_blk, b, cw, warp, lane);
+      if constexpr (kDqAtomic) fj_dkdv_sm90_dq_out<Cfg>(dq, my_stage, dq_blk, lane);
       // The diagonal sums go out under the dV / dK GEMMs.
       if constexpr (kDiag) diag.flush(mods, grads, b, h, m0 - kv_row0, 1, lane);
       fj_wgmma_wait<0>();
@@ -651,7 +680,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   }
   turns.finish();
   if constexpr (kDqAtomic)
-    fj_dkdv_sm90_last_dq<Cfg>(args, sk, sds, my_stage, i, prev_block, b, cw, warp, lane);
+    fj_dkdv_sm90_last_dq<Cfg>(args, sk, sds, my_stage, i, prev_block, pending, b, cw, warp, lane);
   fj_dkdv_sm90_epilogue<Cfg>(dk, dv, args, sk, sv, b, h_kv, n_start + cw * 64, cw, warp, lane,
                              wtid);
   if constexpr (kFjGradSmemFloats > 0) {
