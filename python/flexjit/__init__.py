@@ -466,7 +466,8 @@ def inspect(score_mod: ModSpec = None, mask_mod: ModSpec = None, kernel: str = "
     """Compiles a kernel with NVRTC (through the kernel caches) and returns what ``flexjit
     inspect`` shows: description, selection, kernel_name, registers, spill_store_bytes,
     spill_load_bytes, stack_frame_bytes, static_shared_bytes, dynamic_smem_bytes, cubin_bytes,
-    cache ("compiled" / "memory hit" / "disk hit"), compile_ms, source_key and source."""
+    wgmma_serialized ("" unless ptxas serialized the kernel's wgmma), cache ("compiled" /
+    "memory hit" / "disk hit"), compile_ms, source_key and source."""
     return _kernel_call(_C._compile_kernel, score_mod, mask_mod, kernel, arch, dtype, head_dim,
                         head_dim_v, gqa_ratio, variant, block_size)
 

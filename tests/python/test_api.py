@@ -300,6 +300,7 @@ def test_emit_inspect_and_kernel_variants_without_a_gpu():
     assert info["description"].startswith("forward/sm80_mma sm_80 bf16 d=64/64")
     assert 0 < info["registers"] <= 255 and info["cubin_bytes"] > 0
     assert info["cache"] in ("compiled", "memory hit", "disk hit")
+    assert info["wgmma_serialized"] == ""  # an sm_80 kernel has no wgmma
     names = {(v["family"], v["name"]) for v in flexjit.kernel_variants()}
     assert ("forward", "sm80_mma") in names and ("backward_dkdv", "sm80_mma") in names
     with pytest.raises(flexjit.UnsupportedError, match="head_dim_qk = 100; supported: multiples"):

@@ -83,6 +83,8 @@ TEST_CASE("compile reports resources and hits the disk cache the second time", "
   REQUIRE(a.code == 0);
   CHECK_THAT(a.output, Catch::Contains("\"cache\": \"compiled\""));
   CHECK_THAT(a.output, Catch::Contains("\"spill_store_bytes\": 0"));
+  // ptxas's serialized-wgmma remark: none here (an sm_80 kernel has no wgmma).
+  CHECK_THAT(a.output, Catch::Contains("\"wgmma_serialized\": \"\""));
   Result b = run_cli("compile --mods causal --head-dim 64 --arch sm_80 --json", env);
   REQUIRE(b.code == 0);
   CHECK_THAT(b.output, Catch::Contains("\"cache\": \"disk-hit\""));
