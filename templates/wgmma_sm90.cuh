@@ -101,10 +101,6 @@ FJ_DEVICE void fj_tma_load_4d(fj_u32 dst, const FjTmaDesc* map, int c0, int c1, 
 FJ_DEVICE void fj_tma_prefetch_desc(const FjTmaDesc* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
-// A hint: the global line holding *p into the SM's L1 (no register, nothing waits for it).
-FJ_DEVICE void fj_prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
-}
 // Loads rows [row, row + kRows) of (h, b), kDim elements wide, as kDim / 64 boxes of 64 columns
 // (chunk c at dst + c * kRows * 128), all completing on `bar`.
 template <int kDim, int kRows>
