@@ -398,8 +398,8 @@ FJ_DEVICE void fj_dkdv_sm90_producer(const FjBwdArgs& args, const FjBwdTmaMaps& 
       // L2 (ncu: 10 % of the consumers' stall samples at noop, after the v35 prefetch into L1).
       const fj_i64 row = ((fj_i64)b * args.heads_q + h) * args.seqlen_q_pad + m0;
       const fj_u32 st = sstats + stage * L::kStatBytes;
-      fj_bulk_load(st, args.lse2 + row, 4 * kBM, bar);
-      fj_bulk_load(st + 4 * kBM, args.delta + row, 4 * kBM, bar);
+      fj_bulk_load<4 * kBM>(st, args.lse2 + row, bar);
+      fj_bulk_load<4 * kBM>(st + 4 * kBM, args.delta + row, bar);
       ++i;
     }
   }
@@ -557,7 +557,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const fj_u32 sk = base, sv = base + L::kOffV, sq = base + L::kOffQ, sdo = base + L::kOffDo;
   const fj_u32 sds = base + L::kOffDs, sstage = base + L::kOffStage;
   const fj_u32 sstats = base + L::kOffStats;
-  // The stats as generic pointers (the consumers' loads of them are LDS).
+  // The stats as generic pointers (the consumers' loads of them are LDS; from `base`, the offset
+  // folds into the loads' immediates, from `sstats` it took a uniform add).
   const float* const stats = reinterpret_cast<const float*>(
       fj_smem_raw + (base - fj_smem_addr(fj_smem_raw)) + L::kOffStats);
   // once: K and V; full: Q, dO, lse2 and delta of a stage.

@@ -844,7 +844,7 @@ struct FjSm90ProducerTiles {
     v[3] = runs[2];
     fj_fence_proxy_async_global();
     fj_mbar_arrive_expect_tx(sm.bar_q + 8 * u, q_bytes + 16);
-    fj_bulk_load16(sm.tile_slot + 16 * u, slot, sm.bar_q + 8 * u);
+    fj_bulk_load<16>(sm.tile_slot + 16 * u, slot, sm.bar_q + 8 * u);
   }
 
   // kPersistent: whether the pairs are all taken (the CTA's tiles are done).

@@ -44,22 +44,17 @@ FJ_DEVICE void fj_mbar_arrive_count(fj_u32 bar, int count) {
 FJ_DEVICE void fj_cp_async_mbar_arrive(fj_u32 bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// 16 bytes of global memory into this CTA's shared memory (both 16-byte aligned) through the
-// async proxy, counted as 16 transaction bytes on mbarrier `bar` (like a TMA load's). Global
-// memory this thread wrote must be ordered before it first (fj_fence_proxy_async_global).
-FJ_DEVICE void fj_bulk_load16(fj_u32 smem_dst, const void* gmem_src, fj_u32 bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 16, [%2];\n" ::
-          "r"(smem_dst),
-      "l"(gmem_src), "r"(bar)
-      : "memory");
-}
-// `bytes` (a multiple of 16) of global memory into shared memory the same way.
-FJ_DEVICE void fj_bulk_load(fj_u32 smem_dst, const void* gmem_src, int bytes, fj_u32 bar) {
+// kBytes (a multiple of 16) of global memory into this CTA's shared memory (both 16-byte
+// aligned) through the async proxy, counted as kBytes transaction bytes on mbarrier `bar` (like
+// a TMA load's). Global memory this thread wrote must be ordered before it first
+// (fj_fence_proxy_async_global).
+template <int kBytes>
+FJ_DEVICE void fj_bulk_load(fj_u32 smem_dst, const void* gmem_src, fj_u32 bar) {
+  static_assert(kBytes > 0 && kBytes % 16 == 0, "cp.async.bulk copies multiples of 16 bytes");
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
           "r"(smem_dst),
-      "l"(gmem_src), "r"(bytes), "r"(bar)
+      "l"(gmem_src), "n"(kBytes), "r"(bar)
       : "memory");
 }
 FJ_DEVICE void fj_fence_proxy_async_global() {
