@@ -200,10 +200,10 @@ struct FjSm90Traits {
                           kDimQK % 128 == 0 && kDimV % 128 == 0),
                 "flexjit forward_sm90: e4m3 head dims are multiples of 16 in their tile's last 128 "
                 "columns (tiles of 128-byte rows)");
-  static_assert(!kFp8 || (kBlockN == 128 && kConsumers == 2 && kQTiles == 1 && !kPersistent &&
-                          !kFjKvCache),
-                "flexjit forward_sm90: e4m3 runs 128 x 128 tiles, one query tile per CTA "
-                "(ForwardSm90Wgmma::validate)");
+  static_assert(!kFp8 || (kBlockN == 128 && kQTiles == 1 && !kPersistent && !kFjKvCache &&
+                          (kConsumers == 2 || !Cfg::kHasMaskMod)),
+                "flexjit forward_sm90: e4m3 runs 128 x 128 or 192 x 128 tiles (192 rows without "
+                "a mask_mod), one query tile per CTA (ForwardSm90Wgmma::validate)");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm90: 1..4 stages");
   static_assert(kQTiles == 1 || kQTiles == 2, "flexjit forward_sm90: 1 or 2 query tiles per CTA");
   static_assert(!kPersistent || kQTiles == 2,
@@ -1200,8 +1200,11 @@ struct FjSm90Consumer {
   // (mainloop_union).
   static constexpr bool kUnion = kFjUnionSchedule<T, Cfg>;
   // Intra-warpgroup overlap: S of tile i and P V of tile i - 1 issued in one turn (S of tile i,
-  // P of tile i - 1 and O live at once: too many registers with d_v = 256).
-  static constexpr bool kOverlap = T::kDimV <= 128;
+  // P of tile i - 1 and O live at once: too many registers with d_v = 256, and for e4m3 with
+  // three consumers at 160 registers: 144 B of spills and serialized wgmma at d 128). e4m3 with
+  // three consumers runs the serial loop: 3-6 % faster than two with the overlap at d 128
+  // (docs/kernels/forward_sm90.md "FP8").
+  static constexpr bool kOverlap = T::kDimV <= 128 && !(T::kFp8 && T::kConsumers == 3);
   // Q's descriptors are the same for every tile; kept in registers across the loop they take
   // 2 * kDimQK / 16 of them, and they were what spilled first in kernels whose score_mod loads
   // buffers (relative_bias_causal d 128: 64 of its 72 B). With a score_mod they are rebuilt

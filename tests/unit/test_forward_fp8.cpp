@@ -158,12 +158,33 @@ TEST_CASE("sm90a_wgmma e4m3 configs: defaults, the space, and precise refusals",
   // d 128: 4 stages of 16 KB K and 16 KB V^T tiles and a 32 KB Q / O buffer.
   CHECK(ForwardSm90Wgmma().smem_bytes(fp8_desc(128, 128)) ==
         static_cast<unsigned>(fj_forward_sm90_fp8_smem_bytes(128, 128, 128, 128, 4)));
-  for (const Params& bad : {Params{{"block_n", 64}}, Params{{"block_m", 192}},
-                            Params{{"persistent", 1}}, Params{{"q_tiles", 2}}}) {
+  for (const Params& bad :
+       {Params{{"block_n", 64}}, Params{{"persistent", 1}}, Params{{"q_tiles", 2}}}) {
     INFO(bad.str());
     CHECK_THROWS_WITH(fp8_desc(128, 128, bad),
-                      Catch::Contains("e4m3 inputs runs block_m = 128, block_n = 128"));
+                      Catch::Contains("e4m3 inputs runs block_m = 128 or 192, block_n = 128"));
   }
+  // 192 rows (three consumers, the serial loop): by default without a mask_mod where they cover
+  // at most an eighth more rows than 128-row tiles; never with a mask_mod.
+  CHECK(fp8_desc(128, 128, {{"block_m", 192}}).config.at("block_m") == 192);
+  InputFacts main_shape;
+  main_shape.seqlen_q = 4096;
+  main_shape.seqlen_kv = 4096;
+  CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, main_shape).at("block_m") == 192);
+  CHECK(v.resolve_config(fp8_problem("sm_90a", 64, 64), {}, main_shape).at("block_m") == 192);
+  CHECK(v.resolve_config(fp8_problem("sm_90a", 256, 128), {}, main_shape).at("block_m") == 128);
+  CHECK(v.resolve_config(fp8_problem("sm_90a"), {{"block_m", 128}}, main_shape).at("block_m") ==
+        128);
+  InputFacts short_q = main_shape;
+  short_q.seqlen_q = 256;  // 384 rows in 192-row tiles against 256
+  CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, short_q).at("block_m") == 128);
+  InputFacts masked = main_shape;
+  masked.mask_mod = true;
+  CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, masked).at("block_m") == 128);
+  CHECK_THROWS_WITH(v.resolve_config(fp8_problem("sm_90a"), {{"block_m", 192}}, masked),
+                    Catch::Contains("block_m = 192 only without a mask_mod"));
+  CHECK_THROWS_WITH(v.generate(standard_mods("causal"), fp8_desc(128, 128, {{"block_m", 192}})),
+                    Catch::Contains("block_m = 192 only without a mask_mod"));
 }
 
 TEST_CASE("e4m3 wgmma wrappers: k32, no transpose operands", "[sm90][fp8][codegen]") {
@@ -205,6 +226,11 @@ TEST_CASE("sm90a_wgmma compiles its e4m3 configs for sm_90a without spills", "[s
                                  {"causal", 64, 64, 1, {}},
                                  {"alibi", 256, 128, 1, {}},
                                  {"noop", 128, 128, 1, {{"num_stages", 2}}},
+                                 {"noop", 128, 128, 1, {{"block_m", 192}}},
+                                 {"alibi", 128, 128, 4, {{"block_m", 192}}},
+                                 {"softcap", 128, 128, 1, {{"block_m", 192}}},
+                                 {"relative_bias", 128, 128, 1, {{"block_m", 192}}},
+                                 {"noop", 64, 64, 1, {{"block_m", 192}}},
                                  {"causal", 96, 64, 2, {{"num_stages", 3}}}};
   jit::CacheSettings settings;
   settings.enabled = false;

@@ -467,20 +467,21 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
         "128, 192 (a KV tile's 16-byte units of e4m3 split over the 128 loader threads)",
         d.config.at("block_n")));
   }
-  if (is_fp8(d) && (d.config.at("block_m") != 128 || d.config.at("block_n") != 128 ||
-                    q_tiles_of(d) != 1 || persistent_of(d) != 0)) {
+  if (is_fp8(d) && (d.config.at("block_n") != 128 || q_tiles_of(d) != 1 || persistent_of(d) != 0)) {
     throw UnsupportedError(fmt::format(
-        "forward/sm90a_wgmma with e4m3 inputs runs block_m = 128, block_n = 128 (V^T tiles of "
-        "128-byte rows), q_tiles = 1, persistent = 0; got {}",
+        "forward/sm90a_wgmma with e4m3 inputs runs block_m = 128 or 192, block_n = 128 (V^T "
+        "tiles of 128-byte rows), q_tiles = 1, persistent = 0; got {}",
         d.config.str()));
   }
   // Accumulators of S (block_n / 2) and O (the v tile dim / 2) plus P (block_n / 4) per thread
   // must fit the consumers' registers (240 with two consumer warpgroups, 160 with three) with
-  // room for addresses and the softmax state.
+  // room for addresses and the softmax state. e4m3 with three consumers runs the serial loop
+  // (forward_sm90.cuh, kOverlap), whose other live values are fewer: 144 of 160 compile without
+  // spills at d 128.
   const bool three = d.config.at("block_m") == 192;
   const int64_t live = d.config.at("block_n") / 2 + tile_v(d) / 2 +
                        d.config.at("block_n") / (is_fp8(d) ? 8 : 4);  // e4m3 P: 4 per register
-  const int64_t budget = three ? 128 : 200;
+  const int64_t budget = three ? (is_fp8(d) ? 144 : 128) : 200;
   if (live > budget) {
     throw UnsupportedError(fmt::format(
         "block_n = {} with head_dim_v = {} (tile {}) needs {} accumulator and operand registers "
@@ -563,6 +564,19 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   // Not where the mask_mod divides by a run-time value per score (passes/RuntimeDivision.h):
   // at 192 rows chunked_local ran 122 TFLOP/s against 174 with 128 (docs/kernels/forward_sm90.md
   // "Design notes").
+  if (is_fp8(problem) && facts.mask_mod && c.at("block_m") == 192) {
+    throw UnsupportedError(
+        "forward/sm90a_wgmma with e4m3 inputs runs block_m = 192 only without a mask_mod (its "
+        "192-row tiles over a block mask would need the overlapped loop, which does not fit 160 "
+        "registers with e4m3); use block_m = 128");
+  }
+  // e4m3 at d 128 without a mask_mod: three consumer warpgroups in the serial loop (192 rows)
+  // ran noop 3-6 % faster than two in the overlapped one (docs/kernels/forward_sm90.md "FP8"),
+  // where 192-row tiles cover at most an eighth more rows.
+  if (is_fp8(problem) && !overrides.has("block_m") && facts.seqlen_q > 0 && !facts.mask_mod &&
+      tile_qk(problem) <= 128 && tile_v(problem) == 128 && 8 * rows192 <= 9 * rows128) {
+    c.set("block_m", 192);
+  }
   if (!overrides.has("block_m") && !overrides.has("block_n") && facts.seqlen_q > 0 && !kv_cache &&
       !is_fp8(problem) && !facts.mask_mod_divides &&
       std::max(problem.head_dim_qk, problem.head_dim_v) <= 64 && 8 * rows192 <= 9 * rows128 &&
@@ -656,7 +670,14 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
   if (bm == 192 && cuda::has_mask_mod(mods)) config = "#define FJ_FWD_UNION_SCHEDULE 1\n" + config;
   // e4m3 q, k, v: the kernel takes FjFp8Args and the module has the V^T pre-pass
   // (forward_sm90.cuh, FJ_FWD_FP8); without it the source is what it always was.
-  if (is_fp8(desc)) config = "#define FJ_FWD_FP8 1\n" + config;
+  if (is_fp8(desc)) {
+    if (bm == 192 && cuda::has_mask_mod(mods)) {
+      throw UnsupportedError(
+          "forward/sm90a_wgmma with e4m3 inputs runs block_m = 192 only without a mask_mod; use "
+          "block_m = 128");
+    }
+    config = "#define FJ_FWD_FP8 1\n" + config;
+  }
   const std::string wrappers =
       cuda::wgmma_wrappers(desc.dtype, {desc.config.at_int("block_n")}, {tile_v(desc)});
   config.push_back('\n');
