@@ -200,10 +200,9 @@ struct FjSm90Traits {
                           kDimQK % 128 == 0 && kDimV % 128 == 0),
                 "flexjit forward_sm90: e4m3 head dims are multiples of 16 in their tile's last 128 "
                 "columns (tiles of 128-byte rows)");
-  static_assert(!kFp8 || (kBlockN == 128 && kQTiles == 1 && !kPersistent && !kFjKvCache &&
-                          (kConsumers == 2 || !Cfg::kHasMaskMod)),
-                "flexjit forward_sm90: e4m3 runs 128 x 128 or 192 x 128 tiles (192 rows without "
-                "a mask_mod), one query tile per CTA (ForwardSm90Wgmma::validate)");
+  static_assert(!kFp8 || (kBlockN == 128 && kQTiles == 1 && !kPersistent && !kFjKvCache),
+                "flexjit forward_sm90: e4m3 runs 128 x 128 or 192 x 128 tiles, one query tile per "
+                "CTA (ForwardSm90Wgmma::validate)");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm90: 1..4 stages");
   static_assert(kQTiles == 1 || kQTiles == 2, "flexjit forward_sm90: 1 or 2 query tiles per CTA");
   static_assert(!kPersistent || kQTiles == 2,
@@ -424,8 +423,9 @@ FJ_DEVICE void fj_sm90_softmax(float (&s)[1][T::kNTiles][4], float (&row_max)[1]
 }
 
 // Whether the kernel reads a block mask as a union schedule (FjUnionScheduleArgs, flexjit_abi.h):
-// with three consumer warpgroups (and the intra-warpgroup overlap, which they always have) and a
-// mask_mod (ForwardSm90Wgmma::resolve_config takes no 192-row tiles with a block mask otherwise).
+// with three consumer warpgroups and a mask_mod (ForwardSm90Wgmma::resolve_config takes no
+// 192-row tiles with a block mask otherwise). Its loop is the overlapped one, or for e4m3 the
+// serial one (FjSm90Consumer::kOverlap).
 template <class T, class Cfg>
 constexpr bool kFjUnionSchedule = T::kConsumers == 3 && T::kDimV <= 128 && Cfg::kHasMaskMod;
 
@@ -1537,7 +1537,14 @@ struct FjSm90Consumer {
     auto partial_of = [&](int e) { return !masked || ((e >> shift) & 3) == 1; };
     for (int i = 0; i < run_begin; ++i)
       skip(g + i);
-    if (run_begin < run_end) {
+    if constexpr (!kOverlap) {
+      // e4m3 with three consumers: the serial loop over the run (the overlapped one does not fit
+      // 160 registers with e4m3).
+      for (int i = run_begin; i < run_end; ++i) {
+        const int e = fj_warp_uniform(sched.tile(i));
+        serial_step(t, g + i, e & kFjUnionTileMask, partial_of(e), false);
+      }
+    } else if (run_begin < run_end) {
       float alpha[2];
       int e = fj_warp_uniform(sched.tile(run_begin));
       int next_e = run_begin + 1 < run_end ? sched.tile(run_begin + 1) : 0;  // one ahead
@@ -1583,38 +1590,43 @@ struct FjSm90Consumer {
     last_pv(t, g + num_total - 1, prev_tile);
   }
 
+  // One tile of the loop without the overlap at ring position gi: S, its softmax, then P V.
+  // `q_done`: the tile's S is the query tile's last (one Q buffer: release it).
+  FJ_DEVICE void serial_step(const FjSm90QTile& t, int gi, int tile, bool partial, bool q_done) {
+    const int stage = gi % T::kNumStages;
+    const int parity = (gi / T::kNumStages) & 1;
+    float alpha[2];
+    fj_mbar_wait(sm.bar_k + 8 * stage, parity);
+    gather_fence(t, tile, tile);
+    turns.begin();
+    fj_wgmma_fence();
+    issue_qk(stage);
+    turns.end();
+    load_diagonals(t, tile);
+    fj_wgmma_wait<0>();
+    fj_fence_regs(s[0]);
+    if (q_done) release_q();
+    softmax(t, partial, tile * T::kBlockN, alpha);
+    rescale_o(alpha);
+    pack_p();
+    fj_mbar_wait(sm.bar_v + 8 * stage, parity);
+    gather_fence(t, tile, tile);
+    fj_wgmma_fence();
+    issue_pv(stage);
+    fj_wgmma_wait<0>();
+    fj_fence_regs(o[0]);
+    release(stage);
+  }
+
   // The mainloop without the overlap (d_v = 256: S, P and O of two tiles do not fit the
-  // registers; num_total > 0).
+  // registers; e4m3 with three consumers; num_total > 0).
   FJ_DEVICE void mainloop_serial(const FjSm90QTile& t, const FjKvSchedule& sched) {
     const int num_total = sched.num_total;
     int next_tile = sched.tile(fj_sm90_visit(sched, 0));
     for (int i = 0; i < num_total; ++i) {
       const int tile = next_tile;
       if (i + 1 < num_total) next_tile = sched.tile(fj_sm90_visit(sched, i + 1));
-      const int gi = g + i;
-      const int stage = gi % T::kNumStages;
-      const int parity = (gi / T::kNumStages) & 1;
-      float alpha[2];
-      fj_mbar_wait(sm.bar_k + 8 * stage, parity);
-      gather_fence(t, tile, tile);
-      turns.begin();
-      fj_wgmma_fence();
-      issue_qk(stage);
-      turns.end();
-      load_diagonals(t, tile);
-      fj_wgmma_wait<0>();
-      fj_fence_regs(s[0]);
-      if (i + 1 == num_total) release_q();
-      softmax(t, fj_sm90_visit(sched, i) < sched.num_partial, tile * T::kBlockN, alpha);
-      rescale_o(alpha);
-      pack_p();
-      fj_mbar_wait(sm.bar_v + 8 * stage, parity);
-      gather_fence(t, tile, tile);
-      fj_wgmma_fence();
-      issue_pv(stage);
-      fj_wgmma_wait<0>();
-      fj_fence_regs(o[0]);
-      release(stage);
+      serial_step(t, g + i, tile, fj_sm90_visit(sched, i) < sched.num_partial, i + 1 == num_total);
     }
   }
 

@@ -164,8 +164,9 @@ TEST_CASE("sm90a_wgmma e4m3 configs: defaults, the space, and precise refusals",
     CHECK_THROWS_WITH(fp8_desc(128, 128, bad),
                       Catch::Contains("e4m3 inputs runs block_m = 128 or 192, block_n = 128"));
   }
-  // 192 rows (three consumers, the serial loop): by default without a mask_mod where they cover
-  // at most an eighth more rows than 128-row tiles; never with a mask_mod.
+  // 192 rows (three consumers, the serial loop; over a block mask the union schedule): by
+  // default where they cover at most an eighth more rows than 128-row tiles, not where the
+  // mask_mod divides by a run-time value.
   CHECK(fp8_desc(128, 128, {{"block_m", 192}}).config.at("block_m") == 192);
   InputFacts main_shape;
   main_shape.seqlen_q = 4096;
@@ -180,11 +181,19 @@ TEST_CASE("sm90a_wgmma e4m3 configs: defaults, the space, and precise refusals",
   CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, short_q).at("block_m") == 128);
   InputFacts masked = main_shape;
   masked.mask_mod = true;
-  CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, masked).at("block_m") == 128);
-  CHECK_THROWS_WITH(v.resolve_config(fp8_problem("sm_90a"), {{"block_m", 192}}, masked),
-                    Catch::Contains("block_m = 192 only without a mask_mod"));
-  CHECK_THROWS_WITH(v.generate(standard_mods("causal"), fp8_desc(128, 128, {{"block_m", 192}})),
-                    Catch::Contains("block_m = 192 only without a mask_mod"));
+  masked.mask_q_block = 128;
+  masked.mask_kv_block = 128;
+  CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, masked).at("block_m") == 192);
+  InputFacts divides = masked;
+  divides.mask_mod_divides = true;
+  CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, divides).at("block_m") == 128);
+  CHECK(v.resolve_config(fp8_problem("sm_90a"), {{"block_m", 192}}, divides).at("block_m") == 192);
+  InputFacts no_mask_mod = masked;  // a block mask without the mods' mask_mod
+  no_mask_mod.mask_mod = false;
+  CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, no_mask_mod).at("block_m") == 128);
+  CHECK_THAT(v.generate(standard_mods("causal"), fp8_desc(128, 128, {{"block_m", 192}})).source,
+             Catch::Contains("#define FJ_FWD_UNION_SCHEDULE 1") &&
+                 Catch::Contains("#define FJ_FWD_FP8 1"));
 }
 
 TEST_CASE("e4m3 wgmma wrappers: k32, no transpose operands", "[sm90][fp8][codegen]") {
@@ -231,6 +240,9 @@ TEST_CASE("sm90a_wgmma compiles its e4m3 configs for sm_90a without spills", "[s
                                  {"softcap", 128, 128, 1, {{"block_m", 192}}},
                                  {"relative_bias", 128, 128, 1, {{"block_m", 192}}},
                                  {"noop", 64, 64, 1, {{"block_m", 192}}},
+                                 {"causal", 128, 128, 4, {{"block_m", 192}}},
+                                 {"softcap_causal", 128, 128, 1, {{"block_m", 192}}},
+                                 {"sliding_window", 128, 128, 1, {{"block_m", 192}}},
                                  {"causal", 96, 64, 2, {{"num_stages", 3}}}};
   jit::CacheSettings settings;
   settings.enabled = false;

@@ -172,8 +172,10 @@ struct AttentionBenchOptions {
   bool deterministic = false;   // --deterministic: BackwardOptions::deterministic
   std::string autotune;  // empty: FLEXJIT_AUTOTUNE; else off | cached | search, beside the default
   MathMode math = MathMode::Auto;  // --math
-  // --shape with --mods: the one case of those mods at the custom shape.
+  // --shape with --mods: the one case of those mods at the custom shape, in custom_dtype (--dtype:
+  // bf16, or e4m3 as the fp8 group's cases).
   std::shared_ptr<const Mods> custom_case;
+  DType custom_dtype = DType::BF16;
 };
 
 // A first call (plan, build, module load, launch, synchronize) split by the counters of the
@@ -565,6 +567,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
     c.mods = "custom";
     c.block_mask = m.mask_mod.defined();
     c.custom_mods = o.custom_case;
+    c.dtype = o.custom_dtype;
     cases.push_back(c);
   } else {
     for (const BenchCase& c : standard_cases(o.selection)) {
@@ -1161,7 +1164,17 @@ void register_bench(CLI::App& app) {
             shape.empty() ? "--mods / --score-mod / --mask-mod" : "--shape"));
       }
       a.selection.custom = shape.empty() ? kMainShape : parse_bench_shape(shape);
-      if (custom_mods) a.custom_case = std::make_shared<const Mods>(resolve(opts));
+      if (custom_mods) {
+        a.custom_case = std::make_shared<const Mods>(resolve(opts));
+        const std::optional<DType> dt = parse_dtype(opts.dtype);
+        if (dt != DType::BF16 && dt != DType::E4M3) {
+          throw Error(fmt::format(
+              "bench --mods runs bf16 or e4m3 (the fp8 group's per-tensor descales) q, k, v, not "
+              "--dtype {}",
+              opts.dtype));
+        }
+        a.custom_dtype = *dt;
+      }
     }
     if (a.first_call && (a.use_cache || !a.autotune.empty() || !a.csv.empty())) {
       throw Error(

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <tuple>
 
 namespace flexjit::kernels {
@@ -279,8 +280,13 @@ int64_t persistent_bytes(const KernelDesc& d, const ForwardInputs& in) {
          256 * 256;
 }
 
-// e4m3: V^T (FjFp8VtArgs::vt), at the workspace's start (no persistent counter, no union
-// schedule with e4m3).
+// The union schedule's bytes in the workspace (256-byte aligned), 0 where the call has none.
+int64_t union_bytes(const KernelDesc& d, const ForwardInputs& in) {
+  const UnionShape u = union_shape(d, in);
+  return u.used() ? (fj_forward_sm90_union_bytes(u.rows, u.max_tiles) + 255) / 256 * 256 : 0;
+}
+
+// e4m3: V^T (FjFp8VtArgs::vt), after the union schedule (no persistent counter with e4m3).
 int64_t fp8_vt_bytes(const KernelDesc& d, const ForwardInputs& in) {
   if (!is_fp8(d)) return 0;
   const QkvShape& s = in.shape;
@@ -564,17 +570,16 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   // Not where the mask_mod divides by a run-time value per score (passes/RuntimeDivision.h):
   // at 192 rows chunked_local ran 122 TFLOP/s against 174 with 128 (docs/kernels/forward_sm90.md
   // "Design notes").
-  if (is_fp8(problem) && facts.mask_mod && c.at("block_m") == 192) {
-    throw UnsupportedError(
-        "forward/sm90a_wgmma with e4m3 inputs runs block_m = 192 only without a mask_mod (its "
-        "192-row tiles over a block mask would need the overlapped loop, which does not fit 160 "
-        "registers with e4m3); use block_m = 128");
-  }
-  // e4m3 at d 128 without a mask_mod: three consumer warpgroups in the serial loop (192 rows)
-  // ran noop 3-6 % faster than two in the overlapped one (docs/kernels/forward_sm90.md "FP8"),
-  // where 192-row tiles cover at most an eighth more rows.
-  if (is_fp8(problem) && !overrides.has("block_m") && facts.seqlen_q > 0 && !facts.mask_mod &&
-      tile_qk(problem) <= 128 && tile_v(problem) == 128 && 8 * rows192 <= 9 * rows128) {
+  // e4m3 at tile dims up to 128: three consumer warpgroups in the serial loop (192 rows; with a
+  // block mask through the union schedule) ran noop 3-6 % and the masked mods 12-17 % faster than
+  // two in the overlapped loop, alibi_causal as fast (docs/kernels/forward_sm90.md "FP8"), where
+  // 192-row tiles cover at most an eighth more rows; not where the mask_mod divides by a run-time
+  // value (chunked_local, dilated_sliding spill 180-308 B at 192 rows).
+  if (is_fp8(problem) && !overrides.has("block_m") && facts.seqlen_q > 0 &&
+      !facts.mask_mod_divides && tile_qk(problem) <= 128 && tile_v(problem) == 128 &&
+      8 * rows192 <= 9 * rows128 &&
+      (facts.mask_kv_block == 0 ||
+       (facts.mask_mod && union_tiles(facts, c.at("block_n")) <= kFjUnionMaxTiles))) {
     c.set("block_m", 192);
   }
   if (!overrides.has("block_m") && !overrides.has("block_n") && facts.seqlen_q > 0 && !kv_cache &&
@@ -670,14 +675,7 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
   if (bm == 192 && cuda::has_mask_mod(mods)) config = "#define FJ_FWD_UNION_SCHEDULE 1\n" + config;
   // e4m3 q, k, v: the kernel takes FjFp8Args and the module has the V^T pre-pass
   // (forward_sm90.cuh, FJ_FWD_FP8); without it the source is what it always was.
-  if (is_fp8(desc)) {
-    if (bm == 192 && cuda::has_mask_mod(mods)) {
-      throw UnsupportedError(
-          "forward/sm90a_wgmma with e4m3 inputs runs block_m = 192 only without a mask_mod; use "
-          "block_m = 128");
-    }
-    config = "#define FJ_FWD_FP8 1\n" + config;
-  }
+  if (is_fp8(desc)) config = "#define FJ_FWD_FP8 1\n" + config;
   const std::string wrappers =
       cuda::wgmma_wrappers(desc.dtype, {desc.config.at_int("block_n")}, {tile_v(desc)});
   config.push_back('\n');
@@ -694,9 +692,7 @@ unsigned ForwardSm90Wgmma::smem_bytes(const KernelDesc& desc) const {
 }
 
 size_t ForwardSm90Wgmma::workspace_bytes(const KernelDesc& desc, const ForwardInputs& in) const {
-  const UnionShape u = union_shape(desc, in);
-  return static_cast<size_t>(persistent_bytes(desc, in) +
-                             (u.used() ? fj_forward_sm90_union_bytes(u.rows, u.max_tiles) : 0) +
+  return static_cast<size_t>(persistent_bytes(desc, in) + union_bytes(desc, in) +
                              fp8_vt_bytes(desc, in));
 }
 
@@ -717,25 +713,18 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   FjKvCacheArgs cache{};
   FjFwdTmaMaps maps;
   maps.q = runtime::encode_bhsd_tma(in.q, bm, "q");
+  std::vector<Launch> out;
+  std::optional<FjFp8Args> fp8_args;
   if (is_fp8(desc)) {
-    // Contiguous K / V only (fp8_problem_reason); V is read as V^T, written first.
-    Fp8Launch f = fp8_launch(desc, in, workspace);
+    // Contiguous K / V only (fp8_problem_reason); V is read as V^T, written first (after the
+    // union schedule in the workspace).
+    Fp8Launch f = fp8_launch(
+        desc, in,
+        static_cast<char*>(workspace) + persistent_bytes(desc, in) + union_bytes(desc, in));
     maps.k = runtime::encode_bhsd_tma(in.k, bn, "k");
     maps.v = f.vt_map;
-    Launch l;
-    l.entry_point = "flexjit_forward";
-    l.grid = {static_cast<unsigned>((s.seqlen_q + bm - 1) / bm), static_cast<unsigned>(s.heads_q),
-              static_cast<unsigned>(s.batch)};
-    l.block = {static_cast<unsigned>((bm / 64 + 1) * 128), 1, 1};
-    l.smem_bytes = smem_bytes(desc);
-    l.args.add(a);
-    l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
-    l.args.add(maps);
-    l.args.add(f.args);
-    std::vector<Launch> out;
+    fp8_args = f.args;
     out.push_back(std::move(f.vt));
-    out.push_back(std::move(l));
-    return out;
   }
   const bool kv_e4m3 = on_kv_e4m3(desc);
   FJ_ASSERT(kv_e4m3 == (in.k_scale != nullptr) && kv_e4m3 == (in.v_scale != nullptr),
@@ -761,7 +750,7 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
       maps.k = runtime::encode_bhsd_tma(pages_view(in.k), box, "k");
       maps.v = runtime::encode_bhsd_tma(pages_view(in.v), box, "v");
     }
-  } else if (!kv_e4m3) {
+  } else if (!kv_e4m3 && !fp8_args) {
     maps.k = runtime::encode_bhsd_tma(in.k, bn, "k");
     maps.v = runtime::encode_bhsd_tma(in.v, bn, "v");
   }
@@ -771,7 +760,6 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
     maps.v = FjTmaDesc{};
   }
   cache.seq_lens = in.seq_lens;
-  std::vector<Launch> out;
   const UnionShape u = union_shape(desc, in);
   // Where the builder zeroed the persistent CTAs' work counter (else a memset does).
   bool counter_zeroed = false;
@@ -846,6 +834,7 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
   l.args.add(maps);
   if (kv_cache) l.args.add(cache);
   if (kv_e4m3) l.args.add(FjFwdKvFp8Args{in.k_scale, in.v_scale});
+  if (fp8_args) l.args.add(*fp8_args);
   l.before = std::move(wait_for_schedule);
   out.push_back(std::move(l));
   return out;
