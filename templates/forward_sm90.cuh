@@ -429,6 +429,19 @@ FJ_DEVICE void fj_sm90_softmax(float (&s)[1][T::kNTiles][4], float (&row_max)[1]
 template <class T, class Cfg>
 constexpr bool kFjUnionSchedule = T::kConsumers == 3 && T::kDimV <= 128 && Cfg::kHasMaskMod;
 
+// Three consumers' serial loop with a score_mod that reads kv_idx (FJ_FWD_SCORE_READS_KV,
+// ForwardSm90Wgmma::generate): the score_mod in a copy per kind of tile (partial; full; the
+// sequence's last, whose kv_idx is clamped), as 128-row tiles have. Without it a union kernel
+// takes one copy that masks partial tiles after it, and a serial loop without `divisible` no
+// copy of its own for full tiles below the sequence's end (FjSm90Consumer::softmax): where the
+// score_mod does not read kv_idx the two copies differ only in the key bound, and softcap at 192
+// rows spilled 24 B with both.
+#if defined(FJ_FWD_SCORE_READS_KV)
+constexpr bool kFjScoreReadsKv = true;
+#else
+constexpr bool kFjScoreReadsKv = false;
+#endif
+
 // The union schedule's row header of query tile m_block (FjUnionScheduleArgs, flexjit_abi.h).
 FJ_DEVICE const int* fj_union_row(const FjBlockMaskArgs& bm, int b, int h, int m_block) {
   return bm.kv_num_blocks + (fj_i64)b * bm.num_stride_b + (fj_i64)h * bm.num_stride_h +
@@ -1200,11 +1213,12 @@ struct FjSm90Consumer {
   // (mainloop_union).
   static constexpr bool kUnion = kFjUnionSchedule<T, Cfg>;
   // Intra-warpgroup overlap: S of tile i and P V of tile i - 1 issued in one turn (S of tile i,
-  // P of tile i - 1 and O live at once: too many registers with d_v = 256, and for e4m3 with
-  // three consumers at 160 registers: 144 B of spills and serialized wgmma at d 128). e4m3 with
-  // three consumers runs the serial loop: 3-6 % faster than two with the overlap at d 128
-  // (docs/kernels/forward_sm90.md "FP8").
-  static constexpr bool kOverlap = T::kDimV <= 128 && !(T::kFp8 && T::kConsumers == 3);
+  // P of tile i - 1 and O live at once: too many registers with d_v = 256, and with three
+  // consumers at 160 registers unless d_v is 64: e4m3 at d 128 spilled 144 B and ptxas
+  // serialized its wgmma). Three consumers at d_v 128 run the serial loop, faster than two with
+  // the overlap (docs/kernels/forward_sm90.md "Three consumer warpgroups at d 128", "FP8").
+  static constexpr bool kOverlap =
+      T::kDimV <= 128 && !((T::kFp8 || T::kDimV > 64) && T::kConsumers == 3);
   // Q's descriptors are the same for every tile; kept in registers across the loop they take
   // 2 * kDimQK / 16 of them, and they were what spilled first in kernels whose score_mod loads
   // buffers (relative_bias_causal d 128: 64 of its 72 B). With a score_mod they are rebuilt
@@ -1388,7 +1402,7 @@ struct FjSm90Consumer {
     // kernel's start it was spilled and reloaded once per tile: document_causal, 192 rows).
     const int kv_col0 = n_start + (kFjColLoad ? fj_tid_here() & 3 : lane & 3) * 2;
     float c = kLog2e;
-    if constexpr (kUnion && Cfg::kHasScoreMod && Cfg::kHasMaskMod) {
+    if constexpr (kUnion && !kFjScoreReadsKv && Cfg::kHasScoreMod && Cfg::kHasMaskMod) {
       // One copy of the score_mod, the mask_mod after it where the tile is partial: a
       // partial and a full copy of the score_mod chosen by a tile's status bits spilled
       // 130-260 B at 160 registers (softcap_causal, relative_bias_causal;
@@ -1415,7 +1429,8 @@ struct FjSm90Consumer {
     } else if (partial) {
       fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start,
                                                kv_end(t), kv_col0, dl, lane);
-    } else if (!Cfg::kIsDivisible && Cfg::kHasScoreMod && n_start + T::kBlockN <= kv_end(t)) {
+    } else if (!Cfg::kIsDivisible && Cfg::kHasScoreMod && (kOverlap || kFjScoreReadsKv) &&
+               n_start + T::kBlockN <= kv_end(t)) {
       // A full tile below the sequence's end: the score_mod's kv_idx needs no clamp (one per
       // score; S = 4000 alibi+causal ran 9 % below its padded work's share of S = 4096).
       fj_sm90_scores<Cfg, T, false, false, kDl, false>(s, args, mods, t.b, t.h, t.q_row0, n_start,

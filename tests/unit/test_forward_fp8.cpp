@@ -243,6 +243,8 @@ TEST_CASE("sm90a_wgmma compiles its e4m3 configs for sm_90a without spills", "[s
                                  {"causal", 128, 128, 4, {{"block_m", 192}}},
                                  {"softcap_causal", 128, 128, 1, {{"block_m", 192}}},
                                  {"sliding_window", 128, 128, 1, {{"block_m", 192}}},
+                                 {"alibi_causal", 128, 128, 4, {{"block_m", 192}}},
+                                 {"relative_bias_causal", 128, 128, 1, {{"block_m", 192}}},
                                  {"causal", 96, 64, 2, {{"num_stages", 3}}}};
   jit::CacheSettings settings;
   settings.enabled = false;

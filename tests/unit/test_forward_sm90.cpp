@@ -137,6 +137,34 @@ TEST_CASE("sm90a_wgmma serves sm_90a bf16 / f16 and says why it cannot serve the
   CHECK_THROWS_WITH(
       v.resolve_config(problem("sm_90a", DType::BF16, 64, 64), {{"block_m", 192}}, huge),
       Catch::Contains("at most 32768 KV tiles"));
+  // At d 65-128 (a v tile of 128) likewise, with the serial loop and 2 stages; not for head dims
+  // whose qk tile is wider (192 / 128), nor when the caller fixed a tile key.
+  InputFacts main128 = mask128;
+  main128.seqlen_q = main128.seqlen_kv = 4096;
+  for (int dh : {128, 96, 72}) {
+    INFO("d " << dh);
+    const Params c = v.resolve_config(problem("sm_90a", DType::BF16, dh, dh), {}, main128);
+    CHECK(c.at("block_m") == 192);
+    CHECK(c.at("num_stages") == 2);
+  }
+  InputFacts dense128 = main128;
+  dense128.mask_q_block = dense128.mask_kv_block = 0;
+  dense128.mask_mod = false;
+  CHECK(v.resolve_config(problem("sm_90a", DType::F16, 128, 128), {}, dense128).at("block_m") ==
+        192);
+  CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 192, 128), {}, main128).at("block_m") ==
+        128);
+  for (const Params& fixed : {Params{{"num_stages", 2}}, Params{{"block_n", 128}},
+                              Params{{"q_tiles", 1}}, Params{{"block_m", 128}}}) {
+    INFO(fixed.str());
+    CHECK(
+        v.resolve_config(problem("sm_90a", DType::BF16, 128, 128), fixed, main128).at("block_m") ==
+        128);
+  }
+  InputFacts short128 = main128;
+  short128.seqlen_q = 256;
+  CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 128, 128), {}, short128).at("block_m") ==
+        128);
   InputFacts mask256 = mask128;
   mask256.mask_q_block = mask256.mask_kv_block = 256;
   CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 64, 64), {{"block_m", 192}}, mask256)
@@ -183,10 +211,15 @@ TEST_CASE("sm90a_wgmma configs: defaults, the space, and precise refusals", "[sm
                     Catch::Contains("shared memory") && Catch::Contains("lower num_stages"));
   CHECK_THROWS_WITH(sm90_desc(DType::BF16, 256, 256, {{"block_n", 176}}),
                     Catch::Contains("registers per consumer thread"));
-  // Three consumer warpgroups have 160 registers each: head dim 64 (or d_v 64) only.
+  // Three consumer warpgroups have 160 registers each: d_v 64 with the overlapped loop, d_v 128
+  // with the serial one (2 stages fit at d 128), nothing wider.
   CHECK_NOTHROW(sm90_desc(DType::BF16, 64, 64, {{"block_m", 192}}));
+  CHECK(sm90_desc(DType::BF16, 128, 128, {{"block_m", 192}}).config.at("num_stages") == 2);
   CHECK_THROWS_WITH(
-      sm90_desc(DType::BF16, 128, 128, {{"block_m", 192}}),
+      sm90_desc(DType::BF16, 128, 128, {{"block_m", 192}, {"block_n", 176}}),
+      Catch::Contains("registers per consumer thread") && Catch::Contains("block_m = 192"));
+  CHECK_THROWS_WITH(
+      sm90_desc(DType::BF16, 256, 256, {{"block_m", 192}, {"block_n", 64}}),
       Catch::Contains("registers per consumer thread") && Catch::Contains("block_m = 192"));
   CHECK_THROWS_WITH(sm90_desc(DType::BF16, 64, 64, {{"block_m", 256}}),
                     Catch::Contains("block_m = 256") && Catch::Contains("128, 192"));
@@ -418,6 +451,14 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
   jobs.push_back({"alibi_causal", DType::BF16, 256, 128, {}});
   jobs.push_back({"noop", DType::BF16, 48, 48, {{"block_m", 192}}});
   jobs.push_back({"causal", DType::BF16, 96, 96, {{"persistent", 1}}});
+  // Three consumers at d 128 (the serial loop, 2 stages): the defaults of the main shape's mods
+  // and of d 96. Not here: document_causal (16 B) and softcap (4 B) without `divisible`
+  // (docs/kernels/forward_sm90.md "Three consumer warpgroups at d 128").
+  for (const char* m : {"noop", "causal", "alibi_causal", "softcap_causal", "relative_bias_causal",
+                        "sliding_window", "prefix_lm", "document", "alibi", "t5_bucketed_bias",
+                        "sinks_sliding_window"})
+    jobs.push_back({m, DType::BF16, 128, 128, {{"block_m", 192}}});
+  jobs.push_back({"causal", DType::F16, 96, 96, {{"block_m", 192}}});
 
   jit::CacheSettings settings;
   settings.enabled = false;

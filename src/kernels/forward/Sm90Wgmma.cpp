@@ -7,6 +7,7 @@
 #include "codegen/cuda/Wgmma.h"
 #include "device/MaskScheduleCache.h"
 #include "device/TensorMap.h"
+#include "ir/Visitor.h"
 #include "kernels/HeadDims.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/ForwardArgs.h"
@@ -481,13 +482,13 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
   }
   // Accumulators of S (block_n / 2) and O (the v tile dim / 2) plus P (block_n / 4) per thread
   // must fit the consumers' registers (240 with two consumer warpgroups, 160 with three) with
-  // room for addresses and the softmax state. e4m3 with three consumers runs the serial loop
-  // (forward_sm90.cuh, kOverlap), whose other live values are fewer: 144 of 160 compile without
-  // spills at d 128.
+  // room for addresses and the softmax state. Three consumers at a v tile of 128 (and e4m3) run
+  // the serial loop (forward_sm90.cuh, kOverlap), where S and P are not live beside O at once:
+  // 128 x 128 tiles' 160 (e4m3 144) compile without spills.
   const bool three = d.config.at("block_m") == 192;
   const int64_t live = d.config.at("block_n") / 2 + tile_v(d) / 2 +
                        d.config.at("block_n") / (is_fp8(d) ? 8 : 4);  // e4m3 P: 4 per register
-  const int64_t budget = three ? (is_fp8(d) ? 144 : 128) : 200;
+  const int64_t budget = three ? (is_fp8(d) || tile_v(d) > 64 ? 160 : 128) : 200;
   if (live > budget) {
     throw UnsupportedError(fmt::format(
         "block_n = {} with head_dim_v = {} (tile {}) needs {} accumulator and operand registers "
@@ -570,14 +571,19 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   // Not where the mask_mod divides by a run-time value per score (passes/RuntimeDivision.h):
   // at 192 rows chunked_local ran 122 TFLOP/s against 174 with 128 (docs/kernels/forward_sm90.md
   // "Design notes").
-  // e4m3 at tile dims up to 128: three consumer warpgroups in the serial loop (192 rows; with a
-  // block mask through the union schedule) ran noop 3-6 % and the masked mods 12-17 % faster than
-  // two in the overlapped loop, alibi_causal as fast (docs/kernels/forward_sm90.md "FP8"), where
-  // 192-row tiles cover at most an eighth more rows; not where the mask_mod divides by a run-time
-  // value (chunked_local, dilated_sliding spill 180-308 B at 192 rows).
-  if (is_fp8(problem) && !overrides.has("block_m") && facts.seqlen_q > 0 &&
-      !facts.mask_mod_divides && tile_qk(problem) <= 128 && tile_v(problem) == 128 &&
-      8 * rows192 <= 9 * rows128 &&
+  // At tile dims up to 128 with a v tile of 128 (d 65-128; e4m3 at any d up to 128): three
+  // consumer warpgroups in the serial loop (192 rows, 2 stages for bf16 / f16; with a block mask
+  // through the union schedule), faster than two in the overlapped loop: bf16 noop +14 %, the
+  // masked mods +4-14 %; e4m3 noop 3-6 %, its masked mods 12-17 % (docs/kernels/forward_sm90.md
+  // "Three consumer warpgroups at d 128", "FP8"), where 192-row tiles cover at most an eighth
+  // more rows; not where the mask_mod divides by a run-time value (chunked_local and
+  // dilated_sliding spill 180-308 B at 192 rows), nor on a KV cache (128-row tiles only).
+  const bool tiles_free = !overrides.has("block_m") && !overrides.has("block_n") &&
+                          !overrides.has("num_stages") && !overrides.has("q_tiles") &&
+                          !overrides.has("persistent");
+  if (tiles_free && facts.seqlen_q > 0 && !kv_cache && !facts.mask_mod_divides &&
+      tile_qk(problem) <= 128 && tile_v(problem) == 128 && c.at("persistent") == 0 &&
+      c.at("q_tiles") == 1 && 8 * rows192 <= 9 * rows128 &&
       (facts.mask_kv_block == 0 ||
        (facts.mask_mod && union_tiles(facts, c.at("block_n")) <= kFjUnionMaxTiles))) {
     c.set("block_m", 192);
@@ -673,6 +679,17 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
   // The union schedule's kernel only where launches() can run it (block_m 192 over a block mask,
   // which takes a mask_mod: kFjUnionSchedule): elsewhere it would be compiled for nothing.
   if (bm == 192 && cuda::has_mask_mod(mods)) config = "#define FJ_FWD_UNION_SCHEDULE 1\n" + config;
+  // Three consumers' serial loop (e4m3, or a v tile above 64) with a score_mod that reads kv_idx:
+  // the score_mod in a copy per kind of tile, as 128-row tiles have (forward_sm90.cuh,
+  // kFjScoreReadsKv). With one copy alibi_causal ran 2.5 % behind 128-row tiles (its kv_idx
+  // clamped and masked in every tile; docs/kernels/forward_sm90.md "Three consumer warpgroups at
+  // d 128"); score_mods that do not read kv_idx keep one (softcap spilled 24 B with two).
+  if (bm == 192 && (is_fp8(desc) || tile_v(desc) > 64) && mods.score_mod.defined() &&
+      ir::any_node(mods.score_mod, [](const Expr& n) {
+        return n->op == ir::Op::Var && n->var == ir::VarKind::KvIdx;
+      })) {
+    config = "#define FJ_FWD_SCORE_READS_KV 1\n" + config;
+  }
   // e4m3 q, k, v: the kernel takes FjFp8Args and the module has the V^T pre-pass
   // (forward_sm90.cuh, FJ_FWD_FP8); without it the source is what it always was.
   if (is_fp8(desc)) config = "#define FJ_FWD_FP8 1\n" + config;
