@@ -560,23 +560,15 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   const bool kv_cache = on_kv_cache(problem);
   if (kv_cache && !overrides.has("persistent")) c.set("persistent", 0);
   if (kv_cache && !overrides.has("q_tiles") && c.at("persistent") == 0) c.set("q_tiles", 1);
-  // At head dim 64: three consumer warpgroups taking turns in rotation (block_m 192), the
-  // softmax-bound tile's other lever: noop 430.9 TFLOP/s against 404.3 with 128 rows
-  // (docs/kernels/forward_sm90.md "Design notes"); with a block mask, whose 128-row blocks each
-  // 64-row warpgroup lies in, through the union schedule (same page, "Union schedule"). Only where
-  // 192-row tiles cover at most an eighth more rows than 128-row ones (short or ragged query
-  // lengths), and with the default block_n (a wider one does not fit 192 rows' registers).
   const int64_t rows192 = (facts.seqlen_q + 191) / 192 * 192;
   const int64_t rows128 = (facts.seqlen_q + 127) / 128 * 128;
-  // Not where the mask_mod divides by a run-time value per score (passes/RuntimeDivision.h):
-  // at 192 rows chunked_local ran 122 TFLOP/s against 174 with 128 (docs/kernels/forward_sm90.md
-  // "Design notes").
   // At tile dims up to 128 with a v tile of 128 (d 65-128; e4m3 at any d up to 128): three
   // consumer warpgroups in the serial loop (192 rows, 2 stages for bf16 / f16; with a block mask
-  // through the union schedule), faster than two in the overlapped loop: bf16 noop +14 %, the
-  // masked mods +4-14 %; e4m3 noop 3-6 %, its masked mods 12-17 % (docs/kernels/forward_sm90.md
-  // "Three consumer warpgroups at d 128", "FP8"), where 192-row tiles cover at most an eighth
-  // more rows; not where the mask_mod divides by a run-time value (chunked_local and
+  // through the union schedule), faster than two in the overlapped loop (H200, one call each):
+  // bf16 noop +4-8 %, causal +3-14 %, document+causal +8-10 %, alibi+causal level; e4m3 noop
+  // +3-6 %, its masked mods +12-17 % (docs/kernels/forward_sm90.md "Three consumer warpgroups at
+  // d 128", "FP8"). Where 192-row tiles cover at most an eighth more rows and the caller fixed
+  // no tile key; not where the mask_mod divides by a run-time value (chunked_local and
   // dilated_sliding spill 180-308 B at 192 rows), nor on a KV cache (128-row tiles only).
   const bool tiles_free = !overrides.has("block_m") && !overrides.has("block_n") &&
                           !overrides.has("num_stages") && !overrides.has("q_tiles") &&
@@ -588,6 +580,15 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
        (facts.mask_mod && union_tiles(facts, c.at("block_n")) <= kFjUnionMaxTiles))) {
     c.set("block_m", 192);
   }
+  // At head dim 64: three consumer warpgroups taking turns in rotation (block_m 192), the
+  // softmax-bound tile's other lever: noop 430.9 TFLOP/s against 404.3 with 128 rows
+  // (docs/kernels/forward_sm90.md "Design notes"); with a block mask, whose 128-row blocks each
+  // 64-row warpgroup lies in, through the union schedule (same page, "Union schedule"). Only where
+  // 192-row tiles cover at most an eighth more rows than 128-row ones (short or ragged query
+  // lengths), and with the default block_n (a wider one does not fit 192 rows' registers).
+  // Not where the mask_mod divides by a run-time value per score (passes/RuntimeDivision.h):
+  // at 192 rows chunked_local ran 122 TFLOP/s against 174 with 128 (docs/kernels/forward_sm90.md
+  // "Design notes").
   if (!overrides.has("block_m") && !overrides.has("block_n") && facts.seqlen_q > 0 && !kv_cache &&
       !is_fp8(problem) && !facts.mask_mod_divides &&
       std::max(problem.head_dim_qk, problem.head_dim_v) <= 64 && 8 * rows192 <= 9 * rows128 &&
