@@ -173,6 +173,7 @@ TEST_CASE("sm90a_wgmma e4m3 configs: defaults, the space, and precise refusals",
   main_shape.seqlen_kv = 4096;
   CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, main_shape).at("block_m") == 192);
   CHECK(v.resolve_config(fp8_problem("sm_90a", 64, 64), {}, main_shape).at("block_m") == 192);
+  CHECK(v.resolve_config(fp8_problem("sm_90a", 96, 96), {}, main_shape).at("block_m") == 128);
   CHECK(v.resolve_config(fp8_problem("sm_90a", 256, 128), {}, main_shape).at("block_m") == 128);
   CHECK(v.resolve_config(fp8_problem("sm_90a"), {{"block_m", 128}}, main_shape).at("block_m") ==
         128);

@@ -562,18 +562,23 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   if (kv_cache && !overrides.has("q_tiles") && c.at("persistent") == 0) c.set("q_tiles", 1);
   const int64_t rows192 = (facts.seqlen_q + 191) / 192 * 192;
   const int64_t rows128 = (facts.seqlen_q + 127) / 128 * 128;
-  // At tile dims up to 128 with a v tile of 128 (d 65-128; e4m3 at any d up to 128): three
-  // consumer warpgroups in the serial loop (192 rows, 2 stages for bf16 / f16; with a block mask
-  // through the union schedule), faster than two in the overlapped loop (H200, one call each):
-  // bf16 noop +4-8 %, causal +3-14 %, document+causal +8-10 %, alibi+causal level; e4m3 noop
-  // +3-6 %, its masked mods +12-17 % (docs/kernels/forward_sm90.md "Three consumer warpgroups at
-  // d 128", "FP8"). Where 192-row tiles cover at most an eighth more rows and the caller fixed
-  // no tile key; not where the mask_mod divides by a run-time value (chunked_local and
-  // dilated_sliding spill 180-308 B at 192 rows), nor on a KV cache (128-row tiles only).
+  // At head dim 128 (e4m3: 64 or 128): three consumer warpgroups in the serial loop (192 rows,
+  // 2 stages for bf16 / f16; with a block mask through the union schedule), faster than two in
+  // the overlapped loop (H200, one call each): bf16 noop +4-8 %, causal +3-14 %,
+  // document+causal +8-10 %, alibi+causal level; e4m3 noop +3-6 %, its masked mods +12-17 %
+  // (docs/kernels/forward_sm90.md "Three consumer warpgroups at d 128", "FP8"). Where 192-row
+  // tiles cover at most an eighth more rows and the caller fixed no tile key; not where the
+  // mask_mod divides by a run-time value (chunked_local and dilated_sliding spill 180-308 B at
+  // 192 rows), nor on a KV cache (128-row tiles only). Head dims below their tile (d 80, 96,
+  // 112) compile and are taken when asked for, but keep 128 rows by default until the GPU's
+  // head-dim suite has run them at 192.
+  const bool dims_192 =
+      problem.head_dim_qk == problem.head_dim_v &&
+      (problem.head_dim_qk == 128 || (is_fp8(problem) && problem.head_dim_qk == 64));
   const bool tiles_free = !overrides.has("block_m") && !overrides.has("block_n") &&
                           !overrides.has("num_stages") && !overrides.has("q_tiles") &&
                           !overrides.has("persistent");
-  if (tiles_free && facts.seqlen_q > 0 && !kv_cache && !facts.mask_mod_divides &&
+  if (tiles_free && dims_192 && facts.seqlen_q > 0 && !kv_cache && !facts.mask_mod_divides &&
       tile_qk(problem) <= 128 && tile_v(problem) == 128 && c.at("persistent") == 0 &&
       c.at("q_tiles") == 1 && 8 * rows192 <= 9 * rows128 &&
       (facts.mask_kv_block == 0 ||
