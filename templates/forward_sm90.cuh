@@ -424,18 +424,13 @@ FJ_DEVICE void fj_sm90_softmax(float (&s)[1][T::kNTiles][4], float (&row_max)[1]
 
 // Whether the kernel reads a block mask as a union schedule (FjUnionScheduleArgs, flexjit_abi.h):
 // with three consumer warpgroups and a mask_mod (ForwardSm90Wgmma::resolve_config takes no
-// 192-row tiles with a block mask otherwise). Its loop is the overlapped one, or for e4m3 the
-// serial one (FjSm90Consumer::kOverlap).
+// 192-row tiles with a block mask otherwise). Its loop is the overlapped one at d_v 64, the
+// serial one at d_v 128 and for e4m3 (FjSm90Consumer::kOverlap).
 template <class T, class Cfg>
 constexpr bool kFjUnionSchedule = T::kConsumers == 3 && T::kDimV <= 128 && Cfg::kHasMaskMod;
 
-// Three consumers' serial loop with a score_mod that reads kv_idx (FJ_FWD_SCORE_READS_KV,
-// ForwardSm90Wgmma::generate): the score_mod in a copy per kind of tile (partial; full; the
-// sequence's last, whose kv_idx is clamped), as 128-row tiles have. Without it a union kernel
-// takes one copy that masks partial tiles after it, and a serial loop without `divisible` no
-// copy of its own for full tiles below the sequence's end (FjSm90Consumer::softmax): where the
-// score_mod does not read kv_idx the two copies differ only in the key bound, and softcap at 192
-// rows spilled 24 B with both.
+// Three consumers with a score_mod that reads kv_idx (FJ_FWD_SCORE_READS_KV,
+// ForwardSm90Wgmma::generate); FjSm90Consumer::kScoreCopies says what the serial loop makes of it.
 #if defined(FJ_FWD_SCORE_READS_KV)
 constexpr bool kFjScoreReadsKv = true;
 #else
@@ -1219,6 +1214,15 @@ struct FjSm90Consumer {
   // the overlap (docs/kernels/forward_sm90.md "Three consumer warpgroups at d 128", "FP8").
   static constexpr bool kOverlap =
       T::kDimV <= 128 && !((T::kFp8 || T::kDimV > 64) && T::kConsumers == 3);
+  // Three consumers' serial loop with a score_mod that reads kv_idx: the score_mod in a copy per
+  // kind of tile (partial; full; the sequence's last, whose kv_idx is clamped), as 128-row tiles
+  // have; with one copy alibi_causal ran 2.5 % behind 128-row tiles (docs/kernels/forward_sm90.md
+  // "Three consumer warpgroups at d 128"). Otherwise a union kernel takes one copy that masks
+  // partial tiles after it (two spilled in the overlapped loop at 160 registers), and a serial
+  // loop without `divisible` no copy of its own for full tiles below the sequence's end: where the
+  // score_mod does not read kv_idx the two differ only in the key bound (softcap at 192 rows
+  // spilled 24 B with both).
+  static constexpr bool kScoreCopies = kFjScoreReadsKv && !kOverlap;
   // Q's descriptors are the same for every tile; kept in registers across the loop they take
   // 2 * kDimQK / 16 of them, and they were what spilled first in kernels whose score_mod loads
   // buffers (relative_bias_causal d 128: 64 of its 72 B). With a score_mod they are rebuilt
@@ -1402,7 +1406,7 @@ struct FjSm90Consumer {
     // kernel's start it was spilled and reloaded once per tile: document_causal, 192 rows).
     const int kv_col0 = n_start + (kFjColLoad ? fj_tid_here() & 3 : lane & 3) * 2;
     float c = kLog2e;
-    if constexpr (kUnion && !kFjScoreReadsKv && Cfg::kHasScoreMod && Cfg::kHasMaskMod) {
+    if constexpr (kUnion && !kScoreCopies && Cfg::kHasScoreMod && Cfg::kHasMaskMod) {
       // One copy of the score_mod, the mask_mod after it where the tile is partial: a
       // partial and a full copy of the score_mod chosen by a tile's status bits spilled
       // 130-260 B at 160 registers (softcap_causal, relative_bias_causal;
@@ -1429,7 +1433,7 @@ struct FjSm90Consumer {
     } else if (partial) {
       fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start,
                                                kv_end(t), kv_col0, dl, lane);
-    } else if (!Cfg::kIsDivisible && Cfg::kHasScoreMod && (kOverlap || kFjScoreReadsKv) &&
+    } else if (!Cfg::kIsDivisible && Cfg::kHasScoreMod && (kOverlap || kScoreCopies) &&
                n_start + T::kBlockN <= kv_end(t)) {
       // A full tile below the sequence's end: the score_mod's kv_idx needs no clamp (one per
       // score; S = 4000 alibi+causal ran 9 % below its padded work's share of S = 4096).
@@ -1553,8 +1557,8 @@ struct FjSm90Consumer {
     for (int i = 0; i < run_begin; ++i)
       skip(g + i);
     if constexpr (!kOverlap) {
-      // e4m3 with three consumers: the serial loop over the run (the overlapped one does not fit
-      // 160 registers with e4m3).
+      // d_v 128 or e4m3: the serial loop over the run (the overlapped one does not fit 160
+      // registers there).
       for (int i = run_begin; i < run_end; ++i) {
         const int e = fj_warp_uniform(sched.tile(i));
         serial_step(t, g + i, e & kFjUnionTileMask, partial_of(e), false);
@@ -1634,7 +1638,7 @@ struct FjSm90Consumer {
   }
 
   // The mainloop without the overlap (d_v = 256: S, P and O of two tiles do not fit the
-  // registers; e4m3 with three consumers; num_total > 0).
+  // registers; nor with three consumers at d_v 128 or e4m3; num_total > 0).
   FJ_DEVICE void mainloop_serial(const FjSm90QTile& t, const FjKvSchedule& sched) {
     const int num_total = sched.num_total;
     int next_tile = sched.tile(fj_sm90_visit(sched, 0));

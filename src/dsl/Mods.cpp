@@ -47,15 +47,8 @@ void collect_decls(const Expr& e, std::vector<Buffer>& buffers, std::vector<Para
   }
 }
 
-bool uses_var(const Expr& e, ir::VarKind v) {
-  bool found = false;
-  ir::for_each_node(e,
-                    [&](const Expr& n) { found = found || (n->op == ir::Op::Var && n->var == v); });
-  return found;
-}
-
 bool uses_score(const Expr& e) {
-  return uses_var(e, ir::VarKind::Score);
+  return ir::reads_var(e, ir::VarKind::Score);
 }
 
 std::string dims_text(const ir::BufferDecl& d) {
@@ -112,7 +105,7 @@ void Mods::check() const {
                                      sink_mod.type() == ScalarType::I32 ? " (use float(x))" : ""));
     }
     for (ir::VarKind v : {ir::VarKind::Score, ir::VarKind::KvIdx}) {
-      if (uses_var(sink_mod, v)) {
+      if (ir::reads_var(sink_mod, v)) {
         throw CompileError(fmt::format(
             "sink_mod cannot use `{}`: it receives only b, h and q_idx (one sink per row)",
             ir::to_string(v)));

@@ -30,6 +30,10 @@ bool any_node(const Expr& e, const std::function<bool(const Expr&)>& pred) {
   return found;
 }
 
+bool reads_var(const Expr& e, VarKind v) {
+  return any_node(e, [v](const Expr& n) { return n->op == Op::Var && n->var == v; });
+}
+
 Expr Mutator::mutate(const Expr& e) {
   if (!e.defined()) return e;
   auto it = memo_.find(e.get());

@@ -16,6 +16,8 @@ namespace flexjit::ir {
 void for_each_node(const Expr& e, const std::function<void(const Expr&)>& fn);
 // Whether some node of `e` (undefined: none) satisfies `pred`.
 bool any_node(const Expr& e, const std::function<bool(const Expr&)>& pred);
+// Whether `e` (undefined: no) reads the variable `v` (score, b, h, q_idx, kv_idx).
+bool reads_var(const Expr& e, VarKind v);
 
 class Mutator {
  public:

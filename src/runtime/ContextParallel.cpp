@@ -163,10 +163,6 @@ void Event::wait_on(CUstream waiter) {
 
 namespace {
 
-bool reads_var(const Expr& e, ir::VarKind v) {
-  return ir::any_node(e, [v](const Expr& n) { return n->op == ir::Op::Var && n->var == v; });
-}
-
 bool reads_buffer(const Expr& e) {
   return ir::any_node(e, [](const Expr& n) { return n->op == ir::Op::Load; });
 }
@@ -176,8 +172,8 @@ bool reads_buffer(const Expr& e) {
 std::shared_ptr<DeviceBlockMask> CpCall::mask_for(const cp::PairCall& call) {
   if (call.kind != cp::PairKind::Partial) return nullptr;
   const Mods& m = shifted;
-  const int bm = reads_var(m.mask_mod, ir::VarKind::B) ? static_cast<int>(s.batch) : 1;
-  const int hm = reads_var(m.mask_mod, ir::VarKind::H) ? static_cast<int>(s.heads_q) : 1;
+  const int bm = ir::reads_var(m.mask_mod, ir::VarKind::B) ? static_cast<int>(s.batch) : 1;
+  const int hm = ir::reads_var(m.mask_mod, ir::VarKind::H) ? static_cast<int>(s.heads_q) : 1;
   const ModBindings b = cp::with_offsets(options.bindings, m, call.q.start, call.kv.start);
   const bool cacheable = !reads_buffer(m.mask_mod);
   std::string key;

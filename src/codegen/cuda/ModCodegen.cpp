@@ -566,10 +566,6 @@ struct ColSite {
   ScalarType type;
 };
 
-bool reads_var(const Expr& e, ir::VarKind v) {
-  return ir::any_node(e, [v](const Expr& n) { return n->op == Op::Var && n->var == v; });
-}
-
 bool has_load(const Expr& e) {
   return ir::any_node(e, [](const Expr& n) { return n->op == Op::Load; });
 }
@@ -583,8 +579,8 @@ std::optional<ColSite> col_load_site(const Mods& mods) {
     if (n->buffer->dtype != DType::I32 && n->buffer->dtype != DType::F32) return;
     bool kv = false;
     for (const Expr& e : n->args) {
-      if (reads_var(e, ir::VarKind::QIdx) || has_load(e)) return;
-      kv = kv || reads_var(e, ir::VarKind::KvIdx);
+      if (ir::reads_var(e, ir::VarKind::QIdx) || has_load(e)) return;
+      kv = kv || ir::reads_var(e, ir::VarKind::KvIdx);
     }
     if (kv) site = ColSite{n->buffer, n->args, n->type};
   });

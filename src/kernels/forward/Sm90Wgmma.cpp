@@ -579,8 +579,7 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
                           !overrides.has("num_stages") && !overrides.has("q_tiles") &&
                           !overrides.has("persistent");
   if (tiles_free && dims_192 && facts.seqlen_q > 0 && !kv_cache && !facts.mask_mod_divides &&
-      tile_qk(problem) <= 128 && tile_v(problem) == 128 && c.at("persistent") == 0 &&
-      c.at("q_tiles") == 1 && 8 * rows192 <= 9 * rows128 &&
+      c.at("persistent") == 0 && c.at("q_tiles") == 1 && 8 * rows192 <= 9 * rows128 &&
       (facts.mask_kv_block == 0 ||
        (facts.mask_mod && union_tiles(facts, c.at("block_n")) <= kFjUnionMaxTiles))) {
     c.set("block_m", 192);
@@ -685,15 +684,9 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
   // The union schedule's kernel only where launches() can run it (block_m 192 over a block mask,
   // which takes a mask_mod: kFjUnionSchedule): elsewhere it would be compiled for nothing.
   if (bm == 192 && cuda::has_mask_mod(mods)) config = "#define FJ_FWD_UNION_SCHEDULE 1\n" + config;
-  // Three consumers' serial loop (e4m3, or a v tile above 64) with a score_mod that reads kv_idx:
-  // the score_mod in a copy per kind of tile, as 128-row tiles have (forward_sm90.cuh,
-  // kFjScoreReadsKv). With one copy alibi_causal ran 2.5 % behind 128-row tiles (its kv_idx
-  // clamped and masked in every tile; docs/kernels/forward_sm90.md "Three consumer warpgroups at
-  // d 128"); score_mods that do not read kv_idx keep one (softcap spilled 24 B with two).
-  if (bm == 192 && (is_fp8(desc) || tile_v(desc) > 64) && mods.score_mod.defined() &&
-      ir::any_node(mods.score_mod, [](const Expr& n) {
-        return n->op == ir::Op::Var && n->var == ir::VarKind::KvIdx;
-      })) {
+  // Three consumers with a score_mod that reads kv_idx: in the serial loop the score_mod gets a
+  // copy per kind of tile, as 128-row tiles have (forward_sm90.cuh, kScoreCopies).
+  if (bm == 192 && ir::reads_var(mods.score_mod, ir::VarKind::KvIdx)) {
     config = "#define FJ_FWD_SCORE_READS_KV 1\n" + config;
   }
   // e4m3 q, k, v: the kernel takes FjFp8Args and the module has the V^T pre-pass
