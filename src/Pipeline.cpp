@@ -124,15 +124,63 @@ std::optional<BuiltKernel> KernelBuilder::memo_get(const Mods& mods,
   return std::nullopt;
 }
 
+std::vector<BuiltKernel> KernelBuilder::build_companions(
+    const std::vector<kernels::KernelDesc>& descs) {
+  std::vector<BuiltKernel> out;
+  out.reserve(descs.size());
+  const Mods none;
+  for (const kernels::KernelDesc& d : descs) {
+    if (std::optional<BuiltKernel> hit = memo_get(none, d, std::chrono::steady_clock::now())) {
+      out.push_back(std::move(*hit));
+    } else {
+      out.push_back(build_miss(none, d));
+      std::lock_guard<std::mutex> lock(mu_);
+      totals_.kernels += 1;
+    }
+  }
+  return out;
+}
+
 BuiltKernel KernelBuilder::build_miss(const Mods& mods, const kernels::KernelDesc& desc) {
   auto t0 = std::chrono::steady_clock::now();
   BuiltKernel k;
   k.desc = desc;
-  k.source = std::make_shared<const cuda::GeneratedSource>(emit_source(mods, desc));
-  const std::string label = fmt::format("{} {} {}", desc.family_variant(),
-                                        mods.name.empty() ? std::string("<mods>") : mods.name,
-                                        desc.str().substr(desc.family_variant().size() + 1));
-  k.compiled = compile(*k.source, desc.arch.str(), label);
+  // The companions (no mods shape them: usually memo hits after a process's first build) on a
+  // thread of their own while this kernel compiles; errors come back after both are done.
+  const std::vector<kernels::KernelDesc> companions = variant_of(desc).companions(desc, mods);
+  std::exception_ptr companion_error;
+  auto companions_job = [&] {
+    try {
+      k.companions = build_companions(companions);
+    } catch (...) {
+      companion_error = std::current_exception();
+    }
+  };
+  std::thread helper;
+  if (!companions.empty() && compile_threads() > 1) {
+    try {
+      helper = std::thread(companions_job);
+    } catch (const std::system_error&) {
+      // no thread to be had: built below on this one
+    }
+  }
+  std::exception_ptr own_error;
+  try {
+    k.source = std::make_shared<const cuda::GeneratedSource>(emit_source(mods, desc));
+    const std::string label = fmt::format("{} {} {}", desc.family_variant(),
+                                          mods.name.empty() ? std::string("<mods>") : mods.name,
+                                          desc.str().substr(desc.family_variant().size() + 1));
+    k.compiled = compile(*k.source, desc.arch.str(), label);
+  } catch (...) {
+    own_error = std::current_exception();
+  }
+  if (helper.joinable()) {
+    helper.join();
+  } else if (!companions.empty() && !own_error) {
+    companions_job();
+  }
+  if (own_error) std::rethrow_exception(own_error);
+  if (companion_error) std::rethrow_exception(companion_error);
   k.compiled.elapsed_ms = ms_since(t0);
   std::lock_guard<std::mutex> lock(mu_);
   if (max_memo_ == 0) return k;

@@ -47,6 +47,8 @@ struct BuiltKernel {
   kernels::KernelDesc desc;
   std::shared_ptr<const cuda::GeneratedSource> source;
   jit::CompileResult compiled;
+  // The kernels of the variant's companions(desc, mods), in that order (Launch::companion).
+  std::vector<BuiltKernel> companions;
 };
 
 // One kernel of KernelBuilder::build_all (pointers: the caller keeps them alive for the call).
@@ -137,8 +139,12 @@ class KernelBuilder {
   // The memo's kernel for (mods, desc), outcome MemoryHit, elapsed since t0; nullopt on a miss.
   std::optional<BuiltKernel> memo_get(const Mods& mods, const kernels::KernelDesc& desc,
                                       std::chrono::steady_clock::time_point t0);
-  // Codegen and compile (through the compiler's caches) of a memo miss, then into the memo.
+  // Codegen and compile (through the compiler's caches) of a memo miss, then into the memo. The
+  // variant's companions are built too (memo first, no mods), on a thread of their own beside
+  // the kernel's compile when compile_threads() allows.
   BuiltKernel build_miss(const Mods& mods, const kernels::KernelDesc& desc);
+  // The companions of `desc` built: memo hits, else build_miss (counted in totals_.kernels).
+  std::vector<BuiltKernel> build_companions(const std::vector<kernels::KernelDesc>& descs);
   static uint64_t memo_key(const Mods& mods, const kernels::KernelDesc& desc);
   // Builds requests[i] for every i of `which` on up to `threads` threads (the calling one among
   // them), into out[i] or errors[i]; stops taking new ones once `stop` is set (when given).

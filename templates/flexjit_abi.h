@@ -200,7 +200,7 @@ FJ_HOST_DEVICE inline constexpr int fj_forward_sm90_fp8_smem_bytes(int block_m, 
 
 // The sm_90a forward's union schedule (block_m 192 with a block mask): a 192-row query tile
 // spans two of the mask's q blocks, but each of its three consumer warpgroups (64 rows) lies in
-// one. flexjit_forward_union_schedule (forward_sm90.cuh) writes, per (b, h, query tile) of the
+// one. flexjit_forward_union_schedule (forward_schedule.cuh) writes, per (b, h, query tile) of the
 // mask, a row header {entries, then per warpgroup c the bounds [begin, end) of its run of
 // entries, 0} and the entries: the union of the warpgroups' KV tiles, each a tile index with a
 // 2-bit status per warpgroup c at bit kFjUnionStatusShift + 2c (0 absent: the warpgroup skips

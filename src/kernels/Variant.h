@@ -89,7 +89,10 @@ class KernelArgs {
 
 // One kernel launch of a plan step.
 struct Launch {
-  std::string entry_point;  // one of Variant::entry_points()
+  // One of Variant::entry_points(), or with `companion` >= 0 one of that companion's.
+  std::string entry_point;
+  // -1: a kernel of the step's own module; k: of the k-th kernel of Variant::companions().
+  int companion = -1;
   runtime::Dim3 grid, block;
   unsigned smem_bytes = 0;
   KernelArgs args;
@@ -155,6 +158,15 @@ class Variant {
   virtual std::vector<std::string> entry_points() const = 0;
   // The mods the source is generated from (a block-mask kernel keeps the mask_mod only).
   virtual Mods kernel_mods(const Mods& mods) const { return mods; }
+  // Complete descriptions of the kernels of other families (each built with no mods) whose entry
+  // points this variant's launches also use (Launch::companion): kernels that no mods shape, kept
+  // out of the variant's own module so that one build serves every mods and a cold build
+  // compiles them beside it rather than inside it (the sm_90a forward's union schedule:
+  // kernels/forward_schedule/UnionSchedule.h). KernelBuilder builds them with the kernel and
+  // BuiltKernel::companions holds them in this order. None by default.
+  virtual std::vector<KernelDesc> companions(const KernelDesc& desc, const Mods& mods) const {
+    return {};
+  }
   // The source of `desc` (validated first) with `mods` already lowered (lower_mods).
   virtual cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const = 0;
   // Dynamic shared memory of the main entry point.

@@ -111,11 +111,16 @@ void launch_plan(Device& device, const Plan& plan, const BuiltPlan& built, CuStr
   }
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const PlanStep& step = plan.steps[i];
-    const jit::CompiledKernel& ck = *built.kernels[i].compiled.kernel;
     const PlanStep& owner = step.workspace_of >= 0 ? plan.steps.at(step.workspace_of) : step;
     FJ_ASSERT(step.workspace_of < static_cast<int>(i), "a step reads a later step's workspace");
     void* step_ws = owner.workspace_bytes > 0 ? ws + owner.workspace_offset : nullptr;
     for (kernels::Launch& l : step.launches(step_ws)) {
+      // The step's own module, or the companion's the launch names (Variant::companions).
+      const std::vector<BuiltKernel>& companions = built.kernels[i].companions;
+      FJ_ASSERT(l.companion < static_cast<int>(companions.size()),
+                "a launch of a companion kernel its step was not built with");
+      const jit::CompiledKernel& ck =
+          *(l.companion < 0 ? built.kernels[i] : companions[l.companion]).compiled.kernel;
       const Kernel kernel = ModuleCache::global().get(ck.key, ck.cubin, l.entry_point, ck.label);
       FJ_LOG("runtime", "launch {}: grid ({}, {}, {}) block {} smem {} ({})", step.desc.str(),
              l.grid.x, l.grid.y, l.grid.z, l.block.x, l.smem_bytes,

@@ -65,11 +65,12 @@ TEST_CASE("first call: a cold backward builds its kernels concurrently, gradient
   Context concurrent(cache_in(concurrent_dir.path()));
   impl_of(concurrent).builder.set_compile_threads(4);
   const FirstCallRun a = run_causal(concurrent, dq, dk, dv, ddout);
-  // The forward: one kernel, no helper thread. The backward: preprocess, dK/dV and dQ, new to
-  // this Context, built at once.
-  CHECK(a.after_forward.kernels == 1);
+  // The forward: one kernel and its companion, the union schedule of its 192-row tiles (built
+  // beside it, not a batch of build_all). The backward: preprocess, dK/dV and dQ, new to this
+  // Context, built at once.
+  CHECK(a.after_forward.kernels == 2);
   CHECK(a.after_forward.concurrent_batches == 0);
-  CHECK(a.after_backward.kernels == 4);
+  CHECK(a.after_backward.kernels == 5);
   CHECK(a.after_backward.concurrent_batches == 1);
   // The second backward: every kernel from the memo.
   CHECK(a.after_second.kernels == a.after_backward.kernels);
@@ -85,7 +86,7 @@ TEST_CASE("first call: a cold backward builds its kernels concurrently, gradient
   Context serial(cache_in(serial_dir.path()));
   impl_of(serial).builder.set_compile_threads(1);
   const FirstCallRun b = run_causal(serial, dq, dk, dv, ddout);
-  CHECK(b.after_backward.kernels == 4);
+  CHECK(b.after_backward.kernels == 5);
   CHECK(b.after_backward.concurrent_batches == 0);
   auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;

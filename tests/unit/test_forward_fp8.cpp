@@ -192,9 +192,14 @@ TEST_CASE("sm90a_wgmma e4m3 configs: defaults, the space, and precise refusals",
   InputFacts no_mask_mod = masked;  // a block mask without the mods' mask_mod
   no_mask_mod.mask_mod = false;
   CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, no_mask_mod).at("block_m") == 128);
-  CHECK_THAT(v.generate(standard_mods("causal"), fp8_desc(128, 128, {{"block_m", 192}})).source,
-             Catch::Contains("#define FJ_FWD_UNION_SCHEDULE 1") &&
+  // The union schedule is the companion's kernel, not the forward's.
+  const KernelDesc d192 = fp8_desc(128, 128, {{"block_m", 192}});
+  CHECK_THAT(v.generate(standard_mods("causal"), d192).source,
+             !Catch::Contains("flexjit_forward_union_schedule(const") &&
                  Catch::Contains("#define FJ_FWD_FP8 1"));
+  REQUIRE(v.companions(d192, standard_mods("causal")).size() == 1);
+  CHECK(v.companions(d192, standard_mods("causal"))[0].family == Family::ForwardSchedule);
+  CHECK(v.companions(d192, standard_mods("noop")).empty());
 }
 
 TEST_CASE("e4m3 wgmma wrappers: k32, no transpose operands", "[sm90][fp8][codegen]") {

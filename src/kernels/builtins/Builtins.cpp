@@ -16,6 +16,7 @@
 #include "kernels/forward/Forward.h"
 #include "kernels/forward/Sm80Mma.h"
 #include "kernels/forward/Sm90Wgmma.h"
+#include "kernels/forward_schedule/UnionSchedule.h"
 
 namespace flexjit::kernels {
 
@@ -29,6 +30,7 @@ void register_builtin_families(Families& families) {
   families.add(decode_split_family());
   families.add(decode_combine_family());
   families.add(cp::cp_merge_family());
+  families.add(forward_schedule_family());
 }
 
 void register_builtin_variants(Registry& registry) {
@@ -47,6 +49,7 @@ void register_builtin_variants(Registry& registry) {
   registry.add(std::make_unique<DecodeCombineWarpPerRow>());
   registry.add(std::make_unique<DecodeCombineWarpPerRow>(true));  // warp_batched (the default)
   registry.add(std::make_unique<cp::MergeWarpPerRow>());
+  registry.add(std::make_unique<UnionScheduleBlockPerTile>());
 }
 
 }  // namespace flexjit::kernels

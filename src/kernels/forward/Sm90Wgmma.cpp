@@ -12,6 +12,7 @@
 #include "kernels/MathMode.h"
 #include "kernels/forward/ForwardArgs.h"
 #include "kernels/forward/Sm80Mma.h"
+#include "kernels/forward_schedule/UnionSchedule.h"
 #include "util/Embedded.h"
 
 #include <flexjit_abi.h>
@@ -681,9 +682,6 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
   if (kv_cache) config = "#define FJ_FWD_KV_CACHE 1\n" + config;
   // An e4m3 cache: the loaders convert its tiles, the kernel takes FjFwdKvFp8Args.
   if (on_kv_e4m3(desc)) config = "#define FJ_FWD_KV_FP8 1\n" + config;
-  // The union schedule's kernel only where launches() can run it (block_m 192 over a block mask,
-  // which takes a mask_mod: kFjUnionSchedule): elsewhere it would be compiled for nothing.
-  if (bm == 192 && cuda::has_mask_mod(mods)) config = "#define FJ_FWD_UNION_SCHEDULE 1\n" + config;
   // Three consumers with a score_mod that reads kv_idx: in the serial loop the score_mod gets a
   // copy per kind of tile, as 128-row tiles have (forward_sm90.cuh, kScoreCopies).
   if (bm == 192 && ir::reads_var(mods.score_mod, ir::VarKind::KvIdx)) {
@@ -701,6 +699,14 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
                                      ? "forward kernel `flexjit_forward` on an e4m3 KV cache"
                                  : kv_cache ? "forward kernel `flexjit_forward` on a KV cache"
                                             : "forward kernel `flexjit_forward`");
+}
+
+std::vector<KernelDesc> ForwardSm90Wgmma::companions(const KernelDesc& desc,
+                                                     const Mods& mods) const {
+  // Where launches() can run the union schedule (block_m 192 over a block mask, which takes a
+  // mask_mod: kFjUnionSchedule); elsewhere it would be built for nothing.
+  if (desc.config.at("block_m") != 192 || !cuda::has_mask_mod(mods)) return {};
+  return {union_schedule_desc(desc.arch)};
 }
 
 unsigned ForwardSm90Wgmma::smem_bytes(const KernelDesc& desc) const {
@@ -802,14 +808,13 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
     ua.seqlen_q = static_cast<int>(s.seqlen_q);
     ua.zero = persistent_of(desc) == 1 ? static_cast<int*>(workspace) : nullptr;
     if (place.build) {
-      Launch b;
-      b.entry_point = "flexjit_forward_union_schedule";
-      b.grid = {static_cast<unsigned>(u.rows), 1, 1};
-      b.block = {256, 1, 1};
-      b.smem_bytes = static_cast<unsigned>((kFjUnionSmemPerTile * u.max_tiles + 15) / 16 * 16);
-      b.args.add(ua);
-      b.after = std::move(place.after_build);
-      out.push_back(std::move(b));
+      // The companion's launch (companions(): the first).
+      const KernelDesc sd = union_schedule_desc(desc.arch);
+      for (Launch& b : UnionScheduleBlockPerTile().launches(
+               sd, {ua, u.rows, std::move(place.after_build)}, nullptr)) {
+        b.companion = 0;
+        out.push_back(std::move(b));
+      }
       counter_zeroed = ua.zero != nullptr;
     }
     // The forward's view (FjUnionScheduleArgs): a block mask of block_m x block_n blocks with

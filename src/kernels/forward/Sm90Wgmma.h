@@ -65,11 +65,13 @@ class ForwardSm90Wgmma : public ForwardVariant {
   int64_t mask_q_unit(const Params& config) const override;
   void specialize(KernelDesc& desc, const InputFacts& facts) const override;
   std::vector<TemplateText> templates() const override;
-  // flexjit_forward_union_schedule runs first where block_m 192 meets a block mask.
   // e4m3: flexjit_forward_fp8_vt (V^T into the workspace) runs first.
   std::vector<std::string> entry_points() const override {
-    return {"flexjit_forward", "flexjit_forward_union_schedule", "flexjit_forward_fp8_vt"};
+    return {"flexjit_forward", "flexjit_forward_fp8_vt"};
   }
+  // block_m 192 with a mask_mod: the union schedule's kernel (forward_schedule/block_per_tile),
+  // launched first where the call has a block mask.
+  std::vector<KernelDesc> companions(const KernelDesc& desc, const Mods& mods) const override;
   cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
   unsigned smem_bytes(const KernelDesc& desc) const override;
   // persistent = 1: the work counter (zeroed before each launch); block_m 192 with a block
