@@ -312,7 +312,9 @@ FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& arg
 // With a column load (kFjColLoad: the mask_mod reads a buffer at indices of kv_idx alone, a
 // document id), the warp reads each of its columns once: lane 4r + j loads quad column j's
 // n8 fragments nt = r, r + 8, ... (both of its keys) and each lane takes its column's value
-// from that lane by a shuffle. Loaded per element, the 32 ids of a thread's 128 keys were in
+// from that lane by a shuffle, fragment r's pair before the first eight n8 fragments and
+// r + 8's before the next eight (all four at once, 192-row document_causal spilled a softmax
+// sum in its loop: 16 B, now 8). Loaded per element, the 32 ids of a thread's 128 keys were in
 // flight at once and spilled document's softmax sums (32 B at 192 rows;
 // docs/kernels/forward_sm90.md, "The mask_mod's column load").
 template <class Cfg, class T>
@@ -320,38 +322,39 @@ FJ_DEVICE void fj_sm90_mask(float (&s)[1][T::kNTiles][4], const FjFwdArgs& args,
                             const FjModParams& mods, int b, int h, int q_row0, int kv_len,
                             int kv_col0) {
   if constexpr (kFjColLoad) {
-    constexpr int kPerLane = (T::kNTiles + 7) / 8;  // n8 fragments whose keys a lane loads
     const int lane = fj_tid_here() % 32;
     const int r = lane >> 2;
-    FjColLoad v[kPerLane][2];
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        v[j][c] = FjColLoad(0);
-        if (T::kNTiles % 8 == 0 || r + 8 * j < T::kNTiles) {
-          int kv_idx = kv_col0 + (r + 8 * j) * 8 + c;
-          if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, kv_len - 1);
-          v[j][c] = fj_col_load_at(mods, b, h, kv_idx);
-        }
-      }
     int q_idx[2];
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       q_idx[hr] = fj_here(q_row0) + hr * 8;
       if constexpr (!Cfg::kIsDivisible) q_idx[hr] = fj_imin(q_idx[hr], args.seqlen_q - 1);
     }
+    FjColLoad v[2];  // the lane's keys of the n8 fragments nt = r + 8j, j = nt / 8
 #pragma unroll
-    for (int nt = 0; nt < T::kNTiles; ++nt)
+    for (int nt = 0; nt < T::kNTiles; ++nt) {
+      if (nt % 8 == 0) {
+        const int j = nt / 8;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          v[c] = FjColLoad(0);
+          if (T::kNTiles % 8 == 0 || r + 8 * j < T::kNTiles) {
+            int kv_idx = kv_col0 + (r + 8 * j) * 8 + c;
+            if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, kv_len - 1);
+            v[c] = fj_col_load_at(mods, b, h, kv_idx);
+          }
+        }
+      }
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const FjColLoad cl = __shfl_sync(0xffffffffu, v[nt / 8][c], (nt % 8) * 4 + (lane & 3));
+        const FjColLoad cl = __shfl_sync(0xffffffffu, v[c], (nt % 8) * 4 + (lane & 3));
         int kv_idx = kv_col0 + nt * 8 + c;
         if constexpr (!Cfg::kIsDivisible) kv_idx = fj_imin(kv_idx, kv_len - 1);
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr)
           if (!fj_mask_mod(mods, b, h, q_idx[hr], kv_idx, cl)) s[0][nt][hr * 2 + c] = fj_neg_inf();
       }
+    }
     return;
   }
 #pragma unroll

@@ -47,6 +47,9 @@ struct InputFacts {
   // The mask_mod divides by a value known only at run time (passes/RuntimeDivision.h):
   // forward/sm90a_wgmma's defaults keep 128-row tiles for it.
   bool mask_mod_divides = false;
+  // The call's score_mod reads kv_idx (alibi, relative biases; ir::reads_var): forward/
+  // sm90a_wgmma's defaults keep 128-row tiles for it at head dims below the 128 tile.
+  bool score_mod_reads_kv = false;
   // The call's softmax scale is positive (the default 1 / sqrt(head_dim_qk) is): the
   // forward/sm90a_wgmma kernel folds it into the exponent's factor after the row max, which only
   // a positive scale leaves in place, and serves no other.

@@ -11,6 +11,7 @@
 #include "binding/AttentionCall.h"
 #include "binding/ModArgs.h"
 #include "device/CudaDriver.h"
+#include "ir/Visitor.h"
 #include "kernels/MathMode.h"
 #include "kernels/forward/Forward.h"
 #include "passes/RuntimeDivision.h"
@@ -70,6 +71,7 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
   call.inputs.sm_count = impl_of(ctx).device->sm_count();
   call.inputs.mask_mod = call.mods.mask_mod.defined();
   call.inputs.mask_mod_divides = passes::divides_by_runtime_value(call.mods.mask_mod);
+  call.inputs.score_mod_reads_kv = ir::reads_var(call.mods.score_mod, ir::VarKind::KvIdx);
   call.inputs.stream = static_cast<runtime::CuStream>(options.stream);
   call.inputs.descale = runtime::check_descales(options.descale, q, s);
   call.empty_q = s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0;

@@ -4,6 +4,7 @@
 #include <flexjit/kernel.h>
 
 #include "codegen/cuda/Arch.h"
+#include "ir/Visitor.h"
 #include "kernels/Family.h"
 #include "kernels/Registry.h"
 #include "passes/RuntimeDivision.h"
@@ -332,6 +333,7 @@ kernels::InputFacts workload_forward_facts(const Workload& w, const WorkloadShap
   // workload compiles the config the call will run.
   f.mask_mod = w.mods.mask_mod.defined();
   f.mask_mod_divides = passes::divides_by_runtime_value(w.mods.mask_mod);
+  f.score_mod_reads_kv = ir::reads_var(w.mods.score_mod, ir::VarKind::KvIdx);
   return f;
 }
 

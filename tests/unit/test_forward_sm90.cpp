@@ -137,17 +137,26 @@ TEST_CASE("sm90a_wgmma serves sm_90a bf16 / f16 and says why it cannot serve the
   CHECK_THROWS_WITH(
       v.resolve_config(problem("sm_90a", DType::BF16, 64, 64), {{"block_m", 192}}, huge),
       Catch::Contains("at most 32768 KV tiles"));
-  // At d 128 likewise, with the serial loop and 2 stages; not (yet) for head dims below their
-  // tile (d 96: taken when asked for), nor for a wider qk tile (192 / 128), nor when the caller
-  // fixed a tile key.
+  // At d 128 likewise, with the serial loop and 2 stages, and for head dims below that tile (d 80,
+  // 96, 112) unless the score_mod reads kv_idx; not for a wider qk tile (192 / 128), nor when the
+  // caller fixed a tile key.
   InputFacts main128 = mask128;
   main128.seqlen_q = main128.seqlen_kv = 4096;
   const Params c128 = v.resolve_config(problem("sm_90a", DType::BF16, 128, 128), {}, main128);
   CHECK(c128.at("block_m") == 192);
   CHECK(c128.at("num_stages") == 2);
-  CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 96, 96), {}, main128).at("block_m") == 128);
-  CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 96, 96), {{"block_m", 192}}, main128)
-            .at("block_m") == 192);
+  InputFacts reads_kv = main128;  // alibi, relative biases: 128 rows below d 128
+  reads_kv.score_mod_reads_kv = true;
+  for (int d : {80, 96, 112}) {
+    CHECK(v.resolve_config(problem("sm_90a", DType::BF16, d, d), {}, main128).at("block_m") == 192);
+    CHECK(v.resolve_config(problem("sm_90a", DType::BF16, d, d), {}, reads_kv).at("block_m") ==
+          128);
+  }
+  CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 128, 128), {}, reads_kv).at("block_m") ==
+        192);
+  CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 96, 96), {{"block_m", 128}}, main128)
+            .at("block_m") == 128);
+  CHECK(v.resolve_config(problem("sm_90a", DType::BF16, 96, 64), {}, main128).at("block_m") == 128);
   InputFacts dense128 = main128;
   dense128.mask_q_block = dense128.mask_kv_block = 0;
   dense128.mask_mod = false;

@@ -59,6 +59,8 @@ struct ForwardInputs {
   bool mask_mod = false;
   // The mask_mod divides by a run-time value (InputFacts::mask_mod_divides).
   bool mask_mod_divides = false;
+  // The score_mod reads kv_idx (InputFacts::score_mod_reads_kv).
+  bool score_mod_reads_kv = false;
   // The call's stream (null: the legacy default stream): sm90a_wgmma keeps a block mask's union
   // schedule with the mask only where this stream is not capturing a graph (an allocation
   // there would break the capture).

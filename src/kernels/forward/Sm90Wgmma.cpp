@@ -570,12 +570,16 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   // (docs/kernels/forward_sm90.md "Three consumer warpgroups at d 128", "FP8"). Where 192-row
   // tiles cover at most an eighth more rows and the caller fixed no tile key; not where the
   // mask_mod divides by a run-time value (chunked_local and dilated_sliding spill 180-308 B at
-  // 192 rows), nor on a KV cache (128-row tiles only). Head dims below their tile (d 80, 96,
-  // 112) compile and are taken when asked for, but keep 128 rows by default until the GPU's
-  // head-dim suite has run them at 192.
+  // 192 rows), nor on a KV cache (128-row tiles only). Head dims below that tile (d 80, 96,
+  // 112; B=4 H=32 S=4096, H200, 192 / 128 rows, TFLOP/s): d 96 noop 509 / 504-528, causal
+  // 472-476 / 419-432, document+causal 368-372 / 338-339; d 80 noop 504 / 437, causal 435 /
+  // 381, document+causal 326 / 291; but alibi+causal 391-398 / 403-405 and 335 / 346, so a
+  // score_mod that reads kv_idx keeps 128 rows there (level at d 128).
   const bool dims_192 =
       problem.head_dim_qk == problem.head_dim_v &&
-      (problem.head_dim_qk == 128 || (is_fp8(problem) && problem.head_dim_qk == 64));
+      (is_fp8(problem)
+           ? problem.head_dim_qk == 128 || problem.head_dim_qk == 64
+           : problem.head_dim_qk == 128 || (tile_qk(problem) == 128 && !facts.score_mod_reads_kv));
   const bool tiles_free = !overrides.has("block_m") && !overrides.has("block_n") &&
                           !overrides.has("num_stages") && !overrides.has("q_tiles") &&
                           !overrides.has("persistent");
