@@ -31,6 +31,8 @@ FLOORS = [
     ("passes, DSL, binding and validation", ["src/passes", "src/dsl", "src/binding"]),
     ("code generation", ["src/codegen/cuda", "src/codegen/llvm"]),
     ("kernel model, CPU backend", ["src/kernels", "src/cpu"]),
+    ("companion kernels (no mods: built beside the variants that launch them)",
+     ["src/kernels/forward_schedule"]),
     ("forward family, block-mask family", ["src/kernels/forward", "src/kernels/block_mask"]),
     ("families built on the forward, context-parallel sharding",
      ["src/kernels/backward", "src/kernels/decode", "src/cp"]),
