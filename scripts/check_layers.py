@@ -32,7 +32,7 @@ FLOORS = [
     ("code generation", ["src/codegen/cuda", "src/codegen/llvm"]),
     ("kernel model, CPU backend", ["src/kernels", "src/cpu"]),
     ("companion kernels (no mods: built beside the variants that launch them)",
-     ["src/kernels/forward_schedule"]),
+     ["src/kernels/forward_companions"]),
     ("forward family, block-mask family", ["src/kernels/forward", "src/kernels/block_mask"]),
     ("families built on the forward, context-parallel sharding",
      ["src/kernels/backward", "src/kernels/decode", "src/cp"]),

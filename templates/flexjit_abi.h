@@ -154,7 +154,7 @@ struct FjFp8Args {
   int q_descale_stride, k_descale_stride, v_descale_stride;  // 0 or 1
 };
 
-// The e4m3 forward's V^T pre-pass `flexjit_forward_fp8_vt(const FjFp8VtArgs)` (same module):
+// The e4m3 forward's V^T pre-pass `flexjit_forward_fp8_vt(const FjFp8VtArgs)` (its companion):
 // grid (skv_pad / 64, heads_kv, batch), 256 threads. It writes vt [B, Hkv, Dv, skv_pad] (rows
 // skv_pad bytes, skv_pad = Skv rounded up to 64) with the keys of every 32-key group permuted so
 // that the QK^T accumulator's registers are P V's A fragment (fj_fp8_vt_key); keys past Skv are

@@ -69,8 +69,9 @@ constexpr bool kFjKvFp8 = false;
 // e4m3 q, k, v (FJ_FWD_FP8, FjFp8Args; docs/kernels/forward_sm90.md "FP8"): FjConfig::Element is
 // the output's bf16. Q and K tiles hold 1-byte elements, so a 128-byte swizzle row holds 128 of
 // them: the layouts below are those of a 16-bit tile half as wide (kQKUnits), whose k16 steps of
-// 32 bytes are wgmma's e4m3 k32 steps. V is read as V^T (flexjit_forward_fp8_vt writes it): P V's
-// B operand must be K-major for e4m3. P is converted to e4m3 in the registers of S.
+// 32 bytes are wgmma's e4m3 k32 steps. V is read as V^T (flexjit_forward_fp8_vt writes it first:
+// templates/forward_fp8_vt.cuh, the forward's companion): P V's B operand must be K-major for
+// e4m3. P is converted to e4m3 in the registers of S.
 #if defined(FJ_FWD_FP8)
 constexpr bool kFjFp8 = true;
 #else
@@ -85,43 +86,6 @@ FJ_DEVICE float fj_fp8_descale(const float* f, int stride, int h) {
   return f == nullptr ? 1.0f : __ldg(f + stride * h);
 }
 
-// V^T for the e4m3 forward (FjFp8VtArgs, flexjit_abi.h): 64 keys of one (b, kv head) per CTA,
-// read as 16-byte rows into shared memory (keys past Skv as zeros), written as the real head
-// dim's V^T rows, 16 keys per 16-byte store, each 32-key group permuted by fj_fp8_vt_key.
-extern "C" __global__ void __launch_bounds__(256) flexjit_forward_fp8_vt(const FjFp8VtArgs a) {
-  constexpr int kD = FjConfig::kRealDimV;  // a multiple of 16
-  constexpr int kUnits = kD / 16;
-  constexpr int kRow = kD + 16;  // padded rows: fewer bank conflicts on the column reads
-  __shared__ __align__(16) unsigned char tile[64 * kRow];
-  const int n0 = blockIdx.x * 64, h = blockIdx.y, b = blockIdx.z;
-  const unsigned char* src = a.v + (fj_i64)b * a.v_stride_b + (fj_i64)h * a.v_stride_h;
-  for (int i = threadIdx.x; i < 64 * kUnits; i += 256) {
-    const int r = i / kUnits, u = i % kUnits;
-    fj_u32x4 val = {0u, 0u, 0u, 0u};
-    if (n0 + r < a.seqlen_kv) {
-      val = *reinterpret_cast<const fj_u32x4*>(src + (fj_i64)(n0 + r) * a.v_stride_s + u * 16);
-    }
-    *reinterpret_cast<fj_u32x4*>(tile + r * kRow + u * 16) = val;
-  }
-  __syncthreads();
-  unsigned char* dst = a.vt + ((fj_i64)b * a.heads_kv + h) * kD * a.skv_pad + n0;
-  for (int i = threadIdx.x; i < kD * 4; i += 256) {
-    const int d = i / 4, w = i % 4;  // columns 16 w .. 16 w + 15 of the 64 of row d
-    fj_u32 word[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      word[q] = 0u;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int k = 16 * w + 4 * q + e;
-        const int key = (k & 32) | fj_fp8_vt_key(k & 31);
-        word[q] |= (fj_u32)tile[key * kRow + d] << (8 * e);
-      }
-    }
-    *reinterpret_cast<fj_u32x4*>(dst + (fj_i64)d * a.skv_pad + 16 * w) =
-        fj_u32x4{word[0], word[1], word[2], word[3]};
-  }
-}
 #endif
 
 template <class Cfg>

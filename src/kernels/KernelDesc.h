@@ -44,6 +44,7 @@ enum class Family : uint8_t {
   DecodeCombine,       // combines the splits
   CpMerge,             // context parallelism: merges partial results by their lse (src/cp)
   ForwardSchedule,     // a block mask as the union schedule of the sm_90a forward's 192-row tiles
+  ForwardFp8Vt,        // V^T of e4m3 v for the sm_90a forward's P V (K-major)
 };
 // The id of the n-th family registered from outside the library (n < 128).
 constexpr Family external_family(uint8_t n) {

@@ -165,7 +165,7 @@ class Variant {
   // points this variant's launches also use (Launch::companion): kernels that no mods shape, kept
   // out of the variant's own module so that one build serves every mods and a cold build
   // compiles them beside it rather than inside it (the sm_90a forward's union schedule:
-  // kernels/forward_schedule/UnionSchedule.h). KernelBuilder builds them with the kernel and
+  // kernels/forward_companions/UnionSchedule.h). KernelBuilder builds them with the kernel and
   // BuiltKernel::companions holds them in this order. None by default.
   virtual std::vector<KernelDesc> companions(const KernelDesc& desc, const Mods& mods) const {
     return {};

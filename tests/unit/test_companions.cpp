@@ -9,7 +9,8 @@
 #include "jit/Nvrtc.h"
 #include "kernels/Registry.h"
 #include "kernels/forward/Sm90Wgmma.h"
-#include "kernels/forward_schedule/UnionSchedule.h"
+#include "kernels/forward_companions/Fp8Transpose.h"
+#include "kernels/forward_companions/UnionSchedule.h"
 #include "support/CacheTest.h"
 #include "support/KernelDescs.h"
 
@@ -53,6 +54,37 @@ TEST_CASE("the 192-row sm_90a forward with a mask_mod names the union schedule a
   KernelDesc bad = c[0];
   bad.config.set("num_warps", 4);
   CHECK_THROWS_AS(s.validate(bad), UnsupportedError);
+}
+
+TEST_CASE("the e4m3 forward names its V^T pre-pass first, then the union schedule",
+          "[pipeline][companion][fp8]") {
+  const Variant& v = Registry::global().get(Family::Forward, "sm90a_wgmma");
+  const cuda::Arch arch = cuda::Arch::parse("sm_90a");
+  for (int bm : {128, 192}) {
+    const KernelDesc d =
+        test::forward_desc("sm_90a", DType::E4M3, 128, 96, 1, "sm90a_wgmma", {{"block_m", bm}});
+    INFO(d.str());
+    // In this order whatever the mods: launches() numbers them without the mods.
+    const std::vector<KernelDesc> none = v.companions(d, standard_mods("noop"));
+    REQUIRE(none.size() == 1);
+    CHECK(none[0] == fp8_vt_desc(arch, 96));
+    const std::vector<KernelDesc> masked = v.companions(d, standard_mods("causal"));
+    REQUIRE(masked.size() == (bm == 192 ? 2u : 1u));
+    CHECK(masked[0] == fp8_vt_desc(arch, 96));
+    if (bm == 192) CHECK(masked[1] == union_schedule_desc(arch));
+    CHECK_THAT(emit_source(standard_mods("causal"), d).source,
+               !Catch::Contains("flexjit_forward_fp8_vt(const FjFp8VtArgs a)"));
+  }
+  // The pre-pass's source: v's real head dim, no mods; refusals name the value.
+  const Variant& t = Registry::global().get(Family::ForwardFp8Vt, "block_per_64_keys");
+  CHECK_THAT(t.generate(Mods{}, fp8_vt_desc(arch, 96)).source,
+             Catch::Contains("static constexpr int kRealDimV = 96;") &&
+                 Catch::Contains("flexjit_forward_fp8_vt(const FjFp8VtArgs a)"));
+  KernelDesc odd = fp8_vt_desc(arch, 40);
+  CHECK_THROWS_WITH(t.validate(odd), Catch::Contains("multiple of 16 up to 256, not 40"));
+  KernelDesc bf16 = fp8_vt_desc(arch, 128);
+  bf16.dtype = DType::BF16;
+  CHECK_THROWS_WITH(t.validate(bf16), Catch::Contains("transposes e4m3 v, not bf16"));
 }
 
 TEST_CASE("a companion is built beside its kernel, once for every mods",

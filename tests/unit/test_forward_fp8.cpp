@@ -197,9 +197,11 @@ TEST_CASE("sm90a_wgmma e4m3 configs: defaults, the space, and precise refusals",
   CHECK_THAT(v.generate(standard_mods("causal"), d192).source,
              !Catch::Contains("flexjit_forward_union_schedule(const") &&
                  Catch::Contains("#define FJ_FWD_FP8 1"));
-  REQUIRE(v.companions(d192, standard_mods("causal")).size() == 1);
-  CHECK(v.companions(d192, standard_mods("causal"))[0].family == Family::ForwardSchedule);
-  CHECK(v.companions(d192, standard_mods("noop")).empty());
+  // e4m3's V^T pre-pass, then the union schedule (tests/unit/test_companions.cpp).
+  REQUIRE(v.companions(d192, standard_mods("causal")).size() == 2);
+  CHECK(v.companions(d192, standard_mods("causal"))[0].family == Family::ForwardFp8Vt);
+  CHECK(v.companions(d192, standard_mods("causal"))[1].family == Family::ForwardSchedule);
+  CHECK(v.companions(d192, standard_mods("noop")).size() == 1);
 }
 
 TEST_CASE("e4m3 wgmma wrappers: k32, no transpose operands", "[sm90][fp8][codegen]") {
@@ -271,11 +273,17 @@ TEST_CASE("sm90a_wgmma compiles its e4m3 configs for sm_90a without spills", "[s
         failures.push_back(fmt::format("{} {}: {} / {} bytes of spill stores / loads", d.str(),
                                        j.mods, u.spill_store_bytes, u.spill_load_bytes));
       }
-      for (const char* needle :
-           {"#define FJ_FWD_FP8 1", "k32.f32.e4m3.e4m3", "flexjit_forward_fp8_vt",
-            "cvt.rn.satfinite.e4m3x2.f32", "setmaxnreg.inc"}) {
+      for (const char* needle : {"#define FJ_FWD_FP8 1", "k32.f32.e4m3.e4m3",
+                                 "cvt.rn.satfinite.e4m3x2.f32", "setmaxnreg.inc"}) {
         if (k.source->source.find(needle) == std::string::npos)
           failures.push_back(fmt::format("{} {}: source lacks {}", d.str(), j.mods, needle));
+      }
+      // V^T is written by the companion (forward_fp8_vt), the first one, not by this module.
+      if (k.source->source.find("flexjit_forward_fp8_vt(const FjFp8VtArgs a)") !=
+              std::string::npos ||
+          k.companions.empty() || k.companions[0].desc.family != Family::ForwardFp8Vt ||
+          k.companions[0].compiled.kernel->kernel_name != "flexjit_forward_fp8_vt") {
+        failures.push_back(fmt::format("{} {}: V^T is not the first companion", d.str(), j.mods));
       }
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(mu);

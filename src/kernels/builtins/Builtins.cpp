@@ -16,7 +16,8 @@
 #include "kernels/forward/Forward.h"
 #include "kernels/forward/Sm80Mma.h"
 #include "kernels/forward/Sm90Wgmma.h"
-#include "kernels/forward_schedule/UnionSchedule.h"
+#include "kernels/forward_companions/Fp8Transpose.h"
+#include "kernels/forward_companions/UnionSchedule.h"
 
 namespace flexjit::kernels {
 
@@ -31,6 +32,7 @@ void register_builtin_families(Families& families) {
   families.add(decode_combine_family());
   families.add(cp::cp_merge_family());
   families.add(forward_schedule_family());
+  families.add(forward_fp8_vt_family());
 }
 
 void register_builtin_variants(Registry& registry) {
@@ -50,6 +52,7 @@ void register_builtin_variants(Registry& registry) {
   registry.add(std::make_unique<DecodeCombineWarpPerRow>(true));  // warp_batched (the default)
   registry.add(std::make_unique<cp::MergeWarpPerRow>());
   registry.add(std::make_unique<UnionScheduleBlockPerTile>());
+  registry.add(std::make_unique<Fp8VtBlockPer64Keys>());
 }
 
 }  // namespace flexjit::kernels

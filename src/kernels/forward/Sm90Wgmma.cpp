@@ -12,7 +12,8 @@
 #include "kernels/MathMode.h"
 #include "kernels/forward/ForwardArgs.h"
 #include "kernels/forward/Sm80Mma.h"
-#include "kernels/forward_schedule/UnionSchedule.h"
+#include "kernels/forward_companions/Fp8Transpose.h"
+#include "kernels/forward_companions/UnionSchedule.h"
 #include "util/Embedded.h"
 
 #include <flexjit_abi.h>
@@ -315,11 +316,12 @@ Fp8Launch fp8_launch(const KernelDesc& d, const ForwardInputs& in, void* workspa
   va.seqlen_kv = static_cast<int>(s.seqlen_kv);
   va.skv_pad = static_cast<int>((s.seqlen_kv + 63) / 64 * 64);
   Fp8Launch f;
-  f.vt.entry_point = "flexjit_forward_fp8_vt";
-  f.vt.grid = {static_cast<unsigned>(va.skv_pad / 64), static_cast<unsigned>(s.heads_kv),
-               static_cast<unsigned>(s.batch)};
-  f.vt.block = {256, 1, 1};
-  f.vt.args.add(va);
+  // The companion's launch (ForwardSm90Wgmma::companions: the first with e4m3).
+  const KernelDesc vd = fp8_vt_desc(d.arch, d.head_dim_v);
+  std::vector<Launch> pre = Fp8VtBlockPer64Keys().launches(vd, {va, s.batch}, nullptr);
+  FJ_ASSERT(pre.size() == 1, "the V^T pre-pass is one launch");
+  f.vt = std::move(pre[0]);
+  f.vt.companion = 0;
   // V^T [B, Hkv, Dv, skv_pad] e4m3, read as rows of Dv (the v tile's box rows; rows past Dv
   // read as zeros) and 128 keys a box.
   const TensorRef vt =
@@ -705,12 +707,18 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
                                             : "forward kernel `flexjit_forward`");
 }
 
+// The companions' order, which launches() follows without the mods: e4m3's V^T pre-pass first,
+// then the union schedule (its index: union_companion).
 std::vector<KernelDesc> ForwardSm90Wgmma::companions(const KernelDesc& desc,
                                                      const Mods& mods) const {
+  std::vector<KernelDesc> out;
+  if (is_fp8(desc)) out.push_back(fp8_vt_desc(desc.arch, desc.head_dim_v));
   // Where launches() can run the union schedule (block_m 192 over a block mask, which takes a
   // mask_mod: kFjUnionSchedule); elsewhere it would be built for nothing.
-  if (desc.config.at("block_m") != 192 || !cuda::has_mask_mod(mods)) return {};
-  return {union_schedule_desc(desc.arch)};
+  if (desc.config.at("block_m") == 192 && cuda::has_mask_mod(mods)) {
+    out.push_back(union_schedule_desc(desc.arch));
+  }
+  return out;
 }
 
 unsigned ForwardSm90Wgmma::smem_bytes(const KernelDesc& desc) const {
@@ -812,11 +820,11 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
     ua.seqlen_q = static_cast<int>(s.seqlen_q);
     ua.zero = persistent_of(desc) == 1 ? static_cast<int*>(workspace) : nullptr;
     if (place.build) {
-      // The companion's launch (companions(): the first).
+      // The companion's launch (companions(): after e4m3's V^T pre-pass).
       const KernelDesc sd = union_schedule_desc(desc.arch);
       for (Launch& b : UnionScheduleBlockPerTile().launches(
                sd, {ua, u.rows, std::move(place.after_build)}, nullptr)) {
-        b.companion = 0;
+        b.companion = is_fp8(desc) ? 1 : 0;
         out.push_back(std::move(b));
       }
       counter_zeroed = ua.zero != nullptr;

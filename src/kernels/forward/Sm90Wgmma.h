@@ -65,12 +65,10 @@ class ForwardSm90Wgmma : public ForwardVariant {
   int64_t mask_q_unit(const Params& config) const override;
   void specialize(KernelDesc& desc, const InputFacts& facts) const override;
   std::vector<TemplateText> templates() const override;
-  // e4m3: flexjit_forward_fp8_vt (V^T into the workspace) runs first.
-  std::vector<std::string> entry_points() const override {
-    return {"flexjit_forward", "flexjit_forward_fp8_vt"};
-  }
-  // block_m 192 with a mask_mod: the union schedule's kernel (forward_schedule/block_per_tile),
-  // launched first where the call has a block mask.
+  std::vector<std::string> entry_points() const override { return {"flexjit_forward"}; }
+  // e4m3: the V^T pre-pass (forward_fp8_vt/block_per_64_keys), launched first; block_m 192 with
+  // a mask_mod: the union schedule's kernel (forward_schedule/block_per_tile), launched first
+  // where the call has a block mask. In that order.
   std::vector<KernelDesc> companions(const KernelDesc& desc, const Mods& mods) const override;
   cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
   unsigned smem_bytes(const KernelDesc& desc) const override;

@@ -1,4 +1,4 @@
-#include "kernels/forward_schedule/UnionSchedule.h"
+#include "kernels/forward_companions/UnionSchedule.h"
 
 #include <flexjit/error.h>
 

@@ -5,7 +5,7 @@
 //
 // The forward's companion (kernels::Variant::companions): ForwardSm90Wgmma names it for 192-row
 // tiles with a mask_mod, KernelBuilder builds it beside the forward (its own NVRTC program, on
-// another thread), and the forward's launches() puts this variant's launch first, with
+// another thread), and the forward's launches() puts this variant's launch before its own, with
 // Launch::companion set. No mods reach it, so one kernel per arch serves every forward: in the
 // forward's own module it was ~0.1-0.2 s of every cold compile (docs/caching.md). The family has
 // no workload kind and no config keys; `flexjit compile --kernel forward_schedule` builds it.
