@@ -715,7 +715,8 @@ std::vector<KernelDesc> ForwardSm90Wgmma::companions(const KernelDesc& desc,
   if (is_fp8(desc)) out.push_back(fp8_vt_desc(desc.arch, desc.head_dim_v));
   // Where launches() can run the union schedule (block_m 192 over a block mask, which takes a
   // mask_mod: kFjUnionSchedule); elsewhere it would be built for nothing.
-  if (desc.config.at("block_m") == 192 && cuda::has_mask_mod(mods)) {
+  // (get, not at: called before validate(), whose error names a missing key)
+  if (desc.config.get("block_m").value_or(0) == 192 && cuda::has_mask_mod(mods)) {
     out.push_back(union_schedule_desc(desc.arch));
   }
   return out;
