@@ -297,6 +297,13 @@ int64_t fp8_vt_bytes(const KernelDesc& d, const ForwardInputs& in) {
                                  static_cast<int>(s.seqlen_kv), static_cast<int>(s.head_dim_v));
 }
 
+// Where ForwardSm90Wgmma::companions puts each companion, which launches() follows without the
+// mods: e4m3's V^T pre-pass first, then the union schedule.
+constexpr int kFp8VtCompanion = 0;
+int union_companion(const KernelDesc& d) {
+  return is_fp8(d) ? 1 : 0;
+}
+
 // The e4m3 forward's pre-pass (V^T into the workspace), its tensor map and FjFp8Args.
 struct Fp8Launch {
   Launch vt;
@@ -316,12 +323,12 @@ Fp8Launch fp8_launch(const KernelDesc& d, const ForwardInputs& in, void* workspa
   va.seqlen_kv = static_cast<int>(s.seqlen_kv);
   va.skv_pad = static_cast<int>((s.seqlen_kv + 63) / 64 * 64);
   Fp8Launch f;
-  // The companion's launch (ForwardSm90Wgmma::companions: the first with e4m3).
+  // The companion's launch.
   const KernelDesc vd = fp8_vt_desc(d.arch, d.head_dim_v);
   std::vector<Launch> pre = Fp8VtBlockPer64Keys().launches(vd, {va, s.batch}, nullptr);
   FJ_ASSERT(pre.size() == 1, "the V^T pre-pass is one launch");
   f.vt = std::move(pre[0]);
-  f.vt.companion = 0;
+  f.vt.companion = kFp8VtCompanion;
   // V^T [B, Hkv, Dv, skv_pad] e4m3, read as rows of Dv (the v tile's box rows; rows past Dv
   // read as zeros) and 128 keys a box.
   const TensorRef vt =
@@ -707,8 +714,7 @@ cuda::GeneratedSource ForwardSm90Wgmma::generate(const Mods& mods, const KernelD
                                             : "forward kernel `flexjit_forward`");
 }
 
-// The companions' order, which launches() follows without the mods: e4m3's V^T pre-pass first,
-// then the union schedule (its index: union_companion).
+// In the order of kFp8VtCompanion and union_companion().
 std::vector<KernelDesc> ForwardSm90Wgmma::companions(const KernelDesc& desc,
                                                      const Mods& mods) const {
   std::vector<KernelDesc> out;
@@ -821,11 +827,11 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
     ua.seqlen_q = static_cast<int>(s.seqlen_q);
     ua.zero = persistent_of(desc) == 1 ? static_cast<int*>(workspace) : nullptr;
     if (place.build) {
-      // The companion's launch (companions(): after e4m3's V^T pre-pass).
+      // The companion's launch.
       const KernelDesc sd = union_schedule_desc(desc.arch);
       for (Launch& b : UnionScheduleBlockPerTile().launches(
                sd, {ua, u.rows, std::move(place.after_build)}, nullptr)) {
-        b.companion = is_fp8(desc) ? 1 : 0;
+        b.companion = union_companion(desc);
         out.push_back(std::move(b));
       }
       counter_zeroed = ua.zero != nullptr;

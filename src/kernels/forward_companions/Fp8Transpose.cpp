@@ -3,7 +3,6 @@
 #include <flexjit/error.h>
 
 #include "codegen/cuda/SourceWriter.h"
-#include "util/Embedded.h"
 
 #include <fmt/format.h>
 
@@ -28,20 +27,6 @@ std::optional<std::string> Fp8VtBlockPer64Keys::unsupported(const KernelDesc& pr
         problem.head_dim_v);
   }
   return std::nullopt;
-}
-
-void Fp8VtBlockPer64Keys::validate(const KernelDesc& desc) const {
-  if (auto r = unsupported(desc, {})) throw UnsupportedError(*r);
-  if (!desc.config.empty()) {
-    throw UnsupportedError(fmt::format("{} takes no config values; got '{}'", desc.family_variant(),
-                                       desc.config.str()));
-  }
-}
-
-std::vector<TemplateText> Fp8VtBlockPer64Keys::templates() const {
-  std::vector<TemplateText> t = common_templates();
-  t.push_back({"forward_fp8_vt.cuh", embedded::template_text("forward_fp8_vt.cuh"), false});
-  return t;
 }
 
 cuda::GeneratedSource Fp8VtBlockPer64Keys::generate(const Mods& mods,

@@ -12,7 +12,7 @@
 
 #include "kernels/Family.h"
 #include "kernels/KernelDesc.h"
-#include "kernels/Variant.h"
+#include "kernels/forward_companions/Companion.h"
 
 #include <flexjit_abi.h>
 
@@ -26,26 +26,20 @@ struct Fp8VtInputs {
   int64_t batch = 0;
 };
 
-using Fp8VtVariant = FamilyVariant<Family::ForwardFp8Vt, Fp8VtInputs>;
-
-class Fp8VtBlockPer64Keys : public Fp8VtVariant {
+class Fp8VtBlockPer64Keys : public CompanionVariant<Family::ForwardFp8Vt, Fp8VtInputs> {
  public:
   static constexpr const char* kEntry = "flexjit_forward_fp8_vt";
   static constexpr int kThreads = 256;
   static constexpr int kKeys = 64;  // keys per CTA
 
+  Fp8VtBlockPer64Keys() : CompanionVariant("forward_fp8_vt.cuh") {}
+
   std::string_view name() const override { return "block_per_64_keys"; }
   std::string_view summary() const override;
   std::optional<std::string> unsupported(const KernelDesc& problem,
                                          const InputFacts& facts) const override;
-  void validate(const KernelDesc& desc) const override;
-  Params default_config(const KernelDesc&) const override { return {}; }
-  std::vector<Params> config_space(const KernelDesc&) const override { return {Params{}}; }
-  std::vector<TemplateText> templates() const override;
   std::vector<std::string> entry_points() const override { return {kEntry}; }
-  Mods kernel_mods(const Mods&) const override { return Mods{}; }
   cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
-  unsigned smem_bytes(const KernelDesc&) const override { return 0; }  // static only
   std::vector<Launch> launches(const KernelDesc& desc, const Fp8VtInputs& in,
                                void* workspace) const override;
 };

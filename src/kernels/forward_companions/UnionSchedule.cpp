@@ -3,7 +3,6 @@
 #include <flexjit/error.h>
 
 #include "codegen/cuda/SourceWriter.h"
-#include "util/Embedded.h"
 
 #include <fmt/format.h>
 
@@ -21,20 +20,6 @@ std::optional<std::string> UnionScheduleBlockPerTile::unsupported(const KernelDe
                        problem.arch.str());
   }
   return std::nullopt;
-}
-
-void UnionScheduleBlockPerTile::validate(const KernelDesc& desc) const {
-  if (auto r = unsupported(desc, {})) throw UnsupportedError(*r);
-  if (!desc.config.empty()) {
-    throw UnsupportedError(fmt::format("{} takes no config values; got '{}'", desc.family_variant(),
-                                       desc.config.str()));
-  }
-}
-
-std::vector<TemplateText> UnionScheduleBlockPerTile::templates() const {
-  std::vector<TemplateText> t = common_templates();
-  t.push_back({"forward_schedule.cuh", embedded::template_text("forward_schedule.cuh"), false});
-  return t;
 }
 
 cuda::GeneratedSource UnionScheduleBlockPerTile::generate(const Mods& mods,

@@ -13,7 +13,7 @@
 
 #include "kernels/Family.h"
 #include "kernels/KernelDesc.h"
-#include "kernels/Variant.h"
+#include "kernels/forward_companions/Companion.h"
 
 #include <flexjit_abi.h>
 
@@ -32,25 +32,21 @@ struct UnionScheduleInputs {
   std::function<void(runtime::CuStream)> after;
 };
 
-using UnionScheduleVariant = FamilyVariant<Family::ForwardSchedule, UnionScheduleInputs>;
-
-class UnionScheduleBlockPerTile : public UnionScheduleVariant {
+class UnionScheduleBlockPerTile
+    : public CompanionVariant<Family::ForwardSchedule, UnionScheduleInputs> {
  public:
   static constexpr const char* kEntry = "flexjit_forward_union_schedule";
   static constexpr int kThreads = 256;  // a CTA's threads (FjScheduleConfig::kThreads)
+
+  UnionScheduleBlockPerTile() : CompanionVariant("forward_schedule.cuh") {}
 
   std::string_view name() const override { return "block_per_tile"; }
   std::string_view summary() const override;
   std::optional<std::string> unsupported(const KernelDesc& problem,
                                          const InputFacts& facts) const override;
-  void validate(const KernelDesc& desc) const override;
-  Params default_config(const KernelDesc&) const override { return {}; }
-  std::vector<Params> config_space(const KernelDesc&) const override { return {Params{}}; }
-  std::vector<TemplateText> templates() const override;
   std::vector<std::string> entry_points() const override { return {kEntry}; }
-  Mods kernel_mods(const Mods&) const override { return Mods{}; }
   cuda::GeneratedSource generate(const Mods& mods, const KernelDesc& desc) const override;
-  unsigned smem_bytes(const KernelDesc&) const override { return 0; }  // per launch: launches()
+  // Dynamic shared memory per launch (2 bytes per KV tile): launches().
   std::vector<Launch> launches(const KernelDesc& desc, const UnionScheduleInputs& in,
                                void* workspace) const override;
 };
