@@ -317,6 +317,13 @@ diag2-128|--mods "$DIAG2" -d 128
 diag2-128-div|--mods "$DIAG2" -d 128 --divisible
 diag2-64-bm192|--mods "$DIAG2" -d 64 --block-m 192
 cache-causal-128-gqa4-p16|--kernel forward --mods causal -d 128 --gqa 4 --page-size 16
+cache-causal-128-gqa4-p16-bm192|--kernel forward --mods causal -d 128 --gqa 4 --page-size 16 --block-m 192 --stages 2 --persistent 0 --q-tiles 1
+cache-alibi_causal-128-p1-bm192|--kernel forward --mods alibi_causal -d 128 --page-size 1 --block-m 192 --stages 2 --persistent 0 --q-tiles 1
+cache-causal-64-p256-bm192|--kernel forward --mods causal -d 64 --page-size 256 --block-m 192 --persistent 0 --q-tiles 1
+causal-128-bm192|--mods causal -d 128 --block-m 192 --stages 2
+document_causal-128-bm192|--mods document_causal -d 128 --block-m 192 --stages 2
+alibi_causal-128-bm192|--mods alibi_causal -d 128 --block-m 192 --stages 2
+noop-128-bm192|--mods noop -d 128 --block-m 192 --stages 2
 e4m3-cache-causal-128-gqa4-p16|--kernel forward --mods causal -d 128 --gqa 4 --page-size 16 --kv-e4m3
 e4m3-cache-offset_causal-128-gqa4|--kernel forward --mods "$OFFSET_CAUSAL" -d 128 --gqa 4 --kv-e4m3
 e4m3-cache-alibi_causal-f16-64-p1|--kernel forward --mods alibi_causal --dtype f16 -d 64 --page-size 1 --kv-e4m3

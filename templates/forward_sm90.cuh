@@ -143,7 +143,9 @@ struct FjSm90Traits {
   // The CTA's 168 x 384 registers at launch are what the split redistributes: 128 (168 - P) =
   // 128 (C - 168) x kConsumers.
   // On a KV cache every thread of the producer warpgroup loads (kLoaders; cp.async gathers need
-  // the threads, FjSm90KvCache) and carries its own copy of the tile loop (40 / 232 as well).
+  // the threads, FjSm90KvCache) and carries its own copy of the tile loop (40 / 232 as well;
+  // with three consumers 32 / 160, which the loaders fit once a union schedule's entries were
+  // read without FjKvSchedule::tile's division: fj_union_entry).
   static constexpr int kLoaders = kFjKvCache ? 128 : 1;
   static constexpr int kProducerRegs = kConsumers == 2 ? (kPersistent || kFjKvCache ? 40 : 24) : 32;
   static constexpr int kConsumerRegs =
@@ -184,9 +186,9 @@ struct FjSm90Traits {
                 "disagree");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
                 "flexjit forward_sm90: register split exceeds the register file");
-  static_assert(!kFjKvCache || (kConsumers == 2 && !kPersistent),
-                "flexjit forward_sm90: a KV cache runs 128-row tiles, one CTA per query tile "
-                "(ForwardSm90Wgmma::validate)");
+  static_assert(!kFjKvCache || (!kPersistent && kQTiles == 1 && (kConsumers == 2 || !kFjKvFp8)),
+                "flexjit forward_sm90: a KV cache runs one query tile per CTA, an e4m3 one "
+                "128-row tiles (ForwardSm90Wgmma::validate)");
   static_assert(!kFjKvFp8 ||
                     (!kFp8 && (kBlockN * kDimQK / 16) % 128 == 0 &&
                      (kBlockN * kDimV / 16) % 128 == 0 && kRealQK % 16 == 0 && kRealV % 16 == 0),
@@ -426,6 +428,13 @@ FJ_DEVICE FjKvSchedule fj_union_entries(const FjBlockMaskArgs& bm, int b, int h,
   return s;
 }
 
+// Entry i of a union schedule (fj_union_entries): the entry itself, or without a block mask tile
+// i. FjKvSchedule::tile's general form (list[j / tiles_per_block] ...) kept a division by one on a
+// KV cache, whose loaders' 32 registers it spilled (16 B of stack, 40 B stored).
+FJ_DEVICE int fj_union_entry(const FjKvSchedule& s, int i) {
+  return s.partial_idx == nullptr ? i : s.partial_idx[i];
+}
+
 // The schedule's entry that a 128-row query tile visits i-th: its full tiles first, the last one
 // listed first (next to a causal mask's diagonal), then the partial ones (the mask_mod's work, a
 // causal mask's diagonal tile). The first tile's scores and softmax run alone, before any P V
@@ -452,7 +461,9 @@ FJ_DEVICE FjKvSchedule fj_sm90_schedule(const FjFwdArgs& args, int kv_len, int b
   if constexpr (kFjUnionSchedule<T, Cfg>) {
     const FjBlockMaskArgs& bm = args.mask;
     if (bm.kv_num_blocks != nullptr) {
-      return fj_union_entries(bm, b, h, m_block, fj_union_row(bm, b, h, m_block)[0]);
+      // On a KV cache a sequence without keys has none (mainloop_union empties the runs too).
+      const int n = fj_union_row(bm, b, h, m_block)[0];
+      return fj_union_entries(bm, b, h, m_block, kFjKvCache && kv_len == 0 ? 0 : n);
     }
   }
   FjKvSchedule sched = fj_block_schedule<T::kBlockM, T::kBlockN, Cfg::kHasFullBlocks>(
@@ -1030,8 +1041,11 @@ struct FjSm90Producer {
     const bool q_first = T::kQBufs == 2 || item == 0 || sched.num_total == 0;
     if (q_first) load_q(tiles, item, u, runs, b, h, m_block);
     // Three warpgroups: the union schedule's order; else full tiles first (fj_sm90_visit).
-    auto visit = [&](int i) { return kFjUnionSchedule<T, Cfg> ? i : fj_sm90_visit(sched, i); };
-    int next_tile = sched.num_total > 0 ? sched.tile(visit(0)) : 0;
+    auto entry = [&](int i) {
+      return kFjUnionSchedule<T, Cfg> ? fj_union_entry(sched, i)
+                                      : sched.tile(fj_sm90_visit(sched, i));
+    };
+    int next_tile = sched.num_total > 0 ? entry(0) : 0;
 #if defined(FJ_FWD_KV_FP8)
     // An e4m3 cache: the copies run one tile ahead of the conversion (the staging tile holds one).
     if (sched.num_total > 0) stage_kv(next_tile, kv_len, b, h_kv);
@@ -1039,7 +1053,7 @@ struct FjSm90Producer {
     for (int i = 0; i < sched.num_total; ++i, ++g) {
       // Three warpgroups: a block mask comes as a union schedule (status bits above the tile).
       const int tile = kFjUnionSchedule<T, Cfg> ? next_tile & kFjUnionTileMask : next_tile;
-      if (i + 1 < sched.num_total) next_tile = sched.tile(visit(i + 1));
+      if (i + 1 < sched.num_total) next_tile = entry(i + 1);
       const int stage = g % T::kNumStages;
       if (g >= T::kNumStages) fj_mbar_wait(sm.bar_e + 8 * stage, ((g / T::kNumStages) & 1) ^ 1);
       load_kv(stage, tile, kv_len, b, h_kv);
@@ -1519,6 +1533,10 @@ struct FjSm90Consumer {
       const int* row = fj_union_row(args.mask, t.b, t.h, t.m_block);
       run_begin = fj_warp_uniform(row[1 + 2 * cw]);
       run_end = fj_warp_uniform(row[2 + 2 * cw]);
+      // A KV cache's sequence without keys: no entries (fj_sm90_schedule), so no run.
+      if constexpr (kFjKvCache) {
+        if (num_total == 0) run_begin = run_end = 0;
+      }
     }
     const int shift = kFjUnionStatusShift + 2 * cw;
     auto partial_of = [&](int e) { return !masked || ((e >> shift) & 3) == 1; };
@@ -1528,24 +1546,27 @@ struct FjSm90Consumer {
       // d_v 128 or e4m3: the serial loop over the run (the overlapped one does not fit 160
       // registers there).
       for (int i = run_begin; i < run_end; ++i) {
-        const int e = fj_warp_uniform(sched.tile(i));
+        const int e = fj_warp_uniform(fj_union_entry(sched, i));
         serial_step(t, g + i, e & kFjUnionTileMask, partial_of(e), false);
       }
     } else if (run_begin < run_end) {
       float alpha[2];
-      int e = fj_warp_uniform(sched.tile(run_begin));
-      int next_e = run_begin + 1 < run_end ? sched.tile(run_begin + 1) : 0;  // one ahead
+      int e = fj_warp_uniform(fj_union_entry(sched, run_begin));
+      int next_e = run_begin + 1 < run_end ? fj_union_entry(sched, run_begin + 1) : 0;  // one ahead
       first_s(t, g + run_begin, e & kFjUnionTileMask, partial_of(e), alpha, false);
-      // (No KV cache runs three consumer warpgroups: the tiles gather_fence would test are 0.)
+      // On a KV cache the tile before (its V may be gathered: gather_fence); without one it
+      // stays 0, and the loop is the one measured.
+      int prev_tile = kFjKvCache ? e & kFjUnionTileMask : 0;
       // Ring positions from the index here: carried from tile to tile (FjRingPos), as
       // mainloop_overlap does, document_causal at 192 rows spilled 8 B.
       for (int i = run_begin + 1; i < run_end; ++i) {
         e = fj_warp_uniform(next_e);
-        if (i + 1 < run_end) next_e = sched.tile(i + 1);
+        if (i + 1 < run_end) next_e = fj_union_entry(sched, i + 1);
         next_s_pv(t, FjRingPos<T::kNumStages>::at(g + i), FjRingPos<T::kNumStages>::at(g + i - 1),
-                  e & kFjUnionTileMask, 0, partial_of(e), alpha, false);
+                  e & kFjUnionTileMask, prev_tile, partial_of(e), alpha, false);
+        if constexpr (kFjKvCache) prev_tile = e & kFjUnionTileMask;
       }
-      last_pv(t, g + run_end - 1, 0);
+      last_pv(t, g + run_end - 1, prev_tile);
     }
     for (int i = run_end; i < num_total; ++i)
       skip(g + i);

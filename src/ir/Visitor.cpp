@@ -34,6 +34,15 @@ bool reads_var(const Expr& e, VarKind v) {
   return any_node(e, [v](const Expr& n) { return n->op == Op::Var && n->var == v; });
 }
 
+bool loads_at(const Expr& e, VarKind v) {
+  return any_node(e, [v](const Expr& n) {
+    if (n->op != Op::Load) return false;
+    for (const Expr& index : n->args)
+      if (reads_var(index, v)) return true;
+    return false;
+  });
+}
+
 Expr Mutator::mutate(const Expr& e) {
   if (!e.defined()) return e;
   auto it = memo_.find(e.get());

@@ -18,6 +18,9 @@ void for_each_node(const Expr& e, const std::function<void(const Expr&)>& fn);
 bool any_node(const Expr& e, const std::function<bool(const Expr&)>& pred);
 // Whether `e` (undefined: no) reads the variable `v` (score, b, h, q_idx, kv_idx).
 bool reads_var(const Expr& e, VarKind v);
+// Whether `e` (undefined: no) loads a buffer at indices that read the variable `v` (a document
+// mask's doc[b, kv_idx] for kv_idx).
+bool loads_at(const Expr& e, VarKind v);
 
 class Mutator {
  public:

@@ -50,6 +50,9 @@ struct InputFacts {
   // The call's score_mod reads kv_idx (alibi, relative biases; ir::reads_var): forward/
   // sm90a_wgmma's defaults keep 128-row tiles for it at head dims below the 128 tile.
   bool score_mod_reads_kv = false;
+  // The call's mask_mod loads a buffer at kv_idx (a document mask; ir::loads_at): forward/
+  // sm90a_wgmma's defaults keep 128-row tiles for it on a KV cache.
+  bool mask_mod_loads_kv = false;
   // The call's softmax scale is positive (the default 1 / sqrt(head_dim_qk) is): the
   // forward/sm90a_wgmma kernel folds it into the exponent's factor after the row max, which only
   // a positive scale leaves in place, and serves no other.

@@ -69,15 +69,28 @@ ValidatedCall validate_call(Context& ctx, const TensorRef& q, const TensorRef& k
   call.inputs.scale = options.scale;
   call.inputs.block_mask = options.block_mask;
   call.inputs.sm_count = impl_of(ctx).device->sm_count();
-  call.inputs.mask_mod = call.mods.mask_mod.defined();
-  call.inputs.mask_mod_divides = passes::divides_by_runtime_value(call.mods.mask_mod);
-  call.inputs.score_mod_reads_kv = ir::reads_var(call.mods.score_mod, ir::VarKind::KvIdx);
+  runtime::set_mod_facts(call.inputs, call.mods);
   call.inputs.stream = static_cast<runtime::CuStream>(options.stream);
   call.inputs.descale = runtime::check_descales(options.descale, q, s);
   call.empty_q = s.batch == 0 || s.heads_q == 0 || s.seqlen_q == 0;
   call.empty_kv = s.seqlen_kv == 0;
   return call;
 }
+
+}  // namespace
+
+namespace runtime {
+
+void set_mod_facts(kernels::ForwardInputs& in, const Mods& mods) {
+  in.mask_mod = mods.mask_mod.defined();
+  in.mask_mod_divides = passes::divides_by_runtime_value(mods.mask_mod);
+  in.score_mod_reads_kv = ir::reads_var(mods.score_mod, ir::VarKind::KvIdx);
+  in.mask_mod_loads_kv = ir::loads_at(mods.mask_mod, ir::VarKind::KvIdx);
+}
+
+}  // namespace runtime
+
+namespace {
 
 // Short queries take the split-KV decode plan when it supports the call (runtime/Decode.h),
 // the forward otherwise; the choice and its reason are logged under FLEXJIT_LOG=kernels.

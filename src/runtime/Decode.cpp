@@ -339,6 +339,10 @@ KvCacheCall validate_kv_cache_call(Context& ctx, const TensorRef& q, const Tenso
     call.inputs.v_scale = static_cast<const float*>(cache.v_scale.data);
   }
   call.forward = forward_inputs(call.inputs, call.shape);
+  // The mods' facts (192-row tiles on a cache read them) and the stream (a block mask's union
+  // schedule is kept with the mask only outside a graph capture), as a call without a cache.
+  set_mod_facts(call.forward, call.mods);
+  call.forward.stream = static_cast<CuStream>(options.stream);
   const cuda::Arch arch = cuda::Arch::parse(ctx.arch());
   // An e4m3 cache: the forward reads it on sm_90a (forward/sm90a_wgmma, flag kv_e4m3); elsewhere
   // the registry's reasons say so, and the decode kernels, which take any Sq, run the call

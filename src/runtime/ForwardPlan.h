@@ -18,6 +18,11 @@ namespace flexjit::runtime {
 kernels::KernelDesc forward_problem_of(const cuda::Arch& arch, const kernels::ForwardInputs& in,
                                        const AttentionOptions& options);
 
+// The facts of `mods` that the forward's defaults read (kernels::InputFacts: a mask_mod, one that
+// divides by a run-time value or loads a buffer at kv_idx, a score_mod that reads kv_idx), into
+// `in`; every forward call takes them, on a KV cache too.
+void set_mod_facts(kernels::ForwardInputs& in, const Mods& mods);
+
 // The one-step forward plan: the registry's forward variant for these inputs (or
 // options.variant), its config resolved from options.config (and `tuning`).
 Plan plan_forward(const cuda::Arch& arch, const kernels::ForwardInputs& in, const Mods& mods,

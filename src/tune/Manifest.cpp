@@ -334,6 +334,7 @@ kernels::InputFacts workload_forward_facts(const Workload& w, const WorkloadShap
   f.mask_mod = w.mods.mask_mod.defined();
   f.mask_mod_divides = passes::divides_by_runtime_value(w.mods.mask_mod);
   f.score_mod_reads_kv = ir::reads_var(w.mods.score_mod, ir::VarKind::KvIdx);
+  f.mask_mod_loads_kv = ir::loads_at(w.mods.mask_mod, ir::VarKind::KvIdx);
   return f;
 }
 

@@ -11,6 +11,7 @@
 
 #include "gpu/GpuTestUtil.h"
 #include "gpu/StandardBindings.h"
+#include "runtime/ForwardPlan.h"
 #include "support/CliPath.h"
 #include "support/CpuReference.h"
 #include "util/Npy.h"
@@ -59,6 +60,8 @@ struct DecodeCase {
   // "block_n", ...).
   std::map<std::string, int64_t> config;
   double tol = 0;  // 0: tolerance(dtype)
+  // A text the plan that runs must hold (runtime::describe_forward_plan: "block_m=192"), or "".
+  std::string expect_plan;
 };
 
 // Buffers and params of the standard mods, sized for indices up to the capacity.
@@ -76,6 +79,7 @@ struct Result {
   double lse_max_err = 0;
   int64_t lse_mismatched_inf = 0;
   size_t workspace_bytes = 0;
+  std::string plan;  // with DecodeCase::expect_plan: the plan's description
   std::vector<float> out, lse;
   std::vector<double> ref_lse;
 };
@@ -202,6 +206,7 @@ Result run_case(Context& ctx, DecodeCase& c, std::mt19937_64& rng) {
   if (c.kv_cache || ps > 0) o.kv_cache = &cache;
   Result r;
   r.workspace_bytes = flex_attention_workspace_bytes(ctx, dq, dk, dv, o);
+  if (!c.expect_plan.empty()) r.plan = runtime::describe_forward_plan(ctx, dq, dk, dv, o);
   flex_attention_into(ctx, dq, dk, dv, out, &lse.ref(), o);
   ctx.synchronize();
   r.out = download(out);
@@ -256,8 +261,12 @@ Result check_case(Context& ctx, DecodeCase& c, std::mt19937_64& rng, uint64_t se
   CHECK(r.out_err.rel <= (c.tol > 0 ? c.tol : tolerance(c.dtype)));
   CHECK(r.lse_mismatched_inf == 0);
   CHECK(r.lse_max_err <= 1e-2);
-  // The plan that ran: the forward needs no workspace, split + combine do.
-  if (c.expect_forward) {
+  if (!c.expect_plan.empty()) CHECK_THAT(r.plan, Catch::Contains(c.expect_plan));
+  // The plan that ran: the forward needs no workspace (but for a 192-row forward's union schedule
+  // of a block mask: the plan says which), split + combine do.
+  if (c.expect_forward && !c.expect_plan.empty()) {
+    CHECK_THAT(r.plan, Catch::Contains("forward/"));
+  } else if (c.expect_forward) {
     CHECK(r.workspace_bytes == 0);
   } else {
     CHECK(r.workspace_bytes > 0);
@@ -835,6 +844,102 @@ TEST_CASE("decode: chunked prefill on forward/sm90a_wgmma, every page size",
     bind_standard(c, rng);
     const Result r = check_case(*ctx, c, rng, seed);
     // A sequence without keys: every row out 0, lse -inf.
+    for (int b = 0; b < c.batch; ++b) {
+      if (sh.lens[b] != 0) continue;
+      for (int h = 0; h < c.heads_q; ++h) {
+        for (int qi = 0; qi < c.seqlen_q; ++qi) {
+          INFO(c.label << " b=" << b << " h=" << h << " q=" << qi);
+          check_masked_row(r, (static_cast<size_t>(b) * c.heads_q + h) * c.seqlen_q + qi, c.dim_v);
+        }
+      }
+    }
+  }
+}
+
+// forward/sm90a_wgmma's 192-row tiles on a KV cache (three consumer warpgroups, loaders in 32
+// registers; the default at d 128 where no mask_mod loads a buffer at kv_idx), by config: every
+// way a tile reaches shared memory (gathers of 1- and 4-key pages, a TMA box per page of 16 and
+// 32 keys, one box per tile of 256-key pages and ragged contiguous K / V, the cut tile), lengths
+// of 0 and inside a tile, GQA, the union schedule over a block mask (tiles past a sequence's
+// length listed, a sequence without keys), the loop without a block mask and without a mask_mod,
+// d 64's overlapped loop and d 128's serial one, against the fp64 reference.
+TEST_CASE("decode: chunked prefill on forward/sm90a_wgmma in 192-row tiles",
+          "[gpu][decode][prefill][sm90]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  if (prefill_variants(*ctx).size() < 2) {
+    WARN("skipped: forward/sm90a_wgmma needs an sm_90a device");
+    return;
+  }
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const Mods blocks =
+      parse_mods("mask_mod = kv_idx < 300 || (kv_idx >= 700 && kv_idx % 5 != q_idx)", "blocks.fx");
+  struct Shape {
+    int page, gqa, sq, cap, d;
+    std::vector<int> lens;
+    const char* mods;  // "offset_causal": the chunk at the end of each sequence; "blocks": the
+                       // block mask above (its mask_mod through the mask)
+  };
+  const std::vector<Shape> shapes = {
+      {1, 4, 200, 512, 128, {500, 0, 301}, "offset_causal"},
+      {4, 2, 385, 1024, 128, {1024, 390, 7}, "offset_causal"},
+      {16, 4, 300, 1024, 128, {1024, 900, 0, 301}, "offset_causal"},
+      {32, 1, 192, 1024, 128, {1000, 513}, "alibi"},
+      {256, 4, 500, 2048, 128, {2048, 1300, 1}, "offset_causal"},
+      {0, 4, 300, 1000, 128, {1000, 17, 0, 640}, "offset_causal"},
+      {16, 2, 200, 1024, 128, {1024, 800, 0}, "blocks"},
+      {0, 2, 200, 1024, 128, {1024, 513}, "blocks"},
+      {16, 4, 250, 1024, 64, {1024, 700, 0}, "offset_causal"},
+      {2, 1, 130, 512, 64, {512, 200}, "blocks"},
+      {16, 2, 200, 768, 64, {768, 129}, "noop"},
+      {0, 4, 300, 1000, 128, {999, 128}, "relative_bias_causal"},
+      {64, 2, 256, 1024, 128, {1024, 555}, "document_causal"},
+      // The defaults (no block_m asked for): 192 rows at d 128, 128 for a mask_mod that loads
+      // document ids at kv_idx.
+      {16, 4, 300, 1024, 128, {1024, 700, 0}, "offset_causal default"},
+      {16, 2, 300, 1024, 128, {1024, 513}, "document_causal default"},
+  };
+  for (const Shape& sh : shapes) {
+    DecodeCase c;
+    c.variant = "sm90a_wgmma";
+    std::string mods = sh.mods;
+    const bool defaults = mods.size() > 8 && mods.substr(mods.size() - 8) == " default";
+    if (defaults) mods.resize(mods.size() - 8);
+    if (!defaults) c.config = {{"block_m", 192}};
+    c.expect_plan = mods == "document_causal" && defaults ? "block_m=128" : "block_m=192";
+    c.label = fmt::format("sm90 prefill, 192 rows ({}, gqa {}, d {}, {})",
+                          sh.page > 0 ? fmt::format("{}-key pages", sh.page) : "ragged contiguous",
+                          sh.gqa, sh.d, sh.mods);
+    c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+    c.batch = static_cast<int>(sh.lens.size());
+    c.heads_kv = 1 + static_cast<int>(rng() % 2);
+    c.heads_q = c.heads_kv * sh.gqa;
+    c.seqlen_q = sh.sq;
+    c.capacity = sh.cap;
+    c.lens = sh.lens;
+    c.page_size = sh.page;
+    c.kv_cache = true;
+    c.shared_prefix = sh.page > 0;
+    c.expect_forward = true;
+    c.dim_qk = c.dim_v = sh.d;
+    std::optional<DeviceBlockMask> bm;
+    if (mods == "offset_causal") {
+      c.mods = offset_causal_mods();
+      std::vector<int32_t> pos;
+      for (int len : sh.lens)
+        pos.push_back(len - sh.sq);
+      c.buffers["q_pos"] = host_buffer(DType::I32, {c.batch}, pos);
+    } else if (mods == "blocks") {
+      // 192-row tiles read the mask as a union schedule, compiled with the call's mask_mod.
+      bm.emplace(create_block_mask(*ctx, blocks, 1, 1, c.seqlen_q, c.capacity, 128));
+      c.block_mask = &*bm;
+      c.mods = blocks;
+    } else {
+      c.mods = standard_mods(mods);
+    }
+    bind_standard(c, rng);
+    const Result r = check_case(*ctx, c, rng, seed);
     for (int b = 0; b < c.batch; ++b) {
       if (sh.lens[b] != 0) continue;
       for (int h = 0; h < c.heads_q; ++h) {

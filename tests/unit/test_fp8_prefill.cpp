@@ -106,14 +106,16 @@ TEST_CASE("fp8 prefill: the kv_e4m3 flag, sm90a_wgmma's selection and configs",
   CHECK(w.smem_bytes(d) ==
         static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 2) +
                               fj_forward_sm90_kv_fp8_staging_bytes(128, 128, 128)));
-  // A bf16 cache of the same shape keeps its description (no kv_e4m3) and its 3 stages.
+  // A bf16 cache of the same shape keeps its description (no kv_e4m3) and takes 192-row tiles in
+  // 2 stages, as contiguous K / V do.
   KernelDesc plain =
       forward_problem(cuda::Arch::parse("sm_90a"), DType::BF16, 128, 128, 4, false, true);
   set_kv_cache_flags(plain, 16);
   const KernelDesc p = Registry::global().complete(plain, facts);
   CHECK_THAT(p.str(), !Catch::Contains("kv_e4m3"));
   CHECK_FALSE(on_kv_e4m3(p));
-  CHECK(p.config.at("num_stages") == 3);
+  CHECK(p.config.at("block_m") == 192);
+  CHECK(p.config.at("num_stages") == 2);
   // Every head dim's default fits: d 64 (four stages), 96 (tile 128), 256 (64-key tiles), and
   // 192 / 128, whose 128-key tiles do not fit two stages beside the staging tile: 64 keys.
   for (auto [dqk, dv, bn] :

@@ -12,6 +12,7 @@
 #include <flexjit/mods.h>
 
 #include "Pipeline.h"
+#include "ir/Visitor.h"
 #include "kernels/Registry.h"
 #include "kernels/forward/Forward.h"
 #include "kernels/forward/Sm80Mma.h"
@@ -36,10 +37,12 @@ using namespace flexjit::kernels;
 
 namespace {
 
-KernelDesc paged_problem(const std::string& arch, DType dtype, int d, int gqa, int page_size) {
+KernelDesc paged_problem(const std::string& arch, DType dtype, int d, int gqa, int page_size,
+                         bool kv_e4m3 = false) {
   KernelDesc p = forward_problem(cuda::Arch::parse(arch), dtype, d, d, gqa, /*divisible=*/false,
                                  /*full_blocks=*/true);
   set_kv_cache_flags(p, page_size);
+  if (kv_e4m3) set_kv_e4m3_flag(p);
   return p;
 }
 
@@ -108,7 +111,8 @@ TEST_CASE("paged prefill: validation names the flag and the limits; sm90a_wgmma 
   CHECK_THROWS_WITH(v.validate(bad), Catch::Contains("on a KV cache needs divisible = 0"));
 
   // sm_90a: the TMA kernel reads the cache, every page size (TMA boxes from a tile's keys up,
-  // cp.async gathers below) and ragged contiguous K / V, in 128-row tiles, one CTA per query tile.
+  // cp.async gathers below) and ragged contiguous K / V, one CTA per query tile; 192-row tiles at
+  // d 128 as on contiguous K / V (three consumer warpgroups), 128 at d 64 and 256.
   InputFacts facts;
   facts.seqlen_q = 2048;
   facts.seqlen_kv = 8192;
@@ -120,11 +124,30 @@ TEST_CASE("paged prefill: validation names the flag and the limits; sm90a_wgmma 
       INFO(h.str() << "\n" << sel.str());
       CHECK(h.family_variant() == "forward/sm90a_wgmma");
       CHECK(kv_page_size(h) == page);
-      CHECK(h.flags.at("divisible") == 0);   // 2048 x 8192 divides the tiles; the lengths do not
-      CHECK(h.config.at("block_m") == 128);  // d 64's default would be 192 rows
+      CHECK(h.flags.at("divisible") == 0);  // 2048 x 8192 divides the tiles; the lengths do not
+      // d 64's contiguous default would be 192 persistent rows
+      CHECK(h.config.at("block_m") == (dim == 128 ? 192 : 128));
       CHECK(h.config.get("persistent").value_or(0) == 0);  // d 64's default would be persistent
     }
   }
+  // The facts that keep 128 rows at d 128 on a cache: a mask_mod that loads a buffer at kv_idx
+  // (ir::loads_at: document masks; offset_causal's q_pos[b] does not), an e4m3 cache.
+  CHECK(ir::loads_at(standard_mods("document_causal").mask_mod, ir::VarKind::KvIdx));
+  CHECK_FALSE(ir::loads_at(
+      parse_mods("buffer q_pos: i32[B]\nmask_mod = q_idx + q_pos[b] >= kv_idx", "o.fx").mask_mod,
+      ir::VarKind::KvIdx));
+  CHECK_FALSE(ir::loads_at(standard_mods("causal").mask_mod, ir::VarKind::KvIdx));
+  CHECK_FALSE(ir::loads_at(Expr(), ir::VarKind::KvIdx));
+  InputFacts doc = facts;
+  doc.mask_mod = doc.mask_mod_loads_kv = true;
+  CHECK(Registry::global()
+            .complete(paged_problem("sm_90a", DType::BF16, 128, 4, 16), doc)
+            .config.at("block_m") == 128);
+  CHECK(Registry::global()
+            .complete(
+                forward_problem(cuda::Arch::parse("sm_90a"), DType::BF16, 128, 128, 4, false, true),
+                doc)
+            .config.at("block_m") == 192);  // contiguous K / V: 192 rows
   // d 64's default of two query tiles per CTA, persistent, becomes one tile per CTA.
   CHECK(Registry::global()
             .complete(paged_problem("sm_90a", DType::F16, 64, 1, 16), facts)
@@ -160,18 +183,25 @@ TEST_CASE("paged prefill: validation names the flag and the limits; sm90a_wgmma 
                                                      "q_tiles = 1), not persistent = 1"));
   bad.config.set("persistent", 0);
   CHECK_THROWS_WITH(w.validate(bad), Catch::Contains("not persistent = 0, q_tiles = 2"));
-  KernelDesc bad64 =
+  // An e4m3 cache runs 128-row tiles (its loaders' staging and conversion); a bf16 one takes 192.
+  KernelDesc bad8 = Registry::global().complete(
+      paged_problem("sm_90a", DType::BF16, 128, 1, 16, /*kv_e4m3=*/true), facts);
+  CHECK(bad8.config.at("block_m") == 128);
+  bad8.config.set("block_m", 192);
+  CHECK_THROWS_WITH(w.validate(bad8), Catch::Contains("on an e4m3 KV cache runs block_m = 128") &&
+                                          Catch::Contains("not 192"));
+  KernelDesc rows192 =
       Registry::global().complete(paged_problem("sm_90a", DType::BF16, 64, 1, 1), facts);
-  bad64.config.set("block_m", 192);
-  CHECK_THROWS_WITH(w.validate(bad64), Catch::Contains("on a KV cache runs block_m = 128") &&
-                                           Catch::Contains("not 192"));
+  rows192.config.set("block_m", 192);
+  CHECK_NOTHROW(w.validate(rows192));
   // Asked for by the caller, the same reasons.
   CHECK_THROWS_WITH(Registry::global().complete(paged_problem("sm_90a", DType::BF16, 128, 1, 16),
                                                 facts, {{"persistent", 1}}, "sm90a_wgmma"),
                     Catch::Contains("persistent = 0, q_tiles = 1"));
-  CHECK_THROWS_WITH(Registry::global().complete(paged_problem("sm_90a", DType::BF16, 64, 1, 0),
-                                                facts, {{"block_m", 192}}, "sm90a_wgmma"),
-                    Catch::Contains("block_m = 128"));
+  CHECK(Registry::global()
+            .complete(paged_problem("sm_90a", DType::BF16, 64, 1, 0), facts, {{"block_m", 192}},
+                      "sm90a_wgmma")
+            .config.at("block_m") == 192);
   // The contiguous sm_90a forward is as it was: 192 persistent rows at d 64, no KV flags.
   const KernelDesc c = Registry::global().complete(
       forward_problem(cuda::Arch::parse("sm_90a"), DType::BF16, 64, 64, 1, false, true), facts);
@@ -384,8 +414,16 @@ TEST_CASE("paged prefill: forward/sm90a_wgmma compiles every page size and tile 
     jobs.push_back({"offset_causal", DType::BF16, 192, 128, page, {}});
   }
   for (const char* m : {"noop", "alibi_causal", "softcap_causal", "document_causal",
-                        "relative_bias_causal", "sliding_window"})
+                        "relative_bias_causal", "sliding_window", "prefix_lm"})
     jobs.push_back({m, DType::BF16, 128, 128, 16, {}});
+  // 192-row tiles (the defaults at d 128 above) over the other paths: 1-key pages (gathers
+  // only), ragged contiguous K / V, d 96 (tile 128), f16, 64-key tiles, a cut tile at every
+  // length (pages of 32 keys under 128-key tiles are boxes per page).
+  for (int page : {1, 0, 32})
+    jobs.push_back({"alibi_causal", DType::F16, 128, 128, page, {}});
+  jobs.push_back({"offset_causal", DType::BF16, 96, 96, 16, {}});
+  jobs.push_back({"causal", DType::BF16, 128, 128, 16, {{"block_m", 192}, {"block_n", 64}}});
+  jobs.push_back({"noop", DType::BF16, 64, 64, 16, {{"block_m", 192}}});
   jobs.push_back({"document_causal", DType::BF16, 64, 64, 0, {}});
   jobs.push_back({"relative_bias_causal", DType::F16, 64, 64, 256, {}});
   jobs.push_back({"causal", DType::BF16, 128, 128, 64, {{"block_n", 64}}});
@@ -408,8 +446,14 @@ TEST_CASE("paged prefill: forward/sm90a_wgmma compiles every page size and tile 
       KernelDesc p = forward_problem(cuda::Arch::parse("sm_90a"), j.dtype, j.dqk, j.dv, 4,
                                      /*divisible=*/false, /*full_blocks=*/true);
       set_kv_cache_flags(p, j.page);
-      const KernelDesc d = Registry::global().complete(p, facts, j.overrides, "sm90a_wgmma");
       const Mods mods = j.mods == "offset_causal" ? offset_causal : standard_mods(j.mods);
+      // The facts the runtime takes from the mods (runtime/Attention.cpp): a document mask keeps
+      // 128-row tiles on a cache, the others take 192 at d 128.
+      InputFacts job_facts = facts;
+      job_facts.mask_mod = mods.mask_mod.defined();
+      job_facts.mask_mod_loads_kv = ir::loads_at(mods.mask_mod, ir::VarKind::KvIdx);
+      job_facts.score_mod_reads_kv = ir::reads_var(mods.score_mod, ir::VarKind::KvIdx);
+      const KernelDesc d = Registry::global().complete(p, job_facts, j.overrides, "sm90a_wgmma");
       const BuiltKernel k = builder.build(mods, d);
       const auto& u = k.compiled.kernel->usage;
       const std::string& src = k.source->source;

@@ -66,6 +66,7 @@ InputFacts forward_facts(const ForwardInputs& in) {
   f.mask_mod = in.mask_mod;
   f.mask_mod_divides = in.mask_mod_divides;
   f.score_mod_reads_kv = in.score_mod_reads_kv;
+  f.mask_mod_loads_kv = in.mask_mod_loads_kv;
   f.scale_positive = !in.scale.has_value() || *in.scale > 0.0f;  // NaN: false
   return f;
 }

@@ -61,6 +61,8 @@ struct ForwardInputs {
   bool mask_mod_divides = false;
   // The score_mod reads kv_idx (InputFacts::score_mod_reads_kv).
   bool score_mod_reads_kv = false;
+  // The mask_mod loads a buffer at kv_idx (InputFacts::mask_mod_loads_kv).
+  bool mask_mod_loads_kv = false;
   // The call's stream (null: the legacy default stream): sm90a_wgmma keeps a block mask's union
   // schedule with the mask only where this stream is not capturing a graph (an allocation
   // there would break the capture).
