@@ -186,9 +186,9 @@ struct FjSm90Traits {
                 "disagree");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
                 "flexjit forward_sm90: register split exceeds the register file");
-  static_assert(!kFjKvCache || (!kPersistent && kQTiles == 1 && (kConsumers == 2 || !kFjKvFp8)),
-                "flexjit forward_sm90: a KV cache runs one query tile per CTA, an e4m3 one "
-                "128-row tiles (ForwardSm90Wgmma::validate)");
+  static_assert(!kFjKvCache || (!kPersistent && kQTiles == 1),
+                "flexjit forward_sm90: a KV cache runs one query tile per CTA "
+                "(ForwardSm90Wgmma::validate)");
   static_assert(!kFjKvFp8 ||
                     (!kFp8 && (kBlockN * kDimQK / 16) % 128 == 0 &&
                      (kBlockN * kDimV / 16) % 128 == 0 && kRealQK % 16 == 0 && kRealV % 16 == 0),
@@ -1045,20 +1045,22 @@ struct FjSm90Producer {
       return kFjUnionSchedule<T, Cfg> ? fj_union_entry(sched, i)
                                       : sched.tile(fj_sm90_visit(sched, i));
     };
+    // An entry's tile (a union schedule's entries carry status bits above it).
+    auto tile_of = [](int e) { return kFjUnionSchedule<T, Cfg> ? e & kFjUnionTileMask : e; };
     int next_tile = sched.num_total > 0 ? entry(0) : 0;
 #if defined(FJ_FWD_KV_FP8)
     // An e4m3 cache: the copies run one tile ahead of the conversion (the staging tile holds one).
-    if (sched.num_total > 0) stage_kv(next_tile, kv_len, b, h_kv);
+    if (sched.num_total > 0) stage_kv(tile_of(next_tile), kv_len, b, h_kv);
 #endif
     for (int i = 0; i < sched.num_total; ++i, ++g) {
       // Three warpgroups: a block mask comes as a union schedule (status bits above the tile).
-      const int tile = kFjUnionSchedule<T, Cfg> ? next_tile & kFjUnionTileMask : next_tile;
+      const int tile = tile_of(next_tile);
       if (i + 1 < sched.num_total) next_tile = entry(i + 1);
       const int stage = g % T::kNumStages;
       if (g >= T::kNumStages) fj_mbar_wait(sm.bar_e + 8 * stage, ((g / T::kNumStages) & 1) ^ 1);
       load_kv(stage, tile, kv_len, b, h_kv);
 #if defined(FJ_FWD_KV_FP8)
-      if (i + 1 < sched.num_total) stage_kv(next_tile, kv_len, b, h_kv);
+      if (i + 1 < sched.num_total) stage_kv(tile_of(next_tile), kv_len, b, h_kv);
 #endif
       if (!q_first && i == 0) load_q(tiles, item, u, runs, b, h, m_block);
     }

@@ -8,6 +8,7 @@
 // buffers (ALiBi slopes, document ids, the chunk's offset). Skips without an sm_90a GPU (elsewhere
 // the decode kernels run these calls: tests/gpu/test_decode_fp8.cpp).
 #include <flexjit/attention.h>
+#include <flexjit/device_block_mask.h>
 #include <flexjit/error.h>
 #include <flexjit/paged_kv.h>
 
@@ -26,6 +27,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <utility>
 
 using namespace flexjit;
@@ -34,8 +36,10 @@ using namespace flexjit::test;
 namespace {
 
 struct PrefillCase {
-  std::string mods = "offset_causal";  // a standard mods name, or offset_causal (q_pos buffer)
-  DType dtype = DType::BF16;           // q and out
+  // A standard mods name, offset_causal (q_pos buffer), or blocks: kBlocks's mask_mod, through
+  // a block mask built from it as well (with 192-row tiles, the union schedule).
+  std::string mods = "offset_causal";
+  DType dtype = DType::BF16;  // q and out
   int batch = 1, heads_kv = 1, gqa = 1, seqlen_q = 64, dim_qk = 128, dim_v = 128;
   int capacity = 128;     // Skv (contiguous) or max_pages * page_size
   std::vector<int> lens;  // per sequence
@@ -45,6 +49,7 @@ struct PrefillCase {
 
 // The chunk at the end of each sequence: causal with the offset q_pos[b] = len[b] - Sq.
 const char* kOffsetCausal = "buffer q_pos: i32[B]\nmask_mod = q_idx + q_pos[b] >= kv_idx";
+const char* kBlocks = "mask_mod = kv_idx < 300 || (kv_idx >= 700 && kv_idx % 5 != q_idx)";
 
 struct PrefillResult {
   ErrorStats out;
@@ -80,7 +85,10 @@ PrefillResult run_case(Context& ctx, const PrefillCase& c, std::mt19937_64& rng)
   s.batch = B, s.heads_q = Hq, s.heads_kv = Hkv, s.seqlen_q = Sq, s.seqlen_kv = cap;
   s.head_dim_qk = c.dim_qk, s.head_dim_v = c.dim_v;
   const Mods mods = c.mods == "offset_causal" ? parse_mods(kOffsetCausal, "offset_causal.fx")
+                    : c.mods == "blocks"      ? parse_mods(kBlocks, "blocks.fx")
                                               : standard_mods(c.mods);
+  std::optional<DeviceBlockMask> bm;
+  if (c.mods == "blocks") bm.emplace(create_block_mask(ctx, mods, 1, 1, Sq, cap, 128));
   std::map<std::string, HostBuffer> buffers;
   if (c.mods == "offset_causal") {
     std::vector<int32_t> q_pos(B);
@@ -108,6 +116,7 @@ PrefillResult run_case(Context& ctx, const PrefillCase& c, std::mt19937_64& rng)
   o.mods = mods;
   o.bindings = bindings;
   o.kv_cache = &cache;
+  if (bm) o.block_mask = &*bm;
   o.config.params = c.config;
   o.scale = scale;
   PrefillResult r;
@@ -143,6 +152,8 @@ void check_case(Context& ctx, const PrefillCase& c, std::mt19937_64& rng, uint64
   // A prefill chunk (more than 16 query tokens) takes the forward on the cache, with the e4m3
   // flag (src/runtime/Decode.cpp, choose_kv_cache_plan).
   CHECK_THAT(r.plan, Catch::Contains("forward/sm90a_wgmma") && Catch::Contains("kv_e4m3=1"));
+  if (c.config.count("block_m") > 0)
+    CHECK_THAT(r.plan, Catch::Contains(fmt::format("block_m={}", c.config.at("block_m"))));
   // docs/math.md "FP8 KV caches": the conversion is exact, so the bf16 / f16 rule holds.
   CHECK(r.out.nonfinite == 0);
   CHECK(r.out.rel <= tolerance(c.dtype));
@@ -232,6 +243,53 @@ TEST_CASE("fp8 prefill: both q dtypes, KV tiles of 64 and 192 keys, 2 and 3 stag
       c.config = config;
       check_case(*ctx, c, rng, seed);
     }
+  }
+}
+
+// 192-row tiles on an e4m3 cache (three consumer warpgroups; the loaders stage and convert every
+// tile in 32 registers): gathers of 1-key pages, 16- and 256-key pages, ragged contiguous K / V,
+// lengths 0 and inside a tile, GQA, d 64 / 96 / 128, a block mask's union schedule (the
+// offset_causal chunk is a mask_mod without one, `blocks` a block mask whose entries carry status
+// bits above the tile; document masks load at kv_idx).
+TEST_CASE("fp8 prefill: e4m3 caches in 192-row tiles", "[gpu][prefill][fp8]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  if (!on_sm90a(*ctx)) {
+    WARN("skipped: the forward reads e4m3 KV caches on sm_90a only");
+    return;
+  }
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  struct Shape {
+    int page, gqa, sq, cap;
+    std::vector<int> lens;
+    const char* mods;
+    int d;
+  };
+  const std::vector<Shape> shapes = {
+      {0, 4, 300, 1024, {1024, 700, 0, 129}, "offset_causal", 128},
+      {1, 1, 200, 256, {256, 255, 77}, "alibi", 128},
+      {16, 4, 385, 1024, {1024, 1000, 500}, "offset_causal", 128},
+      {256, 8, 333, 1024, {1024, 1023, 1}, "offset_causal", 64},
+      {16, 2, 200, 768, {768, 450, 0}, "document", 96},
+      {4, 4, 192, 512, {512, 400}, "softcap", 128},
+      {16, 2, 200, 1024, {1024, 800, 0}, "blocks", 128},
+      {0, 4, 130, 1024, {1024, 513}, "blocks", 64},
+  };
+  for (const Shape& sh : shapes) {
+    PrefillCase c;
+    c.mods = sh.mods;
+    c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+    c.batch = static_cast<int>(sh.lens.size());
+    c.heads_kv = 1 + static_cast<int>(rng() % 2);
+    c.gqa = sh.gqa;
+    c.seqlen_q = sh.sq;
+    c.capacity = sh.cap;
+    c.lens = sh.lens;
+    c.page_size = sh.page;
+    c.dim_qk = c.dim_v = sh.d;
+    c.config = {{"block_m", 192}};
+    check_case(*ctx, c, rng, seed);
   }
 }
 

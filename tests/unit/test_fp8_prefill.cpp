@@ -95,16 +95,16 @@ TEST_CASE("fp8 prefill: the kv_e4m3 flag, sm90a_wgmma's selection and configs",
   CHECK(KernelDesc::from_json(d.to_json()) == d);
   CHECK(on_kv_e4m3(d));
   CHECK(on_kv_cache(d));
-  // 128-row tiles, one per CTA, as on a bf16 cache; the staging tile (32 KB at d 128) leaves room
+  // 192-row tiles, one per CTA, as on a bf16 cache; the staging tile (32 KB at d 128) leaves room
   // for two stages of 128 keys.
-  CHECK(d.config.at("block_m") == 128);
+  CHECK(d.config.at("block_m") == 192);
   CHECK(d.config.at("block_n") == 128);
   CHECK(d.config.at("num_stages") == 2);
   CHECK(d.config.at("q_tiles") == 1);
   CHECK(d.config.at("persistent") == 0);
   const ForwardSm90Wgmma w;
   CHECK(w.smem_bytes(d) ==
-        static_cast<unsigned>(fj_forward_sm90_smem_bytes(128, 128, 128, 128, 2, 2) +
+        static_cast<unsigned>(fj_forward_sm90_smem_bytes(192, 128, 128, 128, 2, 2) +
                               fj_forward_sm90_kv_fp8_staging_bytes(128, 128, 128)));
   // A bf16 cache of the same shape keeps its description (no kv_e4m3) and takes 192-row tiles in
   // 2 stages, as contiguous K / V do.
@@ -116,17 +116,21 @@ TEST_CASE("fp8 prefill: the kv_e4m3 flag, sm90a_wgmma's selection and configs",
   CHECK_FALSE(on_kv_e4m3(p));
   CHECK(p.config.at("block_m") == 192);
   CHECK(p.config.at("num_stages") == 2);
-  // Every head dim's default fits: d 64 (four stages), 96 (tile 128), 256 (64-key tiles), and
-  // 192 / 128, whose 128-key tiles do not fit two stages beside the staging tile: 64 keys.
-  for (auto [dqk, dv, bn] :
-       {std::tuple{64, 64, 128}, {96, 96, 128}, {256, 256, 64}, {192, 128, 64}, {128, 64, 128}}) {
+  // Every head dim's default fits: d 64 (four stages), 96 (tile 128, 192 rows), 256 (64-key
+  // tiles), and 192 / 128, whose 128-key tiles do not fit two stages beside the staging tile: 64
+  // keys.
+  for (auto [dqk, dv, bn, bm] : {std::tuple{64, 64, 128, 128},
+                                 {96, 96, 128, 192},
+                                 {256, 256, 64, 128},
+                                 {192, 128, 64, 128},
+                                 {128, 64, 128, 128}}) {
     for (DType q : {DType::BF16, DType::F16}) {
       for (int page : {0, 1, 16, 256}) {
         const KernelDesc e = Registry::global().complete(
             fp8_cache_problem("sm_90a", q, dqk, dv, 8, page), facts, {}, "sm90a_wgmma");
         INFO(e.str());
         CHECK(e.config.at("block_n") == bn);
-        CHECK(e.config.at("block_m") == 128);
+        CHECK(e.config.at("block_m") == bm);
         CHECK(w.smem_bytes(e) <= 232448u);
       }
     }

@@ -149,17 +149,10 @@ int persistent_of(const KernelDesc& d) {
 
 // What a KV cache needs of a config: one query tile per CTA (every loader thread walks the tiles:
 // a persistent CTA's claims are one thread's, and two tiles per CTA spilled the loaders'
-// registers), no `divisible` (each sequence has its own length), and on an e4m3 cache 128-row
-// tiles (its loaders convert every tile through a staging tile; 192 rows leave them 32
-// registers, which bf16 / f16 caches fit: docs/kernels/forward_sm90.md "KV caches").
+// registers) and no `divisible` (each sequence has its own length). 128- and 192-row tiles both
+// serve it (192: the loaders in 32 registers; docs/kernels/forward_sm90.md "KV caches").
 std::optional<std::string> kv_cache_config_reason(const KernelDesc& d) {
   if (!on_kv_cache(d)) return std::nullopt;
-  if (on_kv_e4m3(d) && d.config.at("block_m") != 128) {
-    return fmt::format(
-        "forward/sm90a_wgmma on an e4m3 KV cache runs block_m = 128 (two consumer warpgroups), "
-        "not {}",
-        d.config.at("block_m"));
-  }
   if (persistent_of(d) != 0 || q_tiles_of(d) != 1) {
     return fmt::format(
         "forward/sm90a_wgmma on a KV cache runs one query tile per CTA (persistent = 0, q_tiles = "
@@ -580,9 +573,9 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
   // (docs/kernels/forward_sm90.md "Three consumer warpgroups at d 128", "FP8"). Where 192-row
   // tiles cover at most an eighth more rows and the caller fixed no tile key; not where the
   // mask_mod divides by a run-time value (chunked_local and dilated_sliding spill 180-308 B at
-  // 192 rows), nor on an e4m3 KV cache (128-row tiles: kv_cache_config_reason). A bf16 / f16 KV
-  // cache takes them as the contiguous kernel does (docs/kernels/forward_sm90.md "KV caches")
-  // unless the mask_mod loads a buffer at kv_idx (document_causal spilled 24 B there: the
+  // 192 rows). A KV cache (bf16 / f16 or e4m3) takes them as the contiguous kernel does
+  // (docs/kernels/forward_sm90.md "192-row tiles on a cache": 16-key pages +13-23 %, e4m3 +27-30
+  // %) unless the mask_mod loads a buffer at kv_idx (document_causal spilled 24 B there: the
   // sequence's length is one more register across the tile loop).
   // Head dims below that tile (d 80, 96,
   // 112; B=4 H=32 S=4096, H200, 192 / 128 rows, TFLOP/s): d 96 noop 509 / 504-528, causal
@@ -598,8 +591,8 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
                           !overrides.has("num_stages") && !overrides.has("q_tiles") &&
                           !overrides.has("persistent");
   if (tiles_free && dims_192 && facts.seqlen_q > 0 && !facts.mask_mod_divides &&
-      (!kv_cache || (!on_kv_e4m3(problem) && !facts.mask_mod_loads_kv)) &&
-      c.at("persistent") == 0 && c.at("q_tiles") == 1 && 8 * rows192 <= 9 * rows128 &&
+      (!kv_cache || !facts.mask_mod_loads_kv) && c.at("persistent") == 0 && c.at("q_tiles") == 1 &&
+      8 * rows192 <= 9 * rows128 &&
       (facts.mask_kv_block == 0 ||
        (facts.mask_mod && union_tiles(facts, c.at("block_n")) <= kFjUnionMaxTiles))) {
     c.set("block_m", 192);
