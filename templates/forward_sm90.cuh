@@ -920,8 +920,27 @@ struct FjSm90Producer {
                                               h, b, sm.bar_q + 8 * u);
   }
 
-  // K and V of KV tile `tile` (of sequence b, kv_len keys) into ring stage `stage`.
-  FJ_DEVICE void load_kv(int stage, int tile, int kv_len, int b, int h_kv) const {
+  // On a KV cache, the TMA coordinates (row, page) this loader gives KV tile `tile` if the tile is
+  // not gathered: lane p's page p of it (kBoxPerPage), or loader 0's one box. Read before the
+  // wait for the tile's stage, so that the page table's latency passes under that wait (read
+  // after it, each tile's loads waited for a table read first).
+  FJ_DEVICE void tma_coords(int tile, int kv_len, int b, int& row, int& bp) const {
+    row = bp = 0;
+    if constexpr (kFjKvCache && !kFjKvFp8) {
+      const int n_start = tile * T::kBlockN;
+      if (cache.gathered(n_start, kv_len)) return;
+      if constexpr (FjSm90KvCache<T, Cfg>::kBoxPerPage) {
+        if (ltid < FjSm90KvCache<T, Cfg>::kPagesPerTile)
+          cache.page_box(b, n_start, kv_len, ltid, row, bp);
+      } else if (ltid == 0) {
+        cache.box(args, b, n_start, kv_len, row, bp);
+      }
+    }
+  }
+
+  // K and V of KV tile `tile` (of sequence b, kv_len keys) into ring stage `stage`; on a KV cache
+  // with the TMA coordinates `row`, `bp` (tma_coords).
+  FJ_DEVICE void load_kv(int stage, int tile, int kv_len, int b, int h_kv, int row, int bp) const {
     const int n_start = tile * T::kBlockN;
     const fj_u32 bar_k = sm.bar_k + 8 * stage, bar_v = sm.bar_v + 8 * stage;
     if constexpr (kFjKvFp8) {
@@ -963,16 +982,12 @@ struct FjSm90Producer {
         }
         __syncwarp();
         if (ltid < FjSm90KvCache<T, Cfg>::kPagesPerTile) {
-          int row, bp;
-          cache.page_box(b, n_start, kv_len, ltid, row, bp);
           cache.template load_page<T::kDimQK>(sm.sk + stage * T::kKBytes, &maps.k, ltid, row, h_kv,
                                               bp, bar_k);
           cache.template load_page<T::kDimV>(sm.sv + stage * T::kVBytes, &maps.v, ltid, row, h_kv,
                                              bp, bar_v);
         }
       } else if (ltid == 0) {
-        int row, bp;
-        cache.box(args, b, n_start, kv_len, row, bp);
         fj_mbar_arrive_expect_tx(bar_k, T::kKBytes);
         fj_tma_load_tile<T::kDimQK, T::kBlockN>(sm.sk + stage * T::kKBytes, &maps.k, row, h_kv, bp,
                                                 bar_k);
@@ -1057,8 +1072,10 @@ struct FjSm90Producer {
       const int tile = tile_of(next_tile);
       if (i + 1 < sched.num_total) next_tile = entry(i + 1);
       const int stage = g % T::kNumStages;
+      int row, bp;
+      tma_coords(tile, kv_len, b, row, bp);
       if (g >= T::kNumStages) fj_mbar_wait(sm.bar_e + 8 * stage, ((g / T::kNumStages) & 1) ^ 1);
-      load_kv(stage, tile, kv_len, b, h_kv);
+      load_kv(stage, tile, kv_len, b, h_kv, row, bp);
 #if defined(FJ_FWD_KV_FP8)
       if (i + 1 < sched.num_total) stage_kv(tile_of(next_tile), kv_len, b, h_kv);
 #endif
