@@ -920,27 +920,29 @@ struct FjSm90Producer {
                                               h, b, sm.bar_q + 8 * u);
   }
 
-  // On a KV cache, the TMA coordinates (row, page) this loader gives KV tile `tile` if the tile is
-  // not gathered: lane p's page p of it (kBoxPerPage), or loader 0's one box. Read before the
-  // wait for the tile's stage, so that the page table's latency passes under that wait (read
-  // after it, each tile's loads waited for a table read first).
-  FJ_DEVICE void tma_coords(int tile, int kv_len, int b, int& row, int& bp) const {
-    row = bp = 0;
-    if constexpr (kFjKvCache && !kFjKvFp8) {
+  // On page pools, the page this loader's TMA box of KV tile `tile` reads (lane p's page p of it
+  // with kBoxPerPage, else loader 0's one box; 0 where it issues none, the tile is gathered or
+  // lies past the length). Read before the wait for the tile's stage, so that the page table's
+  // latency passes under that wait (read after it, each tile's boxes waited for a table read
+  // first). One register across the wait: the row as well spilled relative_bias_causal's
+  // loaders at 192 rows (20 B).
+  FJ_DEVICE int tma_page(int tile, int kv_len, int b) const {
+    if constexpr (kFjKvCache && !kFjKvFp8 && kFjKvPageSize > 0) {
       const int n_start = tile * T::kBlockN;
-      if (cache.gathered(n_start, kv_len)) return;
+      if (cache.gathered(n_start, kv_len) || n_start >= kv_len) return 0;
       if constexpr (FjSm90KvCache<T, Cfg>::kBoxPerPage) {
         if (ltid < FjSm90KvCache<T, Cfg>::kPagesPerTile)
-          cache.page_box(b, n_start, kv_len, ltid, row, bp);
+          return cache.table_row(b)[n_start / kFjKvPageSize + ltid];
       } else if (ltid == 0) {
-        cache.box(args, b, n_start, kv_len, row, bp);
+        return cache.table_row(b)[n_start / kFjKvPageSize];
       }
     }
+    return 0;
   }
 
-  // K and V of KV tile `tile` (of sequence b, kv_len keys) into ring stage `stage`; on a KV cache
-  // with the TMA coordinates `row`, `bp` (tma_coords).
-  FJ_DEVICE void load_kv(int stage, int tile, int kv_len, int b, int h_kv, int row, int bp) const {
+  // K and V of KV tile `tile` (of sequence b, kv_len keys) into ring stage `stage`; on page pools
+  // with the page of this loader's TMA box (tma_page).
+  FJ_DEVICE void load_kv(int stage, int tile, int kv_len, int b, int h_kv, int page) const {
     const int n_start = tile * T::kBlockN;
     const fj_u32 bar_k = sm.bar_k + 8 * stage, bar_v = sm.bar_v + 8 * stage;
     if constexpr (kFjKvFp8) {
@@ -982,12 +984,17 @@ struct FjSm90Producer {
         }
         __syncwarp();
         if (ltid < FjSm90KvCache<T, Cfg>::kPagesPerTile) {
+          const int row = n_start >= kv_len ? FjSm90KvCache<T, Cfg>::kPage : 0;
+          const int bp = page;
           cache.template load_page<T::kDimQK>(sm.sk + stage * T::kKBytes, &maps.k, ltid, row, h_kv,
                                               bp, bar_k);
           cache.template load_page<T::kDimV>(sm.sv + stage * T::kVBytes, &maps.v, ltid, row, h_kv,
                                              bp, bar_v);
         }
       } else if (ltid == 0) {
+        int row, bp;
+        cache.box(args, b, n_start, kv_len, row, bp);
+        if constexpr (FjSm90KvCache<T, Cfg>::kPage > 0) bp = page;  // box()'s table read: dead
         fj_mbar_arrive_expect_tx(bar_k, T::kKBytes);
         fj_tma_load_tile<T::kDimQK, T::kBlockN>(sm.sk + stage * T::kKBytes, &maps.k, row, h_kv, bp,
                                                 bar_k);
@@ -1072,10 +1079,9 @@ struct FjSm90Producer {
       const int tile = tile_of(next_tile);
       if (i + 1 < sched.num_total) next_tile = entry(i + 1);
       const int stage = g % T::kNumStages;
-      int row, bp;
-      tma_coords(tile, kv_len, b, row, bp);
+      const int page = tma_page(tile, kv_len, b);
       if (g >= T::kNumStages) fj_mbar_wait(sm.bar_e + 8 * stage, ((g / T::kNumStages) & 1) ^ 1);
-      load_kv(stage, tile, kv_len, b, h_kv, row, bp);
+      load_kv(stage, tile, kv_len, b, h_kv, page);
 #if defined(FJ_FWD_KV_FP8)
       if (i + 1 < sched.num_total) stage_kv(tile_of(next_tile), kv_len, b, h_kv);
 #endif
