@@ -653,25 +653,24 @@ struct FjSm90KvCache {
     return kv.page_table + (fj_i64)b * kv.page_table_stride_b;
   }
 
+  // Pools: page p of the tile of keys [n_start, ...) of sequence b, a tile not wholly past the
+  // length (its page table entry; box() takes no page for one that is).
+  FJ_DEVICE int page(int b, int n_start, int p) const { return table_row(b)[n_start / kPage + p]; }
+
   // The TMA box of a tile that is not gathered: (row, batch or page) coordinates of the K / V
-  // tensor maps. Past the length: one row past the extent, so the box reads as zeros.
-  FJ_DEVICE void box(const FjFwdArgs& args, int b, int n_start, int len, int& row, int& bp) const {
+  // tensor maps; on pools `pg` is the tile's page (page(), or 0 for a tile past the length). Past
+  // the length: one row past the extent, so the box reads as zeros. kBoxPerPage's boxes start at
+  // row 0 of each page (row kPage past the length).
+  FJ_DEVICE void box(const FjFwdArgs& args, int b, int n_start, int len, int pg, int& row,
+                     int& bp) const {
     const bool past = n_start >= len;
     if constexpr (kPage == 0) {
       row = past ? args.seqlen_kv : n_start;
       bp = b;
     } else {
-      row = past ? kPage : n_start % kPage;
-      bp = past ? 0 : table_row(b)[n_start / kPage];
+      row = past ? kPage : kBoxPerPage ? 0 : n_start % kPage;
+      bp = pg;  // 0 past the length (FjSm90Producer::tma_page)
     }
-  }
-
-  // kBoxPerPage: the box of page p of the tile that starts at n_start (coordinates as box()'s;
-  // a tile wholly past the length reads zeros, one row past each page's extent).
-  FJ_DEVICE void page_box(int b, int n_start, int len, int p, int& row, int& bp) const {
-    const bool past = n_start >= len;
-    row = past ? kPage : 0;
-    bp = past ? 0 : table_row(b)[n_start / kPage + p];
   }
 
   // kBoxPerPage: page p's rows of a tile of kDim columns, one box per 64 columns, at row p * kPage
@@ -931,10 +930,9 @@ struct FjSm90Producer {
       const int n_start = tile * T::kBlockN;
       if (cache.gathered(n_start, kv_len) || n_start >= kv_len) return 0;
       if constexpr (FjSm90KvCache<T, Cfg>::kBoxPerPage) {
-        if (ltid < FjSm90KvCache<T, Cfg>::kPagesPerTile)
-          return cache.table_row(b)[n_start / kFjKvPageSize + ltid];
+        if (ltid < FjSm90KvCache<T, Cfg>::kPagesPerTile) return cache.page(b, n_start, ltid);
       } else if (ltid == 0) {
-        return cache.table_row(b)[n_start / kFjKvPageSize];
+        return cache.page(b, n_start, 0);
       }
     }
     return 0;
@@ -984,8 +982,8 @@ struct FjSm90Producer {
         }
         __syncwarp();
         if (ltid < FjSm90KvCache<T, Cfg>::kPagesPerTile) {
-          const int row = n_start >= kv_len ? FjSm90KvCache<T, Cfg>::kPage : 0;
-          const int bp = page;
+          int row, bp;
+          cache.box(args, b, n_start, kv_len, page, row, bp);
           cache.template load_page<T::kDimQK>(sm.sk + stage * T::kKBytes, &maps.k, ltid, row, h_kv,
                                               bp, bar_k);
           cache.template load_page<T::kDimV>(sm.sv + stage * T::kVBytes, &maps.v, ltid, row, h_kv,
@@ -993,8 +991,7 @@ struct FjSm90Producer {
         }
       } else if (ltid == 0) {
         int row, bp;
-        cache.box(args, b, n_start, kv_len, row, bp);
-        if constexpr (FjSm90KvCache<T, Cfg>::kPage > 0) bp = page;  // box()'s table read: dead
+        cache.box(args, b, n_start, kv_len, page, row, bp);
         fj_mbar_arrive_expect_tx(bar_k, T::kKBytes);
         fj_tma_load_tile<T::kDimQK, T::kBlockN>(sm.sk + stage * T::kKBytes, &maps.k, row, h_kv, bp,
                                                 bar_k);

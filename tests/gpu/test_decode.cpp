@@ -302,6 +302,59 @@ void check_masked_row(const Result& r, size_t row, int dim_v) {
     CHECK(r.out[row * dim_v + d] == 0.0f);
 }
 
+// Every row of every sequence without keys (c.lens[b] = 0): out 0, lse -inf.
+void check_empty_sequences(const Result& r, const DecodeCase& c) {
+  for (int b = 0; b < c.batch; ++b) {
+    if (c.lens[b] != 0) continue;
+    for (int h = 0; h < c.heads_q; ++h) {
+      for (int qi = 0; qi < c.seqlen_q; ++qi) {
+        INFO(c.label << " b=" << b << " h=" << h << " q=" << qi);
+        check_masked_row(r, (static_cast<size_t>(b) * c.heads_q + h) * c.seqlen_q + qi, c.dim_v);
+      }
+    }
+  }
+}
+
+// A chunked prefill's mods by name: "offset_causal" is the chunk at the end of each sequence
+// (q_pos[b] = c.lens[b] - Sq), any other a standard mods name.
+void set_prefill_mods(DecodeCase& c, const std::string& mods) {
+  if (mods != "offset_causal") {
+    c.mods = standard_mods(mods);
+    return;
+  }
+  c.mods = offset_causal_mods();
+  std::vector<int32_t> pos;
+  for (int len : c.lens)
+    pos.push_back(len - c.seqlen_q);
+  c.buffers["q_pos"] = host_buffer(DType::I32, {c.batch}, pos);
+}
+
+// forward/sm90a_wgmma by name on a KV cache of `page`-key pages (0: ragged contiguous K / V),
+// shared pages, the forward's plan expected; bf16 or f16 and 1 or 2 kv heads at random.
+DecodeCase sm90_prefill_case(std::mt19937_64& rng, int page, int gqa, int sq, int cap,
+                             const std::vector<int>& lens, int dqk, int dv) {
+  DecodeCase c;
+  c.variant = "sm90a_wgmma";
+  c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+  c.batch = static_cast<int>(lens.size());
+  c.heads_kv = 1 + static_cast<int>(rng() % 2);
+  c.heads_q = c.heads_kv * gqa;
+  c.seqlen_q = sq;
+  c.capacity = cap;
+  c.lens = lens;
+  c.page_size = page;
+  c.kv_cache = true;
+  c.shared_prefix = page > 0;
+  c.expect_forward = true;
+  c.dim_qk = dqk;
+  c.dim_v = dv;
+  return c;
+}
+
+std::string cache_label(int page) {
+  return page > 0 ? fmt::format("{}-key pages", page) : "ragged contiguous";
+}
+
 }  // namespace
 
 TEST_CASE("decode: every standard mod, contiguous K/V, flex_attention's automatic dispatch",
@@ -662,15 +715,7 @@ TEST_CASE("decode: chunked prefill through the forward on a paged cache, shuffle
       c.shared_prefix = true;
       c.expect_forward = true;
       c.dim_qk = c.dim_v = pick(rng, std::vector<int>{64, 128});
-      if (std::string(sh.mods) == "offset_causal") {
-        c.mods = offset_causal_mods();
-        std::vector<int32_t> pos;
-        for (int len : sh.lens)
-          pos.push_back(len - sh.sq);
-        c.buffers["q_pos"] = host_buffer(DType::I32, {c.batch}, pos);
-      } else {
-        c.mods = standard_mods(sh.mods);
-      }
+      set_prefill_mods(c, sh.mods);
       bind_standard(c, rng);
       check_case(*ctx, c, rng, seed);
     }
@@ -813,46 +858,12 @@ TEST_CASE("decode: chunked prefill on forward/sm90a_wgmma, every page size",
       {32, 4, 200, 512, 128, 128, {512, 200}, "relative_bias_causal", false},
   };
   for (const Shape& sh : shapes) {
-    DecodeCase c;
-    c.variant = "sm90a_wgmma";
-    c.label = fmt::format("sm90 prefill ({}, gqa {}, {})",
-                          sh.page > 0 ? fmt::format("{}-key pages", sh.page) : "ragged contiguous",
-                          sh.gqa, sh.mods);
-    c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
-    c.batch = static_cast<int>(sh.lens.size());
-    c.heads_kv = 1 + static_cast<int>(rng() % 2);
-    c.heads_q = c.heads_kv * sh.gqa;
-    c.seqlen_q = sh.sq;
-    c.capacity = sh.cap;
-    c.lens = sh.lens;
-    c.page_size = sh.page;
-    c.kv_cache = true;
-    c.shared_prefix = sh.page > 0;
+    DecodeCase c = sm90_prefill_case(rng, sh.page, sh.gqa, sh.sq, sh.cap, sh.lens, sh.dqk, sh.dv);
+    c.label = fmt::format("sm90 prefill ({}, gqa {}, {})", cache_label(sh.page), sh.gqa, sh.mods);
     c.head_major = sh.head_major;
-    c.expect_forward = true;
-    c.dim_qk = sh.dqk;
-    c.dim_v = sh.dv;
-    if (std::string(sh.mods) == "offset_causal") {
-      c.mods = offset_causal_mods();
-      std::vector<int32_t> pos;
-      for (int len : sh.lens)
-        pos.push_back(len - sh.sq);
-      c.buffers["q_pos"] = host_buffer(DType::I32, {c.batch}, pos);
-    } else {
-      c.mods = standard_mods(sh.mods);
-    }
+    set_prefill_mods(c, sh.mods);
     bind_standard(c, rng);
-    const Result r = check_case(*ctx, c, rng, seed);
-    // A sequence without keys: every row out 0, lse -inf.
-    for (int b = 0; b < c.batch; ++b) {
-      if (sh.lens[b] != 0) continue;
-      for (int h = 0; h < c.heads_q; ++h) {
-        for (int qi = 0; qi < c.seqlen_q; ++qi) {
-          INFO(c.label << " b=" << b << " h=" << h << " q=" << qi);
-          check_masked_row(r, (static_cast<size_t>(b) * c.heads_q + h) * c.seqlen_q + qi, c.dim_v);
-        }
-      }
-    }
+    check_empty_sequences(check_case(*ctx, c, rng, seed), c);
   }
 }
 
@@ -878,8 +889,9 @@ TEST_CASE("decode: chunked prefill on forward/sm90a_wgmma in 192-row tiles",
   struct Shape {
     int page, gqa, sq, cap, d;
     std::vector<int> lens;
-    const char* mods;  // "offset_causal": the chunk at the end of each sequence; "blocks": the
-                       // block mask above (its mask_mod through the mask)
+    const char* mods;       // "offset_causal": the chunk at the end of each sequence; "blocks": the
+                            // block mask above (its mask_mod through the mask)
+    bool defaults = false;  // no block_m asked for: the default's choice, from the plan
   };
   const std::vector<Shape> shapes = {
       {1, 4, 200, 512, 128, {500, 0, 301}, "offset_causal"},
@@ -897,58 +909,27 @@ TEST_CASE("decode: chunked prefill on forward/sm90a_wgmma in 192-row tiles",
       {64, 2, 256, 1024, 128, {1024, 555}, "document_causal"},
       // The defaults (no block_m asked for): 192 rows at d 128, 128 for a mask_mod that loads
       // document ids at kv_idx.
-      {16, 4, 300, 1024, 128, {1024, 700, 0}, "offset_causal default"},
-      {16, 2, 300, 1024, 128, {1024, 513}, "document_causal default"},
+      {16, 4, 300, 1024, 128, {1024, 700, 0}, "offset_causal", true},
+      {16, 2, 300, 1024, 128, {1024, 513}, "document_causal", true},
   };
   for (const Shape& sh : shapes) {
-    DecodeCase c;
-    c.variant = "sm90a_wgmma";
-    std::string mods = sh.mods;
-    const bool defaults = mods.size() > 8 && mods.substr(mods.size() - 8) == " default";
-    if (defaults) mods.resize(mods.size() - 8);
-    if (!defaults) c.config = {{"block_m", 192}};
-    c.expect_plan = mods == "document_causal" && defaults ? "block_m=128" : "block_m=192";
-    c.label = fmt::format("sm90 prefill, 192 rows ({}, gqa {}, d {}, {})",
-                          sh.page > 0 ? fmt::format("{}-key pages", sh.page) : "ragged contiguous",
-                          sh.gqa, sh.d, sh.mods);
-    c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
-    c.batch = static_cast<int>(sh.lens.size());
-    c.heads_kv = 1 + static_cast<int>(rng() % 2);
-    c.heads_q = c.heads_kv * sh.gqa;
-    c.seqlen_q = sh.sq;
-    c.capacity = sh.cap;
-    c.lens = sh.lens;
-    c.page_size = sh.page;
-    c.kv_cache = true;
-    c.shared_prefix = sh.page > 0;
-    c.expect_forward = true;
-    c.dim_qk = c.dim_v = sh.d;
+    DecodeCase c = sm90_prefill_case(rng, sh.page, sh.gqa, sh.sq, sh.cap, sh.lens, sh.d, sh.d);
+    const std::string mods = sh.mods;
+    if (!sh.defaults) c.config = {{"block_m", 192}};
+    c.expect_plan = mods == "document_causal" && sh.defaults ? "block_m=128" : "block_m=192";
+    c.label = fmt::format("sm90 prefill, 192 rows ({}, gqa {}, d {}, {}{})", cache_label(sh.page),
+                          sh.gqa, sh.d, mods, sh.defaults ? ", defaults" : "");
     std::optional<DeviceBlockMask> bm;
-    if (mods == "offset_causal") {
-      c.mods = offset_causal_mods();
-      std::vector<int32_t> pos;
-      for (int len : sh.lens)
-        pos.push_back(len - sh.sq);
-      c.buffers["q_pos"] = host_buffer(DType::I32, {c.batch}, pos);
-    } else if (mods == "blocks") {
+    if (mods == "blocks") {
       // 192-row tiles read the mask as a union schedule, compiled with the call's mask_mod.
       bm.emplace(create_block_mask(*ctx, blocks, 1, 1, c.seqlen_q, c.capacity, 128));
       c.block_mask = &*bm;
       c.mods = blocks;
     } else {
-      c.mods = standard_mods(mods);
+      set_prefill_mods(c, mods);
     }
     bind_standard(c, rng);
-    const Result r = check_case(*ctx, c, rng, seed);
-    for (int b = 0; b < c.batch; ++b) {
-      if (sh.lens[b] != 0) continue;
-      for (int h = 0; h < c.heads_q; ++h) {
-        for (int qi = 0; qi < c.seqlen_q; ++qi) {
-          INFO(c.label << " b=" << b << " h=" << h << " q=" << qi);
-          check_masked_row(r, (static_cast<size_t>(b) * c.heads_q + h) * c.seqlen_q + qi, c.dim_v);
-        }
-      }
-    }
+    check_empty_sequences(check_case(*ctx, c, rng, seed), c);
   }
 }
 

@@ -166,6 +166,37 @@ bool on_sm90a(Context& ctx) {
   return ctx.arch() == "sm_90a";
 }
 
+// A prefill chunk's shape on an e4m3 cache of `page`-key pages (0: ragged contiguous K / V).
+struct PrefillShape {
+  int page, gqa, sq, cap;
+  std::vector<int> lens;
+  const char* mods;
+  int dqk, dv;
+};
+
+// Each shape's case (q bf16 or f16 and 1 or 2 kv heads at random, `config` asked for) against
+// the fp64 reference.
+void check_shapes(Context& ctx, const std::vector<PrefillShape>& shapes,
+                  const std::map<std::string, int64_t>& config, std::mt19937_64& rng,
+                  uint64_t seed) {
+  for (const PrefillShape& sh : shapes) {
+    PrefillCase c;
+    c.mods = sh.mods;
+    c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+    c.batch = static_cast<int>(sh.lens.size());
+    c.heads_kv = 1 + static_cast<int>(rng() % 2);
+    c.gqa = sh.gqa;
+    c.seqlen_q = sh.sq;
+    c.capacity = sh.cap;
+    c.lens = sh.lens;
+    c.page_size = sh.page;
+    c.dim_qk = sh.dqk;
+    c.dim_v = sh.dv;
+    c.config = config;
+    check_case(ctx, c, rng, seed);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("fp8 prefill: e4m3 caches of every page size, lengths 0 and inside a tile, GQA 1/4/8",
@@ -179,13 +210,7 @@ TEST_CASE("fp8 prefill: e4m3 caches of every page size, lengths 0 and inside a t
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
-  struct Shape {
-    int page, gqa, sq, cap;
-    std::vector<int> lens;
-    const char* mods;
-    int dqk, dv;
-  };
-  const std::vector<Shape> shapes = {
+  const std::vector<PrefillShape> shapes = {
       // Contiguous K / V with lengths: full, cut inside a tile, 0, shorter than the chunk.
       {0, 4, 300, 1024, {1024, 700, 0, 129}, "offset_causal", 128, 128},
       // Every power-of-two page size: 1 .. 4 keys (gathered), 8 .. 64 (per-page boxes on bf16;
@@ -200,21 +225,7 @@ TEST_CASE("fp8 prefill: e4m3 caches of every page size, lengths 0 and inside a t
       {128, 4, 96, 1024, {1024, 129, 0}, "relative_bias", 192, 128},
       {256, 8, 333, 1024, {1024, 1023, 1}, "offset_causal", 64, 64},
   };
-  for (const Shape& sh : shapes) {
-    PrefillCase c;
-    c.mods = sh.mods;
-    c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
-    c.batch = static_cast<int>(sh.lens.size());
-    c.heads_kv = 1 + static_cast<int>(rng() % 2);
-    c.gqa = sh.gqa;
-    c.seqlen_q = sh.sq;
-    c.capacity = sh.cap;
-    c.lens = sh.lens;
-    c.page_size = sh.page;
-    c.dim_qk = sh.dqk;
-    c.dim_v = sh.dv;
-    check_case(*ctx, c, rng, seed);
-  }
+  check_shapes(*ctx, shapes, {}, rng, seed);
 }
 
 TEST_CASE("fp8 prefill: both q dtypes, KV tiles of 64 and 192 keys, 2 and 3 stages",
@@ -260,37 +271,17 @@ TEST_CASE("fp8 prefill: e4m3 caches in 192-row tiles", "[gpu][prefill][fp8]") {
   const uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
-  struct Shape {
-    int page, gqa, sq, cap;
-    std::vector<int> lens;
-    const char* mods;
-    int d;
+  const std::vector<PrefillShape> shapes = {
+      {0, 4, 300, 1024, {1024, 700, 0, 129}, "offset_causal", 128, 128},
+      {1, 1, 200, 256, {256, 255, 77}, "alibi", 128, 128},
+      {16, 4, 385, 1024, {1024, 1000, 500}, "offset_causal", 128, 128},
+      {256, 8, 333, 1024, {1024, 1023, 1}, "offset_causal", 64, 64},
+      {16, 2, 200, 768, {768, 450, 0}, "document", 96, 96},
+      {4, 4, 192, 512, {512, 400}, "softcap", 128, 128},
+      {16, 2, 200, 1024, {1024, 800, 0}, "blocks", 128, 128},
+      {0, 4, 130, 1024, {1024, 513}, "blocks", 64, 64},
   };
-  const std::vector<Shape> shapes = {
-      {0, 4, 300, 1024, {1024, 700, 0, 129}, "offset_causal", 128},
-      {1, 1, 200, 256, {256, 255, 77}, "alibi", 128},
-      {16, 4, 385, 1024, {1024, 1000, 500}, "offset_causal", 128},
-      {256, 8, 333, 1024, {1024, 1023, 1}, "offset_causal", 64},
-      {16, 2, 200, 768, {768, 450, 0}, "document", 96},
-      {4, 4, 192, 512, {512, 400}, "softcap", 128},
-      {16, 2, 200, 1024, {1024, 800, 0}, "blocks", 128},
-      {0, 4, 130, 1024, {1024, 513}, "blocks", 64},
-  };
-  for (const Shape& sh : shapes) {
-    PrefillCase c;
-    c.mods = sh.mods;
-    c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
-    c.batch = static_cast<int>(sh.lens.size());
-    c.heads_kv = 1 + static_cast<int>(rng() % 2);
-    c.gqa = sh.gqa;
-    c.seqlen_q = sh.sq;
-    c.capacity = sh.cap;
-    c.lens = sh.lens;
-    c.page_size = sh.page;
-    c.dim_qk = c.dim_v = sh.d;
-    c.config = {{"block_m", 192}};
-    check_case(*ctx, c, rng, seed);
-  }
+  check_shapes(*ctx, shapes, {{"block_m", 192}}, rng, seed);
 }
 
 TEST_CASE("fp8 prefill: e4m3 caches at small shapes (compute-sanitizer)",
