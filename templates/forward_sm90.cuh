@@ -121,7 +121,8 @@ struct FjSm90Traits {
   static constexpr int kKBytes = kBlockN * kDimQK * kInBytes;
   static constexpr int kVBytes = kBlockN * kDimV * kInBytes;  // e4m3: V^T, kDimV x kBlockN
   // Query tiles per CTA (FjConfig::kQTiles): 1, or 2 (m blocks N - 1 - j and j of CTA j); with
-  // kPersistent, pairs of them over every head, as many as the CTA's share (FjWorkItems).
+  // kPersistent, claims of kQTiles tiles over every head, as many as the CTA's share
+  // (FjWorkItems).
   static constexpr int kQTiles = Cfg::kQTiles;
   static constexpr bool kPersistent = Cfg::kPersistent != 0;
   static constexpr bool kMultiItem = kQTiles == 2 || kPersistent;
@@ -139,7 +140,7 @@ struct FjSm90Traits {
   // at kOffEnd, after the rest; the host adds its bytes to fj_forward_sm90_smem_bytes.
   // Register split (65536 per SM, one CTA): the producer keeps few, the consumers take the rest
   // (FlashAttention-3's 24 / 240 with two consumer warpgroups, 32 / 160 with three).
-  // A persistent producer also carries its tile and claimed pair (40 / 232: at 24 it spilled).
+  // A persistent producer also carries its tile (40 / 232: at 24 it spilled).
   // The CTA's 168 x 384 registers at launch are what the split redistributes: 128 (168 - P) =
   // 128 (C - 168) x kConsumers.
   // On a KV cache every thread of the producer warpgroup loads (kLoaders; cp.async gathers need
@@ -171,8 +172,6 @@ struct FjSm90Traits {
                 "CTA (ForwardSm90Wgmma::validate)");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm90: 1..4 stages");
   static_assert(kQTiles == 1 || kQTiles == 2, "flexjit forward_sm90: 1 or 2 query tiles per CTA");
-  static_assert(!kPersistent || kQTiles == 2,
-                "flexjit forward_sm90: a persistent CTA walks pairs of query tiles (kQTiles 2)");
   static_assert(kQBufs == 1 || (kQBufs == 2 && kMultiItem),
                 "flexjit forward_sm90: a second Q buffer only where a CTA computes several tiles");
   static_assert(!kPersistent || kQBufs == 2,
@@ -479,14 +478,16 @@ FJ_DEVICE FjKvSchedule fj_sm90_schedule(const FjFwdArgs& args, int kv_len, int b
 //   kQTiles 1: m block N - 1 - blockIdx.x of head (blockIdx.z, blockIdx.y), the heaviest first.
 //   kQTiles 2: m blocks N - 1 - j and j (j = blockIdx.x), whose causal KV ranges add up to the
 //     same number of tiles for every CTA.
-//   kPersistent (grid (G, 1, 1), G at most the SM count): the pairs of kQTiles 2 over every head,
-//     pair p of head bh = b * Hq + h being number bh * P + p (P = ceil(N / 2)), handed out in
-//     that order: CTA j starts with pair j, and each CTA's producer takes the next unclaimed one
-//     from the work counter (atomicAdd on args.sched_counter, zeroed before the launch) one pair
-//     ahead of need. So the CTAs running at once work on neighbouring pairs of a few heads (their
-//     K / V stay in L2), a CTA that drew light tiles (a sparse mask's) takes more of them, and no
-//     CTA ends and starts between query tiles: the producer loads the next tile's Q and K / V
-//     while the consumers finish the last one (kQBufs). The producer passes each tile to the
+//   kPersistent (grid (G, 1, 1), G at most the SM count): claims over every head, handed out in
+//     order. With kQTiles 2 a claim is a pair of kQTiles 2 (pair p of head bh = b * Hq + h is
+//     number bh * P + p, P = ceil(N / 2)); with kQTiles 1 one tile (m block N - 1 - i of head bh
+//     is number bh * N + i: the non-persistent grid's order, the heaviest first). CTA j starts
+//     with claim j, and each CTA's producer takes the next unclaimed one from the work counter
+//     (atomicAdd on args.sched_counter, zeroed before the launch) once its tile's loads are
+//     issued. So the CTAs running at once work on neighbouring tiles of a few heads (their K / V
+//     stay in L2), a CTA that drew light tiles (a sparse mask's) takes more of them, and no CTA
+//     ends and starts between query tiles: the producer loads the next tile's Q and K / V while
+//     the consumers finish the last one (kQBufs). The producer passes each tile to the
 //     consumers through its Q buffer's tile slot, copied from a global slot of the workspace by
 //     the async proxy and counted by the Q-full barrier with the Q tile (-1: no tiles left).
 template <class T>
@@ -497,20 +498,55 @@ struct FjWorkItems {
   FJ_DEVICE static int num_m(const FjFwdArgs& args) {
     return (args.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   }
-  FJ_DEVICE static int num_pairs(const FjFwdArgs& args) {
-    return args.batch * args.heads_q * ((num_m(args) + 1) / 2);
+  // kPersistent: the claims over every head (pairs with kQTiles 2, else tiles).
+  FJ_DEVICE static int num_claims(const FjFwdArgs& args) {
+    return args.batch * args.heads_q * (T::kQTiles == 2 ? (num_m(args) + 1) / 2 : num_m(args));
   }
-  // Tile `code` (pair * 2 + half) as b, h, m_block.
+  // The producer's tile `code` (claim * 2 + half; half 0 with kQTiles 1) as b, h, m_block.
+  // kQTiles 1 under a block mask (query tiles of unequal work): the heads in groups whose K / V
+  // fit 16 MiB of L2, a group's m blocks heaviest first and its heads inner, so that the last
+  // claims are the lightest tiles of the last group (head by head, the last heads' heaviest
+  // tiles started late and the SMs idled behind them: causal 568 -> 538 us, document+causal 264
+  // -> 249 under ncu at 192 rows). Without one every tile is alike: head by head.
   FJ_DEVICE static void decode(const FjFwdArgs& args, int code, int& b, int& h, int& m_block) {
-    const int n = num_m(args), per_head = (n + 1) / 2;
-    const int pair = code >> 1, bh = pair / per_head, p = pair - bh * per_head;
+    const int n = num_m(args);
+    int bh;
+    if constexpr (T::kQTiles == 1) {
+      const int heads = args.batch * args.heads_q, claim = code >> 1;
+      int group = 1;
+      if (args.mask.kv_num_blocks != nullptr) {
+        const long long kv_head_bytes =
+            (long long)args.seqlen_kv * (T::kRealQK + T::kRealV) * T::kInBytes;
+        group = (int)min((long long)heads,
+                         max(1ll, (16ll << 20) / kv_head_bytes) * FjConfig::kGqaRatio);
+      }
+      const int first = claim / (group * n) * group;
+      const int size = min(group, heads - first), r = claim - first * n;
+      bh = first + r % size;
+      m_block = n - 1 - r / size;
+    } else {
+      const int per_head = (n + 1) / 2, claim = code >> 1;
+      bh = claim / per_head;
+      const int p = claim - bh * per_head;
+      m_block = (code & 1) ? p : n - 1 - p;
+    }
     b = bh / args.heads_q;
     h = bh - b * args.heads_q;
-    m_block = (code & 1) ? p : n - 1 - p;
   }
-  // The tile after `code` in its pair, or -1 when the pair has no second (the middle tile of an
-  // odd N, or the second already).
+  // A tile as the producer hands it to the consumers in the slot: (b * Hq + h) * N + m_block.
+  FJ_DEVICE static int slot_tile(const FjFwdArgs& args, int b, int h, int m_block) {
+    return (b * args.heads_q + h) * num_m(args) + m_block;
+  }
+  FJ_DEVICE static void from_slot(const FjFwdArgs& args, int tile, int& b, int& h, int& m_block) {
+    const int bh = tile / num_m(args);
+    m_block = tile - bh * num_m(args);
+    b = bh / args.heads_q;
+    h = bh - b * args.heads_q;
+  }
+  // The tile after `code` in its claim, or -1 when the claim has no second (kQTiles 1, the
+  // middle tile of an odd N, or the second already).
   FJ_DEVICE static int second(const FjFwdArgs& args, int code) {
+    if constexpr (T::kQTiles == 1) return -1;
     const int n = num_m(args);
     return (code & 1) == 0 && 2 * ((code >> 1) % ((n + 1) / 2)) + 1 != n ? code + 1 : -1;
   }
@@ -555,7 +591,7 @@ struct FjSm90Smem {
   fj_u32 sv;  // V stage s at sv + s * kVBytes
   // Per Q buffer u: Q full at bar_q + 8u, Q empty (every consumer warp is done with it) at
   // bar_qe + 8u; per stage s: K full at bar_k + 8s, V full at bar_v + 8s, KV empty at bar_e + 8s;
-  // then per Q buffer the tile slot (kPersistent: its tile, FjWorkItems::decode's code).
+  // then per Q buffer the tile slot (kPersistent: its tile, FjWorkItems::slot_tile's form).
   fj_u32 bar_q, bar_qe, bar_k, bar_v, bar_e;
   fj_u32 tile_slot;
 
@@ -799,18 +835,17 @@ struct FjSm90KvCache {
 };
 
 // The tile scheduler's producer side: the CTA's query tiles in order (FjWorkItems); with
-// kPersistent, the claim of the next pair one pair ahead of need and each tile's hand-over to
+// kPersistent, the next claim once a tile's loads are issued and each tile's hand-over to
 // the consumers through its Q buffer's tile slot.
 template <class T, class Cfg>
 struct FjSm90ProducerTiles {
   const FjFwdArgs& args;
   FjSm90Smem<T> sm;
   FjWorkItems<T> items;  // without kPersistent
-  int code;              // kPersistent: the tile (pair * 2 + half)
-  int next_pair;         // kPersistent: the pair claimed for after this one
+  int code;              // kPersistent: the tile (claim * 2 + half)
 
   FJ_DEVICE FjSm90ProducerTiles(const FjFwdArgs& a, const FjSm90Smem<T>& s)
-      : args(a), sm(s), items(), code(2 * (int)blockIdx.x), next_pair(0) {}
+      : args(a), sm(s), items(), code(2 * (int)blockIdx.x) {}
 
   // The tile of Q buffer u to the consumers, with the Q-full arrival (and `q_bytes` of Q still
   // to land): written to this CTA's global slot and copied into the shared one by the async
@@ -833,8 +868,8 @@ struct FjSm90ProducerTiles {
     fj_bulk_load<16>(sm.tile_slot + 16 * u, slot, sm.bar_q + 8 * u);
   }
 
-  // kPersistent: whether the pairs are all taken (the CTA's tiles are done).
-  FJ_DEVICE bool exhausted() const { return (code >> 1) >= FjWorkItems<T>::num_pairs(args); }
+  // kPersistent: whether the claims are all taken (the CTA's tiles are done).
+  FJ_DEVICE bool exhausted() const { return (code >> 1) >= FjWorkItems<T>::num_claims(args); }
 
   // kPersistent, once exhausted: the end of the tiles to the consumers, as the item-th tile (Q
   // buffer u).
@@ -848,13 +883,8 @@ struct FjSm90ProducerTiles {
     if (item > 0) fj_bar_sync(FjSm90Smem<T>::kSlotBar + (u ^ 1), 32 + 128 * T::kConsumers);
   }
 
-  // kPersistent: the current tile into b, h, m_block (with a pair's first tile, the claim of the
-  // next pair).
-  FJ_DEVICE void take(int& b, int& h, int& m_block) {
-    if ((code & 1) == 0) {
-      // Claim the pair after this one now: the atomic's latency passes under this pair.
-      next_pair = (int)gridDim.x + atomicAdd(args.sched_counter, 1);
-    }
+  // kPersistent: the current tile into b, h, m_block.
+  FJ_DEVICE void take(int& b, int& h, int& m_block) const {
     FjWorkItems<T>::decode(args, code, b, h, m_block);
   }
 
@@ -876,11 +906,15 @@ struct FjSm90ProducerTiles {
     }
   }
 
-  // After a query tile's loads (kPersistent): the pair's second tile, else the claimed pair.
+  // After a query tile's loads (kPersistent): the claim's second tile, else the next claim,
+  // taken now: the consumers are a pipeline's depth behind, and the atomic's latency passes
+  // under their last KV tiles. Claimed at the tile's start instead (a tile ahead), the last
+  // claims waited behind whole tiles while other CTAs ran out of work: SMs idle for 17 % of
+  // document+causal's time at 192 rows (ncu, sm__cycles_active against the duration).
   FJ_DEVICE void advance() {
     if constexpr (T::kPersistent) {
       const int second = FjWorkItems<T>::second(args, code);
-      code = second >= 0 ? second : 2 * next_pair;
+      code = second >= 0 ? second : 2 * ((int)gridDim.x + atomicAdd(args.sched_counter, 1));
     }
   }
 };
@@ -911,7 +945,8 @@ struct FjSm90Producer {
     if (!lead()) return;
     if (sm.q_uses(item) > 0) fj_mbar_wait(sm.bar_qe + 8 * u, (sm.q_uses(item) - 1) & 1);
     if constexpr (T::kPersistent) {
-      tiles.send(u, sm.q_uses(item), tiles.code, T::kQLoadBytes, runs);
+      tiles.send(u, sm.q_uses(item), FjWorkItems<T>::slot_tile(args, b, h, m_block), T::kQLoadBytes,
+                 runs);
     } else {
       fj_mbar_arrive_expect_tx(sm.bar_q + 8 * u, T::kQLoadBytes);
     }
@@ -1128,7 +1163,7 @@ struct FjSm90ConsumerTiles {
       : args(a), sm(s), items() {}
 
   // kPersistent: the tile the producer sent with the q_item-th query tile's Q (in buffer u),
-  // FjWorkItems::decode's code or -1 when none is left.
+  // FjWorkItems::slot_tile's form, or -1 when none is left.
   FJ_DEVICE int wait_slot(int q_item, int u) const {
     fj_mbar_wait(sm.bar_q + 8 * u, sm.q_uses(q_item) & 1);
     return fj_warp_uniform(fj_lds_b32(sm.tile_slot + 16 * u));
@@ -1148,7 +1183,7 @@ struct FjSm90ConsumerTiles {
     // before it, then let the producer send it (FjSm90ProducerTiles::send's named barrier).
     fj_fence_proxy_async();
     fj_bar_arrive(FjSm90Smem<T>::kSlotBar + u, 32 + 128 * T::kConsumers);
-    FjWorkItems<T>::decode(args, code, b, h, m_block);
+    FjWorkItems<T>::from_slot(args, code, b, h, m_block);
   }
 
   // The KV tiles of query tile (b, h, m_block) over kv_len keys (fj_sm90_schedule; kUnion and
@@ -1751,12 +1786,17 @@ struct FjSm90Consumer {
       const FjKvSchedule sched =
           tiles.schedule(b, h, m_block, kFjKvCache ? kv_len : args.seqlen_kv, slot_runs);
       // The thread's first row. With a column load (document masks) its lane part is taken
-      // here (warp * 16 + lane / 4 = wtid / 4 + warp * 8): computed once at the kernel's start
-      // it was spilled and reloaded once per query tile (document_causal at 192 rows;
+      // here (warp * 16 + lane / 4 = wtid / 4 + warp * 8), with persistent CTAs all of it from
+      // the thread index read here: computed once at the kernel's start, it was spilled and
+      // reloaded once per query tile (document_causal at 192 rows, 4 B at d 64; persistent
+      // CTAs at d 128 20 -> 12 B, while one tile per CTA took 8 -> 32 B in that form;
       // docs/kernels/forward_sm90.md "The mask_mod's column load"). The other kernels keep the
       // form they were measured with.
-      const int q_row0 = kFjColLoad ? m_start + cw * 64 + fj_here(wtid >> 2) + (wtid >> 5) * 8
-                                    : m_start + cw * 64 + warp * 16 + (lane >> 2);
+      const int qt = kFjColLoad && T::kPersistent ? fj_tid_here() : 0;
+      const int q_row0 = !kFjColLoad ? m_start + cw * 64 + warp * 16 + (lane >> 2)
+                         : T::kPersistent
+                             ? m_start + (qt / 128 - 1) * 64 + (qt % 128) / 4 + (qt % 128) / 32 * 8
+                             : m_start + cw * 64 + fj_here(wtid >> 2) + (wtid >> 5) * 8;
       const int dl_row0 = m_start + cw * 64 + warp * 16;  // this warp's first query row
       const FjSm90QTile t{b, h, m_block, u, m_start, sq_item, q_row0, dl_row0, kv_len};
 #pragma unroll

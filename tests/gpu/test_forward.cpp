@@ -334,8 +334,9 @@ void check_sm90_configs(Context& ctx, const std::vector<Sm90Cfg>& configs) {
       Case c;
       const bool big = m % 2 == 0;
       if (k.persistent == 1) {
-        // 576 / 384 pairs of query tiles (8 and 3 per head, the odd one alone): every CTA of a
-        // GPU with up to 132 SMs walks several, over heads and batches.
+        // At 128 rows 576 / 384 pairs of query tiles (8 and 3 per head, the odd one alone), or
+        // 1152 / 576 single tiles: every CTA of a GPU with up to 132 SMs walks several, over
+        // heads and batches.
         c.shape = big ? make_shape(2, 72, 8, 1000, 777, k.dqk, k.dv)
                       : make_shape(3, 64, 4, 333, 200, k.dqk, k.dv);
       } else {
@@ -389,14 +390,52 @@ TEST_CASE("forward: sm90a_wgmma with two query tiles per CTA matches the referen
                             {192, 128, 4, 64, 64, 2}});
 }
 
-// persistent: more pairs than SMs (each CTA walks several, over heads and batches), d 64 and
-// 128, qk != v, two and three consumers.
+// persistent: more claims than SMs (each CTA walks several, over heads and batches), d 64 and
+// 128, qk != v, two and three consumers; claims of pairs (q_tiles 2) and of single tiles
+// (q_tiles 1).
 TEST_CASE("forward: sm90a_wgmma's persistent CTAs match the reference", "[gpu][forward]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
   check_sm90_configs(*ctx, {{128, 128, 4, 64, 64, 2, 1},
                             {128, 128, 2, 128, 128, 2, 1},
                             {128, 64, 2, 128, 64, 2, 1},
-                            {192, 128, 4, 64, 64, 2, 1}});
+                            {192, 128, 4, 64, 64, 2, 1},
+                            {192, 128, 2, 128, 128, 2, 1}});
+}
+
+TEST_CASE("forward: sm90a_wgmma's persistent CTAs claiming single tiles match the reference",
+          "[gpu][forward]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  check_sm90_configs(*ctx, {{192, 128, 2, 128, 128, 1, 1},
+                            {128, 128, 2, 128, 128, 1, 1},
+                            {192, 128, 4, 64, 64, 1, 1},
+                            {128, 64, 2, 128, 64, 1, 1}});
+}
+
+// The persistent CTAs' claims at shapes small enough for compute-sanitizer (racecheck and
+// memcheck of the tile slot's hand-over, the claims under a block mask in groups of heads):
+// many heads of two query tiles each, so every CTA claims several; the defaults (single tiles
+// at d 64 and d 128's 192 rows) and pairs.
+TEST_CASE("forward: sm90a_wgmma's persistent claims at small shapes", "[gpu][forward][small]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  if (!sm90a_wgmma_selectable(*ctx)) return;
+  test::ForwardFamilyScope family_scope("sm90a_wgmma");
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (int d : {64, 128}) {
+    for (int q_tiles : {0, 2}) {
+      for (const char* name : {"noop", "causal", "document_causal"}) {
+        Case c;
+        c.dtype = rng() % 2 ? DType::BF16 : DType::F16;
+        c.mods = standard_mods(name);
+        c.shape = make_shape(2, 160, 40, 300, 350, d, d);
+        if (q_tiles != 0) c.config.params["q_tiles"] = q_tiles;
+        c.label = fmt::format("d {} {} {}", d, q_tiles == 2 ? "pairs" : "default", name);
+        bind_standard(c, rng);
+        check_case(*ctx, c, rng, seed);
+      }
+    }
+  }
 }
 
 // Loads at ±(q_idx - kv_idx) + (h, params) are the score_mod's diagonal load (kFjDiagLoad:

@@ -58,22 +58,25 @@ TEST_CASE("emit prints a self-describing CUDA source", "[cli]") {
 }
 
 TEST_CASE("emit takes the sm_90a forward's schedule: persistent CTAs and query tiles", "[cli]") {
-  // d 64: persistent CTAs (pairs of query tiles, two Q buffers) by default; --persistent 0 and
-  // --q-tiles 1 give one CTA per query tile; --persistent 1 at d 128 brings q_tiles 2.
+  // d 64: persistent CTAs claiming single query tiles (two Q buffers) by default; --persistent 0
+  // gives one CTA per query tile; --q-tiles 2 claims pairs; --persistent 1 at d 128 claims
+  // single tiles.
   Result r = run_cli("emit --mods causal --arch sm_90a -d 64");
   REQUIRE(r.code == 0);
   CHECK_THAT(r.output, Catch::Contains("kPersistent = 1;") && Catch::Contains("kQBufs = 2;") &&
-                           Catch::Contains("kQTiles = 2;"));
-  r = run_cli("emit --mods causal --arch sm_90a -d 64 --persistent 0 --q-tiles 1");
+                           Catch::Contains("kQTiles = 1;"));
+  r = run_cli("emit --mods causal --arch sm_90a -d 64 --persistent 0");
   REQUIRE(r.code == 0);
   CHECK_THAT(r.output, Catch::Contains("kPersistent = 0;") && Catch::Contains("kQBufs = 1;") &&
                            Catch::Contains("kQTiles = 1;"));
+  r = run_cli("emit --mods causal --arch sm_90a -d 64 --q-tiles 2");
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("kPersistent = 1;") && Catch::Contains("kQBufs = 2;") &&
+                           Catch::Contains("kQTiles = 2;"));
   r = run_cli("emit --mods causal --arch sm_90a -d 128 --persistent 1");
   REQUIRE(r.code == 0);
-  CHECK_THAT(r.output, Catch::Contains("kPersistent = 1;") && Catch::Contains("kQTiles = 2;"));
-  r = run_cli("emit --mods causal --arch sm_90a -d 128 --persistent 1 --q-tiles 1");
-  CHECK(r.code == 1);
-  CHECK_THAT(r.output, Catch::Contains("needs q_tiles = 2"));
+  CHECK_THAT(r.output, Catch::Contains("kPersistent = 1;") && Catch::Contains("kQBufs = 2;") &&
+                           Catch::Contains("kQTiles = 1;"));
 }
 
 TEST_CASE("compile reports resources and hits the disk cache the second time", "[cli]") {

@@ -236,16 +236,21 @@ TEST_CASE("sm90a_wgmma configs: defaults, the space, and precise refusals", "[sm
   CHECK_THROWS_WITH(sm90_desc(DType::BF16, 64, 64, {{"q_tiles", 3}}),
                     Catch::Contains("q_tiles = 3") && Catch::Contains("1, 2"));
   CHECK(sm90_desc(DType::BF16, 64, 64, {{"q_tiles", 2}}).config.at("q_tiles") == 2);
-  // Persistent CTAs walk pairs of query tiles: asked for alone, q_tiles 2 comes with it; with
-  // q_tiles 1 it is refused; q_tiles 1 alone turns it off.
+  // Persistent CTAs claim single query tiles (q_tiles 1, the d 64 default) or pairs of them
+  // (q_tiles 2), with two Q buffers either way; each key asked for alone keeps the other's
+  // default.
   const KernelDesc pd = sm90_desc(DType::BF16, 64, 64, {{"persistent", 1}});
   CHECK(pd.config.at("persistent") == 1);
-  CHECK(pd.config.at("q_tiles") == 2);
-  CHECK_THROWS_WITH(sm90_desc(DType::BF16, 64, 64, {{"persistent", 1}, {"q_tiles", 1}}),
-                    Catch::Contains("persistent = 1") && Catch::Contains("q_tiles = 2"));
+  CHECK(pd.config.at("q_tiles") == 1);
+  CHECK(pd.config == sm90_desc(DType::BF16, 64, 64).config);
+  const KernelDesc pd2 = sm90_desc(DType::BF16, 64, 64, {{"q_tiles", 2}});
+  CHECK(pd2.config.at("persistent") == 1);
+  CHECK(pd2.config.at("q_tiles") == 2);
+  CHECK(v.smem_bytes(pd2) == v.smem_bytes(pd));
+  CHECK(sm90_desc(DType::BF16, 128, 128, {{"persistent", 1}}).config.at("q_tiles") == 1);
   CHECK_THROWS_WITH(sm90_desc(DType::BF16, 64, 64, {{"persistent", 2}}),
                     Catch::Contains("persistent = 2") && Catch::Contains("0, 1"));
-  CHECK(sm90_desc(DType::BF16, 64, 64, {{"q_tiles", 1}}).config.at("persistent") == 0);
+  CHECK(sm90_desc(DType::BF16, 64, 64, {{"persistent", 0}}).config.at("q_tiles") == 1);
   // Head dims run in their tile dims: 96 as 128 (the d 128 defaults, the same shared memory),
   // 192 / 128 in FlashAttention-3's 128 x 128 tiles with two stages, 256 / 128 in 64-key tiles.
   const KernelDesc d96 = sm90_desc(DType::BF16, 96, 96);

@@ -143,15 +143,17 @@ TEST_CASE("paged prefill: validation names the flag and the limits; sm90a_wgmma 
   CHECK(Registry::global()
             .complete(paged_problem("sm_90a", DType::BF16, 128, 4, 16), doc)
             .config.at("block_m") == 128);
-  CHECK(Registry::global()
-            .complete(
-                forward_problem(cuda::Arch::parse("sm_90a"), DType::BF16, 128, 128, 4, false, true),
-                doc)
-            .config.at("block_m") == 192);  // contiguous K / V: 192 rows
-  // d 64's default of two query tiles per CTA, persistent, becomes one tile per CTA.
-  CHECK(Registry::global()
-            .complete(paged_problem("sm_90a", DType::F16, 64, 1, 16), facts)
-            .config.at("q_tiles") == 1);
+  // Contiguous K / V: 192 rows, persistent CTAs claiming single query tiles.
+  const KernelDesc contiguous = Registry::global().complete(
+      forward_problem(cuda::Arch::parse("sm_90a"), DType::BF16, 128, 128, 4, false, true), doc);
+  CHECK(contiguous.config.at("block_m") == 192);
+  CHECK(contiguous.config.at("persistent") == 1);
+  CHECK(contiguous.config.at("q_tiles") == 1);
+  // d 64's default of persistent CTAs becomes one CTA per query tile.
+  const KernelDesc f16 =
+      Registry::global().complete(paged_problem("sm_90a", DType::F16, 64, 1, 16), facts);
+  CHECK(f16.config.at("q_tiles") == 1);
+  CHECK(f16.config.at("persistent") == 0);
   // f32 runs on sm80_mma's tf32 path; the selection says why sm90a_wgmma did not take it.
   Selection fsel;
   CHECK(Registry::global()

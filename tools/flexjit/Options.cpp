@@ -67,8 +67,8 @@ void add_kernel_options(CLI::App& app, KernelOptions& o, bool with_kernel) {
                  "forward/sm90a_wgmma: query tiles per CTA, 1 or 2 (default: the variant's table)")
       ->check(CLI::Range(1, 2));
   app.add_option("--persistent", o.persistent,
-                 "forward/sm90a_wgmma: 1 = persistent CTAs, about one per SM, walking pairs of "
-                 "query tiles (implies --q-tiles 2); 0 = one CTA per query tile or pair "
+                 "forward/sm90a_wgmma: 1 = persistent CTAs, about one per SM, claiming query "
+                 "tiles (with --q-tiles 2 pairs of them); 0 = one CTA per query tile or pair "
                  "(default: the variant's table)")
       ->check(CLI::Range(0, 1));
   app.add_option("--param", o.params,

@@ -197,13 +197,14 @@ int sm90_smem(const KernelDesc& d) {
   return sm90_smem(d, q_bufs_of(d));
 }
 
-// Persistent CTAs: as many as fit the GPU at once (one per SM), at most one per pair of query
-// tiles (all of them where the SM count is unknown).
+// Persistent CTAs: as many as fit the GPU at once (one per SM), at most one per claim (a pair of
+// query tiles with q_tiles 2, a tile with q_tiles 1; all of them where the SM count is unknown).
 int64_t persistent_ctas(const KernelDesc& d, const ForwardInputs& in) {
   const int64_t bm = d.config.at("block_m");
   const int64_t m_blocks = (in.shape.seqlen_q + bm - 1) / bm;
-  const int64_t pairs = in.shape.batch * in.shape.heads_q * ((m_blocks + 1) / 2);
-  return std::max<int64_t>(1, in.sm_count > 0 ? std::min<int64_t>(pairs, in.sm_count) : pairs);
+  const int64_t claims =
+      in.shape.batch * in.shape.heads_q * (q_tiles_of(d) == 2 ? (m_blocks + 1) / 2 : m_blocks);
+  return std::max<int64_t>(1, in.sm_count > 0 ? std::min<int64_t>(claims, in.sm_count) : claims);
 }
 
 // Three consumer warpgroups (block_m 192) take a block mask as a union schedule: the shape of
@@ -457,12 +458,6 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
   }
   if (auto r = not_in("q_tiles", q_tiles_of(d), kQTiles)) throw UnsupportedError(*r);
   if (auto r = not_in("persistent", persistent_of(d), kPersistent)) throw UnsupportedError(*r);
-  if (persistent_of(d) == 1 && q_tiles_of(d) != 2) {
-    throw UnsupportedError(fmt::format(
-        "forward/sm90a_wgmma: persistent = 1 walks pairs of query tiles and needs q_tiles = 2, "
-        "not {}",
-        q_tiles_of(d)));
-  }
   for (const char* flag : {"divisible", "full_blocks"}) {
     auto v = d.flags.get(flag);
     if (!v || (*v != 0 && *v != 1)) {
@@ -523,8 +518,10 @@ Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
   // with 3 stages, 511 with 2 (causal 489 / 448), block_n 176 (2 stages fit) 520; d = 64 noop 396
   // with 4 stages, 378 with 3, 323 with 2 (causal 296-297 with 3 or 4). Persistent CTAs: d = 64
   // +4-6 % on all four of its cases (two Q buffers fit); at d = 128 (one Q buffer) noop gains and
-  // the sparse masks lose 5-10 %, so there they stay off.
-  if (d <= 64) return make_config(128, 128, 4, 2, 1);
+  // the sparse masks lose 5-10 %, so there they stay off at 128 rows (192 rows: resolve_config).
+  // Their claims are single query tiles, taken once a tile's loads are issued: against pairs
+  // claimed a tile ahead, d = 64 noop +7 %, causal +3-5 %, document+causal +2-7 % (H200, v44).
+  if (d <= 64) return make_config(128, 128, 4, 1, 1);
   if (d <= 128) return make_config(128, 128, 3, 1, 0);
   // qk tile 192 with v tile up to 128 (DeepSeek's 192 / 128): FlashAttention-3's 128 x 128 tile
   // for it, two stages in 209 KB (a 64-key tile would halve the work per barrier).
@@ -544,21 +541,13 @@ std::vector<Params> ForwardSm90Wgmma::config_space(const KernelDesc& p) const {
       for (int s : kStages)
         for (int qt : kQTiles)
           for (int pe : kPersistent)
-            if (pe == 0 || qt == 2) grid.push_back(make_config(bm, bn, s, qt, pe));
+            grid.push_back(make_config(bm, bn, s, qt, pe));
   return valid_configs(*this, p, grid);
 }
 
 Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params& overrides,
                                         const InputFacts& facts) const {
   Params c = apply_overrides(*this, default_config(problem), overrides);
-  // Persistence walks pairs of query tiles: asked for alone it brings q_tiles 2; one tile per
-  // CTA asked for alone turns it off.
-  if (overrides.get("persistent").value_or(0) == 1 && !overrides.has("q_tiles")) {
-    c.set("q_tiles", 2);
-  }
-  if (overrides.get("q_tiles").value_or(0) == 1 && !overrides.has("persistent")) {
-    c.set("persistent", 0);
-  }
   // On a KV cache every loader thread walks the CTA's query tiles: one CTA per query tile, one
   // query tile per CTA (two spilled 8-88 B at d 64 and 128: the loaders' 40 registers).
   const bool kv_cache = on_kv_cache(problem);
@@ -596,6 +585,12 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
       (facts.mask_kv_block == 0 ||
        (facts.mask_mod && union_tiles(facts, c.at("block_n")) <= kFjUnionMaxTiles))) {
     c.set("block_m", 192);
+    // Persistent CTAs claiming single query tiles (two 48 KB Q buffers and 2 stages fit): the
+    // next tile's Q and K / V load under the last one, and under a block mask the heaviest tiles
+    // go first (FjWorkItems::decode). H200, one call against one CTA per tile: document+causal
+    // +6-10 %, the other masked mods +0-6 %, noop level (docs/kernels/forward_sm90.md
+    // "Persistent CTAs at 192 rows"). Not on a KV cache (its loaders walk the tiles) nor e4m3.
+    if (!kv_cache && !is_fp8(problem)) c.set("persistent", 1);
   }
   // At head dim 64: three consumer warpgroups taking turns in rotation (block_m 192), the
   // softmax-bound tile's other lever: noop 430.9 TFLOP/s against 404.3 with 128 rows
