@@ -47,8 +47,9 @@ struct ModBindings {
 //                 (0: from the SM count and the KV length);
 //   "q_tiles"     forward/sm90a_wgmma (docs/kernels/forward_sm90.md): query tiles per CTA, 1 or 2
 //                 (m blocks N - 1 - j and j; the second's loads overlap the first's last tile);
-//   "persistent"  forward/sm90a_wgmma: 1 = persistent CTAs (about one per SM, each walking pairs
-//                 of query tiles over every head; implies q_tiles 2), 0 = one CTA per query tile.
+//   "persistent"  forward/sm90a_wgmma: 1 = persistent CTAs (about one per SM, each claiming query
+//                 tiles over every head, pairs of them with q_tiles 2), 0 = one CTA per query
+//                 tile (or pair).
 // `flexjit kernels --families` and kernel_families() (flexjit/kernel.h) list every family's keys. A
 // key no family takes is an UnsupportedError; a call applies to each of its kernels the keys that
 // kernel's family takes (block_m applies to the forward, not to decoding).
@@ -156,13 +157,13 @@ FLEXJIT_API void flex_attention_into(Context& ctx, const TensorRef& q, const Ten
                                      const AttentionOptions& options = {});
 
 // The workspace bytes flex_attention_into needs for this call: 0 for the forward kernels except
-// persistent ones (forward/sm90a_wgmma with persistent = 1, the default at head dim 64 on
-// sm_90a: the work counter and a 16-byte tile slot per CTA and Q buffer, 4,352 bytes with
-// alignment on 132 SMs) and 192-row tiles over a block mask (the union schedule: per mask batch,
-// head and 192-row query tile 32 bytes and 4 per KV tile, used where the mask keeps no schedule
-// of its own yet; docs/kernels/forward_sm90.md); the e4m3 forward's V^T (B x Hkv x Dv x Skv
-// rounded up to 64 bytes; docs/kernels/forward_sm90.md "FP8"); the
-// split-KV decode plan's partials (B x Hq x Sq x splits x (Dv + 1) floats) when the call decodes
+// persistent ones (forward/sm90a_wgmma with persistent = 1, the default at head dim 64 and with
+// 192-row tiles at head dims 80-128 on sm_90a: the work counter and a 16-byte tile slot per CTA and
+// Q buffer, 4,352 bytes with alignment on 132 SMs) and 192-row tiles over a block mask (the union
+// schedule: per mask batch, head and 192-row query tile 32 bytes and 4 per KV tile, used where the
+// mask keeps no schedule of its own yet; docs/kernels/forward_sm90.md); the e4m3 forward's V^T (B x
+// Hkv x Dv x Skv rounded up to 64 bytes; docs/kernels/forward_sm90.md "FP8"); the split-KV decode
+// plan's partials (B x Hq x Sq x splits x (Dv + 1) floats) when the call decodes
 // (docs/kernels/decode.md).
 FLEXJIT_API size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q,
                                                   const TensorRef& k, const TensorRef& v,
