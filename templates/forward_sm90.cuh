@@ -538,8 +538,8 @@ struct FjWorkItems {
     return (b * args.heads_q + h) * num_m(args) + m_block;
   }
   FJ_DEVICE static void from_slot(const FjFwdArgs& args, int tile, int& b, int& h, int& m_block) {
-    const int bh = tile / num_m(args);
-    m_block = tile - bh * num_m(args);
+    const int n = num_m(args), bh = tile / n;
+    m_block = tile - bh * n;
     b = bh / args.heads_q;
     h = bh - b * args.heads_q;
   }
