@@ -186,16 +186,17 @@ FJ_HOST_DEVICE inline constexpr fj_i64 fj_forward_fp8_vt_bytes(int batch, int he
   return (fj_i64)batch * heads_kv * head_dim_v * ((seqlen_kv + 63) / 64 * 64);
 }
 
-// Dynamic shared memory of the e4m3 forward (one Q buffer; tile dims in elements): the slack,
-// the Q tile (block_m x head_dim_qk bytes), which the epilogue reuses for the bf16 O tile
-// (block_m x head_dim_v x 2 bytes), num_stages K tiles (block_n x head_dim_qk bytes) and V^T
-// tiles (head_dim_v x block_n bytes), the mbarriers and a 16-byte slot (v's descale factor).
+// Dynamic shared memory of the e4m3 forward (q_bufs Q buffers: 1, or 2 with persistent CTAs;
+// tile dims in elements): the slack, the Q tiles (block_m x head_dim_qk bytes), each reused by
+// the epilogue for its bf16 O tile (block_m x head_dim_v x 2 bytes), num_stages K tiles (block_n
+// x head_dim_qk bytes) and V^T tiles (head_dim_v x block_n bytes), the mbarriers and per Q buffer
+// a 16-byte slot (one CTA per tile: v's descale factor; persistent: the tile).
 FJ_HOST_DEVICE inline constexpr int fj_forward_sm90_fp8_smem_bytes(int block_m, int block_n,
                                                                    int head_dim_qk, int head_dim_v,
-                                                                   int num_stages) {
-  return 1024 + block_m * (head_dim_qk > 2 * head_dim_v ? head_dim_qk : 2 * head_dim_v) +
+                                                                   int num_stages, int q_bufs = 1) {
+  return 1024 + q_bufs * block_m * (head_dim_qk > 2 * head_dim_v ? head_dim_qk : 2 * head_dim_v) +
          num_stages * block_n * (head_dim_qk + head_dim_v) +
-         (8 * (2 + 3 * num_stages) + 15) / 16 * 16 + 16;
+         (8 * (2 * q_bufs + 3 * num_stages) + 15) / 16 * 16 + 16 * q_bufs;
 }
 
 // The sm_90a forward's union schedule (block_m 192 with a block mask): a 192-row query tile

@@ -167,9 +167,9 @@ struct FjSm90Traits {
                           kDimQK % 128 == 0 && kDimV % 128 == 0),
                 "flexjit forward_sm90: e4m3 head dims are multiples of 16 in their tile's last 128 "
                 "columns (tiles of 128-byte rows)");
-  static_assert(!kFp8 || (kBlockN == 128 && kQTiles == 1 && !kPersistent && !kFjKvCache),
-                "flexjit forward_sm90: e4m3 runs 128 x 128 or 192 x 128 tiles, one query tile per "
-                "CTA (ForwardSm90Wgmma::validate)");
+  static_assert(!kFp8 || (kBlockN == 128 && kQTiles == 1 && !kFjKvCache),
+                "flexjit forward_sm90: e4m3 runs 128 x 128 or 192 x 128 tiles, single query tiles "
+                "(ForwardSm90Wgmma::validate)");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit forward_sm90: 1..4 stages");
   static_assert(kQTiles == 1 || kQTiles == 2, "flexjit forward_sm90: 1 or 2 query tiles per CTA");
   static_assert(kQBufs == 1 || (kQBufs == 2 && kMultiItem),
@@ -178,7 +178,7 @@ struct FjSm90Traits {
                 "flexjit forward_sm90: persistent CTAs use 2 Q buffers");
   static_assert(kOffEnd + 1024 ==
                     (kFp8 ? fj_forward_sm90_fp8_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV,
-                                                           kNumStages)
+                                                           kNumStages, kQBufs)
                           : fj_forward_sm90_smem_bytes(kBlockM, kBlockN, kDimQK, kDimV, kElemBytes,
                                                        kNumStages, kQBufs)),
                 "flexjit forward_sm90: shared-memory layout and fj_forward_sm90_smem_bytes "
@@ -205,14 +205,15 @@ struct FjSm90Traits {
 // kDl: the score_mod's diagonal load (kFjDiagLoad) comes from the warp's loads in `dl`.
 // kKvEdge (without `divisible`): the tile may reach past kv_len, so the score_mod's kv_idx is
 // clamped and the keys past it masked; false for a tile the caller knows to lie below kv_len.
+// `scale`: the score's (args.scale; e4m3 with persistent CTAs, times the tile's head's q and k
+// descales).
 template <class Cfg, class T, bool kApplyMask, bool kRaw, bool kDl,
           bool kKvEdge = !Cfg::kIsDivisible>
 FJ_DEVICE void fj_sm90_scores(float (&s)[1][T::kNTiles][4], const FjFwdArgs& args,
-                              const FjModParams& mods, int b, int h, int q_row0, int n_start,
-                              int kv_len, int kv_col0, const FjDiagLoads<T::kNTiles>& dl,
-                              int lane) {
+                              const FjModParams& mods, float scale, int b, int h, int q_row0,
+                              int n_start, int kv_len, int kv_col0,
+                              const FjDiagLoads<T::kNTiles>& dl, int lane) {
   if constexpr (!kRaw) {
-    const float scale = args.scale;
     // Mods only ever see in-range indices (their buffer loads stay in bounds); rows past
     // seqlen_q are computed on a clamped index and never written.
     auto row_index = [&](int hr) {
@@ -1219,6 +1220,9 @@ struct FjSm90QTile {
   int q_row0;      // the thread's first row
   int dl_row0;     // the warp's first row
   int kv_len;      // kFjKvCache: its sequence's keys (FjSm90Consumer::kv_end)
+  // e4m3 with persistent CTAs (FjSm90Consumer::kTileScale): the score's scale times the head's q
+  // and k descales, and v's descale (one CTA per tile folds them in at the kernel's start).
+  float scale, v_scale;
 };
 
 // The kernel multiplies the call's scale by factors on the device (e4m3 q / k descales, an e4m3
@@ -1274,9 +1278,12 @@ struct FjSm90Consumer {
   // into registers before the tile's S is waited for, and each score takes its value from the
   // lane that loaded it (FjDiagLoads::shuffled; no shared memory).
   static constexpr bool kDl = Cfg::kHasScoreMod && kFjDiagLoad;
+  // e4m3 with persistent CTAs: the descales of each tile's head (FjSm90QTile::scale, v_scale).
+  static constexpr bool kTileScale = T::kFp8 && T::kPersistent;
 
   const FjFwdArgs& args;
   const FjModParams& mods;
+  const FjFp8Args& fp8;  // kTileScale
   FjSm90Smem<T> sm;
   FjSm90KvCache<T, Cfg> cache;  // kFjKvCache
   // This consumer warpgroup; known to be warp-uniform where it picks the union schedule's run
@@ -1300,13 +1307,14 @@ struct FjSm90Consumer {
   FjDiagLoads<T::kNTiles>& dl;
 
   // After the warpgroup's setmaxnreg.inc.
-  FJ_DEVICE FjSm90Consumer(const FjFwdArgs& a, const FjModParams& m, const FjSm90Smem<T>& sm_,
-                           const FjKvCacheArgs& kv, int tid, int wg, float (&o_)[1][T::kDTiles][4],
-                           float (&row_max_)[1][2], float (&row_sum_)[1][2],
-                           fj_u32 (&pa_)[T::kPSteps][4], float (&s_)[1][T::kNTiles][4],
-                           FjDiagLoads<T::kNTiles>& dl_)
+  FJ_DEVICE FjSm90Consumer(const FjFwdArgs& a, const FjModParams& m, const FjFp8Args& f,
+                           const FjSm90Smem<T>& sm_, const FjKvCacheArgs& kv, int tid, int wg,
+                           float (&o_)[1][T::kDTiles][4], float (&row_max_)[1][2],
+                           float (&row_sum_)[1][2], fj_u32 (&pa_)[T::kPSteps][4],
+                           float (&s_)[1][T::kNTiles][4], FjDiagLoads<T::kNTiles>& dl_)
       : args(a),
         mods(m),
+        fp8(f),
         sm(sm_),
         cache{kv},
         cw(kUnion ? fj_warp_uniform(wg - 1) : wg - 1),
@@ -1322,6 +1330,15 @@ struct FjSm90Consumer {
         pa(pa_),
         s(s_),
         dl(dl_) {}
+
+  // The score's scale on query tile t's scores (kTileScale: the tile's own).
+  FJ_DEVICE float tile_scale(const FjSm90QTile& t) const {
+    if constexpr (kTileScale) {
+      return t.scale;
+    } else {
+      return args.scale;
+    }
+  }
 
   // The keys of query tile t's sequence: seqlen_kv (read where used, as the kernel always did),
   // or on a KV cache its length.
@@ -1445,41 +1462,42 @@ struct FjSm90Consumer {
     // kernel's start it was spilled and reloaded once per tile: document_causal, 192 rows).
     const int kv_col0 = n_start + (kFjColLoad ? fj_tid_here() & 3 : lane & 3) * 2;
     float c = kLog2e;
+    const float scale = tile_scale(t);
     if constexpr (kUnion && !kScoreCopies && Cfg::kHasScoreMod && Cfg::kHasMaskMod) {
       // One copy of the score_mod, the mask_mod after it where the tile is partial: a
       // partial and a full copy of the score_mod chosen by a tile's status bits spilled
       // 130-260 B at 160 registers (softcap_causal, relative_bias_causal;
       // docs/kernels/forward_sm90.md "Union schedule").
-      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start,
+      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, scale, t.b, t.h, t.q_row0, n_start,
                                                 kv_end(t), kv_col0, dl, lane);
       if (partial) fj_sm90_mask<Cfg, T>(s, args, mods, t.b, t.h, t.q_row0, kv_end(t), kv_col0);
     } else if (!Cfg::kHasScoreMod && !(Cfg::kHasMaskMod && partial) &&
-               ((!kFjScaledOnDevice && !kUnion) || args.scale > 0.0f)) {
+               ((!kFjScaledOnDevice && !kUnion) || scale > 0.0f)) {
       // No mod to call on this tile: the scale goes into the exponent's factor too (the row
       // max of the raw scores times a positive c is that of the scaled ones). The host runs
       // this kernel only with a positive scale (InputFacts::scale_positive), so no path for
       // another sign is compiled (a cold compile of noop 9-17 % less CPU). Kept: where the
       // kernel multiplies the scale by device values (e4m3 descales, an e4m3 cache's k_scale),
       // and in the union kernels (192-row tiles: without it document_causal spilled 8 B).
-      fj_sm90_scores<Cfg, T, false, true, false>(s, args, mods, t.b, t.h, t.q_row0, n_start,
+      fj_sm90_scores<Cfg, T, false, true, false>(s, args, mods, scale, t.b, t.h, t.q_row0, n_start,
                                                  kv_end(t), kv_col0, dl, lane);
-      c = args.scale * kLog2e;
+      c = scale * kLog2e;
     } else if (partial && kFjColLoad) {
       // The mask_mod's column load read once per warp (fj_sm90_mask).
-      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start,
+      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, scale, t.b, t.h, t.q_row0, n_start,
                                                 kv_end(t), kv_col0, dl, lane);
       fj_sm90_mask<Cfg, T>(s, args, mods, t.b, t.h, t.q_row0, kv_end(t), kv_col0);
     } else if (partial) {
-      fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start,
+      fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, scale, t.b, t.h, t.q_row0, n_start,
                                                kv_end(t), kv_col0, dl, lane);
     } else if (!Cfg::kIsDivisible && Cfg::kHasScoreMod && (kOverlap || kScoreCopies) &&
                n_start + T::kBlockN <= kv_end(t)) {
       // A full tile below the sequence's end: the score_mod's kv_idx needs no clamp (one per
       // score; S = 4000 alibi+causal ran 9 % below its padded work's share of S = 4096).
-      fj_sm90_scores<Cfg, T, false, false, kDl, false>(s, args, mods, t.b, t.h, t.q_row0, n_start,
-                                                       kv_end(t), kv_col0, dl, lane);
+      fj_sm90_scores<Cfg, T, false, false, kDl, false>(s, args, mods, scale, t.b, t.h, t.q_row0,
+                                                       n_start, kv_end(t), kv_col0, dl, lane);
     } else {
-      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, t.b, t.h, t.q_row0, n_start,
+      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, scale, t.b, t.h, t.q_row0, n_start,
                                                 kv_end(t), kv_col0, dl, lane);
     }
     fj_sm90_softmax<T>(s, row_max, row_sum, alpha, c);
@@ -1719,9 +1737,14 @@ struct FjSm90Consumer {
         const float sink = fj_sink_mod(mods, t.b, t.h, fj_imin(row, args.seqlen_q - 1));
         inv = fj_softmax_finish(row_max[0][hr], sum, sink, lse);
       }
-      // e4m3: O in units of V's descale factor (the kernel left it in the tile slot).
-      // An e4m3 KV cache (kFjKvFp8): likewise v_scale of the kv head.
-      if constexpr (T::kFp8 || kFjKvFp8) inv *= __int_as_float(fj_lds_b32(sm.tile_slot));
+      // e4m3: O in units of V's descale factor (the kernel left it in the tile slot; with
+      // persistent CTAs the tile's, kTileScale). An e4m3 KV cache (kFjKvFp8): likewise v_scale
+      // of the kv head.
+      if constexpr (kTileScale) {
+        inv *= t.v_scale;
+      } else if constexpr (T::kFp8 || kFjKvFp8) {
+        inv *= __int_as_float(fj_lds_b32(sm.tile_slot));
+      }
       if (args.lse != nullptr && (etid & 3) == 0 && row < args.seqlen_q) {
         args.lse[(fj_i64)t.b * args.lse_stride_b + (fj_i64)t.h * args.lse_stride_h + row] = lse;
       }
@@ -1798,7 +1821,17 @@ struct FjSm90Consumer {
                              ? m_start + (qt / 128 - 1) * 64 + (qt % 128) / 4 + (qt % 128) / 32 * 8
                              : m_start + cw * 64 + fj_here(wtid >> 2) + (wtid >> 5) * 8;
       const int dl_row0 = m_start + cw * 64 + warp * 16;  // this warp's first query row
-      const FjSm90QTile t{b, h, m_block, u, m_start, sq_item, q_row0, dl_row0, kv_len};
+      float scale = 0.0f, v_scale = 0.0f;                 // kTileScale
+#if defined(FJ_FWD_FP8)
+      if constexpr (kTileScale) {
+        const int h_kv = h / Cfg::kGqaRatio;
+        scale = args.scale * fj_fp8_descale(fp8.q_descale, fp8.q_descale_stride, h) *
+                fj_fp8_descale(fp8.k_descale, fp8.k_descale_stride, h_kv);
+        v_scale = fj_fp8_descale(fp8.v_descale, fp8.v_descale_stride, h_kv);
+      }
+#endif
+      const FjSm90QTile t{b,      h,       m_block, u,     m_start, sq_item,
+                          q_row0, dl_row0, kv_len,  scale, v_scale};
 #pragma unroll
       for (int dt = 0; dt < T::kDTiles; ++dt)
 #pragma unroll
@@ -1836,6 +1869,7 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
     flexjit_forward(const FjFwdArgs args_in, const FjModParams mods,
                     const __grid_constant__ FjFwdTmaMaps maps, const FjKvCacheArgs kv_cache,
                     const FjFwdKvFp8Args kv_fp8) {
+  const FjFp8Args fp8 = {nullptr, nullptr, nullptr, 0, 0, 0};  // no e4m3 q, k, v: never read
   // One query tile, so one (b, h), per CTA (grid (m blocks, Hq, B)): k_scale of the kv head folds
   // into the scale, so that the mods see the score of the dequantized keys.
   FjFwdArgs args = args_in;
@@ -1843,20 +1877,25 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
 #elif defined(FJ_FWD_KV_CACHE)
     flexjit_forward(const FjFwdArgs args, const FjModParams mods,
                     const __grid_constant__ FjFwdTmaMaps maps, const FjKvCacheArgs kv_cache) {
+  const FjFp8Args fp8 = {nullptr, nullptr, nullptr, 0, 0, 0};  // no e4m3 q, k, v: never read
 #elif defined(FJ_FWD_FP8)
     flexjit_forward(const FjFwdArgs args_in, const FjModParams mods,
                     const __grid_constant__ FjFwdTmaMaps maps, const FjFp8Args fp8) {
   const FjKvCacheArgs kv_cache = {nullptr, 0, nullptr};  // no KV cache: never read
   // One query tile, so one (b, h), per CTA (grid (m blocks, Hq, B)): q's and k's descale factors
   // fold into the scale, so that the score is the real q·k times the scale (mods unchanged).
+  // Persistent CTAs take each tile's (FjSm90Consumer::kTileScale).
   FjFwdArgs args = args_in;
-  args.scale *=
-      fj_fp8_descale(fp8.q_descale, fp8.q_descale_stride, blockIdx.y) *
-      fj_fp8_descale(fp8.k_descale, fp8.k_descale_stride, blockIdx.y / FjConfig::kGqaRatio);
+  if constexpr (FjConfig::kPersistent == 0) {
+    args.scale *=
+        fj_fp8_descale(fp8.q_descale, fp8.q_descale_stride, blockIdx.y) *
+        fj_fp8_descale(fp8.k_descale, fp8.k_descale_stride, blockIdx.y / FjConfig::kGqaRatio);
+  }
 #else
     flexjit_forward(const FjFwdArgs args, const FjModParams mods,
                     const __grid_constant__ FjFwdTmaMaps maps) {
-  const FjKvCacheArgs kv_cache = {nullptr, 0, nullptr};  // no KV cache: never read
+  const FjKvCacheArgs kv_cache = {nullptr, 0, nullptr};        // no KV cache: never read
+  const FjFp8Args fp8 = {nullptr, nullptr, nullptr, 0, 0, 0};  // no e4m3 q, k, v: never read
 #endif
   using T = FjSm90Traits<FjConfig>;
   using Cfg = FjConfig;
@@ -1866,8 +1905,9 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   const int wg = tid / 128;
   if (tid == 0) sm.init_barriers();
 #if defined(FJ_FWD_FP8)
-  // V's factor for the epilogue, in the tile slot (unused without persistent CTAs).
-  if (tid == 0) {
+  // V's factor for the epilogue, in the tile slot (one CTA per tile; persistent CTAs take each
+  // tile's, kTileScale, and the slot carries the tile).
+  if (FjConfig::kPersistent == 0 && tid == 0) {
     fj_sts_b32(sm.tile_slot, __float_as_int(fj_fp8_descale(fp8.v_descale, fp8.v_descale_stride,
                                                            blockIdx.y / FjConfig::kGqaRatio)));
   }
@@ -1896,7 +1936,8 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   fj_u32 pa[T::kPSteps][4];
   float s[1][T::kNTiles][4];
   FjDiagLoads<T::kNTiles> dl;
-  FjSm90Consumer<T, Cfg>(args, mods, sm, kv_cache, tid, wg, o, row_max, row_sum, pa, s, dl).run();
+  FjSm90Consumer<T, Cfg>(args, mods, fp8, sm, kv_cache, tid, wg, o, row_max, row_sum, pa, s, dl)
+      .run();
 }
 
 #endif  // FLEXJIT_FORWARD_SM90_CUH_

@@ -158,13 +158,13 @@ FLEXJIT_API void flex_attention_into(Context& ctx, const TensorRef& q, const Ten
 
 // The workspace bytes flex_attention_into needs for this call: 0 for the forward kernels except
 // persistent ones (forward/sm90a_wgmma with persistent = 1, the default at head dim 64 and with
-// 192-row tiles at head dims 80-128 on sm_90a: the work counter and a 16-byte tile slot per CTA and
-// Q buffer, 4,352 bytes with alignment on 132 SMs) and 192-row tiles over a block mask (the union
-// schedule: per mask batch, head and 192-row query tile 32 bytes and 4 per KV tile, used where the
-// mask keeps no schedule of its own yet; docs/kernels/forward_sm90.md); the e4m3 forward's V^T (B x
-// Hkv x Dv x Skv rounded up to 64 bytes; docs/kernels/forward_sm90.md "FP8"); the split-KV decode
-// plan's partials (B x Hq x Sq x splits x (Dv + 1) floats) when the call decodes
-// (docs/kernels/decode.md).
+// 192-row tiles at head dims 80-128 and e4m3's on sm_90a: the work counter and a 16-byte tile slot
+// per CTA and Q buffer, 4,352 bytes with alignment on 132 SMs) and 192-row tiles over a block mask
+// (the union schedule: per mask batch, head and 192-row query tile 32 bytes and 4 per KV tile, used
+// where the mask keeps no schedule of its own yet; docs/kernels/forward_sm90.md); the e4m3
+// forward's V^T (B x Hkv x Dv x Skv rounded up to 64 bytes; docs/kernels/forward_sm90.md "FP8");
+// the split-KV decode plan's partials (B x Hq x Sq x splits x (Dv + 1) floats) when the call
+// decodes (docs/kernels/decode.md).
 FLEXJIT_API size_t flex_attention_workspace_bytes(Context& ctx, const TensorRef& q,
                                                   const TensorRef& k, const TensorRef& v,
                                                   const AttentionOptions& options = {});

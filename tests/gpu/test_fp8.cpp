@@ -82,13 +82,15 @@ struct Fp8Case {
   std::string mods;
   int batch, heads_q, heads_kv, seqlen_q, seqlen_kv, dqk, dv;
   bool per_head;
-  int block_m = 0;  // 0: the default (192 rows without a mask_mod where they fit, else 128)
+  int block_m = 0;      // 0: the default (192 rows without a mask_mod where they fit, else 128)
+  int persistent = -1;  // -1: the default (persistent CTAs with the 192-row default)
 };
 
 // Lengths 300 / 333 / 517: no 128-row or 128-key tile divides them; GQA 4:1 in half the cases.
 // The default takes 192-row tiles (three consumers, the serial loop; masks through the union
 // schedule) where they cover at most an eighth more rows: here all but softcap (256 rows) and
-// alibi_causal (qk tile 256); the cases with a block_m run the other tile too.
+// alibi_causal (qk tile 256), with persistent CTAs (each tile's head's descales); the cases with
+// a block_m run the other tile too, one CTA per tile unless persistent is asked for.
 const std::vector<Fp8Case> kCases = {
     {"noop", 2, 4, 4, 300, 333, 128, 128, false},
     {"causal", 1, 8, 2, 517, 517, 128, 128, true, 128},
@@ -102,13 +104,19 @@ const std::vector<Fp8Case> kCases = {
     {"causal", 1, 8, 2, 517, 517, 128, 128, true, 192},
     {"softcap_causal", 2, 4, 1, 300, 333, 128, 128, false, 192},
     {"sliding_window", 1, 4, 4, 700, 700, 128, 128, true, 192},
+    // Persistent CTAs asked for: more claims (4 x 16 heads x 3 tiles) than an H100's or H200's
+    // 132 CTAs with per-head descales and GQA; 128-row tiles; a masked mod at 192 rows.
+    {"causal", 4, 16, 4, 400, 400, 64, 64, true, 192, 1},
+    {"alibi", 2, 8, 2, 300, 300, 128, 128, true, 128, 1},
+    {"document_causal", 1, 8, 2, 600, 600, 128, 128, true, 192, 1},
 };
 
 std::string label_of(const Fp8Case& c) {
   return fmt::format("{} B={} Hq={} Hkv={} Sq={} Skv={} D={}/{} {} descale{}", c.mods, c.batch,
                      c.heads_q, c.heads_kv, c.seqlen_q, c.seqlen_kv, c.dqk, c.dv,
                      c.per_head ? "per-head" : "per-tensor",
-                     c.block_m != 0 ? fmt::format(" block_m {}", c.block_m) : "");
+                     c.block_m != 0 ? fmt::format(" block_m {}", c.block_m) : "") +
+         (c.persistent >= 0 ? fmt::format(" persistent {}", c.persistent) : "");
 }
 
 bool sm90_selectable(Context& ctx) {
@@ -120,113 +128,134 @@ bool sm90_selectable(Context& ctx) {
 
 }  // namespace
 
+// One case against the fp64 reference on the dequantized inputs (the error rules of
+// docs/math.md "FP8").
+void check_fp8_case(Context* ctx, const Fp8Case& c, std::mt19937_64& rng, uint64_t seed) {
+  const std::string label = fmt::format("{} (seed {})", label_of(c), seed);
+  INFO(label);
+  AttentionShape s;
+  s.batch = c.batch;
+  s.heads_q = c.heads_q;
+  s.heads_kv = c.heads_kv;
+  s.seqlen_q = c.seqlen_q;
+  s.seqlen_kv = c.seqlen_kv;
+  s.head_dim_qk = c.dqk;
+  s.head_dim_v = c.dv;
+  const Mods mods = standard_mods(c.mods);
+  std::map<std::string, HostBuffer> buffers;
+  std::vector<std::pair<std::string, double>> params;
+  bind_standard_mods(mods, s, rng, buffers, params);
+  const Fp8Tensor q = random_fp8(rng, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_qk}, c.per_head);
+  const Fp8Tensor k =
+      random_fp8(rng, {s.batch, s.heads_kv, s.seqlen_kv, s.head_dim_qk}, c.per_head);
+  const Fp8Tensor v = random_fp8(rng, {s.batch, s.heads_kv, s.seqlen_kv, s.head_dim_v}, c.per_head);
+  auto up = [&](const Fp8Tensor& t) {
+    return DeviceTensor::from_host(*ctx, DType::E4M3, t.shape, t.bytes.data());
+  };
+  auto up_f32 = [&](const std::vector<float>& f) {
+    return DeviceTensor::from_host(*ctx, DType::F32, {static_cast<int64_t>(f.size())}, f.data());
+  };
+  const DeviceTensor dq = up(q), dk = up(k), dv = up(v);
+  const DeviceTensor sq = up_f32(q.descale), sk = up_f32(k.descale), sv = up_f32(v.descale);
+  std::vector<DeviceTensor> keep;
+  ModBindings dev;
+  ir::EvalEnv env;
+  for (auto& [name, hb] : buffers) {
+    keep.push_back(DeviceTensor::from_host(*ctx, hb.dtype, hb.shape, hb.bytes.data()));
+    dev.buffers.emplace_back(name, keep.back().ref());
+    env.buffers[name] = ir::BufferView{hb.bytes.data(), hb.dtype, hb.shape, {}};
+  }
+  dev.params = params;
+  for (auto& [n, x] : params)
+    env.params[n] = x;
+  AttentionOptions o;
+  o.mods = mods;
+  o.bindings = dev;
+  o.descale = {sq.ref(), sk.ref(), sv.ref()};
+  if (c.block_m != 0) o.config.block_m = c.block_m;
+  if (c.persistent >= 0) o.config.params["persistent"] = c.persistent;
+  const std::string plan = runtime::describe_forward_plan(*ctx, dq.ref(), dk.ref(), dv.ref(), o);
+  CHECK_THAT(step_line(plan, "forward"), Catch::Contains("forward/sm90a_wgmma"));
+  if (c.persistent >= 0) {
+    CHECK_THAT(step_line(plan, "forward"),
+               Catch::Contains(fmt::format("persistent={}", c.persistent)));
+  }
+  DeviceTensor out =
+      DeviceTensor::empty(*ctx, DType::BF16, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
+  DeviceTensor lse = DeviceTensor::empty(*ctx, DType::F32, {s.batch, s.heads_q, s.seqlen_q});
+  out.fill_bytes(0xFF);  // NaN: an element the kernel does not write fails
+  lse.fill_bytes(0xFF);
+  flex_attention_into(*ctx, dq.ref(), dk.ref(), dv.ref(), out, &lse.ref(), o);
+  ctx->synchronize();
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim_qk)));
+  const ReferenceResult ref =
+      cpu_reference_attention(mods, s, q.dequantized, k.dequantized, v.dequantized, scale, env);
+  // sum_j p_j |v_j| per element: the reference's attention of |V|.
+  std::vector<float> v_abs(v.dequantized.size());
+  float v_max = 0.0f;
+  for (size_t i = 0; i < v_abs.size(); ++i) {
+    v_abs[i] = std::abs(v.dequantized[i]);
+    v_max = std::max(v_max, v_abs[i]);
+  }
+  const ReferenceResult ref_abs =
+      cpu_reference_attention(mods, s, q.dequantized, k.dequantized, v_abs, scale, env);
+  const std::vector<float> got = download(out);
+  const ErrorStats err = compare(got, ref.out);
+  int64_t over = 0, first_over = -1;
+  double worst_ratio = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(ref.out[i])) continue;
+    const double bound = std::ldexp(std::abs(ref_abs.out[i]), -4) + std::ldexp(v_max, -7);
+    const double e = std::abs(static_cast<double>(got[i]) - ref.out[i]);
+    worst_ratio = std::max(worst_ratio, e / bound);
+    if (!(e <= bound)) {
+      if (first_over < 0) first_over = static_cast<int64_t>(i);
+      ++over;
+    }
+  }
+  const std::vector<float> got_lse = download(lse);
+  double lse_err = 0;
+  int64_t lse_bad = 0;
+  for (size_t j = 0; j < ref.lse.size(); ++j) {
+    if (!std::isfinite(got_lse[j]) || !std::isfinite(ref.lse[j])) {
+      lse_bad += std::isfinite(got_lse[j]) != std::isfinite(ref.lse[j]);
+      continue;
+    }
+    lse_err =
+        std::max(lse_err, std::abs(got_lse[j] - ref.lse[j]) / std::max(1.0, std::abs(ref.lse[j])));
+  }
+  INFO("out " << err.str() << "; elements past the P-rounding bound " << over << " (first "
+              << first_over << "), worst error / bound " << worst_ratio << "; lse max rel err "
+              << lse_err);
+  CHECK(err.nonfinite == 0);
+  CHECK(err.rel <= 5e-2);
+  CHECK(over == 0);
+  CHECK(lse_bad == 0);
+  CHECK(lse_err <= 1e-2);
+  std::printf("  fp8 forward %s: out %s, worst error / bound %.3f; lse max rel err %.3e\n",
+              label.c_str(), err.str().c_str(), worst_ratio, lse_err);
+}
+
 TEST_CASE("e4m3 forward on sm_90a matches the fp64 reference on the dequantized inputs",
           "[gpu][fp8]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
   if (!sm90_selectable(*ctx)) return;
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
-  for (const Fp8Case& c : kCases) {
-    const std::string label = fmt::format("{} (seed {})", label_of(c), seed);
-    INFO(label);
-    AttentionShape s;
-    s.batch = c.batch;
-    s.heads_q = c.heads_q;
-    s.heads_kv = c.heads_kv;
-    s.seqlen_q = c.seqlen_q;
-    s.seqlen_kv = c.seqlen_kv;
-    s.head_dim_qk = c.dqk;
-    s.head_dim_v = c.dv;
-    const Mods mods = standard_mods(c.mods);
-    std::map<std::string, HostBuffer> buffers;
-    std::vector<std::pair<std::string, double>> params;
-    bind_standard_mods(mods, s, rng, buffers, params);
-    const Fp8Tensor q =
-        random_fp8(rng, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_qk}, c.per_head);
-    const Fp8Tensor k =
-        random_fp8(rng, {s.batch, s.heads_kv, s.seqlen_kv, s.head_dim_qk}, c.per_head);
-    const Fp8Tensor v =
-        random_fp8(rng, {s.batch, s.heads_kv, s.seqlen_kv, s.head_dim_v}, c.per_head);
-    auto up = [&](const Fp8Tensor& t) {
-      return DeviceTensor::from_host(*ctx, DType::E4M3, t.shape, t.bytes.data());
-    };
-    auto up_f32 = [&](const std::vector<float>& f) {
-      return DeviceTensor::from_host(*ctx, DType::F32, {static_cast<int64_t>(f.size())}, f.data());
-    };
-    const DeviceTensor dq = up(q), dk = up(k), dv = up(v);
-    const DeviceTensor sq = up_f32(q.descale), sk = up_f32(k.descale), sv = up_f32(v.descale);
-    std::vector<DeviceTensor> keep;
-    ModBindings dev;
-    ir::EvalEnv env;
-    for (auto& [name, hb] : buffers) {
-      keep.push_back(DeviceTensor::from_host(*ctx, hb.dtype, hb.shape, hb.bytes.data()));
-      dev.buffers.emplace_back(name, keep.back().ref());
-      env.buffers[name] = ir::BufferView{hb.bytes.data(), hb.dtype, hb.shape, {}};
-    }
-    dev.params = params;
-    for (auto& [n, x] : params)
-      env.params[n] = x;
-    AttentionOptions o;
-    o.mods = mods;
-    o.bindings = dev;
-    o.descale = {sq.ref(), sk.ref(), sv.ref()};
-    if (c.block_m != 0) o.config.block_m = c.block_m;
-    const std::string plan = runtime::describe_forward_plan(*ctx, dq.ref(), dk.ref(), dv.ref(), o);
-    CHECK_THAT(step_line(plan, "forward"), Catch::Contains("forward/sm90a_wgmma"));
-    DeviceTensor out =
-        DeviceTensor::empty(*ctx, DType::BF16, {s.batch, s.heads_q, s.seqlen_q, s.head_dim_v});
-    DeviceTensor lse = DeviceTensor::empty(*ctx, DType::F32, {s.batch, s.heads_q, s.seqlen_q});
-    out.fill_bytes(0xFF);  // NaN: an element the kernel does not write fails
-    lse.fill_bytes(0xFF);
-    flex_attention_into(*ctx, dq.ref(), dk.ref(), dv.ref(), out, &lse.ref(), o);
-    ctx->synchronize();
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim_qk)));
-    const ReferenceResult ref =
-        cpu_reference_attention(mods, s, q.dequantized, k.dequantized, v.dequantized, scale, env);
-    // sum_j p_j |v_j| per element: the reference's attention of |V|.
-    std::vector<float> v_abs(v.dequantized.size());
-    float v_max = 0.0f;
-    for (size_t i = 0; i < v_abs.size(); ++i) {
-      v_abs[i] = std::abs(v.dequantized[i]);
-      v_max = std::max(v_max, v_abs[i]);
-    }
-    const ReferenceResult ref_abs =
-        cpu_reference_attention(mods, s, q.dequantized, k.dequantized, v_abs, scale, env);
-    const std::vector<float> got = download(out);
-    const ErrorStats err = compare(got, ref.out);
-    int64_t over = 0, first_over = -1;
-    double worst_ratio = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (!std::isfinite(ref.out[i])) continue;
-      const double bound = std::ldexp(std::abs(ref_abs.out[i]), -4) + std::ldexp(v_max, -7);
-      const double e = std::abs(static_cast<double>(got[i]) - ref.out[i]);
-      worst_ratio = std::max(worst_ratio, e / bound);
-      if (!(e <= bound)) {
-        if (first_over < 0) first_over = static_cast<int64_t>(i);
-        ++over;
-      }
-    }
-    const std::vector<float> got_lse = download(lse);
-    double lse_err = 0;
-    int64_t lse_bad = 0;
-    for (size_t j = 0; j < ref.lse.size(); ++j) {
-      if (!std::isfinite(got_lse[j]) || !std::isfinite(ref.lse[j])) {
-        lse_bad += std::isfinite(got_lse[j]) != std::isfinite(ref.lse[j]);
-        continue;
-      }
-      lse_err = std::max(lse_err,
-                         std::abs(got_lse[j] - ref.lse[j]) / std::max(1.0, std::abs(ref.lse[j])));
-    }
-    INFO("out " << err.str() << "; elements past the P-rounding bound " << over << " (first "
-                << first_over << "), worst error / bound " << worst_ratio << "; lse max rel err "
-                << lse_err);
-    CHECK(err.nonfinite == 0);
-    CHECK(err.rel <= 5e-2);
-    CHECK(over == 0);
-    CHECK(lse_bad == 0);
-    CHECK(lse_err <= 1e-2);
-    std::printf("  fp8 forward %s: out %s, worst error / bound %.3f; lse max rel err %.3e\n",
-                label.c_str(), err.str().c_str(), worst_ratio, lse_err);
+  for (const Fp8Case& c : kCases)
+    check_fp8_case(ctx, c, rng, seed);
+}
+
+// Persistent CTAs (each tile with its head's descales) and one CTA per tile at small shapes, for
+// compute-sanitizer: 192 and 128 rows, a masked mod through the union schedule, GQA.
+TEST_CASE("e4m3 forward on sm_90a at small shapes", "[gpu][fp8][small]") {
+  FJ_REQUIRE_GPU_OR_SKIP(ctx);
+  if (!sm90_selectable(*ctx)) return;
+  const uint64_t seed = fresh_seed();
+  std::mt19937_64 rng(seed);
+  for (int persistent : {0, 1}) {
+    check_fp8_case(ctx, {"causal", 2, 4, 2, 200, 230, 128, 128, true, 192, persistent}, rng, seed);
+    check_fp8_case(ctx, {"noop", 1, 2, 1, 130, 140, 128, 128, false, 128, persistent}, rng, seed);
   }
 }
 

@@ -158,12 +158,21 @@ TEST_CASE("sm90a_wgmma e4m3 configs: defaults, the space, and precise refusals",
   // d 128: 4 stages of 16 KB K and 16 KB V^T tiles and a 32 KB Q / O buffer.
   CHECK(ForwardSm90Wgmma().smem_bytes(fp8_desc(128, 128)) ==
         static_cast<unsigned>(fj_forward_sm90_fp8_smem_bytes(128, 128, 128, 128, 4)));
-  for (const Params& bad :
-       {Params{{"block_n", 64}}, Params{{"persistent", 1}}, Params{{"q_tiles", 2}}}) {
+  for (const Params& bad : {Params{{"block_n", 64}}, Params{{"q_tiles", 2}},
+                            Params{{"persistent", 1}, {"q_tiles", 2}}}) {
     INFO(bad.str());
     CHECK_THROWS_WITH(fp8_desc(128, 128, bad),
                       Catch::Contains("e4m3 inputs runs block_m = 128 or 192, block_n = 128"));
   }
+  // Persistent CTAs claiming single tiles (each with its head's descales): two Q / O buffers.
+  const KernelDesc p1 = fp8_desc(128, 128, {{"persistent", 1}});
+  CHECK(p1.config.at("persistent") == 1);
+  CHECK(ForwardSm90Wgmma().smem_bytes(p1) ==
+        static_cast<unsigned>(fj_forward_sm90_fp8_smem_bytes(
+            128, 128, 128, 128, static_cast<int>(p1.config.at("num_stages")), 2)));
+  CHECK(fj_forward_sm90_fp8_smem_bytes(192, 128, 128, 128, 4, 2) ==
+        1024 + 2 * 192 * 256 + 4 * 128 * 256 + 128 + 32);
+  CHECK(fj_forward_sm90_fp8_smem_bytes(192, 128, 128, 128, 4, 2) <= 232448);
   // 192 rows (three consumers, the serial loop; over a block mask the union schedule): by
   // default where they cover at most an eighth more rows than 128-row tiles, not where the
   // mask_mod divides by a run-time value.
@@ -172,6 +181,9 @@ TEST_CASE("sm90a_wgmma e4m3 configs: defaults, the space, and precise refusals",
   main_shape.seqlen_q = 4096;
   main_shape.seqlen_kv = 4096;
   CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, main_shape).at("block_m") == 192);
+  // ... with persistent CTAs and as many of 4 stages as fit beside two 48 KB Q / O buffers.
+  CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, main_shape).at("persistent") == 1);
+  CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, main_shape).at("num_stages") == 4);
   CHECK(v.resolve_config(fp8_problem("sm_90a", 64, 64), {}, main_shape).at("block_m") == 192);
   CHECK(v.resolve_config(fp8_problem("sm_90a", 96, 96), {}, main_shape).at("block_m") == 128);
   CHECK(v.resolve_config(fp8_problem("sm_90a", 256, 128), {}, main_shape).at("block_m") == 128);
@@ -180,11 +192,13 @@ TEST_CASE("sm90a_wgmma e4m3 configs: defaults, the space, and precise refusals",
   InputFacts short_q = main_shape;
   short_q.seqlen_q = 256;  // 384 rows in 192-row tiles against 256
   CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, short_q).at("block_m") == 128);
+  CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, short_q).at("persistent") == 0);
   InputFacts masked = main_shape;
   masked.mask_mod = true;
   masked.mask_q_block = 128;
   masked.mask_kv_block = 128;
   CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, masked).at("block_m") == 192);
+  CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, masked).at("persistent") == 1);
   InputFacts divides = masked;
   divides.mask_mod_divides = true;
   CHECK(v.resolve_config(fp8_problem("sm_90a"), {}, divides).at("block_m") == 128);
@@ -233,27 +247,36 @@ TEST_CASE("sm90a_wgmma compiles its e4m3 configs for sm_90a without spills", "[s
     int dqk, dv, gqa;
     Params overrides;
   };
-  const std::vector<Job> jobs = {{"noop", 128, 128, 1, {}},
-                                 {"causal", 128, 128, 1, {}},
-                                 {"alibi_causal", 128, 128, 4, {}},
-                                 {"softcap", 128, 128, 1, {}},
-                                 {"softcap_causal", 128, 128, 1, {}},
-                                 {"document_causal", 128, 128, 1, {}},
-                                 {"relative_bias_causal", 128, 128, 1, {}},
-                                 {"causal", 64, 64, 1, {}},
-                                 {"alibi", 256, 128, 1, {}},
-                                 {"noop", 128, 128, 1, {{"num_stages", 2}}},
-                                 {"noop", 128, 128, 1, {{"block_m", 192}}},
-                                 {"alibi", 128, 128, 4, {{"block_m", 192}}},
-                                 {"softcap", 128, 128, 1, {{"block_m", 192}}},
-                                 {"relative_bias", 128, 128, 1, {{"block_m", 192}}},
-                                 {"noop", 64, 64, 1, {{"block_m", 192}}},
-                                 {"causal", 128, 128, 4, {{"block_m", 192}}},
-                                 {"softcap_causal", 128, 128, 1, {{"block_m", 192}}},
-                                 {"sliding_window", 128, 128, 1, {{"block_m", 192}}},
-                                 {"alibi_causal", 128, 128, 4, {{"block_m", 192}}},
-                                 {"relative_bias_causal", 128, 128, 1, {{"block_m", 192}}},
-                                 {"causal", 96, 64, 2, {{"num_stages", 3}}}};
+  const std::vector<Job> jobs = {
+      {"noop", 128, 128, 1, {}},
+      {"causal", 128, 128, 1, {}},
+      {"alibi_causal", 128, 128, 4, {}},
+      {"softcap", 128, 128, 1, {}},
+      {"softcap_causal", 128, 128, 1, {}},
+      {"document_causal", 128, 128, 1, {}},
+      {"relative_bias_causal", 128, 128, 1, {}},
+      {"causal", 64, 64, 1, {}},
+      {"alibi", 256, 128, 1, {}},
+      {"noop", 128, 128, 1, {{"num_stages", 2}}},
+      {"noop", 128, 128, 1, {{"block_m", 192}}},
+      {"alibi", 128, 128, 4, {{"block_m", 192}}},
+      {"softcap", 128, 128, 1, {{"block_m", 192}}},
+      {"relative_bias", 128, 128, 1, {{"block_m", 192}}},
+      {"noop", 64, 64, 1, {{"block_m", 192}}},
+      {"causal", 128, 128, 4, {{"block_m", 192}}},
+      {"softcap_causal", 128, 128, 1, {{"block_m", 192}}},
+      {"sliding_window", 128, 128, 1, {{"block_m", 192}}},
+      {"alibi_causal", 128, 128, 4, {{"block_m", 192}}},
+      {"relative_bias_causal", 128, 128, 1, {{"block_m", 192}}},
+      {"causal", 96, 64, 2, {{"num_stages", 3}}},
+      // Persistent CTAs (the 192-row default), each tile's descales.
+      // Not here: document_causal without `divisible` (4 B, as bf16's
+      // 12 B; docs/kernels/forward_sm90.md "FP8").
+      {"noop", 128, 128, 1, {{"block_m", 192}, {"persistent", 1}}},
+      {"causal", 128, 128, 4, {{"block_m", 192}, {"persistent", 1}}},
+      {"softcap_causal", 128, 128, 1, {{"block_m", 192}, {"persistent", 1}}},
+      {"relative_bias_causal", 128, 128, 1, {{"block_m", 192}, {"persistent", 1}}},
+      {"alibi", 128, 128, 4, {{"persistent", 1}}}};
   jit::CacheSettings settings;
   settings.enabled = false;
   KernelBuilder builder(settings);

@@ -179,7 +179,8 @@ int sm90_smem(const KernelDesc& d, int q_bufs) {
   }
   if (is_fp8(d)) {
     return fj_forward_sm90_fp8_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
-                                          tile_qk(d), tile_v(d), d.config.at_int("num_stages"));
+                                          tile_qk(d), tile_v(d), d.config.at_int("num_stages"),
+                                          q_bufs);
   }
   return fj_forward_sm90_smem_bytes(d.config.at_int("block_m"), d.config.at_int("block_n"),
                                     tile_qk(d), tile_v(d), dtype_size(d.dtype),
@@ -474,10 +475,10 @@ void ForwardSm90Wgmma::validate(const KernelDesc& d) const {
         "128, 192 (a KV tile's 16-byte units of e4m3 split over the 128 loader threads)",
         d.config.at("block_n")));
   }
-  if (is_fp8(d) && (d.config.at("block_n") != 128 || q_tiles_of(d) != 1 || persistent_of(d) != 0)) {
+  if (is_fp8(d) && (d.config.at("block_n") != 128 || q_tiles_of(d) != 1)) {
     throw UnsupportedError(fmt::format(
         "forward/sm90a_wgmma with e4m3 inputs runs block_m = 128 or 192, block_n = 128 (V^T "
-        "tiles of 128-byte rows), q_tiles = 1, persistent = 0; got {}",
+        "tiles of 128-byte rows), q_tiles = 1 (persistent = 0 or 1); got {}",
         d.config.str()));
   }
   // Accumulators of S (block_n / 2) and O (the v tile dim / 2) plus P (block_n / 4) per thread
@@ -532,8 +533,10 @@ Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
 std::vector<Params> ForwardSm90Wgmma::config_space(const KernelDesc& p) const {
   std::vector<Params> grid;
   if (is_fp8(p)) {
-    for (int s : kStages)
-      grid.push_back(make_config(128, 128, s, 1, 0));
+    for (int bm : {128, 192})
+      for (int s : kStages)
+        for (int pe : kPersistent)
+          grid.push_back(make_config(bm, 128, s, 1, pe));
     return valid_configs(*this, p, grid);
   }
   for (int bm : kBlockMs)
@@ -589,8 +592,10 @@ Params ForwardSm90Wgmma::resolve_config(const KernelDesc& problem, const Params&
     // next tile's Q and K / V load under the last one, and under a block mask the heaviest tiles
     // go first (FjWorkItems::decode). H200, one call against one CTA per tile: document+causal
     // +6-10 %, the other masked mods +0-6 %, noop level (docs/kernels/forward_sm90.md
-    // "Persistent CTAs at 192 rows"). Not on a KV cache (its loaders walk the tiles) nor e4m3.
-    if (!kv_cache && !is_fp8(problem)) c.set("persistent", 1);
+    // "Persistent CTAs at 192 rows"); e4m3 q, k, v as well, each tile with its head's descales
+    // (same page, "FP8"). Not on a KV cache (its loaders walk the tiles; persistent CTAs there
+    // measured level, "KV caches").
+    if (!kv_cache) c.set("persistent", 1);
   }
   // At head dim 64: three consumer warpgroups taking turns in rotation (block_m 192), the
   // softmax-bound tile's other lever: noop 430.9 TFLOP/s against 404.3 with 128 rows
