@@ -1813,11 +1813,13 @@ struct FjSm90Consumer {
       // the thread index read here: computed once at the kernel's start, it was spilled and
       // reloaded once per query tile (document_causal at 192 rows, 4 B at d 64; persistent
       // CTAs at d 128 20 -> 12 B, while one tile per CTA took 8 -> 32 B in that form;
-      // docs/kernels/forward_sm90.md "The mask_mod's column load"). The other kernels keep the
-      // form they were measured with.
-      const int qt = kFjColLoad && T::kPersistent ? fj_tid_here() : 0;
+      // docs/kernels/forward_sm90.md "The mask_mod's column load"). Persistent CTAs at d 64 with
+      // `divisible` spilled 12 B in that form and none in the warp-and-lane one. The other
+      // kernels keep the form they were measured with.
+      constexpr bool kRowFromTid = T::kPersistent && (T::kDimV > 64 || !Cfg::kIsDivisible);
+      const int qt = kFjColLoad && kRowFromTid ? fj_tid_here() : 0;
       const int q_row0 = !kFjColLoad ? m_start + cw * 64 + warp * 16 + (lane >> 2)
-                         : T::kPersistent
+                         : kRowFromTid
                              ? m_start + (qt / 128 - 1) * 64 + (qt % 128) / 4 + (qt % 128) / 32 * 8
                              : m_start + cw * 64 + fj_here(wtid >> 2) + (wtid >> 5) * 8;
       const int dl_row0 = m_start + cw * 64 + warp * 16;  // this warp's first query row
