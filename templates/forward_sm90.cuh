@@ -1280,6 +1280,10 @@ struct FjSm90Consumer {
   static constexpr bool kDl = Cfg::kHasScoreMod && kFjDiagLoad;
   // e4m3 with persistent CTAs: the descales of each tile's head (FjSm90QTile::scale, v_scale).
   static constexpr bool kTileScale = T::kFp8 && T::kPersistent;
+  // A column load with persistent CTAs (but at d <= 64 with `divisible`): the thread's first row
+  // from the thread index, read where the row is used (row0).
+  static constexpr bool kRowFromTid =
+      kFjColLoad && T::kPersistent && (T::kDimV > 64 || !Cfg::kIsDivisible);
 
   const FjFwdArgs& args;
   const FjModParams& mods;
@@ -1330,6 +1334,17 @@ struct FjSm90Consumer {
         pa(pa_),
         s(s_),
         dl(dl_) {}
+
+  // The thread's first row of query tile t (FjSm90QTile::q_row0), with kRowFromTid from the thread
+  // index read here.
+  FJ_DEVICE int row0(const FjSm90QTile& t) const {
+    if constexpr (kRowFromTid) {
+      const int qt = fj_tid_here();
+      return t.m_start + (qt / 128 - 1) * 64 + (qt % 128) / 4 + (qt % 128) / 32 * 8;
+    } else {
+      return t.q_row0;
+    }
+  }
 
   // The score's scale on query tile t's scores (kTileScale: the tile's own).
   FJ_DEVICE float tile_scale(const FjSm90QTile& t) const {
@@ -1468,9 +1483,9 @@ struct FjSm90Consumer {
       // partial and a full copy of the score_mod chosen by a tile's status bits spilled
       // 130-260 B at 160 registers (softcap_causal, relative_bias_causal;
       // docs/kernels/forward_sm90.md "Union schedule").
-      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, scale, t.b, t.h, t.q_row0, n_start,
+      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, scale, t.b, t.h, row0(t), n_start,
                                                 kv_end(t), kv_col0, dl, lane);
-      if (partial) fj_sm90_mask<Cfg, T>(s, args, mods, t.b, t.h, t.q_row0, kv_end(t), kv_col0);
+      if (partial) fj_sm90_mask<Cfg, T>(s, args, mods, t.b, t.h, row0(t), kv_end(t), kv_col0);
     } else if (!Cfg::kHasScoreMod && !(Cfg::kHasMaskMod && partial) &&
                ((!kFjScaledOnDevice && !kUnion) || scale > 0.0f)) {
       // No mod to call on this tile: the scale goes into the exponent's factor too (the row
@@ -1479,25 +1494,25 @@ struct FjSm90Consumer {
       // another sign is compiled (a cold compile of noop 9-17 % less CPU). Kept: where the
       // kernel multiplies the scale by device values (e4m3 descales, an e4m3 cache's k_scale),
       // and in the union kernels (192-row tiles: without it document_causal spilled 8 B).
-      fj_sm90_scores<Cfg, T, false, true, false>(s, args, mods, scale, t.b, t.h, t.q_row0, n_start,
+      fj_sm90_scores<Cfg, T, false, true, false>(s, args, mods, scale, t.b, t.h, row0(t), n_start,
                                                  kv_end(t), kv_col0, dl, lane);
       c = scale * kLog2e;
     } else if (partial && kFjColLoad) {
       // The mask_mod's column load read once per warp (fj_sm90_mask).
-      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, scale, t.b, t.h, t.q_row0, n_start,
+      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, scale, t.b, t.h, row0(t), n_start,
                                                 kv_end(t), kv_col0, dl, lane);
-      fj_sm90_mask<Cfg, T>(s, args, mods, t.b, t.h, t.q_row0, kv_end(t), kv_col0);
+      fj_sm90_mask<Cfg, T>(s, args, mods, t.b, t.h, row0(t), kv_end(t), kv_col0);
     } else if (partial) {
-      fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, scale, t.b, t.h, t.q_row0, n_start,
+      fj_sm90_scores<Cfg, T, true, false, kDl>(s, args, mods, scale, t.b, t.h, row0(t), n_start,
                                                kv_end(t), kv_col0, dl, lane);
     } else if (!Cfg::kIsDivisible && Cfg::kHasScoreMod && (kOverlap || kScoreCopies) &&
                n_start + T::kBlockN <= kv_end(t)) {
       // A full tile below the sequence's end: the score_mod's kv_idx needs no clamp (one per
       // score; S = 4000 alibi+causal ran 9 % below its padded work's share of S = 4096).
-      fj_sm90_scores<Cfg, T, false, false, kDl, false>(s, args, mods, scale, t.b, t.h, t.q_row0,
+      fj_sm90_scores<Cfg, T, false, false, kDl, false>(s, args, mods, scale, t.b, t.h, row0(t),
                                                        n_start, kv_end(t), kv_col0, dl, lane);
     } else {
-      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, scale, t.b, t.h, t.q_row0, n_start,
+      fj_sm90_scores<Cfg, T, false, false, kDl>(s, args, mods, scale, t.b, t.h, row0(t), n_start,
                                                 kv_end(t), kv_col0, dl, lane);
     }
     fj_sm90_softmax<T>(s, row_max, row_sum, alpha, c);
@@ -1809,19 +1824,16 @@ struct FjSm90Consumer {
       const FjKvSchedule sched =
           tiles.schedule(b, h, m_block, kFjKvCache ? kv_len : args.seqlen_kv, slot_runs);
       // The thread's first row. With a column load (document masks) its lane part is taken
-      // here (warp * 16 + lane / 4 = wtid / 4 + warp * 8), with persistent CTAs all of it from
-      // the thread index read here: computed once at the kernel's start, it was spilled and
-      // reloaded once per query tile (document_causal at 192 rows, 4 B at d 64; persistent
-      // CTAs at d 128 20 -> 12 B, while one tile per CTA took 8 -> 32 B in that form;
-      // docs/kernels/forward_sm90.md "The mask_mod's column load"). Persistent CTAs at d 64 with
-      // `divisible` spilled 12 B in that form and none in the warp-and-lane one. The other
-      // kernels keep the form they were measured with.
-      constexpr bool kRowFromTid = T::kPersistent && (T::kDimV > 64 || !Cfg::kIsDivisible);
-      const int qt = kFjColLoad && kRowFromTid ? fj_tid_here() : 0;
-      const int q_row0 = !kFjColLoad ? m_start + cw * 64 + warp * 16 + (lane >> 2)
-                         : kRowFromTid
-                             ? m_start + (qt / 128 - 1) * 64 + (qt % 128) / 4 + (qt % 128) / 32 * 8
-                             : m_start + cw * 64 + fj_here(wtid >> 2) + (wtid >> 5) * 8;
+      // here (warp * 16 + lane / 4 = wtid / 4 + warp * 8): computed once at the kernel's start,
+      // it was spilled and reloaded once per query tile (document_causal at 192 rows, 4 B at
+      // d 64). With persistent CTAs (kRowFromTid) all of it from the thread index where the row
+      // is used (row0): read here at the tile's start, it still spilled at d 128 (12 B, and
+      // 12 B at d 64 with `divisible`, whose persistent kernels keep the form here); one CTA
+      // per tile took 8 -> 32 B in the thread-index form (docs/kernels/forward_sm90.md "The
+      // mask_mod's column load"). The other kernels keep the form they were measured with.
+      const int q_row0 = !kFjColLoad   ? m_start + cw * 64 + warp * 16 + (lane >> 2)
+                         : kRowFromTid ? 0  // row0(), where used
+                                       : m_start + cw * 64 + fj_here(wtid >> 2) + (wtid >> 5) * 8;
       const int dl_row0 = m_start + cw * 64 + warp * 16;  // this warp's first query row
       float scale = 0.0f, v_scale = 0.0f;                 // kTileScale
 #if defined(FJ_FWD_FP8)

@@ -270,9 +270,8 @@ TEST_CASE("sm90a_wgmma compiles its e4m3 configs for sm_90a without spills", "[s
       {"relative_bias_causal", 128, 128, 1, {{"block_m", 192}}},
       {"causal", 96, 64, 2, {{"num_stages", 3}}},
       // Persistent CTAs (the 192-row default), each tile's descales.
-      // Not here: document_causal without `divisible` (4 B, as bf16's
-      // 12 B; docs/kernels/forward_sm90.md "FP8").
       {"noop", 128, 128, 1, {{"block_m", 192}, {"persistent", 1}}},
+      {"document_causal", 128, 128, 1, {{"block_m", 192}, {"persistent", 1}}},
       {"causal", 128, 128, 4, {{"block_m", 192}, {"persistent", 1}}},
       {"softcap_causal", 128, 128, 1, {{"block_m", 192}, {"persistent", 1}}},
       {"relative_bias_causal", 128, 128, 1, {{"block_m", 192}, {"persistent", 1}}},

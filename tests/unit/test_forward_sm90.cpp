@@ -472,12 +472,22 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
   jobs.push_back({"noop", DType::BF16, 48, 48, {{"block_m", 192}}});
   jobs.push_back({"causal", DType::BF16, 96, 96, {{"persistent", 1}}});
   // Three consumers at d 128 (the serial loop, 2 stages): the defaults of the main shape's mods
-  // and of d 96. Not here: document_causal (16 B) and softcap (4 B) without `divisible`
-  // (docs/kernels/forward_sm90.md "Three consumer warpgroups at d 128").
+  // and of d 96, one CTA per tile and (the default) persistent. Not here: document_causal with one
+  // CTA per tile (8 B; docs/kernels/forward_sm90.md "Three consumer warpgroups at d 128").
   for (const char* m : {"noop", "causal", "alibi_causal", "softcap_causal", "relative_bias_causal",
                         "sliding_window", "prefix_lm", "document", "alibi", "t5_bucketed_bias",
                         "sinks_sliding_window"})
     jobs.push_back({m, DType::BF16, 128, 128, {{"block_m", 192}}});
+  // Persistent 192-row tiles, with and without `divisible`: document_causal spilled 12 B until
+  // its row came from the thread index where used (FjSm90Consumer::row0). Not here: softcap with
+  // `divisible` (8 B: the lane index and the tile count across the loop).
+  const Params persistent192 = {{"block_m", 192}, {"num_stages", 2}, {"persistent", 1}};
+  for (const char* m : {"document_causal", "document", "softcap"}) {
+    for (bool divisible : {false, true}) {
+      if (std::string(m) == "softcap" && divisible) continue;
+      jobs.push_back({m, DType::BF16, 128, 128, persistent192, divisible});
+    }
+  }
   jobs.push_back({"causal", DType::F16, 96, 96, {{"block_m", 192}}});
 
   jit::CacheSettings settings;
