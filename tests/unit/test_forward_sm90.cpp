@@ -434,8 +434,8 @@ TEST_CASE("sm90a_wgmma compiles for every standard mod and head dim without spil
   for (const char* m : {"document_causal", "document"})
     jobs.push_back({m, DType::BF16, 64, 64, {{"block_m", 192}, {"block_n", 64}}});
   jobs.push_back({"document", DType::BF16, 64, 64, {{"block_m", 128}}});
-  // The D=64 benchmark shape's document masks (divisible lengths, persistent 192-row tiles): 12 B
-  // until the thread's row came from its warp and lane there (forward_sm90.cuh, q_row0).
+  // Document masks at d 64 with lengths that divide 192-row tiles (S = 3072, ...; persistent):
+  // 12 B until the thread's row came from its warp and lane there (forward_sm90.cuh, q_row0).
   for (const char* m : {"document_causal", "document"})
     jobs.push_back({m, DType::BF16, 64, 64, {{"block_m", 192}}, true});
   jobs.push_back({"causal", DType::F16, 64, 64, {{"block_m", 192}, {"num_stages", 2}}});
