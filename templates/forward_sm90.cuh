@@ -1826,11 +1826,12 @@ struct FjSm90Consumer {
       // The thread's first row. With a column load (document masks) its lane part is taken
       // here (warp * 16 + lane / 4 = wtid / 4 + warp * 8): computed once at the kernel's start,
       // it was spilled and reloaded once per query tile (document_causal at 192 rows, 4 B at
-      // d 64). With persistent CTAs (kRowFromTid) all of it from the thread index where the row
-      // is used (row0): read here at the tile's start, it still spilled at d 128 (12 B, and
-      // 12 B at d 64 with `divisible`, whose persistent kernels keep the form here); one CTA
-      // per tile took 8 -> 32 B in the thread-index form (docs/kernels/forward_sm90.md "The
-      // mask_mod's column load"). The other kernels keep the form they were measured with.
+      // d 64). With persistent CTAs (kRowFromTid) all of it comes from the thread index where
+      // the row is used (row0): taken from it here, at the tile's start, the row still spilled
+      // at d 128 (12 B). At d <= 64 with `divisible` the thread-index form spilled 12 B and this
+      // one none, so those persistent kernels keep this one; one CTA per tile took 8 -> 32 B in
+      // the thread-index form (docs/kernels/forward_sm90.md "The mask_mod's column load"). The
+      // other kernels keep the form they were measured with.
       const int q_row0 = !kFjColLoad   ? m_start + cw * 64 + warp * 16 + (lane >> 2)
                          : kRowFromTid ? 0  // row0(), where used
                                        : m_start + cw * 64 + fj_here(wtid >> 2) + (wtid >> 5) * 8;
