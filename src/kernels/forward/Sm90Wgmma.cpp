@@ -533,7 +533,7 @@ Params ForwardSm90Wgmma::default_config(const KernelDesc& p) const {
 std::vector<Params> ForwardSm90Wgmma::config_space(const KernelDesc& p) const {
   std::vector<Params> grid;
   if (is_fp8(p)) {
-    for (int bm : {128, 192})
+    for (int bm : kBlockMs)
       for (int s : kStages)
         for (int pe : kPersistent)
           grid.push_back(make_config(bm, 128, s, 1, pe));
