@@ -565,7 +565,13 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const FjBwdRing<kS, T::kConsumers> ring(base + L::kOffBar);
   const fj_u32 bar_kv = ring.once, bar_full = ring.full, bar_empty = ring.empty;
 
-  const int n_block = blockIdx.x, h_kv = blockIdx.y, b = blockIdx.z;
+  // Under a block mask the host launches the kv heads inner (x) and the KV tiles next (y), so
+  // that a batch's KV tile 0 of every head starts first (under a causal mask the heaviest: every
+  // q tile from its own on), the lightest last (docs/kernels/backward_sm90.md "Block order").
+  // Both forms are blockIdx reads, which ptxas re-reads where used instead of keeping them.
+  const bool heads_inner = args.mask_t.kv_num_blocks != nullptr;
+  const int n_block = heads_inner ? blockIdx.y : blockIdx.x;
+  const int h_kv = heads_inner ? blockIdx.x : blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, wg = tid / 128;
   const int n_start = n_block * kBN;
 

@@ -362,14 +362,22 @@ std::vector<Launch> BackwardSm90Wgmma<F>::launches(const KernelDesc& desc, const
   Launch l;
   l.block = {384, 1, 1};
   l.smem_bytes = smem_bytes(desc);
-  l.args.add(make_bwd_args(in, workspace, desc.flags.at("full_blocks") != 0));
+  const FjBwdArgs bwd_args = make_bwd_args(in, workspace, desc.flags.at("full_blocks") != 0);
+  l.args.add(bwd_args);
   l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
   if constexpr (is_dkdv(F)) {
     FJ_ASSERT(in.bufgrad_slice_elems <= bufgrad_smem_floats(desc) || bufgrad_smem_floats(desc) == 0,
               "the dK/dV kernel's private buffer-gradient copy is smaller than the bound buffers");
     l.entry_point = "flexjit_bwd_dkdv";
-    l.grid = {static_cast<unsigned>((s.seqlen_kv + bn - 1) / bn), static_cast<unsigned>(s.heads_kv),
-              static_cast<unsigned>(s.batch)};
+    // Under a block mask, the kv heads inner (x) and the KV tiles next (y): a batch's tile 0 of
+    // every head first, the heaviest under a causal mask (flexjit_bwd_dkdv,
+    // templates/backward_sm90.cuh, reads the same order from the same pointer;
+    // docs/kernels/backward_sm90.md "Block order").
+    const unsigned tiles = static_cast<unsigned>((s.seqlen_kv + bn - 1) / bn);
+    const unsigned heads = static_cast<unsigned>(s.heads_kv);
+    l.grid = bwd_args.mask_t.kv_num_blocks != nullptr
+                 ? runtime::Dim3{heads, tiles, static_cast<unsigned>(s.batch)}
+                 : runtime::Dim3{tiles, heads, static_cast<unsigned>(s.batch)};
     l.args.add_bytes(in.grad_params.data(), in.grad_params.size() * sizeof(uint64_t));
   } else {
     l.entry_point = "flexjit_bwd_dq";
