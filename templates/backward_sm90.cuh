@@ -569,7 +569,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   // that a batch's KV tile 0 of every head starts first (under a causal mask the heaviest: every
   // q tile from its own on), the lightest last (docs/kernels/backward_sm90.md "Block order").
   // Both forms are blockIdx reads, which ptxas re-reads where used instead of keeping them.
-  const bool heads_inner = args.mask_t.kv_num_blocks != nullptr;
+  const bool heads_inner = args.dkdv_heads_inner != 0;
   const int n_block = heads_inner ? blockIdx.y : blockIdx.x;
   const int h_kv = heads_inner ? blockIdx.x : blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, wg = tid / 128;

@@ -303,6 +303,10 @@ struct FjBwdArgs {
   fj_i64 dlse_stride_b, dlse_stride_h;
   int batch, heads_q, heads_kv, seqlen_q, seqlen_kv, seqlen_q_pad;
   float scale;
+  // The sm_90a dK/dV kernel's grid: 0 (KV tiles, kv heads, batch); 1 (kv heads, KV tiles, batch),
+  // which the host launches under a block mask while the KV tiles fit gridDim.y
+  // (docs/kernels/backward_sm90.md "Block order"). Other kernels ignore it.
+  int dkdv_heads_inner;
   struct FjBlockMaskArgs mask;    // kv_* arrays (dQ: rows are q blocks)
   struct FjBlockMaskArgs mask_t;  // the transposed q_* arrays in the kv_* fields (dK/dV: rows
                                   // are kv blocks, q_block_size = the kv block size)

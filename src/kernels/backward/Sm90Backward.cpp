@@ -362,22 +362,25 @@ std::vector<Launch> BackwardSm90Wgmma<F>::launches(const KernelDesc& desc, const
   Launch l;
   l.block = {384, 1, 1};
   l.smem_bytes = smem_bytes(desc);
-  const FjBwdArgs bwd_args = make_bwd_args(in, workspace, desc.flags.at("full_blocks") != 0);
+  FjBwdArgs bwd_args = make_bwd_args(in, workspace, desc.flags.at("full_blocks") != 0);
+  // dK/dV under a block mask: the kv heads inner (x) and the KV tiles next (y), so that a batch's
+  // tile 0 of every head starts first, the heaviest under a causal mask; the kernel reads the
+  // order from FjBwdArgs::dkdv_heads_inner (docs/kernels/backward_sm90.md "Block order"). Past
+  // gridDim.y's 65535 KV tiles, the grid order.
+  const int64_t tiles = (s.seqlen_kv + bn - 1) / bn;
+  constexpr int64_t kMaxGridY = 65535;
+  bwd_args.dkdv_heads_inner =
+      is_dkdv(F) && bwd_args.mask_t.kv_num_blocks != nullptr && tiles <= kMaxGridY ? 1 : 0;
   l.args.add(bwd_args);
   l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
   if constexpr (is_dkdv(F)) {
     FJ_ASSERT(in.bufgrad_slice_elems <= bufgrad_smem_floats(desc) || bufgrad_smem_floats(desc) == 0,
               "the dK/dV kernel's private buffer-gradient copy is smaller than the bound buffers");
     l.entry_point = "flexjit_bwd_dkdv";
-    // Under a block mask, the kv heads inner (x) and the KV tiles next (y): a batch's tile 0 of
-    // every head first, the heaviest under a causal mask (flexjit_bwd_dkdv,
-    // templates/backward_sm90.cuh, reads the same order from the same pointer;
-    // docs/kernels/backward_sm90.md "Block order").
-    const unsigned tiles = static_cast<unsigned>((s.seqlen_kv + bn - 1) / bn);
-    const unsigned heads = static_cast<unsigned>(s.heads_kv);
-    l.grid = bwd_args.mask_t.kv_num_blocks != nullptr
-                 ? runtime::Dim3{heads, tiles, static_cast<unsigned>(s.batch)}
-                 : runtime::Dim3{tiles, heads, static_cast<unsigned>(s.batch)};
+    const unsigned n = static_cast<unsigned>(tiles), heads = static_cast<unsigned>(s.heads_kv);
+    l.grid = bwd_args.dkdv_heads_inner != 0
+                 ? runtime::Dim3{heads, n, static_cast<unsigned>(s.batch)}
+                 : runtime::Dim3{n, heads, static_cast<unsigned>(s.batch)};
     l.args.add_bytes(in.grad_params.data(), in.grad_params.size() * sizeof(uint64_t));
   } else {
     l.entry_point = "flexjit_bwd_dq";
