@@ -121,8 +121,11 @@ struct alignas(64) FjTmaDesc {
 // most the pairs of query tiles (batch * heads_q * ceil(ceil(seqlen_q / BLOCK_M) / 2); the SM
 // count); block (BLOCK_M / 64 + 1) * 128 threads (one producer warpgroup, one consumer
 // warpgroup per 64 query rows), dynamic shared memory fj_forward_sm90_smem_bytes(...).
+// `o`: out as {D, S, H, B} in boxes of 64 columns x 64 rows (one consumer warpgroup's rows) with
+// the 128-byte swizzle, written by TMA stores from the O tile staged in shared memory (rows past
+// S and columns past D are not written); not read by the e4m3 kernels (q, k, v in e4m3).
 struct FjFwdTmaMaps {
-  struct FjTmaDesc q, k, v;
+  struct FjTmaDesc q, k, v, o;
 };
 
 // Dynamic shared memory of the sm_90a forward kernel: 1024 bytes of slack to align the tiles

@@ -1285,9 +1285,25 @@ struct FjSm90Consumer {
   static constexpr bool kRowFromTid =
       kFjColLoad && T::kPersistent && (T::kDimV > 64 || !Cfg::kIsDivisible);
 
+  // O out by TMA stores from the staged tile (FjFwdTmaMaps::o; the 16-bit kernels): issued by
+  // one thread per warpgroup, so the consumers go on to the next query tile while the copy
+  // engine writes; the Q buffer it reads goes back to the producer at the next tile's start
+  // (docs/kernels/forward_sm90.md "O through TMA stores"). Not at d <= 64 with a column load
+  // and `divisible` (the kernel that keeps the warp-and-lane row, kRowFromTid): there either
+  // release spilled 4 B (document_causal), so it keeps the 16-byte stores.
+  static constexpr bool kTmaStore =
+      !T::kFp8 && !(kFjColLoad && T::kDimV <= 64 && Cfg::kIsDivisible);
+  // With two Q buffers the release waits for the stores' reads at the next tile's start, so that
+  // the issuing thread does not stall its warpgroup's next S; at d 64 with a column load that
+  // spilled 4 B (document_causal, persistent 192-row tiles: 2.5 % slower than the release right
+  // after the stores), which those kernels keep.
+  static constexpr bool kDeferRelease =
+      kTmaStore && T::kQBufs == 2 && !(kFjColLoad && T::kDimV <= 64);
+
   const FjFwdArgs& args;
   const FjModParams& mods;
-  const FjFp8Args& fp8;  // kTileScale
+  const FjFp8Args& fp8;      // kTileScale
+  const FjFwdTmaMaps& maps;  // o (kTmaStore)
   FjSm90Smem<T> sm;
   FjSm90KvCache<T, Cfg> cache;  // kFjKvCache
   // This consumer warpgroup; known to be warp-uniform where it picks the union schedule's run
@@ -1312,13 +1328,15 @@ struct FjSm90Consumer {
 
   // After the warpgroup's setmaxnreg.inc.
   FJ_DEVICE FjSm90Consumer(const FjFwdArgs& a, const FjModParams& m, const FjFp8Args& f,
-                           const FjSm90Smem<T>& sm_, const FjKvCacheArgs& kv, int tid, int wg,
-                           float (&o_)[1][T::kDTiles][4], float (&row_max_)[1][2],
-                           float (&row_sum_)[1][2], fj_u32 (&pa_)[T::kPSteps][4],
-                           float (&s_)[1][T::kNTiles][4], FjDiagLoads<T::kNTiles>& dl_)
+                           const FjFwdTmaMaps& maps_, const FjSm90Smem<T>& sm_,
+                           const FjKvCacheArgs& kv, int tid, int wg, float (&o_)[1][T::kDTiles][4],
+                           float (&row_max_)[1][2], float (&row_sum_)[1][2],
+                           fj_u32 (&pa_)[T::kPSteps][4], float (&s_)[1][T::kNTiles][4],
+                           FjDiagLoads<T::kNTiles>& dl_)
       : args(a),
         mods(m),
         fp8(f),
+        maps(maps_),
         sm(sm_),
         cache{kv},
         cw(kUnion ? fj_warp_uniform(wg - 1) : wg - 1),
@@ -1782,7 +1800,29 @@ struct FjSm90Consumer {
         }
       }
     }
-    if constexpr (kStaged) {
+    if constexpr (kStaged && kTmaStore) {
+      // This thread's O writes before the copy engine reads them (async proxy), then one
+      // thread's stores of the warpgroup's 64 rows, a box per 64 columns of the real head dim;
+      // rows past seqlen_q are not written. The buffer's release waits for their reads (run(),
+      // at the next tile's start).
+      fj_fence_proxy_async();
+      fj_bar_sync(1 + ecw, 128);
+      if (etid == 0) {
+#pragma unroll
+        for (int c = 0; c < T::kDimV / 64; ++c) {
+          if (c * 64 < T::kRealV) {
+            fj_tma_store_4d(&maps.o, t.sq_item + (c * T::kBlockM + ecw * 64) * 128, c * 64, wg_row0,
+                            t.h, t.b);
+          }
+        }
+        fj_bulk_commit();
+        if constexpr (T::kQBufs == 2 && !kDeferRelease) {
+          // The buffer back to the producer once the stores have read it (kDeferRelease).
+          fj_bulk_wait_read<0>();
+          fj_mbar_arrive_count(sm.bar_qe + 8 * t.u, 4);
+        }
+      }
+    } else if constexpr (kStaged) {
       fj_bar_sync(1 + ecw, 128);
       char* out_tile =
           static_cast<char*>(args.out) +
@@ -1807,6 +1847,16 @@ struct FjSm90Consumer {
     int slot_runs[3] = {0, 0, 0};  // kUnion and kPersistent: the tile's runs from its slot
     int b, h, m_block;
     for (int q_item = 0;; ++q_item) {
+      if constexpr (kDeferRelease) {
+        // The previous tile's O stores (epilogue) have read its Q buffer once this thread's bulk
+        // group is read: the buffer goes back to the producer, one arrival per warp of the
+        // warpgroup (the Q-empty barrier's count). Before the tile slot's wait: the producer's
+        // next Q into it (or its end of tiles) waits for this.
+        if (q_item > 0 && wtid == 0) {
+          fj_bulk_wait_read<0>();
+          fj_mbar_arrive_count(sm.bar_qe + 8 * sm.q_buf(q_item - 1), 4);
+        }
+      }
       const int u = sm.q_buf(q_item);
       if constexpr (T::kPersistent) {
         // The producer's tile for this Q buffer (stored with its Q, on the same barrier).
@@ -1873,6 +1923,8 @@ struct FjSm90Consumer {
       epilogue(t);
     }
     turns.finish();  // the last warpgroup's last hand-over
+    // The last tile's O stores complete before the CTA (and its shared memory) is gone.
+    if (kTmaStore && wtid == 0) fj_bulk_wait_all();
   }
 };
 
@@ -1951,7 +2003,8 @@ extern "C" __global__ void __launch_bounds__((FjConfig::kBlockM / 64 + 1) * 128,
   fj_u32 pa[T::kPSteps][4];
   float s[1][T::kNTiles][4];
   FjDiagLoads<T::kNTiles> dl;
-  FjSm90Consumer<T, Cfg>(args, mods, fp8, sm, kv_cache, tid, wg, o, row_max, row_sum, pa, s, dl)
+  FjSm90Consumer<T, Cfg>(args, mods, fp8, maps, sm, kv_cache, tid, wg, o, row_max, row_sum, pa, s,
+                         dl)
       .run();
 }
 

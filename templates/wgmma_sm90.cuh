@@ -93,6 +93,30 @@ FJ_DEVICE void fj_tma_load_4d(fj_u32 dst, const FjTmaDesc* map, int c0, int c1, 
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
 }
+// A TMA store of the box at (c0, c1, c2, c3) of `map` from shared memory at `src` (laid out as
+// the map's loads write it), in this thread's bulk async-group; parts of the box past the
+// tensor's extents are not written.
+FJ_DEVICE void fj_tma_store_4d(const FjTmaDesc* map, fj_u32 src, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          map),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+// Closes this thread's bulk async-group of the stores issued since the last commit.
+FJ_DEVICE void fj_bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until at most kPending of this thread's bulk groups have not finished reading their
+// shared-memory sources (which may then be overwritten).
+template <int kPending>
+FJ_DEVICE void fj_bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// Waits until this thread's bulk groups have completed (their writes done).
+FJ_DEVICE void fj_bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
 FJ_DEVICE void fj_tma_prefetch_desc(const FjTmaDesc* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }

@@ -751,8 +751,12 @@ std::vector<Launch> ForwardSm90Wgmma::launches(const KernelDesc& desc, const For
           kv_page_size(desc) == (in.page_table != nullptr ? in.page_size : 0),
       "forward/sm90a_wgmma launched with KV cache inputs that its description does not match");
   FjKvCacheArgs cache{};
-  FjFwdTmaMaps maps;
+  FjFwdTmaMaps maps{};
   maps.q = runtime::encode_bhsd_tma(in.q, bm, "q");
+  // O out by TMA stores (the 16-bit kernels' epilogue): the variant runs only where out is
+  // 16-byte aligned with strides of 16-byte multiples (InputFacts::aligned16), which is what a
+  // tensor map asks.
+  if (!is_fp8(desc)) maps.o = runtime::encode_bhsd_tma(in.out, 64, "out");
   std::vector<Launch> out;
   std::optional<FjFp8Args> fp8_args;
   if (is_fp8(desc)) {
