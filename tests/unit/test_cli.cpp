@@ -136,6 +136,8 @@ TEST_CASE("bad input exits with 1 and says what and where", "[cli][errors]") {
       {"bench --shape 8,16,16,2048,192/128,1", "Dv must be a positive integer"},
       {"bench --shape 8,16,16,2048,64 --only-extra", "--shape replaces the standard cases"},
       {"bench --shape 8,16,16,2048,64 --fp8", "--shape replaces the standard cases"},
+      // --case: a name no case or group has, with the cases and groups it could name.
+      {"bench --case nonsense", "groups: main, gqa, d64, long, decode (with --extra or --decode)"},
       // --mods without --shape: one case at the main shape, so the standard groups conflict.
       {"bench --mods causal --extra", "--mods / --score-mod / --mask-mod replaces the standard"},
   };

@@ -557,6 +557,13 @@ void run_attention_bench(const AttentionBenchOptions& o) {
     next = std::min(o.cases.find(',', pos), o.cases.size());
     if (next > pos) names.insert(o.cases.substr(pos, next - pos));
   }
+  // A group of the extra shapes named by --case (gqa, d64, long, or one of their cases as
+  // "d64:causal") selects those shapes without --extra.
+  CaseSelection selection = o.selection;
+  for (const std::string& n : names) {
+    const std::string group = n.substr(0, n.find(':'));
+    if (group == "gqa" || group == "d64" || group == "long") selection.extra = true;
+  }
   std::vector<BenchCase> cases;
   if (o.custom_case) {
     const Mods& m = *o.custom_case;
@@ -570,7 +577,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
     c.dtype = o.custom_dtype;
     cases.push_back(c);
   } else {
-    for (const BenchCase& c : standard_cases(o.selection)) {
+    for (const BenchCase& c : standard_cases(selection)) {
       if (selected(c, names)) cases.push_back(c);
     }
   }
@@ -581,7 +588,7 @@ void run_attention_bench(const AttentionBenchOptions& o) {
     }
     throw Error(
         fmt::format("--case '{}' selects no case; cases: {}; groups: main, gqa, d64, "
-                    "long, decode (with --extra), small (with --small)",
+                    "long, decode (with --extra or --decode), small (with --small)",
                     o.cases, fmt::join(all, ", ")));
   }
 
@@ -1116,7 +1123,8 @@ void register_bench(CLI::App& app) {
                   "shape)");
   cmd->add_option("--case", a.cases,
                   "Comma-separated case names (causal, alibi+causal, ...) or groups (main, gqa, "
-                  "d64, long, decode, decode_e4m3, prefill, prefill_e4m3, small)");
+                  "d64, long, decode, decode_e4m3, prefill, prefill_e4m3, small); gqa, d64 and "
+                  "long need no --extra");
   cmd->add_option("--csv", a.csv, "Also write the rows as CSV (the anchors' columns) to FILE");
   cmd->add_flag("--json", a.json, "Print JSON instead of the table");
   cmd->add_flag("--no-flush", a.no_flush, "Do not flush the L2 between repeats");
