@@ -1,5 +1,7 @@
 #include "binding/AttentionCall.h"
 
+#include "device/ModuleCache.h"
+
 #include <flexjit/block_mask.h>
 #include <flexjit/error.h>
 
@@ -61,14 +63,13 @@ void check_on_device(const TensorRef& q, int device_index) {
 }
 
 void check_launch_limits(const QkvShape& s) {
-  constexpr int64_t kMaxGridYZ = 65535;  // gridDim.y / gridDim.z (heads, batch)
   if (s.seqlen_q > INT_MAX || s.seqlen_kv > INT_MAX) {
     throw RuntimeError(fmt::format("sequence lengths must be below 2^31 (Sq={}, Skv={})",
                                    s.seqlen_q, s.seqlen_kv));
   }
-  if (s.heads_q > kMaxGridYZ || s.batch > kMaxGridYZ) {
+  if (s.heads_q > kMaxGridDimYZ || s.batch > kMaxGridDimYZ) {
     throw RuntimeError(fmt::format("at most {} heads and {} batches per call (Hq={}, B={})",
-                                   kMaxGridYZ, kMaxGridYZ, s.heads_q, s.batch));
+                                   kMaxGridDimYZ, kMaxGridDimYZ, s.heads_q, s.batch));
   }
 }
 

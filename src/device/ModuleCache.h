@@ -35,6 +35,9 @@ struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
 
+// The largest gridDim.y and gridDim.z a launch takes (gridDim.x takes 2^31 - 1).
+constexpr int64_t kMaxGridDimYZ = 65535;
+
 // Loaded modules keyed by (context, cache key). The cache key is the caller's identity for the
 // cubin (the JIT cache key: a hash of the spliced source, options and arch), so a cubin is
 // loaded once per context however many times it is asked for. Thread-safe.

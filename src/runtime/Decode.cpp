@@ -10,6 +10,7 @@
 #include "binding/KvCache.h"
 #include "binding/ModArgs.h"
 #include "device/CudaDriver.h"
+#include "device/ModuleCache.h"
 #include "kernels/MathMode.h"
 #include "kernels/decode/DecodeCombine.h"
 #include "kernels/decode/DecodeSplit.h"
@@ -27,8 +28,6 @@
 namespace flexjit::runtime {
 
 namespace {
-
-constexpr int64_t kMaxGridYZ = 65535;
 
 kernels::KernelDesc split_problem(const cuda::Arch& arch, const kernels::DecodeInputs& in,
                                   MathMode math) {
@@ -87,10 +86,10 @@ std::optional<std::string> decode_unsupported(const cuda::Arch& arch,
   const int64_t gqa = in.heads_q / in.heads_kv;
   const int rows = kernels::decode_rows(gqa, in.seqlen_q);
   const int64_t grid_y = in.heads_kv * kernels::decode_row_groups(gqa, in.seqlen_q, rows);
-  if (grid_y > kMaxGridYZ || in.batch > kMaxGridYZ) {
+  if (grid_y > kMaxGridDimYZ || in.batch > kMaxGridDimYZ) {
     return fmt::format(
         "the decode grid needs Hkv x row groups = {} and B = {} CTAs along y and z; at most {}",
-        grid_y, in.batch, kMaxGridYZ);
+        grid_y, in.batch, kMaxGridDimYZ);
   }
   if (in.block_mask != nullptr && in.block_mask->meta().heads > 1 && gqa > 1) {
     return fmt::format(

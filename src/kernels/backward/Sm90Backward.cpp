@@ -4,6 +4,7 @@
 
 #include "codegen/cuda/ModCodegen.h"
 #include "codegen/cuda/Wgmma.h"
+#include "device/ModuleCache.h"
 #include "device/TensorMap.h"
 #include "kernels/BufferChecks.h"
 #include "kernels/HeadDims.h"
@@ -366,11 +367,11 @@ std::vector<Launch> BackwardSm90Wgmma<F>::launches(const KernelDesc& desc, const
   // dK/dV under a block mask: the kv heads inner (x) and the KV tiles next (y), so that a batch's
   // tile 0 of every head starts first, the heaviest under a causal mask; the kernel reads the
   // order from FjBwdArgs::dkdv_heads_inner (docs/kernels/backward_sm90.md "Block order"). Past
-  // gridDim.y's 65535 KV tiles, the grid order.
+  // gridDim.y's limit (runtime::kMaxGridDimYZ: 65535 KV tiles, 8.4 M keys), the grid order.
   const int64_t tiles = (s.seqlen_kv + bn - 1) / bn;
-  constexpr int64_t kMaxGridY = 65535;
   bwd_args.dkdv_heads_inner =
-      is_dkdv(F) && bwd_args.mask_t.kv_num_blocks != nullptr && tiles <= kMaxGridY ? 1 : 0;
+      is_dkdv(F) && bwd_args.mask_t.kv_num_blocks != nullptr && tiles <= runtime::kMaxGridDimYZ ? 1
+                                                                                                : 0;
   l.args.add(bwd_args);
   l.args.add_bytes(in.mod_params.data(), in.mod_params.size() * sizeof(uint64_t));
   if constexpr (is_dkdv(F)) {
