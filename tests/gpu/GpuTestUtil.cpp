@@ -7,6 +7,7 @@
 #include "kernels/Registry.h"
 
 #include <fmt/format.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -192,6 +193,13 @@ std::vector<std::string> forward_families(Context& ctx) {
 
 std::vector<std::string> backward_families(Context& ctx) {
   return families_of(ctx, kBackwardSm90);
+}
+
+bool sm90a_wgmma_selectable(Context& ctx) {
+  const std::vector<std::string> families = forward_families(ctx);
+  if (std::find(families.begin(), families.end(), "sm90a_wgmma") != families.end()) return true;
+  WARN("skipped: the sm90a_wgmma variants are not selectable here (" << ctx.arch() << ")");
+  return false;
 }
 
 FamilyScope::FamilyScope(const std::string& family, const std::vector<std::string>& sm90_variants)

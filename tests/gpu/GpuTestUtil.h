@@ -87,6 +87,9 @@ double tolerance(DType dtype);
 // (either enabled runs the "sm90a_wgmma" family, whose scope enables both).
 std::vector<std::string> forward_families(Context& ctx);
 std::vector<std::string> backward_families(Context& ctx);
+// Whether the sm90a_wgmma family is among forward_families(ctx), where the tests of the sm_90a
+// kernels' own configs run; otherwise a warning says they are skipped and names the arch.
+bool sm90a_wgmma_selectable(Context& ctx);
 
 // Steers automatic selection for one family of a test (see above) and restores it.
 class FamilyScope {

@@ -15,6 +15,7 @@
 #include <flexjit/dsl.h>
 
 #include "gpu/BackwardCheck.h"
+#include "gpu/ForwardCheck.h"
 #include "gpu/GpuTestUtil.h"
 #include "support/CpuReference.h"
 
@@ -66,13 +67,6 @@ std::vector<int32_t> document_ids(int n, std::mt19937_64& rng) {
       ids[pos++] = doc;
   }
   return ids;
-}
-
-bool sm90_selectable(Context& ctx) {
-  const std::vector<std::string> families = forward_families(ctx);
-  if (std::find(families.begin(), families.end(), "sm90a_wgmma") != families.end()) return true;
-  WARN("skipped: the sm90a_wgmma variants are not selectable here (" << ctx.arch() << ")");
-  return false;
 }
 
 struct Inputs {
@@ -140,7 +134,7 @@ AttentionOptions options_of(const DocCase& kc, Inputs& in) {
 TEST_CASE("document masks on sm_90a: the forward matches the fp64 reference",
           "[gpu][forward][document]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
-  if (!sm90_selectable(*ctx)) return;
+  if (!sm90a_wgmma_selectable(*ctx)) return;
   ForwardFamilyScope family_scope("sm90a_wgmma");
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
@@ -159,15 +153,7 @@ TEST_CASE("document masks on sm_90a: the forward matches the fp64 reference",
       const float scale = static_cast<float>(1.0 / std::sqrt(128.0));
       const ReferenceResult ref = cpu_reference_attention(cases[i].mods, s, in.q.values,
                                                           in.k.values, in.v.values, scale, in.env);
-      const ErrorStats err = compare(download(r.out), ref.out);
-      const LseStats lse = compare_lse(download(r.lse), ref.lse);
-      INFO("out " << err.str() << "; lse max rel err " << lse.max_err);
-      CHECK(err.nonfinite == 0);
-      CHECK(err.rel <= tolerance(DType::BF16));
-      CHECK(lse.mismatched_inf == 0);
-      CHECK(lse.max_err <= 1e-2);
-      std::printf("  forward %s: out %s; lse max rel err %.3e\n", label.c_str(), err.str().c_str(),
-                  lse.max_err);
+      check_forward_f64(download(r.out), download(r.lse), ref, label);
     }
   }
 }
@@ -175,7 +161,7 @@ TEST_CASE("document masks on sm_90a: the forward matches the fp64 reference",
 TEST_CASE("document masks on sm_90a: the backward matches the fp64 reference",
           "[gpu][backward][document]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
-  if (!sm90_selectable(*ctx)) return;
+  if (!sm90a_wgmma_selectable(*ctx)) return;
   BackwardFamilyScope family_scope("sm90a_wgmma");
   ForwardFamilyScope forward_scope("sm90a_wgmma");
   const uint64_t seed = fresh_seed();

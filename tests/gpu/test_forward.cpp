@@ -218,15 +218,6 @@ const T& pick(std::mt19937_64& rng, const std::vector<T>& v) {
   return v[rng() % v.size()];
 }
 
-// Whether forward/sm90a_wgmma runs here (a warning says so when it does not): the tests of its
-// own configs return early otherwise.
-bool sm90a_wgmma_selectable(Context& ctx) {
-  const std::vector<std::string> families = test::forward_families(ctx);
-  if (std::find(families.begin(), families.end(), "sm90a_wgmma") != families.end()) return true;
-  WARN("skipped: forward/sm90a_wgmma is not selectable here");
-  return false;
-}
-
 }  // namespace
 
 TEST_CASE("forward: every standard mod matches the reference", "[gpu][forward]") {

@@ -119,13 +119,6 @@ std::string label_of(const Fp8Case& c) {
          (c.persistent >= 0 ? fmt::format(" persistent {}", c.persistent) : "");
 }
 
-bool sm90_selectable(Context& ctx) {
-  const std::vector<std::string> families = forward_families(ctx);
-  if (std::find(families.begin(), families.end(), "sm90a_wgmma") != families.end()) return true;
-  WARN("skipped: forward/sm90a_wgmma is not selectable here (" << ctx.arch() << ")");
-  return false;
-}
-
 }  // namespace
 
 // One case against the fp64 reference on the dequantized inputs (the error rules of
@@ -230,7 +223,7 @@ void check_fp8_case(Context* ctx, const Fp8Case& c, std::mt19937_64& rng, uint64
 TEST_CASE("e4m3 forward on sm_90a matches the fp64 reference on the dequantized inputs",
           "[gpu][fp8]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
-  if (!sm90_selectable(*ctx)) return;
+  if (!sm90a_wgmma_selectable(*ctx)) return;
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   for (const Fp8Case& c : kCases)
@@ -241,7 +234,7 @@ TEST_CASE("e4m3 forward on sm_90a matches the fp64 reference on the dequantized 
 // compute-sanitizer: 192 and 128 rows, a masked mod through the union schedule, GQA.
 TEST_CASE("e4m3 forward on sm_90a at small shapes", "[gpu][fp8][small]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
-  if (!sm90_selectable(*ctx)) return;
+  if (!sm90a_wgmma_selectable(*ctx)) return;
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
   for (int persistent : {0, 1}) {
@@ -272,7 +265,7 @@ TEST_CASE("e4m3 inputs: the calls that cannot run them say so", "[gpu][fp8]") {
   CHECK_THROWS_WITH(flex_attention_into(*ctx, dq.ref(), dq.ref(), dq.ref(), out, nullptr, o),
                     Catch::Contains("descale.k") && Catch::Contains("f32[2] (Hkv = 2"));
   // On an sm_80-class device (no sm_90a) the error names the variant that takes e4m3.
-  if (!sm90_selectable(*ctx)) {
+  if (!sm90a_wgmma_selectable(*ctx)) {
     o.descale = {};
     CHECK_THROWS_WITH(flex_attention_into(*ctx, dq.ref(), dq.ref(), dq.ref(), out, nullptr, o),
                       Catch::Contains("e4m3"));

@@ -13,6 +13,7 @@
 
 #include "cpu/BackwardKernel.h"
 #include "gpu/BackwardCheck.h"
+#include "gpu/ForwardCheck.h"
 #include "gpu/GpuTestUtil.h"
 #include "gpu/StandardBindings.h"
 #include "runtime/BackwardPlan.h"
@@ -67,14 +68,6 @@ std::string shape_str(const AttentionShape& s) {
                      s.seqlen_q, s.seqlen_kv, s.head_dim_qk, s.head_dim_v);
 }
 
-// Whether the sm_90a variants run on this device (a warning says why not).
-bool sm90_selectable(Context& ctx) {
-  const std::vector<std::string> families = forward_families(ctx);
-  if (std::find(families.begin(), families.end(), "sm90a_wgmma") != families.end()) return true;
-  WARN("skipped: the sm90a_wgmma variants are not selectable here (" << ctx.arch() << ")");
-  return false;
-}
-
 struct Inputs {
   HostTensor q, k, v;
   DeviceTensor dq, dk, dv;
@@ -112,7 +105,7 @@ TEST_CASE(
     "reference",
     "[gpu][head_dims]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
-  if (!sm90_selectable(*ctx)) return;
+  if (!sm90a_wgmma_selectable(*ctx)) return;
   ForwardFamilyScope family_scope("sm90a_wgmma");
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
@@ -142,15 +135,7 @@ TEST_CASE(
       const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim_qk)));
       const ReferenceResult ref =
           cpu_reference_attention(mods, s, in.q.values, in.k.values, in.v.values, scale, in.env);
-      const ErrorStats err = compare(download(out), ref.out);
-      const LseStats lse_stats = compare_lse(download(lse), ref.lse);
-      INFO("out " << err.str() << "; lse max rel err " << lse_stats.max_err);
-      CHECK(err.nonfinite == 0);
-      CHECK(err.rel <= tolerance(DType::BF16));
-      CHECK(lse_stats.mismatched_inf == 0);
-      CHECK(lse_stats.max_err <= 1e-2);
-      std::printf("  forward %s: out %s; lse max rel err %.3e\n", label.c_str(), err.str().c_str(),
-                  lse_stats.max_err);
+      check_forward_f64(download(out), download(lse), ref, label);
     }
   }
 }
@@ -158,7 +143,7 @@ TEST_CASE(
 TEST_CASE("head dims on sm_90a: the backward in tiles of 64 / 128 matches the fp64 reference",
           "[gpu][head_dims]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
-  if (!sm90_selectable(*ctx)) return;
+  if (!sm90a_wgmma_selectable(*ctx)) return;
   BackwardFamilyScope family_scope("sm90a_wgmma");
   ForwardFamilyScope forward_scope("sm90a_wgmma");
   const uint64_t seed = fresh_seed();

@@ -49,11 +49,7 @@ struct OutCase {
 TEST_CASE("forward: out through strided views matches the reference and nothing outside changes",
           "[gpu][forward][out_views]") {
   FJ_REQUIRE_GPU_OR_SKIP(ctx);
-  const std::vector<std::string> families = forward_families(*ctx);
-  if (std::find(families.begin(), families.end(), "sm90a_wgmma") == families.end()) {
-    WARN("skipped: forward/sm90a_wgmma is not selectable here (" << ctx->arch() << ")");
-    return;
-  }
+  if (!sm90a_wgmma_selectable(*ctx)) return;
   ForwardFamilyScope family_scope("sm90a_wgmma");
   const uint64_t seed = fresh_seed();
   std::mt19937_64 rng(seed);
