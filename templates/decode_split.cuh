@@ -365,6 +365,22 @@ FJ_DEVICE void fj_dec_load_tile(fj_u32 smem, const E* base, fj_i64 stride, fj_i6
   } else if constexpr (kPageSize == 0) {
     tile_base = base + (fj_i64)n_start * stride;
   }
+  // Pages smaller than the tile: the thread's page entries are all read before its first copy.
+  // Each copy's asm (its memory clobber) keeps a later load after it, so one lookup per copy
+  // waited for its load before every copy: 16 such waits a tile at 16-key pages. Rows r0 + i
+  // kRowStep with r0 < kRowStep share a page kRowsPerPage at a time (powers of two; n_start is
+  // a multiple of the page), so one entry serves each group.
+  constexpr bool kRowPages = kPageSize > 0 && kPageSize < kRows;
+  constexpr int kRowsPerPage = kPageSize >= kRowStep ? kPageSize / kRowStep : 1;
+  constexpr int kPages = kRowPages ? (kPerThread + kRowsPerPage - 1) / kRowsPerPage : 1;
+  int pages[kPages];
+  if constexpr (kRowPages) {
+#pragma unroll
+    for (int g = 0; g < kPages; ++g) {
+      const int n0 = n_start + (kRowsPerPage == 1 ? r0 : 0) + g * kRowsPerPage * kRowStep;
+      pages[g] = n0 < len ? table[n0 / kPageSize] : 0;
+    }
+  }
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int r = r0 + i * kRowStep;
@@ -372,9 +388,8 @@ FJ_DEVICE void fj_dec_load_tile(fj_u32 smem, const E* base, fj_i64 stride, fj_i6
     const bool valid = n < len && c < Tile::kValidChunks;
     const E* src = base;  // an invalid row reads nothing: any mapped address
     if (valid) {
-      if constexpr (kPageSize > 0 && kPageSize < kRows) {
-        const int page = table[n / kPageSize];
-        src = base + (fj_i64)page * pstride + (fj_i64)(n % kPageSize) * stride;
+      if constexpr (kRowPages) {
+        src = base + (fj_i64)pages[i / kRowsPerPage] * pstride + (fj_i64)(n % kPageSize) * stride;
       } else {
         src = tile_base + (fj_i64)r * stride;
       }
