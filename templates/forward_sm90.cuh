@@ -773,25 +773,55 @@ struct FjSm90KvCache {
   // staging tile `staging` (rows of kDim bytes, unswizzled: a warp's units are 512 consecutive
   // bytes). Rows past the length and columns past kReal are zero-filled and read nothing (not
   // even the table). `head`: the kv head's origin (batch b's, or page 0's), strides in bytes.
+  // Pools: the table entries of a group of kGroup units are read before the group's copies. Each
+  // copy's asm (its memory clobber) keeps a later load after it, so a lookup per copy waited for
+  // its load before every copy (as decoding's did: docs/kernels/decode.md "Design notes").
+  // Groups of 4 units keep the loaders within their 32 registers at 192-row tiles (all 8 of a d
+  // 128 tile spilled 208 B); where one group would be the whole tile (d 64, or 64-key tiles)
+  // groups of 2 or 4 spilled 28-32 B, so those keep a lookup per copy, unrolled as before.
   template <int kDim, int kReal>
   FJ_DEVICE void stage_e4m3(fj_u32 staging, const unsigned char* head, fj_i64 page_stride,
                             fj_i64 row_stride, int b, int n_start, int len, int ltid) const {
+    constexpr int kGroup = kPage > 0 && kDim > 64 && per8(kDim) >= 8 && per8(kDim) % 4 == 0 ? 4 : 1;
+    if constexpr (kGroup == 1) {
 #pragma unroll(kDim > 64 ? 4 : 2)
-    for (int j = 0; j < per8(kDim); ++j) {
-      const int idx = ltid + 128 * j;
-      const int r = idx / units8(kDim), u = idx % units8(kDim);
-      const int n = n_start + r;
-      const bool valid = n < len && u * 16 < kReal;
-      fj_i64 off = 0;
-      if (valid) {
-        if constexpr (kPage == 0) {
-          off = (fj_i64)n * row_stride;
-        } else {
-          off = (fj_i64)table_row(b)[n / kPage] * page_stride + (fj_i64)(n % kPage) * row_stride;
+      for (int j = 0; j < per8(kDim); ++j) {
+        const int idx = ltid + 128 * j;
+        const int r = idx / units8(kDim), u = idx % units8(kDim);
+        const int n = n_start + r;
+        const bool valid = n < len && u * 16 < kReal;
+        fj_i64 off = 0;
+        if (valid) {
+          if constexpr (kPage == 0) {
+            off = (fj_i64)n * row_stride;
+          } else {
+            off = (fj_i64)table_row(b)[n / kPage] * page_stride + (fj_i64)(n % kPage) * row_stride;
+          }
+        }
+        // A zero-filled unit reads nothing; its address is the head's origin, which exists.
+        fj_cp_async_16(staging + r * kDim + u * 16, valid ? head + off + u * 16 : head, valid);
+      }
+    } else {
+#pragma unroll 1
+      for (int j0 = 0; j0 < per8(kDim); j0 += kGroup) {
+        int page[kGroup];
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          const int idx = ltid + 128 * (j0 + k);
+          const int n = n_start + idx / units8(kDim);
+          page[k] = n < len && idx % units8(kDim) * 16 < kReal ? table_row(b)[n / kPage] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          const int idx = ltid + 128 * (j0 + k);
+          const int r = idx / units8(kDim), u = idx % units8(kDim);
+          const int n = n_start + r;
+          const bool valid = n < len && u * 16 < kReal;
+          fj_i64 off = 0;
+          if (valid) off = (fj_i64)page[k] * page_stride + (fj_i64)(n % kPage) * row_stride;
+          fj_cp_async_16(staging + r * kDim + u * 16, valid ? head + off + u * 16 : head, valid);
         }
       }
-      // A zero-filled unit reads nothing; its address is the head's origin, which exists.
-      fj_cp_async_16(staging + r * kDim + u * 16, valid ? head + off + u * 16 : head, valid);
     }
   }
 
