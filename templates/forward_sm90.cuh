@@ -183,8 +183,11 @@ struct FjSm90Traits {
                                                        kNumStages, kQBufs)),
                 "flexjit forward_sm90: shared-memory layout and fj_forward_sm90_smem_bytes "
                 "disagree");
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536,
-                "flexjit forward_sm90: register split exceeds the register file");
+  // Within the CTA's launch allocation (65536 / kThreads per thread, rounded down to 8), not only
+  // the register file: past it setmaxnreg.inc waits forever (backward_sm90.cuh's traits).
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <=
+                    65536 / kThreads / 8 * 8 * kThreads,
+                "flexjit forward_sm90: register split exceeds the CTA's launch allocation");
   static_assert(!kFjKvCache || (!kPersistent && kQTiles == 1),
                 "flexjit forward_sm90: a KV cache runs one query tile per CTA "
                 "(ForwardSm90Wgmma::validate)");
