@@ -734,28 +734,65 @@ struct FjSm90KvCache {
   FJ_DEVICE void gather(fj_u32 dst, const char* head, fj_i64 page_stride, fj_i64 row_stride, int b,
                         int n_start, int len, int ltid, fj_u32 bar) const {
     const int u = ltid % 8;
-    // Four rows' table reads in flight at a time (two with 256 columns, four copies a row): all
-    // eight rows of a 128-key tile spilled the loaders' 40 registers with one-key pages, four
-    // rows 40-80 B at d 256.
-#pragma unroll(kDim > 128 ? 2 : 4)
-    for (int i = 0; i < kPasses; ++i) {
-      const int r = ltid / 8 + i * kRowsPerPass;
-      const int n = n_start + r;
-      fj_i64 off = 0;
-      if (n < len) {
-        if constexpr (kPage == 0) {
-          off = (fj_i64)n * row_stride;
-        } else {
-          off = (fj_i64)table_row(b)[n / kPage] * page_stride + (fj_i64)(n % kPage) * row_stride;
+    constexpr int kGroup = T::kConsumers == 2 ? 4 : 2;
+    if constexpr (kPage >= 2 && kDim <= 128 && kPasses % kGroup == 0) {
+      // Pages of 2 keys or more: the table entries of a group of rows read before the group's
+      // copies, so that the reads are in flight together (each cp.async is an asm statement with a
+      // memory clobber: no later load rises above it, and read between the copies, a row's copies
+      // waited for its own entry). Four rows with two consumer warpgroups (40-register loaders),
+      // two with three (32; four spilled 4-8 B). 2048 queries x 8192 keys in 2- / 4-key pages ran
+      // 5-11 % faster (docs/kernels/forward_sm90.md "KV caches"). One-key pages keep the loop
+      // below (groups of four with three consumers, spilling, were 22 % slower there; its SASS
+      // already had most entry reads ahead), as do d 256 (four rows spilled 4-8 B), tiles of rows
+      // no group divides (176 keys) and the ragged layout (no table); their SASS is as it was. (All
+      // eight rows of a 128-key tile spilled the loaders' registers with one-key pages.)
+#pragma unroll 1
+      for (int i0 = 0; i0 < kPasses; i0 += kGroup) {
+        fj_i64 off[kGroup];
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          const int n = n_start + ltid / 8 + (i0 + k) * kRowsPerPass;
+          off[k] = n < len ? (fj_i64)table_row(b)[n / kPage] * page_stride +
+                                 (fj_i64)(n % kPage) * row_stride
+                           : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+          const int r = ltid / 8 + (i0 + k) * kRowsPerPass;
+          const int n = n_start + r;
+#pragma unroll
+          for (int c = 0; c < kDim / 64; ++c) {
+            const int col = c * 64 + u * 8;
+            const bool valid = n < len && col < kReal;
+            const char* src = valid ? head + 2 * (off[k] + col) : head;
+            fj_cp_async_16(fj_sw128_unit<T::kBlockN>(dst, r, c * 8 + u), src, valid);
+          }
         }
       }
+    } else {
+      // Four rows' table reads in flight at a time (two with 256 columns, four copies a row):
+      // all eight rows of a 128-key tile spilled the loaders' 40 registers with one-key pages,
+      // four rows 40-80 B at d 256.
+#pragma unroll(kDim > 128 ? 2 : 4)
+      for (int i = 0; i < kPasses; ++i) {
+        const int r = ltid / 8 + i * kRowsPerPass;
+        const int n = n_start + r;
+        fj_i64 off = 0;
+        if (n < len) {
+          if constexpr (kPage == 0) {
+            off = (fj_i64)n * row_stride;
+          } else {
+            off = (fj_i64)table_row(b)[n / kPage] * page_stride + (fj_i64)(n % kPage) * row_stride;
+          }
+        }
 #pragma unroll
-      for (int c = 0; c < kDim / 64; ++c) {
-        const int col = c * 64 + u * 8;
-        const bool valid = n < len && col < kReal;
-        // A zero-filled unit reads nothing; its address is the head's origin, which exists.
-        const char* src = valid ? head + 2 * (off + col) : head;
-        fj_cp_async_16(fj_sw128_unit<T::kBlockN>(dst, r, c * 8 + u), src, valid);
+        for (int c = 0; c < kDim / 64; ++c) {
+          const int col = c * 64 + u * 8;
+          const bool valid = n < len && col < kReal;
+          // A zero-filled unit reads nothing; its address is the head's origin, which exists.
+          const char* src = valid ? head + 2 * (off + col) : head;
+          fj_cp_async_16(fj_sw128_unit<T::kBlockN>(dst, r, c * 8 + u), src, valid);
+        }
       }
     }
     fj_cp_async_mbar_arrive(bar);
