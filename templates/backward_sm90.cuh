@@ -70,11 +70,7 @@ struct FjBwdSm90Traits {
                 "flexjit backward_sm90: head dims are multiples of 8 in their tile's last 64 "
                 "columns");
   static_assert(kNumStages >= 1 && kNumStages <= 4, "flexjit backward_sm90: 1..4 stages");
-  // setmaxnreg moves registers within the CTA's launch allocation (65536 / kThreads per thread,
-  // rounded down to 8: 168 at 384 threads); a split past it makes setmaxnreg.inc wait forever
-  // (a producer at 32 with consumers at 240 hung every launch).
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <=
-                    65536 / kThreads / 8 * 8 * kThreads,
+  static_assert(fj_sm90_reg_split_fits(kProducerRegs, kConsumerRegs, kConsumers),
                 "flexjit backward_sm90: register split exceeds the CTA's launch allocation");
 };
 

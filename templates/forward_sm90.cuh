@@ -183,10 +183,7 @@ struct FjSm90Traits {
                                                        kNumStages, kQBufs)),
                 "flexjit forward_sm90: shared-memory layout and fj_forward_sm90_smem_bytes "
                 "disagree");
-  // Within the CTA's launch allocation (65536 / kThreads per thread, rounded down to 8), not only
-  // the register file: past it setmaxnreg.inc waits forever (backward_sm90.cuh's traits).
-  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <=
-                    65536 / kThreads / 8 * 8 * kThreads,
+  static_assert(fj_sm90_reg_split_fits(kProducerRegs, kConsumerRegs, kConsumers),
                 "flexjit forward_sm90: register split exceeds the CTA's launch allocation");
   static_assert(!kFjKvCache || (!kPersistent && kQTiles == 1),
                 "flexjit forward_sm90: a KV cache runs one query tile per CTA "

@@ -344,6 +344,15 @@ template <int kRegs>
 FJ_DEVICE void fj_setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
+// Whether a split of a CTA of (kConsumers + 1) warpgroups into a producer at `producer`
+// registers and consumers at `consumer` fits the CTA's launch allocation (65536 / threads per
+// thread, rounded down to 8: 168 at 384 threads), within which setmaxnreg moves registers: past
+// it setmaxnreg.inc waits forever (a producer at 32 with consumers at 240 hung every launch).
+FJ_HOST_DEVICE inline constexpr bool fj_sm90_reg_split_fits(int producer, int consumer,
+                                                            int consumers) {
+  return producer * 128 + consumer * 128 * consumers <=
+         65536 / ((consumers + 1) * 128) / 8 * 8 * ((consumers + 1) * 128);
+}
 // Named barriers (ids 1..15; 0 is __syncthreads): `threads` a multiple of 32.
 FJ_DEVICE void fj_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
