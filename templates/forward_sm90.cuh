@@ -742,7 +742,9 @@ struct FjSm90KvCache {
       // below (groups of four with three consumers, spilling, were 22 % slower there; its SASS
       // already had most entry reads ahead), as do d 256 (four rows spilled 4-8 B), tiles of rows
       // no group divides (176 keys) and the ragged layout (no table); their SASS is as it was. (All
-      // eight rows of a 128-key tile spilled the loaders' registers with one-key pages.)
+      // eight rows of a 128-key tile spilled the loaders' registers with one-key pages.) The
+      // copies repeat the loop's below on purpose: one helper for both changed this branch's
+      // SASS (+8 instructions at 2- / 4- / 16-key pages, other schedules) from the measured one.
 #pragma unroll 1
       for (int i0 = 0; i0 < kPasses; i0 += kGroup) {
         fj_i64 off[kGroup];
